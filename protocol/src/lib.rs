@@ -1,0 +1,27 @@
+//! Wire types, error codes and the routing hash of Redis Stream Coordinator.
+//!
+//! This crate is shared by the coordinator server and the client framework. It performs no
+//! I/O: it only describes what travels over HTTP (the `/v1` JSON API) and how a producer maps
+//! a message key to a shard (SPEC §3).
+//!
+//! ```
+//! use rsc_protocol::routing::{shard_for_key, shard_key};
+//!
+//! // Every producer, in any language, must send key "order-1001" of a 16-shard stream
+//! // to shard 11: the routing hash is xxh3_64 (seed 0) followed by jump consistent hash.
+//! let shard = shard_for_key(b"order-1001", 16);
+//! assert_eq!(shard, 11);
+//! assert_eq!(shard_key("orders", shard), "orders:11");
+//! ```
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod names;
+pub mod routing;
+pub mod wire;
+
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use wire::*;
+
+/// The protocol version this crate speaks (`protocol_version` in heartbeats).
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,77 @@
+//! The routing hash of SPEC §3: which shard a message key goes to.
+//!
+//! `shard = jump_consistent_hash(xxh3_64(key_bytes, seed 0), shard_count)`.
+//!
+//! Jump consistent hashing (Lamping & Veach, 2014) moves only about `1/(N+1)` of the keys when
+//! a stream grows from `N` to `N+1` shards, and needs no table: every producer computes the
+//! same answer from the key and the shard count alone.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// The name of the routing hash, as published in routing metadata.
+pub const HASH_NAME: &str = "xxh3_64-jump";
+
+/// The 64-bit xxh3 hash (seed 0) of a key.
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxh3_64(key)
+}
+
+/// Lamping & Veach's jump consistent hash: a bucket in `0..buckets` for a 64-bit key.
+///
+/// `buckets` of 0 is treated as 1 (there is always at least one shard).
+pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
+    let buckets = i64::from(buckets.max(1));
+    let mut b: i64 = -1;
+    let mut j: i64 = 0;
+    while j < buckets {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    // `b` is in 0..buckets, which fits a u32.
+    b as u32
+}
+
+/// The shard index, in `0..shard_count`, that a message with this key is written to.
+pub fn shard_for_key(key: &[u8], shard_count: u32) -> u32 {
+    jump_consistent_hash(key_hash(key), shard_count)
+}
+
+/// The Redis Stream key of shard `index` of `stream`: `<stream>:<index>`.
+pub fn shard_key(stream: &str, index: u32) -> String {
+    format!("{stream}:{index}")
+}
+
+/// The dead-letter stream key of `stream`: `<stream>:dlq`.
+pub fn dlq_key(stream: &str) -> String {
+    format!("{stream}:dlq")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jump_stays_in_range_and_moves_little() {
+        let keys: Vec<u64> = (0..10_000u64).map(|i| key_hash(&i.to_le_bytes())).collect();
+        for n in [1u32, 2, 7, 16, 100] {
+            let moved = keys
+                .iter()
+                .filter(|&&k| {
+                    let a = jump_consistent_hash(k, n);
+                    let b = jump_consistent_hash(k, n + 1);
+                    assert!(a < n && b < n + 1);
+                    a != b
+                })
+                .count();
+            // About 1/(n+1) of the keys move; allow generous noise.
+            let expected = 10_000.0 / f64::from(n + 1);
+            assert!((moved as f64) < expected * 1.3 + 50.0, "n={n} moved={moved}");
+        }
+    }
+
+    #[test]
+    fn zero_buckets_is_one() {
+        assert_eq!(jump_consistent_hash(42, 0), 0);
+    }
+}

@@ -1,0 +1,405 @@
+//! Request and response bodies of the `/v1` HTTP API (SPEC §4, §5).
+//!
+//! Request types reject unknown fields (`INVALID_REQUEST`), so that a typo in a field name is
+//! an error rather than a silently ignored setting.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a Redis consumer group starts on a shard it creates (`XGROUP CREATE` id).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartPosition {
+    /// From the first entry (`0`): the existing backlog is consumed. The default.
+    #[default]
+    Earliest,
+    /// From the next new entry (`$`): the existing backlog is skipped.
+    Latest,
+}
+
+impl StartPosition {
+    /// The id to pass to `XGROUP CREATE`.
+    pub fn xgroup_id(self) -> &'static str {
+        match self {
+            StartPosition::Earliest => "0",
+            StartPosition::Latest => "$",
+        }
+    }
+}
+
+/// A member's reconciliation state (KIP-848).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// At the assignment epoch with nothing to revoke and nothing to wait for.
+    #[default]
+    Stable,
+    /// Asked to revoke shards it still reports owning; gets no new shards meanwhile.
+    Unrevoked,
+    /// At the assignment epoch, waiting for shards other members still hold.
+    Unreleased,
+}
+
+/// The state of a group as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupState {
+    /// No members.
+    Empty,
+    /// Every member is stable at the assignment epoch.
+    Stable,
+    /// Some member is still moving towards the target assignment.
+    Reconciling,
+}
+
+/// The lifecycle state of a shard of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardState {
+    /// Part of the routing layout: producers write to it.
+    Active,
+    /// Beyond the shard count after a scale-down: still read until every group drained it.
+    Draining,
+}
+
+/// Progress of a reshard (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReshardState {
+    /// Scale-down shards are still being drained.
+    Draining,
+    /// The new layout is in force and no shard is left to drain.
+    Complete,
+}
+
+/// What the client reports about itself in heartbeats (shown in the group view).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientInfo {
+    /// The pod's IP address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    /// The pod's host name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The client library's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// How many members this listener runs in the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+/// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// Must be [`crate::PROTOCOL_VERSION`].
+    pub protocol_version: u32,
+    /// The member's id (`<pod_ip>-<group>-<index>` for the sample pods).
+    pub member_id: String,
+    /// 0 joins, -1 leaves, otherwise the epoch of the last answer received.
+    pub member_epoch: i64,
+    /// The shards the member owns right now.
+    #[serde(default)]
+    pub owned_shards: Vec<u32>,
+    /// Draining shards the member has found empty (nothing pending, nothing unread).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drained_shards: Vec<u32>,
+    /// Facts about the client, shown to operators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientInfo>,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Echo of the member id.
+    pub member_id: String,
+    /// The member's epoch: send it with the next heartbeat. -1 after a leave.
+    pub member_epoch: i64,
+    /// How often to heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// After this long without a heartbeat the member is expired.
+    pub session_timeout_ms: u64,
+    /// The full set of shards the member may own now.
+    pub assignment: Vec<u32>,
+    /// The stream the group reads.
+    pub stream: String,
+    /// The stream's current shard count (routing layout).
+    pub shard_count: u32,
+    /// The stream's routing epoch.
+    pub routing_epoch: u64,
+    /// Where new Redis consumer groups start.
+    pub start: StartPosition,
+}
+
+/// `POST /v1/groups/{group}/leave` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaveRequest {
+    /// The leaving member.
+    pub member_id: String,
+    /// Its current epoch.
+    pub member_epoch: i64,
+}
+
+/// The answer to a leave: `{member_id, member_epoch: -1}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaveResponse {
+    /// The member that left.
+    pub member_id: String,
+    /// Always -1.
+    pub member_epoch: i64,
+}
+
+/// `POST /v1/groups` body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateGroupRequest {
+    /// The group id.
+    pub group: String,
+    /// The stream it reads.
+    pub stream: String,
+    /// Required when the stream is new (1..=4096); must match when it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_count: Option<u32>,
+    /// Where the Redis consumer groups start (default `earliest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartPosition>,
+    /// Default 45000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_timeout_ms: Option<u64>,
+    /// Default 3000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Default 60000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance_timeout_ms: Option<u64>,
+    /// No limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_members: Option<u32>,
+    /// The assignor's name (default `sticky`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignor: Option<String>,
+}
+
+/// `PATCH /v1/groups/{group}` body: the settings to change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchGroupRequest {
+    /// New session timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_timeout_ms: Option<u64>,
+    /// New heartbeat interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// New rebalance timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance_timeout_ms: Option<u64>,
+    /// New member limit; `0` removes the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_members: Option<u32>,
+}
+
+/// `POST /v1/streams/{stream}/reshard` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReshardRequest {
+    /// The new shard count (1..=4096).
+    pub shard_count: u32,
+}
+
+/// A reshard's progress, as shown in routing, group and stream views.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReshardingView {
+    /// Shard count before.
+    pub from: u32,
+    /// Shard count after.
+    pub to: u32,
+    /// `draining` or `complete`.
+    pub state: ReshardState,
+    /// Whether this reshard is a rollback.
+    pub rollback: bool,
+    /// When it started (Unix ms).
+    pub started_ms: u64,
+    /// When it completed (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_ms: Option<u64>,
+    /// Shards still draining, with the groups that drained each and those still draining it.
+    #[serde(default)]
+    pub draining: Vec<DrainingShardView>,
+}
+
+/// One draining shard's progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainingShardView {
+    /// Shard index.
+    pub shard: u32,
+    /// Groups that reported it drained.
+    pub drained_groups: Vec<String>,
+    /// Groups still reading it.
+    pub waiting_groups: Vec<String>,
+}
+
+/// `GET /v1/streams/{stream}/routing`: what a producer needs to route (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutingResponse {
+    /// The stream.
+    pub stream: String,
+    /// The shard count producers route over.
+    pub shard_count: u32,
+    /// Bumped on every layout change.
+    pub routing_epoch: u64,
+    /// Always `xxh3_64-jump`.
+    pub hash: String,
+    /// The shard keys, index order.
+    pub shard_keys: Vec<String>,
+    /// The running reshard, if any.
+    pub resharding: Option<ReshardingView>,
+}
+
+/// One member in a group view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// Member id.
+    pub member_id: String,
+    /// Current epoch.
+    pub member_epoch: i64,
+    /// Reconciliation state.
+    pub state: MemberState,
+    /// What the client said about itself.
+    pub client: Option<ClientInfo>,
+    /// Time since the coordinator last heard from it.
+    pub last_heartbeat_ms_ago: u64,
+    /// What the coordinator wants it to own.
+    pub target_shards: Vec<u32>,
+    /// What it reported owning in its last heartbeat.
+    pub owned_shards: Vec<u32>,
+    /// What the coordinator last allowed it to own (its `assignment`).
+    pub assigned_shards: Vec<u32>,
+    /// Shards it was asked to revoke and still reports owning.
+    pub pending_revocation: Vec<u32>,
+}
+
+/// One shard in a group view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardView {
+    /// Shard index.
+    pub shard: u32,
+    /// Redis Stream key.
+    pub key: String,
+    /// Member the target assignment gives it to.
+    pub target_owner: Option<String>,
+    /// Member holding it now (assigned or pending revocation).
+    pub current_owner: Option<String>,
+    /// `active` or `draining`.
+    pub state: ShardState,
+    /// Entries not yet delivered to the group, where the data Redis is reachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    /// Entries delivered but not acknowledged, where the data Redis is reachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<u64>,
+}
+
+/// `GET /v1/groups/{group}`: the whole state of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupView {
+    /// Group id.
+    pub group: String,
+    /// Stream it reads.
+    pub stream: String,
+    /// Overall state.
+    pub state: GroupState,
+    /// Where Redis consumer groups start.
+    pub start: StartPosition,
+    /// Session timeout.
+    pub session_timeout_ms: u64,
+    /// Heartbeat interval.
+    pub heartbeat_interval_ms: u64,
+    /// Rebalance timeout.
+    pub rebalance_timeout_ms: u64,
+    /// Member limit (none when absent).
+    pub max_members: Option<u32>,
+    /// Assignor name.
+    pub assignor: String,
+    /// Bumped on every change of membership, layout or config.
+    pub group_epoch: u64,
+    /// The group epoch the target was computed for.
+    pub assignment_epoch: u64,
+    /// Members, by id.
+    pub members: Vec<MemberView>,
+    /// Shards, by index.
+    pub shards: Vec<ShardView>,
+    /// The stream's running reshard.
+    pub resharding: Option<ReshardingView>,
+    /// Document revision in the store.
+    pub revision: u64,
+}
+
+/// `GET /v1/groups` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupList {
+    /// Every group, by id.
+    pub groups: Vec<GroupView>,
+}
+
+/// `GET /v1/streams/{stream}`: a stream's layout and reshard state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamView {
+    /// Stream name.
+    pub stream: String,
+    /// Current shard count.
+    pub shard_count: u32,
+    /// Routing epoch.
+    pub routing_epoch: u64,
+    /// Groups reading it.
+    pub groups: Vec<String>,
+    /// Active shard keys, index order.
+    pub shard_keys: Vec<String>,
+    /// The running reshard, if any.
+    pub resharding: Option<ReshardingView>,
+    /// The latest reshard (running or complete), if any.
+    pub last_reshard: Option<ReshardingView>,
+    /// Until when (Unix ms) `rollback` is accepted, if it is.
+    pub rollback_until_ms: Option<u64>,
+    /// Document revision in the store.
+    pub revision: u64,
+}
+
+/// `GET /v1/streams` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamList {
+    /// Every stream, by name.
+    pub streams: Vec<StreamView>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_rejects_unknown_fields() {
+        let err = serde_json::from_str::<HeartbeatRequest>(
+            r#"{"protocol_version":1,"member_id":"m","member_epoch":0,"owned_shards":[],"bogus":1}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn heartbeat_minimal_shape() {
+        let req: HeartbeatRequest = serde_json::from_str(
+            r#"{"protocol_version":1,"member_id":"m","member_epoch":0}"#,
+        )
+        .unwrap();
+        assert!(req.owned_shards.is_empty() && req.drained_shards.is_empty());
+        assert_eq!(req.client, None);
+    }
+
+    #[test]
+    fn start_position_wire_names() {
+        assert_eq!(serde_json::to_string(&StartPosition::Latest).unwrap(), "\"latest\"");
+        assert_eq!(StartPosition::default().xgroup_id(), "0");
+    }
+}
