@@ -1,1 +1,49 @@
-fn main(){}
+//! `rsc-coordinator`: the server (`serve`) and, in later releases, the operators' CLI.
+
+use clap::{Parser, Subcommand};
+use rsc_coordinator::config::{LogFormat, ServeArgs};
+use rsc_coordinator::server;
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rsc-coordinator",
+    version,
+    about = "Redis Stream Coordinator: consumer groups for sharded Redis Streams"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the coordinator server.
+    Serve(ServeArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("RSC_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let cfg = args.resolve()?;
+            init_logging(cfg.log_format);
+            server::serve(cfg, server::shutdown_signal()).await
+        }
+    }
+}

@@ -89,10 +89,14 @@ impl ErrorCode {
             Forbidden => 403,
             GroupNotFound | StreamNotFound | UnknownMemberId | NotFound => 404,
             MethodNotAllowed => 405,
-            FencedMemberEpoch | GroupAlreadyExists | ShardCountMismatch | ReshardInProgress
-            | RollbackWindowExpired | NothingToRollback | GroupNotEmpty | GroupMaxSizeReached => {
-                409
-            }
+            FencedMemberEpoch
+            | GroupAlreadyExists
+            | ShardCountMismatch
+            | ReshardInProgress
+            | RollbackWindowExpired
+            | NothingToRollback
+            | GroupNotEmpty
+            | GroupMaxSizeReached => 409,
             PayloadTooLarge => 413,
             RateLimited => 429,
             Internal => 500,

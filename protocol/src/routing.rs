@@ -66,7 +66,10 @@ mod tests {
                 .count();
             // About 1/(n+1) of the keys move; allow generous noise.
             let expected = 10_000.0 / f64::from(n + 1);
-            assert!((moved as f64) < expected * 1.3 + 50.0, "n={n} moved={moved}");
+            assert!(
+                (moved as f64) < expected * 1.3 + 50.0,
+                "n={n} moved={moved}"
+            );
         }
     }
 

@@ -389,17 +389,19 @@ mod tests {
 
     #[test]
     fn heartbeat_minimal_shape() {
-        let req: HeartbeatRequest = serde_json::from_str(
-            r#"{"protocol_version":1,"member_id":"m","member_epoch":0}"#,
-        )
-        .unwrap();
+        let req: HeartbeatRequest =
+            serde_json::from_str(r#"{"protocol_version":1,"member_id":"m","member_epoch":0}"#)
+                .unwrap();
         assert!(req.owned_shards.is_empty() && req.drained_shards.is_empty());
         assert_eq!(req.client, None);
     }
 
     #[test]
     fn start_position_wire_names() {
-        assert_eq!(serde_json::to_string(&StartPosition::Latest).unwrap(), "\"latest\"");
+        assert_eq!(
+            serde_json::to_string(&StartPosition::Latest).unwrap(),
+            "\"latest\""
+        );
         assert_eq!(StartPosition::default().xgroup_id(), "0");
     }
 }

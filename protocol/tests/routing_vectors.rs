@@ -23,7 +23,11 @@ fn every_known_answer_is_reproduced() {
         for (count, shard) in v["shards"].as_object().unwrap() {
             let count: u32 = count.parse().unwrap();
             let shard = shard.as_u64().unwrap() as u32;
-            assert_eq!(shard_for_key(key.as_bytes(), count), shard, "{key:?} over {count}");
+            assert_eq!(
+                shard_for_key(key.as_bytes(), count),
+                shard,
+                "{key:?} over {count}"
+            );
             assert_eq!(jump_consistent_hash(hash, count), shard);
             checked += 1;
         }
@@ -34,10 +38,16 @@ fn every_known_answer_is_reproduced() {
 /// The project's copy must not drift from the contract's copy in `../shared` (when present).
 #[test]
 fn copy_matches_the_shared_contract() {
-    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/routing-vectors.json");
+    let shared =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/routing-vectors.json");
     if let Ok(text) = std::fs::read_to_string(&shared) {
         let a: Value = serde_json::from_str(&text).unwrap();
         let b: Value = serde_json::from_str(VECTORS).unwrap();
-        assert_eq!(a, b, "protocol/tests/routing-vectors.json differs from {}", shared.display());
+        assert_eq!(
+            a,
+            b,
+            "protocol/tests/routing-vectors.json differs from {}",
+            shared.display()
+        );
     }
 }

@@ -1,0 +1,120 @@
+//! `ApiError`: the one place where failures become SPEC error bodies and statuses.
+
+use crate::service::ServiceError;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use rsc_protocol::{ErrorBody, ErrorCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// An error answer: a SPEC code and a human message.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// The code; decides the status.
+    pub code: ErrorCode,
+    /// The explanation.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        ApiError::new(e.code(), e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                "request body is over the size limit",
+            )
+        } else {
+            ApiError::new(ErrorCode::InvalidRequest, r.body_text())
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        ApiError::new(ErrorCode::InvalidRequest, r.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::new(ErrorCode::InvalidRequest, r.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::warn!(code = %self.code, message = %self.message, "request failed");
+        }
+        (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
+    }
+}
+
+/// JSON extractor and response whose rejections are SPEC error bodies
+/// (`INVALID_REQUEST`, `PAYLOAD_TOO_LARGE`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::Json(v) = axum::Json::<T>::from_request(req, state).await?;
+        Ok(Json(v))
+    }
+}
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+/// Path extractor whose rejection is `INVALID_REQUEST`.
+#[derive(Debug, Clone)]
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(v) =
+            axum::extract::Path::<T>::from_request_parts(parts, state).await?;
+        Ok(Path(v))
+    }
+}
+
+/// Query extractor whose rejection is `INVALID_REQUEST`.
+#[derive(Debug, Clone)]
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Query(v) =
+            axum::extract::Query::<T>::from_request_parts(parts, state).await?;
+        Ok(Query(v))
+    }
+}

@@ -1,0 +1,163 @@
+//! `rsc-coordinator serve` settings: flags, `RSC_*` environment variables and a TOML file.
+//!
+//! Precedence: command-line flag, then environment variable, then `--config` file, then the
+//! default.
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Which metadata store to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In process; for development and a single coordinator.
+    #[default]
+    Memory,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeArgs {
+    /// TOML file with any of these settings (kebab-case keys, e.g. `listen = "…"`).
+    #[arg(long, env = "RSC_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7070].
+    #[arg(long, env = "RSC_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Metadata store [default: memory].
+    #[arg(long, env = "RSC_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+    /// Serve without an ACL on a non-loopback address.
+    #[arg(long, env = "RSC_ALLOW_ANONYMOUS")]
+    #[serde(default)]
+    pub allow_anonymous: bool,
+    /// How long after completion a reshard may be rolled back, in ms [default: 900000].
+    #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
+    pub rollback_window_ms: Option<u64>,
+    /// How often the expiry sweep runs, in ms [default: 250].
+    #[arg(long, env = "RSC_SWEEP_INTERVAL_MS")]
+    pub sweep_interval_ms: Option<u64>,
+    /// Request body limit in bytes [default: 65536].
+    #[arg(long, env = "RSC_BODY_LIMIT")]
+    pub body_limit: Option<usize>,
+    /// Log format [default: text].
+    #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Fully resolved serve settings.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Store kind.
+    pub store: StoreKind,
+    /// Allow non-loopback binding without an ACL.
+    pub allow_anonymous: bool,
+    /// Rollback window.
+    pub rollback_window_ms: u64,
+    /// Expiry sweep period.
+    pub sweep_interval_ms: u64,
+    /// Body limit.
+    pub body_limit: usize,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+/// A configuration error.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The `--config` file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The `--config` file is not valid.
+    #[error("config file {path} is invalid: {source}")]
+    Parse {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of range or unsafe.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServeArgs {
+    /// Merges flags/env over the `--config` file over defaults, and checks the result.
+    pub fn resolve(self) -> Result<ServeConfig, ConfigError> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                toml::from_str::<ServeArgs>(&text).map_err(|source| ConfigError::Parse {
+                    path: path.clone(),
+                    source: Box::new(source),
+                })?
+            }
+            None => ServeArgs::default(),
+        };
+        let cfg = ServeConfig {
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
+            store: self.store.or(file.store).unwrap_or_default(),
+            allow_anonymous: self.allow_anonymous || file.allow_anonymous,
+            rollback_window_ms: self
+                .rollback_window_ms
+                .or(file.rollback_window_ms)
+                .unwrap_or(15 * 60 * 1000),
+            sweep_interval_ms: self
+                .sweep_interval_ms
+                .or(file.sweep_interval_ms)
+                .unwrap_or(250),
+            body_limit: self
+                .body_limit
+                .or(file.body_limit)
+                .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
+            log_format: self.log_format.or(file.log_format).unwrap_or_default(),
+        };
+        if !cfg.listen.ip().is_loopback() && !cfg.allow_anonymous {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to serve {} without an ACL: bind a loopback address, or pass \
+                 --allow-anonymous to serve every client without authentication",
+                cfg.listen
+            )));
+        }
+        if !(10..=60_000).contains(&cfg.sweep_interval_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "sweep-interval-ms is {}; it must be within 10..=60000",
+                cfg.sweep_interval_ms
+            )));
+        }
+        if cfg.body_limit < 1024 {
+            return Err(ConfigError::Invalid(
+                "body-limit must be at least 1024".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+}

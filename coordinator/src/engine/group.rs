@@ -1,0 +1,405 @@
+//! Group operations: join, heartbeat (revoke before assign), leave, expiry, fencing, config.
+
+use super::{EngineError, GroupConfig, GroupDoc, MemberDoc, StreamDoc};
+use crate::assignor::{self, AssignorMember, StickyAssignor};
+use rsc_protocol::names::validate_name;
+use rsc_protocol::{
+    HeartbeatRequest, HeartbeatResponse, MemberState, PROTOCOL_VERSION, PatchGroupRequest,
+};
+use std::collections::BTreeSet;
+
+/// Something that happened to a group, for logs, metrics and the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// A new member joined.
+    Joined(String),
+    /// A known member rejoined with epoch 0 (its old incarnation's shards were released).
+    Rejoined(String),
+    /// A member left.
+    Left(String),
+    /// A member was expired: no heartbeat within the session timeout.
+    SessionExpired(String),
+    /// A member was removed for not revoking within the rebalance timeout.
+    RebalanceTimedOut(String),
+    /// An operator removed a member.
+    Removed(String),
+    /// A new target assignment was computed at this group epoch.
+    Rebalanced(u64),
+    /// A member was asked to revoke shards (first time for this revocation).
+    RevocationRequested(String, Vec<u32>),
+}
+
+/// The decision for one heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// The answer for the member.
+    pub response: HeartbeatResponse,
+    /// Whether the group document changed (beyond the member's liveness) and must be written.
+    pub changed: bool,
+    /// Draining shards the member reported drained that the stream has not yet recorded as
+    /// drained by this group: the service records them in the stream document.
+    pub drained: Vec<u32>,
+    /// What happened.
+    pub events: Vec<GroupEvent>,
+}
+
+impl GroupDoc {
+    /// A new, empty group on `stream`.
+    pub fn new(group: &str, config: GroupConfig, stream: &StreamDoc, now_ms: u64) -> Self {
+        GroupDoc {
+            group: group.to_owned(),
+            stream: stream.stream.clone(),
+            config,
+            group_epoch: 0,
+            assignment_epoch: 0,
+            layout_version: stream.layout_version,
+            members: Default::default(),
+            created_ms: now_ms,
+        }
+    }
+
+    /// Whether every member is stable at the assignment epoch.
+    pub fn is_stable(&self) -> bool {
+        self.members.values().all(|m| {
+            m.state == MemberState::Stable && m.member_epoch == self.assignment_epoch as i64
+        })
+    }
+
+    /// Recomputes the target when the stream's layout changed since it was last computed.
+    /// Returns whether the document changed.
+    pub fn sync_layout(&mut self, stream: &StreamDoc) -> bool {
+        if self.layout_version == stream.layout_version {
+            return false;
+        }
+        self.rebalance(stream);
+        true
+    }
+
+    /// Removes every member whose session expired or whose revocation outlived the
+    /// rebalance timeout, then recomputes the target once.
+    pub fn expire(&mut self, stream: &StreamDoc, now_ms: u64) -> Vec<GroupEvent> {
+        let cfg = &self.config;
+        let mut events = Vec::new();
+        for (id, m) in &self.members {
+            if now_ms.saturating_sub(m.last_heartbeat_ms) > cfg.session_timeout_ms {
+                events.push(GroupEvent::SessionExpired(id.clone()));
+            } else if m.state == MemberState::Unrevoked
+                && m.revoke_started_ms
+                    .is_some_and(|t| now_ms.saturating_sub(t) > cfg.rebalance_timeout_ms)
+            {
+                events.push(GroupEvent::RebalanceTimedOut(id.clone()));
+            }
+        }
+        for e in &events {
+            if let GroupEvent::SessionExpired(id) | GroupEvent::RebalanceTimedOut(id) = e {
+                self.members.remove(id);
+            }
+        }
+        if !events.is_empty() {
+            self.rebalance(stream);
+            events.push(GroupEvent::Rebalanced(self.group_epoch));
+        }
+        events
+    }
+
+    /// The earliest time at which [`GroupDoc::expire`] would remove someone, if any.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.members
+            .values()
+            .flat_map(|m| {
+                let session = m.last_heartbeat_ms + self.config.session_timeout_ms + 1;
+                let revoke = (m.state == MemberState::Unrevoked)
+                    .then_some(m.revoke_started_ms)
+                    .flatten()
+                    .map(|t| t + self.config.rebalance_timeout_ms + 1);
+                std::iter::once(session).chain(revoke)
+            })
+            .min()
+    }
+
+    /// Handles one heartbeat (SPEC §5). On error the document is left unchanged.
+    pub fn heartbeat(
+        &mut self,
+        stream: &StreamDoc,
+        req: &HeartbeatRequest,
+        now_ms: u64,
+    ) -> Result<HeartbeatOutcome, EngineError> {
+        if req.protocol_version != PROTOCOL_VERSION {
+            return Err(EngineError::UnsupportedProtocolVersion(
+                req.protocol_version,
+            ));
+        }
+        validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
+        let id = req.member_id.as_str();
+        let mut events = Vec::new();
+        match req.member_epoch {
+            -1 => {
+                self.leave(stream, id, -1)?;
+                return Ok(HeartbeatOutcome {
+                    response: self.response(stream, id, -1, Vec::new()),
+                    changed: true,
+                    drained: Vec::new(),
+                    events: vec![
+                        GroupEvent::Left(id.to_owned()),
+                        GroupEvent::Rebalanced(self.group_epoch),
+                    ],
+                });
+            }
+            0 => {
+                if let Some(m) = self.members.get_mut(id) {
+                    // The old incarnation's shards are released: the new one owns nothing.
+                    m.assigned.clear();
+                    m.pending_revocation.clear();
+                    m.reported.clear();
+                    m.revoke_started_ms = None;
+                    m.member_epoch = 0;
+                    m.previous_epoch = 0;
+                    events.push(GroupEvent::Rejoined(id.to_owned()));
+                } else {
+                    if let Some(max) = self.config.max_members
+                        && self.members.len() >= max as usize
+                    {
+                        return Err(EngineError::MaxSize(max));
+                    }
+                    self.members.insert(id.to_owned(), MemberDoc::new(now_ms));
+                    events.push(GroupEvent::Joined(id.to_owned()));
+                }
+                self.rebalance(stream);
+                events.push(GroupEvent::Rebalanced(self.group_epoch));
+            }
+            epoch if epoch < -1 => {
+                return Err(EngineError::Invalid(format!(
+                    "member_epoch {epoch} is invalid: send 0 to join, -1 to leave, or the epoch last received"
+                )));
+            }
+            epoch => {
+                let m = self
+                    .members
+                    .get(id)
+                    .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
+                let tolerated = epoch == m.previous_epoch
+                    && req.owned_shards.iter().all(|s| m.assigned.contains(s));
+                if epoch != m.member_epoch && !tolerated {
+                    return Err(EngineError::Fenced {
+                        member: id.to_owned(),
+                        sent: epoch,
+                        current: m.member_epoch,
+                    });
+                }
+            }
+        }
+
+        let reported: BTreeSet<u32> = if req.member_epoch == 0 {
+            BTreeSet::new()
+        } else {
+            req.owned_shards.iter().copied().collect()
+        };
+        let before = self.members.get(id).cloned();
+        let m = self
+            .members
+            .get_mut(id)
+            .expect("member present after join/check");
+        m.last_heartbeat_ms = now_ms;
+        if req.client.is_some() {
+            m.client.clone_from(&req.client);
+        }
+        if let Some(e) = self.reconcile(id, reported, now_ms) {
+            events.push(e);
+        }
+        let m = &self.members[id];
+        let changed = req.member_epoch == 0
+            || before.is_some_and(|b| {
+                MemberDoc {
+                    last_heartbeat_ms: m.last_heartbeat_ms,
+                    ..b
+                } != *m
+            });
+        let drained = req
+            .drained_shards
+            .iter()
+            .copied()
+            .filter(|s| {
+                m.holds(*s)
+                    && stream
+                        .draining
+                        .get(s)
+                        .is_some_and(|groups| !groups.contains(&self.group))
+            })
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        let assignment = m.assigned.iter().copied().collect();
+        Ok(HeartbeatOutcome {
+            response: self.response(stream, id, m.member_epoch, assignment),
+            changed,
+            drained,
+            events,
+        })
+    }
+
+    /// Removes a member that leaves (`POST leave` or a heartbeat with epoch -1). Epoch -1 is not
+    /// checked; otherwise the current or the tolerated previous epoch is required.
+    pub fn leave(
+        &mut self,
+        stream: &StreamDoc,
+        member_id: &str,
+        epoch: i64,
+    ) -> Result<(), EngineError> {
+        let m = self
+            .members
+            .get(member_id)
+            .ok_or_else(|| EngineError::UnknownMember(member_id.to_owned()))?;
+        if epoch != -1 && epoch != m.member_epoch && epoch != m.previous_epoch {
+            return Err(EngineError::Fenced {
+                member: member_id.to_owned(),
+                sent: epoch,
+                current: m.member_epoch,
+            });
+        }
+        self.members.remove(member_id);
+        self.rebalance(stream);
+        Ok(())
+    }
+
+    /// Fences and removes a member (operator action). Its shards are free at once.
+    pub fn remove_member(
+        &mut self,
+        stream: &StreamDoc,
+        member_id: &str,
+    ) -> Result<(), EngineError> {
+        self.leave(stream, member_id, -1)
+    }
+
+    /// Applies a settings change; bumps the group epoch when anything changed.
+    /// Returns whether it did.
+    pub fn update_config(
+        &mut self,
+        stream: &StreamDoc,
+        patch: &PatchGroupRequest,
+    ) -> Result<bool, EngineError> {
+        let mut cfg = self.config.clone();
+        if let Some(v) = patch.session_timeout_ms {
+            cfg.session_timeout_ms = v;
+        }
+        if let Some(v) = patch.heartbeat_interval_ms {
+            cfg.heartbeat_interval_ms = v;
+        }
+        if let Some(v) = patch.rebalance_timeout_ms {
+            cfg.rebalance_timeout_ms = v;
+        }
+        if let Some(v) = patch.max_members {
+            cfg.max_members = (v != 0).then_some(v);
+        }
+        cfg.validate()?;
+        if cfg == self.config {
+            return Ok(false);
+        }
+        self.config = cfg;
+        self.rebalance(stream);
+        Ok(true)
+    }
+
+    /// Bumps the group epoch and recomputes the target assignment, eagerly (SPEC §5.2).
+    fn rebalance(&mut self, stream: &StreamDoc) {
+        self.group_epoch += 1;
+        self.layout_version = stream.layout_version;
+        let shards = stream.assignable_shards();
+        static DEFAULT: StickyAssignor = StickyAssignor;
+        let assignor = assignor::by_name(&self.config.assignor).unwrap_or(&DEFAULT);
+        let specs: Vec<AssignorMember<'_>> = self
+            .members
+            .iter()
+            .map(|(id, m)| AssignorMember {
+                id,
+                previous: &m.target,
+            })
+            .collect();
+        let targets = assignor.assign(&specs, &shards);
+        for (m, t) in self.members.values_mut().zip(targets) {
+            m.target = t.into_iter().collect();
+        }
+        self.assignment_epoch = self.group_epoch;
+    }
+
+    /// KIP-848's current-assignment rule for one member (SPEC §5.2). Returns the event when
+    /// this heartbeat starts a revocation.
+    fn reconcile(&mut self, id: &str, reported: BTreeSet<u32>, now_ms: u64) -> Option<GroupEvent> {
+        let m = &self.members[id];
+        let owned: BTreeSet<u32> = m.assigned.union(&m.pending_revocation).copied().collect();
+        let keep: BTreeSet<u32> = owned.intersection(&m.target).copied().collect();
+        let still_owned: BTreeSet<u32> = owned
+            .difference(&m.target)
+            .filter(|s| reported.contains(s))
+            .copied()
+            .collect();
+        let assignment_epoch = self.assignment_epoch as i64;
+        if !still_owned.is_empty() {
+            let m = self.members.get_mut(id).expect("member exists");
+            let first = m.revoke_started_ms.is_none();
+            m.state = MemberState::Unrevoked;
+            m.assigned = keep;
+            m.pending_revocation = still_owned;
+            m.reported = reported;
+            if first {
+                m.revoke_started_ms = Some(now_ms);
+                return Some(GroupEvent::RevocationRequested(
+                    id.to_owned(),
+                    m.pending_revocation.iter().copied().collect(),
+                ));
+            }
+            return None;
+        }
+        // Grant what the target wants and nobody else holds.
+        let wanted: BTreeSet<u32> = m.target.difference(&keep).copied().collect();
+        let mut held_elsewhere = BTreeSet::new();
+        if !wanted.is_empty() {
+            for (other_id, other) in &self.members {
+                if other_id != id {
+                    held_elsewhere.extend(
+                        other
+                            .assigned
+                            .iter()
+                            .chain(&other.pending_revocation)
+                            .filter(|s| wanted.contains(s)),
+                    );
+                }
+            }
+        }
+        let m = self.members.get_mut(id).expect("member exists");
+        m.assigned = keep;
+        m.assigned.extend(wanted.difference(&held_elsewhere));
+        m.pending_revocation.clear();
+        m.revoke_started_ms = None;
+        m.reported = reported;
+        if m.member_epoch != assignment_epoch {
+            m.previous_epoch = m.member_epoch;
+            m.member_epoch = assignment_epoch;
+        }
+        m.state = if held_elsewhere.is_empty() {
+            MemberState::Stable
+        } else {
+            MemberState::Unreleased
+        };
+        None
+    }
+
+    fn response(
+        &self,
+        stream: &StreamDoc,
+        member_id: &str,
+        member_epoch: i64,
+        assignment: Vec<u32>,
+    ) -> HeartbeatResponse {
+        HeartbeatResponse {
+            member_id: member_id.to_owned(),
+            member_epoch,
+            heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            session_timeout_ms: self.config.session_timeout_ms,
+            assignment,
+            stream: self.stream.clone(),
+            shard_count: stream.shard_count,
+            routing_epoch: stream.routing_epoch,
+            start: self.config.start,
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The protocol engine: a pure, synchronous state machine over the group and stream documents.
+//!
+//! Every operation takes a document, the time (`now_ms`, from the injected clock) and a
+//! request, mutates the document in place and returns a decision. Nothing here does I/O, so
+//! the whole protocol — join, heartbeat, revoke-before-assign, epochs and fencing, expiry,
+//! resharding and rollback — is tested without Redis or HTTP. The stores persist the
+//! documents; the [`crate::service`] layer sequences engine calls with store reads and writes.
+
+mod group;
+mod stream;
+mod view;
+
+pub use group::{GroupEvent, HeartbeatOutcome};
+pub use stream::{ReshardRecord, StreamDoc, validate_shard_count};
+pub use view::{group_view, routing_view, stream_view};
+
+use rsc_protocol::{ClientInfo, ErrorCode, MemberState, StartPosition};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Largest shard count of a stream.
+pub const MAX_SHARDS: u32 = 4096;
+/// Smallest and largest accepted timeout / interval, in ms.
+pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+
+/// A group's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupConfig {
+    /// Where Redis consumer groups start.
+    pub start: StartPosition,
+    /// A member silent this long is expired.
+    pub session_timeout_ms: u64,
+    /// How often members heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// How long a member may take to revoke shards.
+    pub rebalance_timeout_ms: u64,
+    /// Member limit.
+    pub max_members: Option<u32>,
+    /// Assignor name.
+    pub assignor: String,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            start: StartPosition::Earliest,
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 3_000,
+            rebalance_timeout_ms: 60_000,
+            max_members: None,
+            assignor: crate::assignor::DEFAULT.to_owned(),
+        }
+    }
+}
+
+impl GroupConfig {
+    /// Checks ranges and the heartbeat < session rule.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        for (name, v) in [
+            ("session_timeout_ms", self.session_timeout_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("rebalance_timeout_ms", self.rebalance_timeout_ms),
+        ] {
+            if !TIMEOUT_RANGE_MS.contains(&v) {
+                return Err(EngineError::Invalid(format!(
+                    "{name} is {v}; it must be within {}..={}",
+                    TIMEOUT_RANGE_MS.start(),
+                    TIMEOUT_RANGE_MS.end()
+                )));
+            }
+        }
+        if self.heartbeat_interval_ms >= self.session_timeout_ms {
+            return Err(EngineError::Invalid(format!(
+                "heartbeat_interval_ms ({}) must be less than session_timeout_ms ({})",
+                self.heartbeat_interval_ms, self.session_timeout_ms
+            )));
+        }
+        if self.max_members == Some(0) {
+            return Err(EngineError::Invalid(
+                "max_members must be at least 1".into(),
+            ));
+        }
+        if crate::assignor::by_name(&self.assignor).is_none() {
+            return Err(EngineError::Invalid(format!(
+                "unknown assignor {:?}; known: {}",
+                self.assignor,
+                crate::assignor::KNOWN.join(", ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One member of a group, as the coordinator records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberDoc {
+    /// Current epoch (the fencing token).
+    pub member_epoch: i64,
+    /// The epoch before the last change, tolerated once (SPEC §5.4).
+    pub previous_epoch: i64,
+    /// Reconciliation state.
+    pub state: MemberState,
+    /// What the coordinator last allowed it to own (its `assignment`).
+    pub assigned: BTreeSet<u32>,
+    /// Shards it was asked to revoke and still reported owning.
+    pub pending_revocation: BTreeSet<u32>,
+    /// What the target assignment gives it.
+    pub target: BTreeSet<u32>,
+    /// What it reported owning in its last heartbeat.
+    pub reported: BTreeSet<u32>,
+    /// When the response that first asked it to revoke was sent.
+    pub revoke_started_ms: Option<u64>,
+    /// Last time the coordinator heard from it (liveness may be kept outside the document;
+    /// the service overlays the newest value before the engine runs).
+    pub last_heartbeat_ms: u64,
+    /// When it joined.
+    pub joined_ms: u64,
+    /// What it said about itself.
+    pub client: Option<ClientInfo>,
+}
+
+impl MemberDoc {
+    fn new(now_ms: u64) -> Self {
+        MemberDoc {
+            member_epoch: 0,
+            previous_epoch: 0,
+            state: MemberState::Stable,
+            assigned: BTreeSet::new(),
+            pending_revocation: BTreeSet::new(),
+            target: BTreeSet::new(),
+            reported: BTreeSet::new(),
+            revoke_started_ms: None,
+            last_heartbeat_ms: now_ms,
+            joined_ms: now_ms,
+            client: None,
+        }
+    }
+
+    /// Whether the member holds `shard`: assigned to it, or pending revocation from it.
+    pub fn holds(&self, shard: u32) -> bool {
+        self.assigned.contains(&shard) || self.pending_revocation.contains(&shard)
+    }
+}
+
+/// The whole state of a consumer group: ONE document (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupDoc {
+    /// Group id.
+    pub group: String,
+    /// Stream it reads.
+    pub stream: String,
+    /// Settings.
+    pub config: GroupConfig,
+    /// Bumped on every change of membership, layout or config.
+    pub group_epoch: u64,
+    /// The group epoch the target was computed for.
+    pub assignment_epoch: u64,
+    /// The stream layout version the target was computed for.
+    pub layout_version: u64,
+    /// Members by id.
+    pub members: BTreeMap<String, MemberDoc>,
+    /// When the group was created.
+    pub created_ms: u64,
+}
+
+/// Why an engine operation was refused. Each maps to one SPEC error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// Bad input.
+    #[error("{0}")]
+    Invalid(String),
+    /// Unsupported `protocol_version`.
+    #[error("protocol_version {0} is not supported; this coordinator speaks 1")]
+    UnsupportedProtocolVersion(u32),
+    /// The member is not in the group.
+    #[error(
+        "member {0} is not a member of the group (expired, left or removed); rejoin with epoch 0"
+    )]
+    UnknownMember(String),
+    /// Stale or future epoch.
+    #[error("member {member} sent epoch {sent}; its current epoch is {current}")]
+    Fenced {
+        /// Member id.
+        member: String,
+        /// Epoch in the request.
+        sent: i64,
+        /// Epoch the coordinator holds.
+        current: i64,
+    },
+    /// Join beyond `max_members`.
+    #[error("the group has reached its max_members of {0}")]
+    MaxSize(u32),
+    /// A reshard or rollback while one runs.
+    #[error("stream {0} is being resharded; wait until the reshard completes")]
+    ReshardInProgress(String),
+    /// Nothing to undo.
+    #[error("{0}")]
+    NothingToRollback(String),
+    /// The rollback window closed.
+    #[error("the rollback window of stream {stream} closed at {until_ms} (Unix ms)")]
+    RollbackWindowExpired {
+        /// Stream name.
+        stream: String,
+        /// When the window closed.
+        until_ms: u64,
+    },
+}
+
+impl EngineError {
+    /// The SPEC error code for this refusal.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::Invalid(_) => ErrorCode::InvalidRequest,
+            EngineError::UnsupportedProtocolVersion(_) => ErrorCode::UnsupportedProtocolVersion,
+            EngineError::UnknownMember(_) => ErrorCode::UnknownMemberId,
+            EngineError::Fenced { .. } => ErrorCode::FencedMemberEpoch,
+            EngineError::MaxSize(_) => ErrorCode::GroupMaxSizeReached,
+            EngineError::ReshardInProgress(_) => ErrorCode::ReshardInProgress,
+            EngineError::NothingToRollback(_) => ErrorCode::NothingToRollback,
+            EngineError::RollbackWindowExpired { .. } => ErrorCode::RollbackWindowExpired,
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! `rsc-coordinator`: the control plane of Redis Stream Coordinator.
+//!
+//! Kafka-style consumer groups (KIP-848) for sharded Redis Streams: the coordinator owns
+//! membership, sticky shard assignment with revoke-before-assign, member epochs and fencing,
+//! expiry, resharding with rollback and producers' routing metadata. Consumers and producers
+//! talk to it over HTTP/JSON (`/v1`) and move the data through Redis themselves.
+//!
+//! The layers, inside out:
+//! - [`engine`]: the protocol as a pure, synchronous state machine (documents in, decisions
+//!   out; time is a parameter);
+//! - [`assignor`]: who should own which shard;
+//! - [`store`]: where the documents live ([`store::MemoryStore`] for development);
+//! - [`service`]: sequences store reads, engine decisions and store writes under locks;
+//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes.
+//!
+//! ```
+//! use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
+//! use rsc_protocol::HeartbeatRequest;
+//!
+//! let stream = StreamDoc::new("orders", 4, 0).unwrap();
+//! let mut group = GroupDoc::new("billing", GroupConfig::default(), &stream, 0);
+//! let join = HeartbeatRequest {
+//!     protocol_version: 1,
+//!     member_id: "m1".into(),
+//!     member_epoch: 0,
+//!     owned_shards: vec![],
+//!     drained_shards: vec![],
+//!     client: None,
+//! };
+//! let out = group.heartbeat(&stream, &join, 1_000).unwrap();
+//! assert_eq!(out.response.assignment, vec![0, 1, 2, 3]);
+//! assert_eq!(out.response.member_epoch, 1);
+//! ```
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod assignor;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod server;
+pub mod service;
+pub mod store;

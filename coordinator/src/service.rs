@@ -1,0 +1,631 @@
+//! The coordinator service: store reads, engine decisions and store writes, in order.
+//!
+//! Every mutation runs as: take the document's lock, read it with its revision, let the
+//! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
+//! expired under a slow replica) reruns the whole cycle a bounded number of times and then
+//! answers [`ServiceError::Store`] with [`StoreError::Conflict`] (`503 STORE_CONFLICT`).
+//! Locks are taken stream first, then one group.
+
+use crate::clock::Clock;
+use crate::engine::{
+    EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
+    stream_view,
+};
+use crate::store::{LockResource, MetadataStore, StoreError, Versioned};
+use rsc_protocol::names::validate_name;
+use rsc_protocol::{
+    CreateGroupRequest, ErrorCode, GroupView, HeartbeatRequest, HeartbeatResponse, LeaveRequest,
+    LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use tracing::{debug, info, warn};
+
+/// Service settings.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// How long after a reshard completed it may be rolled back (ms).
+    pub rollback_window_ms: u64,
+    /// How many times a lost compare-and-set is retried before `STORE_CONFLICT`.
+    pub cas_retries: u32,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            rollback_window_ms: 15 * 60 * 1000,
+            cas_retries: 5,
+        }
+    }
+}
+
+/// Why a service call failed. Each variant maps to one SPEC error code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServiceError {
+    /// The protocol refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No such group.
+    #[error("group {0} does not exist")]
+    GroupNotFound(String),
+    /// No such stream.
+    #[error("stream {0} does not exist")]
+    StreamNotFound(String),
+    /// The group exists.
+    #[error("group {0} already exists")]
+    GroupAlreadyExists(String),
+    /// Create on an existing stream with another shard count.
+    #[error("stream {stream} has {existing} shards, not {requested}")]
+    ShardCountMismatch {
+        /// Stream.
+        stream: String,
+        /// Its shard count.
+        existing: u32,
+        /// What the request said.
+        requested: u32,
+    },
+    /// Delete of a group with members, without force.
+    #[error("group {group} has {members} live members; delete with ?force=true to remove them")]
+    GroupNotEmpty {
+        /// Group.
+        group: String,
+        /// Live members.
+        members: usize,
+    },
+}
+
+impl ServiceError {
+    /// The SPEC error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ServiceError::Engine(e) => e.code(),
+            ServiceError::Store(StoreError::Conflict(_)) => ErrorCode::StoreConflict,
+            ServiceError::Store(_) => ErrorCode::StoreUnavailable,
+            ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
+            ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
+            ServiceError::GroupAlreadyExists(_) => ErrorCode::GroupAlreadyExists,
+            ServiceError::ShardCountMismatch { .. } => ErrorCode::ShardCountMismatch,
+            ServiceError::GroupNotEmpty { .. } => ErrorCode::GroupNotEmpty,
+        }
+    }
+
+    fn is_conflict(&self) -> bool {
+        matches!(self, ServiceError::Store(StoreError::Conflict(_)))
+    }
+}
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+fn invalid(msg: String) -> ServiceError {
+    ServiceError::Engine(EngineError::Invalid(msg))
+}
+
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    validate_name(kind, name).map_err(invalid)
+}
+
+/// The coordinator: one per process, shared by every HTTP handler and the expiry sweep.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    store: Arc<dyn MetadataStore>,
+    clock: Arc<dyn Clock>,
+    config: ServiceConfig,
+}
+
+impl Coordinator {
+    /// A coordinator over `store`, telling time by `clock`.
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        clock: Arc<dyn Clock>,
+        config: ServiceConfig,
+    ) -> Self {
+        Coordinator {
+            store,
+            clock,
+            config,
+        }
+    }
+
+    /// The store (for readiness checks).
+    pub fn store(&self) -> &Arc<dyn MetadataStore> {
+        &self.store
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Runs `op` again while it loses a compare-and-set, at most `cas_retries` more times.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match op().await {
+                Err(e) if e.is_conflict() && attempt < self.config.cas_retries => {
+                    attempt += 1;
+                    debug!(attempt, error = %e, "compare-and-set lost; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
+        let mut v = self
+            .store
+            .load_group(group)
+            .await?
+            .ok_or_else(|| ServiceError::GroupNotFound(group.to_owned()))?;
+        let live = self.store.liveness(group).await?;
+        for (id, m) in v.doc.members.iter_mut() {
+            if let Some(&t) = live.get(id) {
+                m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
+            }
+        }
+        Ok(v)
+    }
+
+    async fn load_stream(&self, stream: &str) -> Result<Versioned<StreamDoc>> {
+        self.store
+            .load_stream(stream)
+            .await?
+            .ok_or_else(|| ServiceError::StreamNotFound(stream.to_owned()))
+    }
+
+    /// Handles a heartbeat (SPEC §5).
+    #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id, epoch = req.member_epoch))]
+    pub async fn heartbeat(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse> {
+        check_name("group", group)?;
+        let (response, drained, stream) = self
+            .retrying(|| async {
+                let _lock = self
+                    .store
+                    .lock(&LockResource::Group(group.to_owned()))
+                    .await?;
+                let Versioned { revision, mut doc } = self.load_group(group).await?;
+                let stream = self.load_stream(&doc.stream).await?.doc;
+                let now = self.now();
+                let mut dirty = doc.sync_layout(&stream);
+                let mut events = doc.expire(&stream, now);
+                dirty |= !events.is_empty();
+                let result = doc.heartbeat(&stream, req, now);
+                let outcome = match result {
+                    Ok(out) => out,
+                    Err(e) => {
+                        if dirty {
+                            self.store.put_group(&doc, revision).await?;
+                            self.forget_removed(group, &events).await;
+                            log_events(group, &events);
+                        }
+                        return Err(e.into());
+                    }
+                };
+                dirty |= outcome.changed;
+                events.extend(outcome.events);
+                if dirty {
+                    self.store.put_group(&doc, revision).await?;
+                }
+                if outcome.response.member_epoch >= 0 {
+                    self.store.touch(group, &req.member_id, now).await?;
+                }
+                self.forget_removed(group, &events).await;
+                log_events(group, &events);
+                Ok((outcome.response, outcome.drained, doc.stream))
+            })
+            .await?;
+        if !drained.is_empty()
+            && let Err(e) = self.record_drained(&stream, group, &drained).await
+        {
+            // The member reports drained shards on every heartbeat: the next one retries.
+            warn!(%stream, ?drained, error = %e, "could not record drained shards yet");
+        }
+        Ok(response)
+    }
+
+    async fn forget_removed(&self, group: &str, events: &[GroupEvent]) {
+        let gone: Vec<String> = events
+            .iter()
+            .filter_map(|e| match e {
+                GroupEvent::Left(m)
+                | GroupEvent::SessionExpired(m)
+                | GroupEvent::RebalanceTimedOut(m)
+                | GroupEvent::Removed(m) => Some(m.clone()),
+                _ => None,
+            })
+            .collect();
+        if !gone.is_empty()
+            && let Err(e) = self.store.forget(group, &gone).await
+        {
+            // Harmless: a stale liveness entry is ignored for members not in the document.
+            warn!(group, error = %e, "could not forget liveness of departed members");
+        }
+    }
+
+    /// Handles `POST leave`.
+    #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id))]
+    pub async fn leave(&self, group: &str, req: &LeaveRequest) -> Result<LeaveResponse> {
+        check_name("group", group)?;
+        check_name("member", &req.member_id)?;
+        if req.member_epoch < -1 {
+            return Err(invalid(format!(
+                "member_epoch {} is invalid",
+                req.member_epoch
+            )));
+        }
+        self.mutate_group(group, |doc, stream, _now| {
+            doc.leave(stream, &req.member_id, req.member_epoch)?;
+            Ok(vec![GroupEvent::Left(req.member_id.clone())])
+        })
+        .await?;
+        Ok(LeaveResponse {
+            member_id: req.member_id.clone(),
+            member_epoch: -1,
+        })
+    }
+
+    /// Fences and removes a member (admin).
+    #[tracing::instrument(skip(self))]
+    pub async fn remove_member(&self, group: &str, member: &str) -> Result<()> {
+        check_name("group", group)?;
+        check_name("member", member)?;
+        self.mutate_group(group, |doc, stream, _now| {
+            doc.remove_member(stream, member)?;
+            Ok(vec![GroupEvent::Removed(member.to_owned())])
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Changes a group's settings (admin).
+    #[tracing::instrument(skip(self))]
+    pub async fn patch_group(&self, group: &str, patch: &PatchGroupRequest) -> Result<GroupView> {
+        check_name("group", group)?;
+        self.mutate_group(group, |doc, stream, _now| {
+            doc.update_config(stream, patch)?;
+            Ok(Vec::new())
+        })
+        .await?;
+        self.describe_group(group).await
+    }
+
+    /// Lock, load, apply `f`, write if the document changed, log.
+    async fn mutate_group<F>(&self, group: &str, f: F) -> Result<()>
+    where
+        F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
+    {
+        self.retrying(|| async {
+            let _lock = self
+                .store
+                .lock(&LockResource::Group(group.to_owned()))
+                .await?;
+            let Versioned { revision, mut doc } = self.load_group(group).await?;
+            let stream = self.load_stream(&doc.stream).await?.doc;
+            let now = self.now();
+            let before = doc.clone();
+            doc.sync_layout(&stream);
+            let mut events = doc.expire(&stream, now);
+            events.extend(f(&mut doc, &stream, now)?);
+            if doc != before {
+                self.store.put_group(&doc, revision).await?;
+            }
+            self.forget_removed(group, &events).await;
+            log_events(group, &events);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates a group, and its stream when new (admin).
+    #[tracing::instrument(skip_all, fields(group = %req.group, stream = %req.stream))]
+    pub async fn create_group(&self, req: &CreateGroupRequest) -> Result<GroupView> {
+        check_name("group", &req.group)?;
+        check_name("stream", &req.stream)?;
+        let defaults = GroupConfig::default();
+        let config = GroupConfig {
+            start: req.start.unwrap_or(defaults.start),
+            session_timeout_ms: req
+                .session_timeout_ms
+                .unwrap_or(defaults.session_timeout_ms),
+            heartbeat_interval_ms: req
+                .heartbeat_interval_ms
+                .unwrap_or(defaults.heartbeat_interval_ms),
+            rebalance_timeout_ms: req
+                .rebalance_timeout_ms
+                .unwrap_or(defaults.rebalance_timeout_ms),
+            max_members: req.max_members,
+            assignor: req.assignor.clone().unwrap_or(defaults.assignor),
+        };
+        config.validate()?;
+        if let Some(n) = req.shard_count {
+            crate::engine::validate_shard_count(n)?;
+        }
+        self.retrying(|| async {
+            let _s = self
+                .store
+                .lock(&LockResource::Stream(req.stream.clone()))
+                .await?;
+            let _g = self.store.lock(&LockResource::Group(req.group.clone())).await?;
+            if self.store.load_group(&req.group).await?.is_some() {
+                return Err(ServiceError::GroupAlreadyExists(req.group.clone()));
+            }
+            let now = self.now();
+            let (mut stream, revision) = match self.store.load_stream(&req.stream).await? {
+                Some(v) => {
+                    if let Some(n) = req.shard_count
+                        && n != v.doc.shard_count
+                    {
+                        return Err(ServiceError::ShardCountMismatch {
+                            stream: req.stream.clone(),
+                            existing: v.doc.shard_count,
+                            requested: n,
+                        });
+                    }
+                    (v.doc, v.revision)
+                }
+                None => {
+                    let n = req.shard_count.ok_or_else(|| {
+                        invalid(format!(
+                            "stream {} is new: shard_count (1..=4096) is required",
+                            req.stream
+                        ))
+                    })?;
+                    (StreamDoc::new(&req.stream, n, now)?, 0)
+                }
+            };
+            // The stream names the group before the group exists: a crash in between leaves
+            // a name the drain check prunes, never a group without its stream.
+            stream.add_group(&req.group);
+            self.store.put_stream(&stream, revision).await?;
+            let doc = GroupDoc::new(&req.group, config.clone(), &stream, now);
+            let revision = self.store.put_group(&doc, 0).await?;
+            info!(group = %req.group, stream = %req.stream, shards = stream.shard_count, "group created");
+            Ok(group_view(&doc, &stream, revision, now, &HashMap::new()))
+        })
+        .await
+    }
+
+    /// Deletes a group (admin). Without `force`, refuses while it has members.
+    #[tracing::instrument(skip(self))]
+    pub async fn delete_group(&self, group: &str, force: bool) -> Result<()> {
+        check_name("group", group)?;
+        let stream_name = self.load_group(group).await?.doc.stream;
+        let stream = self
+            .retrying(|| async {
+                let _s = self
+                    .store
+                    .lock(&LockResource::Stream(stream_name.clone()))
+                    .await?;
+                let _g = self
+                    .store
+                    .lock(&LockResource::Group(group.to_owned()))
+                    .await?;
+                let Versioned { revision, mut doc } = self.load_group(group).await?;
+                let stream = self.load_stream(&doc.stream).await?;
+                let now = self.now();
+                doc.expire(&stream.doc, now);
+                if !doc.members.is_empty() && !force {
+                    return Err(ServiceError::GroupNotEmpty {
+                        group: group.to_owned(),
+                        members: doc.members.len(),
+                    });
+                }
+                self.store.delete_group(group, revision).await?;
+                let mut s = stream.doc;
+                let layout_changed = s.remove_group(group, now);
+                self.store.put_stream(&s, stream.revision).await?;
+                info!(group, stream = %s.stream, force, "group deleted");
+                Ok(layout_changed.then_some(s))
+            })
+            .await?;
+        if let Some(s) = stream {
+            self.fan_out(&s).await;
+        }
+        Ok(())
+    }
+
+    /// Starts a reshard of `stream` to `shard_count` shards (admin).
+    #[tracing::instrument(skip(self))]
+    pub async fn reshard(&self, stream: &str, shard_count: u32) -> Result<StreamView> {
+        check_name("stream", stream)?;
+        self.mutate_stream(stream, |s, now| s.reshard(shard_count, now))
+            .await
+    }
+
+    /// Rolls back the latest reshard of `stream` (admin).
+    #[tracing::instrument(skip(self))]
+    pub async fn rollback(&self, stream: &str) -> Result<StreamView> {
+        check_name("stream", stream)?;
+        let window = self.config.rollback_window_ms;
+        self.mutate_stream(stream, |s, now| s.rollback(now, window))
+            .await
+    }
+
+    async fn mutate_stream<F>(&self, stream: &str, f: F) -> Result<StreamView>
+    where
+        F: Fn(&mut StreamDoc, u64) -> std::result::Result<(), EngineError>,
+    {
+        let (doc, revision) = self
+            .retrying(|| async {
+                let _s = self
+                    .store
+                    .lock(&LockResource::Stream(stream.to_owned()))
+                    .await?;
+                let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                f(&mut doc, self.now())?;
+                let revision = self.store.put_stream(&doc, revision).await?;
+                info!(
+                    stream,
+                    shard_count = doc.shard_count,
+                    routing_epoch = doc.routing_epoch,
+                    "stream layout changed"
+                );
+                Ok((doc, revision))
+            })
+            .await?;
+        self.fan_out(&doc).await;
+        Ok(stream_view(&doc, revision, self.config.rollback_window_ms))
+    }
+
+    /// Records drained shards of `group` in the stream; retires shards every group drained.
+    async fn record_drained(&self, stream: &str, group: &str, shards: &[u32]) -> Result<()> {
+        let changed = self
+            .retrying(|| async {
+                let _s = self
+                    .store
+                    .lock(&LockResource::Stream(stream.to_owned()))
+                    .await?;
+                let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                let now = self.now();
+                // Prune names of groups that no longer exist (a create that crashed halfway).
+                for g in doc.groups.clone() {
+                    if g != group && self.store.load_group(&g).await?.is_none() {
+                        warn!(stream, group = %g, "pruning a group the stream names but the store lacks");
+                        doc.remove_group(&g, now);
+                    }
+                }
+                let layout_changed = doc.mark_drained(group, shards, now);
+                self.store.put_stream(&doc, revision).await?;
+                info!(stream, group, ?shards, retired = layout_changed, "draining shards drained");
+                Ok(layout_changed.then_some(doc))
+            })
+            .await?;
+        if let Some(doc) = changed {
+            self.fan_out(&doc).await;
+        }
+        Ok(())
+    }
+
+    /// Recomputes every group of the stream for its new layout, now rather than at the next
+    /// heartbeat. A failure here is healed by the next heartbeat or sweep (`sync_layout`).
+    async fn fan_out(&self, stream: &StreamDoc) {
+        for group in &stream.groups {
+            let r = self
+                .mutate_group(group, |_doc, _stream, _now| Ok(Vec::new()))
+                .await;
+            if let Err(e) = r {
+                warn!(stream = %stream.stream, group, error = %e, "layout change not yet applied to group");
+            }
+        }
+    }
+
+    /// Expires silent members and members that outlived their rebalance timeout, in every
+    /// group. Returns how many members were removed.
+    pub async fn sweep(&self) -> Result<usize> {
+        let mut removed = 0;
+        for group in self.store.list_groups().await? {
+            let Ok(v) = self.load_group(&group).await else {
+                continue;
+            };
+            let now = self.now();
+            let Ok(stream) = self.load_stream(&v.doc.stream).await else {
+                continue;
+            };
+            let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now)
+                || v.doc.layout_version != stream.doc.layout_version;
+            if !due {
+                continue;
+            }
+            let before = v.doc.members.len();
+            self.mutate_group(&group, |_doc, _stream, _now| Ok(Vec::new()))
+                .await?;
+            let after = self
+                .store
+                .load_group(&group)
+                .await?
+                .map_or(0, |v| v.doc.members.len());
+            removed += before.saturating_sub(after);
+        }
+        Ok(removed)
+    }
+
+    /// The group view.
+    pub async fn describe_group(&self, group: &str) -> Result<GroupView> {
+        check_name("group", group)?;
+        let v = self.load_group(group).await?;
+        let stream = self.load_stream(&v.doc.stream).await?;
+        Ok(group_view(
+            &v.doc,
+            &stream.doc,
+            v.revision,
+            self.now(),
+            &HashMap::new(),
+        ))
+    }
+
+    /// Every group's view.
+    pub async fn list_groups(&self) -> Result<Vec<GroupView>> {
+        let mut out = Vec::new();
+        for g in self.store.list_groups().await? {
+            match self.describe_group(&g).await {
+                Ok(v) => out.push(v),
+                Err(ServiceError::GroupNotFound(_) | ServiceError::StreamNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The stream view.
+    pub async fn describe_stream(&self, stream: &str) -> Result<StreamView> {
+        check_name("stream", stream)?;
+        let v = self.load_stream(stream).await?;
+        Ok(stream_view(
+            &v.doc,
+            v.revision,
+            self.config.rollback_window_ms,
+        ))
+    }
+
+    /// Every stream's view.
+    pub async fn list_streams(&self) -> Result<Vec<StreamView>> {
+        let mut out = Vec::new();
+        for s in self.store.list_streams().await? {
+            if let Some(v) = self.store.load_stream(&s).await? {
+                out.push(stream_view(
+                    &v.doc,
+                    v.revision,
+                    self.config.rollback_window_ms,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Producers' routing metadata.
+    pub async fn routing(&self, stream: &str) -> Result<RoutingResponse> {
+        check_name("stream", stream)?;
+        Ok(routing_view(&self.load_stream(stream).await?.doc))
+    }
+}
+
+fn log_events(group: &str, events: &[GroupEvent]) {
+    for e in events {
+        match e {
+            GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),
+            GroupEvent::Rejoined(m) => info!(group, member = %m, "member rejoined with epoch 0"),
+            GroupEvent::Left(m) => info!(group, member = %m, "member left"),
+            GroupEvent::SessionExpired(m) => {
+                warn!(group, member = %m, "member expired: no heartbeat within the session timeout")
+            }
+            GroupEvent::RebalanceTimedOut(m) => {
+                warn!(group, member = %m, "member removed: did not revoke within the rebalance timeout")
+            }
+            GroupEvent::Removed(m) => info!(group, member = %m, "member removed by an operator"),
+            GroupEvent::Rebalanced(epoch) => debug!(group, epoch, "target assignment recomputed"),
+            GroupEvent::RevocationRequested(m, shards) => {
+                info!(group, member = %m, ?shards, "revocation requested")
+            }
+        }
+    }
+}

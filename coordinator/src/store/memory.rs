@@ -1,0 +1,147 @@
+//! The in-process store: the development default, for one coordinator.
+
+use super::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use crate::engine::{GroupDoc, StreamDoc};
+use async_trait::async_trait;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long [`MemoryStore::lock`] waits before answering `StoreError::Unavailable`.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct Inner {
+    groups: BTreeMap<String, Versioned<GroupDoc>>,
+    streams: BTreeMap<String, Versioned<StreamDoc>>,
+    live: HashMap<String, HashMap<String, u64>>,
+}
+
+/// Documents kept in process memory, with the same revision and lock semantics as the
+/// Redis store. State is lost when the process exits.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+    locks: Mutex<HashMap<LockResource, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave a half-written document: every
+        // mutation below is a single map operation. Recover the data.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn cas<T: Clone>(
+    map: &mut BTreeMap<String, Versioned<T>>,
+    key: &str,
+    doc: Option<&T>,
+    expected: u64,
+) -> Result<u64, StoreError> {
+    let current = map.get(key).map_or(0, |v| v.revision);
+    if current != expected {
+        return Err(StoreError::Conflict(key.to_owned()));
+    }
+    match doc {
+        Some(doc) => {
+            let revision = current + 1;
+            map.insert(
+                key.to_owned(),
+                Versioned {
+                    revision,
+                    doc: doc.clone(),
+                },
+            );
+            Ok(revision)
+        }
+        None => {
+            map.remove(key);
+            Ok(0)
+        }
+    }
+}
+
+#[async_trait]
+impl MetadataStore for MemoryStore {
+    async fn load_group(&self, group: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
+        Ok(self.inner().groups.get(group).cloned())
+    }
+
+    async fn load_stream(&self, stream: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError> {
+        Ok(self.inner().streams.get(stream).cloned())
+    }
+
+    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
+        cas(&mut self.inner().groups, &doc.group, Some(doc), expected)
+    }
+
+    async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
+        let mut inner = self.inner();
+        cas(&mut inner.groups, group, None, expected)?;
+        inner.live.remove(group);
+        Ok(())
+    }
+
+    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+        cas(&mut self.inner().streams, &doc.stream, Some(doc), expected)
+    }
+
+    async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.inner().groups.keys().cloned().collect())
+    }
+
+    async fn list_streams(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.inner().streams.keys().cloned().collect())
+    }
+
+    async fn lock(&self, resource: &LockResource) -> Result<LockGuard, StoreError> {
+        let mutex = self
+            .locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(resource.clone())
+            .or_default()
+            .clone();
+        match tokio::time::timeout(LOCK_WAIT, mutex.lock_owned()).await {
+            Ok(guard) => Ok(LockGuard::new(guard)),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "lock on {resource:?} not acquired within {LOCK_WAIT:?}"
+            ))),
+        }
+    }
+
+    async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
+        let mut inner = self.inner();
+        let t = inner
+            .live
+            .entry(group.to_owned())
+            .or_default()
+            .entry(member.to_owned())
+            .or_default();
+        *t = (*t).max(now_ms);
+        Ok(())
+    }
+
+    async fn forget(&self, group: &str, members: &[String]) -> Result<(), StoreError> {
+        if let Some(live) = self.inner().live.get_mut(group) {
+            for m in members {
+                live.remove(m);
+            }
+        }
+        Ok(())
+    }
+
+    async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError> {
+        Ok(self.inner().live.get(group).cloned().unwrap_or_default())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
