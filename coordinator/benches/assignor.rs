@@ -10,13 +10,18 @@ const MEMBERS: usize = 1_000;
 const SHARDS: u32 = 4_096;
 
 fn bench(c: &mut Criterion) {
-    let ids: Vec<String> = (0..=MEMBERS).map(|i| format!("10.0.{}.{}-billing-0", i / 250, i % 250)).collect();
+    let ids: Vec<String> = (0..=MEMBERS)
+        .map(|i| format!("10.0.{}.{}-billing-0", i / 250, i % 250))
+        .collect();
     let shards: Vec<u32> = (0..SHARDS).collect();
     let empty = BTreeSet::new();
 
     let fresh: Vec<AssignorMember<'_>> = ids[..MEMBERS]
         .iter()
-        .map(|id| AssignorMember { id, previous: &empty })
+        .map(|id| AssignorMember {
+            id,
+            previous: &empty,
+        })
         .collect();
     c.bench_function("sticky full 1000x4096", |b| {
         b.iter(|| StickyAssignor.assign(black_box(&fresh), black_box(&shards)))

@@ -42,7 +42,8 @@ fn ids(n: usize) -> Vec<String> {
 /// Members with arbitrary (possibly overlapping, possibly vanished) previous targets.
 fn arbitrary_previous() -> impl Strategy<Value = (Assignment, Vec<u32>)> {
     (1usize..40, 1u32..200).prop_flat_map(|(m, s)| {
-        let prev = proptest::collection::vec(proptest::collection::btree_set(0u32..s + 20, 0..12), m);
+        let prev =
+            proptest::collection::vec(proptest::collection::btree_set(0u32..s + 20, 0..12), m);
         let shards = proptest::collection::btree_set(0u32..s, 1..=s as usize);
         (prev, shards).prop_map(|(prev, shards)| {
             let a = ids(prev.len()).into_iter().zip(prev).collect();

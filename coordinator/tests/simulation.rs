@@ -127,13 +127,19 @@ impl Sim {
     }
 
     fn pick_live(&mut self) -> Option<usize> {
-        let live: Vec<usize> = (0..self.clients.len()).filter(|&i| !self.clients[i].silent).collect();
+        let live: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| !self.clients[i].silent)
+            .collect();
         (!live.is_empty()).then(|| live[self.rng.below(live.len() as u64) as usize])
     }
 
     fn spawn_client(&mut self) {
         self.next_id += 1;
-        let slow = if self.rng.chance(25) { 1 + self.rng.below(4) as u32 } else { 0 };
+        let slow = if self.rng.chance(25) {
+            1 + self.rng.below(4) as u32
+        } else {
+            0
+        };
         self.clients.push(Client {
             id: format!("m{}", self.next_id),
             epoch: 0,
@@ -170,7 +176,11 @@ impl Sim {
             match e {
                 GroupEvent::SessionExpired(id) => {
                     self.count("expired");
-                    let c = self.clients.iter().find(|c| c.id == id).expect("known client");
+                    let c = self
+                        .clients
+                        .iter()
+                        .find(|c| c.id == id)
+                        .expect("known client");
                     assert!(
                         !c.processing(self.now),
                         "{id} expired while still handling (self-fence must come first)"
@@ -187,11 +197,16 @@ impl Sim {
         }
         // Silent clients the coordinator removed are gone for good.
         let members = &self.group.members;
-        self.clients.retain(|c| !c.silent || members.contains_key(&c.id));
+        self.clients
+            .retain(|c| !c.silent || members.contains_key(&c.id));
     }
 
     fn config_change(&mut self) {
-        let hb = if self.group.config.heartbeat_interval_ms == HEARTBEAT_MS { 900 } else { HEARTBEAT_MS };
+        let hb = if self.group.config.heartbeat_interval_ms == HEARTBEAT_MS {
+            900
+        } else {
+            HEARTBEAT_MS
+        };
         let patch = PatchGroupRequest {
             heartbeat_interval_ms: Some(hb),
             ..PatchGroupRequest::default()
@@ -234,7 +249,8 @@ impl Sim {
         match self.group.heartbeat(&self.stream, &req, sent) {
             Ok(out) => {
                 self.count("heartbeats");
-                if !out.drained.is_empty() && self.stream.mark_drained("g", &out.drained, self.now) {
+                if !out.drained.is_empty() && self.stream.mark_drained("g", &out.drained, self.now)
+                {
                     self.count("retirements");
                     self.layout_changed();
                 }
@@ -288,7 +304,10 @@ impl Sim {
         for c in self.clients.iter().filter(|c| c.processing(self.now)) {
             for s in &c.owned {
                 if let Some(other) = handler.insert(*s, &c.id) {
-                    panic!("step {}: shard {s} handled by {other} and {}", self.steps, c.id);
+                    panic!(
+                        "step {}: shard {s} handled by {other} and {}",
+                        self.steps, c.id
+                    );
                 }
             }
         }
@@ -303,7 +322,10 @@ impl Sim {
             self.heartbeat_round();
             self.expire();
         }
-        assert!(self.clients.iter().all(|c| !c.silent), "silent members expired");
+        assert!(
+            self.clients.iter().all(|c| !c.silent),
+            "silent members expired"
+        );
         for round in 1..=12 {
             self.now += 100;
             self.heartbeat_round();
@@ -329,7 +351,12 @@ impl Sim {
 
     /// Every live client heartbeats once (clients may drop out while iterating).
     fn heartbeat_round(&mut self) {
-        let ids: Vec<String> = self.clients.iter().filter(|c| !c.silent).map(|c| c.id.clone()).collect();
+        let ids: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|c| !c.silent)
+            .map(|c| c.id.clone())
+            .collect();
         for id in ids {
             if let Some(i) = self.clients.iter().position(|c| c.id == id) {
                 self.heartbeat(i);
@@ -340,13 +367,23 @@ impl Sim {
 
     fn check_balanced(&self) {
         let shards: BTreeSet<u32> = self.stream.assignable_shards().into_iter().collect();
-        let counts: Vec<usize> = self.group.members.values().map(|m| m.assigned.len()).collect();
+        let counts: Vec<usize> = self
+            .group
+            .members
+            .values()
+            .map(|m| m.assigned.len())
+            .collect();
         if counts.is_empty() {
             return;
         }
         let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
         assert!(max - min <= 1, "unbalanced after convergence: {counts:?}");
-        let all: BTreeSet<u32> = self.group.members.values().flat_map(|m| m.assigned.iter().copied()).collect();
+        let all: BTreeSet<u32> = self
+            .group
+            .members
+            .values()
+            .flat_map(|m| m.assigned.iter().copied())
+            .collect();
         assert_eq!(all, shards, "every shard is owned after convergence");
     }
 }
@@ -366,7 +403,9 @@ fn run(seed: u64, steps: u64) -> BTreeMap<&'static str, u64> {
 fn random_churn_is_safe_and_converges() {
     let seeds: Vec<u64> = match std::env::var("RSC_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("RSC_SIM_SEED is a number")],
-        Err(_) => (1..=24u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect(),
+        Err(_) => (1..=24u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect(),
     };
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
     for seed in seeds {
@@ -376,7 +415,18 @@ fn random_churn_is_safe_and_converges() {
     }
     eprintln!("simulation totals: {total:?}");
     // The schedule must actually exercise the protocol's hard paths.
-    for what in ["heartbeats", "lost_responses", "expired", "left", "rejoins", "reshards", "retirements"] {
-        assert!(total.get(what).copied().unwrap_or(0) > 0, "no {what} happened");
+    for what in [
+        "heartbeats",
+        "lost_responses",
+        "expired",
+        "left",
+        "rejoins",
+        "reshards",
+        "retirements",
+    ] {
+        assert!(
+            total.get(what).copied().unwrap_or(0) > 0,
+            "no {what} happened"
+        );
     }
 }

@@ -24,7 +24,12 @@ impl World {
         }
     }
 
-    fn hb(&mut self, member: &str, epoch: i64, owned: &[u32]) -> Result<HeartbeatResponse, EngineError> {
+    fn hb(
+        &mut self,
+        member: &str,
+        epoch: i64,
+        owned: &[u32],
+    ) -> Result<HeartbeatResponse, EngineError> {
         self.hb_full(member, epoch, owned, &[])
     }
 
@@ -46,7 +51,10 @@ impl World {
         };
         let r = self.group.heartbeat(&self.stream, &req, self.now);
         if r.is_err() {
-            assert_eq!(self.group, before, "a refused heartbeat must not change the document");
+            assert_eq!(
+                self.group, before,
+                "a refused heartbeat must not change the document"
+            );
         }
         self.assert_exclusive();
         r.map(|o| o.response)
@@ -81,7 +89,10 @@ fn first_member_gets_everything_and_is_stable() {
     assert_eq!(r.member_epoch, 1);
     assert_eq!((w.group.group_epoch, w.group.assignment_epoch), (1, 1));
     assert_eq!(w.state("m1"), S::Stable);
-    assert_eq!((r.shard_count, r.routing_epoch, r.stream.as_str()), (4, 1, "orders"));
+    assert_eq!(
+        (r.shard_count, r.routing_epoch, r.stream.as_str()),
+        (4, 1, "orders")
+    );
 }
 
 #[test]
@@ -164,10 +175,22 @@ fn previous_epoch_is_tolerated_only_with_an_owned_subset() {
 #[test]
 fn unknown_member_and_bad_requests() {
     let mut w = World::new(2);
-    assert_eq!(w.hb("ghost", 3, &[]).unwrap_err().code(), ErrorCode::UnknownMemberId);
-    assert_eq!(w.hb("ghost", -1, &[]).unwrap_err().code(), ErrorCode::UnknownMemberId);
-    assert_eq!(w.hb("m1", -2, &[]).unwrap_err().code(), ErrorCode::InvalidRequest);
-    assert_eq!(w.hb("bad id", 0, &[]).unwrap_err().code(), ErrorCode::InvalidRequest);
+    assert_eq!(
+        w.hb("ghost", 3, &[]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+    assert_eq!(
+        w.hb("ghost", -1, &[]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+    assert_eq!(
+        w.hb("m1", -2, &[]).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(
+        w.hb("bad id", 0, &[]).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
     let req = HeartbeatRequest {
         protocol_version: 2,
         member_id: "m1".into(),
@@ -198,7 +221,10 @@ fn leave_frees_shards_at_once() {
     // POST leave of a known member with a stale epoch is fenced; of an unknown one, unknown.
     w.join("m3");
     let stale = w.group.members["m3"].member_epoch - 1;
-    let e = w.group.leave(&w.stream.clone(), "m3", stale - 5).unwrap_err();
+    let e = w
+        .group
+        .leave(&w.stream.clone(), "m3", stale - 5)
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::FencedMemberEpoch);
     let e = w.group.leave(&w.stream.clone(), "nobody", 1).unwrap_err();
     assert_eq!(e.code(), ErrorCode::UnknownMemberId);
@@ -215,12 +241,18 @@ fn session_expiry_removes_and_frees() {
     // m2 keeps heartbeating; m1 goes silent.
     w.now += SESSION;
     w.hb("m2", 2, &[1]).unwrap();
-    assert!(w.group.expire(&w.stream, w.now).is_empty(), "exactly at the timeout it is kept");
+    assert!(
+        w.group.expire(&w.stream, w.now).is_empty(),
+        "exactly at the timeout it is kept"
+    );
     assert_eq!(w.group.next_deadline_ms(), Some(1_000 + SESSION + 1));
     w.now += 1;
     let events = w.group.expire(&w.stream, w.now);
     assert!(events.contains(&GroupEvent::SessionExpired("m1".into())));
-    assert_eq!(w.hb("m1", 2, &[0]).unwrap_err().code(), ErrorCode::UnknownMemberId);
+    assert_eq!(
+        w.hb("m1", 2, &[0]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
     let r = w.hb("m2", 2, &[1]).unwrap();
     assert_eq!(r.assignment, vec![0, 1]);
 }
@@ -255,7 +287,10 @@ fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() 
     let events = w.group.expire(&w.stream, w.now);
     assert_eq!(events[0], GroupEvent::RebalanceTimedOut("slow".into()));
     assert!(w.group.members.contains_key("quick"));
-    assert_eq!(w.hb("slow", 2, &[0, 1, 2]).unwrap_err().code(), ErrorCode::UnknownMemberId);
+    assert_eq!(
+        w.hb("slow", 2, &[0, 1, 2]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
 }
 
 #[test]
@@ -307,7 +342,10 @@ fn rejoin_with_epoch_zero_releases_the_old_incarnation() {
     assert_eq!(r.assignment, vec![0], "its target shard is free again");
     assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment, vec![1]);
     // Its old epoch is fenced.
-    assert_eq!(w.hb("m1", 1, &[0]).unwrap_err().code(), ErrorCode::FencedMemberEpoch);
+    assert_eq!(
+        w.hb("m1", 1, &[0]).unwrap_err().code(),
+        ErrorCode::FencedMemberEpoch
+    );
 }
 
 #[test]
@@ -327,7 +365,10 @@ fn max_members_is_enforced() {
     let mut w = World::new(2);
     w.group.config.max_members = Some(1);
     w.join("m1");
-    assert_eq!(w.hb("m2", 0, &[]).unwrap_err().code(), ErrorCode::GroupMaxSizeReached);
+    assert_eq!(
+        w.hb("m2", 0, &[]).unwrap_err().code(),
+        ErrorCode::GroupMaxSizeReached
+    );
     // A known member may rejoin at the limit.
     w.hb("m1", 0, &[]).unwrap();
 }
@@ -344,12 +385,18 @@ fn config_change_bumps_the_group_epoch_and_keeps_the_target() {
     assert!(w.group.update_config(&w.stream, &patch).unwrap());
     assert_eq!(w.group.group_epoch, 2);
     assert_eq!(w.group.members["m1"].target, before);
-    assert!(!w.group.update_config(&w.stream, &patch).unwrap(), "no change, no bump");
+    assert!(
+        !w.group.update_config(&w.stream, &patch).unwrap(),
+        "no change, no bump"
+    );
     let bad = rsc_protocol::PatchGroupRequest {
         heartbeat_interval_ms: Some(10_000),
         ..Default::default()
     };
-    assert_eq!(w.group.update_config(&w.stream, &bad).unwrap_err().code(), ErrorCode::InvalidRequest);
+    assert_eq!(
+        w.group.update_config(&w.stream, &bad).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
     // The member catches up to the new epoch on its next heartbeat.
     let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
     assert_eq!(r.member_epoch, 2);
@@ -382,7 +429,9 @@ fn scale_down_drains_then_retires() {
     assert!(w.stream.mark_drained("billing", &out.drained, w.now));
     assert!(w.group.sync_layout(&w.stream));
     // Retired shards are revoked like any other.
-    let r = w.hb("m1", out.response.member_epoch, &[0, 1, 2, 3]).unwrap();
+    let r = w
+        .hb("m1", out.response.member_epoch, &[0, 1, 2, 3])
+        .unwrap();
     assert_eq!(r.assignment, vec![0, 1]);
     assert_eq!(w.state("m1"), S::Unrevoked);
     let r = w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
@@ -403,5 +452,8 @@ fn scale_up_assigns_new_shards_with_the_layout() {
     let r1 = w.hb("m1", 2, &[0]).unwrap();
     let r2 = w.hb("m2", 2, &[1]).unwrap();
     assert_eq!(r1.assignment.len() + r2.assignment.len(), 4);
-    assert!(r1.assignment.contains(&0) && r2.assignment.contains(&1), "sticky");
+    assert!(
+        r1.assignment.contains(&0) && r2.assignment.contains(&1),
+        "sticky"
+    );
 }
