@@ -40,6 +40,7 @@ pub mod assignor;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod engine;
 pub mod server;
 pub mod service;
