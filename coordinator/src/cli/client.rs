@@ -182,8 +182,8 @@ impl Client {
             status,
             detail,
         };
-        let json: Value =
-            serde_json::from_str(&text).map_err(|e| unexpected(format!("{e}: {}", snippet(&text))))?;
+        let json: Value = serde_json::from_str(&text)
+            .map_err(|e| unexpected(format!("{e}: {}", snippet(&text))))?;
         let view = T::deserialize(&json).map_err(|e| unexpected(e.to_string()))?;
         Ok(Fetched { view, json })
     }
@@ -236,7 +236,8 @@ impl Client {
 
     /// `GET /v1/streams`.
     pub async fn list_streams(&self) -> Result<Fetched<StreamList>, ClientError> {
-        self.json(Method::GET, &["v1", "streams"], None::<&()>).await
+        self.json(Method::GET, &["v1", "streams"], None::<&()>)
+            .await
     }
 
     /// `POST /v1/streams/{stream}/reshard`.

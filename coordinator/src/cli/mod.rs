@@ -433,7 +433,11 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
         text.push_str(&format!(
             "\n{} is still draining: follow it with `rsc-coordinator stream describe {}` \
              or pass --wait.\n",
-            if r.rollback { "The rollback" } else { "The reshard" },
+            if r.rollback {
+                "The rollback"
+            } else {
+                "The reshard"
+            },
             s.stream
         ));
     }

@@ -46,8 +46,8 @@ pub(super) fn group(g: &GroupView) -> String {
     let mut shards = Table::new([
         "SHARD",
         "KEY",
-        "TARGET OWNER",
         "CURRENT OWNER",
+        "TARGET OWNER",
         "STATE",
         "LAG",
         "PENDING",
@@ -67,8 +67,8 @@ pub(super) fn group(g: &GroupView) -> String {
         shards.row([
             s.shard.to_string(),
             s.key.clone(),
-            or_dash(s.target_owner.as_deref()),
             or_dash(s.current_owner.as_deref()),
+            or_dash(s.target_owner.as_deref()),
             state,
             or_dash(s.lag),
             or_dash(s.pending),
@@ -330,13 +330,32 @@ mod tests {
         let cells: Vec<_> = shard_line.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["1", "orders:1", "m2", "m1", "draining,", "revoking", "-", "-"]
+            [
+                "1",
+                "orders:1",
+                "m2",
+                "m1",
+                "draining,",
+                "revoking",
+                "-",
+                "-"
+            ]
         );
         let member = text.lines().find(|l| l.starts_with("m1 ")).unwrap();
         let cells: Vec<_> = member.split_whitespace().collect();
         assert_eq!(
             cells,
-            ["m1", "3", "unrevoked", "0", "0", "1", "1.2s", "ago", "pod-a/10.0.0.7"]
+            [
+                "m1",
+                "3",
+                "unrevoked",
+                "0",
+                "0",
+                "1",
+                "1.2s",
+                "ago",
+                "pod-a/10.0.0.7"
+            ]
         );
     }
 
