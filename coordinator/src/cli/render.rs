@@ -333,8 +333,8 @@ mod tests {
             [
                 "1",
                 "orders:1",
-                "m2",
                 "m1",
+                "m2",
                 "draining,",
                 "revoking",
                 "-",
