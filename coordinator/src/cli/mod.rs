@@ -478,7 +478,7 @@ async fn wait_until_complete(
     };
     let bar = ProgressBar::with_draw_target(Some(total), target);
     if let Ok(style) = ProgressStyle::with_template(
-        "{spinner} {prefix} [{bar:32}] {pos}/{len} shards retired, {elapsed} {msg}",
+        "{spinner} {prefix} [{bar:24}] {pos}/{len} shards retired ({elapsed}) {msg}",
     ) {
         bar.set_style(style.progress_chars("=> "));
     }

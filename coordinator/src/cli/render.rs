@@ -16,12 +16,6 @@ pub(super) fn group(g: &GroupView) -> String {
         "ASSIGNMENT EPOCH",
         "MEMBERS",
         "SHARDS",
-        "START",
-        "SESSION",
-        "HEARTBEAT",
-        "REBALANCE",
-        "MAX MEMBERS",
-        "ASSIGNOR",
     ]);
     summary.row([
         g.group.clone(),
@@ -31,14 +25,20 @@ pub(super) fn group(g: &GroupView) -> String {
         g.assignment_epoch.to_string(),
         g.members.len().to_string(),
         g.shards.len().to_string(),
+    ]);
+    out.push_str(&summary.to_string());
+    let _ = writeln!(
+        out,
+        "Config: start {}, session timeout {}, heartbeat interval {}, rebalance timeout {}, \
+         max members {}, assignor {}",
         wire_name(&g.start),
         duration_ms(g.session_timeout_ms),
         duration_ms(g.heartbeat_interval_ms),
         duration_ms(g.rebalance_timeout_ms),
-        or_dash(g.max_members),
-        g.assignor.clone(),
-    ]);
-    out.push_str(&summary.to_string());
+        g.max_members
+            .map_or_else(|| "unlimited".into(), |n| n.to_string()),
+        g.assignor
+    );
     if let Some(r) = &g.resharding {
         let _ = writeln!(out, "\n{}", reshard_line(&g.stream, r));
     }
