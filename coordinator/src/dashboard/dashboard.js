@@ -223,9 +223,9 @@ function renderMembers(g) {
       el('td', { class: 'num' }, ago(m.last_heartbeat_ms_ago) + ' ago'),
       el('td', {}, client));
   });
-  $('members').replaceChildren(el('table', {},
+  $('members').replaceChildren(el('div', { class: 'scroll' }, el('table', {},
     el('thead', {}, el('tr', {}, ...['member', 'epoch', 'state', 'assigned', 'target', 'pending revocation', 'last heartbeat', 'client'].map(h => el('th', {}, h)))),
-    el('tbody', {}, ...rows)));
+    el('tbody', {}, ...rows))));
 }
 
 // ---- streams and resharding ---------------------------------------------------------------
@@ -244,7 +244,7 @@ function reshardBlock(s, r) {
   let window = null;
   if (r.state === 'complete' && s.rollback_until_ms != null) {
     window = s.rollback_until_ms > Date.now()
-      ? 'rollback allowed until ' + new Date(s.rollback_until_ms).toLocaleTimeString()
+      ? 'rollback allowed until ' + clock(new Date(s.rollback_until_ms))
       : 'rollback window closed';
   }
   return el('div', { class: 'reshard', 'data-stream': s.stream },
@@ -286,9 +286,11 @@ function show(v) {
   return parts.join(' ') || JSON.stringify(v);
 }
 
+function clock(d) { return d.toLocaleTimeString([], { hour12: false }); }
+
 function when(v) {
-  if (typeof v === 'number') return new Date(v).toLocaleTimeString();
-  if (typeof v === 'string' && !isNaN(Date.parse(v))) return new Date(v).toLocaleTimeString();
+  if (typeof v === 'number') return clock(new Date(v));
+  if (typeof v === 'string' && !isNaN(Date.parse(v))) return clock(new Date(v));
   return show(v);
 }
 
@@ -314,15 +316,15 @@ function renderAudit(r) {
       ? show(pick(result, ['code', 'status', 'outcome']) ?? result) : show(result);
     const refused = /^(4|5)\d\d|refused|denied|error|forbidden|unauth|rate/i.test(resultText);
     return el('tr', {},
-      el('td', { class: 'num' }, when(pick(e, ['time_ms', 'ts_ms', 'timestamp_ms', 'at_ms', 'time', 'timestamp', 'at']))),
+      el('td', { class: 'num nowrap' }, when(pick(e, ['time_ms', 'ts_ms', 'timestamp_ms', 'at_ms', 'time', 'timestamp', 'at']))),
       el('td', {}, show(pick(e, ['principal', 'who', 'actor']))),
       el('td', { class: 'mono' }, show(pick(e, ['action', 'operation', 'op']))),
       el('td', { class: 'mono' }, show(pick(e, ['target', 'resource', 'group', 'stream']))),
       el('td', {}, el('span', { class: 'badge ' + (refused ? 'refused' : 'stable') }, resultText)));
   });
-  box.replaceChildren(el('table', {},
+  box.replaceChildren(el('div', { class: 'scroll' }, el('table', {},
     el('thead', {}, el('tr', {}, ...['time', 'principal', 'action', 'target', 'result'].map(h => el('th', {}, h)))),
-    el('tbody', {}, ...rows)));
+    el('tbody', {}, ...rows))));
 }
 
 // ---- polling ------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ async function poll(now) {
     renderAudit(audit);
     state.lastOk = Date.now();
     setBanner('');
-    setStatus('live', 'live · ' + new Date().toLocaleTimeString());
+    setStatus('live', 'live · ' + clock(new Date()));
     document.body.dataset.loaded = 'true';
   } catch (e) {
     setStatus('error', 'coordinator unreachable');
