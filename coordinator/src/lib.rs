@@ -11,7 +11,9 @@
 //! - [`assignor`]: who should own which shard;
 //! - [`store`]: where the documents live ([`store::MemoryStore`] for development);
 //! - [`service`]: sequences store reads, engine decisions and store writes under locks;
-//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes.
+//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes;
+//! - [`dashboard`]: the live operator page at `GET /`;
+//! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`).
 //!
 //! ```
 //! use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
@@ -35,8 +37,10 @@
 
 pub mod api;
 pub mod assignor;
+pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod engine;
 pub mod server;
 pub mod service;

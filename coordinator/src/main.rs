@@ -1,9 +1,11 @@
-//! `rsc-coordinator`: the server (`serve`) and, in later releases, the operators' CLI.
+//! `rsc-coordinator`: the server (`serve`) and the operators' CLI (`group`, `stream`, `member`).
 
 use clap::{Parser, Subcommand};
+use rsc_coordinator::cli::{self, OperatorCommand};
 use rsc_coordinator::config::{LogFormat, ServeArgs};
 use rsc_coordinator::server;
 use std::io::IsTerminal;
+use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
@@ -21,6 +23,8 @@ struct Cli {
 enum Command {
     /// Run the coordinator server.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Operator(OperatorCommand),
 }
 
 fn init_logging(format: LogFormat) {
@@ -37,13 +41,15 @@ fn init_logging(format: LogFormat) {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
             let cfg = args.resolve()?;
             init_logging(cfg.log_format);
-            server::serve(cfg, server::shutdown_signal()).await
+            server::serve(cfg, server::shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Operator(cmd) => Ok(cli::run(cmd).await),
     }
 }

@@ -35,6 +35,7 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
         .merge(members::routes())
         .merge(producers::routes())
         .merge(monitoring::routes())
+        .merge(crate::dashboard::routes())
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -1,0 +1,555 @@
+//! The operators' CLI (SPEC §8): `rsc-coordinator group|stream|member …`.
+//!
+//! Every command is one or two calls to the coordinator's `/v1` API through [`Client`]. Human
+//! tables by default; `--output json` prints the coordinator's JSON unchanged, for scripts.
+//!
+//! Exit status: `0` success; `1` the coordinator refused the request (a 4xx answer: unknown
+//! group, bad argument, missing token, …); `2` bad command line; `3` the coordinator is
+//! unreachable or failed (5xx, timeout, not a coordinator); `4` `--wait` did not see the
+//! reshard complete (time-out, or replaced by a rollback). Errors go to stderr as
+//! `error: CODE: message`.
+
+mod client;
+mod render;
+mod table;
+
+pub use client::{Client, ClientError, Fetched};
+
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rsc_protocol::{
+    CreateGroupRequest, ErrorCode, ReshardState, ReshardingView, StartPosition, StreamView,
+};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Exit status of a successful command.
+pub const EXIT_OK: u8 = 0;
+/// Exit status when the coordinator refused the request (4xx).
+pub const EXIT_REFUSED: u8 = 1;
+/// Exit status of a bad command line (also what clap uses).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status when the coordinator is unreachable or failed (5xx, timeout, bad answer).
+pub const EXIT_UNAVAILABLE: u8 = 3;
+/// Exit status when `--wait` did not see the reshard complete.
+pub const EXIT_WAIT_FAILED: u8 = 4;
+
+/// Shown under every operator command's `--help`.
+const EXIT_HELP: &str = "Exit status: 0 done; 1 refused by the coordinator (4xx: unknown group, \
+bad argument, missing token, ...); 2 bad command line; 3 coordinator unreachable or failing \
+(5xx, timeout); 4 --wait did not see the reshard complete.";
+
+/// How often `--wait` polls the stream.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum OutputFormat {
+    /// Human-readable tables.
+    #[default]
+    Table,
+    /// The coordinator's JSON, pretty-printed.
+    Json,
+}
+
+/// Options every operator command takes (before or after the sub-command).
+#[derive(Debug, Clone, Args)]
+pub struct ClientOptions {
+    /// Base URL of the coordinator.
+    #[arg(
+        long,
+        global = true,
+        env = "RSC_COORDINATOR_URL",
+        default_value = "http://127.0.0.1:7070",
+        value_name = "URL"
+    )]
+    pub coordinator: String,
+    /// Bearer token (role admin for changes, viewer for reads).
+    #[arg(long, global = true, env = "RSC_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format: human tables, or the API's JSON for scripts.
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// The operator sub-commands of `rsc-coordinator`.
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Consumer groups: create, describe, list, delete.
+    Group(GroupArgs),
+    /// Streams: describe, list, reshard, rollback.
+    Stream(StreamArgs),
+    /// Members: remove (fence) a member.
+    Member(MemberArgs),
+}
+
+/// `rsc-coordinator group …`.
+#[derive(Debug, Args)]
+#[command(after_help = EXIT_HELP)]
+pub struct GroupArgs {
+    #[command(flatten)]
+    client: ClientOptions,
+    #[command(subcommand)]
+    command: GroupCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum GroupCommand {
+    /// Create a group on a stream (creating the stream when it is new).
+    Create(CreateArgs),
+    /// Show a group: shards with target and current owners, lag, and members.
+    Describe {
+        /// Group id.
+        group: String,
+    },
+    /// List every group.
+    List,
+    /// Delete a group.
+    Delete {
+        /// Group id.
+        group: String,
+        /// Delete even when the group has live members (they are fenced).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct CreateArgs {
+    /// Group id.
+    group: String,
+    /// The stream the group reads.
+    #[arg(long)]
+    stream: String,
+    /// Shard count; required when the stream is new, must match when it exists.
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
+    /// Where new Redis consumer groups start [coordinator default: earliest].
+    #[arg(long, value_enum)]
+    start: Option<StartArg>,
+    /// Session timeout [coordinator default: 45000].
+    #[arg(long, value_name = "MS")]
+    session_timeout_ms: Option<u64>,
+    /// Heartbeat interval [coordinator default: 3000].
+    #[arg(long, value_name = "MS")]
+    heartbeat_interval_ms: Option<u64>,
+    /// Rebalance timeout [coordinator default: 60000].
+    #[arg(long, value_name = "MS")]
+    rebalance_timeout_ms: Option<u64>,
+    /// Member limit [coordinator default: none].
+    #[arg(long, value_name = "N")]
+    max_members: Option<u32>,
+    /// Assignor name [coordinator default: sticky].
+    #[arg(long)]
+    assignor: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StartArg {
+    /// From the first entry: the backlog is consumed.
+    Earliest,
+    /// From the next new entry: the backlog is skipped.
+    Latest,
+}
+
+impl From<StartArg> for StartPosition {
+    fn from(s: StartArg) -> Self {
+        match s {
+            StartArg::Earliest => StartPosition::Earliest,
+            StartArg::Latest => StartPosition::Latest,
+        }
+    }
+}
+
+/// `rsc-coordinator stream …`.
+#[derive(Debug, Args)]
+#[command(after_help = EXIT_HELP)]
+pub struct StreamArgs {
+    #[command(flatten)]
+    client: ClientOptions,
+    #[command(subcommand)]
+    command: StreamCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum StreamCommand {
+    /// Show a stream: layout, groups, reshard progress, rollback window.
+    Describe {
+        /// Stream name.
+        stream: String,
+    },
+    /// List every stream.
+    List,
+    /// Change a stream's shard count, for every group reading it.
+    Reshard {
+        /// Stream name.
+        stream: String,
+        /// The new shard count.
+        #[arg(long, value_name = "M")]
+        shards: u32,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Undo the stream's latest reshard (while it runs or within the rollback window).
+    Rollback {
+        /// Stream name.
+        stream: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Args)]
+struct WaitArgs {
+    /// Wait, with a progress bar, until every draining shard has retired.
+    #[arg(long)]
+    wait: bool,
+    /// Give up waiting after this long (exit status 4) [default: wait forever].
+    #[arg(long, value_name = "MS", requires = "wait")]
+    timeout_ms: Option<u64>,
+}
+
+/// `rsc-coordinator member …`.
+#[derive(Debug, Args)]
+#[command(after_help = EXIT_HELP)]
+pub struct MemberArgs {
+    #[command(flatten)]
+    client: ClientOptions,
+    #[command(subcommand)]
+    command: MemberCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum MemberCommand {
+    /// Fence a member and remove it from its group; its shards are reassigned at once.
+    Remove {
+        /// Group id.
+        group: String,
+        /// Member id.
+        member: String,
+    },
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    WaitFailed(String),
+}
+
+impl CliError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Client(ClientError::BadUrl(_)) => EXIT_USAGE,
+            CliError::Client(e) if e.is_refusal() => EXIT_REFUSED,
+            CliError::Client(_) => EXIT_UNAVAILABLE,
+            CliError::WaitFailed(_) => EXIT_WAIT_FAILED,
+        }
+    }
+
+    fn hint(&self) -> Option<&'static str> {
+        match self {
+            CliError::Client(e) => match e.code()? {
+                ErrorCode::Unauthenticated => Some("pass --token or set RSC_TOKEN"),
+                ErrorCode::Forbidden => Some("the token lacks the role or scope for this"),
+                ErrorCode::GroupNotEmpty => Some("add --force to delete it anyway"),
+                _ => None,
+            },
+            CliError::WaitFailed(_) => None,
+        }
+    }
+}
+
+/// Runs an operator command; prints its result to stdout and any error to stderr.
+pub async fn run(cmd: OperatorCommand) -> ExitCode {
+    let result = match cmd {
+        OperatorCommand::Group(a) => group(a).await,
+        OperatorCommand::Stream(a) => stream(a).await,
+        OperatorCommand::Member(a) => member(a).await,
+    };
+    match result {
+        Ok(()) => ExitCode::from(EXIT_OK),
+        Err(e) => {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "error: {e}");
+            if let Some(hint) = e.hint() {
+                let _ = writeln!(err, "hint: {hint}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn connect(o: &ClientOptions) -> Result<Client, CliError> {
+    Ok(Client::new(&o.coordinator, o.token.clone())?)
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    if !text.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    let _ = out.flush();
+}
+
+fn emit_json(v: &Value) {
+    emit(&serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()));
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn group(a: GroupArgs) -> Result<(), CliError> {
+    let c = connect(&a.client)?;
+    let json_out = a.client.output == OutputFormat::Json;
+    match a.command {
+        GroupCommand::Create(args) => {
+            let req = CreateGroupRequest {
+                group: args.group,
+                stream: args.stream,
+                shard_count: args.shards,
+                start: args.start.map(Into::into),
+                session_timeout_ms: args.session_timeout_ms,
+                heartbeat_interval_ms: args.heartbeat_interval_ms,
+                rebalance_timeout_ms: args.rebalance_timeout_ms,
+                max_members: args.max_members,
+                assignor: args.assignor,
+            };
+            let f = c.create_group(&req).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&format!(
+                    "Created group {} on stream {} ({} shards).\n\n{}",
+                    f.view.group,
+                    f.view.stream,
+                    f.view.shards.len(),
+                    render::group(&f.view)
+                ));
+            }
+        }
+        GroupCommand::Describe { group } => {
+            let f = c.describe_group(&group).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::group(&f.view));
+            }
+        }
+        GroupCommand::List => {
+            let f = c.list_groups().await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::group_list(&f.view.groups));
+            }
+        }
+        GroupCommand::Delete { group, force } => {
+            c.delete_group(&group, force).await?;
+            if json_out {
+                emit_json(&json!({"group": group, "deleted": true}));
+            } else {
+                emit(&format!("Deleted group {group}."));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn member(a: MemberArgs) -> Result<(), CliError> {
+    let c = connect(&a.client)?;
+    match a.command {
+        MemberCommand::Remove { group, member } => {
+            c.remove_member(&group, &member).await?;
+            if a.client.output == OutputFormat::Json {
+                emit_json(&json!({"group": group, "member": member, "removed": true}));
+            } else {
+                emit(&format!(
+                    "Removed member {member} from group {group}: it is fenced, its shards are \
+                     reassigned."
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn stream(a: StreamArgs) -> Result<(), CliError> {
+    let c = connect(&a.client)?;
+    let json_out = a.client.output == OutputFormat::Json;
+    let (started, wait) = match a.command {
+        StreamCommand::Describe { stream } => {
+            let f = c.describe_stream(&stream).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::stream(&f.view, now_ms()));
+            }
+            return Ok(());
+        }
+        StreamCommand::List => {
+            let f = c.list_streams().await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::stream_list(&f.view.streams));
+            }
+            return Ok(());
+        }
+        StreamCommand::Reshard {
+            stream,
+            shards,
+            wait,
+        } => (c.reshard(&stream, shards).await?, wait),
+        StreamCommand::Rollback { stream, wait } => (c.rollback(&stream).await?, wait),
+    };
+    let done = if wait.wait {
+        wait_until_complete(
+            &c,
+            started,
+            wait.timeout_ms.map(Duration::from_millis),
+            !json_out,
+        )
+        .await?
+    } else {
+        started
+    };
+    if json_out {
+        emit_json(&done.json);
+        return Ok(());
+    }
+    let s = &done.view;
+    let mut text = render::stream(s, now_ms());
+    if let Some(r) = &s.resharding {
+        text.push_str(&format!(
+            "\n{} is still draining: follow it with `rsc-coordinator stream describe {}` \
+             or pass --wait.\n",
+            if r.rollback {
+                "The rollback"
+            } else {
+                "The reshard"
+            },
+            s.stream
+        ));
+    }
+    emit(&text);
+    Ok(())
+}
+
+/// Whether `a` and `b` describe the same reshard.
+fn same_reshard(a: &ReshardingView, b: &ReshardingView) -> bool {
+    (a.from, a.to, a.rollback, a.started_ms) == (b.from, b.to, b.rollback, b.started_ms)
+}
+
+/// Polls `GET /v1/streams/{stream}` until the reshard `started` describes is complete,
+/// drawing a progress bar on stderr (hidden when stderr is not a terminal).
+///
+/// A coordinator that is briefly unreachable or failing does not end the wait (it is
+/// retried until the time-out); a refusal (e.g. the token was revoked) does.
+async fn wait_until_complete(
+    c: &Client,
+    started: Fetched<StreamView>,
+    timeout: Option<Duration>,
+    show: bool,
+) -> Result<Fetched<StreamView>, CliError> {
+    let stream = started.view.stream.clone();
+    let Some(ours) = started.view.last_reshard.clone() else {
+        return Err(CliError::WaitFailed(format!(
+            "the coordinator did not report a reshard of {stream}"
+        )));
+    };
+    if ours.state == ReshardState::Complete {
+        return Ok(started);
+    }
+    let (done, total) = render::reshard_progress(&ours);
+    let target = if show {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total), target);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {prefix} [{bar:24}] {pos}/{len} shards retired ({elapsed}) {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(format!(
+        "{} {stream} {} -> {}",
+        if ours.rollback { "rollback" } else { "reshard" },
+        ours.from,
+        ours.to
+    ));
+    bar.set_position(done);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let result = loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break Err(CliError::WaitFailed(format!(
+                "gave up waiting after {} ms: the reshard of {stream} is still draining \
+                 (see `rsc-coordinator stream describe {stream}`)",
+                timeout.map_or(0, |t| t.as_millis())
+            )));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+        let f = match c.describe_stream(&stream).await {
+            Ok(f) => f,
+            Err(e) if e.is_refusal() => break Err(e.into()),
+            Err(e) => {
+                bar.set_message(format!("(retrying: {e})"));
+                continue;
+            }
+        };
+        let Some(latest) = f.view.last_reshard.clone() else {
+            break Err(CliError::WaitFailed(format!(
+                "stream {stream} no longer reports the reshard"
+            )));
+        };
+        if !same_reshard(&latest, &ours) {
+            break Err(CliError::WaitFailed(format!(
+                "the reshard of {stream} {} -> {} was replaced by a {} {} -> {}",
+                ours.from,
+                ours.to,
+                if latest.rollback {
+                    "rollback"
+                } else {
+                    "reshard"
+                },
+                latest.from,
+                latest.to
+            )));
+        }
+        let (done, total) = render::reshard_progress(&latest);
+        bar.set_length(total);
+        bar.set_position(done);
+        if latest.state == ReshardState::Complete {
+            break Ok(f);
+        }
+        let waiting: std::collections::BTreeSet<&str> = latest
+            .draining
+            .iter()
+            .flat_map(|d| d.waiting_groups.iter().map(String::as_str))
+            .collect();
+        bar.set_message(if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "(waiting for {})",
+                waiting.into_iter().collect::<Vec<_>>().join(", ")
+            )
+        });
+    };
+    match &result {
+        Ok(_) => bar.finish_with_message("(complete)"),
+        Err(_) => bar.abandon(),
+    }
+    result
+}

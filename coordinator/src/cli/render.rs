@@ -1,0 +1,374 @@
+//! Human tables for group and stream views (`--output table`).
+
+use super::table::{Table, duration_ms, or_dash, shard_ranges, wire_name};
+use rsc_protocol::{ClientInfo, GroupView, ReshardState, ReshardingView, StreamView};
+use std::fmt::Write as _;
+
+/// `group describe`: a summary row, the reshard line, the shard table and the member table,
+/// in the spirit of `kafka-consumer-groups --describe`.
+pub(super) fn group(g: &GroupView) -> String {
+    let mut out = String::new();
+    let mut summary = Table::new([
+        "GROUP",
+        "STREAM",
+        "STATE",
+        "GROUP EPOCH",
+        "ASSIGNMENT EPOCH",
+        "MEMBERS",
+        "SHARDS",
+    ]);
+    summary.row([
+        g.group.clone(),
+        g.stream.clone(),
+        wire_name(&g.state),
+        g.group_epoch.to_string(),
+        g.assignment_epoch.to_string(),
+        g.members.len().to_string(),
+        g.shards.len().to_string(),
+    ]);
+    out.push_str(&summary.to_string());
+    let _ = writeln!(
+        out,
+        "Config: start {}, session timeout {}, heartbeat interval {}, rebalance timeout {}, \
+         max members {}, assignor {}",
+        wire_name(&g.start),
+        duration_ms(g.session_timeout_ms),
+        duration_ms(g.heartbeat_interval_ms),
+        duration_ms(g.rebalance_timeout_ms),
+        g.max_members
+            .map_or_else(|| "unlimited".into(), |n| n.to_string()),
+        g.assignor
+    );
+    if let Some(r) = &g.resharding {
+        let _ = writeln!(out, "\n{}", reshard_line(&g.stream, r));
+    }
+
+    let mut shards = Table::new([
+        "SHARD",
+        "KEY",
+        "CURRENT OWNER",
+        "TARGET OWNER",
+        "STATE",
+        "LAG",
+        "PENDING",
+    ]);
+    for s in &g.shards {
+        let moving = s.target_owner != s.current_owner && s.current_owner.is_some();
+        let revoking = g
+            .members
+            .iter()
+            .any(|m| m.pending_revocation.contains(&s.shard));
+        let mut state = wire_name(&s.state);
+        if revoking {
+            state.push_str(", revoking");
+        } else if moving {
+            state.push_str(", moving");
+        }
+        shards.row([
+            s.shard.to_string(),
+            s.key.clone(),
+            or_dash(s.current_owner.as_deref()),
+            or_dash(s.target_owner.as_deref()),
+            state,
+            or_dash(s.lag),
+            or_dash(s.pending),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&shards.to_string());
+
+    out.push('\n');
+    if g.members.is_empty() {
+        let _ = writeln!(out, "Group {} has no members.", g.group);
+        return out;
+    }
+    let mut members = Table::new([
+        "MEMBER",
+        "EPOCH",
+        "STATE",
+        "SHARDS",
+        "TARGET",
+        "PENDING REVOCATION",
+        "LAST HEARTBEAT",
+        "CLIENT",
+    ]);
+    for m in &g.members {
+        members.row([
+            m.member_id.clone(),
+            m.member_epoch.to_string(),
+            wire_name(&m.state),
+            shard_ranges(&m.assigned_shards),
+            shard_ranges(&m.target_shards),
+            shard_ranges(&m.pending_revocation),
+            format!("{} ago", duration_ms(m.last_heartbeat_ms_ago)),
+            client(m.client.as_ref()),
+        ]);
+    }
+    out.push_str(&members.to_string());
+    out
+}
+
+/// `group list`: one row per group.
+pub(super) fn group_list(groups: &[GroupView]) -> String {
+    if groups.is_empty() {
+        return "No groups.\n".into();
+    }
+    let mut t = Table::new([
+        "GROUP",
+        "STREAM",
+        "STATE",
+        "MEMBERS",
+        "SHARDS",
+        "GROUP EPOCH",
+        "RESHARDING",
+    ]);
+    for g in groups {
+        t.row([
+            g.group.clone(),
+            g.stream.clone(),
+            wire_name(&g.state),
+            g.members.len().to_string(),
+            g.shards.len().to_string(),
+            g.group_epoch.to_string(),
+            g.resharding
+                .as_ref()
+                .map_or_else(|| "-".into(), |r| format!("{} -> {}", r.from, r.to)),
+        ]);
+    }
+    t.to_string()
+}
+
+/// `stream describe`: layout, groups, reshard progress and rollback window.
+pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
+    let mut out = String::new();
+    let mut t = Table::new([
+        "STREAM",
+        "SHARDS",
+        "ROUTING EPOCH",
+        "GROUPS",
+        "RESHARDING",
+        "ROLLBACK",
+    ]);
+    t.row([
+        s.stream.clone(),
+        s.shard_count.to_string(),
+        s.routing_epoch.to_string(),
+        if s.groups.is_empty() {
+            "-".into()
+        } else {
+            s.groups.join(",")
+        },
+        s.resharding
+            .as_ref()
+            .map_or_else(|| "-".into(), |r| format!("{} -> {}", r.from, r.to)),
+        rollback_window(s, now_ms),
+    ]);
+    out.push_str(&t.to_string());
+    if let Some(r) = s.resharding.as_ref().or(s.last_reshard.as_ref()) {
+        let _ = writeln!(out, "\n{}", reshard_line(&s.stream, r));
+        if !r.draining.is_empty() {
+            let mut d = Table::new(["DRAINING SHARD", "DRAINED BY", "WAITING FOR"]);
+            for shard in &r.draining {
+                d.row([
+                    format!("{}:{}", s.stream, shard.shard),
+                    join_or_dash(&shard.drained_groups),
+                    join_or_dash(&shard.waiting_groups),
+                ]);
+            }
+            out.push('\n');
+            out.push_str(&d.to_string());
+        }
+    }
+    out
+}
+
+/// `stream list`: one row per stream.
+pub(super) fn stream_list(streams: &[StreamView]) -> String {
+    if streams.is_empty() {
+        return "No streams.\n".into();
+    }
+    let mut t = Table::new(["STREAM", "SHARDS", "ROUTING EPOCH", "GROUPS", "RESHARDING"]);
+    for s in streams {
+        t.row([
+            s.stream.clone(),
+            s.shard_count.to_string(),
+            s.routing_epoch.to_string(),
+            s.groups.len().to_string(),
+            s.resharding.as_ref().map_or_else(
+                || "-".into(),
+                |r| format!("{} -> {} ({} draining)", r.from, r.to, r.draining.len()),
+            ),
+        ]);
+    }
+    t.to_string()
+}
+
+/// One line about a reshard: `Reshard of orders 8 -> 4: draining, 2 of 4 shards retired`.
+pub(super) fn reshard_line(stream: &str, r: &ReshardingView) -> String {
+    let kind = if r.rollback { "Rollback" } else { "Reshard" };
+    let (done, total) = reshard_progress(r);
+    match r.state {
+        ReshardState::Complete => format!("{kind} of {stream} {} -> {}: complete", r.from, r.to),
+        ReshardState::Draining => format!(
+            "{kind} of {stream} {} -> {}: draining, {done} of {total} shards retired",
+            r.from, r.to
+        ),
+    }
+}
+
+/// `(retired, to retire)` shards of a reshard.
+pub(super) fn reshard_progress(r: &ReshardingView) -> (u64, u64) {
+    let left = r.draining.len() as u64;
+    let total = u64::from(r.from.saturating_sub(r.to)).max(left);
+    (total - left, total)
+}
+
+fn rollback_window(s: &StreamView, now_ms: u64) -> String {
+    match s.rollback_until_ms {
+        None => "-".into(),
+        Some(u64::MAX) => "allowed (reshard running)".into(),
+        Some(until) if until < now_ms => "window closed".into(),
+        Some(until) => format!("allowed for {}", duration_ms(until - now_ms)),
+    }
+}
+
+fn join_or_dash(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(",")
+    }
+}
+
+fn client(c: Option<&ClientInfo>) -> String {
+    let Some(c) = c else { return "-".into() };
+    match (c.host.as_deref(), c.pod_ip.as_deref()) {
+        (Some(h), Some(ip)) => format!("{h}/{ip}"),
+        (Some(x), None) | (None, Some(x)) => x.to_owned(),
+        (None, None) => "-".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rsc_protocol::{
+        DrainingShardView, GroupState, MemberState, MemberView, ShardState, ShardView,
+        StartPosition,
+    };
+
+    fn view() -> GroupView {
+        GroupView {
+            group: "billing".into(),
+            stream: "orders".into(),
+            state: GroupState::Reconciling,
+            start: StartPosition::Earliest,
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 3_000,
+            rebalance_timeout_ms: 60_000,
+            max_members: None,
+            assignor: "sticky".into(),
+            group_epoch: 4,
+            assignment_epoch: 4,
+            members: vec![MemberView {
+                member_id: "m1".into(),
+                member_epoch: 3,
+                state: MemberState::Unrevoked,
+                client: Some(ClientInfo {
+                    pod_ip: Some("10.0.0.7".into()),
+                    host: Some("pod-a".into()),
+                    ..ClientInfo::default()
+                }),
+                last_heartbeat_ms_ago: 1_200,
+                target_shards: vec![0],
+                owned_shards: vec![0, 1],
+                assigned_shards: vec![0],
+                pending_revocation: vec![1],
+            }],
+            shards: vec![
+                ShardView {
+                    shard: 0,
+                    key: "orders:0".into(),
+                    target_owner: Some("m1".into()),
+                    current_owner: Some("m1".into()),
+                    state: ShardState::Active,
+                    lag: Some(12),
+                    pending: Some(3),
+                },
+                ShardView {
+                    shard: 1,
+                    key: "orders:1".into(),
+                    target_owner: Some("m2".into()),
+                    current_owner: Some("m1".into()),
+                    state: ShardState::Draining,
+                    lag: None,
+                    pending: None,
+                },
+            ],
+            resharding: Some(ReshardingView {
+                from: 2,
+                to: 1,
+                state: ReshardState::Draining,
+                rollback: false,
+                started_ms: 0,
+                completed_ms: None,
+                draining: vec![DrainingShardView {
+                    shard: 1,
+                    drained_groups: vec![],
+                    waiting_groups: vec!["billing".into()],
+                }],
+            }),
+            revision: 9,
+        }
+    }
+
+    #[test]
+    fn describe_shows_owners_states_and_members() {
+        let text = group(&view());
+        assert!(text.contains("Reshard of orders 2 -> 1: draining, 0 of 1 shards retired"));
+        let shard_line = text.lines().find(|l| l.starts_with("1 ")).unwrap();
+        let cells: Vec<_> = shard_line.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "1",
+                "orders:1",
+                "m1",
+                "m2",
+                "draining,",
+                "revoking",
+                "-",
+                "-"
+            ]
+        );
+        let member = text.lines().find(|l| l.starts_with("m1 ")).unwrap();
+        let cells: Vec<_> = member.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "m1",
+                "3",
+                "unrevoked",
+                "0",
+                "0",
+                "1",
+                "1.2s",
+                "ago",
+                "pod-a/10.0.0.7"
+            ]
+        );
+    }
+
+    #[test]
+    fn reshard_progress_counts_retired_shards() {
+        let mut r = view().resharding.unwrap();
+        assert_eq!(reshard_progress(&r), (0, 1));
+        r.draining.clear();
+        r.state = ReshardState::Complete;
+        assert_eq!(reshard_progress(&r), (1, 1));
+        assert_eq!(
+            reshard_line("orders", &r),
+            "Reshard of orders 2 -> 1: complete"
+        );
+    }
+}

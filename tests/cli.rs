@@ -1,0 +1,518 @@
+//! The operators' CLI (`rsc-coordinator group|stream|member …`), run as a real process against
+//! a real coordinator process: output, exit status and error messages.
+
+use reqwest::StatusCode;
+use rsc_e2e::{Api, Backend, Stack};
+use rsc_testkit::{binary_path, wait_for};
+use serde_json::{Value, json};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// What a CLI run produced.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    #[track_caller]
+    fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "{self:?}");
+        self
+    }
+
+    /// Asserts a refusal: exit status 1 and `error: CODE: …` on stderr.
+    #[track_caller]
+    fn refused(self, code: &str) -> Self {
+        assert_eq!(self.code, 1, "{self:?}");
+        assert!(
+            self.stderr.starts_with(&format!("error: {code}: ")),
+            "{self:?}"
+        );
+        assert!(self.stdout.is_empty(), "{self:?}");
+        self
+    }
+}
+
+fn from_output(o: Output) -> Run {
+    Run {
+        code: o.status.code().expect("exited, not killed by a signal"),
+        stdout: String::from_utf8(o.stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(o.stderr).expect("utf-8 stderr"),
+    }
+}
+
+fn command(url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(binary_path("rsc-coordinator").expect("binary built"));
+    c.args(args)
+        .arg("--coordinator")
+        .arg(url)
+        .env_remove("RSC_COORDINATOR_URL")
+        .env_remove("RSC_TOKEN")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs the CLI against `url` to completion.
+fn cli(url: &str, args: &[&str]) -> Run {
+    from_output(command(url, args).output().expect("cli runs"))
+}
+
+/// Starts the CLI without waiting for it.
+fn spawn_cli(url: &str, args: &[&str]) -> Child {
+    command(url, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cli starts")
+}
+
+fn finish(child: Child) -> Run {
+    let mut child = child;
+    wait_for("the CLI to exit", Duration::from_secs(20), || {
+        child.try_wait().expect("wait").map(|_| ())
+    })
+    .unwrap_or_else(|e| {
+        let _ = child.kill();
+        panic!("{e}")
+    });
+    from_output(child.wait_with_output().expect("output"))
+}
+
+/// Joins `members` and heartbeats them until the group is stable; returns each member's epoch.
+async fn converge(api: &Api, group: &str, members: &[&str]) -> Vec<(String, i64, Vec<u32>)> {
+    let mut state: Vec<(String, i64, Vec<u32>)> = members
+        .iter()
+        .map(|m| ((*m).to_owned(), 0, Vec::new()))
+        .collect();
+    for _ in 0..20 {
+        for (id, epoch, owned) in state.iter_mut() {
+            let (s, body) = api.heartbeat(group, id, *epoch, owned).await;
+            assert_eq!(s, StatusCode::OK, "{body}");
+            *epoch = body["member_epoch"].as_i64().unwrap();
+            *owned = serde_json::from_value(body["assignment"].clone()).unwrap();
+        }
+        let (_, view) = api.get(&format!("/v1/groups/{group}")).await;
+        if view["state"] == "stable" {
+            return state;
+        }
+    }
+    panic!("group {group} did not converge");
+}
+
+fn cells(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+#[tokio::test]
+async fn group_lifecycle_tables_and_json() {
+    let stack = Stack::start(Backend::Memory, &[]);
+    let url = stack.coordinator.url();
+    let api = &stack.api;
+
+    let r = cli(
+        &url,
+        &[
+            "group",
+            "create",
+            "billing",
+            "--stream",
+            "orders",
+            "--shards",
+            "6",
+            "--start",
+            "latest",
+            "--session-timeout-ms",
+            "30000",
+            "--heartbeat-interval-ms",
+            "1000",
+            "--rebalance-timeout-ms",
+            "20000",
+            "--max-members",
+            "5",
+        ],
+    )
+    .ok();
+    assert!(
+        r.stdout
+            .starts_with("Created group billing on stream orders (6 shards)."),
+        "{r:?}"
+    );
+    let (_, view) = api.get("/v1/groups/billing").await;
+    assert_eq!(
+        (
+            &view["start"],
+            &view["session_timeout_ms"],
+            &view["heartbeat_interval_ms"],
+            &view["rebalance_timeout_ms"],
+            &view["max_members"]
+        ),
+        (
+            &json!("latest"),
+            &json!(30000),
+            &json!(1000),
+            &json!(20000),
+            &json!(5)
+        )
+    );
+    cli(
+        &url,
+        &[
+            "group", "create", "billing", "--stream", "orders", "--shards", "6",
+        ],
+    )
+    .refused("GROUP_ALREADY_EXISTS");
+    cli(
+        &url,
+        &[
+            "group", "create", "other", "--stream", "orders", "--shards", "3",
+        ],
+    )
+    .refused("SHARD_COUNT_MISMATCH");
+    // `--output json` prints the API's view; the group flags go before or after the verb.
+    let created = cli(
+        &url,
+        &[
+            "group", "--output", "json", "create", "audit", "--stream", "orders",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(
+        (&created["group"], &created["stream"]),
+        (&json!("audit"), &json!("orders"))
+    );
+    assert_eq!(created["shards"].as_array().unwrap().len(), 6);
+
+    converge(api, "billing", &["m1", "m2"]).await;
+
+    // describe (table): one row per shard with the real owners, one row per member.
+    let r = cli(&url, &["group", "describe", "billing"]).ok();
+    let (_, view) = api.get("/v1/groups/billing").await;
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        cells(lines[0])[..5],
+        ["GROUP", "STREAM", "STATE", "GROUP", "EPOCH"]
+    );
+    assert_eq!(cells(lines[1])[..3], ["billing", "orders", "stable"]);
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("SHARD "))
+        .expect("shard table");
+    assert_eq!(
+        cells(lines[header]),
+        [
+            "SHARD", "KEY", "CURRENT", "OWNER", "TARGET", "OWNER", "STATE", "LAG", "PENDING"
+        ]
+    );
+    for (i, shard) in view["shards"].as_array().unwrap().iter().enumerate() {
+        let owner = shard["current_owner"].as_str().unwrap();
+        assert_eq!(
+            cells(lines[header + 1 + i]),
+            [
+                &i.to_string(),
+                &format!("orders:{i}"),
+                owner,
+                owner,
+                "active",
+                "-",
+                "-"
+            ]
+        );
+    }
+    let member_header = lines
+        .iter()
+        .position(|l| l.starts_with("MEMBER "))
+        .expect("member table");
+    for (i, m) in view["members"].as_array().unwrap().iter().enumerate() {
+        let row = cells(lines[member_header + 1 + i]);
+        assert_eq!(row[0], m["member_id"].as_str().unwrap());
+        assert_eq!(row[1], m["member_epoch"].to_string());
+        assert_eq!(row[2], "stable");
+        assert_eq!(row.len(), 9, "{row:?}"); // … last heartbeat "X ago", client "-"
+    }
+
+    // describe (json) is the API's view.
+    let mut printed = cli(&url, &["group", "describe", "billing", "--output", "json"])
+        .ok()
+        .json();
+    let (_, mut fetched) = api.get("/v1/groups/billing").await;
+    for v in [&mut printed, &mut fetched] {
+        for m in v["members"].as_array_mut().unwrap() {
+            m["last_heartbeat_ms_ago"] = json!(0);
+        }
+    }
+    assert_eq!(printed, fetched);
+
+    // list, both ways.
+    let r = cli(&url, &["group", "list"]).ok();
+    let rows: Vec<Vec<&str>> = r.stdout.lines().map(cells).collect();
+    assert_eq!(rows[0][..3], ["GROUP", "STREAM", "STATE"]);
+    assert_eq!(rows[1][..5], ["audit", "orders", "empty", "0", "6"]);
+    assert_eq!(rows[2][..5], ["billing", "orders", "stable", "2", "6"]);
+    let listed = cli(&url, &["group", "list", "--output", "json"])
+        .ok()
+        .json();
+    let names: Vec<&str> = listed["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["audit", "billing"]);
+
+    // member remove fences the member and frees its shards.
+    let r = cli(&url, &["member", "remove", "billing", "m2"]).ok();
+    assert!(
+        r.stdout.starts_with("Removed member m2 from group billing"),
+        "{r:?}"
+    );
+    let (_, view) = api.get("/v1/groups/billing").await;
+    let ids: Vec<&str> = view["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["member_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m1"]);
+    cli(&url, &["member", "remove", "billing", "m2"]).refused("UNKNOWN_MEMBER_ID");
+    let removed = cli(
+        &url,
+        &["member", "remove", "billing", "m1", "--output", "json"],
+    )
+    .ok()
+    .json();
+    assert_eq!(
+        removed,
+        json!({"group": "billing", "member": "m1", "removed": true})
+    );
+
+    // delete: refused while members live, then forced; then the group is gone.
+    converge(api, "billing", &["m3"]).await;
+    let r = cli(&url, &["group", "delete", "billing"]).refused("GROUP_NOT_EMPTY");
+    assert!(r.stderr.contains("hint: add --force"), "{r:?}");
+    let r = cli(&url, &["group", "delete", "billing", "--force"]).ok();
+    assert_eq!(r.stdout, "Deleted group billing.\n");
+    cli(&url, &["group", "describe", "billing"]).refused("GROUP_NOT_FOUND");
+    let deleted = cli(&url, &["group", "delete", "audit", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(deleted, json!({"group": "audit", "deleted": true}));
+    assert_eq!(cli(&url, &["group", "list"]).ok().stdout, "No groups.\n");
+}
+
+#[tokio::test]
+async fn reshard_wait_rollback_and_describe() {
+    let stack = Stack::start(Backend::Memory, &[]);
+    let url = stack.coordinator.url();
+    let api = &stack.api;
+    let (s, _) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g", "stream": "s", "shard_count": 8}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let member = converge(api, "g", &["m1"]).await.remove(0);
+
+    // Scale-down with --wait: the CLI waits while the member still reads the draining shards,
+    // and exits once it reports them drained.
+    let waiting = spawn_cli(
+        &url,
+        &[
+            "stream", "reshard", "s", "--shards", "4", "--wait", "--output", "json",
+        ],
+    );
+    wait_for("the reshard to start", Duration::from_secs(10), || {
+        let out = cli(&url, &["stream", "describe", "s", "--output", "json"]);
+        (out.json()["resharding"]["state"] == "draining").then_some(())
+    })
+    .unwrap();
+    let mut waiting = waiting;
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "--wait returned before the draining shards retired"
+    );
+    let r = cli(&url, &["stream", "describe", "s"]).ok();
+    assert!(
+        r.stdout
+            .contains("Reshard of s 8 -> 4: draining, 0 of 4 shards retired"),
+        "{r:?}"
+    );
+    let drain_row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("s:5 "))
+        .expect("row");
+    assert_eq!(cells(drain_row), ["s:5", "-", "g"]);
+    let (s, body) = api
+        .post(
+            "/v1/groups/g/heartbeat",
+            json!({"protocol_version": 1, "member_id": "m1", "member_epoch": member.1,
+                   "owned_shards": member.2, "drained_shards": [4, 5, 6, 7]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let done = finish(waiting).ok().json();
+    assert_eq!(done["shard_count"], 4);
+    assert_eq!(done["resharding"], Value::Null);
+    assert_eq!(done["last_reshard"]["state"], "complete");
+
+    // A rollback of it (a scale-up) completes at once.
+    let r = cli(&url, &["stream", "rollback", "s", "--wait"]).ok();
+    assert!(r.stdout.contains("Rollback of s 4 -> 8: complete"), "{r:?}");
+    cli(&url, &["stream", "rollback", "s"]).refused("NOTHING_TO_ROLLBACK");
+    let described = cli(&url, &["stream", "describe", "s", "--output", "json"])
+        .ok()
+        .json();
+    let (_, fetched) = api.get("/v1/streams/s").await;
+    assert_eq!(described, fetched);
+    assert_eq!(described["shard_count"], 8);
+
+    // Waiting on a reshard that a rollback replaces ends with exit status 4.
+    let waiting = spawn_cli(&url, &["stream", "reshard", "s", "--shards", "2", "--wait"]);
+    wait_for("the reshard to start", Duration::from_secs(10), || {
+        let out = cli(&url, &["stream", "describe", "s", "--output", "json"]);
+        (out.json()["resharding"]["to"] == 2).then_some(())
+    })
+    .unwrap();
+    let (s, body) = api.post("/v1/streams/s/rollback", json!(null)).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let r = finish(waiting);
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("the reshard of s 8 -> 2 was replaced by a rollback 2 -> 8"),
+        "{r:?}"
+    );
+
+    // Without --wait, a scale-down answers at once and says how to follow it; --timeout-ms
+    // gives up with exit status 4; a second reshard meanwhile is refused.
+    let r = cli(&url, &["stream", "reshard", "s", "--shards", "6"]).ok();
+    assert!(r.stdout.contains("still draining"), "{r:?}");
+    cli(&url, &["stream", "reshard", "s", "--shards", "3"]).refused("RESHARD_IN_PROGRESS");
+    let r = cli(
+        &url,
+        &["stream", "rollback", "s", "--wait", "--timeout-ms", "1"],
+    );
+    // The rollback 6 -> 8 is a scale-up: complete at once, so the time-out does not matter.
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = cli(
+        &url,
+        &[
+            "stream",
+            "reshard",
+            "s",
+            "--shards",
+            "5",
+            "--wait",
+            "--timeout-ms",
+            "300",
+        ],
+    );
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(r.stderr.contains("gave up waiting after 300 ms"), "{r:?}");
+
+    let r = cli(&url, &["stream", "list"]).ok();
+    assert_eq!(
+        cells(r.stdout.lines().nth(1).unwrap()),
+        ["s", "5", "8", "1", "8", "->", "5", "(3", "draining)"]
+    );
+    cli(&url, &["stream", "describe", "nope"]).refused("STREAM_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn errors_and_exit_statuses() {
+    let stack = Stack::start(Backend::Memory, &[]);
+    let url = stack.coordinator.url();
+
+    let r = cli(&url, &["group", "describe", "nope"]).refused("GROUP_NOT_FOUND");
+    assert_eq!(
+        r.stderr,
+        "error: GROUP_NOT_FOUND: group nope does not exist\n"
+    );
+    // A name the SPEC forbids reaches the coordinator encoded, and is refused by it.
+    cli(&url, &["group", "describe", "a/b"]).refused("INVALID_REQUEST");
+    cli(
+        &url,
+        &["group", "create", "g", "--stream", "s", "--shards", "0"],
+    )
+    .refused("INVALID_REQUEST");
+    cli(&url, &["stream", "reshard", "nope", "--shards", "2"]).refused("STREAM_NOT_FOUND");
+    cli(&url, &["member", "remove", "nope", "m"]).refused("GROUP_NOT_FOUND");
+
+    // RSC_COORDINATOR_URL is read when --coordinator is absent.
+    let out = Command::new(binary_path("rsc-coordinator").unwrap())
+        .args(["group", "list"])
+        .env("RSC_COORDINATOR_URL", &url)
+        .output()
+        .unwrap();
+    assert_eq!(from_output(out).ok().stdout, "No groups.\n");
+
+    // Nothing listening: exit status 3 and a message naming the address.
+    let dead = format!("http://127.0.0.1:{}", rsc_testkit::free_port().unwrap());
+    let r = cli(&dead, &["group", "list"]);
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(
+        r.stderr.starts_with(&format!(
+            "error: cannot reach the coordinator at {dead}/v1/groups"
+        )),
+        "{r:?}"
+    );
+    // A wrong base path reaches the coordinator's 404 fallback: a refusal.
+    let r = cli(&format!("{url}/not-here"), &["group", "list"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.starts_with("error: NOT_FOUND: "), "{r:?}");
+    // A failing server that is not a coordinator (a proxy's HTML 502): exit status 3.
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut conn, _) = proxy.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = conn.read(&mut buf);
+        let body = "<html>bad gateway</html>";
+        let _ = write!(
+            conn,
+            "HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    let r = cli(&proxy_url, &["group", "list"]);
+    server.join().unwrap();
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(
+        r.stderr.contains("unexpected answer")
+            && r.stderr.contains("502")
+            && r.stderr.contains("bad gateway"),
+        "{r:?}"
+    );
+
+    // Command-line mistakes: exit status 2.
+    let r = cli("ftp://x", &["group", "list"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("invalid coordinator URL"), "{r:?}");
+    let r = cli(&url, &["group", "create", "g"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("--stream"), "{r:?}");
+    let r = cli(
+        &url,
+        &[
+            "stream",
+            "reshard",
+            "s",
+            "--shards",
+            "2",
+            "--timeout-ms",
+            "5",
+        ],
+    );
+    assert_eq!(r.code, 2, "--timeout-ms requires --wait: {r:?}");
+}

@@ -1,0 +1,283 @@
+//! The dashboard at `GET /`, rendered by a real headless Chromium against a real coordinator
+//! with a live group: the shard grid must show the owners the API reports, with pending
+//! revocations and draining shards marked. A screenshot is kept as a test artifact
+//! (`$RSC_ARTIFACTS_DIR`, else `<target dir>/artifacts/dashboard.png`).
+//!
+//! Needs Debian's `chromium` (`apt-get install -y chromium`), or `RSC_CHROMIUM=/path/to/chrome`.
+
+use reqwest::StatusCode;
+use rsc_e2e::{Api, Backend, Stack};
+use rsc_testkit::{binary_path, wait_for};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+fn chromium() -> PathBuf {
+    if let Some(p) = std::env::var_os("RSC_CHROMIUM") {
+        return PathBuf::from(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for name in ["chromium", "chromium-browser", "google-chrome"] {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    panic!(
+        "no Chromium found: install it (`apt-get install -y chromium`) or set RSC_CHROMIUM \
+         to a Chrome/Chromium binary"
+    );
+}
+
+fn artifacts_dir() -> PathBuf {
+    let dir = match std::env::var_os("RSC_ARTIFACTS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            // <target>/<profile>/rsc-coordinator → <target>/artifacts
+            let bin = binary_path("rsc-coordinator").expect("binary built");
+            bin.parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .join("artifacts")
+        }
+    };
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    dir
+}
+
+/// Runs headless Chromium on `url` with `extra` flags; returns its stdout.
+fn run_chromium(url: &str, extra: &[String]) -> String {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let profile = std::env::temp_dir().join(format!(
+        "rsc-dashboard-chromium-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut child = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--hide-scrollbars",
+            "--window-size=1400,900",
+            // Let the page's fetches and first render finish before dumping.
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chromium starts");
+    let exited = wait_for("chromium to exit", Duration::from_secs(90), || {
+        child.try_wait().expect("wait").map(|_| ())
+    });
+    if exited.is_err() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("chromium output");
+    let _ = std::fs::remove_dir_all(&profile);
+    exited.expect("chromium finished in time");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 DOM")
+}
+
+/// The value of attribute `name` in the tag text `tag`.
+fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    let len = tag[start..].find('"')?;
+    Some(&tag[start..start + len])
+}
+
+/// Grid cells of the dumped DOM: shard → its `data-*` attributes.
+fn grid_cells(dom: &str) -> BTreeMap<u32, BTreeMap<&'static str, String>> {
+    let mut cells = BTreeMap::new();
+    let mut rest = dom;
+    while let Some(i) = rest.find(" data-shard=\"") {
+        let tag_end = rest[i..].find('>').expect("tag closes") + i;
+        let tag = &rest[i..tag_end];
+        let shard: u32 = attr(tag, "data-shard").unwrap().parse().unwrap();
+        let mut a = BTreeMap::new();
+        for name in ["data-owner", "data-target", "data-state", "data-revoking"] {
+            a.insert(name, attr(tag, name).unwrap_or("<missing>").to_owned());
+        }
+        cells.insert(shard, a);
+        rest = &rest[tag_end..];
+    }
+    cells
+}
+
+/// A member's heartbeat; returns (epoch, assignment).
+async fn beat(
+    api: &Api,
+    group: &str,
+    member: &str,
+    epoch: i64,
+    owned: &[u32],
+    n: u32,
+) -> (i64, Vec<u32>) {
+    let (s, body) = api
+        .post(
+            &format!("/v1/groups/{group}/heartbeat"),
+            json!({"protocol_version": 1, "member_id": member, "member_epoch": epoch,
+                   "owned_shards": owned,
+                   "client": {"host": format!("pod-{n}"), "pod_ip": format!("10.0.0.{n}")}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    (
+        body["member_epoch"].as_i64().unwrap(),
+        serde_json::from_value(body["assignment"].clone()).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn dashboard_grid_shows_the_real_owners() {
+    let stack = Stack::start(Backend::Memory, &[]);
+    let api = &stack.api;
+    let url = stack.coordinator.url();
+
+    // The page shell: HTML, self-contained, locked to this origin.
+    let resp = reqwest::get(format!("{url}/")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let headers = resp.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"));
+    let html = resp.text().await.unwrap();
+    assert!(html.contains("<title>Redis Stream Coordinator</title>"));
+
+    // A live group: two members converge on 8 shards, then a scale-down to 6 leaves shards
+    // 6 and 7 draining, and a third member's join makes m1 revoke a shard it still reports.
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "billing", "stream": "orders", "shard_count": 8}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let mut members = [
+        ("m1", 0i64, Vec::<u32>::new(), 1u32),
+        ("m2", 0, Vec::new(), 2),
+    ];
+    for _ in 0..4 {
+        for (id, epoch, owned, n) in members.iter_mut() {
+            (*epoch, *owned) = beat(api, "billing", id, *epoch, owned, *n).await;
+        }
+    }
+    let (_, view) = api.get("/v1/groups/billing").await;
+    assert_eq!(view["state"], "stable", "{view}");
+    let (s, body) = api
+        .post("/v1/streams/orders/reshard", json!({"shard_count": 6}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    for (id, epoch, owned, n) in members.iter_mut() {
+        (*epoch, *owned) = beat(api, "billing", id, *epoch, owned, *n).await;
+    }
+    beat(api, "billing", "m3", 0, &[], 3).await;
+    let (id, epoch, owned, n) = &members[0];
+    beat(api, "billing", id, *epoch, owned, *n).await;
+
+    let (_, truth) = api.get("/v1/groups/billing").await;
+    let revoking: Vec<u64> = truth["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| {
+            m["pending_revocation"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_u64().unwrap())
+        })
+        .collect();
+    assert!(
+        !revoking.is_empty(),
+        "the scenario must have a pending revocation: {truth}"
+    );
+
+    // Render it.
+    let page = format!("{url}/#group=billing");
+    let mut dom = String::new();
+    for _ in 0..3 {
+        dom = run_chromium(&page, &["--dump-dom".to_owned()]);
+        if dom.contains("data-loaded=\"true\"") {
+            break;
+        }
+    }
+    assert!(
+        dom.contains("data-loaded=\"true\""),
+        "the page never loaded its data:\n{dom}"
+    );
+    let cells = grid_cells(&dom);
+    let shards = truth["shards"].as_array().unwrap();
+    assert_eq!(cells.len(), shards.len(), "one cell per shard: {cells:?}");
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    let mut owners = std::collections::BTreeSet::new();
+    for s in shards {
+        let shard = s["shard"].as_u64().unwrap();
+        let cell = &cells[&(shard as u32)];
+        let expect: BTreeMap<&str, String> = [
+            ("data-owner", text(&s["current_owner"])),
+            ("data-target", text(&s["target_owner"])),
+            ("data-state", text(&s["state"])),
+            ("data-revoking", revoking.contains(&shard).to_string()),
+        ]
+        .into();
+        assert_eq!(cell, &expect, "shard {shard}");
+        owners.insert(cell["data-owner"].clone());
+    }
+    assert!(owners.contains("m1") && owners.contains("m2"), "{owners:?}");
+    assert_eq!(
+        cells
+            .values()
+            .filter(|c| c["data-state"] == "draining")
+            .count(),
+        2,
+        "shards 6 and 7 are draining"
+    );
+    assert!(
+        dom.contains("id=\"group-name\">billing<"),
+        "the selected group is shown"
+    );
+    for m in ["m1", "m2", "m3"] {
+        assert!(
+            dom.contains(&format!("data-member=\"{m}\"")),
+            "member {m} listed"
+        );
+    }
+    assert!(
+        dom.contains("orders</b> reshard 8 → 6"),
+        "reshard progress shown"
+    );
+    assert!(
+        dom.contains("id=\"audit-unavailable\"") || dom.contains("<th>principal</th>"),
+        "the audit panel renders either entries or its unavailable note"
+    );
+
+    // Keep a screenshot as an artifact.
+    let shot = artifacts_dir().join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    run_chromium(&page, &[format!("--screenshot={}", shot.display())]);
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "a real PNG"
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
+}
