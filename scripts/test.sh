@@ -25,6 +25,10 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   echo "== installing redis-server (apt-get)"
   apt_install redis-server redis-tools
 fi
+if [ -z "${RSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
+  echo "== installing chromium (apt-get; the dashboard test drives it headless)"
+  apt_install chromium
+fi
 # The packaged service is not used: tests start their own servers. Leave 6379 alone.
 
 echo "== build (all binaries the end-to-end tests spawn)"
