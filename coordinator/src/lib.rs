@@ -11,7 +11,9 @@
 //! - [`assignor`]: who should own which shard;
 //! - [`store`]: where the documents live ([`store::MemoryStore`] for development);
 //! - [`service`]: sequences store reads, engine decisions and store writes under locks;
-//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes.
+//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes;
+//! - [`auth`], [`audit`], [`metrics`]: ACL and rate limit, the audit trail, Prometheus
+//!   metrics — around the API and the store.
 //!
 //! ```
 //! use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
@@ -35,9 +37,12 @@
 
 pub mod api;
 pub mod assignor;
+pub mod audit;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -67,7 +67,11 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(code = %self.code, message = %self.message, "request failed");
         }
-        (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
+        let mut response =
+            (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
+        // For the audit log and metrics, which see only the response.
+        response.extensions_mut().insert(self.code);
+        response
     }
 }
 

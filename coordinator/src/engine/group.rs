@@ -55,6 +55,26 @@ impl GroupDoc {
             layout_version: stream.layout_version,
             members: Default::default(),
             created_ms: now_ms,
+            reconciling_since_ms: None,
+        }
+    }
+
+    /// Keeps [`GroupDoc::reconciling_since_ms`] up to date after an operation at `now_ms`:
+    /// starts the clock when a group with members stops being stable, and stops it when it
+    /// is stable again (or empty). Returns how long the group took to converge (ms) when it
+    /// just became stable, for the convergence-time histogram.
+    pub fn track_convergence(&mut self, now_ms: u64) -> Option<u64> {
+        let settled = self.members.is_empty() || self.is_stable();
+        match (settled, self.reconciling_since_ms) {
+            (false, None) => {
+                self.reconciling_since_ms = Some(now_ms);
+                None
+            }
+            (true, Some(since)) => {
+                self.reconciling_since_ms = None;
+                (!self.members.is_empty()).then(|| now_ms.saturating_sub(since))
+            }
+            _ => None,
         }
     }
 
@@ -401,5 +421,57 @@ impl GroupDoc {
             routing_epoch: stream.routing_epoch,
             start: self.config.start,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hb(member: &str, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
+        HeartbeatRequest {
+            protocol_version: PROTOCOL_VERSION,
+            member_id: member.into(),
+            member_epoch: epoch,
+            owned_shards: owned.to_vec(),
+            drained_shards: vec![],
+            client: None,
+        }
+    }
+
+    #[test]
+    fn convergence_is_timed_from_unsettled_to_stable() {
+        let stream = StreamDoc::new("s", 2, 0).unwrap();
+        let mut g = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        assert_eq!(g.track_convergence(0), None, "an empty group is settled");
+        let a = g.heartbeat(&stream, &hb("a", 0, &[]), 100).unwrap();
+        assert_eq!(g.track_convergence(100), None);
+        let epoch_a = a.response.member_epoch;
+        // b joins: a must give up one shard, so the group is reconciling.
+        let b = g.heartbeat(&stream, &hb("b", 0, &[]), 200).unwrap();
+        assert_eq!(g.track_convergence(200), None);
+        assert_eq!(g.reconciling_since_ms, Some(200));
+        let a2 = g
+            .heartbeat(&stream, &hb("a", epoch_a, &[0, 1]), 300)
+            .unwrap();
+        assert_eq!(g.track_convergence(300), None, "a still has to revoke");
+        let kept = a2.response.assignment.clone();
+        let a3 = g.heartbeat(&stream, &hb("a", epoch_a, &kept), 400).unwrap();
+        g.track_convergence(400);
+        let b2 = g
+            .heartbeat(&stream, &hb("b", b.response.member_epoch, &[]), 500)
+            .unwrap();
+        let mut done = g.track_convergence(500);
+        if done.is_none() {
+            // a may need one more heartbeat to reach the new epoch.
+            g.heartbeat(&stream, &hb("a", a3.response.member_epoch, &kept), 600)
+                .unwrap();
+            done = g.track_convergence(600);
+            assert_eq!(done, Some(400));
+        } else {
+            assert_eq!(done, Some(300));
+        }
+        assert!(g.is_stable(), "{g:?} / {b2:?}");
+        assert_eq!(g.reconciling_since_ms, None);
     }
 }
