@@ -78,3 +78,6 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
+
+#[cfg(test)]
+mod tests;
