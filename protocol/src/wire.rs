@@ -101,10 +101,16 @@ pub struct ClientInfo {
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     /// Must be [`crate::PROTOCOL_VERSION`].
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1))]
     pub protocol_version: u32,
     /// The member's id (`<pod_ip>-<group>-<index>` for the sample pods).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub member_id: String,
     /// 0 joins, -1 leaves, otherwise the epoch of the last answer received.
+    #[cfg_attr(feature = "openapi", schema(minimum = -1))]
     pub member_epoch: i64,
     /// The shards the member owns right now.
     #[serde(default)]
@@ -113,8 +119,20 @@ pub struct HeartbeatRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drained_shards: Vec<u32>,
     /// Facts about the client, shown to operators.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "client_object"
+    )]
     pub client: Option<ClientInfo>,
+}
+
+/// `client` must be a JSON object (serde alone would also take an array of its fields).
+fn client_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ClientInfo>, D::Error> {
+    use serde::de::Error;
+    let map: Option<serde_json::Map<String, serde_json::Value>> = Option::deserialize(d)?;
+    map.map(|m| serde_json::from_value(serde_json::Value::Object(m)).map_err(D::Error::custom))
+        .transpose()
 }
 
 /// The answer to a heartbeat.
@@ -147,8 +165,13 @@ pub struct HeartbeatResponse {
 #[serde(deny_unknown_fields)]
 pub struct LeaveRequest {
     /// The leaving member.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub member_id: String,
     /// Its current epoch.
+    #[cfg_attr(feature = "openapi", schema(minimum = -1))]
     pub member_epoch: i64,
 }
 
@@ -168,11 +191,20 @@ pub struct LeaveResponse {
 #[serde(deny_unknown_fields)]
 pub struct CreateGroupRequest {
     /// The group id.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub group: String,
     /// The stream it reads.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub stream: String,
     /// Required when the stream is new (1..=4096); must match when it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
     pub shard_count: Option<u32>,
     /// Where the Redis consumer groups start (default `earliest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -219,6 +251,7 @@ pub struct PatchGroupRequest {
 #[serde(deny_unknown_fields)]
 pub struct ReshardRequest {
     /// The new shard count (1..=4096).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
     pub shard_count: u32,
 }
 
@@ -446,7 +479,6 @@ pub struct AuditRequest {
     pub query: Option<String>,
     /// The JSON body; a body that is not JSON is kept as a (truncated) string.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub body: Option<serde_json::Value>,
 }
 
@@ -492,6 +524,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn client_must_be_an_object() {
+        let base = r#"{"protocol_version":1,"member_id":"m","member_epoch":0,"client":"#;
+        let ok: HeartbeatRequest =
+            serde_json::from_str(&format!("{base}{{\"host\":\"h\"}}}}")).unwrap();
+        assert_eq!(ok.client.unwrap().host.as_deref(), Some("h"));
+        let null: HeartbeatRequest = serde_json::from_str(&format!("{base}null}}")).unwrap();
+        assert_eq!(null.client, None);
+        assert!(serde_json::from_str::<HeartbeatRequest>(&format!("{base}[null,null]}}")).is_err());
+        assert!(
+            serde_json::from_str::<HeartbeatRequest>(&format!("{base}{{\"bogus\":1}}}}")).is_err()
+        );
     }
 
     #[test]

@@ -42,7 +42,7 @@ async fn create_group(
 /// Change a group's timeouts or member limit (bumps the group epoch).
 #[utoipa::path(
     patch, path = "/v1/groups/{group}", tag = "admin",
-    params(("group" = String, Path, description = "Group id")),
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
     request_body = PatchGroupRequest,
     responses(
         (status = 200, description = "The group after the change", body = GroupView),
@@ -68,7 +68,7 @@ struct DeleteParams {
 /// Delete a group.
 #[utoipa::path(
     delete, path = "/v1/groups/{group}", tag = "admin",
-    params(("group" = String, Path, description = "Group id"), DeleteParams),
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"), DeleteParams),
     responses(
         (status = 204, description = "The group was deleted"),
         (status = 409, description = "GROUP_NOT_EMPTY: live members and no `force=true`", body = rsc_protocol::ErrorBody),
@@ -87,8 +87,8 @@ async fn delete_group(
 #[utoipa::path(
     delete, path = "/v1/groups/{group}/members/{member}", tag = "admin",
     params(
-        ("group" = String, Path, description = "Group id"),
-        ("member" = String, Path, description = "Member id"),
+        ("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"),
+        ("member" = String, Path, description = "Member id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "10.0.0.7-billing-0"),
     ),
     responses(
         (status = 204, description = "The member was removed"),
@@ -105,7 +105,7 @@ async fn remove_member(
 /// Start resharding a stream to a new shard count (SPEC §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/reshard", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name")),
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
     request_body = ReshardRequest,
     responses(
         (status = 202, description = "The reshard started", body = StreamView),
@@ -124,7 +124,7 @@ async fn reshard(
 /// Roll back the latest reshard of a stream (SPEC §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/rollback", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name")),
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
     responses(
         (status = 202, description = "The rollback started", body = StreamView),
         (status = 409, description = "RESHARD_IN_PROGRESS, ROLLBACK_WINDOW_EXPIRED or NOTHING_TO_ROLLBACK", body = rsc_protocol::ErrorBody),

@@ -18,7 +18,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// member's assignment (SPEC §5).
 #[utoipa::path(
     post, path = "/v1/groups/{group}/heartbeat", tag = "members",
-    params(("group" = String, Path, description = "Group id")),
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The member's epoch and assignment", body = HeartbeatResponse),
@@ -38,7 +38,7 @@ async fn heartbeat(
 /// Leave the group at once; the member's shards are freed without waiting.
 #[utoipa::path(
     post, path = "/v1/groups/{group}/leave", tag = "members",
-    params(("group" = String, Path, description = "Group id")),
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
     request_body = LeaveRequest,
     responses(
         (status = 200, description = "The member left", body = LeaveResponse),

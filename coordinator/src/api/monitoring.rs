@@ -75,7 +75,7 @@ async fn list_groups(
 /// data Redis is reachable) and the stream's reshard.
 #[utoipa::path(
     get, path = "/v1/groups/{group}", tag = "monitoring",
-    params(("group" = String, Path, description = "Group id")),
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
     responses((status = 200, description = "The group", body = GroupView))
 )]
 async fn describe_group(
@@ -108,7 +108,7 @@ async fn list_streams(
 /// A stream: layout, routing epoch, groups and reshard state.
 #[utoipa::path(
     get, path = "/v1/streams/{stream}", tag = "monitoring",
-    params(("stream" = String, Path, description = "Stream name")),
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
     responses((status = 200, description = "The stream", body = StreamView))
 )]
 async fn describe_stream(
@@ -126,8 +126,10 @@ struct AuditQuery {
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
     /// Only entries about this group.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
     group: Option<String>,
     /// Only entries about this stream.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
     stream: Option<String>,
 }
 

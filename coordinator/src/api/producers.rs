@@ -14,7 +14,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// The routing layout producers use: shard count, routing epoch, hash, shard keys.
 #[utoipa::path(
     get, path = "/v1/streams/{stream}/routing", tag = "producers",
-    params(("stream" = String, Path, description = "Stream name")),
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
     responses(
         (status = 200, description = "The stream's routing", body = RoutingResponse),
     )

@@ -163,3 +163,64 @@ fn the_document_is_openapi_3_1_with_error_bodies_and_bearer_security() {
         );
     }
 }
+
+#[test]
+fn name_patterns_in_the_document_are_the_protocol_s() {
+    fn walk(v: &serde_json::Value, found: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    if k == "pattern" {
+                        found.push(v.as_str().unwrap_or_default().to_owned());
+                    } else {
+                        walk(v, found);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(&serde_json::to_value(openapi()).unwrap(), &mut found);
+    // group, stream, member path parameters (9 uses), audit filters (2), body names (4).
+    assert!(found.len() >= 15, "{found:?}");
+    assert!(
+        found.iter().all(|p| p == rsc_protocol::names::NAME_PATTERN),
+        "{found:?}"
+    );
+}
+
+#[tokio::test]
+async fn request_bodies_must_be_json_objects() {
+    let app = app();
+    let create = Request::builder()
+        .method("POST")
+        .uri("/v1/groups")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"group":"g","stream":"s","shard_count":1}"#))
+        .unwrap();
+    assert_eq!(
+        app.clone().oneshot(create).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    for (method, uri, body) in [
+        ("PATCH", "/v1/groups/g", "[null, null]"),
+        ("POST", "/v1/groups", r#"["g", "s", 1]"#),
+        ("POST", "/v1/groups/g/heartbeat", r#"[1, "m", 0, []]"#),
+        ("POST", "/v1/groups/g/heartbeat", "7"),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::BAD_REQUEST,
+            "{method} {uri} {body}"
+        );
+    }
+}
