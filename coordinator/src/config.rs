@@ -191,3 +191,82 @@ impl ServeArgs {
         Ok(cfg)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn security_settings_from_a_toml_file_and_defaults() {
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "acl = \"/etc/rsc/acl.toml\"\nadmin-rate = 5\nadmin-burst = 7\n\
+             data-redis-url = \"redis://127.0.0.1:6390\"\nlisten = \"0.0.0.0:7070\""
+        )
+        .unwrap();
+        let cfg = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            cfg.acl.as_deref(),
+            Some(std::path::Path::new("/etc/rsc/acl.toml"))
+        );
+        assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
+        assert_eq!(
+            cfg.data_redis_url.as_deref(),
+            Some("redis://127.0.0.1:6390")
+        );
+        assert!(
+            !cfg.listen.ip().is_loopback(),
+            "with an ACL any address may be bound"
+        );
+        let _ = std::fs::remove_file(&f.0);
+
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
+        assert_eq!(d.data_redis_url, None);
+    }
+
+    #[test]
+    fn refuses_open_non_loopback_and_zero_rates() {
+        let open = ServeArgs {
+            listen: Some("0.0.0.0:7070".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            open.clone()
+                .resolve()
+                .unwrap_err()
+                .to_string()
+                .contains("--allow-anonymous")
+        );
+        assert!(
+            ServeArgs {
+                allow_anonymous: true,
+                ..open
+            }
+            .resolve()
+            .is_ok()
+        );
+        let zero = ServeArgs {
+            admin_rate: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(zero.resolve().is_err());
+    }
+
+    fn tempfile_in_target() -> (PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!(
+            "rsc-config-test-{}-{:?}.toml",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::File::create(&path).unwrap();
+        (path, f)
+    }
+}

@@ -13,6 +13,10 @@ use std::num::NonZeroU32;
 use tower::ServiceExt;
 
 fn app() -> Router {
+    app_with_store().0
+}
+
+fn app_with_store() -> (Router, Arc<dyn MetadataStore>) {
     let store: Arc<dyn MetadataStore> =
         Arc::new(RevisionRecordingStore::new(Arc::new(MemoryStore::new())));
     let clock = Arc::new(SystemClock);
@@ -23,15 +27,16 @@ fn app() -> Router {
         Auditor::new(store.clone(), clock.clone()),
         DEFAULT_BODY_LIMIT,
     ));
-    let coordinator = Coordinator::new(store, clock, ServiceConfig::default());
-    router(
+    let coordinator = Coordinator::new(store.clone(), clock, ServiceConfig::default());
+    let app = router(
         AppState {
             coordinator,
             security,
             lag: None,
         },
         DEFAULT_BODY_LIMIT,
-    )
+    );
+    (app, store)
 }
 
 /// A concrete path for a template: `{x}` → `x1`.
@@ -223,4 +228,30 @@ async fn request_bodies_must_be_json_objects() {
             "{method} {uri} {body}"
         );
     }
+}
+
+#[tokio::test]
+async fn an_oversized_admin_body_is_refused_and_audited() {
+    let (app, store) = app_with_store();
+    let big = format!(
+        r#"{{"group":"g","stream":"s","pad":"{}"}}"#,
+        "x".repeat(DEFAULT_BODY_LIMIT)
+    );
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/groups")
+        .header("content-type", "application/json")
+        .body(Body::from(big))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let log = store
+        .read_audit(10, &crate::store::AuditFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].principal, crate::auth::ANONYMOUS);
+    assert_eq!(log[0].result.status, 413);
+    assert_eq!(log[0].result.code, Some(ErrorCode::PayloadTooLarge));
+    assert_eq!(log[0].request.body, None, "an oversized body is not kept");
 }

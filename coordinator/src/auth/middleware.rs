@@ -163,10 +163,7 @@ async fn admin(
         query: parts.uri.query().map(str::to_owned),
         body: None,
     };
-    let bytes = match axum::body::to_bytes(body, sec.body_limit).await {
-        Ok(b) => Some(b),
-        Err(_) => None,
-    };
+    let bytes = axum::body::to_bytes(body, sec.body_limit).await.ok();
     if let Some(b) = &bytes {
         request.body = audit_body(b);
         if scope == Scope::GroupAndStreamInBody
@@ -187,7 +184,7 @@ async fn admin(
         .to_owned();
     let log = RevisionLog::new();
     let response = match admit(sec, principal, scope, &target, bytes.is_some()) {
-        Err(refusal) => refusal,
+        Err(refusal) => *refusal,
         Ok(p) => {
             parts.extensions.insert(p);
             let body = Body::from(bytes.unwrap_or_default());
@@ -219,7 +216,7 @@ fn admit(
     scope: Scope,
     target: &AuditTarget,
     body_fits: bool,
-) -> Result<Principal, Response> {
+) -> Result<Principal, Box<Response>> {
     let key = principal
         .as_ref()
         .map_or(ANONYMOUS, |p| p.name())
@@ -233,23 +230,26 @@ fn admit(
             format!("admin mutations of {key} are over their rate; retry in {secs} s"),
         ));
         r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
-        return Err(r);
+        return Err(Box::new(r));
     }
-    let principal = principal.map_err(refuse)?;
+    let refused = |e: ApiError| Box::new(refuse(e));
+    let principal = principal.map_err(refused)?;
     if !principal.has_role(Role::Admin) {
-        return Err(refuse(ApiError::new(
+        return Err(refused(ApiError::new(
             ErrorCode::Forbidden,
             format!("principal {} lacks the admin role", principal.name()),
         )));
     }
     if !body_fits {
-        return Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            "request body is over the size limit",
-        )
-        .into_response());
+        return Err(Box::new(
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                "request body is over the size limit",
+            )
+            .into_response(),
+        ));
     }
-    check_scope(&principal, scope, target).map_err(refuse)?;
+    check_scope(&principal, scope, target).map_err(refused)?;
     Ok(principal)
 }
 
