@@ -168,12 +168,12 @@ impl fmt::Debug for Acl {
 #[derive(Debug, thiserror::Error)]
 pub enum AclError {
     /// The file could not be read.
-    #[error("cannot read ACL file {path}: {source}")]
+    #[error("cannot read ACL file {path}: {cause}")]
     Read {
         /// File.
         path: String,
         /// Cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not valid TOML of the expected shape.
     #[error("ACL file is invalid: {0}")]
@@ -235,9 +235,9 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 impl Acl {
     /// Reads and checks an ACL file.
     pub fn load(path: &Path) -> Result<Self, AclError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AclError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| AclError::Read {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         Self::from_toml(&text)
     }

@@ -446,32 +446,39 @@ mod tests {
         assert_eq!(g.track_convergence(0), None, "an empty group is settled");
         let a = g.heartbeat(&stream, &hb("a", 0, &[]), 100).unwrap();
         assert_eq!(g.track_convergence(100), None);
-        let epoch_a = a.response.member_epoch;
-        // b joins: a must give up one shard, so the group is reconciling.
+        assert_eq!(
+            g.reconciling_since_ms, None,
+            "a lone member is stable at once"
+        );
+        // b joins at 200: a must give up a shard first, so the group is reconciling.
         let b = g.heartbeat(&stream, &hb("b", 0, &[]), 200).unwrap();
         assert_eq!(g.track_convergence(200), None);
         assert_eq!(g.reconciling_since_ms, Some(200));
-        let a2 = g
-            .heartbeat(&stream, &hb("a", epoch_a, &[0, 1]), 300)
-            .unwrap();
-        assert_eq!(g.track_convergence(300), None, "a still has to revoke");
-        let kept = a2.response.assignment.clone();
-        let a3 = g.heartbeat(&stream, &hb("a", epoch_a, &kept), 400).unwrap();
-        g.track_convergence(400);
-        let b2 = g
-            .heartbeat(&stream, &hb("b", b.response.member_epoch, &[]), 500)
-            .unwrap();
-        let mut done = g.track_convergence(500);
-        if done.is_none() {
-            // a may need one more heartbeat to reach the new epoch.
-            g.heartbeat(&stream, &hb("a", a3.response.member_epoch, &kept), 600)
-                .unwrap();
-            done = g.track_convergence(600);
-            assert_eq!(done, Some(400));
-        } else {
-            assert_eq!(done, Some(300));
+        // Both heartbeat every 100 ms, reporting what they were last assigned.
+        let mut members = [
+            ("a", a.response.member_epoch, a.response.assignment),
+            ("b", b.response.member_epoch, b.response.assignment),
+        ];
+        let mut converged = None;
+        for step in 1..=10u64 {
+            let now = 200 + 100 * step;
+            for (id, epoch, owned) in members.iter_mut() {
+                let out = g.heartbeat(&stream, &hb(id, *epoch, owned), now).unwrap();
+                *epoch = out.response.member_epoch;
+                *owned = out.response.assignment;
+                if let Some(ms) = g.track_convergence(now) {
+                    converged = Some((ms, now));
+                }
+            }
+            if converged.is_some() {
+                break;
+            }
+            assert_eq!(g.reconciling_since_ms, Some(200));
         }
-        assert!(g.is_stable(), "{g:?} / {b2:?}");
+        let (ms, at) = converged.expect("the group converges within 10 rounds");
+        assert_eq!(ms, at - 200);
+        assert!(g.is_stable());
         assert_eq!(g.reconciling_since_ms, None);
+        assert_eq!(g.track_convergence(at + 100), None, "observed once");
     }
 }
