@@ -70,14 +70,19 @@ curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: appli
     -d '{"protocol_version":1,"member_id":"10.0.0.7-billing-0","member_epoch":0}' \
     "$BASE/v1/groups/billing/heartbeat"
 
+# Every check runs except two heuristics that contradict the SPEC on purpose:
+# - positive_data_acceptance: schema-valid is not always protocol-valid (heartbeat_interval_ms
+#   must be below session_timeout_ms, an epoch must be the member's, 1.0 is not a u32 in serde);
+# - ensure_resource_availability: after a group is created, a heartbeat from a member the
+#   group does not know is 404 UNKNOWN_MEMBER_ID (SPEC §4), which it reads as "not created".
 echo "schemathesis.sh: testing $BASE (examples per operation: $EXAMPLES, seed: $SEED)"
 START=$(date +%s)
 set +e
 timeout "$TIMEOUT" "$VENV/bin/schemathesis" run "$BASE/openapi.json" \
     --header "Authorization: Bearer $TOKEN" \
-    --checks all --exclude-checks positive_data_acceptance \
+    --checks all --exclude-checks positive_data_acceptance,ensure_resource_availability \
     --max-examples "$EXAMPLES" --seed "$SEED" --generation-database none \
-    --workers 2 --no-color
+    --workers 1 --no-color
 STATUS=$?
 set -e
 echo "schemathesis.sh: finished in $(( $(date +%s) - START )) s with status $STATUS"
