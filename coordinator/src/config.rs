@@ -42,10 +42,23 @@ pub struct ServeArgs {
     /// Metadata store [default: memory].
     #[arg(long, env = "RSC_STORE", value_enum)]
     pub store: Option<StoreKind>,
+    /// ACL file (TOML, SPEC §8). Without one every request is served as `anonymous`.
+    #[arg(long, env = "RSC_ACL")]
+    pub acl: Option<PathBuf>,
     /// Serve without an ACL on a non-loopback address.
     #[arg(long, env = "RSC_ALLOW_ANONYMOUS")]
     #[serde(default)]
     pub allow_anonymous: bool,
+    /// Admin mutations per second per principal [default: 10].
+    #[arg(long, env = "RSC_ADMIN_RATE")]
+    pub admin_rate: Option<u32>,
+    /// Burst of admin mutations per principal [default: 20].
+    #[arg(long, env = "RSC_ADMIN_BURST")]
+    pub admin_burst: Option<u32>,
+    /// The data Redis (where the shard streams live), read for lag and pending entries per
+    /// shard (`XINFO GROUPS`). Unset: nothing is queried.
+    #[arg(long, env = "RSC_DATA_REDIS_URL")]
+    pub data_redis_url: Option<String>,
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
@@ -67,8 +80,16 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Store kind.
     pub store: StoreKind,
+    /// ACL file.
+    pub acl: Option<PathBuf>,
     /// Allow non-loopback binding without an ACL.
     pub allow_anonymous: bool,
+    /// Admin mutations per second per principal.
+    pub admin_rate: u32,
+    /// Admin mutation burst per principal.
+    pub admin_burst: u32,
+    /// Data Redis URL for lag.
+    pub data_redis_url: Option<String>,
     /// Rollback window.
     pub rollback_window_ms: u64,
     /// Expiry sweep period.
@@ -125,7 +146,11 @@ impl ServeArgs {
                 .or(file.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             store: self.store.or(file.store).unwrap_or_default(),
+            acl: self.acl.or(file.acl),
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
+            admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
+            admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
+            data_redis_url: self.data_redis_url.or(file.data_redis_url),
             rollback_window_ms: self
                 .rollback_window_ms
                 .or(file.rollback_window_ms)
@@ -140,7 +165,7 @@ impl ServeArgs {
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
         };
-        if !cfg.listen.ip().is_loopback() && !cfg.allow_anonymous {
+        if cfg.acl.is_none() && !cfg.listen.ip().is_loopback() && !cfg.allow_anonymous {
             return Err(ConfigError::Invalid(format!(
                 "refusing to serve {} without an ACL: bind a loopback address, or pass \
                  --allow-anonymous to serve every client without authentication",
@@ -153,11 +178,95 @@ impl ServeArgs {
                 cfg.sweep_interval_ms
             )));
         }
+        if cfg.admin_rate == 0 || cfg.admin_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "admin-rate and admin-burst must be at least 1".into(),
+            ));
+        }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(
                 "body-limit must be at least 1024".into(),
             ));
         }
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn security_settings_from_a_toml_file_and_defaults() {
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "acl = \"/etc/rsc/acl.toml\"\nadmin-rate = 5\nadmin-burst = 7\n\
+             data-redis-url = \"redis://127.0.0.1:6390\"\nlisten = \"0.0.0.0:7070\""
+        )
+        .unwrap();
+        let cfg = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            cfg.acl.as_deref(),
+            Some(std::path::Path::new("/etc/rsc/acl.toml"))
+        );
+        assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
+        assert_eq!(
+            cfg.data_redis_url.as_deref(),
+            Some("redis://127.0.0.1:6390")
+        );
+        assert!(
+            !cfg.listen.ip().is_loopback(),
+            "with an ACL any address may be bound"
+        );
+        let _ = std::fs::remove_file(&f.0);
+
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
+        assert_eq!(d.data_redis_url, None);
+    }
+
+    #[test]
+    fn refuses_open_non_loopback_and_zero_rates() {
+        let open = ServeArgs {
+            listen: Some("0.0.0.0:7070".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            open.clone()
+                .resolve()
+                .unwrap_err()
+                .to_string()
+                .contains("--allow-anonymous")
+        );
+        assert!(
+            ServeArgs {
+                allow_anonymous: true,
+                ..open
+            }
+            .resolve()
+            .is_ok()
+        );
+        let zero = ServeArgs {
+            admin_rate: Some(0),
+            ..ServeArgs::default()
+        };
+        assert!(zero.resolve().is_err());
+    }
+
+    fn tempfile_in_target() -> (PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!(
+            "rsc-config-test-{}-{:?}.toml",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::File::create(&path).unwrap();
+        (path, f)
     }
 }

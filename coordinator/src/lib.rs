@@ -14,6 +14,8 @@
 //! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes;
 //! - [`dashboard`]: the live operator page at `GET /`;
 //! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`).
+//! - [`auth`], [`audit`], [`metrics`]: ACL and rate limit, the audit trail, Prometheus
+//!   metrics — around the API and the store.
 //!
 //! ```
 //! use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
@@ -38,10 +40,13 @@
 pub mod api;
 pub mod assignor;
 pub mod cli;
+pub mod audit;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod engine;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -47,7 +47,12 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             let cfg = args.resolve()?;
             init_logging(cfg.log_format);
-            server::serve(cfg, server::shutdown_signal()).await?;
+            // Once logging is up, a fatal error is a log event too (one JSON object with
+            // `--log-format json`), not a bare line on stderr.
+            if let Err(e) = server::serve(cfg, server::shutdown_signal()).await {
+                tracing::error!(error = format!("{e:#}"), "coordinator stopped on an error");
+                std::process::exit(1);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Operator(cmd) => Ok(cli::run(cmd).await),

@@ -1,15 +1,22 @@
 //! Assembles and runs the server: store, service, expiry sweep, HTTP listener.
 
 use crate::api::{self, AppState};
-use crate::clock::SystemClock;
+use crate::audit::{Auditor, RevisionRecordingStore};
+use crate::auth::{Acl, AdminRateLimiter, Security};
+use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
+use crate::metrics::{self, InstrumentedStore, LagProbe};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{MemoryStore, MetadataStore};
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
+
+/// How long a lag read from the data Redis may take before it is left out.
+const LAG_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Builds the store the configuration names.
 pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
@@ -26,10 +33,41 @@ pub async fn serve(
     cfg: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let store = build_store(&cfg).await?;
+    metrics::prometheus();
+    let acl = match &cfg.acl {
+        Some(path) => {
+            let acl = Acl::load(path)?;
+            info!(file = %path.display(), tokens = acl.len(), "ACL loaded");
+            Some(acl)
+        }
+        None => {
+            warn!("no ACL: every request is served as principal `anonymous` with every role");
+            None
+        }
+    };
+    let lag = match &cfg.data_redis_url {
+        Some(url) => {
+            Some(Arc::new(LagProbe::new(url, LAG_TIMEOUT).map_err(|e| {
+                anyhow::anyhow!("invalid --data-redis-url: {e}")
+            })?))
+        }
+        None => None,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    // Store latency and errors around any store; audited writes' revisions around that.
+    let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
+        InstrumentedStore::new(build_store(&cfg).await?),
+    )));
+    let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+    let security = Arc::new(Security::new(
+        acl,
+        AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
+        Auditor::new(store.clone(), clock.clone()),
+        cfg.body_limit,
+    ));
     let coordinator = Coordinator::new(
         store,
-        Arc::new(SystemClock),
+        clock,
         ServiceConfig {
             rollback_window_ms: cfg.rollback_window_ms,
             ..ServiceConfig::default()
@@ -44,12 +82,27 @@ pub async fn serve(
         coordinator.clone(),
         Duration::from_millis(cfg.sweep_interval_ms),
     ));
-    let app = api::router(AppState { coordinator }, cfg.body_limit);
+    let upkeep = tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            metrics::prometheus().run_upkeep();
+        }
+    });
+    let app = api::router(
+        AppState {
+            coordinator,
+            security,
+            lag,
+        },
+        cfg.body_limit,
+    );
     info!(store = ?cfg.store, "listening on {addr}");
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
     sweeper.abort();
+    upkeep.abort();
     info!("stopped");
     result.map_err(Into::into)
 }

@@ -135,6 +135,11 @@ impl Coordinator {
         &self.store
     }
 
+    /// The coordinator's clock, now (Unix ms).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     fn now(&self) -> u64 {
         self.clock.now_ms()
     }
@@ -197,12 +202,16 @@ impl Coordinator {
                 let stream = self.load_stream(&doc.stream).await?.doc;
                 let now = self.now();
                 let mut dirty = doc.sync_layout(&stream);
+                if dirty {
+                    crate::metrics::record_rebalance(group);
+                }
                 let mut events = doc.expire(&stream, now);
                 dirty |= !events.is_empty();
                 let result = doc.heartbeat(&stream, req, now);
                 let outcome = match result {
                     Ok(out) => out,
                     Err(e) => {
+                        dirty |= track_convergence(&mut doc, now);
                         if dirty {
                             self.store.put_group(&doc, revision).await?;
                             self.forget_removed(group, &events).await;
@@ -213,6 +222,7 @@ impl Coordinator {
                 };
                 dirty |= outcome.changed;
                 events.extend(outcome.events);
+                dirty |= track_convergence(&mut doc, now);
                 if dirty {
                     self.store.put_group(&doc, revision).await?;
                 }
@@ -313,9 +323,12 @@ impl Coordinator {
             let stream = self.load_stream(&doc.stream).await?.doc;
             let now = self.now();
             let before = doc.clone();
-            doc.sync_layout(&stream);
+            if doc.sync_layout(&stream) {
+                crate::metrics::record_rebalance(group);
+            }
             let mut events = doc.expire(&stream, now);
             events.extend(f(&mut doc, &stream, now)?);
+            track_convergence(&mut doc, now);
             if doc != before {
                 self.store.put_group(&doc, revision).await?;
             }
@@ -609,7 +622,19 @@ impl Coordinator {
     }
 }
 
+/// Updates the document's convergence clock; observes the convergence time when the group
+/// just became stable. Returns whether the document changed.
+fn track_convergence(doc: &mut GroupDoc, now: u64) -> bool {
+    let before = doc.reconciling_since_ms;
+    if let Some(ms) = doc.track_convergence(now) {
+        crate::metrics::record_convergence(&doc.group, ms);
+        debug!(group = %doc.group, ms, "group converged");
+    }
+    doc.reconciling_since_ms != before
+}
+
 fn log_events(group: &str, events: &[GroupEvent]) {
+    crate::metrics::record_group_events(group, events);
     for e in events {
         match e {
             GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),

@@ -5,6 +5,7 @@ use std::fmt;
 
 /// Every error code the coordinator answers with, and its HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     /// Malformed JSON, bad name, out-of-range number, unknown field (400).
@@ -153,6 +154,7 @@ impl fmt::Display for ErrorCode {
 
 /// The body of every error answer: `{"error": {"code": "…", "message": "…"}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// The error itself.
     pub error: ErrorDetail,
@@ -160,6 +162,7 @@ pub struct ErrorBody {
 
 /// The `error` object of an [`ErrorBody`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// Machine-readable code.
     pub code: ErrorCode,

@@ -1,5 +1,8 @@
 //! Validation of group, stream and member ids (SPEC §1).
 
+/// The pattern every id matches (the OpenAPI document's `pattern`).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$";
+
 /// The longest id allowed, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Where a Redis consumer group starts on a shard it creates (`XGROUP CREATE` id).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum StartPosition {
     /// From the first entry (`0`): the existing backlog is consumed. The default.
@@ -28,6 +29,7 @@ impl StartPosition {
 
 /// A member's reconciliation state (KIP-848).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum MemberState {
     /// At the assignment epoch with nothing to revoke and nothing to wait for.
@@ -41,6 +43,7 @@ pub enum MemberState {
 
 /// The state of a group as a whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum GroupState {
     /// No members.
@@ -53,6 +56,7 @@ pub enum GroupState {
 
 /// The lifecycle state of a shard of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ShardState {
     /// Part of the routing layout: producers write to it.
@@ -63,6 +67,7 @@ pub enum ShardState {
 
 /// Progress of a reshard (SPEC §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ReshardState {
     /// Scale-down shards are still being drained.
@@ -73,6 +78,7 @@ pub enum ReshardState {
 
 /// What the client reports about itself in heartbeats (shown in the group view).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClientInfo {
     /// The pod's IP address.
@@ -91,13 +97,20 @@ pub struct ClientInfo {
 
 /// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     /// Must be [`crate::PROTOCOL_VERSION`].
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1))]
     pub protocol_version: u32,
     /// The member's id (`<pod_ip>-<group>-<index>` for the sample pods).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub member_id: String,
     /// 0 joins, -1 leaves, otherwise the epoch of the last answer received.
+    #[cfg_attr(feature = "openapi", schema(minimum = -1))]
     pub member_epoch: i64,
     /// The shards the member owns right now.
     #[serde(default)]
@@ -106,12 +119,25 @@ pub struct HeartbeatRequest {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drained_shards: Vec<u32>,
     /// Facts about the client, shown to operators.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "client_object"
+    )]
     pub client: Option<ClientInfo>,
+}
+
+/// `client` must be a JSON object (serde alone would also take an array of its fields).
+fn client_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ClientInfo>, D::Error> {
+    use serde::de::Error;
+    let map: Option<serde_json::Map<String, serde_json::Value>> = Option::deserialize(d)?;
+    map.map(|m| serde_json::from_value(serde_json::Value::Object(m)).map_err(D::Error::custom))
+        .transpose()
 }
 
 /// The answer to a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     /// Echo of the member id.
     pub member_id: String,
@@ -135,16 +161,23 @@ pub struct HeartbeatResponse {
 
 /// `POST /v1/groups/{group}/leave` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LeaveRequest {
     /// The leaving member.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub member_id: String,
     /// Its current epoch.
+    #[cfg_attr(feature = "openapi", schema(minimum = -1))]
     pub member_epoch: i64,
 }
 
 /// The answer to a leave: `{member_id, member_epoch: -1}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaveResponse {
     /// The member that left.
     pub member_id: String,
@@ -154,14 +187,24 @@ pub struct LeaveResponse {
 
 /// `POST /v1/groups` body.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateGroupRequest {
     /// The group id.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub group: String,
     /// The stream it reads.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
     pub stream: String,
     /// Required when the stream is new (1..=4096); must match when it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
     pub shard_count: Option<u32>,
     /// Where the Redis consumer groups start (default `earliest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,6 +228,7 @@ pub struct CreateGroupRequest {
 
 /// `PATCH /v1/groups/{group}` body: the settings to change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PatchGroupRequest {
     /// New session timeout.
@@ -203,14 +247,17 @@ pub struct PatchGroupRequest {
 
 /// `POST /v1/streams/{stream}/reshard` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReshardRequest {
     /// The new shard count (1..=4096).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
     pub shard_count: u32,
 }
 
 /// A reshard's progress, as shown in routing, group and stream views.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReshardingView {
     /// Shard count before.
     pub from: u32,
@@ -232,6 +279,7 @@ pub struct ReshardingView {
 
 /// One draining shard's progress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DrainingShardView {
     /// Shard index.
     pub shard: u32,
@@ -243,6 +291,7 @@ pub struct DrainingShardView {
 
 /// `GET /v1/streams/{stream}/routing`: what a producer needs to route (SPEC §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoutingResponse {
     /// The stream.
     pub stream: String,
@@ -260,6 +309,7 @@ pub struct RoutingResponse {
 
 /// One member in a group view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemberView {
     /// Member id.
     pub member_id: String,
@@ -283,6 +333,7 @@ pub struct MemberView {
 
 /// One shard in a group view.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ShardView {
     /// Shard index.
     pub shard: u32,
@@ -304,6 +355,7 @@ pub struct ShardView {
 
 /// `GET /v1/groups/{group}`: the whole state of a group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupView {
     /// Group id.
     pub group: String,
@@ -339,6 +391,7 @@ pub struct GroupView {
 
 /// `GET /v1/groups` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupList {
     /// Every group, by id.
     pub groups: Vec<GroupView>,
@@ -346,6 +399,7 @@ pub struct GroupList {
 
 /// `GET /v1/streams/{stream}`: a stream's layout and reshard state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StreamView {
     /// Stream name.
     pub stream: String,
@@ -369,9 +423,94 @@ pub struct StreamView {
 
 /// `GET /v1/streams` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StreamList {
     /// Every stream, by name.
     pub streams: Vec<StreamView>,
+}
+
+/// One audit log entry: an admin mutation, allowed or refused (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditEntry {
+    /// When the coordinator answered (Unix ms).
+    pub time_ms: u64,
+    /// Who asked: the ACL entry's `principal`, or `anonymous` (no ACL, or no valid token).
+    pub principal: String,
+    /// What was asked, e.g. `group.create`, `stream.reshard`.
+    pub action: String,
+    /// What it was asked on.
+    pub target: AuditTarget,
+    /// The request as received (never its credentials).
+    pub request: AuditRequest,
+    /// How it was answered.
+    pub result: AuditResult,
+    /// Store documents the request changed, with their revision before and after.
+    #[serde(default)]
+    pub revisions: Vec<RevisionChange>,
+}
+
+/// The group, stream and member an audited request names (each when it names one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditTarget {
+    /// Group id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Stream name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    /// Member id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+}
+
+/// An audited request: method, path, query and JSON body (headers, and so tokens, are never
+/// recorded).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Request path.
+    pub path: String,
+    /// Query string, without the `?`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// The JSON body; a body that is not JSON is kept as a (truncated) string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<serde_json::Value>,
+}
+
+/// How an audited request was answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditResult {
+    /// HTTP status.
+    pub status: u16,
+    /// The error code when refused or failed; absent on success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<crate::ErrorCode>,
+}
+
+/// One store document written by an audited request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RevisionChange {
+    /// `group:<id>` or `stream:<name>`.
+    pub document: String,
+    /// Revision before the write (0: the document did not exist).
+    pub before: u64,
+    /// Revision after the write (0: the document was deleted).
+    pub after: u64,
+}
+
+/// `GET /v1/audit` answer: newest entry first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditList {
+    /// The entries.
+    pub entries: Vec<AuditEntry>,
 }
 
 #[cfg(test)]
@@ -385,6 +524,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn client_must_be_an_object() {
+        let base = r#"{"protocol_version":1,"member_id":"m","member_epoch":0,"client":"#;
+        let ok: HeartbeatRequest =
+            serde_json::from_str(&format!("{base}{{\"host\":\"h\"}}}}")).unwrap();
+        assert_eq!(ok.client.unwrap().host.as_deref(), Some("h"));
+        let null: HeartbeatRequest = serde_json::from_str(&format!("{base}null}}")).unwrap();
+        assert_eq!(null.client, None);
+        assert!(serde_json::from_str::<HeartbeatRequest>(&format!("{base}[null,null]}}")).is_err());
+        assert!(
+            serde_json::from_str::<HeartbeatRequest>(&format!("{base}{{\"bogus\":1}}}}")).is_err()
+        );
     }
 
     #[test]

@@ -83,7 +83,8 @@ impl CoordinatorProcess {
                 let lines = log.lock().unwrap_or_else(|p| p.into_inner());
                 lines.iter().find_map(|l| {
                     let rest = &l[l.find("listening on ")? + "listening on ".len()..];
-                    rest.split_whitespace()
+                    // Text logs end the address with a space, JSON logs with a quote.
+                    rest.split(|c: char| c.is_whitespace() || c == '"')
                         .next()?
                         .parse::<SocketAddr>()
                         .ok()

@@ -1,26 +1,34 @@
-//! Admin routes (role `admin`): groups, members, reshard, rollback.
+//! Admin routes (role `admin`; audited and rate-limited by the access middleware): groups,
+//! members, reshard, rollback.
 
 use super::AppState;
 use super::error::{ApiError, Json, Path, Query};
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{delete, patch, post};
 use rsc_protocol::{CreateGroupRequest, GroupView, PatchGroupRequest, ReshardRequest, StreamView};
 use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(super) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/groups", post(create_group))
-        .route(
-            "/v1/groups/{group}",
-            patch(patch_group).delete(delete_group),
-        )
-        .route("/v1/groups/{group}/members/{member}", delete(remove_member))
-        .route("/v1/streams/{stream}/reshard", post(reshard))
-        .route("/v1/streams/{stream}/rollback", post(rollback))
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_group))
+        .routes(routes!(patch_group, delete_group))
+        .routes(routes!(remove_member))
+        .routes(routes!(reshard))
+        .routes(routes!(rollback))
 }
 
+/// Create a group, and its stream when the stream is new.
+#[utoipa::path(
+    post, path = "/v1/groups", tag = "admin",
+    request_body = CreateGroupRequest,
+    responses(
+        (status = 201, description = "The group was created", body = GroupView),
+        (status = 409, description = "GROUP_ALREADY_EXISTS or SHARD_COUNT_MISMATCH", body = rsc_protocol::ErrorBody),
+    )
+)]
 async fn create_group(
     State(s): State<AppState>,
     Json(req): Json<CreateGroupRequest>,
@@ -31,6 +39,15 @@ async fn create_group(
     ))
 }
 
+/// Change a group's timeouts or member limit (bumps the group epoch).
+#[utoipa::path(
+    patch, path = "/v1/groups/{group}", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    request_body = PatchGroupRequest,
+    responses(
+        (status = 200, description = "The group after the change", body = GroupView),
+    )
+)]
 async fn patch_group(
     State(s): State<AppState>,
     Path(group): Path<String>,
@@ -39,13 +56,24 @@ async fn patch_group(
     Ok(Json(s.coordinator.patch_group(&group, &req).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct DeleteParams {
+    /// Delete even while the group has live members (they are removed).
     #[serde(default)]
     force: bool,
 }
 
+/// Delete a group.
+#[utoipa::path(
+    delete, path = "/v1/groups/{group}", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"), DeleteParams),
+    responses(
+        (status = 204, description = "The group was deleted"),
+        (status = 409, description = "GROUP_NOT_EMPTY: live members and no `force=true`", body = rsc_protocol::ErrorBody),
+    )
+)]
 async fn delete_group(
     State(s): State<AppState>,
     Path(group): Path<String>,
@@ -55,6 +83,17 @@ async fn delete_group(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Fence and remove a member; its shards are reassigned at once.
+#[utoipa::path(
+    delete, path = "/v1/groups/{group}/members/{member}", tag = "admin",
+    params(
+        ("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"),
+        ("member" = String, Path, description = "Member id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "10.0.0.7-billing-0"),
+    ),
+    responses(
+        (status = 204, description = "The member was removed"),
+    )
+)]
 async fn remove_member(
     State(s): State<AppState>,
     Path((group, member)): Path<(String, String)>,
@@ -63,6 +102,16 @@ async fn remove_member(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Start resharding a stream to a new shard count (SPEC §6).
+#[utoipa::path(
+    post, path = "/v1/streams/{stream}/reshard", tag = "admin",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    request_body = ReshardRequest,
+    responses(
+        (status = 202, description = "The reshard started", body = StreamView),
+        (status = 409, description = "RESHARD_IN_PROGRESS", body = rsc_protocol::ErrorBody),
+    )
+)]
 async fn reshard(
     State(s): State<AppState>,
     Path(stream): Path<String>,
@@ -72,6 +121,15 @@ async fn reshard(
     Ok((StatusCode::ACCEPTED, Json(view)))
 }
 
+/// Roll back the latest reshard of a stream (SPEC §6).
+#[utoipa::path(
+    post, path = "/v1/streams/{stream}/rollback", tag = "admin",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    responses(
+        (status = 202, description = "The rollback started", body = StreamView),
+        (status = 409, description = "RESHARD_IN_PROGRESS, ROLLBACK_WINDOW_EXPIRED or NOTHING_TO_ROLLBACK", body = rsc_protocol::ErrorBody),
+    )
+)]
 async fn rollback(
     State(s): State<AppState>,
     Path(stream): Path<String>,

@@ -67,7 +67,11 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(code = %self.code, message = %self.message, "request failed");
         }
-        (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response()
+        let mut response =
+            (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
+        // For the audit log and metrics, which see only the response.
+        response.extensions_mut().insert(self.code);
+        response
     }
 }
 
@@ -80,8 +84,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::Json(v) = axum::Json::<T>::from_request(req, state).await?;
-        Ok(Json(v))
+        // Every request body is a JSON object; serde alone would also accept an array for a
+        // struct (its fields in order), so the shape is checked before the fields.
+        let axum::Json(v) = axum::Json::<serde_json::Value>::from_request(req, state).await?;
+        if !v.is_object() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                "the request body must be a JSON object",
+            ));
+        }
+        serde_json::from_value(v).map(Json).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("invalid request body: {e}"),
+            )
+        })
     }
 }
 

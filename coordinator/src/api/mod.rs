@@ -2,20 +2,31 @@
 //!
 //! Handlers are a few lines each: extract, call the [`Coordinator`], answer. Every failure
 //! becomes the SPEC's error body in exactly one place ([`ApiError`]'s `IntoResponse`).
+//! Routes are registered with their OpenAPI description (`utoipa_axum::routes!`), so the
+//! router and [`openapi()`] come from the same list; access is decided per route by
+//! [`crate::auth::enforce`] from [`crate::auth::policy::ROUTES`].
 
 mod admin;
 mod error;
 mod members;
 mod monitoring;
+mod openapi;
 mod producers;
 
 pub use error::{ApiError, Json, Path, Query};
+pub use monitoring::HealthStatus;
+pub use openapi::BEARER;
 
+use crate::auth::{self, Security};
+use crate::metrics::{self, LagProbe};
 use crate::service::Coordinator;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
 use rsc_protocol::ErrorCode;
+use std::sync::Arc;
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
 
 /// The default request body limit (SPEC §4: 64 KiB).
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
@@ -25,17 +36,36 @@ pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 pub struct AppState {
     /// The coordinator service.
     pub coordinator: Coordinator,
+    /// ACL, rate limit and audit.
+    pub security: Arc<Security>,
+    /// Lag and pending per shard from the data Redis, when configured.
+    pub lag: Option<Arc<LagProbe>>,
 }
 
-/// The whole `/v1` API plus health routes, with the SPEC's fallbacks for unknown routes and
-/// methods and the body size limit.
-pub fn router(state: AppState, body_limit: usize) -> Router {
-    Router::new()
+/// Every route with its OpenAPI description.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
         .merge(admin::routes())
         .merge(members::routes())
         .merge(producers::routes())
         .merge(monitoring::routes())
+        .merge(openapi::routes())
         .merge(crate::dashboard::routes())
+}
+
+/// The OpenAPI 3.1 document of every route (served at `/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut doc = routes().into_openapi();
+    openapi::document_access(&mut doc);
+    doc
+}
+
+/// The whole `/v1` API plus health, metrics and the OpenAPI document, behind the access
+/// middleware, with the SPEC's fallbacks for unknown routes and methods and the body size
+/// limit.
+pub fn router(state: AppState, body_limit: usize) -> Router {
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -44,6 +74,11 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(from_fn_with_state(state.security.clone(), auth::enforce))
+        .layer(from_fn(metrics::track_http))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
+
+#[cfg(test)]
+mod tests;

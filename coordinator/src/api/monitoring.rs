@@ -1,42 +1,116 @@
-//! Monitoring routes (role `viewer`) and unauthenticated health checks.
+//! Monitoring routes (role `viewer`; a member may read its own group), the audit log,
+//! Prometheus metrics, and unauthenticated health checks.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path};
-use axum::Router;
+use super::error::{ApiError, Json, Path, Query};
+use crate::auth::Principal;
+use crate::metrics::{self, LagProbe};
+use crate::store::{AUDIT_RETAINED, AuditFilter};
 use axum::extract::State;
-use axum::routing::get;
-use rsc_protocol::{ErrorCode, GroupList, GroupView, StreamList, StreamView};
-use serde_json::{Value, json};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use rsc_protocol::names::validate_name;
+use rsc_protocol::{
+    AuditEntry, AuditList, ErrorCode, GroupList, GroupView, StreamList, StreamView,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(super) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/groups", get(list_groups))
-        .route("/v1/groups/{group}", get(describe_group))
-        .route("/v1/streams", get(list_streams))
-        .route("/v1/streams/{stream}", get(describe_stream))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+/// Default and largest `limit` of `GET /v1/audit`.
+const AUDIT_DEFAULT_LIMIT: usize = 100;
+const AUDIT_MAX_LIMIT: usize = 1000;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_groups))
+        .routes(routes!(describe_group))
+        .routes(routes!(list_streams))
+        .routes(routes!(describe_stream))
+        .routes(routes!(audit))
+        .routes(routes!(prometheus_metrics))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
-async fn list_groups(State(s): State<AppState>) -> Result<Json<GroupList>, ApiError> {
-    Ok(Json(GroupList {
-        groups: s.coordinator.list_groups().await?,
-    }))
+/// Fills `lag` and `pending` of the view's shards from the data Redis, when configured.
+async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView) -> GroupView {
+    if let Some(probe) = lag {
+        let keys: Vec<(u32, String)> = view
+            .shards
+            .iter()
+            .map(|s| (s.shard, s.key.clone()))
+            .collect();
+        let stats = probe.group_stats(&view.group, &keys).await;
+        for s in &mut view.shards {
+            if let Some(st) = stats.get(&s.shard) {
+                s.lag = st.lag;
+                s.pending = st.pending;
+            }
+        }
+    }
+    view
 }
 
+/// Every group the token's group scope covers.
+#[utoipa::path(
+    get, path = "/v1/groups", tag = "monitoring",
+    responses((status = 200, description = "Groups by id", body = GroupList))
+)]
+async fn list_groups(
+    State(s): State<AppState>,
+    principal: Principal,
+) -> Result<Json<GroupList>, ApiError> {
+    let mut groups = Vec::new();
+    for g in s.coordinator.list_groups().await? {
+        if principal.may_group(&g.group) {
+            groups.push(with_lag(s.lag.as_deref(), g).await);
+        }
+    }
+    Ok(Json(GroupList { groups }))
+}
+
+/// A group: config, epochs, members, shard ownership (with lag and pending entries when the
+/// data Redis is reachable) and the stream's reshard.
+#[utoipa::path(
+    get, path = "/v1/groups/{group}", tag = "monitoring",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    responses((status = 200, description = "The group", body = GroupView))
+)]
 async fn describe_group(
     State(s): State<AppState>,
     Path(group): Path<String>,
 ) -> Result<Json<GroupView>, ApiError> {
-    Ok(Json(s.coordinator.describe_group(&group).await?))
+    let view = s.coordinator.describe_group(&group).await?;
+    Ok(Json(with_lag(s.lag.as_deref(), view).await))
 }
 
-async fn list_streams(State(s): State<AppState>) -> Result<Json<StreamList>, ApiError> {
-    Ok(Json(StreamList {
-        streams: s.coordinator.list_streams().await?,
-    }))
+/// Every stream the token's stream scope covers.
+#[utoipa::path(
+    get, path = "/v1/streams", tag = "monitoring",
+    responses((status = 200, description = "Streams by name", body = StreamList))
+)]
+async fn list_streams(
+    State(s): State<AppState>,
+    principal: Principal,
+) -> Result<Json<StreamList>, ApiError> {
+    let streams = s
+        .coordinator
+        .list_streams()
+        .await?
+        .into_iter()
+        .filter(|v| principal.may_stream(&v.stream))
+        .collect();
+    Ok(Json(StreamList { streams }))
 }
 
+/// A stream: layout, routing epoch, groups and reshard state.
+#[utoipa::path(
+    get, path = "/v1/streams/{stream}", tag = "monitoring",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    responses((status = 200, description = "The stream", body = StreamView))
+)]
 async fn describe_stream(
     State(s): State<AppState>,
     Path(stream): Path<String>,
@@ -44,15 +118,125 @@ async fn describe_stream(
     Ok(Json(s.coordinator.describe_stream(&stream).await?))
 }
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct AuditQuery {
+    /// How many entries, newest first (1..=1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+    /// Only entries about this group.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
+    group: Option<String>,
+    /// Only entries about this stream.
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
+    stream: Option<String>,
 }
 
-async fn readyz(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+fn in_scope(p: &Principal, e: &AuditEntry) -> bool {
+    e.target.group.as_deref().is_none_or(|g| p.may_group(g))
+        && e.target.stream.as_deref().is_none_or(|s| p.may_stream(s))
+}
+
+/// The audit log of admin mutations, allowed and refused, newest first. Entries about
+/// groups or streams outside the token's scopes are left out.
+#[utoipa::path(
+    get, path = "/v1/audit", tag = "monitoring",
+    params(AuditQuery),
+    responses((status = 200, description = "Audit entries, newest first", body = AuditList))
+)]
+async fn audit(
+    State(s): State<AppState>,
+    principal: Principal,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<AuditList>, ApiError> {
+    let limit = q.limit.unwrap_or(AUDIT_DEFAULT_LIMIT);
+    if !(1..=AUDIT_MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("limit is {limit}; it must be within 1..={AUDIT_MAX_LIMIT}"),
+        ));
+    }
+    for (kind, name) in [("group", &q.group), ("stream", &q.stream)] {
+        if let Some(n) = name {
+            validate_name(kind, n).map_err(|m| ApiError::new(ErrorCode::InvalidRequest, m))?;
+        }
+    }
+    let filter = AuditFilter {
+        group: q.group,
+        stream: q.stream,
+    };
+    // A scoped viewer sees only entries in scope: read further back, then filter.
+    let read = if principal.unrestricted() {
+        limit
+    } else {
+        (limit * 10).min(AUDIT_RETAINED)
+    };
+    let entries = s
+        .coordinator
+        .store()
+        .read_audit(read, &filter)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::StoreUnavailable, e.to_string()))?
+        .into_iter()
+        .filter(|e| in_scope(&principal, e))
+        .take(limit)
+        .collect();
+    Ok(Json(AuditList { entries }))
+}
+
+/// Prometheus metrics (text exposition format 0.0.4).
+#[utoipa::path(
+    get, path = "/metrics", tag = "monitoring",
+    responses((status = 200, description = "Metrics in Prometheus text format", body = String, content_type = "text/plain"))
+)]
+async fn prometheus_metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let handle = metrics::prometheus();
+    handle.run_upkeep();
+    let mut body = handle.render();
+    let now = s.coordinator.now_ms();
+    body.push_str(
+        &metrics::state::render(s.coordinator.store().as_ref(), now, s.lag.as_deref()).await,
+    );
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+}
+
+/// A health answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthStatus {
+    /// `ok` (process up) or `ready` (store reachable).
+    pub status: String,
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(
+    get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "The process is up", body = HealthStatus))
+)]
+async fn healthz() -> Json<HealthStatus> {
+    Json(HealthStatus {
+        status: "ok".into(),
+    })
+}
+
+/// Readiness: the metadata store answers.
+#[utoipa::path(
+    get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "The store is reachable", body = HealthStatus),
+        (status = 503, description = "STORE_UNAVAILABLE", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn readyz(State(s): State<AppState>) -> Result<Json<HealthStatus>, ApiError> {
     s.coordinator
         .store()
         .ping()
         .await
         .map_err(|e| ApiError::new(ErrorCode::StoreUnavailable, e.to_string()))?;
-    Ok(Json(json!({"status": "ready"})))
+    Ok(Json(HealthStatus {
+        status: "ready".into(),
+    }))
 }

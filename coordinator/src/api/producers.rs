@@ -2,15 +2,23 @@
 
 use super::AppState;
 use super::error::{ApiError, Json, Path};
-use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
 use rsc_protocol::RoutingResponse;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(super) fn routes() -> Router<AppState> {
-    Router::new().route("/v1/streams/{stream}/routing", get(routing))
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(routing))
 }
 
+/// The routing layout producers use: shard count, routing epoch, hash, shard keys.
+#[utoipa::path(
+    get, path = "/v1/streams/{stream}/routing", tag = "producers",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    responses(
+        (status = 200, description = "The stream's routing", body = RoutingResponse),
+    )
+)]
 async fn routing(
     State(s): State<AppState>,
     Path(stream): Path<String>,

@@ -9,11 +9,11 @@
 //! page asks for a viewer token, keeps it in `sessionStorage` and sends it as a bearer token
 //! on its API calls (a coordinator running open needs none).
 
-use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
 use std::sync::LazyLock;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 const HTML: &str = include_str!("index.html");
 const CSS: &str = include_str!("dashboard.css");
@@ -34,11 +34,16 @@ pub fn page() -> &'static str {
     &PAGE
 }
 
-/// `GET /` (and `HEAD /`).
-pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new().route("/", get(serve_page))
+/// `GET /` (and `HEAD /`), documented in the OpenAPI document.
+pub fn routes<S: Clone + Send + Sync + 'static>() -> OpenApiRouter<S> {
+    OpenApiRouter::new().routes(routes!(serve_page))
 }
 
+/// The dashboard page (HTML, open: its data calls need a viewer token).
+#[utoipa::path(
+    get, path = "/", tag = "dashboard",
+    responses((status = 200, description = "The dashboard page", content_type = "text/html", body = String))
+)]
 async fn serve_page() -> impl IntoResponse {
     (
         [

@@ -55,6 +55,26 @@ impl GroupDoc {
             layout_version: stream.layout_version,
             members: Default::default(),
             created_ms: now_ms,
+            reconciling_since_ms: None,
+        }
+    }
+
+    /// Keeps [`GroupDoc::reconciling_since_ms`] up to date after an operation at `now_ms`:
+    /// starts the clock when a group with members stops being stable, and stops it when it
+    /// is stable again (or empty). Returns how long the group took to converge (ms) when it
+    /// just became stable, for the convergence-time histogram.
+    pub fn track_convergence(&mut self, now_ms: u64) -> Option<u64> {
+        let settled = self.members.is_empty() || self.is_stable();
+        match (settled, self.reconciling_since_ms) {
+            (false, None) => {
+                self.reconciling_since_ms = Some(now_ms);
+                None
+            }
+            (true, Some(since)) => {
+                self.reconciling_since_ms = None;
+                (!self.members.is_empty()).then(|| now_ms.saturating_sub(since))
+            }
+            _ => None,
         }
     }
 
@@ -402,5 +422,64 @@ impl GroupDoc {
             routing_epoch: stream.routing_epoch,
             start: self.config.start,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hb(member: &str, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
+        HeartbeatRequest {
+            protocol_version: PROTOCOL_VERSION,
+            member_id: member.into(),
+            member_epoch: epoch,
+            owned_shards: owned.to_vec(),
+            drained_shards: vec![],
+            client: None,
+        }
+    }
+
+    #[test]
+    fn convergence_is_timed_from_unsettled_to_stable() {
+        let stream = StreamDoc::new("s", 2, 0).unwrap();
+        let mut g = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        assert_eq!(g.track_convergence(0), None, "an empty group is settled");
+        let a = g.heartbeat(&stream, &hb("a", 0, &[]), 100).unwrap();
+        assert_eq!(g.track_convergence(100), None);
+        assert_eq!(
+            g.reconciling_since_ms, None,
+            "a lone member is stable at once"
+        );
+        // b joins at 200: a must give up a shard first, so the group is reconciling.
+        let b = g.heartbeat(&stream, &hb("b", 0, &[]), 200).unwrap();
+        assert_eq!(g.track_convergence(200), None);
+        assert_eq!(g.reconciling_since_ms, Some(200));
+        // Both heartbeat every 100 ms, reporting what they were last assigned.
+        let mut members = [
+            ("a", a.response.member_epoch, a.response.assignment),
+            ("b", b.response.member_epoch, b.response.assignment),
+        ];
+        let mut converged = None;
+        for step in 1..=10u64 {
+            let now = 200 + 100 * step;
+            for (id, epoch, owned) in members.iter_mut() {
+                let out = g.heartbeat(&stream, &hb(id, *epoch, owned), now).unwrap();
+                *epoch = out.response.member_epoch;
+                *owned = out.response.assignment;
+                if let Some(ms) = g.track_convergence(now) {
+                    converged = Some((ms, now));
+                }
+            }
+            if converged.is_some() {
+                break;
+            }
+            assert_eq!(g.reconciling_since_ms, Some(200));
+        }
+        let (ms, at) = converged.expect("the group converges within 10 rounds");
+        assert_eq!(ms, at - 200);
+        assert!(g.is_stable());
+        assert_eq!(g.reconciling_since_ms, None);
+        assert_eq!(g.track_convergence(at + 100), None, "observed once");
     }
 }

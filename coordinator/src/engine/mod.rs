@@ -161,6 +161,10 @@ pub struct GroupDoc {
     pub members: BTreeMap<String, MemberDoc>,
     /// When the group was created.
     pub created_ms: u64,
+    /// Since when the group has members that are not yet stable at the assignment epoch
+    /// (see [`GroupDoc::track_convergence`]); absent while the group is settled or empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciling_since_ms: Option<u64>,
 }
 
 /// Why an engine operation was refused. Each maps to one SPEC error code.

@@ -1,9 +1,12 @@
 //! The in-process store: the development default, for one coordinator.
 
-use super::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use super::{
+    AUDIT_RETAINED, AuditFilter, LockGuard, LockResource, MetadataStore, StoreError, Versioned,
+};
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
-use std::collections::{BTreeMap, HashMap};
+use rsc_protocol::AuditEntry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,20 +18,38 @@ struct Inner {
     groups: BTreeMap<String, Versioned<GroupDoc>>,
     streams: BTreeMap<String, Versioned<StreamDoc>>,
     live: HashMap<String, HashMap<String, u64>>,
+    /// The audit log, oldest first, at most `audit_capacity` entries.
+    audit: VecDeque<AuditEntry>,
 }
 
 /// Documents kept in process memory, with the same revision and lock semantics as the
 /// Redis store. State is lost when the process exits.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     locks: Mutex<HashMap<LockResource, Arc<tokio::sync::Mutex<()>>>>,
+    audit_capacity: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_audit_capacity(AUDIT_RETAINED)
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store keeping the newest [`AUDIT_RETAINED`] audit entries.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose audit ring keeps the newest `capacity` entries (at least 1).
+    pub fn with_audit_capacity(capacity: usize) -> Self {
+        MemoryStore {
+            inner: Mutex::default(),
+            locks: Mutex::default(),
+            audit_capacity: capacity.max(1),
+        }
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -143,5 +164,88 @@ impl MetadataStore for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let mut inner = self.inner();
+        while inner.audit.len() >= self.audit_capacity {
+            inner.audit.pop_front();
+        }
+        inner.audit.push_back(entry.clone());
+        Ok(())
+    }
+
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(self
+            .inner()
+            .audit
+            .iter()
+            .rev()
+            .filter(|e| filter.matches(e))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rsc_protocol::{AuditRequest, AuditResult, AuditTarget};
+
+    fn entry(i: u64, group: &str) -> AuditEntry {
+        AuditEntry {
+            time_ms: i,
+            principal: "ops".into(),
+            action: "group.update".into(),
+            target: AuditTarget {
+                group: Some(group.into()),
+                ..AuditTarget::default()
+            },
+            request: AuditRequest {
+                method: "PATCH".into(),
+                path: format!("/v1/groups/{group}"),
+                query: None,
+                body: None,
+            },
+            result: AuditResult {
+                status: 200,
+                code: None,
+            },
+            revisions: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn audit_ring_keeps_the_newest_and_filters() {
+        let store = MemoryStore::with_audit_capacity(3);
+        for i in 0..5 {
+            let g = if i % 2 == 0 { "even" } else { "odd" };
+            store.append_audit(&entry(i, g)).await.unwrap();
+        }
+        let all = store.read_audit(10, &AuditFilter::default()).await.unwrap();
+        let times: Vec<u64> = all.iter().map(|e| e.time_ms).collect();
+        assert_eq!(times, vec![4, 3, 2], "newest first, oldest two dropped");
+        let even = AuditFilter {
+            group: Some("even".into()),
+            stream: None,
+        };
+        let times: Vec<u64> = store
+            .read_audit(1, &even)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.time_ms)
+            .collect();
+        assert_eq!(times, vec![4]);
+        let none = AuditFilter {
+            group: None,
+            stream: Some("s".into()),
+        };
+        assert!(store.read_audit(10, &none).await.unwrap().is_empty());
     }
 }

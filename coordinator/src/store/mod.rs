@@ -12,7 +12,31 @@ pub use memory::MemoryStore;
 
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
+use rsc_protocol::AuditEntry;
 use std::collections::HashMap;
+
+/// How many audit entries a store keeps at least; older ones may be dropped (the Redis store
+/// trims `rsc:audit` with `XADD … MAXLEN ~ AUDIT_RETAINED`).
+pub const AUDIT_RETAINED: usize = 10_000;
+
+/// Which entries [`MetadataStore::read_audit`] returns: every set field must match exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    /// Only entries whose target group is this one.
+    pub group: Option<String>,
+    /// Only entries whose target stream is this one.
+    pub stream: Option<String>,
+}
+
+impl AuditFilter {
+    /// Whether `entry` passes the filter.
+    pub fn matches(&self, entry: &AuditEntry) -> bool {
+        let eq = |want: &Option<String>, have: &Option<String>| {
+            want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
+        };
+        eq(&self.group, &entry.target.group) && eq(&self.stream, &entry.target.stream)
+    }
+}
 
 /// A document with the revision it was read at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,4 +122,15 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError>;
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// Appends one entry to the audit log (SPEC §7; Redis: `XADD rsc:audit MAXLEN ~`
+    /// [`AUDIT_RETAINED`] with the entry as JSON). Keeps at least the newest
+    /// [`AUDIT_RETAINED`] entries.
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+    /// The newest audit entries that match `filter`, newest first, at most `limit`
+    /// (Redis: `XREVRANGE rsc:audit + -`, decoding and filtering until `limit` match).
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError>;
 }

@@ -1,0 +1,257 @@
+//! The router, the access policy table and the OpenAPI document agree.
+
+use super::*;
+use crate::audit::{Auditor, RevisionRecordingStore};
+use crate::auth::policy::ROUTES;
+use crate::auth::{AdminRateLimiter, Security};
+use crate::clock::SystemClock;
+use crate::service::ServiceConfig;
+use crate::store::{MemoryStore, MetadataStore};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use std::num::NonZeroU32;
+use tower::ServiceExt;
+
+fn app() -> Router {
+    app_with_store().0
+}
+
+fn app_with_store() -> (Router, Arc<dyn MetadataStore>) {
+    let store: Arc<dyn MetadataStore> =
+        Arc::new(RevisionRecordingStore::new(Arc::new(MemoryStore::new())));
+    let clock = Arc::new(SystemClock);
+    let n = NonZeroU32::new(1000).unwrap();
+    let security = Arc::new(Security::new(
+        None,
+        AdminRateLimiter::new(n, n),
+        Auditor::new(store.clone(), clock.clone()),
+        DEFAULT_BODY_LIMIT,
+    ));
+    let coordinator = Coordinator::new(store.clone(), clock, ServiceConfig::default());
+    let app = router(
+        AppState {
+            coordinator,
+            security,
+            lag: None,
+        },
+        DEFAULT_BODY_LIMIT,
+    );
+    (app, store)
+}
+
+/// A concrete path for a template: `{x}` → `x1`.
+fn concrete(template: &str) -> String {
+    template
+        .split('/')
+        .map(|seg| {
+            if seg.starts_with('{') && seg.ends_with('}') {
+                format!("{}1", &seg[1..seg.len() - 1])
+            } else {
+                seg.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn doc_operations() -> Vec<(String, String)> {
+    let doc = serde_json::to_value(openapi()).unwrap();
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["get", "put", "post", "patch", "delete", "head", "options"] {
+            if item.get(method).is_some() {
+                ops.push((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    ops.sort();
+    ops
+}
+
+#[test]
+fn every_route_of_the_policy_table_is_documented_and_vice_versa() {
+    let mut table: Vec<(String, String)> = ROUTES
+        .iter()
+        .map(|r| (r.method.to_owned(), r.path.to_owned()))
+        .collect();
+    table.sort();
+    let doc = doc_operations();
+    let missing: Vec<_> = table.iter().filter(|r| !doc.contains(r)).collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document: {missing:?}"
+    );
+    let unknown: Vec<_> = doc.iter().filter(|r| !table.contains(r)).collect();
+    assert!(
+        unknown.is_empty(),
+        "documented operations without an access policy: {unknown:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_router_serves_every_route_of_the_table() {
+    let app = app();
+    for r in ROUTES {
+        let req = Request::builder()
+            .method(r.method)
+            .uri(concrete(r.path))
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let code = json["error"]["code"].as_str().unwrap_or("");
+        assert!(
+            code != "NOT_FOUND" && code != "METHOD_NOT_ALLOWED",
+            "{} {} is not served: {json}",
+            r.method,
+            r.path
+        );
+    }
+    // And a route that does not exist is not served.
+    let req = Request::builder()
+        .uri("/v1/nope")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let req = Request::builder()
+        .method("PUT")
+        .uri("/v1/groups")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        app.oneshot(req).await.unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+#[test]
+fn the_document_is_openapi_3_1_with_error_bodies_and_bearer_security() {
+    let doc = serde_json::to_value(openapi()).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(
+        doc["components"]["securitySchemes"][BEARER]["scheme"],
+        "bearer"
+    );
+    let create = &doc["paths"]["/v1/groups"]["post"];
+    for status in ["201", "400", "401", "403", "409", "413", "429", "503"] {
+        assert!(
+            create["responses"].get(status).is_some(),
+            "POST /v1/groups lacks {status}"
+        );
+    }
+    assert_eq!(
+        create["responses"]["403"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/ErrorBody"
+    );
+    assert!(
+        create["responses"]["429"]["headers"]
+            .get("Retry-After")
+            .is_some()
+    );
+    assert_eq!(create["security"][0][BEARER], serde_json::json!([]));
+    assert!(doc["paths"]["/healthz"]["get"].get("security").is_none());
+    for schema in [
+        "ErrorBody",
+        "ErrorCode",
+        "GroupView",
+        "HeartbeatRequest",
+        "AuditList",
+    ] {
+        assert!(
+            doc["components"]["schemas"].get(schema).is_some(),
+            "schema {schema} missing"
+        );
+    }
+}
+
+#[test]
+fn name_patterns_in_the_document_are_the_protocol_s() {
+    fn walk(v: &serde_json::Value, found: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    if k == "pattern" {
+                        found.push(v.as_str().unwrap_or_default().to_owned());
+                    } else {
+                        walk(v, found);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(&serde_json::to_value(openapi()).unwrap(), &mut found);
+    // group, stream, member path parameters (9 uses), audit filters (2), body names (4).
+    assert!(found.len() >= 15, "{found:?}");
+    assert!(
+        found.iter().all(|p| p == rsc_protocol::names::NAME_PATTERN),
+        "{found:?}"
+    );
+}
+
+#[tokio::test]
+async fn request_bodies_must_be_json_objects() {
+    let app = app();
+    let create = Request::builder()
+        .method("POST")
+        .uri("/v1/groups")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"group":"g","stream":"s","shard_count":1}"#))
+        .unwrap();
+    assert_eq!(
+        app.clone().oneshot(create).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    for (method, uri, body) in [
+        ("PATCH", "/v1/groups/g", "[null, null]"),
+        ("POST", "/v1/groups", r#"["g", "s", 1]"#),
+        ("POST", "/v1/groups/g/heartbeat", r#"[1, "m", 0, []]"#),
+        ("POST", "/v1/groups/g/heartbeat", "7"),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::BAD_REQUEST,
+            "{method} {uri} {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_admin_body_is_refused_and_audited() {
+    let (app, store) = app_with_store();
+    let big = format!(
+        r#"{{"group":"g","stream":"s","pad":"{}"}}"#,
+        "x".repeat(DEFAULT_BODY_LIMIT)
+    );
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/groups")
+        .header("content-type", "application/json")
+        .body(Body::from(big))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let log = store
+        .read_audit(10, &crate::store::AuditFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].principal, crate::auth::ANONYMOUS);
+    assert_eq!(log[0].result.status, 413);
+    assert_eq!(log[0].result.code, Some(ErrorCode::PayloadTooLarge));
+    assert_eq!(log[0].request.body, None, "an oversized body is not kept");
+}

@@ -1,0 +1,102 @@
+//! Authentication and authorization (SPEC §4, §8): the ACL file, bearer tokens, roles and
+//! glob scopes, the per-route access policy, and the admin rate limit.
+//!
+//! [`enforce`] is the axum middleware in front of every route. It looks the route up in
+//! [`policy::ROUTES`], authenticates the bearer token against the [`Acl`] (or, without an
+//! ACL, treats every request as the all-powerful `anonymous` principal), checks role and
+//! scope, and hands the handler a [`Principal`] in the request extensions. Admin mutations
+//! additionally pass the per-principal rate limit and are audited, whatever the outcome.
+
+mod acl;
+mod glob;
+mod middleware;
+pub mod policy;
+mod rate_limit;
+
+pub use acl::{ANONYMOUS, Acl, AclError, Principal, Role, token_sha256_hex};
+pub use glob::Glob;
+pub use middleware::enforce;
+pub use rate_limit::{AdminRateLimiter, retry_after_secs};
+
+use crate::api::ApiError;
+use crate::audit::Auditor;
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use rsc_protocol::ErrorCode;
+
+/// Everything the access middleware needs.
+#[derive(Debug)]
+pub struct Security {
+    acl: Option<Acl>,
+    limiter: AdminRateLimiter,
+    auditor: Auditor,
+    body_limit: usize,
+}
+
+impl Security {
+    /// `acl: None` serves every request as `anonymous` with every role and scope.
+    pub fn new(
+        acl: Option<Acl>,
+        limiter: AdminRateLimiter,
+        auditor: Auditor,
+        body_limit: usize,
+    ) -> Self {
+        Security {
+            acl,
+            limiter,
+            auditor,
+            body_limit,
+        }
+    }
+
+    /// Whether an ACL is loaded.
+    pub fn has_acl(&self) -> bool {
+        self.acl.is_some()
+    }
+
+    /// The principal of a request: from its bearer token with an ACL, `anonymous` (every
+    /// role) without one. `401 UNAUTHENTICATED` for a missing, malformed or unknown token.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let Some(acl) = &self.acl else {
+            return Ok(Principal::open());
+        };
+        let token = bearer_token(headers).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthenticated,
+                "missing bearer token: send `Authorization: Bearer <token>`",
+            )
+        })?;
+        acl.authenticate(token)
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown token"))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive).
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn bearer_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer_token(&h), None);
+        for (v, want) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer  abc ", Some("abc")),
+            ("Basic abc", None),
+            ("Bearer", None),
+            ("Bearer ", None),
+        ] {
+            h.insert(AUTHORIZATION, HeaderValue::from_static(v));
+            assert_eq!(bearer_token(&h), want, "{v}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Prometheus metrics (SPEC §7), served at `GET /metrics`.
+//!
+//! Two sources make up a scrape:
+//! - **events** (counters and histograms) recorded through the `metrics` facade into the
+//!   process-wide Prometheus recorder ([`prometheus`]): HTTP requests, heartbeats by result,
+//!   member changes, expiries and fencing, rebalances, convergence time, store latency and
+//!   errors, audit and rate-limit counts;
+//! - **state** (gauges) computed from the store at scrape time ([`state`]): members, shards
+//!   by state, epochs, pending revocations and their age, reshard state, and lag/pending per
+//!   shard from the data Redis. Computing them from the documents keeps them right whichever
+//!   coordinator replica changed a group, and drops the series of a deleted group at once.
+//!
+//! Names follow Prometheus conventions: prefix `rsc_`, base units in the name (`_seconds`),
+//! `_total` on counters; labels are bounded (`group`, `stream`, `shard`, route templates,
+//! error codes — never member ids or raw paths).
+
+mod http;
+mod lag;
+pub mod state;
+mod store;
+
+pub use http::track_http;
+pub use lag::{LagProbe, ShardStats};
+pub use store::InstrumentedStore;
+
+use crate::engine::GroupEvent;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use rsc_protocol::ErrorCode;
+use std::sync::OnceLock;
+
+/// Latency buckets (seconds) of HTTP and store operations.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Convergence-time buckets (seconds): from one heartbeat interval to the rebalance timeout.
+const CONVERGENCE_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process-wide Prometheus recorder, installed on first use. If another recorder was
+/// installed first, events are not recorded and only state gauges are rendered.
+pub fn prometheus() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("rsc_group_convergence_seconds".into()),
+                CONVERGENCE_BUCKETS,
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            })
+            .expect("bucket lists are not empty");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!(
+                "a metrics recorder was installed before ours; event metrics are not exported"
+            );
+        }
+        handle
+    })
+}
+
+/// Counts a group's events: member changes, expiries, operator fencing, rebalances,
+/// revocation requests.
+pub fn record_group_events(group: &str, events: &[GroupEvent]) {
+    let g = group.to_owned();
+    for e in events {
+        match e {
+            GroupEvent::Joined(_) => change(&g, "joined"),
+            GroupEvent::Rejoined(_) => change(&g, "rejoined"),
+            GroupEvent::Left(_) => change(&g, "left"),
+            GroupEvent::Removed(_) => {
+                change(&g, "removed");
+                metrics::counter!("rsc_members_fenced_total", "group" => g.clone(), "reason" => "operator")
+                    .increment(1);
+            }
+            GroupEvent::SessionExpired(_) => {
+                metrics::counter!("rsc_members_expired_total", "group" => g.clone(), "reason" => "session_timeout")
+                    .increment(1);
+            }
+            GroupEvent::RebalanceTimedOut(_) => {
+                metrics::counter!("rsc_members_expired_total", "group" => g.clone(), "reason" => "rebalance_timeout")
+                    .increment(1);
+            }
+            GroupEvent::Rebalanced(_) => record_rebalance(group),
+            GroupEvent::RevocationRequested(_, shards) => {
+                metrics::counter!("rsc_shard_revocations_total", "group" => g.clone())
+                    .increment(shards.len() as u64);
+            }
+        }
+    }
+}
+
+fn change(group: &str, change: &'static str) {
+    metrics::counter!("rsc_member_changes_total", "group" => group.to_owned(), "change" => change)
+        .increment(1);
+}
+
+/// Counts one recomputation of a group's target assignment.
+pub fn record_rebalance(group: &str) {
+    metrics::counter!("rsc_rebalances_total", "group" => group.to_owned()).increment(1);
+}
+
+/// Observes how long a group took from unsettled to stable.
+pub fn record_convergence(group: &str, ms: u64) {
+    metrics::histogram!("rsc_group_convergence_seconds", "group" => group.to_owned())
+        .record(ms as f64 / 1000.0);
+}
+
+/// Counts a heartbeat or leave answer: `result` is `ok` or the error code. The group label
+/// is kept only for groups that exist, so that made-up names cannot grow the label set.
+pub fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
+    let known = !matches!(
+        result,
+        Err(ErrorCode::GroupNotFound | ErrorCode::InvalidRequest | ErrorCode::StreamNotFound)
+    );
+    let g = if known {
+        group.to_owned()
+    } else {
+        String::new()
+    };
+    let r = match result {
+        Ok(()) => "ok",
+        Err(c) => c.as_str(),
+    };
+    metrics::counter!("rsc_heartbeats_total", "group" => g, "result" => r).increment(1);
+    if result == Err(ErrorCode::FencedMemberEpoch) {
+        record_stale_epoch(group);
+    }
+}
+
+/// Counts a heartbeat or leave refused with `FENCED_MEMBER_EPOCH`.
+pub fn record_stale_epoch(group: &str) {
+    metrics::counter!("rsc_members_fenced_total", "group" => group.to_owned(), "reason" => "stale_epoch")
+        .increment(1);
+}
