@@ -6,13 +6,14 @@
 //! - `quickstart`: the smallest real listener program; start from this one.
 #![deny(missing_docs)]
 
-/// Sets up logging to stderr: `RSC_LOG` (default `info`), `--log-format`-free text lines.
+/// Sets up logging to stderr: `RSC_LOG` (default `info`), as text.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RSC_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
