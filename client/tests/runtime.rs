@@ -25,14 +25,21 @@ impl Stack {
     fn start() -> Self {
         Stack {
             redis: RedisServer::start().expect("redis-server"),
-            coordinator: CoordinatorProcess::start(&["--store", "memory", "--sweep-interval-ms", "20"])
-                .expect("coordinator (cargo build --workspace --bins)"),
+            coordinator: CoordinatorProcess::start(&[
+                "--store",
+                "memory",
+                "--sweep-interval-ms",
+                "20",
+            ])
+            .expect("coordinator (cargo build --workspace --bins)"),
             http: reqwest::Client::new(),
         }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.coordinator.url()));
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.coordinator.url()));
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -47,8 +54,10 @@ impl Stack {
             .call(
                 reqwest::Method::POST,
                 "/v1/groups",
-                Some(json!({"group": "g", "stream": stream, "shard_count": shards,
-                    "session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms})),
+                Some(
+                    json!({"group": "g", "stream": stream, "shard_count": shards,
+                    "session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms}),
+                ),
             )
             .await;
         assert_eq!(s, 201, "{b}");
@@ -64,7 +73,10 @@ impl Stack {
     }
 
     fn redis_con(&self) -> redis::Connection {
-        redis::Client::open(self.redis.url()).unwrap().get_connection().unwrap()
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 }
 
@@ -81,13 +93,21 @@ async fn eventually<T>(what: &str, within: Duration, mut cond: impl FnMut() -> O
         if let Some(v) = cond() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Runs `app` in the background; returns its handle and the join handle of `run_until`.
-fn spawn_app(app: ConsumerApp) -> (rsc_client::AppHandle, tokio::task::JoinHandle<Result<(), rsc_client::ClientError>>) {
+fn spawn_app(
+    app: ConsumerApp,
+) -> (
+    rsc_client::AppHandle,
+    tokio::task::JoinHandle<Result<(), rsc_client::ClientError>>,
+) {
     let handle = app.handle();
     let join = tokio::spawn(app.run_until(std::future::pending()));
     (handle, join)
@@ -107,13 +127,17 @@ impl Proxy {
         let (cut, rx) = watch::channel(false);
         tokio::spawn(async move {
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 let mut rx = rx.clone();
                 if *rx.borrow() {
                     continue; // dropped: the client sees the connection close
                 }
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(upstream).await else { return };
+                    let Ok(mut outbound) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = rx.wait_for(|c| *c) => {}
@@ -135,7 +159,9 @@ fn recording_listener(stream: &str, seen: &Seen) -> Listener {
         let seen = seen.clone();
         async move {
             let text = String::from_utf8_lossy(&msg.payload().0).into_owned();
-            seen.lock().unwrap().push((text, msg.attempt(), msg.delivery_count(), Instant::now()));
+            seen.lock()
+                .unwrap()
+                .push((text, msg.attempt(), msg.delivery_count(), Instant::now()));
             Ok::<(), HandlerError>(())
         }
     })
@@ -157,28 +183,57 @@ async fn self_fences_when_the_coordinator_is_unreachable_and_rejoins_after() {
         .unwrap();
     let (handle, join) = spawn_app(app);
     let producer = stack.producer();
-    producer.publish_record("s", Record::raw("m0").key("a")).await.unwrap();
-    eventually("m0 handled", Duration::from_secs(10), || seen_ops(&seen).contains(&"m0".into()).then_some(())).await;
+    producer
+        .publish_record("s", Record::raw("m0").key("a"))
+        .await
+        .unwrap();
+    eventually("m0 handled", Duration::from_secs(10), || {
+        seen_ops(&seen).contains(&"m0".into()).then_some(())
+    })
+    .await;
 
     // A short outage (well within the 1.2 s lease): owned shards keep being worked.
     proxy.set_cut(true);
     let cut_at = Instant::now();
-    producer.publish_record("s", Record::raw("m1").key("a")).await.unwrap();
-    eventually("m1 handled during the outage", Duration::from_secs(2), || seen_ops(&seen).contains(&"m1".into()).then_some(())).await;
-    assert!(cut_at.elapsed() < Duration::from_millis(1100), "m1 handled only after {:?}", cut_at.elapsed());
+    producer
+        .publish_record("s", Record::raw("m1").key("a"))
+        .await
+        .unwrap();
+    eventually(
+        "m1 handled during the outage",
+        Duration::from_secs(2),
+        || seen_ops(&seen).contains(&"m1".into()).then_some(()),
+    )
+    .await;
+    assert!(
+        cut_at.elapsed() < Duration::from_millis(1100),
+        "m1 handled only after {:?}",
+        cut_at.elapsed()
+    );
     proxy.set_cut(false);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // A long outage: past the lease the member stops handling (self-fence) ...
     proxy.set_cut(true);
     tokio::time::sleep(Duration::from_millis(1600)).await;
-    producer.publish_record("s", Record::raw("m2").key("a")).await.unwrap();
+    producer
+        .publish_record("s", Record::raw("m2").key("a"))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(!seen_ops(&seen).contains(&"m2".into()), "a fenced member handled m2");
+    assert!(
+        !seen_ops(&seen).contains(&"m2".into()),
+        "a fenced member handled m2"
+    );
     // ... and once the coordinator is back (it expired the member meanwhile) it rejoins with
     // epoch 0 and resumes.
     proxy.set_cut(false);
-    eventually("m2 handled after the rejoin", Duration::from_secs(10), || seen_ops(&seen).contains(&"m2".into()).then_some(())).await;
+    eventually(
+        "m2 handled after the rejoin",
+        Duration::from_secs(10),
+        || seen_ops(&seen).contains(&"m2".into()).then_some(()),
+    )
+    .await;
     handle.shutdown();
     join.await.unwrap().unwrap();
 }
@@ -205,18 +260,38 @@ async fn fails_over_to_the_next_coordinator_and_rejoins_after_removal() {
     assert_eq!(app.member_ids(), ["t-g-0"]);
     let (handle, join) = spawn_app(app);
     let producer = stack.producer();
-    producer.publish_record("s", Record::raw("m0")).await.unwrap();
-    eventually("m0 handled", Duration::from_secs(10), || seen_ops(&seen).contains(&"m0".into()).then_some(())).await;
+    producer
+        .publish_record("s", Record::raw("m0"))
+        .await
+        .unwrap();
+    eventually("m0 handled", Duration::from_secs(10), || {
+        seen_ops(&seen).contains(&"m0".into()).then_some(())
+    })
+    .await;
     assert_eq!(*assigned.lock().unwrap(), [0, 1]);
 
     // An operator removes the member: its next heartbeat is refused, it stops its shards and
     // rejoins owning nothing, then gets them again.
-    let (s, _) = stack.call(reqwest::Method::DELETE, "/v1/groups/g/members/t-g-0", None).await;
+    let (s, _) = stack
+        .call(reqwest::Method::DELETE, "/v1/groups/g/members/t-g-0", None)
+        .await;
     assert_eq!(s, 204);
-    eventually("shards released", Duration::from_secs(5), || (revoked.lock().unwrap().len() == 2).then_some(())).await;
-    eventually("shards given again", Duration::from_secs(5), || (assigned.lock().unwrap().len() == 4).then_some(())).await;
-    producer.publish_record("s", Record::raw("m1")).await.unwrap();
-    eventually("m1 handled", Duration::from_secs(10), || seen_ops(&seen).contains(&"m1".into()).then_some(())).await;
+    eventually("shards released", Duration::from_secs(5), || {
+        (revoked.lock().unwrap().len() == 2).then_some(())
+    })
+    .await;
+    eventually("shards given again", Duration::from_secs(5), || {
+        (assigned.lock().unwrap().len() == 4).then_some(())
+    })
+    .await;
+    producer
+        .publish_record("s", Record::raw("m1"))
+        .await
+        .unwrap();
+    eventually("m1 handled", Duration::from_secs(10), || {
+        seen_ops(&seen).contains(&"m1".into()).then_some(())
+    })
+    .await;
     handle.shutdown();
     join.await.unwrap().unwrap();
     let (_, g) = stack.call(reqwest::Method::GET, "/v1/groups/g", None).await;
@@ -237,8 +312,14 @@ async fn recreates_the_consumer_group_after_a_redis_restart() {
         .unwrap();
     let (handle, join) = spawn_app(app);
     let producer = stack.producer();
-    producer.publish_record("s", Record::raw("before")).await.unwrap();
-    eventually("handled", Duration::from_secs(10), || seen_ops(&seen).contains(&"before".into()).then_some(())).await;
+    producer
+        .publish_record("s", Record::raw("before"))
+        .await
+        .unwrap();
+    eventually("handled", Duration::from_secs(10), || {
+        seen_ops(&seen).contains(&"before".into()).then_some(())
+    })
+    .await;
 
     // Without persistence the stream and its consumer group are gone: NOGROUP.
     stack.redis.restart().unwrap();
@@ -247,7 +328,10 @@ async fn recreates_the_consumer_group_after_a_redis_restart() {
     })
     .await;
     assert_eq!(published.shard, 0);
-    eventually("handled after the restart", Duration::from_secs(15), || seen_ops(&seen).contains(&"after".into()).then_some(())).await;
+    eventually("handled after the restart", Duration::from_secs(15), || {
+        seen_ops(&seen).contains(&"after".into()).then_some(())
+    })
+    .await;
     handle.shutdown();
     join.await.unwrap().unwrap();
 }
@@ -265,10 +349,27 @@ async fn handler_controls_acks_dead_letters_retries_and_pauses() {
     let mut con = stack.redis_con();
     let producer = stack.producer();
     // An entry a previous owner read and never acknowledged: taken over with XAUTOCLAIM.
-    producer.publish_record("s", Record::json(&json!({"op": "ack", "n": 0})).unwrap()).await.unwrap();
-    let _: () = redis::cmd("XGROUP").arg("CREATE").arg("s:0").arg("g").arg("0").query(&mut con).unwrap();
-    let _: Value = redis::cmd("XREADGROUP").arg("GROUP").arg("g").arg("ghost").arg("STREAMS").arg("s:0").arg(">")
-        .query::<redis::Value>(&mut con).map(|_| Value::Null).unwrap();
+    producer
+        .publish_record("s", Record::json(&json!({"op": "ack", "n": 0})).unwrap())
+        .await
+        .unwrap();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("s:0")
+        .arg("g")
+        .arg("0")
+        .query(&mut con)
+        .unwrap();
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("ghost")
+        .arg("STREAMS")
+        .arg("s:0")
+        .arg(">")
+        .query::<redis::Value>(&mut con)
+        .map(|_| Value::Null)
+        .unwrap();
 
     let seen: Seen = Arc::default();
     let s2 = seen.clone();
@@ -276,13 +377,21 @@ async fn handler_controls_acks_dead_letters_retries_and_pauses() {
         let seen = s2.clone();
         async move {
             let op = msg.payload()["op"].as_str().unwrap_or_default().to_owned();
-            seen.lock().unwrap().push((op.clone(), msg.attempt(), msg.delivery_count(), Instant::now()));
+            seen.lock().unwrap().push((
+                op.clone(),
+                msg.attempt(),
+                msg.delivery_count(),
+                Instant::now(),
+            ));
             match op.as_str() {
                 "ack" => msg.ack().await?,
                 "noack" => {}
                 "dead" => return Err(HandlerError::dead_letter("poison")),
                 "later" if msg.attempt() == 1 => {
-                    return Err(HandlerError::retry_after(Duration::from_millis(300), "busy"));
+                    return Err(HandlerError::retry_after(
+                        Duration::from_millis(300),
+                        "busy",
+                    ));
                 }
                 "later" => msg.ack().await?,
                 "panic" => panic!("boom"),
@@ -304,39 +413,80 @@ async fn handler_controls_acks_dead_letters_retries_and_pauses() {
         .unwrap();
     let (handle, join) = spawn_app(app);
     for op in ["noack", "dead", "later", "panic"] {
-        producer.publish_record("s", Record::json(&json!({"op": op})).unwrap()).await.unwrap();
+        producer
+            .publish_record("s", Record::json(&json!({"op": op})).unwrap())
+            .await
+            .unwrap();
     }
-    producer.publish_record("s", Record::raw("not json")).await.unwrap();
-    eventually("every op handled", Duration::from_secs(10), || (seen.lock().unwrap().len() >= 7).then_some(())).await;
+    producer
+        .publish_record("s", Record::raw("not json"))
+        .await
+        .unwrap();
+    eventually("every op handled", Duration::from_secs(10), || {
+        (seen.lock().unwrap().len() >= 7).then_some(())
+    })
+    .await;
     let log = seen.lock().unwrap().clone();
     let ops: Vec<(&str, u32)> = log.iter().map(|(o, a, _, _)| (o.as_str(), *a)).collect();
-    assert_eq!(ops, [("ack", 1), ("noack", 1), ("dead", 1), ("later", 1), ("later", 2), ("panic", 1), ("panic", 2)]);
+    assert_eq!(
+        ops,
+        [
+            ("ack", 1),
+            ("noack", 1),
+            ("dead", 1),
+            ("later", 1),
+            ("later", 2),
+            ("panic", 1),
+            ("panic", 2)
+        ]
+    );
     assert_eq!(log[0].2, 2, "the taken-over entry was delivered twice");
-    assert!(log[4].3 - log[3].3 >= Duration::from_millis(300), "retry-after was honoured");
+    assert!(
+        log[4].3 - log[3].3 >= Duration::from_millis(300),
+        "retry-after was honoured"
+    );
 
     let dlq = eventually("three dead letters", Duration::from_secs(5), || {
-        let r: redis::streams::StreamRangeReply = redis::cmd("XRANGE").arg("s:dlq").arg("-").arg("+").query(&mut con).unwrap();
+        let r: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg("s:dlq")
+            .arg("-")
+            .arg("+")
+            .query(&mut con)
+            .unwrap();
         (r.ids.len() == 3).then_some(r.ids)
     })
     .await;
     let field = |i: usize, f: &str| dlq[i].get::<String>(f).unwrap_or_default();
-    assert_eq!((field(0, "error"), field(0, "attempts")), ("poison".into(), "1".into()));
+    assert_eq!(
+        (field(0, "error"), field(0, "attempts")),
+        ("poison".into(), "1".into())
+    );
     assert!(field(1, "error").contains("handler panicked: boom"));
     assert_eq!(field(1, "attempts"), "2");
     assert!(field(2, "error").contains("does not decode"));
     assert_eq!(field(2, "origin"), "s:0");
     // Manual mode: only the entry the handler never acknowledged is still pending.
-    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING").arg("s:0").arg("g").query(&mut con).unwrap();
+    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+        .arg("s:0")
+        .arg("g")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(pending.count(), 1);
 
     // Paused: nothing new is handled; resumed: it is.
     assert!(handle.pause("g"));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    producer.publish_record("s", Record::json(&json!({"op": "ack", "n": 1})).unwrap()).await.unwrap();
+    producer
+        .publish_record("s", Record::json(&json!({"op": "ack", "n": 1})).unwrap())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(seen.lock().unwrap().len(), 7, "handled while paused");
     assert!(handle.resume("g"));
-    eventually("handled after resume", Duration::from_secs(5), || (seen.lock().unwrap().len() == 8).then_some(())).await;
+    eventually("handled after resume", Duration::from_secs(5), || {
+        (seen.lock().unwrap().len() == 8).then_some(())
+    })
+    .await;
     handle.shutdown();
     join.await.unwrap().unwrap();
 }
@@ -357,7 +507,13 @@ async fn producer_and_members_follow_a_reshard_and_report_drained_shards() {
     let producer = stack.producer();
     assert_eq!(producer.routing("s").await.unwrap().shard_count, 2);
 
-    let (s, b) = stack.call(reqwest::Method::POST, "/v1/streams/s/reshard", Some(json!({"shard_count": 4}))).await;
+    let (s, b) = stack
+        .call(
+            reqwest::Method::POST,
+            "/v1/streams/s/reshard",
+            Some(json!({"shard_count": 4})),
+        )
+        .await;
     assert_eq!(s, 202, "{b}");
     // The cached routing is refreshed in the background (every 100 ms here).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -366,25 +522,55 @@ async fn producer_and_members_follow_a_reshard_and_report_drained_shards() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut by_shard: HashMap<u32, usize> = HashMap::new();
-    let records: Vec<Record> = (0..64).map(|i| Record::raw(format!("r{i}")).key(format!("key-{i}"))).collect();
-    for (i, p) in producer.publish_batch("s", records).await.unwrap().into_iter().enumerate() {
-        assert_eq!(p.shard, rsc_protocol::routing::shard_for_key(format!("key-{i}").as_bytes(), 4));
+    let records: Vec<Record> = (0..64)
+        .map(|i| Record::raw(format!("r{i}")).key(format!("key-{i}")))
+        .collect();
+    for (i, p) in producer
+        .publish_batch("s", records)
+        .await
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(
+            p.shard,
+            rsc_protocol::routing::shard_for_key(format!("key-{i}").as_bytes(), 4)
+        );
         *by_shard.entry(p.shard).or_default() += 1;
     }
     assert_eq!(by_shard.len(), 4, "all four shards used: {by_shard:?}");
-    eventually("all 64 handled, on the new shards too", Duration::from_secs(10), || (seen.lock().unwrap().len() == 64).then_some(())).await;
+    eventually(
+        "all 64 handled, on the new shards too",
+        Duration::from_secs(10),
+        || (seen.lock().unwrap().len() == 64).then_some(()),
+    )
+    .await;
 
     // Scale back down: shards 2 and 3 drain; the member finds them empty and reports them,
     // and the reshard completes.
-    let (s, b) = stack.call(reqwest::Method::POST, "/v1/streams/s/reshard", Some(json!({"shard_count": 2}))).await;
+    let (s, b) = stack
+        .call(
+            reqwest::Method::POST,
+            "/v1/streams/s/reshard",
+            Some(json!({"shard_count": 2})),
+        )
+        .await;
     assert_eq!(s, 202, "{b}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, v) = stack.call(reqwest::Method::GET, "/v1/streams/s", None).await;
-        if v["resharding"].is_null() && v["last_reshard"]["state"] == "complete" && v["shard_count"] == 2 {
+        let (_, v) = stack
+            .call(reqwest::Method::GET, "/v1/streams/s", None)
+            .await;
+        if v["resharding"].is_null()
+            && v["last_reshard"]["state"] == "complete"
+            && v["shard_count"] == 2
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "scale-down never completed: {v:#}");
+        assert!(
+            Instant::now() < deadline,
+            "scale-down never completed: {v:#}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     handle.shutdown();

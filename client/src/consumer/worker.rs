@@ -51,6 +51,8 @@ pub(crate) struct ShardWorker {
     flags: Arc<ShardFlags>,
     lag: metrics::Gauge,
     lag_at: Option<Instant>,
+    /// Entries handled (or dead-lettered) and not yet acknowledged.
+    acks: Vec<String>,
 }
 
 enum Outcome {
@@ -87,6 +89,7 @@ impl ShardWorker {
             flags,
             lag,
             lag_at: None,
+            acks: Vec::new(),
         }
     }
 
@@ -386,11 +389,16 @@ impl ShardWorker {
 
     /// Handles entries in order, then acknowledges what is done. `false` when stopped before
     /// the end of the batch.
+    ///
+    /// Acknowledgements are sent in one `XACK` per batch, and early before anything that may
+    /// wait (a pause, a retry delay), so that a handled entry is not left pending for long.
     async fn handle_batch(&mut self, conn: &mut ConnectionManager, entries: Vec<Entry>) -> bool {
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
-        let mut acks: Vec<String> = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
+            if *self.shared.paused.borrow() {
+                self.flush_acks(conn).await;
+            }
             if !self.wait_unpaused().await {
                 complete = false;
                 break;
@@ -399,18 +407,23 @@ impl ShardWorker {
             match self.process(conn, &entry).await {
                 Outcome::Handled => {
                     if auto {
-                        acks.push(entry.id.clone());
+                        self.acks.push(entry.id.clone());
                     }
                 }
-                Outcome::DeadLettered => acks.push(entry.id.clone()),
+                Outcome::DeadLettered => self.acks.push(entry.id.clone()),
                 Outcome::Abandoned => {
                     complete = false;
                     break;
                 }
             }
         }
-        self.ack(conn, &acks).await;
+        self.flush_acks(conn).await;
         complete
+    }
+
+    async fn flush_acks(&mut self, conn: &mut ConnectionManager) {
+        let ids = std::mem::take(&mut self.acks);
+        self.ack(conn, &ids).await;
     }
 
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
@@ -444,9 +457,10 @@ impl ShardWorker {
 
     /// Runs the handler with retries; dead-letters when retries are exhausted or the handler
     /// asks for it.
-    async fn process(&self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
-        let settings = &self.shared.listener.settings;
-        let m = &self.shared.metrics;
+    async fn process(&mut self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
+        let shared = self.shared.clone();
+        let settings = &shared.listener.settings;
+        let m = &shared.metrics;
         let mut attempt = 1u32;
         loop {
             let span = info_span!("message", entry_id = %entry.id, attempt);
@@ -479,6 +493,7 @@ impl ShardWorker {
             };
             debug!(entry_id = %entry.id, attempt, error = %err, ?delay, "handler failed; will retry");
             m.retried.increment(1);
+            self.flush_acks(conn).await;
             if !self.pause_for(delay).await {
                 return Outcome::Abandoned;
             }
