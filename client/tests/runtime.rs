@@ -576,3 +576,103 @@ async fn producer_and_members_follow_a_reshard_and_report_drained_shards() {
     handle.shutdown();
     join.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_finishes_in_flight_messages_before_the_shard_moves() {
+    let stack = Stack::start();
+    stack.create_group("s", 2, 3000, 100).await;
+    // (instance, message, shard, started, finished)
+    type Log = Arc<Mutex<Vec<(String, String, u32, Instant, Instant)>>>;
+    let log: Log = Arc::default();
+    let app_for = |instance: &str| {
+        let (log, me) = (log.clone(), instance.to_owned());
+        let listener = Listener::new("g", "s", move |msg: Message<Raw>| {
+            let (log, me) = (log.clone(), me.clone());
+            async move {
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let text = String::from_utf8_lossy(&msg.payload().0).into_owned();
+                log.lock()
+                    .unwrap()
+                    .push((me, text, msg.shard(), started, Instant::now()));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        ConsumerApp::builder()
+            .coordinator(&stack.coordinator.url())
+            .redis_url(stack.redis.url())
+            .instance_id(instance)
+            .listener(listener)
+            .build()
+            .unwrap()
+    };
+    let (a, a_join) = spawn_app(app_for("a"));
+    let producer = stack.producer();
+    // Four slow messages per shard, keys chosen by shard.
+    let keys: Vec<String> = (0..).map(|i| format!("k{i}")).take(200).collect();
+    for shard in 0..2u32 {
+        let key = keys
+            .iter()
+            .find(|k| rsc_protocol::routing::shard_for_key(k.as_bytes(), 2) == shard)
+            .unwrap();
+        for i in 0..4 {
+            producer
+                .publish_record("s", Record::raw(format!("{shard}-{i}")).key(key.clone()))
+                .await
+                .unwrap();
+        }
+    }
+    eventually("a busy on both shards", Duration::from_secs(10), || {
+        (log.lock().unwrap().len() >= 2).then_some(())
+    })
+    .await;
+    // B joins: one shard is revoked from A while A is in the middle of a message on it.
+    let (b, b_join) = spawn_app(app_for("b"));
+    eventually("all 8 handled", Duration::from_secs(20), || {
+        (log.lock().unwrap().len() >= 8).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = log.lock().unwrap().clone();
+    let mut names: Vec<&str> = log.iter().map(|l| l.1.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["0-0", "0-1", "0-2", "0-3", "1-0", "1-1", "1-2", "1-3"],
+        "each handled once"
+    );
+    let moved: Vec<u32> = log.iter().filter(|l| l.0 == "b").map(|l| l.2).collect();
+    assert!(!moved.is_empty(), "b got a shard");
+    let shard = moved[0];
+    let a_last_end = log
+        .iter()
+        .filter(|l| l.0 == "a" && l.2 == shard)
+        .map(|l| l.4)
+        .max()
+        .unwrap();
+    let b_first_start = log
+        .iter()
+        .filter(|l| l.0 == "b" && l.2 == shard)
+        .map(|l| l.3)
+        .min()
+        .unwrap();
+    assert!(
+        b_first_start >= a_last_end,
+        "b started on shard {shard} before a finished its message"
+    );
+    // Per shard, messages were handled in publishing order across the hand-over.
+    for s in 0..2u32 {
+        let order: Vec<&str> = log
+            .iter()
+            .filter(|l| l.2 == s)
+            .map(|l| l.1.as_str())
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "shard {s}");
+    }
+    a.shutdown();
+    b.shutdown();
+    a_join.await.unwrap().unwrap();
+    b_join.await.unwrap().unwrap();
+}
