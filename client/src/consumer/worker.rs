@@ -236,7 +236,7 @@ impl ShardWorker {
                         })
                         .collect();
                     claimed_total += entries.len();
-                    if !entries.is_empty() && !self.handle_batch(conn, entries).await {
+                    if !entries.is_empty() && !self.handle_batch(conn, entries, true).await {
                         return false;
                     }
                     if reply.next_stream_id == "0-0" {
@@ -306,15 +306,46 @@ impl ShardWorker {
             .arg(&self.origin.shard_key)
             .arg(">");
         loop {
+            if *self.shared.paused.borrow() {
+                self.flush_acks(conn).await;
+            }
             if !self.wait_unpaused().await {
+                self.flush_acks(conn).await;
                 return;
             }
-            let read = cmd.query_async::<Option<StreamReadReply>>(conn);
+            // The previous batch's acknowledgements travel in the same round trip as the next
+            // read (XACK first, then XREADGROUP).
+            let acks = std::mem::take(&mut self.acks);
+            let read = async {
+                if acks.is_empty() {
+                    cmd.query_async::<Option<StreamReadReply>>(conn).await
+                } else {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("XACK")
+                        .arg(&self.origin.shard_key)
+                        .arg(&self.origin.group)
+                        .arg(&acks)
+                        .ignore();
+                    pipe.add_command(cmd.clone());
+                    pipe.query_async::<(Option<StreamReadReply>,)>(conn)
+                        .await
+                        .map(|(r,)| r)
+                }
+            };
             let reply = tokio::select! {
                 r = read => r,
-                // Entries this read may have fetched stay pending for the next owner.
-                _ = self.stop.cancelled() => return,
+                // Entries this read may have fetched stay pending for the next owner; the
+                // acknowledgements are sent again to be sure (XACK is idempotent).
+                _ = self.stop.cancelled() => {
+                    self.acks = acks;
+                    self.flush_acks(conn).await;
+                    return;
+                }
             };
+            if reply.is_err() && !acks.is_empty() {
+                self.acks = acks;
+                self.flush_acks(conn).await;
+            }
             match reply {
                 Ok(reply) => {
                     backoff.reset();
@@ -328,7 +359,7 @@ impl ShardWorker {
                         self.idle(conn).await;
                     } else {
                         self.flags.drained.store(false, Ordering::Relaxed);
-                        if !self.handle_batch(conn, entries).await {
+                        if !self.handle_batch(conn, entries, false).await {
                             return;
                         }
                     }
@@ -387,12 +418,17 @@ impl ShardWorker {
         }
     }
 
-    /// Handles entries in order, then acknowledges what is done. `false` when stopped before
-    /// the end of the batch.
+    /// Handles entries in order. `false` when stopped before the end of the batch.
     ///
-    /// Acknowledgements are sent in one `XACK` per batch, and early before anything that may
-    /// wait (a pause, a retry delay), so that a handled entry is not left pending for long.
-    async fn handle_batch(&mut self, conn: &mut ConnectionManager, entries: Vec<Entry>) -> bool {
+    /// Acknowledgements are sent in one `XACK` per batch: at the end when `flush` is set (or
+    /// when stopped), otherwise with the next read; and early before anything that may wait
+    /// (a pause, a retry delay), so that a handled entry is not left pending for long.
+    async fn handle_batch(
+        &mut self,
+        conn: &mut ConnectionManager,
+        entries: Vec<Entry>,
+        flush: bool,
+    ) -> bool {
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
         let mut complete = true;
         for entry in entries {
@@ -417,7 +453,9 @@ impl ShardWorker {
                 }
             }
         }
-        self.flush_acks(conn).await;
+        if flush || !complete {
+            self.flush_acks(conn).await;
+        }
         complete
     }
 
