@@ -273,30 +273,45 @@ impl RedisStore {
     }
 
     /// Refuses a standalone configuration against a cluster node and the reverse, when the
-    /// server answers; logs and carries on when it does not.
+    /// first server answers; logs and carries on when it does not. Asks over a one-off
+    /// standalone connection, which works on both kinds of server.
     async fn check_mode(&self) -> Result<(), StoreError> {
-        let info: Result<String, StoreError> = self
-            .run("info", |mut c| async move {
-                redis::cmd("INFO").arg("cluster").query_async(&mut c).await
-            })
-            .await;
+        let config = &self.0.config;
+        let url = &config.urls[0];
+        let ask = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(
+                    &redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.response_timeout)),
+                )
+                .await?;
+            redis::cmd("INFO")
+                .arg("cluster")
+                .query_async::<String>(&mut conn)
+                .await
+        };
+        let info = tokio::time::timeout(config.operation_timeout, ask).await;
         match info {
-            Ok(info) => {
+            Ok(Ok(info)) => {
                 let enabled = info.lines().any(|l| l.trim() == "cluster_enabled:1");
-                match (enabled, self.0.config.cluster) {
+                match (enabled, config.cluster) {
                     (true, false) => Err(StoreError::Unavailable(format!(
-                        "{} is a Redis Cluster node: start the coordinator with --redis-cluster",
-                        self.0.config.urls[0]
+                        "{url} is a Redis Cluster node: start the coordinator with --redis-cluster"
                     ))),
                     (false, true) => Err(StoreError::Unavailable(format!(
-                        "{} is not a Redis Cluster node: drop --redis-cluster",
-                        self.0.config.urls.join(",")
+                        "{url} is not a Redis Cluster node: drop --redis-cluster"
                     ))),
                     _ => Ok(()),
                 }
             }
-            Err(e) => {
-                warn!(error = %e, "Redis does not answer yet; the coordinator will connect when it does");
+            Ok(Err(e)) => {
+                warn!(%url, error = %e, "Redis does not answer yet; the coordinator will connect when it does");
+                Ok(())
+            }
+            Err(_) => {
+                warn!(%url, "Redis does not answer yet; the coordinator will connect when it does");
                 Ok(())
             }
         }
