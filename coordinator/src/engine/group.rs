@@ -295,7 +295,8 @@ impl GroupDoc {
             .members
             .get(member_id)
             .ok_or_else(|| EngineError::UnknownMember(member_id.to_owned()))?;
-        if epoch != -1 && epoch != m.member_epoch && epoch != m.previous_epoch {
+        let tolerated = epoch > 0 && epoch == m.previous_epoch;
+        if epoch != -1 && epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: member_id.to_owned(),
                 sent: epoch,

@@ -221,3 +221,6 @@ impl EngineError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+//! KIP-848 scenarios against the pure engine (no I/O; time is a number).
+
+use super::*;
+use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, MemberState as S};
+
+const SESSION: u64 = 45_000;
+const REBALANCE: u64 = 60_000;
+
+struct World {
+    stream: StreamDoc,
+    group: GroupDoc,
+    now: u64,
+}
+
+impl World {
+    fn new(shards: u32) -> Self {
+        let mut stream = StreamDoc::new("orders", shards, 0).unwrap();
+        stream.add_group("billing");
+        let group = GroupDoc::new("billing", GroupConfig::default(), &stream, 0);
+        World {
+            stream,
+            group,
+            now: 1_000,
+        }
+    }
+
+    fn hb(
+        &mut self,
+        member: &str,
+        epoch: i64,
+        owned: &[u32],
+    ) -> Result<HeartbeatResponse, EngineError> {
+        self.hb_full(member, epoch, owned, &[])
+    }
+
+    fn hb_full(
+        &mut self,
+        member: &str,
+        epoch: i64,
+        owned: &[u32],
+        drained: &[u32],
+    ) -> Result<HeartbeatResponse, EngineError> {
+        let before = self.group.clone();
+        let req = HeartbeatRequest {
+            protocol_version: 1,
+            member_id: member.into(),
+            member_epoch: epoch,
+            owned_shards: owned.to_vec(),
+            drained_shards: drained.to_vec(),
+            client: None,
+        };
+        let r = self.group.heartbeat(&self.stream, &req, self.now);
+        if r.is_err() {
+            assert_eq!(
+                self.group, before,
+                "a refused heartbeat must not change the document"
+            );
+        }
+        self.assert_exclusive();
+        r.map(|o| o.response)
+    }
+
+    /// Joins and converges: the member reports what it was given.
+    fn join(&mut self, member: &str) -> HeartbeatResponse {
+        self.hb(member, 0, &[]).unwrap()
+    }
+
+    fn state(&self, member: &str) -> S {
+        self.group.members[member].state
+    }
+
+    fn assert_exclusive(&self) {
+        let mut seen = std::collections::BTreeMap::new();
+        for (id, m) in &self.group.members {
+            for s in m.assigned.iter().chain(&m.pending_revocation) {
+                if let Some(other) = seen.insert(*s, id.clone()) {
+                    panic!("shard {s} held by {other} and {id}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn first_member_gets_everything_and_is_stable() {
+    let mut w = World::new(4);
+    let r = w.join("m1");
+    assert_eq!(r.assignment, vec![0, 1, 2, 3]);
+    assert_eq!(r.member_epoch, 1);
+    assert_eq!((w.group.group_epoch, w.group.assignment_epoch), (1, 1));
+    assert_eq!(w.state("m1"), S::Stable);
+    assert_eq!(
+        (r.shard_count, r.routing_epoch, r.stream.as_str()),
+        (4, 1, "orders")
+    );
+}
+
+#[test]
+fn second_member_waits_for_the_first_to_revoke() {
+    let mut w = World::new(4);
+    w.join("m1");
+    let r2 = w.join("m2");
+    assert_eq!(r2.member_epoch, 2);
+    assert!(r2.assignment.is_empty(), "m1 still holds 2 and 3");
+    assert_eq!(w.state("m2"), S::Unreleased);
+
+    // m1, still at epoch 1, is asked to revoke 2 and 3: no epoch change, no new shards.
+    let r1 = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    assert_eq!((r1.member_epoch, r1.assignment.clone()), (1, vec![0, 1]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    assert_eq!(w.group.members["m1"].pending_revocation, [2, 3].into());
+
+    // m2 keeps waiting while m1 still reports 2 and 3.
+    assert!(w.hb("m2", 2, &[]).unwrap().assignment.is_empty());
+
+    // m1 confirms: it moves to epoch 2 and is stable; then m2 gets 2 and 3.
+    let r1 = w.hb("m1", 1, &[0, 1]).unwrap();
+    assert_eq!((r1.member_epoch, r1.assignment), (2, vec![0, 1]));
+    assert_eq!(w.state("m1"), S::Stable);
+    let r2 = w.hb("m2", 2, &[]).unwrap();
+    assert_eq!(r2.assignment, vec![2, 3]);
+    assert_eq!(w.state("m2"), S::Stable);
+    assert!(w.group.is_stable());
+}
+
+#[test]
+fn partial_revocation_releases_what_is_no_longer_reported() {
+    let mut w = World::new(4);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    // m1 stopped reading 2 but not 3 yet: 2 is released at once.
+    let r = w.hb("m1", 1, &[0, 1, 3]).unwrap();
+    assert_eq!(r.member_epoch, 1);
+    assert_eq!(w.group.members["m1"].pending_revocation, [3].into());
+    assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment, vec![2]);
+    assert_eq!(w.state("m2"), S::Unreleased);
+}
+
+#[test]
+fn future_and_older_epochs_are_fenced() {
+    let mut w = World::new(2);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    w.hb("m1", 1, &[0]).unwrap(); // now at epoch 2, previous 1
+    w.join("m3"); // group epoch 3
+    w.hb("m1", 2, &[0]).unwrap(); // m1 keeps 0 (target of 2 members of 3: 1,1,0)
+    let m1 = w.group.members["m1"].clone();
+    assert_eq!((m1.member_epoch, m1.previous_epoch), (3, 2));
+    for bad in [1, 4, 99] {
+        let e = w.hb("m1", bad, &[0]).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::FencedMemberEpoch, "epoch {bad}");
+    }
+}
+
+#[test]
+fn previous_epoch_is_tolerated_only_with_an_owned_subset() {
+    let mut w = World::new(4);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    // The answer moving m1 to epoch 2 with [0, 1] is lost...
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    // ...so m1 sends epoch 1 again: its owned shards are within [0, 1]: accepted.
+    let r = w.hb("m1", 1, &[0, 1]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (2, vec![0, 1]));
+    let r = w.hb("m1", 1, &[0]).unwrap();
+    assert_eq!(r.member_epoch, 2);
+    // With a shard outside its current assignment: fenced.
+    let e = w.hb("m1", 1, &[0, 1, 2]).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::FencedMemberEpoch);
+}
+
+#[test]
+fn unknown_member_and_bad_requests() {
+    let mut w = World::new(2);
+    assert_eq!(
+        w.hb("ghost", 3, &[]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+    assert_eq!(
+        w.hb("ghost", -1, &[]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+    assert_eq!(
+        w.hb("m1", -2, &[]).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+    assert_eq!(
+        w.hb("bad id", 0, &[]).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+    let req = HeartbeatRequest {
+        protocol_version: 2,
+        member_id: "m1".into(),
+        member_epoch: 0,
+        owned_shards: vec![],
+        drained_shards: vec![],
+        client: None,
+    };
+    assert_eq!(
+        w.group.heartbeat(&w.stream, &req, 0).unwrap_err().code(),
+        ErrorCode::UnsupportedProtocolVersion
+    );
+}
+
+#[test]
+fn leave_frees_shards_at_once() {
+    let mut w = World::new(4);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    // m1 leaves while still holding 2 and 3 pending revocation.
+    let r = w.hb("m1", -1, &[]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment.len()), (-1, 0));
+    assert!(!w.group.members.contains_key("m1"));
+    let r = w.hb("m2", 2, &[]).unwrap();
+    assert_eq!(r.assignment, vec![0, 1, 2, 3]);
+    assert_eq!(r.member_epoch, 3);
+    // POST leave of a known member with a stale epoch is fenced; of an unknown one, unknown.
+    w.join("m3");
+    let stale = w.group.members["m3"].member_epoch - 1;
+    let e = w
+        .group
+        .leave(&w.stream.clone(), "m3", stale - 5)
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::FencedMemberEpoch);
+    let e = w.group.leave(&w.stream.clone(), "nobody", 1).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnknownMemberId);
+}
+
+#[test]
+fn session_expiry_removes_and_frees() {
+    let mut w = World::new(2);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    w.hb("m1", 1, &[0]).unwrap();
+    w.hb("m2", 2, &[]).unwrap();
+    // m2 keeps heartbeating; m1 goes silent.
+    w.now += SESSION;
+    w.hb("m2", 2, &[1]).unwrap();
+    assert!(
+        w.group.expire(&w.stream, w.now).is_empty(),
+        "exactly at the timeout it is kept"
+    );
+    assert_eq!(w.group.next_deadline_ms(), Some(1_000 + SESSION + 1));
+    w.now += 1;
+    let events = w.group.expire(&w.stream, w.now);
+    assert!(events.contains(&GroupEvent::SessionExpired("m1".into())));
+    assert_eq!(
+        w.hb("m1", 2, &[0]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+    let r = w.hb("m2", 2, &[1]).unwrap();
+    assert_eq!(r.assignment, vec![0, 1]);
+}
+
+#[test]
+fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() {
+    let mut w = World::new(6);
+    w.join("slow");
+    w.join("quick");
+    w.hb("slow", 1, &[0, 1, 2, 3, 4, 5]).unwrap(); // asked to revoke 3,4,5
+    w.hb("slow", 1, &[0, 1, 2]).unwrap(); // revokes: epoch 2
+    w.hb("quick", 2, &[]).unwrap();
+    w.join("late"); // both slow and quick must give one shard up
+    w.hb("slow", 2, &[0, 1, 2]).unwrap();
+    w.hb("quick", 2, &[3, 4, 5]).unwrap();
+    assert_eq!(w.state("slow"), S::Unrevoked);
+    assert_eq!(w.state("quick"), S::Unrevoked);
+    let asked_at = w.now;
+    w.now += 1_000;
+    // quick revokes; slow never does, but keeps heartbeating (so no session expiry).
+    w.hb("quick", 2, &[3, 4]).unwrap();
+    while w.now + 10_000 < asked_at + REBALANCE {
+        w.now += 10_000;
+        w.hb("slow", 2, &[0, 1, 2]).unwrap();
+        w.hb("quick", 3, &[3, 4]).unwrap();
+        w.hb("late", 3, &[]).unwrap();
+        assert!(w.group.expire(&w.stream, w.now).is_empty());
+    }
+    w.now = asked_at + REBALANCE;
+    assert!(w.group.expire(&w.stream, w.now).is_empty());
+    w.now += 1;
+    let events = w.group.expire(&w.stream, w.now);
+    assert_eq!(events[0], GroupEvent::RebalanceTimedOut("slow".into()));
+    assert!(w.group.members.contains_key("quick"));
+    assert_eq!(
+        w.hb("slow", 2, &[0, 1, 2]).unwrap_err().code(),
+        ErrorCode::UnknownMemberId
+    );
+}
+
+#[test]
+fn a_new_target_while_revoking_is_ignored_until_the_member_confirms() {
+    let mut w = World::new(6);
+    w.join("m1");
+    w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
+    w.join("m2"); // epoch 2: m1 keeps 0,1,2
+    w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    w.join("m3"); // epoch 3: target of m1 shrinks to 0,1
+    let r = w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
+    assert_eq!(r.member_epoch, 1, "still revoking: no new epoch");
+    assert_eq!(r.assignment, vec![0, 1]);
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    // Confirms: jumps straight to the newest assignment epoch.
+    let r = w.hb("m1", 1, &[0, 1]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![0, 1]));
+    let r2 = w.hb("m2", 2, &[]).unwrap();
+    let r3 = w.hb("m3", 3, &[]).unwrap();
+    assert_eq!(r2.assignment.len() + r3.assignment.len(), 4);
+    assert!(w.group.is_stable());
+}
+
+#[test]
+fn a_shard_returning_to_its_revoker_is_kept() {
+    let mut w = World::new(4);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap(); // asked to revoke 2, 3
+    w.hb("m2", 2, &[]).unwrap();
+    // m2 leaves before m1 let go: the target gives everything back to m1.
+    w.hb("m2", -1, &[]).unwrap();
+    let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    assert_eq!(r.assignment, vec![0, 1, 2, 3]);
+    assert_eq!(r.member_epoch, w.group.assignment_epoch as i64);
+    assert_eq!(w.state("m1"), S::Stable);
+}
+
+#[test]
+fn rejoin_with_epoch_zero_releases_the_old_incarnation() {
+    let mut w = World::new(2);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    // m1 restarts and rejoins while the coordinator thinks it holds 0 and 1 pending 1.
+    let r = w.hb("m1", 0, &[0, 1]).unwrap();
+    assert_eq!(r.member_epoch, 3);
+    assert_eq!(r.assignment, vec![0], "its target shard is free again");
+    assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment, vec![1]);
+    // Its old epoch is fenced.
+    assert_eq!(
+        w.hb("m1", 1, &[0]).unwrap_err().code(),
+        ErrorCode::FencedMemberEpoch
+    );
+}
+
+#[test]
+fn reporting_a_shard_never_given_is_ignored() {
+    let mut w = World::new(2);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    w.hb("m1", 1, &[0]).unwrap();
+    let r = w.hb("m2", 2, &[0, 1, 7]).unwrap();
+    assert_eq!(r.assignment, vec![1]);
+    assert!(w.group.members["m1"].holds(0));
+}
+
+#[test]
+fn max_members_is_enforced() {
+    let mut w = World::new(2);
+    w.group.config.max_members = Some(1);
+    w.join("m1");
+    assert_eq!(
+        w.hb("m2", 0, &[]).unwrap_err().code(),
+        ErrorCode::GroupMaxSizeReached
+    );
+    // A known member may rejoin at the limit.
+    w.hb("m1", 0, &[]).unwrap();
+}
+
+#[test]
+fn config_change_bumps_the_group_epoch_and_keeps_the_target() {
+    let mut w = World::new(4);
+    w.join("m1");
+    let before = w.group.members["m1"].target.clone();
+    let patch = rsc_protocol::PatchGroupRequest {
+        session_timeout_ms: Some(10_000),
+        ..Default::default()
+    };
+    assert!(w.group.update_config(&w.stream, &patch).unwrap());
+    assert_eq!(w.group.group_epoch, 2);
+    assert_eq!(w.group.members["m1"].target, before);
+    assert!(
+        !w.group.update_config(&w.stream, &patch).unwrap(),
+        "no change, no bump"
+    );
+    let bad = rsc_protocol::PatchGroupRequest {
+        heartbeat_interval_ms: Some(10_000),
+        ..Default::default()
+    };
+    assert_eq!(
+        w.group.update_config(&w.stream, &bad).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+    // The member catches up to the new epoch on its next heartbeat.
+    let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    assert_eq!(r.member_epoch, 2);
+    assert_eq!(r.session_timeout_ms, 10_000);
+}
+
+#[test]
+fn scale_down_drains_then_retires() {
+    let mut w = World::new(4);
+    w.join("m1");
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    w.stream.reshard(2, w.now).unwrap();
+    assert!(w.group.sync_layout(&w.stream));
+    // Draining shards stay assigned; the heartbeat already says 2 shards.
+    let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    assert_eq!(r.shard_count, 2);
+    assert_eq!(r.routing_epoch, 2);
+    assert_eq!(r.assignment, vec![0, 1, 2, 3]);
+    // Reporting drained shards hands them to the service to record in the stream.
+    let req = HeartbeatRequest {
+        protocol_version: 1,
+        member_id: "m1".into(),
+        member_epoch: r.member_epoch,
+        owned_shards: vec![0, 1, 2, 3],
+        drained_shards: vec![2, 3, 9],
+        client: None,
+    };
+    let out = w.group.heartbeat(&w.stream, &req, w.now).unwrap();
+    assert_eq!(out.drained, vec![2, 3]);
+    assert!(w.stream.mark_drained("billing", &out.drained, w.now));
+    assert!(w.group.sync_layout(&w.stream));
+    // Retired shards are revoked like any other.
+    let r = w
+        .hb("m1", out.response.member_epoch, &[0, 1, 2, 3])
+        .unwrap();
+    assert_eq!(r.assignment, vec![0, 1]);
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    let r = w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
+    assert_eq!(r.assignment, vec![0, 1]);
+    assert_eq!(w.state("m1"), S::Stable);
+}
+
+#[test]
+fn scale_up_assigns_new_shards_with_the_layout() {
+    let mut w = World::new(2);
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1]).unwrap();
+    w.hb("m1", 1, &[0]).unwrap();
+    w.hb("m2", 2, &[]).unwrap();
+    w.stream.reshard(4, w.now).unwrap();
+    w.group.sync_layout(&w.stream);
+    let r1 = w.hb("m1", 2, &[0]).unwrap();
+    let r2 = w.hb("m2", 2, &[1]).unwrap();
+    assert_eq!(r1.assignment.len() + r2.assignment.len(), 4);
+    assert!(
+        r1.assignment.contains(&0) && r2.assignment.contains(&1),
+        "sticky"
+    );
+}

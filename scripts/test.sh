@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test of the project on a fresh machine: installs what the tests need when it is
+# missing (redis-server), builds every binary the end-to-end tests spawn, runs the whole test
+# suite, then the lints. Tests start their own redis-server / coordinator processes on free
+# loopback ports; nothing needs to be running beforehand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root to run: $*" >&2; exit 1; fi
+}
+
+apt_updated=""
+apt_install() {
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! command -v curl >/dev/null; then
+  echo "== installing curl (apt-get)"
+  apt_install curl
+fi
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "== installing redis-server (apt-get)"
+  apt_install redis-server redis-tools
+fi
+# The packaged service is not used: tests start their own servers. Leave 6379 alone.
+
+echo "== build (all binaries the end-to-end tests spawn)"
+cargo build --workspace --bins --locked
+
+echo "== test"
+cargo test --workspace --locked
+
+echo "== lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== all tests passed"
