@@ -6,8 +6,8 @@ use rsc_coordinator::clock::ManualClock;
 use rsc_coordinator::engine::{GroupDoc, StreamDoc};
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
 use rsc_coordinator::store::{
-    LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
-    TouchOutcome, Versioned,
+    LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError, TouchOutcome,
+    Versioned,
 };
 use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
 use std::collections::HashMap;
@@ -141,7 +141,10 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
         .heartbeat("g", &hb("m", r.member_epoch, r.assignment.clone()))
         .await
         .unwrap();
-    assert_eq!((r2.member_epoch, &r2.assignment), (r.member_epoch, &r.assignment));
+    assert_eq!(
+        (r2.member_epoch, &r2.assignment),
+        (r.member_epoch, &r.assignment)
+    );
     (r.member_epoch, r.assignment)
 }
 
@@ -164,7 +167,11 @@ async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
         assert_eq!((r.member_epoch, &r.assignment), (epoch, &owned));
     }
     assert_eq!(store.locks.load(Ordering::SeqCst), locks, "no lock taken");
-    assert_eq!(store.group_writes.load(Ordering::SeqCst), writes, "no write");
+    assert_eq!(
+        store.group_writes.load(Ordering::SeqCst),
+        writes,
+        "no write"
+    );
     assert_eq!(store.liveness("g").await.unwrap()["m"], 1_500);
     // Anything that changes state takes the full path.
     c.heartbeat("g", &hb("m", epoch, vec![])).await.unwrap();
@@ -199,9 +206,16 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
     assert_eq!(r.assignment, owned);
     store.release.notify_one();
     let removed = sweep.await.unwrap().unwrap();
-    assert_eq!(removed, 0, "A's expiry lost to the heartbeat it had not seen");
+    assert_eq!(
+        removed, 0,
+        "A's expiry lost to the heartbeat it had not seen"
+    );
     let view = a.describe_group("g").await.unwrap();
-    assert_eq!(view.members.len(), 1, "the member B kept alive is still there");
+    assert_eq!(
+        view.members.len(),
+        1,
+        "the member B kept alive is still there"
+    );
 }
 
 /// Several coordinators sweeping the same expired member: exactly one removes it.
