@@ -4,7 +4,7 @@
 use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
 use rsc_coordinator::store::{
     LivenessChange, LockResource, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
-    StoreError, TouchOutcome,
+    SteadyTouch, StoreError, TouchOutcome,
 };
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
@@ -196,6 +196,64 @@ async fn touch_if_requires_the_revision_and_a_live_session(kind: Kind) {
     assert_eq!(st.liveness("g").await.unwrap()["m"], 1_501);
 }
 
+async fn touch_steady_requires_both_revisions(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, mut s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    st.touch("g", "m", 1_000).await.unwrap();
+    let t = SteadyTouch {
+        group: "g",
+        revision: 1,
+        stream: "s",
+        stream_revision: 1,
+        member: "m",
+        now_ms: 1_100,
+        max_silence_ms: 500,
+    };
+    assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_100);
+    let silent = SteadyTouch { now_ms: 1_601, ..t };
+    assert_eq!(
+        st.touch_steady(&silent).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    let stranger = SteadyTouch { member: "x", ..t };
+    assert_eq!(
+        st.touch_steady(&stranger).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    s.shard_count = 8;
+    st.put_stream(&s, 1).await.unwrap();
+    let later = SteadyTouch { now_ms: 1_200, ..t };
+    assert_eq!(
+        st.touch_steady(&later).await.unwrap(),
+        TouchOutcome::Stale,
+        "the stream moved on"
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            revision: 2,
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Stale,
+        "the group is at revision 1"
+    );
+}
+
 /// The race a steady heartbeat could lose against an expiry: the expiry read the liveness,
 /// the heartbeat touched it, the expiry writes. The write must lose.
 async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
@@ -277,6 +335,7 @@ contract!(
     documents_are_compare_and_set,
     liveness_moves_strictly_forward,
     touch_if_requires_the_revision_and_a_live_session,
+    touch_steady_requires_both_revisions,
     expiry_loses_to_a_heartbeat_it_did_not_see,
     locks_exclude_and_release_on_drop,
 );

@@ -1,7 +1,8 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, TouchOutcome, Versioned,
+    LivenessChange, LockGuard, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome,
+    Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -43,6 +44,33 @@ impl MemoryStore {
 /// Moves a liveness time strictly forward (see the module docs of [`super`]).
 fn advance(t: &mut u64, now_ms: u64) {
     *t = now_ms.max(t.saturating_add(1));
+}
+
+/// [`MetadataStore::touch_if`] on the locked state.
+fn touch_if(
+    inner: &mut Inner,
+    group: &str,
+    revision: u64,
+    member: &str,
+    now_ms: u64,
+    max_silence_ms: Option<u64>,
+) -> TouchOutcome {
+    if revision == 0 || inner.groups.get(group).map_or(0, |v| v.revision) != revision {
+        return TouchOutcome::Stale;
+    }
+    let live = inner.live.entry(group.to_owned()).or_default();
+    match (live.get_mut(member), max_silence_ms) {
+        (Some(t), Some(max)) if now_ms.saturating_sub(*t) > max => TouchOutcome::NotLive,
+        (Some(t), _) => {
+            advance(t, now_ms);
+            TouchOutcome::Touched
+        }
+        (None, Some(_)) => TouchOutcome::NotLive,
+        (None, None) => {
+            live.insert(member.to_owned(), now_ms);
+            TouchOutcome::Touched
+        }
+    }
 }
 
 fn cas<T: Clone>(
@@ -210,26 +238,33 @@ impl MetadataStore for MemoryStore {
         now_ms: u64,
         max_silence_ms: Option<u64>,
     ) -> Result<TouchOutcome, StoreError> {
-        let mut inner = self.inner();
-        if inner.groups.get(group).map_or(0, |v| v.revision) != revision || revision == 0 {
-            return Ok(TouchOutcome::Stale);
-        }
-        let live = inner.live.entry(group.to_owned()).or_default();
-        match (live.get_mut(member), max_silence_ms) {
-            (Some(t), Some(max)) if now_ms.saturating_sub(*t) > max => Ok(TouchOutcome::NotLive),
-            (Some(t), _) => {
-                advance(t, now_ms);
-                Ok(TouchOutcome::Touched)
-            }
-            (None, Some(_)) => Ok(TouchOutcome::NotLive),
-            (None, None) => {
-                live.insert(member.to_owned(), now_ms);
-                Ok(TouchOutcome::Touched)
-            }
-        }
+        Ok(touch_if(
+            &mut self.inner(),
+            group,
+            revision,
+            member,
+            now_ms,
+            max_silence_ms,
+        ))
     }
 
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         Ok(self.inner().streams.get(stream).map(|v| v.revision))
+    }
+
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        // Both checks and the touch under one lock: atomic, like the Redis script.
+        let mut inner = self.inner();
+        if inner.streams.get(t.stream).map(|v| v.revision) != Some(t.stream_revision) {
+            return Ok(TouchOutcome::Stale);
+        }
+        Ok(touch_if(
+            &mut inner,
+            t.group,
+            t.revision,
+            t.member,
+            t.now_ms,
+            Some(t.max_silence_ms),
+        ))
     }
 }

@@ -21,7 +21,8 @@
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
-    LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, TouchOutcome, Versioned,
+    LivenessChange, LockGuard, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome,
+    Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -129,6 +130,7 @@ struct Scripts {
     load_group: Script,
     touch: Script,
     touch_if: Script,
+    touch_steady: Script,
     unlock: Script,
 }
 
@@ -141,6 +143,7 @@ impl Scripts {
             load_group: Script::new(include_str!("lua/load_group.lua")),
             touch: Script::new(include_str!("lua/touch.lua")),
             touch_if: Script::new(include_str!("lua/touch_if.lua")),
+            touch_steady: Script::new(include_str!("lua/touch_steady.lua")),
             unlock: Script::new(include_str!("lua/unlock.lua")),
         }
     }
@@ -803,6 +806,57 @@ impl MetadataStore for RedisStore {
                     None => inv.arg(""),
                 };
                 inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(match reply {
+            1 => TouchOutcome::Touched,
+            -1 => TouchOutcome::NotLive,
+            _ => TouchOutcome::Stale,
+        })
+    }
+
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        if self.0.config.cluster {
+            // The group and the stream live in different slots: no script may read both.
+            // Both checks go out at once (one round trip of latency, two commands).
+            let (touched, stream_revision) = futures::join!(
+                self.touch_if(
+                    t.group,
+                    t.revision,
+                    t.member,
+                    t.now_ms,
+                    Some(t.max_silence_ms)
+                ),
+                self.stream_revision(t.stream),
+            );
+            let (touched, stream_revision) = (touched?, stream_revision?);
+            return Ok(if stream_revision == Some(t.stream_revision) {
+                touched
+            } else {
+                TouchOutcome::Stale
+            });
+        }
+        let keys = &self.0.keys;
+        let (group, live, stream) = (
+            keys.group(t.group),
+            keys.live(t.group),
+            keys.stream(t.stream),
+        );
+        let reply: i64 = self
+            .run("touch", |mut c| async move {
+                self.0
+                    .scripts
+                    .touch_steady
+                    .key(&group)
+                    .key(&live)
+                    .key(&stream)
+                    .arg(t.revision)
+                    .arg(t.stream_revision)
+                    .arg(t.member)
+                    .arg(t.now_ms)
+                    .arg(t.max_silence_ms)
+                    .invoke_async(&mut c)
+                    .await
             })
             .await?;
         Ok(match reply {
