@@ -743,7 +743,7 @@ fn expire(
     stream: &StreamDoc,
     now: u64,
 ) -> (Vec<GroupEvent>, Vec<(String, u64)>) {
-    if !doc.next_deadline_ms().is_some_and(|t| t <= now) {
+    if doc.next_deadline_ms().is_none_or(|t| t > now) {
         return (Vec::new(), Vec::new());
     }
     let seen: HashMap<String, u64> = doc

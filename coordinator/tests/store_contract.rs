@@ -513,3 +513,54 @@ async fn redis_layout_follows_the_spec() {
             .contains("\r\n1\r\n")
     );
 }
+
+#[tokio::test]
+async fn redis_cluster_node_outage_fails_fast_and_recovers() {
+    let mut cluster = RedisCluster::start().unwrap();
+    let store = redis_store(cluster.urls(), true, RedisStoreConfig::default()).await;
+    // Groups spread over the three nodes' slots.
+    let groups: Vec<String> = (0..12).map(|i| format!("g{i}")).collect();
+    for g in &groups {
+        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+    }
+    cluster.nodes_mut()[1].kill();
+    let mut failed = 0;
+    for g in &groups {
+        let t = Instant::now();
+        match store.load_group(g).await {
+            Ok(v) => assert_eq!(v.unwrap().revision, 1),
+            Err(e) => {
+                assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+                failed += 1;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "no hang: {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(failed > 0, "some groups live on the stopped node");
+    assert!(failed < groups.len(), "the other nodes still answer");
+    cluster.nodes_mut()[1].restart().unwrap();
+    cluster.wait_ready(Duration::from_secs(20)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for g in &groups {
+        loop {
+            match store.load_group(g).await {
+                Ok(v) => {
+                    // No persistence on the restarted node: its groups are gone, but it
+                    // answers again and takes writes.
+                    if v.is_none() {
+                        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}

@@ -40,6 +40,10 @@ struct Args {
     duration_ms: u64,
 }
 
+/// Builds the request a load loop sends: `(client, worker, iteration)`.
+type MakeRequest =
+    Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
+
 #[derive(Debug, Clone)]
 struct Member {
     id: String,
@@ -102,7 +106,7 @@ async fn load(
     http: &reqwest::Client,
     concurrency: usize,
     duration: Duration,
-    request: Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>,
+    request: MakeRequest,
 ) -> Result<f64> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -185,7 +189,7 @@ async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
         .map_err(|_| anyhow::anyhow!("monitor reader panicked"))?;
     let total = by_command.values().sum();
     let mut by_command: Vec<(String, u64)> = by_command.into_iter().collect();
-    by_command.sort_by(|a, b| b.1.cmp(&a.1));
+    by_command.sort_by_key(|c| std::cmp::Reverse(c.1));
     Ok((done, total, by_command))
 }
 
@@ -233,9 +237,7 @@ async fn main() -> Result<()> {
     let hb_url = Arc::new(format!("{base}/v1/groups/bench/heartbeat"));
     let bodies: Arc<Vec<Value>> = Arc::new(members.iter().map(heartbeat_body).collect());
     let concurrency = args.concurrency;
-    let heartbeat: Arc<
-        dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync,
-    > = {
+    let heartbeat: MakeRequest = {
         let (hb_url, bodies) = (hb_url.clone(), bodies.clone());
         Arc::new(move |http, worker, n| {
             let i = (worker + n as usize * concurrency) % bodies.len();
@@ -243,9 +245,7 @@ async fn main() -> Result<()> {
         })
     };
     let health_url = Arc::new(format!("{base}/healthz"));
-    let healthz: Arc<
-        dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync,
-    > = Arc::new(move |http, _, _| http.get(health_url.as_str()));
+    let healthz: MakeRequest = Arc::new(move |http, _, _| http.get(health_url.as_str()));
 
     let duration = Duration::from_millis(args.duration_ms);
     // Warm up both routes (connections, scripts loaded, documents cached).

@@ -151,8 +151,9 @@ impl Scripts {
 
 enum Backend {
     Single(ConnectionManager),
+    /// Connects on first use (a cluster connection needs a node that answers).
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         conn: OnceCell<ClusterConnection>,
     },
 }
@@ -245,7 +246,7 @@ impl RedisStore {
                 .build()
                 .map_err(|e| unavailable("cluster configuration", e))?;
             Backend::Cluster {
-                client,
+                client: Box::new(client),
                 conn: OnceCell::new(),
             }
         } else {
