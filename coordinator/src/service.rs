@@ -10,8 +10,9 @@
 //! keeps the documents it last read or wrote, by revision, and answers from them when
 //! [`GroupDoc::steady_heartbeat`] says the heartbeat changes nothing, after one conditional
 //! liveness touch that succeeds only while the group and stream documents are still at those
-//! revisions ([`MetadataStore::touch_steady`]: one Redis round trip, or two commands sent
-//! together on a cluster, where the two documents live in different slots). Removing a member for silence
+//! revisions ([`MetadataStore::touch_steady`]: one Redis round trip, batched with concurrent
+//! heartbeats of the same group; two commands sent together on a cluster, where the two
+//! documents live in different slots). Removing a member for silence
 //! is committed with the liveness it was based on, so a heartbeat touched in between makes
 //! that write lose and rerun (see [`crate::store`], "Liveness").
 

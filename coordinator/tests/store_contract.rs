@@ -254,6 +254,52 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
     );
 }
 
+/// Many steady touches at once (the Redis store sends them in batches): each gets its own
+/// answer.
+async fn concurrent_steady_touches_each_get_their_answer(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    for i in 0..100 {
+        if i % 3 != 0 {
+            st.touch("g", &format!("m{i}"), 1_000).await.unwrap();
+        }
+    }
+    let members: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    let outcomes = futures::future::join_all(members.iter().enumerate().map(|(i, m)| async move {
+        st.touch_steady(&SteadyTouch {
+            group: "g",
+            revision: if i % 5 == 0 { 7 } else { 1 },
+            stream: "s",
+            stream_revision: 1,
+            member: m,
+            now_ms: 1_200,
+            max_silence_ms: 500,
+        })
+        .await
+    }))
+    .await;
+    let live = st.liveness("g").await.unwrap();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let want = if i % 5 == 0 {
+            TouchOutcome::Stale
+        } else if i % 3 == 0 {
+            TouchOutcome::NotLive
+        } else {
+            TouchOutcome::Touched
+        };
+        assert_eq!(o.unwrap(), want, "m{i}");
+        let expect_live = match want {
+            TouchOutcome::Touched => Some(1_200),
+            TouchOutcome::Stale if i % 3 != 0 => Some(1_000),
+            _ => None,
+        };
+        assert_eq!(live.get(&format!("m{i}")).copied(), expect_live, "m{i}");
+    }
+}
+
 /// The race a steady heartbeat could lose against an expiry: the expiry read the liveness,
 /// the heartbeat touched it, the expiry writes. The write must lose.
 async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
@@ -336,6 +382,7 @@ contract!(
     liveness_moves_strictly_forward,
     touch_if_requires_the_revision_and_a_live_session,
     touch_steady_requires_both_revisions,
+    concurrent_steady_touches_each_get_their_answer,
     expiry_loses_to_a_heartbeat_it_did_not_see,
     locks_exclude_and_release_on_drop,
 );

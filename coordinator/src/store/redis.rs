@@ -14,7 +14,13 @@
 //!
 //! Every document write is a Lua compare-and-set on `revision` (the scripts are the `.lua`
 //! files beside this one). Scripts touch one slot only: a document, its liveness and its lock
-//! share the `{…}` hash tag.
+//! share the `{…}` hash tag. (The one exception, `touch_steady.lua` reading the stream
+//! document too, runs so only on standalone Redis; on a cluster the stream revision is read
+//! by a second command sent at the same time.)
+//!
+//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed: per group, one
+//! script call is in flight at a time, and the touches that arrive meanwhile go out together
+//! in the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
 //!
 //! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
 //! or timed-out connection is [`StoreError::Unavailable`] at once, and the next operation
@@ -36,7 +42,7 @@ use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, oneshot};
 use tracing::{debug, warn};
 
 /// Settings of the Redis store.
@@ -198,6 +204,28 @@ struct Inner {
     keys: Keys,
     scripts: Scripts,
     config: RedisStoreConfig,
+    /// Steady-heartbeat touches waiting to be sent, by (group, stream).
+    touches: std::sync::Mutex<HashMap<(String, String), TouchQueue>>,
+}
+
+/// Most touches sent in one script call (bounds the script's run time).
+const MAX_TOUCH_BATCH: usize = 256;
+
+/// Steady-heartbeat touches of one group: at most one batch in flight; whatever arrives
+/// meanwhile goes in the next one (group commit).
+#[derive(Default)]
+struct TouchQueue {
+    busy: bool,
+    waiting: Vec<WaitingTouch>,
+}
+
+struct WaitingTouch {
+    revision: u64,
+    stream_revision: u64,
+    member: String,
+    now_ms: u64,
+    max_silence_ms: u64,
+    reply: oneshot::Sender<Result<TouchOutcome, StoreError>>,
 }
 
 /// Group and stream documents in Redis (SPEC §2), safe for several coordinators.
@@ -271,6 +299,7 @@ impl RedisStore {
             },
             scripts: Scripts::new(),
             config,
+            touches: Default::default(),
         }));
         store.check_mode().await?;
         Ok(store)
@@ -353,6 +382,91 @@ impl RedisStore {
                 "redis {what}: no answer within {limit:?}"
             ))),
         }
+    }
+
+    /// Sends the waiting steady-heartbeat touches of one group, a batch at a time, until
+    /// none is left. Under load, a heartbeat that arrives while a batch is in flight rides
+    /// in the next one: one script call answers many heartbeats.
+    async fn flush_touches(self, key: (String, String)) {
+        loop {
+            let batch: Vec<WaitingTouch> = {
+                let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(queue) = queues.get_mut(&key) else {
+                    return;
+                };
+                if queue.waiting.is_empty() {
+                    queues.remove(&key);
+                    return;
+                }
+                let n = queue.waiting.len().min(MAX_TOUCH_BATCH);
+                queue.waiting.drain(..n).collect()
+            };
+            match self.touch_batch(&key.0, &key.1, &batch).await {
+                Ok(outcomes) => {
+                    for (w, outcome) in batch.into_iter().zip(outcomes) {
+                        let _ = w.reply.send(Ok(outcome));
+                    }
+                }
+                Err(e) => {
+                    for w in batch {
+                        let _ = w.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One script call for a batch of touches of `group`. On standalone Redis the script
+    /// checks the stream revision too; on a cluster (another slot) it is read alongside.
+    async fn touch_batch(
+        &self,
+        group: &str,
+        stream: &str,
+        batch: &[WaitingTouch],
+    ) -> Result<Vec<TouchOutcome>, StoreError> {
+        let keys = &self.0.keys;
+        let (group_key, live, stream_key) =
+            (keys.group(group), keys.live(group), keys.stream(stream));
+        let cluster = self.0.config.cluster;
+        let touch = self.run("touch", |mut c| async move {
+            let mut inv = self.0.scripts.touch_steady.key(&group_key);
+            inv.key(&live);
+            if !cluster {
+                inv.key(&stream_key);
+            }
+            inv.arg(batch.len());
+            for w in batch {
+                inv.arg(w.revision)
+                    .arg(w.stream_revision)
+                    .arg(&w.member)
+                    .arg(w.now_ms)
+                    .arg(w.max_silence_ms);
+            }
+            inv.invoke_async::<Vec<i64>>(&mut c).await
+        });
+        let (replies, stream_revision) = if cluster {
+            let (r, s) = futures::join!(touch, self.stream_revision(stream));
+            (r?, s?)
+        } else {
+            (touch.await?, None)
+        };
+        if replies.len() != batch.len() {
+            return Err(StoreError::Unavailable(format!(
+                "touch script answered {} outcomes for {} touches",
+                replies.len(),
+                batch.len()
+            )));
+        }
+        Ok(replies
+            .into_iter()
+            .zip(batch)
+            .map(|(r, w)| match r {
+                1 if cluster && stream_revision != Some(w.stream_revision) => TouchOutcome::Stale,
+                1 => TouchOutcome::Touched,
+                -1 => TouchOutcome::NotLive,
+                _ => TouchOutcome::Stale,
+            })
+            .collect())
     }
 
     async fn load_doc<T: DeserializeOwned>(
@@ -817,54 +931,27 @@ impl MetadataStore for RedisStore {
     }
 
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
-        if self.0.config.cluster {
-            // The group and the stream live in different slots: no script may read both.
-            // Both checks go out at once (one round trip of latency, two commands).
-            let (touched, stream_revision) = futures::join!(
-                self.touch_if(
-                    t.group,
-                    t.revision,
-                    t.member,
-                    t.now_ms,
-                    Some(t.max_silence_ms)
-                ),
-                self.stream_revision(t.stream),
-            );
-            let (touched, stream_revision) = (touched?, stream_revision?);
-            return Ok(if stream_revision == Some(t.stream_revision) {
-                touched
-            } else {
-                TouchOutcome::Stale
+        let (reply, answer) = oneshot::channel();
+        let key = (t.group.to_owned(), t.stream.to_owned());
+        let start = {
+            let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
+            let queue = queues.entry(key.clone()).or_default();
+            queue.waiting.push(WaitingTouch {
+                revision: t.revision,
+                stream_revision: t.stream_revision,
+                member: t.member.to_owned(),
+                now_ms: t.now_ms,
+                max_silence_ms: t.max_silence_ms,
+                reply,
             });
+            !std::mem::replace(&mut queue.busy, true)
+        };
+        if start {
+            tokio::spawn(self.clone().flush_touches(key));
         }
-        let keys = &self.0.keys;
-        let (group, live, stream) = (
-            keys.group(t.group),
-            keys.live(t.group),
-            keys.stream(t.stream),
-        );
-        let reply: i64 = self
-            .run("touch", |mut c| async move {
-                self.0
-                    .scripts
-                    .touch_steady
-                    .key(&group)
-                    .key(&live)
-                    .key(&stream)
-                    .arg(t.revision)
-                    .arg(t.stream_revision)
-                    .arg(t.member)
-                    .arg(t.now_ms)
-                    .arg(t.max_silence_ms)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(match reply {
-            1 => TouchOutcome::Touched,
-            -1 => TouchOutcome::NotLive,
-            _ => TouchOutcome::Stale,
-        })
+        answer.await.map_err(|_| {
+            StoreError::Unavailable("the steady-heartbeat batch was abandoned".into())
+        })?
     }
 
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {

@@ -1,25 +1,38 @@
--- The steady-state heartbeat in one round trip (standalone Redis only: the keys are in
--- different cluster slots). Touches a member's liveness only while the group document and
--- the stream document are both still at the revisions the answer was computed from.
--- KEYS[1]  the group document, KEYS[2] its liveness, KEYS[3] the stream document
--- ARGV[1]  expected group revision, ARGV[2] expected stream revision, ARGV[3] member,
--- ARGV[4]  now (Unix ms), ARGV[5] longest allowed silence in ms
--- Returns 1 touched, 0 stale (a document moved on; nothing written), -1 not live (no
--- liveness, or silent longer than allowed; nothing written).
-local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
-if current == 0 or current ~= tonumber(ARGV[1]) then
-  return 0
+-- Steady-state heartbeats of one group, batched: each touches its member's liveness only
+-- while the group document (and, on standalone Redis, the stream document) is still at the
+-- revision its answer was computed from, and the member's session is not over.
+-- KEYS[1]  the group document, KEYS[2] its liveness,
+-- KEYS[3]  the stream document (standalone only: on a cluster it lives in another slot and
+--          the caller checks its revision itself)
+-- ARGV[1]  n, then n times: group revision, stream revision, member, now (Unix ms),
+--          longest allowed silence (ms)
+-- Returns n outcomes: 1 touched, 0 stale (a document moved on; nothing written), -1 not
+-- live (no liveness, or silent longer than allowed; nothing written).
+local group_revision = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+local stream_revision = nil
+if #KEYS >= 3 then
+  stream_revision = tonumber(redis.call('HGET', KEYS[3], 'revision') or '0')
 end
-if tonumber(redis.call('HGET', KEYS[3], 'revision') or '0') ~= tonumber(ARGV[2]) then
-  return 0
+local out = {}
+for i = 0, tonumber(ARGV[1]) - 1 do
+  local b = 2 + i * 5
+  local outcome = 0
+  if group_revision ~= 0 and group_revision == tonumber(ARGV[b])
+      and (not stream_revision or stream_revision == tonumber(ARGV[b + 1])) then
+    local member = ARGV[b + 2]
+    local now = tonumber(ARGV[b + 3])
+    local previous = redis.call('ZSCORE', KEYS[2], member)
+    if not previous or now - tonumber(previous) > tonumber(ARGV[b + 4]) then
+      outcome = -1
+    else
+      -- Liveness only moves forward, and strictly: max(now, previous + 1).
+      if tonumber(previous) + 1 > now then
+        now = tonumber(previous) + 1
+      end
+      redis.call('ZADD', KEYS[2], now, member)
+      outcome = 1
+    end
+  end
+  out[#out + 1] = outcome
 end
-local now = tonumber(ARGV[4])
-local previous = redis.call('ZSCORE', KEYS[2], ARGV[3])
-if not previous or now - tonumber(previous) > tonumber(ARGV[5]) then
-  return -1
-end
-if tonumber(previous) + 1 > now then
-  now = tonumber(previous) + 1
-end
-redis.call('ZADD', KEYS[2], now, ARGV[3])
-return 1
+return out
