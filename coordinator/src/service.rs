@@ -207,11 +207,11 @@ impl Coordinator {
     }
 
     async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
-        let (mut v, live) = self
-            .store
-            .load_group_live(group)
-            .await?
-            .ok_or_else(|| ServiceError::GroupNotFound(group.to_owned()))?;
+        let Some((mut v, live)) = self.store.load_group_live(group).await? else {
+            // Deleted (perhaps through another coordinator): drop what this one cached.
+            self.cache.forget_group(group);
+            return Err(ServiceError::GroupNotFound(group.to_owned()));
+        };
         for (id, m) in v.doc.members.iter_mut() {
             if let Some(&t) = live.get(id) {
                 m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);

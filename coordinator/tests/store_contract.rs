@@ -118,8 +118,20 @@ async fn documents_are_compare_and_set(kind: Kind) {
     st.delete_group("billing", 2).await.unwrap();
     assert_eq!(st.load_group("billing").await.unwrap(), None);
     assert_eq!(st.list_groups().await.unwrap(), ["alpha"]);
-    // A deleted group can be created again, from revision 1.
-    assert_eq!(st.put_group(&g, 0).await.unwrap(), 1);
+    // A deleted group can be created again; its revisions go on from where the deleted one
+    // stopped (+1 for the deletion), so that no revision names two documents.
+    assert!(
+        is_conflict(st.put_group(&g, 3).await),
+        "the tombstone is not a document"
+    );
+    assert_eq!(st.put_group(&g, 0).await.unwrap(), 4);
+    assert_eq!(st.load_group("billing").await.unwrap().unwrap().revision, 4);
+    assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
+    assert_eq!(
+        st.touch_if("billing", 2, "m", 1, None).await.unwrap(),
+        TouchOutcome::Stale,
+        "a revision of the deleted group"
+    );
     assert!(st.ping().await.is_ok());
 }
 

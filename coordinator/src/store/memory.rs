@@ -18,6 +18,9 @@ struct Inner {
     groups: BTreeMap<String, Versioned<GroupDoc>>,
     streams: BTreeMap<String, Versioned<StreamDoc>>,
     live: HashMap<String, HashMap<String, u64>>,
+    /// Revision of deleted groups' tombstones: a group created again continues from there,
+    /// so that a revision never names two documents (as in the Redis store).
+    tombstones: HashMap<String, u64>,
 }
 
 /// Documents kept in process memory, with the same revision and lock semantics as the
@@ -73,19 +76,23 @@ fn touch_if(
     }
 }
 
+/// Compare-and-set (`doc`) or compare-and-delete (`None`, returning the tombstone revision)
+/// of `key`; a document absent from `map` continues from `tombstone`.
 fn cas<T: Clone>(
     map: &mut BTreeMap<String, Versioned<T>>,
     key: &str,
     doc: Option<&T>,
     expected: u64,
+    tombstone: u64,
 ) -> Result<u64, StoreError> {
     let current = map.get(key).map_or(0, |v| v.revision);
     if current != expected {
         return Err(StoreError::Conflict(key.to_owned()));
     }
+    let next = current.max(tombstone) + 1;
     match doc {
         Some(doc) => {
-            let revision = current + 1;
+            let revision = next;
             map.insert(
                 key.to_owned(),
                 Versioned {
@@ -97,7 +104,7 @@ fn cas<T: Clone>(
         }
         None => {
             map.remove(key);
-            Ok(0)
+            Ok(next)
         }
     }
 }
@@ -113,18 +120,30 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
-        cas(&mut self.inner().groups, &doc.group, Some(doc), expected)
+        self.put_group_live(doc, expected, &LivenessChange::default())
+            .await
     }
 
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let mut inner = self.inner();
-        cas(&mut inner.groups, group, None, expected)?;
-        inner.live.remove(group);
+        let existed = inner.groups.contains_key(group);
+        let tombstone = inner.tombstones.get(group).copied().unwrap_or(0);
+        let tombstone = cas(&mut inner.groups, group, None, expected, tombstone)?;
+        if existed {
+            inner.tombstones.insert(group.to_owned(), tombstone);
+            inner.live.remove(group);
+        }
         Ok(())
     }
 
     async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
-        cas(&mut self.inner().streams, &doc.stream, Some(doc), expected)
+        cas(
+            &mut self.inner().streams,
+            &doc.stream,
+            Some(doc),
+            expected,
+            0,
+        )
     }
 
     async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
@@ -214,7 +233,14 @@ impl MetadataStore for MemoryStore {
                 }
             }
         }
-        let revision = cas(&mut inner.groups, &doc.group, Some(doc), expected)?;
+        let tombstone = inner.tombstones.get(&doc.group).copied().unwrap_or(0);
+        let revision = cas(
+            &mut inner.groups,
+            &doc.group,
+            Some(doc),
+            expected,
+            tombstone,
+        )?;
         let live = inner.live.entry(doc.group.clone()).or_default();
         for member in &change.forget {
             live.remove(member);

@@ -2,7 +2,10 @@
 //! standalone Redis or a Redis Cluster.
 //!
 //! Layout, with the configurable prefix `P` (default `rsc`):
-//! - `P:group:{G}` — a hash: `revision` and `doc` (the whole group document, JSON);
+//! - `P:group:{G}` — a hash: `revision` and `doc` (the whole group document, JSON). Deleting
+//!   the group leaves a tombstone (`revision` alone), so that a group created again under the
+//!   same name continues the revision sequence: a revision never names two documents, and a
+//!   coordinator that cached the old group can never take it for the new one;
 //! - `P:live:{G}` — a sorted set: member → last heard from (Unix ms), beside the group
 //!   document in the same cluster slot, so that a steady heartbeat does not rewrite it;
 //! - `P:stream:{S}` — a hash: `revision` and `doc` (the stream document);
@@ -489,10 +492,11 @@ impl RedisStore {
                 revision,
                 doc: decode(&key, &doc)?,
             })),
-            (None, None) => Ok(None),
-            _ => Err(StoreError::Corrupt {
+            // Absent, or the tombstone of a deleted document.
+            (_, None) => Ok(None),
+            (None, Some(_)) => Err(StoreError::Corrupt {
                 key,
-                reason: "the hash lacks `revision` or `doc`".into(),
+                reason: "the hash lacks `revision`".into(),
             }),
         }
     }
@@ -546,9 +550,14 @@ impl RedisStore {
         let checks = futures::stream::iter(names.into_iter().map(|name| {
             let key = doc_key(&name);
             async move {
+                // HEXISTS, not EXISTS: a deleted group leaves a tombstone hash.
                 let exists: bool = self
                     .run("exists", |mut c| async move {
-                        redis::cmd("EXISTS").arg(&key).query_async(&mut c).await
+                        redis::cmd("HEXISTS")
+                            .arg(&key)
+                            .arg("doc")
+                            .query_async(&mut c)
+                            .await
                     })
                     .await?;
                 Ok::<_, StoreError>(exists.then_some(name))
