@@ -390,7 +390,7 @@ async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
         principal: "ops".into(),
         action: "group.update".into(),
         target: AuditTarget {
-            group: Some(if i % 2 == 0 { "even" } else { "odd" }.into()),
+            group: Some(if i.is_multiple_of(2) { "even" } else { "odd" }.into()),
             ..AuditTarget::default()
         },
         request: AuditRequest {
