@@ -1,0 +1,332 @@
+//! The consumer application: runs every listener's members until shutdown.
+
+use crate::config::{ClientConfig, split_urls};
+use crate::consumer::member::MemberRuntime;
+use crate::consumer::{MemberShared, WorkerMetrics};
+use crate::coordinator::CoordinatorClient;
+use crate::error::ClientError;
+use crate::listener::Listener;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use rsc_protocol::ClientInfo;
+use rsc_protocol::names::validate_name;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+/// Runs listeners: for each, `concurrency` members of its group, until SIGTERM / Ctrl-C (or
+/// [`AppHandle::shutdown`]); then finishes in-flight messages, acknowledges them, and leaves
+/// the groups so that the shards move on at once.
+///
+/// ```no_run
+/// use rsc_client::prelude::*;
+///
+/// #[stream_listener(group = "billing", stream = "orders", concurrency = 4)]
+/// async fn on_order(msg: Message<serde_json::Value>) -> Result<(), HandlerError> {
+///     println!("{} from shard {}", msg.payload(), msg.shard());
+///     Ok(())
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), ClientError> {
+///     // RSC_COORDINATOR_URL, RSC_REDIS_URL, RSC_TOKEN, POD_IP / POD_NAME from the environment;
+///     // every #[stream_listener] function of the program.
+///     ConsumerApp::from_env()?.run().await
+/// }
+/// ```
+pub struct ConsumerApp {
+    config: ClientConfig,
+    listeners: Vec<Listener>,
+    handle: AppHandle,
+}
+
+/// Controls a running [`ConsumerApp`] from elsewhere: pause, resume, shut down.
+#[derive(Debug, Clone)]
+pub struct AppHandle {
+    shutdown: CancellationToken,
+    paused: Arc<HashMap<String, watch::Sender<bool>>>,
+}
+
+impl AppHandle {
+    /// Starts a graceful shutdown (as SIGTERM does).
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Stops handling new messages of a listener (by name); its members keep their shards
+    /// and keep heartbeating. Returns `false` for an unknown listener.
+    pub fn pause(&self, listener: &str) -> bool {
+        self.set_paused(listener, true)
+    }
+
+    /// Resumes a paused listener. Returns `false` for an unknown listener.
+    pub fn resume(&self, listener: &str) -> bool {
+        self.set_paused(listener, false)
+    }
+
+    /// Whether a listener is paused (`None` if unknown).
+    pub fn is_paused(&self, listener: &str) -> Option<bool> {
+        self.paused.get(listener).map(|s| *s.borrow())
+    }
+
+    fn set_paused(&self, listener: &str, on: bool) -> bool {
+        match self.paused.get(listener) {
+            Some(s) => {
+                s.send_replace(on);
+                info!(listener, paused = on, "listener pause state changed");
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Builds a [`ConsumerApp`]: connection settings and listeners.
+#[derive(Debug, Default)]
+pub struct ConsumerAppBuilder {
+    config: ClientConfig,
+    listeners: Vec<Listener>,
+}
+
+impl ConsumerAppBuilder {
+    /// Starts from the environment ([`ClientConfig::from_env`]).
+    pub fn from_env() -> Self {
+        ConsumerAppBuilder {
+            config: ClientConfig::from_env(),
+            listeners: Vec::new(),
+        }
+    }
+
+    /// Starts from a configuration.
+    pub fn with_config(config: ClientConfig) -> Self {
+        ConsumerAppBuilder {
+            config,
+            listeners: Vec::new(),
+        }
+    }
+
+    /// The coordinator URL(s): one, or several separated by commas (failover).
+    pub fn coordinator(mut self, urls: &str) -> Self {
+        self.config.coordinator_urls = split_urls(urls);
+        self
+    }
+
+    /// The data Redis URL.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.config.redis_url = url.into();
+        self
+    }
+
+    /// The bearer token for the coordinator.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.config.token = Some(token.into());
+        self
+    }
+
+    /// This process's identity in member ids (default: `POD_IP`, else `POD_NAME`).
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.config.instance_id = Some(id.into());
+        self
+    }
+
+    /// Adds a listener.
+    pub fn listener(mut self, listener: Listener) -> Self {
+        self.listeners.push(listener);
+        self
+    }
+
+    /// Adds every function annotated with `#[stream_listener]` in the program.
+    pub fn registered_listeners(mut self) -> Self {
+        self.listeners.extend(crate::__private::registered());
+        self
+    }
+
+    /// Checks the configuration and the listeners.
+    pub fn build(self) -> Result<ConsumerApp, ClientError> {
+        let cfg = self.config;
+        cfg.check_coordinator()?;
+        let instance = cfg.instance_id.clone().ok_or_else(|| {
+            ClientError::Config(
+                "no instance id for member ids: set POD_IP (or POD_NAME), or call .instance_id()"
+                    .into(),
+            )
+        })?;
+        redis::Client::open(cfg.redis_url.as_str()).map_err(|e| {
+            ClientError::Config(format!("invalid Redis URL {:?}: {e}", cfg.redis_url))
+        })?;
+        if self.listeners.is_empty() {
+            return Err(ClientError::Config(
+                "no listeners: annotate an async fn with #[stream_listener] or add one with \
+                 .listener()"
+                    .into(),
+            ));
+        }
+        let mut paused = HashMap::new();
+        for l in &self.listeners {
+            let check = |kind: &str, v: &str| validate_name(kind, v).map_err(ClientError::Config);
+            check("group", &l.group)?;
+            check("stream", &l.stream)?;
+            check(
+                "member",
+                &format!("{instance}-{}-{}", l.name, l.concurrency.max(1) - 1),
+            )?;
+            if l.concurrency == 0 {
+                return Err(ClientError::Config(format!(
+                    "listener {}: concurrency must be at least 1",
+                    l.name
+                )));
+            }
+            if paused
+                .insert(l.name.clone(), watch::channel(false).0)
+                .is_some()
+            {
+                return Err(ClientError::Config(format!(
+                    "two listeners are named {:?}: give one a distinct name \
+                     (#[stream_listener(name = \"…\")] or .name())",
+                    l.name
+                )));
+            }
+        }
+        Ok(ConsumerApp {
+            config: cfg,
+            listeners: self.listeners,
+            handle: AppHandle {
+                shutdown: CancellationToken::new(),
+                paused: Arc::new(paused),
+            },
+        })
+    }
+}
+
+impl ConsumerApp {
+    /// Configuration from the environment and every `#[stream_listener]` of the program.
+    pub fn from_env() -> Result<Self, ClientError> {
+        ConsumerAppBuilder::from_env()
+            .registered_listeners()
+            .build()
+    }
+
+    /// A builder, starting from the environment.
+    pub fn builder() -> ConsumerAppBuilder {
+        ConsumerAppBuilder::from_env()
+    }
+
+    /// A handle to pause, resume or stop the app while it runs.
+    pub fn handle(&self) -> AppHandle {
+        self.handle.clone()
+    }
+
+    /// The member ids this app runs, `<instance>-<listener>-<index>`.
+    pub fn member_ids(&self) -> Vec<String> {
+        let instance = self.config.instance_id.as_deref().unwrap_or_default();
+        self.listeners
+            .iter()
+            .flat_map(|l| (0..l.concurrency).map(move |i| format!("{instance}-{}-{i}", l.name)))
+            .collect()
+    }
+
+    /// Runs until SIGTERM or Ctrl-C (or [`AppHandle::shutdown`]), then shuts down gracefully.
+    pub async fn run(self) -> Result<(), ClientError> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `signal` completes (or [`AppHandle::shutdown`]), then shuts down gracefully.
+    /// Returns the first fatal error of a member (e.g. a rejected token), after stopping the
+    /// others.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), ClientError> {
+        let cfg = &self.config;
+        let redis = redis::Client::open(cfg.redis_url.as_str())?;
+        let ack_conn = ConnectionManager::new_lazy_with_config(
+            redis.clone(),
+            ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(5)))
+                .set_connection_timeout(Some(Duration::from_secs(2))),
+        )?;
+        let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
+        let instance = cfg.instance_id.clone().unwrap_or_default();
+        let shutdown = self.handle.shutdown.clone();
+        let mut members = JoinSet::new();
+        for l in &self.listeners {
+            let metrics = WorkerMetrics::new(&l.group, &l.stream);
+            let paused = self.handle.paused[&l.name].subscribe();
+            for i in 0..l.concurrency {
+                let shared = Arc::new(MemberShared {
+                    group: l.group.clone(),
+                    stream: l.stream.clone(),
+                    member_id: format!("{instance}-{}-{i}", l.name),
+                    listener: l.clone(),
+                    redis: redis.clone(),
+                    ack_conn: ack_conn.clone(),
+                    paused: paused.clone(),
+                    metrics: metrics.clone(),
+                });
+                let info = ClientInfo {
+                    pod_ip: std::env::var("POD_IP")
+                        .ok()
+                        .or_else(|| Some(instance.clone())),
+                    host: cfg.host.clone(),
+                    version: Some(env!("CARGO_PKG_VERSION").into()),
+                    concurrency: Some(l.concurrency),
+                };
+                let member = MemberRuntime::new(shared, coord.clone(), info);
+                members.spawn(member.run(shutdown.child_token()));
+            }
+        }
+        info!(members = members.len(), coordinator = %coord.current_url(), "consumer app started");
+        let mut first_error = None;
+        let mut signal = std::pin::pin!(signal);
+        loop {
+            tokio::select! {
+                _ = &mut signal, if !shutdown.is_cancelled() => {
+                    info!("shutdown requested: finishing in-flight messages, then leaving");
+                    shutdown.cancel();
+                }
+                done = members.join_next() => match done {
+                    None => break,
+                    Some(Ok(Ok(()))) => {}
+                    Some(Ok(Err(e))) => {
+                        error!(error = %e, "a member stopped; shutting the app down");
+                        first_error.get_or_insert(e);
+                        shutdown.cancel();
+                    }
+                    Some(Err(e)) => {
+                        error!(error = %e, "a member task panicked; shutting the app down");
+                        shutdown.cancel();
+                    }
+                },
+            }
+        }
+        info!("consumer app stopped");
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,99 @@
+//! Where the client finds the coordinator and Redis, and who it is: from the environment or
+//! set by hand.
+
+use crate::error::ClientError;
+
+/// Connection settings shared by consumers and producers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Coordinator base URLs (`http://host:port`), tried in order on failure.
+    pub coordinator_urls: Vec<String>,
+    /// The data Redis (`redis://host:port`).
+    pub redis_url: String,
+    /// Bearer token for the coordinator.
+    pub token: Option<String>,
+    /// This process's identity in member ids: the pod IP, else the pod name.
+    pub instance_id: Option<String>,
+    /// The host (pod) name, reported to operators.
+    pub host: Option<String>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            coordinator_urls: Vec::new(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            token: None,
+            instance_id: None,
+            host: None,
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL`, `RSC_TOKEN`,
+    /// `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`).
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let mut cfg = ClientConfig::default();
+        if let Some(urls) = get("RSC_COORDINATOR_URL") {
+            cfg.coordinator_urls = split_urls(&urls);
+        }
+        if let Some(url) = get("RSC_REDIS_URL") {
+            cfg.redis_url = url;
+        }
+        cfg.token = get("RSC_TOKEN");
+        cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
+        cfg.instance_id = get("POD_IP").or_else(|| cfg.host.clone());
+        cfg
+    }
+
+    pub(crate) fn check_coordinator(&self) -> Result<(), ClientError> {
+        if self.coordinator_urls.is_empty() {
+            return Err(ClientError::Config(
+                "no coordinator URL: set RSC_COORDINATOR_URL (comma-separated for failover) \
+                 or call .coordinator(url)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Splits `a,b , c` into URLs.
+pub(crate) fn split_urls(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn reads_the_environment() {
+        let env: HashMap<&str, &str> = [
+            ("RSC_COORDINATOR_URL", "http://a:1, http://b:2,"),
+            ("RSC_REDIS_URL", "redis://r:7"),
+            ("RSC_TOKEN", "t"),
+            ("POD_NAME", "pod-1"),
+        ]
+        .into();
+        let cfg = ClientConfig::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        assert_eq!(cfg.coordinator_urls, ["http://a:1", "http://b:2"]);
+        assert_eq!(cfg.redis_url, "redis://r:7");
+        assert_eq!(cfg.token.as_deref(), Some("t"));
+        assert_eq!(cfg.instance_id.as_deref(), Some("pod-1"));
+        let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
+        assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
+        assert!(cfg.check_coordinator().is_err());
+    }
+}

@@ -1,0 +1,467 @@
+//! The member runtime: one logical member of a consumer group (SPEC §5, client side).
+//!
+//! A single task owns the member's state and never waits on a handler: it multiplexes the
+//! heartbeat timer, the heartbeat in flight, the lease deadline, shard workers finishing, and
+//! the shutdown signal. Handlers run in the shard workers' tasks.
+//!
+//! - **Reconcile** each answer: a shard it works that is missing from `assignment` is revoked
+//!   (its worker stops reading, finishes the handler in flight and acknowledges; when it has
+//!   exited the member heartbeats at once without it); a shard in `assignment` it does not
+//!   work yet gets a worker (which claims the previous owner's pending entries first).
+//! - **Self-fence**: once `session_timeout − margin` has passed since the *sending* of the
+//!   last successful heartbeat, every worker is stopped; a later success resumes with what
+//!   that answer assigns.
+//! - **Rejoin** with epoch 0, owning nothing, after `UNKNOWN_MEMBER_ID` or
+//!   `FENCED_MEMBER_EPOCH` (once its workers have stopped).
+//! - **Coordinator errors** (transport, 5xx, 429): retried with jittered exponential backoff,
+//!   on the next coordinator URL; owned shards keep being worked until the lease runs out.
+//! - **Shutdown**: stop every worker (in-flight handlers finish and are acknowledged), keep
+//!   heartbeating meanwhile, then leave with epoch −1 so the shards move on at once.
+
+use super::MemberShared;
+use super::backoff::Backoff;
+use super::lease::Lease;
+use super::worker::{ShardFlags, ShardWorker};
+use crate::coordinator::CoordinatorClient;
+use crate::error::{ClientError, CoordinatorError};
+use crate::listener::Rebalance;
+use futures::future::BoxFuture;
+use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, StartPosition};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::task::{Id, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+/// Before the first answer: how long to wait for a heartbeat response.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a worker was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    /// The coordinator no longer assigns the shard.
+    Revoked,
+    /// The lease ran out (self-fence).
+    Fenced,
+    /// The member was fenced or forgotten by the coordinator and must rejoin.
+    Rejoin,
+    /// The app is shutting down (or the member hit a fatal error).
+    Shutdown,
+}
+
+struct Slot {
+    stop: CancellationToken,
+    flags: Arc<ShardFlags>,
+    stopping: Option<StopReason>,
+}
+
+type HeartbeatFuture =
+    BoxFuture<'static, (Instant, i64, Result<HeartbeatResponse, CoordinatorError>)>;
+
+/// One member of a group: `<instance>-<listener>-<index>`.
+pub(crate) struct MemberRuntime {
+    shared: Arc<MemberShared>,
+    coord: CoordinatorClient,
+    client_info: ClientInfo,
+
+    epoch: i64,
+    joined: bool,
+    assignment: BTreeSet<u32>,
+    slots: BTreeMap<u32, Slot>,
+    tasks: JoinSet<u32>,
+    task_shard: HashMap<Id, u32>,
+    lease: Lease,
+    fenced: bool,
+    rejoin: bool,
+    shutting_down: bool,
+    fatal: Option<CoordinatorError>,
+    session: Duration,
+    interval: Duration,
+    start: StartPosition,
+    shard_count: u32,
+    next_heartbeat: Instant,
+    backoff: Backoff,
+    failures: u32,
+    recent_fences: VecDeque<Instant>,
+}
+
+impl MemberRuntime {
+    pub(crate) fn new(
+        shared: Arc<MemberShared>,
+        coord: CoordinatorClient,
+        client_info: ClientInfo,
+    ) -> Self {
+        MemberRuntime {
+            shared,
+            coord,
+            client_info,
+            epoch: 0,
+            joined: false,
+            assignment: BTreeSet::new(),
+            slots: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            task_shard: HashMap::new(),
+            lease: Lease::new(),
+            fenced: false,
+            rejoin: false,
+            shutting_down: false,
+            fatal: None,
+            session: Duration::from_secs(45),
+            interval: Duration::from_secs(3),
+            start: StartPosition::Earliest,
+            shard_count: 0,
+            next_heartbeat: Instant::now(),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
+            failures: 0,
+            recent_fences: VecDeque::new(),
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled (then leaves the group) or a fatal refusal.
+    pub(crate) async fn run(self, shutdown: CancellationToken) -> Result<(), ClientError> {
+        let span =
+            info_span!("member", group = %self.shared.group, member = %self.shared.member_id);
+        self.run_inner(shutdown).instrument(span).await
+    }
+
+    async fn run_inner(mut self, shutdown: CancellationToken) -> Result<(), ClientError> {
+        let mut inflight: Option<HeartbeatFuture> = None;
+        loop {
+            if self.shutting_down && self.slots.is_empty() && inflight.is_none() {
+                break;
+            }
+            let can_send = inflight.is_none()
+                && self.fatal.is_none()
+                && !(self.rejoin && !self.slots.is_empty());
+            let fence_at = if !self.fenced && !self.slots.is_empty() {
+                self.lease.deadline().map(Instant::from_std)
+            } else {
+                None
+            };
+            tokio::select! {
+                _ = shutdown.cancelled(), if !self.shutting_down => {
+                    info!(shards = ?self.slots.keys().collect::<Vec<_>>(), "shutting down: finishing in-flight messages");
+                    self.shutting_down = true;
+                    self.stop_all(StopReason::Shutdown);
+                }
+                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    let (id, panicked) = match joined {
+                        Ok((id, _)) => (id, false),
+                        Err(e) => (e.id(), true),
+                    };
+                    self.worker_exited(id, panicked);
+                }
+                (sent_at, sent_epoch, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                    inflight = None;
+                    self.answered(sent_at, sent_epoch, result);
+                }
+                _ = tokio::time::sleep_until(self.next_heartbeat), if can_send => {
+                    inflight = Some(self.send_heartbeat());
+                }
+                _ = tokio::time::sleep_until(fence_at.unwrap_or_else(Instant::now)), if fence_at.is_some() => {
+                    self.self_fence();
+                }
+            }
+        }
+        if let Some(e) = self.fatal.take() {
+            return Err(ClientError::MemberRejected {
+                group: self.shared.group.clone(),
+                member: self.shared.member_id.clone(),
+                source: e,
+            });
+        }
+        self.leave().await;
+        Ok(())
+    }
+
+    fn send_heartbeat(&mut self) -> HeartbeatFuture {
+        let owned: Vec<u32> = self.slots.keys().copied().collect();
+        let drained: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| {
+                s.flags.draining.load(Ordering::Relaxed) && s.flags.drained.load(Ordering::Relaxed)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        let req = HeartbeatRequest {
+            protocol_version: rsc_protocol::PROTOCOL_VERSION,
+            member_id: self.shared.member_id.clone(),
+            member_epoch: self.epoch,
+            owned_shards: owned,
+            drained_shards: drained,
+            client: Some(self.client_info.clone()),
+        };
+        let timeout = if self.joined {
+            (self.session / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
+        } else {
+            JOIN_TIMEOUT
+        };
+        let coord = self.coord.clone();
+        let group = self.shared.group.clone();
+        let sent_at = Instant::now();
+        Box::pin(async move {
+            let r = coord.heartbeat(&group, &req, timeout).await;
+            (sent_at, req.member_epoch, r)
+        })
+    }
+
+    fn answered(
+        &mut self,
+        sent_at: Instant,
+        sent_epoch: i64,
+        result: Result<HeartbeatResponse, CoordinatorError>,
+    ) {
+        let now = Instant::now();
+        match result {
+            Ok(resp) => {
+                metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => "ok").increment(1);
+                if self.failures > 0 {
+                    info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
+                }
+                self.failures = 0;
+                self.backoff.reset();
+                if sent_epoch == 0 {
+                    info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
+                }
+                self.joined = true;
+                self.rejoin = false;
+                self.epoch = resp.member_epoch;
+                self.session = Duration::from_millis(resp.session_timeout_ms);
+                self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
+                self.start = resp.start;
+                self.shard_count = resp.shard_count;
+                self.lease.renewed(sent_at.into_std(), self.session);
+                if self.fenced {
+                    info!("heartbeat succeeded again: resuming");
+                    self.fenced = false;
+                }
+                self.assignment = resp.assignment.into_iter().collect();
+                self.reconcile();
+                self.next_heartbeat = (sent_at + self.interval).max(now);
+            }
+            Err(e) => self.failed(e, now),
+        }
+        metrics::gauge!("rsc_client_owned_shards", "group" => self.shared.group.clone(),
+            "member" => self.shared.member_id.clone())
+        .set(self.slots.len() as f64);
+    }
+
+    fn failed(&mut self, e: CoordinatorError, now: Instant) {
+        let result = e.code().map_or("transport", ErrorCode::as_str);
+        metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => result).increment(1);
+        match e.code() {
+            Some(ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch) => {
+                warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
+                metrics::counter!("rsc_client_rejoins_total", "group" => self.shared.group.clone())
+                    .increment(1);
+                self.recent_fences.push_back(now);
+                while self
+                    .recent_fences
+                    .front()
+                    .is_some_and(|t| now - *t > Duration::from_secs(60))
+                {
+                    self.recent_fences.pop_front();
+                }
+                if self.recent_fences.len() >= 3 {
+                    error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
+                        (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
+                }
+                self.start_rejoin();
+                self.next_heartbeat = now;
+            }
+            Some(ErrorCode::GroupNotFound) => {
+                error!(error = %e, "the group does not exist (create it with `rsc-coordinator group create`); retrying");
+                self.start_rejoin();
+                self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
+            }
+            Some(ErrorCode::GroupMaxSizeReached) => {
+                warn!(error = %e, "the group is full; retrying");
+                self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
+            }
+            _ if e.is_retryable() => {
+                self.failures += 1;
+                if self.failures == 1 || self.failures.is_multiple_of(10) {
+                    warn!(error = %e, failures = self.failures, "heartbeat failed; retrying with backoff");
+                } else {
+                    debug!(error = %e, failures = self.failures, "heartbeat failed");
+                }
+                self.next_heartbeat = now + self.backoff.next_delay();
+            }
+            _ => {
+                error!(error = %e, "the coordinator refused this member; stopping it");
+                self.fatal = Some(e);
+                self.shutting_down = true;
+                self.stop_all(StopReason::Shutdown);
+            }
+        }
+    }
+
+    /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins
+    /// with epoch 0 owning nothing.
+    fn start_rejoin(&mut self) {
+        self.epoch = 0;
+        self.rejoin = true;
+        self.assignment.clear();
+        self.stop_all(StopReason::Rejoin);
+    }
+
+    fn self_fence(&mut self) {
+        warn!(
+            session_timeout_ms = self.session.as_millis() as u64,
+            "no successful heartbeat within the lease: stopping every shard (self-fence)"
+        );
+        metrics::counter!("rsc_client_self_fenced_total", "group" => self.shared.group.clone())
+            .increment(1);
+        self.fenced = true;
+        self.stop_all(StopReason::Fenced);
+    }
+
+    fn stop_all(&mut self, why: StopReason) {
+        for slot in self.slots.values_mut() {
+            if slot.stopping.is_none() {
+                slot.stopping = Some(why);
+                slot.stop.cancel();
+            }
+        }
+    }
+
+    fn can_work(&self) -> bool {
+        !self.fenced && !self.rejoin && !self.shutting_down
+    }
+
+    /// Revoke what is no longer assigned, start what is newly assigned.
+    fn reconcile(&mut self) {
+        if !self.can_work() {
+            return;
+        }
+        let mut revoked = Vec::new();
+        for (shard, slot) in &mut self.slots {
+            slot.flags
+                .draining
+                .store(*shard >= self.shard_count, Ordering::Relaxed);
+            if slot.stopping.is_none() && !self.assignment.contains(shard) {
+                slot.stopping = Some(StopReason::Revoked);
+                slot.stop.cancel();
+                revoked.push(*shard);
+            }
+        }
+        if !revoked.is_empty() {
+            info!(shards = ?revoked, "revoking shards: finishing in-flight messages");
+        }
+        let new: Vec<u32> = self
+            .assignment
+            .iter()
+            .copied()
+            .filter(|s| !self.slots.contains_key(s))
+            .collect();
+        for &shard in &new {
+            self.spawn_worker(shard);
+        }
+        if !new.is_empty() {
+            info!(shards = ?new, "starting shards");
+            self.callback(true, new);
+        }
+    }
+
+    fn spawn_worker(&mut self, shard: u32) {
+        let stop = CancellationToken::new();
+        let flags = Arc::new(ShardFlags::default());
+        flags
+            .draining
+            .store(shard >= self.shard_count, Ordering::Relaxed);
+        let worker = ShardWorker::new(
+            self.shared.clone(),
+            shard,
+            self.start,
+            stop.clone(),
+            flags.clone(),
+        );
+        let handle = self.tasks.spawn(worker.run());
+        self.task_shard.insert(handle.id(), shard);
+        self.slots.insert(
+            shard,
+            Slot {
+                stop,
+                flags,
+                stopping: None,
+            },
+        );
+    }
+
+    fn worker_exited(&mut self, id: Id, panicked: bool) {
+        let Some(shard) = self.task_shard.remove(&id) else {
+            return;
+        };
+        let Some(slot) = self.slots.remove(&shard) else {
+            return;
+        };
+        if panicked {
+            error!(shard, "shard worker panicked");
+        }
+        self.callback(false, vec![shard]);
+        match slot.stopping {
+            Some(StopReason::Revoked) => {
+                info!(shard, "shard released");
+                // Report the revocation at once rather than at the next interval.
+                self.next_heartbeat = Instant::now();
+            }
+            Some(_) => {}
+            None => warn!(shard, "shard worker exited on its own"),
+        }
+        // A shard given back while it was being revoked, or a worker that died: start again.
+        if self.can_work() && self.assignment.contains(&shard) {
+            self.spawn_worker(shard);
+            self.callback(true, vec![shard]);
+        }
+    }
+
+    fn callback(&self, assigned: bool, shards: Vec<u32>) {
+        let l = &self.shared.listener;
+        let cb = if assigned {
+            &l.on_assigned
+        } else {
+            &l.on_revoked
+        };
+        if let Some(cb) = cb {
+            cb(&Rebalance {
+                group: self.shared.group.clone(),
+                member_id: self.shared.member_id.clone(),
+                stream: self.shared.stream.clone(),
+                shards,
+            });
+        }
+    }
+
+    /// Leaves with epoch −1 (a few attempts, on each coordinator URL in turn).
+    async fn leave(&mut self) {
+        if !self.joined {
+            return;
+        }
+        let timeout = (self.session / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
+        for attempt in 1..=3 {
+            match self
+                .coord
+                .leave(&self.shared.group, &self.shared.member_id, timeout)
+                .await
+            {
+                Ok(()) => {
+                    info!("left the group");
+                    return;
+                }
+                Err(e) if e.code() == Some(ErrorCode::UnknownMemberId) => return,
+                Err(e) if e.is_retryable() && attempt < 3 => {
+                    warn!(error = %e, "leave failed; retrying");
+                    tokio::time::sleep(self.backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not leave the group: it will expire the member after the session timeout");
+                    return;
+                }
+            }
+        }
+    }
+}

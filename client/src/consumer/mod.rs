@@ -1,0 +1,62 @@
+//! The consumer side: one member runtime per listener × concurrency index.
+//!
+//! - [`member`]: joins the group, heartbeats on its own task (never waiting on handlers),
+//!   reconciles its shards with each answer (revoke before assign, SPEC §5.2), self-fences
+//!   when its lease runs out, rejoins after `UNKNOWN_MEMBER_ID` / `FENCED_MEMBER_EPOCH`, and
+//!   leaves on shutdown.
+//! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
+//!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
+//!   dead letters, acknowledgements.
+
+pub(crate) mod backoff;
+pub(crate) mod lease;
+pub(crate) mod member;
+pub(crate) mod worker;
+
+use crate::listener::Listener;
+use metrics::{Counter, Gauge, Histogram};
+use redis::aio::ConnectionManager;
+use tokio::sync::watch;
+
+/// What every shard worker of one member shares.
+pub(crate) struct MemberShared {
+    pub(crate) group: String,
+    pub(crate) stream: String,
+    pub(crate) member_id: String,
+    pub(crate) listener: Listener,
+    pub(crate) redis: redis::Client,
+    /// For manual acknowledgements (never blocked by a read).
+    pub(crate) ack_conn: ConnectionManager,
+    /// `true` while the listener is paused.
+    pub(crate) paused: watch::Receiver<bool>,
+    pub(crate) metrics: WorkerMetrics,
+}
+
+/// Handles of the per-message metrics (labels `group`, `stream`).
+#[derive(Clone)]
+pub(crate) struct WorkerMetrics {
+    pub(crate) handled: Counter,
+    pub(crate) failed: Counter,
+    pub(crate) retried: Counter,
+    pub(crate) dead_lettered: Counter,
+    pub(crate) duration: Histogram,
+}
+
+impl WorkerMetrics {
+    pub(crate) fn new(group: &str, stream: &str) -> Self {
+        let labels = [("group", group.to_owned()), ("stream", stream.to_owned())];
+        WorkerMetrics {
+            handled: metrics::counter!("rsc_client_messages_handled_total", &labels),
+            failed: metrics::counter!("rsc_client_handler_failures_total", &labels),
+            retried: metrics::counter!("rsc_client_messages_retried_total", &labels),
+            dead_lettered: metrics::counter!("rsc_client_messages_dead_lettered_total", &labels),
+            duration: metrics::histogram!("rsc_client_handler_duration_seconds", &labels),
+        }
+    }
+
+    /// Entries of a shard not yet delivered to the group (`XINFO GROUPS` lag).
+    pub(crate) fn lag(group: &str, stream: &str, shard: u32) -> Gauge {
+        metrics::gauge!("rsc_client_shard_lag", "group" => group.to_owned(),
+            "stream" => stream.to_owned(), "shard" => shard.to_string())
+    }
+}

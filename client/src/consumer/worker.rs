@@ -1,0 +1,573 @@
+//! The shard worker: reads one shard for one member until it is told to stop.
+//!
+//! Order of work on a shard it was just given: make sure the Redis consumer group exists
+//! (`XGROUP CREATE … MKSTREAM`, `BUSYGROUP` is fine), take over every entry still pending in
+//! the group (`XAUTOCLAIM` with min-idle 0, cursor loop until `0-0`; safe because the
+//! coordinator gives a shard to one member at a time), then read new entries
+//! (`XREADGROUP … BLOCK … STREAMS key >`) on its own connection.
+//!
+//! Entries are handled one at a time, in stream order, so the order of one key's messages is
+//! kept within a shard. A stop request (revocation, self-fence, shutdown) lets the handler in
+//! flight finish; acknowledgements of what succeeded are sent; entries fetched but not started
+//! stay pending for the next owner.
+
+use super::MemberShared;
+use super::backoff::{Backoff, retry_delay};
+use crate::handler::{FailureAction, HandlerError};
+use crate::listener::AckMode;
+use crate::message::{Entry, Origin};
+use futures::FutureExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::streams::{StreamAutoClaimReply, StreamInfoGroupsReply, StreamReadReply};
+use redis::{RedisError, Value};
+use rsc_protocol::StartPosition;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// How many pending entries one `XAUTOCLAIM` takes over.
+const CLAIM_COUNT: usize = 100;
+/// How often the shard's lag gauge is refreshed.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// Flags the member and its worker share for one shard.
+#[derive(Debug, Default)]
+pub(crate) struct ShardFlags {
+    /// The shard is beyond the stream's shard count: it is being drained (SPEC §6).
+    pub(crate) draining: AtomicBool,
+    /// The worker found the draining shard empty (nothing pending, nothing unread).
+    pub(crate) drained: AtomicBool,
+}
+
+/// One shard worker.
+pub(crate) struct ShardWorker {
+    shared: Arc<MemberShared>,
+    origin: Arc<Origin>,
+    start: StartPosition,
+    stop: CancellationToken,
+    flags: Arc<ShardFlags>,
+    lag: metrics::Gauge,
+    lag_at: Option<Instant>,
+}
+
+enum Outcome {
+    /// The handler succeeded.
+    Handled,
+    /// Written to the dead-letter stream.
+    DeadLettered,
+    /// Stopped before the entry was finished: it stays pending.
+    Abandoned,
+}
+
+impl ShardWorker {
+    pub(crate) fn new(
+        shared: Arc<MemberShared>,
+        shard: u32,
+        start: StartPosition,
+        stop: CancellationToken,
+        flags: Arc<ShardFlags>,
+    ) -> Self {
+        let origin = Arc::new(Origin {
+            group: shared.group.clone(),
+            stream: shared.stream.clone(),
+            shard,
+            shard_key: rsc_protocol::routing::shard_key(&shared.stream, shard),
+            member_id: shared.member_id.clone(),
+            ack_conn: Some(shared.ack_conn.clone()),
+        });
+        let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
+        ShardWorker {
+            shared,
+            origin,
+            start,
+            stop,
+            flags,
+            lag,
+            lag_at: None,
+        }
+    }
+
+    /// Runs until stopped; returns the shard index.
+    pub(crate) async fn run(self) -> u32 {
+        let shard = self.origin.shard;
+        let span = info_span!("shard", group = %self.origin.group,
+            member = %self.origin.member_id, shard, key = %self.origin.shard_key);
+        self.work().instrument(span).await;
+        shard
+    }
+
+    fn connect(&self) -> Result<ConnectionManager, RedisError> {
+        // Every worker has its own connection: a blocked XREADGROUP would stall any command
+        // queued behind it. The response timeout must exceed BLOCK (CRATES.md).
+        let block = self.shared.listener.settings.block;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(block + Duration::from_secs(5)))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_max_delay(Duration::from_secs(2));
+        ConnectionManager::new_lazy_with_config(self.shared.redis.clone(), config)
+    }
+
+    async fn work(mut self) {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut conn = loop {
+            match self.connect() {
+                Ok(c) => break c,
+                Err(e) => {
+                    warn!(error = %e, "cannot set up a Redis connection");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return;
+                    }
+                }
+            }
+        };
+        info!("shard worker started");
+        if !self.ensure_group(&mut conn, &mut backoff).await {
+            return;
+        }
+        if !self.claim_pending(&mut conn, &mut backoff).await {
+            return;
+        }
+        self.read_new(&mut conn, &mut backoff).await;
+        debug!("shard worker stopped");
+    }
+
+    /// Sleeps unless stopped first; `false` when stopped.
+    async fn pause_for(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.stop.cancelled() => false,
+        }
+    }
+
+    /// Waits while the listener is paused; `false` when stopped.
+    async fn wait_unpaused(&self) -> bool {
+        let mut paused = self.shared.paused.clone();
+        loop {
+            if self.stop.is_cancelled() {
+                return false;
+            }
+            if !*paused.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                changed = paused.changed() => if changed.is_err() { return !self.stop.is_cancelled() },
+                _ = self.stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// `XGROUP CREATE <key> <group> <start> MKSTREAM`, retried until it works or the worker
+    /// is stopped.
+    async fn ensure_group(&self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+        loop {
+            if self.stop.is_cancelled() {
+                return false;
+            }
+            let r: Result<(), RedisError> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&self.origin.shard_key)
+                .arg(&self.origin.group)
+                .arg(self.start.xgroup_id())
+                .arg("MKSTREAM")
+                .query_async(conn)
+                .await;
+            match r {
+                Ok(()) => {
+                    info!(
+                        start = self.start.xgroup_id(),
+                        "created the Redis consumer group"
+                    );
+                    backoff.reset();
+                    return true;
+                }
+                Err(e) if e.code() == Some("BUSYGROUP") => {
+                    backoff.reset();
+                    return true;
+                }
+                Err(e) => {
+                    warn!(error = %e, "XGROUP CREATE failed; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes over and handles every entry pending in the group on this shard. `false` when
+    /// stopped.
+    async fn claim_pending(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+        let mut cursor = "0-0".to_owned();
+        let mut claimed_total = 0usize;
+        loop {
+            if !self.wait_unpaused().await {
+                return false;
+            }
+            let reply: Result<StreamAutoClaimReply, RedisError> = redis::cmd("XAUTOCLAIM")
+                .arg(&self.origin.shard_key)
+                .arg(&self.origin.group)
+                .arg(&self.origin.member_id)
+                .arg(0)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(CLAIM_COUNT)
+                .query_async(conn)
+                .await;
+            match reply {
+                Ok(reply) => {
+                    backoff.reset();
+                    let ids: Vec<String> = reply.claimed.iter().map(|s| s.id.clone()).collect();
+                    let counts = self.delivery_counts(conn, &ids).await;
+                    let entries: Vec<Entry> = reply
+                        .claimed
+                        .into_iter()
+                        .map(|s| {
+                            let n = counts
+                                .iter()
+                                .find(|(id, _)| *id == s.id)
+                                .map_or(1, |(_, n)| *n);
+                            entry_from(s.id, s.map, n)
+                        })
+                        .collect();
+                    claimed_total += entries.len();
+                    if !entries.is_empty() && !self.handle_batch(conn, entries).await {
+                        return false;
+                    }
+                    if reply.next_stream_id == "0-0" {
+                        if claimed_total > 0 {
+                            info!(claimed = claimed_total, "took over pending entries");
+                        }
+                        return true;
+                    }
+                    cursor = reply.next_stream_id;
+                }
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    // The group vanished (e.g. Redis restarted without persistence): nothing
+                    // is pending any more.
+                    return self.ensure_group(conn, backoff).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, "XAUTOCLAIM failed; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Redis's delivery counts of entries this member now holds (after a claim).
+    async fn delivery_counts(
+        &self,
+        conn: &mut ConnectionManager,
+        ids: &[String],
+    ) -> Vec<(String, u64)> {
+        let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
+            return Vec::new();
+        };
+        let r: Result<redis::streams::StreamPendingCountReply, RedisError> = redis::cmd("XPENDING")
+            .arg(&self.origin.shard_key)
+            .arg(&self.origin.group)
+            .arg(first)
+            .arg(last)
+            .arg(ids.len())
+            .arg(&self.origin.member_id)
+            .query_async(conn)
+            .await;
+        match r {
+            Ok(r) => r
+                .ids
+                .into_iter()
+                .map(|p| (p.id, p.times_delivered as u64))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Reads and handles new entries until stopped.
+    async fn read_new(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) {
+        let settings = &self.shared.listener.settings;
+        let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.origin.group)
+            .arg(&self.origin.member_id)
+            .arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block_ms)
+            .arg("STREAMS")
+            .arg(&self.origin.shard_key)
+            .arg(">");
+        loop {
+            if !self.wait_unpaused().await {
+                return;
+            }
+            let read = cmd.query_async::<Option<StreamReadReply>>(conn);
+            let reply = tokio::select! {
+                r = read => r,
+                // Entries this read may have fetched stay pending for the next owner.
+                _ = self.stop.cancelled() => return,
+            };
+            match reply {
+                Ok(reply) => {
+                    backoff.reset();
+                    let entries: Vec<Entry> = reply
+                        .into_iter()
+                        .flat_map(|r| r.keys)
+                        .flat_map(|k| k.ids)
+                        .map(|s| entry_from(s.id, s.map, 1))
+                        .collect();
+                    if entries.is_empty() {
+                        self.idle(conn).await;
+                    } else {
+                        self.flags.drained.store(false, Ordering::Relaxed);
+                        if !self.handle_batch(conn, entries).await {
+                            return;
+                        }
+                    }
+                    self.refresh_lag(conn).await;
+                }
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+                    if !self.ensure_group(conn, backoff).await {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "XREADGROUP failed; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a read found nothing: a draining shard with nothing pending is drained.
+    async fn idle(&self, conn: &mut ConnectionManager) {
+        if !self.flags.draining.load(Ordering::Relaxed) {
+            return;
+        }
+        let pending: Result<redis::streams::StreamPendingReply, RedisError> =
+            redis::cmd("XPENDING")
+                .arg(&self.origin.shard_key)
+                .arg(&self.origin.group)
+                .query_async(conn)
+                .await;
+        if let Ok(p) = pending
+            && p.count() == 0
+            && !self.flags.drained.swap(true, Ordering::Relaxed)
+        {
+            info!("draining shard is empty");
+        }
+    }
+
+    async fn refresh_lag(&mut self, conn: &mut ConnectionManager) {
+        if self.lag_at.is_some_and(|t| t.elapsed() < LAG_EVERY) {
+            return;
+        }
+        self.lag_at = Some(Instant::now());
+        let info: Result<StreamInfoGroupsReply, RedisError> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&self.origin.shard_key)
+            .query_async(conn)
+            .await;
+        if let Ok(info) = info
+            && let Some(g) = info.groups.iter().find(|g| g.name == self.origin.group)
+            && let Some(lag) = g.lag
+        {
+            self.lag.set(lag as f64);
+        }
+    }
+
+    /// Handles entries in order, then acknowledges what is done. `false` when stopped before
+    /// the end of the batch.
+    async fn handle_batch(&mut self, conn: &mut ConnectionManager, entries: Vec<Entry>) -> bool {
+        let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
+        let mut acks: Vec<String> = Vec::with_capacity(entries.len());
+        let mut complete = true;
+        for entry in entries {
+            if !self.wait_unpaused().await {
+                complete = false;
+                break;
+            }
+            let entry = Arc::new(entry);
+            match self.process(conn, &entry).await {
+                Outcome::Handled => {
+                    if auto {
+                        acks.push(entry.id.clone());
+                    }
+                }
+                Outcome::DeadLettered => acks.push(entry.id.clone()),
+                Outcome::Abandoned => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        self.ack(conn, &acks).await;
+        complete
+    }
+
+    /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
+    /// an acknowledgement lost here means the entry is handled again by the next owner).
+    async fn ack(&self, conn: &mut ConnectionManager, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        for attempt in 1..=5 {
+            let r: Result<i64, RedisError> = redis::cmd("XACK")
+                .arg(&self.origin.shard_key)
+                .arg(&self.origin.group)
+                .arg(ids)
+                .query_async(conn)
+                .await;
+            match r {
+                Ok(_) => return,
+                Err(e) if e.code() == Some("NOGROUP") => return,
+                Err(e) => {
+                    warn!(error = %e, attempt, entries = ids.len(), "XACK failed");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+        warn!(
+            entries = ids.len(),
+            "giving up acknowledging: these entries will be handled again"
+        );
+    }
+
+    /// Runs the handler with retries; dead-letters when retries are exhausted or the handler
+    /// asks for it.
+    async fn process(&self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
+        let settings = &self.shared.listener.settings;
+        let m = &self.shared.metrics;
+        let mut attempt = 1u32;
+        loop {
+            let span = info_span!("message", entry_id = %entry.id, attempt);
+            let started = Instant::now();
+            let call =
+                self.shared
+                    .listener
+                    .handler
+                    .call(entry.clone(), self.origin.clone(), attempt);
+            let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+            m.duration.record(started.elapsed().as_secs_f64());
+            let err = match result {
+                Ok(Ok(())) => {
+                    m.handled.increment(1);
+                    return Outcome::Handled;
+                }
+                Ok(Err(e)) => e,
+                Err(panic) => {
+                    HandlerError::retry(format!("handler panicked: {}", panic_text(&panic)))
+                }
+            };
+            m.failed.increment(1);
+            let dead = err.action() == FailureAction::DeadLetter || attempt > settings.max_retries;
+            if dead {
+                return self.dead_letter(conn, entry, &err, attempt).await;
+            }
+            let delay = match err.action() {
+                FailureAction::RetryAfter(d) => d,
+                _ => retry_delay(attempt, settings.retry_min, settings.retry_max),
+            };
+            debug!(entry_id = %entry.id, attempt, error = %err, ?delay, "handler failed; will retry");
+            m.retried.increment(1);
+            if !self.pause_for(delay).await {
+                return Outcome::Abandoned;
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Copies the entry to `<stream>:dlq` with `error`, `origin` (shard key), `origin_id`,
+    /// `group`, `member`, `attempts` and `failed_ms`. Retried until written or stopped.
+    async fn dead_letter(
+        &self,
+        conn: &mut ConnectionManager,
+        entry: &Entry,
+        err: &HandlerError,
+        attempts: u32,
+    ) -> Outcome {
+        const OURS: [&str; 7] = [
+            "error",
+            "origin",
+            "origin_id",
+            "group",
+            "member",
+            "attempts",
+            "failed_ms",
+        ];
+        let dlq = rsc_protocol::routing::dlq_key(&self.origin.stream);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&dlq).arg("*");
+        for (name, value) in &entry.fields {
+            if !OURS.contains(&name.as_str()) {
+                cmd.arg(name).arg(value);
+            }
+        }
+        cmd.arg("error")
+            .arg(err.to_string())
+            .arg("origin")
+            .arg(&self.origin.shard_key)
+            .arg("origin_id")
+            .arg(&entry.id)
+            .arg("group")
+            .arg(&self.origin.group)
+            .arg("member")
+            .arg(&self.origin.member_id)
+            .arg("attempts")
+            .arg(attempts)
+            .arg("failed_ms")
+            .arg(now_ms);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let r: Result<String, RedisError> = cmd.query_async(conn).await;
+            match r {
+                Ok(_) => {
+                    self.shared.metrics.dead_lettered.increment(1);
+                    warn!(entry_id = %entry.id, attempts, error = %err, dlq = %dlq, "dead-lettered");
+                    return Outcome::DeadLettered;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot write the dead letter; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return Outcome::Abandoned;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn entry_from(
+    id: String,
+    map: std::collections::HashMap<String, Value>,
+    delivery_count: u64,
+) -> Entry {
+    let fields = map
+        .into_iter()
+        .map(|(k, v)| {
+            let bytes = redis::from_redis_value::<Vec<u8>>(v).unwrap_or_default();
+            (k, bytes)
+        })
+        .collect();
+    Entry::new(id, fields, delivery_count)
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}

@@ -1,0 +1,99 @@
+//! The client's errors: [`ClientError`] for everything the framework does, and
+//! [`CoordinatorError`] for one call to the coordinator.
+
+use rsc_protocol::ErrorCode;
+
+/// An error of the client framework (configuration, Redis, coordinator, encoding).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The configuration is incomplete or invalid; the message says what to set.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A call to the coordinator failed.
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    /// A payload could not be encoded as JSON.
+    #[error("payload encoding: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// A member was refused by the coordinator in a way retrying cannot fix (bad token,
+    /// missing scope, invalid request): the listener stopped.
+    #[error("member {member} of group {group} stopped: {source}")]
+    MemberRejected {
+        /// The group.
+        group: String,
+        /// The member id.
+        member: String,
+        /// What the coordinator answered.
+        source: CoordinatorError,
+    },
+}
+
+/// The outcome of one failed call to the coordinator.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoordinatorError {
+    /// The coordinator answered with a SPEC error body.
+    #[error("{code} (HTTP {status}) from {url}: {message}")]
+    Api {
+        /// The coordinator that answered.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The SPEC error code.
+        code: ErrorCode,
+        /// The human-readable message.
+        message: String,
+    },
+    /// The coordinator answered something that is not the expected JSON.
+    #[error("unexpected answer (HTTP {status}) from {url}: {body}")]
+    Unexpected {
+        /// The coordinator that answered.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// The coordinator could not be reached (connection refused, timeout, reset).
+    #[error("cannot reach the coordinator at {url}: {source}")]
+    Transport {
+        /// The coordinator tried.
+        url: String,
+        /// The HTTP client's error.
+        source: reqwest::Error,
+    },
+}
+
+impl CoordinatorError {
+    /// The SPEC error code, when the coordinator answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            CoordinatorError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether the same request may succeed later (or on another coordinator): transport
+    /// errors, 5xx, 429 and the retryable SPEC codes.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CoordinatorError::Api { code, .. } => code.is_retryable(),
+            CoordinatorError::Unexpected { status, .. } => *status >= 500 || *status == 429,
+            CoordinatorError::Transport { .. } => true,
+        }
+    }
+
+    /// Whether another coordinator URL should be tried next (this one is down or failing).
+    pub(crate) fn suggests_failover(&self) -> bool {
+        match self {
+            CoordinatorError::Api { status, .. } | CoordinatorError::Unexpected { status, .. } => {
+                *status >= 500
+            }
+            CoordinatorError::Transport { .. } => true,
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Client framework of Redis Stream Coordinator: Kafka-style consumer groups over sharded
+//! Redis Streams, for application code.
+//!
+//! - **Consumers**: write an `async fn(Message<T>) -> Result<(), HandlerError>`, mark it
+//!   [`#[stream_listener]`](stream_listener) (or wrap it in a [`Listener`]), and run a
+//!   [`ConsumerApp`]. Each listener runs `concurrency` members of its consumer group; the
+//!   coordinator gives each member a share of the stream's shards, and the framework reads,
+//!   retries, dead-letters and acknowledges — at-least-once, in order per shard.
+//! - **Producers**: [`producer::Producer`] routes each message to its shard by key (SPEC §3)
+//!   and writes it with `XADD`.
+//!
+//! ```
+//! use rsc_client::prelude::*;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order {
+//!     id: u64,
+//!     total_cents: u64,
+//! }
+//!
+//! async fn on_order(msg: Message<Order>) -> Result<(), HandlerError> {
+//!     let order = msg.payload();
+//!     if order.total_cents == 0 {
+//!         // Retrying cannot fix this one: straight to `orders:dlq`.
+//!         return Err(HandlerError::dead_letter(format!("order {} is empty", order.id)));
+//!     }
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Handlers are plain functions: test them without Redis.
+//! let result = on_order(Message::test(Order { id: 7, total_cents: 0 })).await;
+//! assert_eq!(result.unwrap_err().action(), FailureAction::DeadLetter);
+//!
+//! // What `#[stream_listener(group = "billing", stream = "orders", concurrency = 2)]`
+//! // registers, built by hand:
+//! let app = ConsumerApp::builder()
+//!     .coordinator("http://127.0.0.1:7070")
+//!     .redis_url("redis://127.0.0.1:6379")
+//!     .instance_id("10.0.0.7")
+//!     .listener(Listener::new("billing", "orders", on_order).concurrency(2))
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(app.member_ids(), ["10.0.0.7-billing-0", "10.0.0.7-billing-1"]);
+//! // app.run().await runs until SIGTERM / Ctrl-C, then leaves the group gracefully.
+//! # }
+//! ```
+//!
+//! # Guarantees and their limits
+//! - A shard is worked by one member at a time: the coordinator revokes before it assigns,
+//!   and a member that cannot heartbeat stops on its own (self-fence) before its session could
+//!   expire.
+//! - At-least-once: an entry is acknowledged only after its handler succeeded (or it was
+//!   dead-lettered). A crash, a kill or a self-fence can hand an entry to a new owner that was
+//!   already handled: make handlers idempotent.
+//! - Order: one shard's entries are handled one at a time, in stream order, so one key's
+//!   messages are handled in the order they were published — while the shard does not move.
+//!
+//! # Metrics
+//! Through the [`metrics`](https://docs.rs/metrics) facade (install any recorder):
+//! `rsc_client_messages_handled_total`, `rsc_client_handler_failures_total`,
+//! `rsc_client_messages_retried_total`, `rsc_client_messages_dead_lettered_total`,
+//! `rsc_client_handler_duration_seconds` (labels `group`, `stream`); `rsc_client_shard_lag`
+//! (`group`, `stream`, `shard`); `rsc_client_heartbeats_total` (`group`, `result`),
+//! `rsc_client_self_fenced_total`, `rsc_client_rejoins_total`, `rsc_client_owned_shards`;
+//! `rsc_client_published_total`, `rsc_client_publish_errors_total` (`stream`).
+//! Tracing spans: `member` (group, member), `shard` (shard, key), `message` (entry_id, attempt).
+#![deny(missing_docs)]
+
+mod app;
+mod config;
+pub mod consumer;
+mod coordinator;
+mod error;
+mod handler;
+mod listener;
+mod message;
+pub mod producer;
+
+pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
+pub use config::ClientConfig;
+pub use error::{ClientError, CoordinatorError};
+pub use handler::{BoxError, FailureAction, Handler, HandlerError};
+pub use listener::{AckMode, Listener, Rebalance};
+pub use message::{Acker, Headers, Message, Payload, Raw};
+
+/// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run
+/// for every message of `stream` that its consumer `group` gives this process.
+///
+/// ```no_run
+/// use rsc_client::prelude::*;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Order { id: u64 }
+///
+/// #[stream_listener(group = "billing", stream = "orders", concurrency = 4)]
+/// async fn on_order(msg: Message<Order>) -> Result<(), HandlerError> {
+///     println!("order {}", msg.payload().id);
+///     Ok(())
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), ClientError> {
+///     ConsumerApp::from_env()?.run().await
+/// }
+/// ```
+///
+/// Keys: `group` and `stream` (required), `concurrency` (members in this process, default 1),
+/// `name` (used in member ids, default the group), `ack` (`"auto"` default, or `"manual"`),
+/// `max_retries` (default 3).
+///
+/// The function stays an ordinary function (call it in tests with [`Message::test`]). The
+/// attribute adds a registration that [`ConsumerApp::from_env`] (or
+/// [`ConsumerAppBuilder::registered_listeners`]) collects; it is equivalent to:
+///
+/// ```ignore
+/// ConsumerApp::builder()
+///     .listener(Listener::new("billing", "orders", on_order).concurrency(4))
+///     .build()?
+/// ```
+pub use rsc_macros::stream_listener;
+
+/// The names most programs need: `use rsc_client::prelude::*;`.
+pub mod prelude {
+    pub use crate::producer::{Producer, Record};
+    pub use crate::{
+        AckMode, ClientError, ConsumerApp, FailureAction, HandlerError, Listener, Message, Raw,
+        stream_listener,
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! Used by the code `#[stream_listener]` expands to. Not a public API.
+    pub use inventory;
+
+    /// One `#[stream_listener]` function, registered without a central list.
+    pub struct Registration {
+        build: fn() -> crate::Listener,
+    }
+
+    impl Registration {
+        /// Wraps the function that builds the listener.
+        pub const fn new(build: fn() -> crate::Listener) -> Self {
+            Registration { build }
+        }
+    }
+
+    inventory::collect!(Registration);
+
+    /// Every registered listener.
+    pub(crate) fn registered() -> Vec<crate::Listener> {
+        inventory::iter::<Registration>
+            .into_iter()
+            .map(|r| (r.build)())
+            .collect()
+    }
+}

@@ -1,0 +1,293 @@
+//! The message a listener receives: its decoded payload and where it came from.
+
+use crate::error::ClientError;
+use crate::handler::BoxError;
+use redis::aio::ConnectionManager;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The `headers` field of an entry: a JSON object of strings (e.g. a W3C `traceparent`).
+/// Non-string values are kept as their JSON text.
+pub type Headers = BTreeMap<String, String>;
+
+/// How a payload type is made from the entry's `payload` field.
+///
+/// Every `serde::Deserialize` type is decoded from JSON; [`Raw`] takes the bytes as sent.
+/// A payload that does not decode is dead-lettered at once (retrying cannot fix it).
+pub trait Payload: Sized + Send + 'static {
+    /// Decodes the `payload` field.
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError>;
+}
+
+impl<T: DeserializeOwned + Send + 'static> Payload for T {
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        serde_json::from_slice(bytes).map_err(Into::into)
+    }
+}
+
+/// The `payload` field's bytes, undecoded: use `Message<Raw>` for non-JSON payloads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Raw(pub Vec<u8>);
+
+impl Payload for Raw {
+    fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
+        Ok(Raw(bytes.to_vec()))
+    }
+}
+
+/// One Redis Stream entry as read (fields in the order Redis returned them).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) fields: Vec<(String, Vec<u8>)>,
+    pub(crate) key: Option<String>,
+    pub(crate) headers: Headers,
+    /// How many times Redis delivered it (1 for a first read).
+    pub(crate) delivery_count: u64,
+}
+
+impl Entry {
+    pub(crate) fn new(id: String, fields: Vec<(String, Vec<u8>)>, delivery_count: u64) -> Self {
+        let mut key = None;
+        let mut headers = Headers::new();
+        for (name, value) in &fields {
+            match name.as_str() {
+                "key" => key = Some(String::from_utf8_lossy(value).into_owned()),
+                "headers" => headers = parse_headers(value),
+                _ => {}
+            }
+        }
+        Entry {
+            id,
+            fields,
+            key,
+            headers,
+            delivery_count,
+        }
+    }
+
+    pub(crate) fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+fn parse_headers(value: &[u8]) -> Headers {
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(value) {
+        Ok(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        Err(_) => Headers::new(),
+    }
+}
+
+/// Where a message was read: shared by every message of one shard worker.
+#[derive(Debug, Default)]
+pub(crate) struct Origin {
+    pub(crate) group: String,
+    pub(crate) stream: String,
+    pub(crate) shard: u32,
+    pub(crate) shard_key: String,
+    pub(crate) member_id: String,
+    /// Where manual acknowledgements go (`None` in [`Message::test`] messages).
+    pub(crate) ack_conn: Option<ConnectionManager>,
+}
+
+/// A message handed to a listener: the decoded payload plus the entry's metadata.
+///
+/// A message is handed over once per attempt: [`Message::attempt`] counts the attempts in this
+/// process, [`Message::delivery_count`] is Redis's count of deliveries to the group (it grows
+/// when a shard changes owner before the entry was acknowledged).
+#[derive(Debug)]
+pub struct Message<T> {
+    payload: T,
+    entry: Arc<Entry>,
+    origin: Arc<Origin>,
+    attempt: u32,
+}
+
+impl<T> Message<T> {
+    pub(crate) fn new(payload: T, entry: Arc<Entry>, origin: Arc<Origin>, attempt: u32) -> Self {
+        Message {
+            payload,
+            entry,
+            origin,
+            attempt,
+        }
+    }
+
+    /// A message outside any stream, for unit tests of handlers: shard 0 of stream `test`,
+    /// group `test`, entry id `0-1`; [`Message::ack`] does nothing.
+    pub fn test(payload: T) -> Self {
+        Message {
+            payload,
+            entry: Arc::new(Entry {
+                id: "0-1".into(),
+                delivery_count: 1,
+                ..Entry::default()
+            }),
+            origin: Arc::new(Origin {
+                group: "test".into(),
+                stream: "test".into(),
+                shard_key: "test:0".into(),
+                member_id: "test".into(),
+                ..Origin::default()
+            }),
+            attempt: 1,
+        }
+    }
+
+    /// The decoded payload.
+    pub fn payload(&self) -> &T {
+        &self.payload
+    }
+
+    /// The decoded payload, by value.
+    pub fn into_payload(self) -> T {
+        self.payload
+    }
+
+    /// The Redis Stream entry id (e.g. `1700000000000-0`).
+    pub fn id(&self) -> &str {
+        &self.entry.id
+    }
+
+    /// The shard index the entry was read from.
+    pub fn shard(&self) -> u32 {
+        self.origin.shard
+    }
+
+    /// The shard's Redis key (`<stream>:<shard>`).
+    pub fn shard_key(&self) -> &str {
+        &self.origin.shard_key
+    }
+
+    /// The stream's base name.
+    pub fn stream(&self) -> &str {
+        &self.origin.stream
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        &self.origin.group
+    }
+
+    /// The member handling it.
+    pub fn member_id(&self) -> &str {
+        &self.origin.member_id
+    }
+
+    /// The entry's routing `key`, if it has one.
+    pub fn key(&self) -> Option<&str> {
+        self.entry.key.as_deref()
+    }
+
+    /// The entry's `headers`.
+    pub fn headers(&self) -> &Headers {
+        &self.entry.headers
+    }
+
+    /// Any field of the entry, raw (`payload`, `key`, `headers`, or one the producer added).
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.entry.field(name)
+    }
+
+    /// Redis's delivery count for the entry in this group (1 on a first read).
+    pub fn delivery_count(&self) -> u64 {
+        self.entry.delivery_count
+    }
+
+    /// This attempt's number in this process, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// A handle that acknowledges this entry later, e.g. from a task the handler spawned.
+    /// Only needed with [`crate::AckMode::Manual`].
+    pub fn acker(&self) -> Acker {
+        Acker {
+            origin: self.origin.clone(),
+            id: self.entry.id.clone(),
+        }
+    }
+
+    /// Acknowledges the entry now (`XACK`). With [`crate::AckMode::Auto`] the runtime does it
+    /// after the handler succeeds; with [`crate::AckMode::Manual`] the handler must.
+    pub async fn ack(&self) -> Result<(), ClientError> {
+        self.acker().ack().await
+    }
+}
+
+/// Acknowledges one entry (`XACK <shard_key> <group> <id>`), see [`Message::acker`].
+#[derive(Debug, Clone)]
+pub struct Acker {
+    origin: Arc<Origin>,
+    id: String,
+}
+
+impl Acker {
+    /// Sends the `XACK`. Acknowledging twice is harmless.
+    pub async fn ack(&self) -> Result<(), ClientError> {
+        let Some(conn) = &self.origin.ack_conn else {
+            return Ok(());
+        };
+        let mut conn = conn.clone();
+        let _: i64 = redis::cmd("XACK")
+            .arg(&self.origin.shard_key)
+            .arg(&self.origin.group)
+            .arg(&self.id)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The entry id it acknowledges.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Order {
+        id: u32,
+    }
+
+    #[test]
+    fn typed_and_raw_payloads() {
+        assert_eq!(Order::decode(br#"{"id":7}"#).unwrap(), Order { id: 7 });
+        assert!(Order::decode(b"not json").is_err());
+        assert_eq!(Raw::decode(b"\xff\x00").unwrap(), Raw(vec![0xff, 0]));
+    }
+
+    #[test]
+    fn entry_reads_key_and_headers() {
+        let e = Entry::new(
+            "1-0".into(),
+            vec![
+                ("payload".into(), b"{}".to_vec()),
+                ("key".into(), b"k1".to_vec()),
+                (
+                    "headers".into(),
+                    br#"{"traceparent":"00-ab-cd-01","n":3}"#.to_vec(),
+                ),
+            ],
+            2,
+        );
+        assert_eq!(e.key.as_deref(), Some("k1"));
+        assert_eq!(e.headers["traceparent"], "00-ab-cd-01");
+        assert_eq!(e.headers["n"], "3");
+        assert_eq!(e.field("payload"), Some(&b"{}"[..]));
+        assert_eq!(e.field("nope"), None);
+    }
+}

@@ -1,0 +1,264 @@
+//! The producer: routes each message to its shard (SPEC §3) and `XADD`s it there.
+//!
+//! The routing (shard count, routing epoch) comes from the coordinator and is cached; it is
+//! refreshed in the background once older than the refresh interval (default 1 s), so a
+//! reshard reaches producers within about that long, and again after a failed write.
+
+mod routing;
+
+pub use routing::Routing;
+
+use crate::config::{ClientConfig, split_urls};
+use crate::coordinator::CoordinatorClient;
+use crate::error::ClientError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use routing::RoutingCache;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// One message to publish: payload, optional key, headers and extra fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    key: Option<String>,
+    payload: Vec<u8>,
+    headers: BTreeMap<String, String>,
+    fields: Vec<(String, Vec<u8>)>,
+}
+
+impl Record {
+    /// A record whose payload is `value` as JSON.
+    pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, ClientError> {
+        Ok(Record::raw(serde_json::to_vec(value)?))
+    }
+
+    /// A record with these payload bytes.
+    pub fn raw(payload: impl Into<Vec<u8>>) -> Self {
+        Record {
+            payload: payload.into(),
+            ..Record::default()
+        }
+    }
+
+    /// Sets the routing key (messages with one key go to one shard, in order).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header (written as the JSON object field `headers`).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Adds an extra entry field (beside `payload`, `key` and `headers`).
+    pub fn field(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.fields.push((name.into(), value.into()));
+        self
+    }
+
+    fn xadd(&self, cmd: &mut redis::Cmd) {
+        cmd.arg("payload").arg(&self.payload);
+        if let Some(k) = &self.key {
+            cmd.arg("key").arg(k);
+        }
+        if !self.headers.is_empty() {
+            cmd.arg("headers")
+                .arg(serde_json::to_string(&self.headers).unwrap_or_default());
+        }
+        for (n, v) in &self.fields {
+            cmd.arg(n).arg(v);
+        }
+    }
+}
+
+/// Where a message was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The shard index.
+    pub shard: u32,
+    /// The entry id Redis assigned.
+    pub id: String,
+}
+
+/// Publishes messages to sharded streams. Cheap to clone (shares its connection and cache).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), rsc_client::ClientError> {
+/// use rsc_client::producer::{Producer, Record};
+///
+/// let producer = Producer::builder()
+///     .coordinator("http://127.0.0.1:7070")
+///     .redis_url("redis://127.0.0.1:6379")
+///     .build()?;
+/// let at = producer.publish("orders", Some("customer-42"), &serde_json::json!({"total": 10})).await?;
+/// println!("written to shard {} as {}", at.shard, at.id);
+/// let batch = (0..100).map(|i| Record::json(&i).map(|r| r.key(format!("k{i}"))));
+/// producer.publish_batch("orders", batch.collect::<Result<Vec<_>, _>>()?).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Producer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    routes: Arc<RoutingCache>,
+    round_robin: AtomicU64,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Producer`].
+#[derive(Debug)]
+pub struct ProducerBuilder {
+    config: ClientConfig,
+    refresh_every: Duration,
+}
+
+impl ProducerBuilder {
+    /// The coordinator URL(s), comma-separated for failover.
+    pub fn coordinator(mut self, urls: &str) -> Self {
+        self.config.coordinator_urls = split_urls(urls);
+        self
+    }
+
+    /// The data Redis URL.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.config.redis_url = url.into();
+        self
+    }
+
+    /// The bearer token for the coordinator.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.config.token = Some(token.into());
+        self
+    }
+
+    /// How old a cached routing may get before it is refreshed (default 1 s).
+    pub fn refresh_every(mut self, every: Duration) -> Self {
+        self.refresh_every = every;
+        self
+    }
+
+    /// Creates the producer (Redis is connected on first use).
+    pub fn build(self) -> Result<Producer, ClientError> {
+        self.config.check_coordinator()?;
+        let client = redis::Client::open(self.config.redis_url.as_str()).map_err(|e| {
+            ClientError::Config(format!(
+                "invalid Redis URL {:?}: {e}",
+                self.config.redis_url
+            ))
+        })?;
+        let conn = ConnectionManager::new_lazy_with_config(
+            client,
+            ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(5)))
+                .set_connection_timeout(Some(Duration::from_secs(2))),
+        )?;
+        let coord = CoordinatorClient::new(self.config.coordinator_urls, self.config.token);
+        Ok(Producer {
+            inner: Arc::new(Inner {
+                conn,
+                routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
+                round_robin: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Producer {
+    /// A builder, starting from the environment (`RSC_COORDINATOR_URL`, `RSC_REDIS_URL`,
+    /// `RSC_TOKEN`).
+    pub fn builder() -> ProducerBuilder {
+        ProducerBuilder {
+            config: ClientConfig::from_env(),
+            refresh_every: Duration::from_secs(1),
+        }
+    }
+
+    /// Publishes `payload` as JSON, routed by `key` (round-robin without one).
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        stream: &str,
+        key: Option<&str>,
+        payload: &T,
+    ) -> Result<Published, ClientError> {
+        let mut record = Record::json(payload)?;
+        record.key = key.map(str::to_owned);
+        self.publish_record(stream, record).await
+    }
+
+    /// Publishes one record.
+    pub async fn publish_record(
+        &self,
+        stream: &str,
+        record: Record,
+    ) -> Result<Published, ClientError> {
+        let mut out = self.publish_batch(stream, [record]).await?;
+        Ok(out.remove(0))
+    }
+
+    /// Publishes records in one pipeline (one round trip), each to its shard. Returns where
+    /// each went, in order. Per-key order is kept within the batch.
+    pub async fn publish_batch(
+        &self,
+        stream: &str,
+        records: impl IntoIterator<Item = Record>,
+    ) -> Result<Vec<Published>, ClientError> {
+        let routing = self.inner.routes.get(stream).await?;
+        let mut pipe = redis::pipe();
+        let mut shards = Vec::new();
+        for record in records {
+            let seq = if record.key.is_none() {
+                self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
+            let shard = routing.shard_for(record.key.as_deref().map(str::as_bytes), seq);
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(&routing.shard_keys[shard as usize]).arg("*");
+            record.xadd(&mut cmd);
+            pipe.add_command(cmd);
+            shards.push(shard);
+        }
+        if shards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.inner.conn.clone();
+        let ids: Vec<String> = match pipe.query_async(&mut conn).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.inner.routes.mark_stale(stream);
+                metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
+                    .increment(1);
+                return Err(e.into());
+            }
+        };
+        metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
+            .increment(ids.len() as u64);
+        Ok(shards
+            .into_iter()
+            .zip(ids)
+            .map(|(shard, id)| Published { shard, id })
+            .collect())
+    }
+
+    /// The routing the producer uses now for `stream` (fetched if unknown).
+    pub async fn routing(&self, stream: &str) -> Result<Arc<Routing>, ClientError> {
+        self.inner.routes.get(stream).await
+    }
+
+    /// Fetches the routing of `stream` now (e.g. right after a reshard).
+    pub async fn refresh_routing(&self, stream: &str) -> Result<Arc<Routing>, ClientError> {
+        self.inner.routes.fetch(stream).await
+    }
+}

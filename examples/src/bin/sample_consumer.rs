@@ -1,0 +1,169 @@
+//! `sample-consumer`: a sample consumer pod (SPEC §8).
+//!
+//! ```text
+//! sample-consumer --coordinator URL[,URL…] --redis-url URL --group G --stream S \
+//!   --concurrency N --pod-ip IP [--token T] [--handle-ms N] [--fail-rate F] [--record-stream KEY]
+//!   [--max-retries N] [--retry-backoff-ms N]
+//! ```
+//! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
+//! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
+//! `<stream>:dlq`). With `--record-stream`, every successful handling adds one entry to KEY
+//! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
+//! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0.
+
+use anyhow::Context;
+use clap::Parser;
+use redis::aio::ConnectionManager;
+use rsc_client::prelude::*;
+use rsc_examples::unix_ms;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sample-consumer",
+    version,
+    about = "A sample consumer pod of Redis Stream Coordinator"
+)]
+struct Args {
+    /// Coordinator URL(s), comma-separated for failover.
+    #[arg(long, env = "RSC_COORDINATOR_URL")]
+    coordinator: String,
+    /// The data Redis.
+    #[arg(long, env = "RSC_REDIS_URL")]
+    redis_url: String,
+    /// The consumer group (must exist).
+    #[arg(long)]
+    group: String,
+    /// The stream.
+    #[arg(long)]
+    stream: String,
+    /// Members in this pod.
+    #[arg(long, default_value_t = 1)]
+    concurrency: u32,
+    /// The pod's IP: member ids are `<pod_ip>-<group>-<index>`.
+    #[arg(long, env = "POD_IP")]
+    pod_ip: String,
+    /// Bearer token for the coordinator.
+    #[arg(long, env = "RSC_TOKEN")]
+    token: Option<String>,
+    /// How long each handling attempt takes, in ms.
+    #[arg(long, default_value_t = 0)]
+    handle_ms: u64,
+    /// Probability that a handling attempt fails (0..=1).
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Stream to which every successful handling is recorded.
+    #[arg(long)]
+    record_stream: Option<String>,
+    /// Retries of a failed message before it is dead-lettered.
+    #[arg(long, default_value_t = 3)]
+    max_retries: u32,
+    /// First retry delay in ms (doubles per retry, capped at 10 s).
+    #[arg(long, default_value_t = 200)]
+    retry_backoff_ms: u64,
+}
+
+/// The sample producer's payload.
+#[derive(Debug, serde::Deserialize)]
+struct Sample {
+    seq: u64,
+    key: String,
+}
+
+struct Pod {
+    handle: Duration,
+    fail_rate: f64,
+    record: Option<(String, ConnectionManager)>,
+}
+
+impl Pod {
+    async fn handle(&self, msg: Message<Sample>) -> Result<(), HandlerError> {
+        let started_ms = unix_ms();
+        if !self.handle.is_zero() {
+            tokio::time::sleep(self.handle).await;
+        }
+        if self.fail_rate > 0.0 && rand::random::<f64>() < self.fail_rate {
+            return Err(HandlerError::retry(format!(
+                "injected failure (seq {}, attempt {})",
+                msg.payload().seq,
+                msg.attempt()
+            )));
+        }
+        if let Some((key, conn)) = &self.record {
+            let finished_ms = unix_ms();
+            let mut conn = conn.clone();
+            let p = msg.payload();
+            let _: String = redis::cmd("XADD")
+                .arg(key)
+                .arg("*")
+                .arg("entry_id")
+                .arg(msg.id())
+                .arg("shard")
+                .arg(msg.shard())
+                .arg("member")
+                .arg(msg.member_id())
+                .arg("key")
+                .arg(msg.key().unwrap_or(&p.key))
+                .arg("seq")
+                .arg(p.seq)
+                .arg("started_ms")
+                .arg(started_ms)
+                .arg("finished_ms")
+                .arg(finished_ms)
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    rsc_examples::init_logging();
+    let args = Args::parse();
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.fail_rate),
+        "--fail-rate must be within 0..=1"
+    );
+    let record = match &args.record_stream {
+        Some(key) => {
+            let client = redis::Client::open(args.redis_url.as_str()).context("--redis-url")?;
+            let conn = ConnectionManager::new_lazy_with_config(
+                client,
+                redis::aio::ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(Duration::from_secs(5))),
+            )?;
+            Some((key.clone(), conn))
+        }
+        None => None,
+    };
+    let pod = Arc::new(Pod {
+        handle: Duration::from_millis(args.handle_ms),
+        fail_rate: args.fail_rate,
+        record,
+    });
+    let handler = move |msg: Message<Sample>| {
+        let pod = pod.clone();
+        async move { pod.handle(msg).await }
+    };
+    let listener = Listener::new(args.group.clone(), args.stream.clone(), handler)
+        .concurrency(args.concurrency)
+        .max_retries(args.max_retries)
+        .retry_backoff(
+            Duration::from_millis(args.retry_backoff_ms),
+            Duration::from_secs(10),
+        );
+    let mut builder = ConsumerApp::builder()
+        .coordinator(&args.coordinator)
+        .redis_url(&args.redis_url)
+        .instance_id(&args.pod_ip)
+        .listener(listener);
+    if let Some(t) = &args.token {
+        builder = builder.token(t);
+    }
+    let app = builder.build()?;
+    tracing::info!(members = ?app.member_ids(), "sample consumer starting");
+    app.run().await?;
+    Ok(())
+}

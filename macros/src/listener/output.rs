@@ -1,0 +1,40 @@
+//! Writing the expansion: the function unchanged, then a registration that builds its
+//! `rsc_client::Listener` when `ConsumerApp::from_env()` collects the listeners.
+
+use super::parser::{Ack, Handler, ListenerArgs};
+use proc_macro2::TokenStream;
+use quote::quote;
+
+pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler) -> TokenStream {
+    let ident = &handler.ident;
+    let group = &args.group;
+    let stream = &args.stream;
+    let mut chain = TokenStream::new();
+    if let Some(name) = &args.name {
+        chain.extend(quote!(.name(#name)));
+    }
+    if let Some(n) = args.concurrency {
+        chain.extend(quote!(.concurrency(#n)));
+    }
+    if let Some(n) = args.max_retries {
+        chain.extend(quote!(.max_retries(#n)));
+    }
+    match args.ack {
+        Some(Ack::Manual) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Manual))),
+        Some(Ack::Auto) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Auto))),
+        None => {}
+    }
+    quote! {
+        #func
+
+        #[doc(hidden)]
+        const _: () = {
+            fn __rsc_build_listener() -> ::rsc_client::Listener {
+                ::rsc_client::Listener::new(#group, #stream, #ident) #chain
+            }
+            ::rsc_client::__private::inventory::submit! {
+                ::rsc_client::__private::Registration::new(__rsc_build_listener)
+            }
+        };
+    }
+}

@@ -1,0 +1,334 @@
+//! Sample pods as real processes, and reading what they recorded (for `listener.rs`).
+
+use rsc_e2e::Api;
+use rsc_testkit::{CoordinatorProcess, RedisServer, Signal, binary_path, signal, wait_for};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Heavy scenarios run one at a time: each one starts seven processes on a small machine.
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A data Redis and a coordinator (memory store).
+pub(crate) struct Stack {
+    pub(crate) redis: RedisServer,
+    pub(crate) coordinator: CoordinatorProcess,
+    pub(crate) api: Api,
+}
+
+impl Stack {
+    pub(crate) fn start() -> Self {
+        let redis = RedisServer::start().expect("redis-server starts");
+        let coordinator =
+            CoordinatorProcess::start(&["--store", "memory", "--sweep-interval-ms", "20"])
+                .expect("coordinator starts");
+        let api = Api::new(coordinator.url());
+        Stack {
+            redis,
+            coordinator,
+            api,
+        }
+    }
+
+    pub(crate) async fn create_group(
+        &self,
+        group: &str,
+        stream: &str,
+        shards: u32,
+        session_ms: u64,
+        heartbeat_ms: u64,
+    ) {
+        let (s, body) = self
+            .api
+            .post(
+                "/v1/groups",
+                json!({"group": group, "stream": stream, "shard_count": shards,
+                    "session_timeout_ms": session_ms, "heartbeat_interval_ms": heartbeat_ms}),
+            )
+            .await;
+        assert_eq!(s.as_u16(), 201, "{body}");
+    }
+
+    pub(crate) async fn group(&self, group: &str) -> Value {
+        let (s, body) = self.api.get(&format!("/v1/groups/{group}")).await;
+        assert_eq!(s.as_u16(), 200, "{body}");
+        body
+    }
+
+    /// Waits until the group has `members` members, all stable, owning every shard.
+    pub(crate) async fn wait_stable(&self, group: &str, members: usize, shards: usize) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let g = self.group(group).await;
+            let ms = g["members"].as_array().cloned().unwrap_or_default();
+            let owned: usize = ms
+                .iter()
+                .map(|m| m["owned_shards"].as_array().map_or(0, Vec::len))
+                .sum();
+            if ms.len() == members && ms.iter().all(|m| m["state"] == "stable") && owned == shards {
+                return g;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "group never became stable: {g:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) fn redis(&self) -> redis::Connection {
+        redis::Client::open(self.redis.url())
+            .and_then(|c| c.get_connection())
+            .expect("redis connection")
+    }
+}
+
+/// The shards each member owns, from a group view.
+pub(crate) fn owned_by(group_view: &Value) -> HashMap<String, Vec<u32>> {
+    group_view["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let shards = m["owned_shards"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64)
+                .map(|s| s as u32)
+                .collect();
+            (
+                m["member_id"].as_str().unwrap_or_default().to_owned(),
+                shards,
+            )
+        })
+        .collect()
+}
+
+/// A `sample-consumer` process. Killed when dropped.
+pub(crate) struct Consumer {
+    child: Option<Child>,
+    pub(crate) pod_ip: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Consumer {
+    pub(crate) fn start(stack: &Stack, pod_ip: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(binary_path("sample-consumer").expect("built"))
+            .args([
+                "--coordinator",
+                &stack.coordinator.url(),
+                "--redis-url",
+                &stack.redis.url(),
+            ])
+            .args(["--pod-ip", pod_ip])
+            .args(extra)
+            .env(
+                "RSC_LOG",
+                std::env::var("RSC_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sample-consumer starts");
+        let stderr = child.stderr.take().expect("piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        let tag = pod_ip.to_owned();
+        let echo = std::env::var_os("RSC_TEST_ECHO").is_some();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if echo {
+                    eprintln!("[{tag}] {line}");
+                }
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        Consumer {
+            child: Some(child),
+            pod_ip: pod_ip.to_owned(),
+            log,
+        }
+    }
+
+    /// Member ids of this pod: `<pod_ip>-<group>-<index>`.
+    pub(crate) fn member_ids(&self, group: &str, concurrency: u32) -> Vec<String> {
+        (0..concurrency)
+            .map(|i| format!("{}-{group}-{i}", self.pod_ip))
+            .collect()
+    }
+
+    pub(crate) fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// SIGKILL, and wait.
+    pub(crate) fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, and wait for the exit.
+    pub(crate) fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        signal(c.id(), Signal::SIGTERM).expect("signal");
+        let r = wait_for("the consumer to exit", Duration::from_secs(30), || {
+            c.try_wait().ok().flatten()
+        });
+        match r {
+            Ok(status) => status,
+            Err(e) => {
+                let _ = c.kill();
+                panic!("{e}; log:\n{}", self.log().join("\n"));
+            }
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Starts `sample-producer` (waits for nothing).
+pub(crate) fn spawn_producer(
+    stack: &Stack,
+    stream: &str,
+    count: u64,
+    keys: u64,
+    rate: Option<u64>,
+) -> Child {
+    let mut cmd = Command::new(binary_path("sample-producer").expect("built"));
+    cmd.args([
+        "--coordinator",
+        &stack.coordinator.url(),
+        "--redis-url",
+        &stack.redis.url(),
+    ])
+    .args([
+        "--stream",
+        stream,
+        "--count",
+        &count.to_string(),
+        "--keys",
+        &keys.to_string(),
+    ]);
+    if let Some(r) = rate {
+        cmd.args(["--rate", &r.to_string()]);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("sample-producer starts")
+}
+
+/// Waits for a producer and checks its `published N` line.
+pub(crate) fn finish_producer(child: Child, count: u64) {
+    let out = child.wait_with_output().expect("producer runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "producer failed: {stdout}");
+    assert_eq!(stdout.trim(), format!("published {count}"));
+}
+
+/// One entry of the record stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Handled {
+    pub(crate) entry_id: String,
+    pub(crate) shard: u32,
+    pub(crate) member: String,
+    pub(crate) key: String,
+    pub(crate) seq: u64,
+    pub(crate) started_ms: u64,
+    pub(crate) finished_ms: u64,
+}
+
+/// Every entry of a stream, as field maps, in stream order.
+pub(crate) fn read_stream(con: &mut redis::Connection, key: &str) -> Vec<HashMap<String, String>> {
+    let mut out = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(key)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(5000)
+            .query(con)
+            .expect("XRANGE");
+        let n = reply.ids.len();
+        for id in reply.ids {
+            start = format!("({}", id.id);
+            let map = id
+                .map
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        redis::from_redis_value_ref::<String>(v).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            out.push(map);
+        }
+        if n < 5000 {
+            return out;
+        }
+    }
+}
+
+/// The record stream, parsed.
+pub(crate) fn handled(con: &mut redis::Connection, key: &str) -> Vec<Handled> {
+    read_stream(con, key)
+        .into_iter()
+        .map(|m| {
+            let num = |f: &str| {
+                m.get(f)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("field {f} in {m:?}"))
+            };
+            Handled {
+                entry_id: m["entry_id"].clone(),
+                shard: num("shard") as u32,
+                member: m["member"].clone(),
+                key: m["key"].clone(),
+                seq: num("seq"),
+                started_ms: num("started_ms"),
+                finished_ms: num("finished_ms"),
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn xlen(con: &mut redis::Connection, key: &str) -> u64 {
+    redis::cmd("XLEN").arg(key).query(con).expect("XLEN")
+}
+
+/// Waits until `cond` holds, polling every 100 ms, or panics after `secs`.
+pub(crate) async fn eventually<T>(what: &str, secs: u64, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
