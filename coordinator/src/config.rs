@@ -15,6 +15,9 @@ pub enum StoreKind {
     /// In process; for development and a single coordinator.
     #[default]
     Memory,
+    /// Redis or Redis Cluster (`--redis-url`, `--redis-cluster`); several coordinators may
+    /// share it.
+    Redis,
 }
 
 /// Log line format.
@@ -42,6 +45,19 @@ pub struct ServeArgs {
     /// Metadata store [default: memory].
     #[arg(long, env = "RSC_STORE", value_enum)]
     pub store: Option<StoreKind>,
+    /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With
+    /// `--redis-cluster`, one or more seed nodes separated by commas.
+    #[arg(long, env = "RSC_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--redis-url`. Required for a
+    /// cluster: the coordinator refuses to start when this does not match what the server
+    /// reports (`INFO cluster`).
+    #[arg(long, env = "RSC_REDIS_CLUSTER")]
+    #[serde(default)]
+    pub redis_cluster: bool,
+    /// Prefix of every Redis key [default: rsc]; characters A-Z a-z 0-9 . _ : -
+    #[arg(long, env = "RSC_KEY_PREFIX")]
+    pub key_prefix: Option<String>,
     /// Serve without an ACL on a non-loopback address.
     #[arg(long, env = "RSC_ALLOW_ANONYMOUS")]
     #[serde(default)]
@@ -67,6 +83,12 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Store kind.
     pub store: StoreKind,
+    /// Redis URLs (one, or cluster seed nodes).
+    pub redis_urls: Vec<String>,
+    /// Redis Cluster mode.
+    pub redis_cluster: bool,
+    /// Key prefix.
+    pub key_prefix: String,
     /// Allow non-loopback binding without an ACL.
     pub allow_anonymous: bool,
     /// Rollback window.
@@ -125,6 +147,19 @@ impl ServeArgs {
                 .or(file.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             store: self.store.or(file.store).unwrap_or_default(),
+            redis_urls: self
+                .redis_url
+                .or(file.redis_url)
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".into())
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            redis_cluster: self.redis_cluster || file.redis_cluster,
+            key_prefix: self
+                .key_prefix
+                .or(file.key_prefix)
+                .unwrap_or_else(|| "rsc".into()),
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             rollback_window_ms: self
                 .rollback_window_ms
@@ -152,6 +187,15 @@ impl ServeArgs {
                 "sweep-interval-ms is {}; it must be within 10..=60000",
                 cfg.sweep_interval_ms
             )));
+        }
+        crate::store::validate_key_prefix(&cfg.key_prefix).map_err(ConfigError::Invalid)?;
+        if cfg.redis_urls.is_empty() {
+            return Err(ConfigError::Invalid("redis-url is empty".into()));
+        }
+        if cfg.redis_urls.len() > 1 && !cfg.redis_cluster {
+            return Err(ConfigError::Invalid(
+                "redis-url lists several servers: that is only valid with --redis-cluster".into(),
+            ));
         }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(

@@ -4,7 +4,7 @@ use crate::api::{self, AppState};
 use crate::clock::SystemClock;
 use crate::config::{ServeConfig, StoreKind};
 use crate::service::{Coordinator, ServiceConfig};
-use crate::store::{MemoryStore, MetadataStore};
+use crate::store::{MemoryStore, MetadataStore, RedisStore, RedisStoreConfig};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,17 @@ use tracing::{info, warn};
 pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
     Ok(match cfg.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Redis => {
+            let store = RedisStore::open(RedisStoreConfig {
+                urls: cfg.redis_urls.clone(),
+                cluster: cfg.redis_cluster,
+                key_prefix: cfg.key_prefix.clone(),
+                ..RedisStoreConfig::default()
+            })
+            .await?;
+            info!(?store, "using the Redis store");
+            Arc::new(store)
+        }
     })
 }
 

@@ -1,6 +1,8 @@
 //! The in-process store: the development default, for one coordinator.
 
-use super::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use super::{
+    LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, TouchOutcome, Versioned,
+};
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashMap};
@@ -36,6 +38,11 @@ impl MemoryStore {
         // mutation below is a single map operation. Recover the data.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Moves a liveness time strictly forward (see the module docs of [`super`]).
+fn advance(t: &mut u64, now_ms: u64) {
+    *t = now_ms.max(t.saturating_add(1));
 }
 
 fn cas<T: Clone>(
@@ -118,13 +125,13 @@ impl MetadataStore for MemoryStore {
 
     async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
         let mut inner = self.inner();
-        let t = inner
-            .live
-            .entry(group.to_owned())
-            .or_default()
-            .entry(member.to_owned())
-            .or_default();
-        *t = (*t).max(now_ms);
+        let live = inner.live.entry(group.to_owned()).or_default();
+        match live.get_mut(member) {
+            Some(t) => advance(t, now_ms),
+            None => {
+                live.insert(member.to_owned(), now_ms);
+            }
+        }
         Ok(())
     }
 
@@ -143,5 +150,86 @@ impl MetadataStore for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn load_group_live(
+        &self,
+        group: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
+        let inner = self.inner();
+        Ok(inner.groups.get(group).map(|v| {
+            (
+                v.clone(),
+                inner.live.get(group).cloned().unwrap_or_default(),
+            )
+        }))
+    }
+
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError> {
+        let mut inner = self.inner();
+        let current = inner.groups.get(&doc.group).map_or(0, |v| v.revision);
+        if current != expected {
+            return Err(StoreError::Conflict(doc.group.clone()));
+        }
+        if let Some(live) = inner.live.get(&doc.group) {
+            for (member, seen) in &change.expired {
+                if live.get(member).is_some_and(|t| t > seen) {
+                    return Err(StoreError::Conflict(format!(
+                        "{} (member {member} was heard from after it was found silent)",
+                        doc.group
+                    )));
+                }
+            }
+        }
+        let revision = cas(&mut inner.groups, &doc.group, Some(doc), expected)?;
+        let live = inner.live.entry(doc.group.clone()).or_default();
+        for member in &change.forget {
+            live.remove(member);
+        }
+        if let Some((member, now_ms)) = &change.touch {
+            match live.get_mut(member) {
+                Some(t) => advance(t, *now_ms),
+                None => {
+                    live.insert(member.clone(), *now_ms);
+                }
+            }
+        }
+        Ok(revision)
+    }
+
+    async fn touch_if(
+        &self,
+        group: &str,
+        revision: u64,
+        member: &str,
+        now_ms: u64,
+        max_silence_ms: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError> {
+        let mut inner = self.inner();
+        if inner.groups.get(group).map_or(0, |v| v.revision) != revision || revision == 0 {
+            return Ok(TouchOutcome::Stale);
+        }
+        let live = inner.live.entry(group.to_owned()).or_default();
+        match (live.get_mut(member), max_silence_ms) {
+            (Some(t), Some(max)) if now_ms.saturating_sub(*t) > max => Ok(TouchOutcome::NotLive),
+            (Some(t), _) => {
+                advance(t, now_ms);
+                Ok(TouchOutcome::Touched)
+            }
+            (None, Some(_)) => Ok(TouchOutcome::NotLive),
+            (None, None) => {
+                live.insert(member.to_owned(), now_ms);
+                Ok(TouchOutcome::Touched)
+            }
+        }
+    }
+
+    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.inner().streams.get(stream).map(|v| v.revision))
     }
 }
