@@ -70,7 +70,7 @@
 
 mod app;
 mod config;
-pub mod consumer;
+mod consumer;
 mod coordinator;
 mod error;
 mod handler;
@@ -114,10 +114,14 @@ pub use message::{Acker, Headers, Message, Payload, Raw};
 /// attribute adds a registration that [`ConsumerApp::from_env`] (or
 /// [`ConsumerAppBuilder::registered_listeners`]) collects; it is equivalent to:
 ///
-/// ```ignore
-/// ConsumerApp::builder()
+/// ```no_run
+/// # use rsc_client::prelude::*;
+/// # async fn on_order(msg: Message<String>) -> Result<(), HandlerError> { Ok(()) }
+/// # fn main() -> Result<(), ClientError> {
+/// let app = ConsumerApp::builder()
 ///     .listener(Listener::new("billing", "orders", on_order).concurrency(4))
-///     .build()?
+///     .build()?;
+/// # Ok(()) }
 /// ```
 pub use rsc_macros::stream_listener;
 

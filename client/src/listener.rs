@@ -188,6 +188,10 @@ impl Listener {
     }
 
     /// How many times a failed message is retried before it is dead-lettered (default 3).
+    ///
+    /// Retries happen in place: the shard waits for them, so that one key's messages stay in
+    /// order. A message that can never succeed should say so with
+    /// [`HandlerError::dead_letter`] rather than hold its shard for every retry.
     pub fn max_retries(mut self, n: u32) -> Self {
         self.settings.max_retries = n;
         self

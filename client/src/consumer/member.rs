@@ -133,9 +133,10 @@ impl MemberRuntime {
             if self.shutting_down && self.slots.is_empty() && inflight.is_none() {
                 break;
             }
+            // A rejoin waits until every worker stopped: it reports owning nothing.
             let can_send = inflight.is_none()
                 && self.fatal.is_none()
-                && !(self.rejoin && !self.slots.is_empty());
+                && (!self.rejoin || self.slots.is_empty());
             let fence_at = if !self.fenced && !self.slots.is_empty() {
                 self.lease.deadline().map(Instant::from_std)
             } else {
@@ -284,12 +285,14 @@ impl MemberRuntime {
             }
             _ if e.is_retryable() => {
                 self.failures += 1;
-                if self.failures == 1 || self.failures.is_multiple_of(10) {
+                if self.failures == 1 || self.failures % 10 == 0 {
                     warn!(error = %e, failures = self.failures, "heartbeat failed; retrying with backoff");
                 } else {
                     debug!(error = %e, failures = self.failures, "heartbeat failed");
                 }
-                self.next_heartbeat = now + self.backoff.next_delay();
+                // Jittered backoff, but never less often than the heartbeat interval: the
+                // lease only lasts as long as a heartbeat gets through.
+                self.next_heartbeat = now + self.backoff.next_delay().min(self.interval);
             }
             _ => {
                 error!(error = %e, "the coordinator refused this member; stopping it");

@@ -51,6 +51,8 @@ pub(crate) struct ShardWorker {
     flags: Arc<ShardFlags>,
     lag: metrics::Gauge,
     lag_at: Option<Instant>,
+    /// Entries handled (or dead-lettered) and not yet acknowledged.
+    acks: Vec<String>,
 }
 
 enum Outcome {
@@ -87,6 +89,7 @@ impl ShardWorker {
             flags,
             lag,
             lag_at: None,
+            acks: Vec::new(),
         }
     }
 
@@ -233,7 +236,7 @@ impl ShardWorker {
                         })
                         .collect();
                     claimed_total += entries.len();
-                    if !entries.is_empty() && !self.handle_batch(conn, entries).await {
+                    if !entries.is_empty() && !self.handle_batch(conn, entries, true).await {
                         return false;
                     }
                     if reply.next_stream_id == "0-0" {
@@ -303,15 +306,46 @@ impl ShardWorker {
             .arg(&self.origin.shard_key)
             .arg(">");
         loop {
+            if *self.shared.paused.borrow() {
+                self.flush_acks(conn).await;
+            }
             if !self.wait_unpaused().await {
+                self.flush_acks(conn).await;
                 return;
             }
-            let read = cmd.query_async::<Option<StreamReadReply>>(conn);
+            // The previous batch's acknowledgements travel in the same round trip as the next
+            // read (XACK first, then XREADGROUP).
+            let acks = std::mem::take(&mut self.acks);
+            let read = async {
+                if acks.is_empty() {
+                    cmd.query_async::<Option<StreamReadReply>>(conn).await
+                } else {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("XACK")
+                        .arg(&self.origin.shard_key)
+                        .arg(&self.origin.group)
+                        .arg(&acks)
+                        .ignore();
+                    pipe.add_command(cmd.clone());
+                    pipe.query_async::<(Option<StreamReadReply>,)>(conn)
+                        .await
+                        .map(|(r,)| r)
+                }
+            };
             let reply = tokio::select! {
                 r = read => r,
-                // Entries this read may have fetched stay pending for the next owner.
-                _ = self.stop.cancelled() => return,
+                // Entries this read may have fetched stay pending for the next owner; the
+                // acknowledgements are sent again to be sure (XACK is idempotent).
+                _ = self.stop.cancelled() => {
+                    self.acks = acks;
+                    self.flush_acks(conn).await;
+                    return;
+                }
             };
+            if reply.is_err() && !acks.is_empty() {
+                self.acks = acks;
+                self.flush_acks(conn).await;
+            }
             match reply {
                 Ok(reply) => {
                     backoff.reset();
@@ -325,7 +359,7 @@ impl ShardWorker {
                         self.idle(conn).await;
                     } else {
                         self.flags.drained.store(false, Ordering::Relaxed);
-                        if !self.handle_batch(conn, entries).await {
+                        if !self.handle_batch(conn, entries, false).await {
                             return;
                         }
                     }
@@ -384,13 +418,23 @@ impl ShardWorker {
         }
     }
 
-    /// Handles entries in order, then acknowledges what is done. `false` when stopped before
-    /// the end of the batch.
-    async fn handle_batch(&mut self, conn: &mut ConnectionManager, entries: Vec<Entry>) -> bool {
+    /// Handles entries in order. `false` when stopped before the end of the batch.
+    ///
+    /// Acknowledgements are sent in one `XACK` per batch: at the end when `flush` is set (or
+    /// when stopped), otherwise with the next read; and early before anything that may wait
+    /// (a pause, a retry delay), so that a handled entry is not left pending for long.
+    async fn handle_batch(
+        &mut self,
+        conn: &mut ConnectionManager,
+        entries: Vec<Entry>,
+        flush: bool,
+    ) -> bool {
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
-        let mut acks: Vec<String> = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
+            if *self.shared.paused.borrow() {
+                self.flush_acks(conn).await;
+            }
             if !self.wait_unpaused().await {
                 complete = false;
                 break;
@@ -399,18 +443,25 @@ impl ShardWorker {
             match self.process(conn, &entry).await {
                 Outcome::Handled => {
                     if auto {
-                        acks.push(entry.id.clone());
+                        self.acks.push(entry.id.clone());
                     }
                 }
-                Outcome::DeadLettered => acks.push(entry.id.clone()),
+                Outcome::DeadLettered => self.acks.push(entry.id.clone()),
                 Outcome::Abandoned => {
                     complete = false;
                     break;
                 }
             }
         }
-        self.ack(conn, &acks).await;
+        if flush || !complete {
+            self.flush_acks(conn).await;
+        }
         complete
+    }
+
+    async fn flush_acks(&mut self, conn: &mut ConnectionManager) {
+        let ids = std::mem::take(&mut self.acks);
+        self.ack(conn, &ids).await;
     }
 
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
@@ -444,9 +495,10 @@ impl ShardWorker {
 
     /// Runs the handler with retries; dead-letters when retries are exhausted or the handler
     /// asks for it.
-    async fn process(&self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
-        let settings = &self.shared.listener.settings;
-        let m = &self.shared.metrics;
+    async fn process(&mut self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
+        let shared = self.shared.clone();
+        let settings = &shared.listener.settings;
+        let m = &shared.metrics;
         let mut attempt = 1u32;
         loop {
             let span = info_span!("message", entry_id = %entry.id, attempt);
@@ -479,6 +531,7 @@ impl ShardWorker {
             };
             debug!(entry_id = %entry.id, attempt, error = %err, ?delay, "handler failed; will retry");
             m.retried.increment(1);
+            self.flush_acks(conn).await;
             if !self.pause_for(delay).await {
                 return Outcome::Abandoned;
             }

@@ -60,17 +60,22 @@ impl Record {
         self
     }
 
-    fn xadd(&self, cmd: &mut redis::Cmd) {
-        cmd.arg("payload").arg(&self.payload);
+    /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
+    fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str) {
+        pipe.cmd("XADD")
+            .arg(shard_key)
+            .arg("*")
+            .arg("payload")
+            .arg(&self.payload);
         if let Some(k) = &self.key {
-            cmd.arg("key").arg(k);
+            pipe.arg("key").arg(k);
         }
         if !self.headers.is_empty() {
-            cmd.arg("headers")
+            pipe.arg("headers")
                 .arg(serde_json::to_string(&self.headers).unwrap_or_default());
         }
         for (n, v) in &self.fields {
-            cmd.arg(n).arg(v);
+            pipe.arg(n).arg(v);
         }
     }
 }
@@ -224,10 +229,7 @@ impl Producer {
                 0
             };
             let shard = routing.shard_for(record.key.as_deref().map(str::as_bytes), seq);
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(&routing.shard_keys[shard as usize]).arg("*");
-            record.xadd(&mut cmd);
-            pipe.add_command(cmd);
+            record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             shards.push(shard);
         }
         if shards.is_empty() {

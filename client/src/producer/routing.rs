@@ -184,6 +184,34 @@ mod tests {
         assert!(Routing::from_response(bad).is_err());
     }
 
+    /// The producer's routing reproduces the independent implementation's known answers.
+    #[test]
+    fn reproduces_the_routing_vectors() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../protocol/tests/routing-vectors.json"))
+                .unwrap();
+        let mut checked = 0;
+        for v in doc["vectors"].as_array().unwrap() {
+            let key = v["key"].as_str().unwrap();
+            for (count, shard) in v["shards"].as_object().unwrap() {
+                let count: u32 = count.parse().unwrap();
+                let r = Routing {
+                    stream: "s".into(),
+                    shard_count: count,
+                    routing_epoch: 1,
+                    shard_keys: vec![],
+                };
+                assert_eq!(
+                    u64::from(r.shard_for(Some(key.as_bytes()), 0)),
+                    shard.as_u64().unwrap(),
+                    "{key:?} over {count}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 40);
+    }
+
     #[tokio::test]
     async fn unreachable_coordinator_is_an_error_not_a_panic() {
         let coord = CoordinatorClient::new(vec!["http://127.0.0.1:1".into()], None);

@@ -1,0 +1,313 @@
+//! Listener and producer throughput, each beside a hand-written redis-rs baseline measured in
+//! the same run on the same Redis:
+//!
+//! - **consume**: a `ConsumerApp` with one member reading a pre-filled stream of S shards
+//!   (XAUTOCLAIM, XREADGROUP COUNT c, handler, XACK) against one task per shard running a bare
+//!   `XREADGROUP COUNT c` + `XACK` loop. Goal: ratio ≥ 0.9.
+//! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
+//!   pipeline of the same XADDs. Goal: ratio ≥ 0.95.
+//!
+//! ```text
+//! cargo build --release --bins && cargo run --release -p rsc-bench --bin listener [-- --quick]
+//! ```
+
+use anyhow::Context;
+use clap::Parser;
+use redis::AsyncCommands;
+use rsc_bench::{Row, markdown, summarize};
+use rsc_client::producer::{Producer, Record};
+use rsc_client::{ConsumerApp, HandlerError, Listener, Message, Raw};
+use rsc_protocol::routing::shard_key;
+use rsc_testkit::{CoordinatorProcess, RedisServer};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+#[derive(Debug, Parser)]
+#[command(about = "Listener and producer throughput against redis-rs baselines")]
+struct Args {
+    /// Fewer messages (CI smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions of each figure (median, min, max are reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Messages per repetition (default 100000, or 20000 with --quick).
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Shards of the stream.
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// XREADGROUP COUNT, for both the listener and the baseline.
+    #[arg(long, default_value_t = 64)]
+    count: usize,
+    /// Records per publish pipeline.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+}
+
+const PAYLOAD: &str = r#"{"order":12345,"customer":"c-42","total_cents":1999}"#;
+
+async fn create_group(
+    http: &reqwest::Client,
+    url: &str,
+    group: &str,
+    stream: &str,
+    shards: u32,
+) -> anyhow::Result<()> {
+    let resp = http
+        .post(format!("{url}/v1/groups"))
+        .json(&serde_json::json!({"group": group, "stream": stream, "shard_count": shards}))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        resp.status().as_u16() == 201,
+        "create group: {}",
+        resp.text().await?
+    );
+    Ok(())
+}
+
+/// Raw pipelined XADDs of `n` keyed messages over the shards; returns the time taken.
+async fn raw_publish(
+    con: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    shards: u32,
+    n: u64,
+    batch: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut i = 0u64;
+    while i < n {
+        let mut pipe = redis::pipe();
+        for _ in 0..batch.min((n - i) as usize) {
+            let key = format!("k{}", i % 1000);
+            pipe.cmd("XADD")
+                .arg(shard_key(stream, (i % u64::from(shards)) as u32))
+                .arg("*")
+                .arg("payload")
+                .arg(PAYLOAD)
+                .arg("key")
+                .arg(&key);
+            i += 1;
+        }
+        let _: Vec<String> = pipe.query_async(con).await?;
+    }
+    Ok(started.elapsed())
+}
+
+/// `Producer::publish_batch` of the same messages; returns the time taken.
+async fn routed_publish(
+    producer: &Producer,
+    stream: &str,
+    n: u64,
+    batch: usize,
+) -> anyhow::Result<Duration> {
+    producer.routing(stream).await?; // routing fetched once, as a long-lived producer has it
+    let started = Instant::now();
+    let mut i = 0u64;
+    while i < n {
+        let end = (i + batch as u64).min(n);
+        let records = (i..end).map(|j| Record::raw(PAYLOAD).key(format!("k{}", j % 1000)));
+        producer.publish_batch(stream, records).await?;
+        i = end;
+    }
+    Ok(started.elapsed())
+}
+
+/// One task per shard: XREADGROUP COUNT c, XACK, until `n` entries in total; msgs/s.
+async fn raw_consume(
+    client: &redis::Client,
+    stream: &str,
+    group: &str,
+    shards: u32,
+    n: u64,
+    count: usize,
+) -> anyhow::Result<f64> {
+    let total = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..shards {
+        let key = shard_key(stream, s);
+        let mut con = client.get_multiplexed_async_connection().await?;
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut con)
+            .await;
+        if let Err(e) = r {
+            anyhow::ensure!(e.code() == Some("BUSYGROUP"), "{e}");
+        }
+        let (group, total) = (group.to_owned(), total.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = redis::streams::StreamReadOptions::default()
+                .group(&group, "raw")
+                .count(count)
+                .block(100);
+            loop {
+                let reply: Option<redis::streams::StreamReadReply> =
+                    con.xread_options(&[&key], &[">"], &opts).await?;
+                let ids: Vec<String> = reply
+                    .into_iter()
+                    .flat_map(|r| r.keys)
+                    .flat_map(|k| k.ids)
+                    .map(|i| i.id)
+                    .collect();
+                if ids.is_empty() {
+                    if total.load(Ordering::Relaxed) >= n {
+                        return Ok::<(), redis::RedisError>(());
+                    }
+                    continue;
+                }
+                let _: i64 = con.xack(&key, &group, &ids).await?;
+                total.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut elapsed = None;
+    while elapsed.is_none() {
+        if total.load(Ordering::Relaxed) >= n {
+            elapsed = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(n as f64 / elapsed.unwrap_or_default().as_secs_f64())
+}
+
+/// A `ConsumerApp` with one member of `group` until `n` messages were handled; msgs/s.
+async fn listener_consume(
+    coordinator: &str,
+    redis_url: &str,
+    stream: &str,
+    group: &str,
+    n: u64,
+    count: usize,
+) -> anyhow::Result<f64> {
+    let handled = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(Notify::new());
+    let (h, d) = (handled.clone(), done.clone());
+    let listener = Listener::new(group, stream, move |msg: Message<Raw>| {
+        let (h, d) = (h.clone(), d.clone());
+        async move {
+            std::hint::black_box(msg.payload());
+            if h.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                d.notify_one();
+            }
+            Ok::<(), HandlerError>(())
+        }
+    })
+    .batch_size(count);
+    let app = ConsumerApp::builder()
+        .coordinator(coordinator)
+        .redis_url(redis_url)
+        .instance_id("bench")
+        .listener(listener)
+        .build()?;
+    let handle = app.handle();
+    let started = Instant::now();
+    let run = tokio::spawn(app.run_until(std::future::pending()));
+    done.notified().await;
+    let elapsed = started.elapsed();
+    handle.shutdown();
+    run.await??;
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let n = args
+        .messages
+        .unwrap_or(if args.quick { 20_000 } else { 100_000 });
+    let reps = if args.quick {
+        args.reps.min(5)
+    } else {
+        args.reps
+    }
+    .max(1);
+    let redis = RedisServer::start().context("redis-server")?;
+    let coordinator = CoordinatorProcess::start(&["--store", "memory"])
+        .context("rsc-coordinator (cargo build --release --bins first)")?;
+    let url = coordinator.url();
+    let http = reqwest::Client::new();
+    let client = redis::Client::open(redis.url())?;
+    let mut con = client.get_multiplexed_async_connection().await?;
+    let producer = Producer::builder()
+        .coordinator(&url)
+        .redis_url(redis.url())
+        .build()?;
+
+    let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener) =
+        (vec![], vec![], vec![], vec![]);
+    for rep in 0..reps {
+        // Publish: both write the same messages to their own stream.
+        let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
+        create_group(&http, &url, &format!("pg-{rep}"), &routed_s, args.shards).await?;
+        // Interleaved in ten chunks, alternating which goes first, so that the machine's
+        // noise (and Redis's growing memory) falls on both alike.
+        let (mut raw_t, mut routed_t) = (Duration::ZERO, Duration::ZERO);
+        let chunk = (n / 10).max(1);
+        for c in 0..10 {
+            if c % 2 == 0 {
+                raw_t += raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
+                routed_t += routed_publish(&producer, &routed_s, chunk, args.batch).await?;
+            } else {
+                routed_t += routed_publish(&producer, &routed_s, chunk, args.batch).await?;
+                raw_t += raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
+            }
+        }
+        pub_raw.push((chunk * 10) as f64 / raw_t.as_secs_f64());
+        pub_routed.push((chunk * 10) as f64 / routed_t.as_secs_f64());
+
+        // Consume: one pre-filled stream, read by two groups (baseline first, then listener).
+        let stream = format!("con-{rep}");
+        let group = format!("cg-{rep}");
+        create_group(&http, &url, &group, &stream, args.shards).await?;
+        raw_publish(&mut con, &stream, args.shards, n, 500).await?;
+        let raw_group = format!("raw-{rep}");
+        if rep % 2 == 0 {
+            con_raw
+                .push(raw_consume(&client, &stream, &raw_group, args.shards, n, args.count).await?);
+            con_listener
+                .push(listener_consume(&url, &redis.url(), &stream, &group, n, args.count).await?);
+        } else {
+            con_listener
+                .push(listener_consume(&url, &redis.url(), &stream, &group, n, args.count).await?);
+            con_raw
+                .push(raw_consume(&client, &stream, &raw_group, args.shards, n, args.count).await?);
+        }
+        eprintln!(
+            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0} msgs/s",
+            pub_routed[rep], pub_raw[rep], con_listener[rep], con_raw[rep]
+        );
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
+    }
+    let rows = vec![
+        Row {
+            name: format!(
+                "listener consume ({} shards, COUNT {}, {n} msgs)",
+                args.shards, args.count
+            ),
+            unit: "msgs/s".into(),
+            value: summarize(&con_listener),
+            baseline: Some(summarize(&con_raw)),
+            goal: "ratio >= 0.9 (baseline: redis-rs XREADGROUP + XACK loop per shard)".into(),
+        },
+        Row {
+            name: format!("routed publish_batch (batch {}, {n} msgs)", args.batch),
+            unit: "msgs/s".into(),
+            value: summarize(&pub_routed),
+            baseline: Some(summarize(&pub_raw)),
+            goal: "ratio >= 0.95 (baseline: raw pipelined XADD)".into(),
+        },
+    ];
+    println!("{}", markdown(&rows));
+    Ok(())
+}
