@@ -66,7 +66,7 @@ on_exit() {
   if [ -z "$ok" ]; then
     echo "---- diagnostics (exit $rc) ----" >&2
     compose ps >&2 2>/dev/null || true
-    [ -n "${API:-}" ] && curl -s --max-time 2 "http://$API/v1/groups/$RSC_GROUP" \
+    [ -n "${API:-}" ] && group \
       | jq -c '{state, group_epoch, members: [.members[] | {member_id, member_epoch, state, last_heartbeat_ms_ago, owned_shards}]}' >&2 2>/dev/null
     local c
     for c in $(compose ps -q 2>/dev/null); do
@@ -115,7 +115,13 @@ wait_for() {
   done
 }
 
-group() { curl -fsS --max-time 2 "http://$API/v1/groups/$RSC_GROUP"; }
+VIEWER_TOKEN=rsc-sample-viewer   # docker/acl.toml
+group() {
+  curl -fsS --max-time 2 -H "Authorization: Bearer $VIEWER_TOKEN" "http://$API/v1/groups/$RSC_GROUP"
+}
+status_of() {  # status_of PATH [TOKEN]: the HTTP status of a GET
+  curl -s -o /dev/null -w '%{http_code}' --max-time 2 ${2:+-H "Authorization: Bearer $2"} "http://$API$1"
+}
 
 # The consumer pod containers, by name.
 pods() {
@@ -196,6 +202,18 @@ wait_for "3 pods converged" 60000 converged
 log "converged with $(pods | wc -l) pods in $(( $(now_ms) - t )) ms; coordinator on $API"
 [ "$(pods | wc -l)" = 3 ] || fail "expected 3 consumer pods, got $(pods | wc -l)"
 
+# The ACL (docker/acl.toml) applies when the coordinator supports one.
+if docker run --rm --network none --entrypoint rsc-coordinator "rsc-coordinator:$RSC_IMAGE_TAG" \
+    serve --help 2>/dev/null | grep -q -- '--acl'; then
+  [ "$(status_of "/v1/groups/$RSC_GROUP")" = 401 ] || fail "a request without a token was not refused"
+  [ "$(status_of "/v1/groups/$RSC_GROUP" rsc-sample-producer)" = 403 ] \
+    || fail "the producer token may read a group"
+  [ "$(status_of "/v1/groups/$RSC_GROUP" "$VIEWER_TOKEN")" = 200 ] || fail "the viewer token was refused"
+  log "ACL in force: no token 401, producer token 403 on a group, viewer 200"
+else
+  log "this coordinator build has no --acl: it runs open (--allow-anonymous) on the private networks"
+fi
+
 log "producing $N messages"
 out=$(compose run --rm producer --count "$N" --keys 100 2>/dev/null | tail -n1)
 [ "$out" = "published $N" ] || fail "producer said: $out"
@@ -257,23 +275,33 @@ busy=$(check activity "$C_IP-" $((t0 - 2000)) "$t0")
 wait_for "shards of $C reassigned" $((SESSION + 5000)) moved_off "$C_IP"
 t_moved=$(now_ms)
 part_move_ms=$((t_moved - t0))
-# When the pod fenced (its log) and when the coordinator expired its members (its log): the
-# shards are free from the expiry on.
-fence_ms=$(log_ms "$C" 'self-fence' '')
-expired_ms=$(log_ms "$(compose ps -q coordinator)" 'member expired' "member=$C_IP-")
-[ -n "$fence_ms" ] || fail "$C did not log a self-fence"
-[ -n "$expired_ms" ] || fail "the coordinator did not log the expiry of $C's members"
-last_ms=$(check last-finish "$C_IP-")
-fence_rel=$((fence_ms - t0)); expired_rel=$((expired_ms - t0)); last_rel=$((last_ms - t0))
-log "partitioned pod: fenced at +$fence_rel ms, last handling finished at +$last_rel ms; expired by the coordinator at +$expired_rel ms, shards held by others at +$part_move_ms ms"
-[ "$fence_ms" -lt "$expired_ms" ] || fail "$C fenced only after the coordinator expired it"
-[ "$last_ms" -lt "$expired_ms" ] || fail "$C still handled messages after the coordinator expired it"
+# Per member of the pod: when it fenced (the pod's log), when it last finished a handling (the
+# record stream) and when the coordinator expired it (its log), from which on its shards are
+# free. Both must come first.
+coord_id=$(compose ps -q coordinator)
+summary=""
+for ((i = 0; i < RSC_CONCURRENCY; i++)); do
+  m="$C_IP-$RSC_GROUP-$i"
+  fence_ms=$(log_ms "$C" 'self-fence' "member=$m}")
+  expired_ms=$(log_ms "$coord_id" 'member expired' "member=$m")
+  last_ms=$(check last-finish "$m")
+  [ -n "$fence_ms" ] || fail "$m did not log a self-fence"
+  [ -n "$expired_ms" ] || fail "the coordinator did not log the expiry of $m"
+  summary+=" $m fenced +$((fence_ms - t0)), last handling +$((last_ms - t0)), expired +$((expired_ms - t0));"
+  [ "$fence_ms" -lt "$expired_ms" ] || fail "$m fenced only after the coordinator expired it"
+  [ "$last_ms" -lt "$expired_ms" ] || fail "$m still handled messages after the coordinator expired it"
+done
+log "partition (ms after it):${summary} shards held by others +$part_move_ms"
+health() { docker inspect -f '{{.State.Health.Status}}' "$1"; }
+wait_for "$C reported unhealthy (its /readyz: no coordinator)" 10000 \
+  eval '[ "$(health "$C")" = unhealthy ]'
 sleep 2   # let the new owners handle some of its shards' messages
 check handoffs "$C_IP-" "$t0" | sed 's/^/  /' || fail "a new owner started before $C finished"
 check overlaps | sed 's/^/  /' || fail "overlapping handling after the partition"
 log "docker network connect $CONTROL_NET $C"
 docker network connect "$CONTROL_NET" "$C"
 wait_for "3 pods converged after reconnecting $C" 30000 converged
+wait_for "$C healthy again" 10000 eval '[ "$(health "$C")" = healthy ]'
 
 # --- 5. scale up --------------------------------------------------------------------------------
 log "scaling up to 4 pods"
@@ -293,7 +321,6 @@ check overlaps | sed 's/^/  /' || fail "overlapping handling"
 ok=1
 cat <<EOF
 smoke summary: build ${build_s} s; stop: shards moved ${stop_move_ms} ms after exit (heartbeat ${HB} ms);
-  kill: ${kill_move_ms} ms (session ${SESSION} ms); partition: fenced at +${fence_rel} ms, last
-  handling +${last_rel} ms, expired +${expired_rel} ms, shards held by others +${part_move_ms} ms;
-  scale-up converged in ${scale_ms} ms
+  kill: ${kill_move_ms} ms (session ${SESSION} ms); partition:${summary}
+  shards held by others +${part_move_ms} ms; scale-up converged in ${scale_ms} ms
 EOF
