@@ -658,3 +658,54 @@ async fn redis_down_answers_503_quickly_and_recovers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Expiry with several coordinators: exactly one of them expires each member.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_coordinator_expires_each_silent_member() {
+    let stack = Stack::start(Backend::Redis, &[]);
+    let others = [
+        stack.another_coordinator(&[]),
+        stack.another_coordinator(&[]),
+    ];
+    let api = &stack.api;
+    let (s, v) = api
+        .post(
+            "/v1/groups",
+            json!({"group": GROUP, "stream": STREAM, "shard_count": 8,
+                   "session_timeout_ms": 600, "heartbeat_interval_ms": 100}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let silent: Vec<String> = (0..5).map(|i| format!("silent-{i}")).collect();
+    for m in &silent {
+        let (s, v) = api.heartbeat(GROUP, m, 0, &[]).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+    // Nobody heartbeats again: three coordinators sweep every 20 ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, view) = api.get(&format!("/v1/groups/{GROUP}")).await;
+        if member_ids(&view).is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not expired: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logs: Vec<String> = std::iter::once(&stack.coordinator)
+        .chain(&others)
+        .flat_map(CoordinatorProcess::log)
+        .filter(|l| l.contains("member expired"))
+        .collect();
+    for m in &silent {
+        let n = logs.iter().filter(|l| l.contains(m.as_str())).count();
+        assert_eq!(n, 1, "{m} expired {n} times: {logs:#?}");
+    }
+    // And it is gone for every coordinator.
+    for c in &others {
+        let (s, v) = Api::new(c.url()).heartbeat(GROUP, &silent[0], 1, &[]).await;
+        assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "UNKNOWN_MEMBER_ID"));
+    }
+}

@@ -4,7 +4,7 @@
 use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
 use rsc_coordinator::store::{
     LivenessChange, LockResource, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
-    StoreError, TouchOutcome,
+    SteadyTouch, StoreError, TouchOutcome,
 };
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
@@ -118,8 +118,20 @@ async fn documents_are_compare_and_set(kind: Kind) {
     st.delete_group("billing", 2).await.unwrap();
     assert_eq!(st.load_group("billing").await.unwrap(), None);
     assert_eq!(st.list_groups().await.unwrap(), ["alpha"]);
-    // A deleted group can be created again, from revision 1.
-    assert_eq!(st.put_group(&g, 0).await.unwrap(), 1);
+    // A deleted group can be created again; its revisions go on from where the deleted one
+    // stopped (+1 for the deletion), so that no revision names two documents.
+    assert!(
+        is_conflict(st.put_group(&g, 3).await),
+        "the tombstone is not a document"
+    );
+    assert_eq!(st.put_group(&g, 0).await.unwrap(), 4);
+    assert_eq!(st.load_group("billing").await.unwrap().unwrap().revision, 4);
+    assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
+    assert_eq!(
+        st.touch_if("billing", 2, "m", 1, None).await.unwrap(),
+        TouchOutcome::Stale,
+        "a revision of the deleted group"
+    );
     assert!(st.ping().await.is_ok());
 }
 
@@ -194,6 +206,110 @@ async fn touch_if_requires_the_revision_and_a_live_session(kind: Kind) {
         TouchOutcome::Touched
     );
     assert_eq!(st.liveness("g").await.unwrap()["m"], 1_501);
+}
+
+async fn touch_steady_requires_both_revisions(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, mut s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    st.touch("g", "m", 1_000).await.unwrap();
+    let t = SteadyTouch {
+        group: "g",
+        revision: 1,
+        stream: "s",
+        stream_revision: 1,
+        member: "m",
+        now_ms: 1_100,
+        max_silence_ms: 500,
+    };
+    assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_100);
+    let silent = SteadyTouch { now_ms: 1_601, ..t };
+    assert_eq!(
+        st.touch_steady(&silent).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    let stranger = SteadyTouch { member: "x", ..t };
+    assert_eq!(
+        st.touch_steady(&stranger).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    s.shard_count = 8;
+    st.put_stream(&s, 1).await.unwrap();
+    let later = SteadyTouch { now_ms: 1_200, ..t };
+    assert_eq!(
+        st.touch_steady(&later).await.unwrap(),
+        TouchOutcome::Stale,
+        "the stream moved on"
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            revision: 2,
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Stale,
+        "the group is at revision 1"
+    );
+}
+
+/// Many steady touches at once (the Redis store sends them in batches): each gets its own
+/// answer.
+async fn concurrent_steady_touches_each_get_their_answer(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    for i in 0..100 {
+        if i % 3 != 0 {
+            st.touch("g", &format!("m{i}"), 1_000).await.unwrap();
+        }
+    }
+    let members: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    let outcomes = futures::future::join_all(members.iter().enumerate().map(|(i, m)| async move {
+        st.touch_steady(&SteadyTouch {
+            group: "g",
+            revision: if i % 5 == 0 { 7 } else { 1 },
+            stream: "s",
+            stream_revision: 1,
+            member: m,
+            now_ms: 1_200,
+            max_silence_ms: 500,
+        })
+        .await
+    }))
+    .await;
+    let live = st.liveness("g").await.unwrap();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let want = if i % 5 == 0 {
+            TouchOutcome::Stale
+        } else if i % 3 == 0 {
+            TouchOutcome::NotLive
+        } else {
+            TouchOutcome::Touched
+        };
+        assert_eq!(o.unwrap(), want, "m{i}");
+        let expect_live = match want {
+            TouchOutcome::Touched => Some(1_200),
+            TouchOutcome::Stale if i % 3 != 0 => Some(1_000),
+            _ => None,
+        };
+        assert_eq!(live.get(&format!("m{i}")).copied(), expect_live, "m{i}");
+    }
 }
 
 /// The race a steady heartbeat could lose against an expiry: the expiry read the liveness,
@@ -277,6 +393,8 @@ contract!(
     documents_are_compare_and_set,
     liveness_moves_strictly_forward,
     touch_if_requires_the_revision_and_a_live_session,
+    touch_steady_requires_both_revisions,
+    concurrent_steady_touches_each_get_their_answer,
     expiry_loses_to_a_heartbeat_it_did_not_see,
     locks_exclude_and_release_on_drop,
 );
@@ -453,4 +571,55 @@ async fn redis_layout_follows_the_spec() {
             .unwrap()
             .contains("\r\n1\r\n")
     );
+}
+
+#[tokio::test]
+async fn redis_cluster_node_outage_fails_fast_and_recovers() {
+    let mut cluster = RedisCluster::start().unwrap();
+    let store = redis_store(cluster.urls(), true, RedisStoreConfig::default()).await;
+    // Groups spread over the three nodes' slots.
+    let groups: Vec<String> = (0..12).map(|i| format!("g{i}")).collect();
+    for g in &groups {
+        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+    }
+    cluster.nodes_mut()[1].kill();
+    let mut failed = 0;
+    for g in &groups {
+        let t = Instant::now();
+        match store.load_group(g).await {
+            Ok(v) => assert_eq!(v.unwrap().revision, 1),
+            Err(e) => {
+                assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+                failed += 1;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "no hang: {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(failed > 0, "some groups live on the stopped node");
+    assert!(failed < groups.len(), "the other nodes still answer");
+    cluster.nodes_mut()[1].restart().unwrap();
+    cluster.wait_ready(Duration::from_secs(20)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for g in &groups {
+        loop {
+            match store.load_group(g).await {
+                Ok(v) => {
+                    // No persistence on the restarted node: its groups are gone, but it
+                    // answers again and takes writes.
+                    if v.is_none() {
+                        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
 }

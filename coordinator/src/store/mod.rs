@@ -81,6 +81,25 @@ pub enum TouchOutcome {
     NotLive,
 }
 
+/// The conditional touch of a steady-state heartbeat ([`MetadataStore::touch_steady`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteadyTouch<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// The group document revision the answer was computed from.
+    pub revision: u64,
+    /// The group's stream.
+    pub stream: &'a str,
+    /// The stream document revision the answer was computed from.
+    pub stream_revision: u64,
+    /// The member heard from.
+    pub member: &'a str,
+    /// Now (Unix ms).
+    pub now_ms: u64,
+    /// Longest silence after which the member is no longer live (its session timeout).
+    pub max_silence_ms: u64,
+}
+
 /// What a lock protects.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LockResource {
@@ -167,4 +186,27 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     ) -> Result<TouchOutcome, StoreError>;
     /// The stored revision of a stream document (`None` when absent).
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError>;
+
+    /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
+    /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no
+    /// longer at `stream_revision`. The default sends both checks at once (one round trip of
+    /// latency); a store that can check both atomically does so.
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        let (touched, stream_revision) = futures::join!(
+            self.touch_if(
+                t.group,
+                t.revision,
+                t.member,
+                t.now_ms,
+                Some(t.max_silence_ms)
+            ),
+            self.stream_revision(t.stream),
+        );
+        let (touched, stream_revision) = (touched?, stream_revision?);
+        Ok(if stream_revision == Some(t.stream_revision) {
+            touched
+        } else {
+            TouchOutcome::Stale
+        })
+    }
 }

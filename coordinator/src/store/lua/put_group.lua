@@ -1,6 +1,7 @@
 -- Compare-and-set of a group document, with the liveness changes that go with it, in one
 -- atomic step (the document and its liveness share a hash-tag slot).
--- KEYS[1]  the group document: a hash with fields `revision` and `doc`
+-- KEYS[1]  the group document: a hash with fields `revision` and `doc` (a deleted group
+--          leaves a tombstone: `revision` alone, so that revisions of the key never repeat)
 -- KEYS[2]  the group's liveness: a sorted set, member -> last heard from (Unix ms)
 -- ARGV[1]  the revision the writer read (0: the document must not exist)
 -- ARGV[2]  the new document (JSON)
@@ -11,8 +12,12 @@
 -- Returns {1, new revision}, {0, current revision} when the revision differs, or
 -- {-1, current revision, member} when an expired member was heard from after the decision.
 local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
-if current ~= tonumber(ARGV[1]) then
-  return {0, current}
+local seen = 0
+if redis.call('HEXISTS', KEYS[1], 'doc') == 1 then
+  seen = current
+end
+if seen ~= tonumber(ARGV[1]) then
+  return {0, seen}
 end
 local i = 3
 local expired = tonumber(ARGV[i])
