@@ -83,6 +83,8 @@ pub(crate) struct MemberRuntime {
     start: StartPosition,
     shard_count: u32,
     next_heartbeat: Instant,
+    /// A revocation finished: report it with the next heartbeat, at once.
+    report_now: bool,
     backoff: Backoff,
     failures: u32,
     recent_fences: VecDeque<Instant>,
@@ -114,6 +116,7 @@ impl MemberRuntime {
             start: StartPosition::Earliest,
             shard_count: 0,
             next_heartbeat: Instant::now(),
+            report_now: false,
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
             failures: 0,
             recent_fences: VecDeque::new(),
@@ -179,6 +182,7 @@ impl MemberRuntime {
     }
 
     fn send_heartbeat(&mut self) -> HeartbeatFuture {
+        self.report_now = false;
         let owned: Vec<u32> = self.slots.keys().copied().collect();
         let drained: Vec<u32> = self
             .slots
@@ -242,7 +246,12 @@ impl MemberRuntime {
                 }
                 self.assignment = resp.assignment.into_iter().collect();
                 self.reconcile();
-                self.next_heartbeat = (sent_at + self.interval).max(now);
+                self.next_heartbeat = if self.report_now {
+                    // A revocation finished while this heartbeat was in flight.
+                    now
+                } else {
+                    (sent_at + self.interval).max(now)
+                };
             }
             Err(e) => self.failed(e, now),
         }
@@ -411,6 +420,7 @@ impl MemberRuntime {
                 info!(shard, "shard released");
                 // Report the revocation at once rather than at the next interval.
                 self.next_heartbeat = Instant::now();
+                self.report_now = true;
             }
             Some(_) => {}
             None => warn!(shard, "shard worker exited on its own"),

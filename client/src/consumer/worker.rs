@@ -147,6 +147,9 @@ impl ShardWorker {
 
     /// Waits while the listener is paused; `false` when stopped.
     async fn wait_unpaused(&self) -> bool {
+        if !*self.shared.paused.borrow() {
+            return !self.stop.is_cancelled();
+        }
         let mut paused = self.shared.paused.clone();
         loop {
             if self.stop.is_cancelled() {
