@@ -24,6 +24,20 @@ if ! docker info >/dev/null 2>&1; then
   echo "skipped: no Docker engine"
   exit 0
 fi
+# What the checks use, installed when missing (as scripts/test.sh does for its tools).
+missing=()
+command -v jq >/dev/null || missing+=(jq)
+command -v curl >/dev/null || missing+=(curl)
+command -v python3 >/dev/null || missing+=(python3)
+if ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; then
+  missing+=(docker-compose)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]} (apt-get)"
+  if [ "$(id -u)" = 0 ]; then sudo=(); else sudo=(sudo); fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 if command -v docker-compose >/dev/null; then
   COMPOSE=(docker-compose)
 elif docker compose version >/dev/null 2>&1; then
@@ -292,16 +306,15 @@ for ((i = 0; i < RSC_CONCURRENCY; i++)); do
   [ "$last_ms" -lt "$expired_ms" ] || fail "$m still handled messages after the coordinator expired it"
 done
 log "partition (ms after it):${summary} shards held by others +$part_move_ms"
-health() { docker inspect -f '{{.State.Health.Status}}' "$1"; }
-wait_for "$C reported unhealthy (its /readyz: no coordinator)" 10000 \
-  eval '[ "$(health "$C")" = unhealthy ]'
+health_is() { [ "$(docker inspect -f '{{.State.Health.Status}}' "$1")" = "$2" ]; }
+wait_for "$C reported unhealthy (its /readyz: no coordinator)" 10000 health_is "$C" unhealthy
 sleep 2   # let the new owners handle some of its shards' messages
 check handoffs "$C_IP-" "$t0" | sed 's/^/  /' || fail "a new owner started before $C finished"
 check overlaps | sed 's/^/  /' || fail "overlapping handling after the partition"
 log "docker network connect $CONTROL_NET $C"
 docker network connect "$CONTROL_NET" "$C"
 wait_for "3 pods converged after reconnecting $C" 30000 converged
-wait_for "$C healthy again" 10000 eval '[ "$(health "$C")" = healthy ]'
+wait_for "$C healthy again" 10000 health_is "$C" healthy
 
 # --- 5. scale up --------------------------------------------------------------------------------
 log "scaling up to 4 pods"
