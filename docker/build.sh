@@ -180,4 +180,6 @@ build_image rsc-sample-consumer consumer.Dockerfile "$bin_dir/sample-consumer" \
   "$root/docker/pod-entrypoint.sh"
 build_image rsc-sample-producer producer.Dockerfile "$bin_dir/sample-producer"
 build_image rsc-redis redis.Dockerfile
+# Earlier builds of these images, now untagged, would pile up run after run.
+docker image prune -f --filter "label=rsc.cargo-profile" >/dev/null
 log "images ready in $((SECONDS - started)) s (tag $tag, $profile binaries)"
