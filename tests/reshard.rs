@@ -608,3 +608,37 @@ async fn stream_until(stack: &Stack, stream: &str, what: &str, secs: u64, cond: 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// What jump hashing buys on N → N+1, over the keys the reshard test uses: about 1/(N+1) of
+/// the keys move, all of them to the new shard, where modulo hashing would move N/(N+1).
+#[test]
+fn jump_hashing_moves_one_key_in_n_plus_1() {
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("k{i}")).collect();
+    eprintln!("| step | jump: moved | 1/(N+1) | modulo: moved | N/(N+1) |");
+    eprintln!("|---|---|---|---|---|");
+    for n in [4u32, 8, 16] {
+        let mut jump = 0;
+        let mut modulo = 0;
+        for k in &keys {
+            let (a, b) = (shard_for_key(k.as_bytes(), n), shard_for_key(k.as_bytes(), n + 1));
+            if a != b {
+                assert_eq!(b, n, "{k} moved {a} -> {b}: jump hashing only moves keys to the new shard");
+                jump += 1;
+            }
+            let h = rsc_protocol::routing::key_hash(k.as_bytes());
+            if h % u64::from(n) != h % u64::from(n + 1) {
+                modulo += 1;
+            }
+        }
+        let total = keys.len() as f64;
+        let (jump, modulo) = (f64::from(jump) / total, f64::from(modulo) / total);
+        eprintln!(
+            "| {n} → {} | {jump:.3} | {:.3} | {modulo:.3} | {:.3} |",
+            n + 1,
+            1.0 / f64::from(n + 1),
+            f64::from(n) / f64::from(n + 1)
+        );
+        assert!((jump - 1.0 / f64::from(n + 1)).abs() < 0.05, "{n}: {jump}");
+        assert!(modulo > 0.7, "{n}: {modulo}");
+    }
+}
