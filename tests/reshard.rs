@@ -142,7 +142,10 @@ fn entries(con: &mut redis::Connection, key: &str) -> Vec<(String, HashMap<Strin
 }
 
 fn id_ms(id: &str) -> u64 {
-    id.split('-').next().and_then(|ms| ms.parse().ok()).expect("stream id")
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .expect("stream id")
 }
 
 fn exists(con: &mut redis::Connection, key: &str) -> bool {
@@ -188,7 +191,10 @@ fn spawn_loop_producer(
                         .field("producer", tag)
                 })
                 .collect();
-            producer.publish_batch(stream, batch).await.expect("publish");
+            producer
+                .publish_batch(stream, batch)
+                .await
+                .expect("publish");
             n += 4;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -247,7 +253,9 @@ async fn reshard_and_rollback_under_continuous_production() {
     stack.wait_stable(GROUP, 4, 16).await;
 
     // The rollback window closes WINDOW_MS after completion: then a rollback is refused.
-    let until = v["rollback_until_ms"].as_u64().expect("rollback allowed for now");
+    let until = v["rollback_until_ms"]
+        .as_u64()
+        .expect("rollback allowed for now");
     while now_ms() <= until + 50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -271,14 +279,23 @@ async fn reshard_and_rollback_under_continuous_production() {
     let draining = running["draining"].as_array().expect("draining shards");
     assert_eq!(draining.len(), 12, "{v}");
     for d in draining {
-        assert_eq!(d["waiting_groups"], json!([GROUP]), "progress per group: {v}");
+        assert_eq!(
+            d["waiting_groups"],
+            json!([GROUP]),
+            "progress per group: {v}"
+        );
     }
     let g = stack.group(GROUP).await;
     let states: BTreeMap<u64, String> = g["shards"]
         .as_array()
         .expect("shards")
         .iter()
-        .map(|s| (s["shard"].as_u64().unwrap(), s["state"].as_str().unwrap().to_owned()))
+        .map(|s| {
+            (
+                s["shard"].as_u64().unwrap(),
+                s["state"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
     assert_eq!(states.len(), 16, "draining shards are still assigned: {g}");
     assert!((4..16).all(|s| states[&s] == "draining"), "{g}");
@@ -317,13 +334,7 @@ async fn reshard_and_rollback_under_continuous_production() {
     assert_eq!(r.shard_count, 4);
     assert!(r.routing_epoch > stale_epoch);
     let at = stale
-        .publish_batch(
-            STREAM,
-            stale_keys
-                .iter()
-                .take(50)
-                .map(|k| stale_record(k)),
-        )
+        .publish_batch(STREAM, stale_keys.iter().take(50).map(|k| stale_record(k)))
         .await
         .expect("publish");
     assert!(at.iter().all(|p| p.shard < 4), "{at:?}");
@@ -353,7 +364,10 @@ async fn reshard_and_rollback_under_continuous_production() {
             );
         }
         for (id, _) in &list {
-            assert!(seen.contains(&(s, id.clone())), "{key} {id} retired unhandled");
+            assert!(
+                seen.contains(&(s, id.clone())),
+                "{key} {id} retired unhandled"
+            );
         }
         retired_entries += list.len();
     }
@@ -389,7 +403,11 @@ async fn reshard_and_rollback_under_continuous_production() {
         .api
         .post(&format!("/v1/streams/{STREAM}/rollback"), json!({}))
         .await;
-    assert_eq!((s.as_u16(), code(&body)), (409, "NOTHING_TO_ROLLBACK"), "{body}");
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (409, "NOTHING_TO_ROLLBACK"),
+        "{body}"
+    );
 
     // Long enough after the switch for the in-test producer to cover every key again.
     tokio::time::sleep(Duration::from_millis(REFRESH_MS + SWITCH_SLACK_MS + 3000)).await;
@@ -406,8 +424,16 @@ async fn reshard_and_rollback_under_continuous_production() {
                 .map(move |(id, m)| (s, id, m))
         })
         .collect();
-    assert_eq!(all.len() as u64, total, "every published entry is in its shard");
-    let count = |tag: &str| all.iter().filter(|e| e.2.get("producer").map(String::as_str) == Some(tag)).count() as u64;
+    assert_eq!(
+        all.len() as u64,
+        total,
+        "every published entry is in its shard"
+    );
+    let count = |tag: &str| {
+        all.iter()
+            .filter(|e| e.2.get("producer").map(String::as_str) == Some(tag))
+            .count() as u64
+    };
     assert_eq!(count("fresh"), fresh_written);
     assert_eq!(count("stale"), stale_written);
     eventually("every entry to be handled", 30, || {
@@ -415,7 +441,9 @@ async fn reshard_and_rollback_under_continuous_production() {
             .into_iter()
             .map(|r| (r.shard, r.entry_id))
             .collect();
-        all.iter().all(|(s, id, _)| seen.contains(&(*s, id.clone()))).then_some(())
+        all.iter()
+            .all(|(s, id, _)| seen.contains(&(*s, id.clone())))
+            .then_some(())
     })
     .await;
 
@@ -449,7 +477,10 @@ async fn reshard_and_rollback_under_continuous_production() {
     // after the window.
     tokio::time::sleep(Duration::from_millis(WINDOW_MS + 1000)).await;
     for s in 0..16 {
-        assert!(exists(&mut con, &format!("{STREAM}:{s}")), "{STREAM}:{s} was deleted");
+        assert!(
+            exists(&mut con, &format!("{STREAM}:{s}")),
+            "{STREAM}:{s} was deleted"
+        );
     }
 
     // Key movement per step, measured over the keys used, on the shards that handled them.
@@ -475,7 +506,11 @@ async fn reshard_and_rollback_under_continuous_production() {
             continue;
         };
         let prev = phases[phase].insert(r.key.clone(), r.shard);
-        assert!(prev.is_none_or(|p| p == r.shard), "{} on two shards in one phase", r.key);
+        assert!(
+            prev.is_none_or(|p| p == r.shard),
+            "{} on two shards in one phase",
+            r.key
+        );
     }
     eprintln!("| step | keys compared | moved | measured | jump theory | modulo hashing |");
     eprintln!("|---|---|---|---|---|---|");
@@ -514,8 +549,14 @@ async fn reshard_and_rollback_under_continuous_production() {
             theory,
             modulo as f64 / common.len().max(1) as f64
         );
-        assert!(common.len() as u64 >= KEYS * 9 / 10, "phase {i} saw too few keys");
-        assert!((measured - theory).abs() < 0.08, "{sw:?}: {measured} vs {theory}");
+        assert!(
+            common.len() as u64 >= KEYS * 9 / 10,
+            "phase {i} saw too few keys"
+        );
+        assert!(
+            (measured - theory).abs() < 0.08,
+            "{sw:?}: {measured} vs {theory}"
+        );
     }
 }
 
@@ -547,7 +588,10 @@ async fn retired_keys_are_deleted_after_the_window() {
     let until = done["rollback_until_ms"].as_u64().expect("window open");
     // Kept within the window: a rollback would need them.
     assert!(exists(&mut con, "aux:2") && exists(&mut con, "aux:3"));
-    assert!(now_ms() < until, "the test was too slow to look within the window");
+    assert!(
+        now_ms() < until,
+        "the test was too slow to look within the window"
+    );
 
     eventually("the retired keys to be deleted", 15, || {
         (!exists(&mut con, "aux:2") && !exists(&mut con, "aux:3")).then_some(())
@@ -565,7 +609,11 @@ async fn retired_keys_are_deleted_after_the_window() {
         .api
         .post(&format!("/v1/streams/{STREAM}/rollback"), json!({}))
         .await;
-    assert_eq!((s.as_u16(), code(&body)), (409, "ROLLBACK_WINDOW_EXPIRED"), "{body}");
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (409, "ROLLBACK_WINDOW_EXPIRED"),
+        "{body}"
+    );
 
     let (s, audit) = stack.api.get("/v1/audit?stream=aux&limit=50").await;
     assert_eq!(s.as_u16(), 200, "{audit}");
@@ -594,7 +642,13 @@ async fn retired_keys_are_deleted_after_the_window() {
 }
 
 /// Polls the stream view every 100 ms until `cond` holds, or panics after `secs`.
-async fn stream_until(stack: &Stack, stream: &str, what: &str, secs: u64, cond: impl Fn(&Value) -> bool) -> Value {
+async fn stream_until(
+    stack: &Stack,
+    stream: &str,
+    what: &str,
+    secs: u64,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
         let v = stream_view(stack, stream).await;
@@ -620,9 +674,15 @@ fn jump_hashing_moves_one_key_in_n_plus_1() {
         let mut jump = 0;
         let mut modulo = 0;
         for k in &keys {
-            let (a, b) = (shard_for_key(k.as_bytes(), n), shard_for_key(k.as_bytes(), n + 1));
+            let (a, b) = (
+                shard_for_key(k.as_bytes(), n),
+                shard_for_key(k.as_bytes(), n + 1),
+            );
             if a != b {
-                assert_eq!(b, n, "{k} moved {a} -> {b}: jump hashing only moves keys to the new shard");
+                assert_eq!(
+                    b, n,
+                    "{k} moved {a} -> {b}: jump hashing only moves keys to the new shard"
+                );
                 jump += 1;
             }
             let h = rsc_protocol::routing::key_hash(k.as_bytes());

@@ -620,7 +620,10 @@ async fn draining_waits_for_the_grace_and_stale_writes_and_idle_producers_switch
         if v["members"][0]["owned_shards"].as_array().map(Vec::len) == Some(4) {
             break;
         }
-        assert!(Instant::now() < deadline, "the member never owned 4 shards: {v:#}");
+        assert!(
+            Instant::now() < deadline,
+            "the member never owned 4 shards: {v:#}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -640,7 +643,10 @@ async fn draining_waits_for_the_grace_and_stale_writes_and_idle_producers_switch
         .publish_record("s", Record::raw("idle").key(keys[0].clone()))
         .await
         .unwrap();
-    assert_eq!(at.shard, rsc_protocol::routing::shard_for_key(keys[0].as_bytes(), 2));
+    assert_eq!(
+        at.shard,
+        rsc_protocol::routing::shard_for_key(keys[0].as_bytes(), 2)
+    );
     // The stale producer writes to the draining shards.
     let records: Vec<Record> = keys
         .iter()
@@ -656,7 +662,10 @@ async fn draining_waits_for_the_grace_and_stale_writes_and_idle_producers_switch
         if v["resharding"].is_null() {
             break;
         }
-        assert!(Instant::now() < deadline, "scale-down never completed: {v:#}");
+        assert!(
+            Instant::now() < deadline,
+            "scale-down never completed: {v:#}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(

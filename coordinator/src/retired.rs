@@ -37,18 +37,27 @@ pub struct RetiredKeyCleaner {
 impl RetiredKeyCleaner {
     /// The pass period for a delay: a tenth of it, within 250 ms..=30 s.
     pub fn period_for(delay_ms: u64) -> Duration {
-        Duration::from_millis(delay_ms / 10).clamp(Duration::from_millis(250), Duration::from_secs(30))
+        Duration::from_millis(delay_ms / 10)
+            .clamp(Duration::from_millis(250), Duration::from_secs(30))
     }
 
     /// Runs passes forever (abort the task to stop it). Fails only on a malformed URL.
-    pub async fn run(self, coordinator: Coordinator, auditor: Auditor) -> Result<(), redis::RedisError> {
+    pub async fn run(
+        self,
+        coordinator: Coordinator,
+        auditor: Auditor,
+    ) -> Result<(), redis::RedisError> {
         let client = redis::Client::open(self.url.as_str())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        info!(delay_ms = self.delay_ms, every_ms = self.every.as_millis() as u64, "retired shard keys are deleted after the delay");
+        info!(
+            delay_ms = self.delay_ms,
+            every_ms = self.every.as_millis() as u64,
+            "retired shard keys are deleted after the delay"
+        );
         let mut tick = tokio::time::interval(self.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -64,7 +73,10 @@ impl RetiredKeyCleaner {
                         .map_err(|e| e.to_string())
                 }
             };
-            match coordinator.purge_retired(self.delay_ms, KEYS_PER_PASS, delete).await {
+            match coordinator
+                .purge_retired(self.delay_ms, KEYS_PER_PASS, delete)
+                .await
+            {
                 Ok(purged) => {
                     for p in purged {
                         metrics::counter!("rsc_retired_keys_deleted_total", "stream" => p.stream.clone())

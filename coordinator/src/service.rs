@@ -593,12 +593,8 @@ impl Coordinator {
             if v.doc.deletable_retired(self.now(), delay_ms).is_empty() {
                 continue;
             }
-            let _lock = self
-                .store
-                .lock(&LockResource::Stream(name.clone()))
-                .await?;
-            let Some(Versioned { revision, mut doc }) = self.store.load_stream(&name).await?
-            else {
+            let _lock = self.store.lock(&LockResource::Stream(name.clone())).await?;
+            let Some(Versioned { revision, mut doc }) = self.store.load_stream(&name).await? else {
                 continue;
             };
             let mut shards = doc.deletable_retired(self.now(), delay_ms);

@@ -60,7 +60,12 @@ pub(crate) async fn drain_state(
 ) -> Result<DrainState, RedisError> {
     let mut pipe = redis::pipe();
     pipe.cmd("EXISTS").arg(key);
-    pipe.cmd("XREVRANGE").arg(key).arg("+").arg("-").arg("COUNT").arg(1);
+    pipe.cmd("XREVRANGE")
+        .arg(key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1);
     let (exists, last): (bool, redis::streams::StreamRangeReply) = pipe.query_async(conn).await?;
     let last_entry = last.ids.into_iter().next().map(|e| e.id);
     if !exists {

@@ -317,7 +317,7 @@ impl MemberRuntime {
             }
             _ if e.is_retryable() => {
                 self.failures += 1;
-                if self.failures == 1 || self.failures % 10 == 0 {
+                if self.failures == 1 || self.failures.is_multiple_of(10) {
                     warn!(error = %e, failures = self.failures, "heartbeat failed; retrying with backoff");
                 } else {
                     debug!(error = %e, failures = self.failures, "heartbeat failed");
@@ -509,9 +509,15 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
             match drain_state(&mut conn, &key, &shared.group).await {
                 Ok(state) if state.is_drained() => drained.push(shard),
                 Ok(state) => {
-                    debug!(shard, ?state, "draining shard got new entries: keeps reading it");
+                    debug!(
+                        shard,
+                        ?state,
+                        "draining shard got new entries: keeps reading it"
+                    );
                 }
-                Err(e) => warn!(shard, error = %e, "cannot check whether the draining shard is drained"),
+                Err(e) => {
+                    warn!(shard, error = %e, "cannot check whether the draining shard is drained")
+                }
             }
         }
         drained

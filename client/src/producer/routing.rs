@@ -160,7 +160,7 @@ impl RoutingCache {
                     Ok(_) => failures = 0,
                     Err(e) => {
                         failures += 1;
-                        if failures == 1 || failures % 30 == 0 {
+                        if failures == 1 || failures.is_multiple_of(30) {
                             warn!(%stream, error = %e, failures, "routing refresh failed; using the cached layout");
                         }
                     }
@@ -175,8 +175,7 @@ impl RoutingCache {
         let now = self.now_ms();
         let mut map = self.entries.write().unwrap_or_else(|p| p.into_inner());
         let idle = map.get(stream).is_none_or(|c| {
-            now.saturating_sub(c.used_ms.load(Ordering::Relaxed))
-                >= IDLE_FORGET.as_millis() as u64
+            now.saturating_sub(c.used_ms.load(Ordering::Relaxed)) >= IDLE_FORGET.as_millis() as u64
         });
         if idle {
             map.remove(stream);
