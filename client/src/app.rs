@@ -133,6 +133,12 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Bounds a graceful shutdown (default 25 s); see [`ClientConfig::shutdown_timeout`].
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.config.shutdown_timeout = timeout;
+        self
+    }
+
     /// Adds a listener.
     pub fn listener(mut self, listener: Listener) -> Self {
         self.listeners.push(listener);
@@ -282,8 +288,29 @@ impl ConsumerApp {
         info!(members = members.len(), coordinator = %coord.current_url(), "consumer app started");
         let mut first_error = None;
         let mut signal = std::pin::pin!(signal);
+        let shutdown_deadline = tokio::time::sleep(Duration::MAX);
+        let mut shutdown_deadline = std::pin::pin!(shutdown_deadline);
+        let mut deadline_armed = false;
         loop {
+            if shutdown.is_cancelled() && !deadline_armed {
+                deadline_armed = true;
+                shutdown_deadline
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + cfg.shutdown_timeout);
+            }
             tokio::select! {
+                // Wakes the loop when a handle (not the signal) asked to stop: arms the deadline.
+                _ = shutdown.cancelled(), if !deadline_armed => {}
+                _ = &mut shutdown_deadline, if deadline_armed => {
+                    error!(
+                        remaining = members.len(),
+                        timeout = ?cfg.shutdown_timeout,
+                        "graceful shutdown timed out; stopping the remaining members where they are"
+                    );
+                    members.abort_all();
+                    while members.join_next().await.is_some() {}
+                    break;
+                }
                 _ = &mut signal, if !shutdown.is_cancelled() => {
                     info!("shutdown requested: finishing in-flight messages, then leaving");
                     shutdown.cancel();

@@ -16,6 +16,11 @@ pub struct ClientConfig {
     pub instance_id: Option<String>,
     /// The host (pod) name, reported to operators.
     pub host: Option<String>,
+    /// How long a graceful shutdown may take (finish in-flight handlers, acknowledge, leave)
+    /// before the remaining members are stopped where they are; their shards then move after
+    /// the session timeout, and unacknowledged entries are handled again. Keep it below the
+    /// pod's termination grace period.
+    pub shutdown_timeout: std::time::Duration,
 }
 
 impl Default for ClientConfig {
@@ -26,6 +31,7 @@ impl Default for ClientConfig {
             token: None,
             instance_id: None,
             host: None,
+            shutdown_timeout: std::time::Duration::from_secs(25),
         }
     }
 }

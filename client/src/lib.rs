@@ -161,3 +161,8 @@ pub mod __private {
             .collect()
     }
 }
+
+/// The application developers' guide (`docs/GUIDE.md`): its code blocks run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/GUIDE.md")]
+pub struct Guide;

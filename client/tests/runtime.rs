@@ -783,3 +783,39 @@ async fn revocation_finishes_in_flight_messages_before_the_shard_moves() {
     a_join.await.unwrap().unwrap();
     b_join.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_is_bounded_when_redis_is_gone() {
+    let mut stack = Stack::start();
+    stack.create_group("s", 2, 3000, 100).await;
+    let seen: Seen = Arc::default();
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("a")
+        .shutdown_timeout(Duration::from_millis(1500))
+        .listener(recording_listener("s", &seen))
+        .build()
+        .unwrap();
+    let (handle, join) = spawn_app(app);
+    stack
+        .producer()
+        .publish_record("s", Record::raw("one").key("k"))
+        .await
+        .unwrap();
+    eventually("the message handled", Duration::from_secs(10), || {
+        (!seen.lock().unwrap().is_empty()).then_some(())
+    })
+    .await;
+    // The data Redis disappears, then the pod is asked to stop: finishing and acknowledging
+    // cannot complete, but the shutdown must still end within its timeout.
+    stack.redis.kill();
+    let asked = Instant::now();
+    handle.shutdown();
+    let result = tokio::time::timeout(Duration::from_secs(20), join)
+        .await
+        .expect("run_until returns");
+    let took = asked.elapsed();
+    assert!(result.is_ok(), "the app task ends cleanly");
+    assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
+}

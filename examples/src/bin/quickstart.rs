@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! rsc-coordinator serve &                       # the control plane (memory store)
-//! rsc-coordinator group create --group billing --stream orders --shard-count 8
+//! rsc-coordinator group create billing --stream orders --shards 8
 //! RSC_COORDINATOR_URL=http://127.0.0.1:7070 RSC_REDIS_URL=redis://127.0.0.1:6379 \
 //!   POD_IP=10.0.0.7 cargo run --bin quickstart
 //! ```
