@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+/// How long writing owner tokens to the data Redis may take before a heartbeat fails.
+const FENCING_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a lag read from the data Redis may take before it is left out.
 const LAG_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -65,7 +67,14 @@ pub async fn serve(
         Auditor::new(store.clone(), clock.clone()),
         cfg.body_limit,
     ));
-    let coordinator = Coordinator::new(
+    let fencing = match &cfg.data_redis_url {
+        Some(url) => Some(Arc::new(
+            crate::fencing::OwnerTokens::new(url, FENCING_TIMEOUT)
+                .map_err(|e| anyhow::anyhow!("invalid --data-redis-url: {e}"))?,
+        )),
+        None => None,
+    };
+    let mut coordinator = Coordinator::new(
         store,
         clock,
         ServiceConfig {
@@ -73,6 +82,9 @@ pub async fn serve(
             ..ServiceConfig::default()
         },
     );
+    if let Some(f) = fencing {
+        coordinator = coordinator.with_fencing(f);
+    }
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

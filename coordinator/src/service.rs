@@ -11,10 +11,11 @@ use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
     stream_view,
 };
+use crate::fencing::OwnerTokens;
 use crate::store::{LockResource, MetadataStore, StoreError, Versioned};
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    CreateGroupRequest, ErrorCode, GroupView, HeartbeatRequest, HeartbeatResponse, LeaveRequest,
+    CreateGroupRequest, ErrorCode, FencingMode, GroupView, HeartbeatRequest, HeartbeatResponse, LeaveRequest,
     LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
 };
 use std::collections::HashMap;
@@ -114,6 +115,7 @@ pub struct Coordinator {
     store: Arc<dyn MetadataStore>,
     clock: Arc<dyn Clock>,
     config: ServiceConfig,
+    fencing: Option<Arc<OwnerTokens>>,
 }
 
 impl Coordinator {
@@ -127,7 +129,48 @@ impl Coordinator {
             store,
             clock,
             config,
+            fencing: None,
         }
+    }
+
+    /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
+    /// (without it, groups default to lease fencing and `strict` is refused).
+    pub fn with_fencing(mut self, tokens: Arc<OwnerTokens>) -> Self {
+        self.fencing = Some(tokens);
+        self
+    }
+
+    /// Checks that a requested fencing mode can be served.
+    fn check_fencing(&self, mode: Option<FencingMode>) -> Result<()> {
+        if mode == Some(FencingMode::Strict) && self.fencing.is_none() {
+            return Err(invalid(
+                "fencing \"strict\" needs the data Redis: start the coordinator with --data-redis-url"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// With strict fencing, writes the owner tokens of the answer's assignment before the
+    /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
+    async fn assert_tokens(
+        &self,
+        doc: &GroupDoc,
+        response: &mut HeartbeatResponse,
+    ) -> Result<()> {
+        if response.owner_tokens.is_empty() || response.member_epoch < 0 {
+            return Ok(());
+        }
+        let Some(fencing) = &self.fencing else {
+            warn!(group = %doc.group, "group is set to strict fencing but this coordinator has no --data-redis-url: members fall back to their lease");
+            response.owner_tokens.clear();
+            return Ok(());
+        };
+        fencing
+            .assert(&doc.group, &doc.stream, &response.owner_tokens)
+            .await
+            .map_err(|e| ServiceError::Store(StoreError::Unavailable(e.to_string())))?;
+        Ok(())
     }
 
     /// The store (for readiness checks).
@@ -229,9 +272,13 @@ impl Coordinator {
                 if outcome.response.member_epoch >= 0 {
                     self.store.touch(group, &req.member_id, now).await?;
                 }
+                // Under the group lock, after the document write, before the answer leaves:
+                // the member cannot learn of a grant whose token is not in place.
+                let mut response = outcome.response;
+                self.assert_tokens(&doc, &mut response).await?;
                 self.forget_removed(group, &events).await;
                 log_events(group, &events);
-                Ok((outcome.response, outcome.drained, doc.stream))
+                Ok((response, outcome.drained, doc.stream))
             })
             .await?;
         if !drained.is_empty()
@@ -301,6 +348,7 @@ impl Coordinator {
     #[tracing::instrument(skip(self))]
     pub async fn patch_group(&self, group: &str, patch: &PatchGroupRequest) -> Result<GroupView> {
         check_name("group", group)?;
+        self.check_fencing(patch.fencing)?;
         self.mutate_group(group, |doc, stream, _now| {
             doc.update_config(stream, patch)?;
             Ok(Vec::new())
@@ -358,7 +406,13 @@ impl Coordinator {
                 .unwrap_or(defaults.rebalance_timeout_ms),
             max_members: req.max_members,
             assignor: req.assignor.clone().unwrap_or(defaults.assignor),
+            fencing: req.fencing.unwrap_or(if self.fencing.is_some() {
+                FencingMode::Strict
+            } else {
+                FencingMode::Lease
+            }),
         };
+        self.check_fencing(req.fencing)?;
         config.validate()?;
         if let Some(n) = req.shard_count {
             crate::engine::validate_shard_count(n)?;
