@@ -7,8 +7,10 @@
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
 //!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
 //!   dead letters, acknowledgements.
+//! - [`fence`]: strict fencing: the guarded read, takeover and acknowledgement scripts.
 
 pub(crate) mod backoff;
+pub(crate) mod fence;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;
