@@ -246,6 +246,9 @@ impl MemberRuntime {
                 self.start = resp.start;
                 self.shard_count = resp.shard_count;
                 self.lease.renewed(sent_at.into_std(), self.session);
+                if let Ok(mut d) = self.shared.lease_until.lock() {
+                    *d = self.lease.deadline();
+                }
                 if self.fenced {
                     info!("heartbeat succeeded again: resuming");
                     self.fenced = false;
@@ -452,7 +455,7 @@ impl MemberRuntime {
             None => warn!(shard, "shard worker exited on its own"),
         }
         // A shard given back while it was being revoked, or a worker that died: start again.
-        if self.can_work() && self.assignment.contains(&shard) {
+        if self.can_work() && self.assignment.contains(&shard) && !self.shared.lease_expired() {
             self.spawn_worker(shard);
             self.callback(true, vec![shard]);
         }

@@ -32,6 +32,19 @@ pub(crate) struct MemberShared {
     /// `true` while the listener is paused.
     pub(crate) paused: watch::Receiver<bool>,
     pub(crate) metrics: WorkerMetrics,
+    /// When the member's lease runs out (set by the member on every successful heartbeat):
+    /// a worker starts no further entry past it, even before the member's self-fence timer
+    /// has stopped it (e.g. right after the process was paused).
+    pub(crate) lease_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl MemberShared {
+    /// Whether the lease has run out.
+    pub(crate) fn lease_expired(&self) -> bool {
+        self.lease_until
+            .lock()
+            .map_or(false, |d| d.is_some_and(|d| std::time::Instant::now() >= d))
+    }
 }
 
 /// Handles of the per-message metrics (labels `group`, `stream`).

@@ -586,7 +586,8 @@ impl ShardWorker {
             if *self.shared.paused.borrow() {
                 self.flush_acks(conn).await;
             }
-            if !self.wait_unpaused().await {
+            if !self.wait_unpaused().await || self.shared.lease_expired() {
+                // Stopped, or the lease ran out: the rest stays pending for the next owner.
                 complete = false;
                 break;
             }
