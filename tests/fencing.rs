@@ -170,7 +170,10 @@ async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
             .find(|l| l.contains("owner token refused by Redis"))
     })
     .await;
-    assert!(refused.contains("op=") || refused.contains("op"), "{refused}");
+    assert!(
+        refused.contains("op=") || refused.contains("op"),
+        "{refused}"
+    );
     let (pending, lag) = group_numbers(&mut con);
     assert_eq!(
         (pending, lag),
@@ -282,4 +285,99 @@ async fn a_member_cut_off_from_the_coordinator_stops_and_loses_nothing() {
         a.log().iter().any(|l| l.contains("self-fence")),
         "A stopped on its lease"
     );
+}
+
+#[tokio::test]
+async fn fencing_mode_is_validated_and_defaults_to_lease_without_a_data_redis() {
+    let stack = rsc_e2e::Stack::start(rsc_e2e::Backend::Memory, &[]);
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1, "fencing": "bogus"}),
+        )
+        .await;
+    assert_eq!((s.as_u16(), rsc_e2e::code(&body)), (400, "INVALID_REQUEST"));
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1, "fencing": "strict"}),
+        )
+        .await;
+    assert_eq!(
+        (s.as_u16(), rsc_e2e::code(&body)),
+        (400, "INVALID_REQUEST"),
+        "strict needs --data-redis-url: {body}"
+    );
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    assert_eq!(body["fencing"], "lease");
+    let (s, hb) = stack.api.heartbeat("g1", "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert!(hb.get("owner_tokens").is_none(), "lease: no tokens: {hb}");
+}
+
+#[tokio::test]
+async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_heartbeat() {
+    let stack = stack().await;
+    let mut con = stack.redis();
+    let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let token = hb["owner_tokens"]["0"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(
+        stored.as_deref(),
+        Some(token.as_str()),
+        "written before the answer"
+    );
+    // Lost (e.g. a crash between the document write and the token write): repaired by the
+    // member's next heartbeat.
+    let _: () = redis::cmd("DEL").arg(&owner_key).query(&mut con).unwrap();
+    let epoch = hb["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert_eq!(
+        hb["owner_tokens"]["0"],
+        token.as_str(),
+        "same grant, same token"
+    );
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(stored.as_deref(), Some(token.as_str()), "repaired");
+    // A later grant's token is never replaced by an earlier one.
+    let later = format!("{}:{}:other", u64::MAX / 4, 1);
+    let _: () = redis::cmd("SET")
+        .arg(&owner_key)
+        .arg(&later)
+        .query(&mut con)
+        .unwrap();
+    let (s, _) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200);
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(stored.as_deref(), Some(later.as_str()));
+    // Switched to lease: no tokens any more.
+    let (s, view) = stack
+        .api
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/groups/{GROUP}"),
+            Some(json!({"fencing": "lease"})),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 200, "{view}");
+    assert_eq!(view["fencing"], "lease");
+    let epoch = view["members"][0]["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert!(hb.get("owner_tokens").is_none(), "{hb}");
 }

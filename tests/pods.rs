@@ -128,9 +128,19 @@ impl Consumer {
     }
 
     /// Like [`Consumer::start`], talking to the coordinator at `coordinator` (e.g. a proxy).
-    pub(crate) fn start_via(stack: &Stack, coordinator: &str, pod_ip: &str, extra: &[&str]) -> Self {
+    pub(crate) fn start_via(
+        stack: &Stack,
+        coordinator: &str,
+        pod_ip: &str,
+        extra: &[&str],
+    ) -> Self {
         let mut child = Command::new(binary_path("sample-consumer").expect("built"))
-            .args(["--coordinator", coordinator, "--redis-url", &stack.redis.url()])
+            .args([
+                "--coordinator",
+                coordinator,
+                "--redis-url",
+                &stack.redis.url(),
+            ])
             .args(["--pod-ip", pod_ip])
             .args(extra)
             .env(

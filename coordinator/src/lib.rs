@@ -39,9 +39,9 @@
 
 pub mod api;
 pub mod assignor;
-pub mod cli;
 pub mod audit;
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dashboard;

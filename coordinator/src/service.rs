@@ -15,8 +15,8 @@ use crate::fencing::OwnerTokens;
 use crate::store::{LockResource, MetadataStore, StoreError, Versioned};
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    CreateGroupRequest, ErrorCode, FencingMode, GroupView, HeartbeatRequest, HeartbeatResponse, LeaveRequest,
-    LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
+    CreateGroupRequest, ErrorCode, FencingMode, GroupView, HeartbeatRequest, HeartbeatResponse,
+    LeaveRequest, LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -153,11 +153,7 @@ impl Coordinator {
 
     /// With strict fencing, writes the owner tokens of the answer's assignment before the
     /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
-    async fn assert_tokens(
-        &self,
-        doc: &GroupDoc,
-        response: &mut HeartbeatResponse,
-    ) -> Result<()> {
+    async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
         if response.owner_tokens.is_empty() || response.member_epoch < 0 {
             return Ok(());
         }

@@ -62,8 +62,10 @@ async fn create_group(
 ) -> anyhow::Result<()> {
     let resp = http
         .post(format!("{url}/v1/groups"))
-        .json(&serde_json::json!({"group": group, "stream": stream, "shard_count": shards,
-            "fencing": fencing}))
+        .json(
+            &serde_json::json!({"group": group, "stream": stream, "shard_count": shards,
+            "fencing": fencing}),
+        )
         .send()
         .await?;
     anyhow::ensure!(
@@ -238,8 +240,9 @@ async fn main() -> anyhow::Result<()> {
     }
     .max(1);
     let redis = RedisServer::start().context("redis-server")?;
-    let coordinator = CoordinatorProcess::start(&["--store", "memory", "--data-redis-url", &redis.url()])
-        .context("rsc-coordinator (cargo build --release --bins first)")?;
+    let coordinator =
+        CoordinatorProcess::start(&["--store", "memory", "--data-redis-url", &redis.url()])
+            .context("rsc-coordinator (cargo build --release --bins first)")?;
     let url = coordinator.url();
     let http = reqwest::Client::new();
     let client = redis::Client::open(redis.url())?;
@@ -254,7 +257,15 @@ async fn main() -> anyhow::Result<()> {
     for rep in 0..reps {
         // Publish: both write the same messages to their own stream.
         let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
-        create_group(&http, &url, &format!("pg-{rep}"), &routed_s, args.shards, "lease").await?;
+        create_group(
+            &http,
+            &url,
+            &format!("pg-{rep}"),
+            &routed_s,
+            args.shards,
+            "lease",
+        )
+        .await?;
         // Interleaved in ten chunks, alternating which goes first, so that the machine's
         // noise (and Redis's growing memory) falls on both alike.
         let (mut raw_t, mut routed_t) = (Duration::ZERO, Duration::ZERO);

@@ -80,7 +80,9 @@ pub(crate) async fn read(
             Ok(Read::Fenced)
         }
         Some("entries") => {
-            let v = it.next().ok_or_else(|| unexpected("entries without a body"))?;
+            let v = it
+                .next()
+                .ok_or_else(|| unexpected("entries without a body"))?;
             let r: StreamReadReply = redis::from_redis_value(v)?;
             Ok(Read::Entries(
                 r.keys.into_iter().flat_map(|k| k.ids).collect(),
@@ -143,7 +145,9 @@ pub(crate) async fn claim(
             Ok(None)
         }
         Some("claimed") => {
-            let v = it.next().ok_or_else(|| unexpected("claim without a body"))?;
+            let v = it
+                .next()
+                .ok_or_else(|| unexpected("claim without a body"))?;
             Ok(Some(redis::from_redis_value(v)?))
         }
         _ => Err(unexpected("unknown status")),

@@ -1,8 +1,8 @@
 //! Group operations: join, heartbeat (revoke before assign), leave, expiry, fencing, config.
 
-use rsc_protocol::FencingMode;
 use super::{EngineError, GroupConfig, GroupDoc, MemberDoc, StreamDoc};
 use crate::assignor::{self, AssignorMember, StickyAssignor};
+use rsc_protocol::FencingMode;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     HeartbeatRequest, HeartbeatResponse, MemberState, PROTOCOL_VERSION, PatchGroupRequest,

@@ -475,12 +475,18 @@ fn owner_tokens_change_whenever_a_shard_changes_hands() {
     assert_eq!(first[&0], owner_token(0, r.member_epoch, "m1"));
     // m2 joins: m1 revokes one shard, keeps the other with the same token.
     let r2 = w.join("m2");
-    assert!(r2.owner_tokens.is_empty(), "nothing granted before the revocation");
+    assert!(
+        r2.owner_tokens.is_empty(),
+        "nothing granted before the revocation"
+    );
     let r = w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
     assert_eq!(r.assignment.len(), 1);
     let kept = r.assignment[0];
     let moved = 1 - kept;
-    assert_eq!(r.owner_tokens[&kept], first[&kept], "a kept shard keeps its token");
+    assert_eq!(
+        r.owner_tokens[&kept], first[&kept],
+        "a kept shard keeps its token"
+    );
     let r = w.hb("m1", r.member_epoch, &[kept]).unwrap();
     assert_eq!(r.owner_tokens[&kept], first[&kept]);
     let r2 = w.hb("m2", r2.member_epoch, &[]).unwrap();

@@ -161,8 +161,7 @@ impl OwnerTokens {
                 .await
                 .map_err(|e| FencingError(e.to_string()))?;
             answer =
-                tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn))
-                    .await;
+                tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn)).await;
         }
         let codes = match answer {
             Ok(Ok(codes)) => codes,
