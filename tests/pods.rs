@@ -183,7 +183,8 @@ impl Consumer {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The process id (for SIGSTOP / SIGCONT).
+    /// The process id (for SIGSTOP / SIGCONT; used by `fencing.rs`).
+    #[allow(dead_code)]
     pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }

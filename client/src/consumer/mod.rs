@@ -43,7 +43,7 @@ impl MemberShared {
     pub(crate) fn lease_expired(&self) -> bool {
         self.lease_until
             .lock()
-            .map_or(false, |d| d.is_some_and(|d| std::time::Instant::now() >= d))
+            .is_ok_and(|d| d.is_some_and(|d| std::time::Instant::now() >= d))
     }
 }
 
