@@ -163,6 +163,7 @@ async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
     let producer = spawn_producer(&stack, STREAM, 30, 7, None);
     finish_producer(producer, 30);
     // A wakes up with a handler in flight: its acknowledgement and any read are refused.
+    let woken_ms = pods::now_ms();
     signal(a.pid(), Signal::SIGCONT).expect("SIGCONT");
     let refused = eventually("A's data-path refusal", 10, || {
         a.log()
@@ -194,10 +195,13 @@ async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
     .await;
     assert_eq!(consumer_pending(&mut con, &a_id), 0);
     for r in records.iter().filter(|r| r.member == a_id) {
+        // (SIGSTOP takes effect a moment after `kill` returns: compare with the wake-up.)
         assert!(
-            r.started_ms <= stopped_ms,
-            "the fenced member started handling {} after it was paused",
-            r.entry_id
+            r.started_ms < woken_ms,
+            "the fenced member started handling {} at {} after it was woken at {woken_ms} \
+             (paused at {stopped_ms})",
+            r.entry_id,
+            r.started_ms
         );
         if r.finished_ms > stopped_ms {
             // In flight when A was paused: the successor handled it as well.
