@@ -25,6 +25,11 @@ const HEARTBEAT_MS: u64 = 300;
 
 /// A data Redis and a coordinator that writes owner tokens to it; a one-shard group.
 async fn stack() -> Stack {
+    stack_with(1).await
+}
+
+/// The same with `shards` shards.
+async fn stack_with(shards: u32) -> Stack {
     let redis = RedisServer::start().expect("redis-server starts");
     let coordinator = CoordinatorProcess::start(&[
         "--store",
@@ -42,7 +47,7 @@ async fn stack() -> Stack {
         api,
     };
     stack
-        .create_group(GROUP, STREAM, 1, SESSION_MS, HEARTBEAT_MS)
+        .create_group(GROUP, STREAM, shards, SESSION_MS, HEARTBEAT_MS)
         .await;
     let g = stack.group(GROUP).await;
     assert_eq!(g["fencing"], "strict", "default with a data Redis: {g}");
@@ -384,4 +389,43 @@ async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_hea
     let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
     assert_eq!(s.as_u16(), 200, "{hb}");
     assert!(hb.get("owner_tokens").is_none(), "{hb}");
+}
+
+#[tokio::test]
+async fn strict_groups_rebalance_without_refusals_or_losses() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(4).await;
+    let producer = spawn_producer(&stack, STREAM, 200, 50, None);
+    finish_producer(producer, 200);
+    let a = Consumer::start(&stack, "127.0.0.51", &consumer_args(true));
+    stack.wait_stable(GROUP, 1, 4).await;
+    // B joins: A revokes two shards (finishing and acknowledging with its tokens), B takes
+    // them over with new tokens.
+    let b = Consumer::start(&stack, "127.0.0.52", &consumer_args(true));
+    stack.wait_stable(GROUP, 2, 4).await;
+    let mut con = stack.redis();
+    eventually("all 200 entries handled and acknowledged", 60, || {
+        let h = handled(&mut con, RECORD);
+        // Entry ids are per shard key: two shards may hold the same id.
+        let ids: BTreeSet<(u32, &str)> = h.iter().map(|r| (r.shard, r.entry_id.as_str())).collect();
+        let done = (0..4).all(|s| {
+            let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(format!("{STREAM}:{s}"))
+                .query(&mut con)
+                .expect("XINFO GROUPS");
+            info.groups
+                .iter()
+                .any(|g| g.name == GROUP && g.pending == 0 && g.lag == Some(0))
+        });
+        (ids.len() == 200 && done).then_some(())
+    })
+    .await;
+    for pod in [&a, &b] {
+        assert!(
+            !pod.log().iter().any(|l| l.contains("owner token refused")),
+            "a rightful owner was refused: {:#?}",
+            pod.log()
+        );
+    }
 }

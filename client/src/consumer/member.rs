@@ -256,7 +256,11 @@ impl MemberRuntime {
                 self.assignment = resp.assignment.into_iter().collect();
                 self.tokens = resp.owner_tokens;
                 for (shard, slot) in &self.slots {
-                    slot.flags.set_token(self.tokens.get(shard).cloned());
+                    // No tokens at all: lease fencing. A shard being revoked is not in the
+                    // answer: it keeps its token (still its own) while it finishes.
+                    if self.tokens.is_empty() || self.tokens.contains_key(shard) {
+                        slot.flags.set_token(self.tokens.get(shard).cloned());
+                    }
                 }
                 self.refused.clear();
                 self.reconcile();
