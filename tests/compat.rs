@@ -16,18 +16,12 @@ async fn frozen_v1_flow_still_works() {
     for (i, step) in flow["steps"].as_array().unwrap().iter().enumerate() {
         let method = Method::from_bytes(step["method"].as_str().unwrap().as_bytes()).unwrap();
         let path = step["path"].as_str().unwrap();
-        let (status, body) = stack
-            .api
-            .call(method, path, step.get("body").cloned())
-            .await;
+        let (status, body) = stack.api.call(method, path, step.get("body").cloned()).await;
         let want = StatusCode::from_u16(step["status"].as_u64().unwrap() as u16).unwrap();
         assert_eq!(status, want, "step {i} {path}: {body}");
         for read in step["reads"].as_array().unwrap() {
             let read = read.as_str().unwrap();
-            assert!(
-                field(&body, read).is_some(),
-                "step {i} {path}: field {read} missing from {body}"
-            );
+            assert!(field(&body, read).is_some(), "step {i} {path}: field {read} missing from {body}");
         }
     }
 }
