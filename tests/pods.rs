@@ -124,10 +124,20 @@ pub(crate) struct Consumer {
 
 impl Consumer {
     pub(crate) fn start(stack: &Stack, pod_ip: &str, extra: &[&str]) -> Self {
+        Self::start_via(stack, &stack.coordinator.url(), pod_ip, extra)
+    }
+
+    /// Like [`Consumer::start`], talking to the coordinator at `coordinator` (e.g. a proxy).
+    pub(crate) fn start_via(
+        stack: &Stack,
+        coordinator: &str,
+        pod_ip: &str,
+        extra: &[&str],
+    ) -> Self {
         let mut child = Command::new(binary_path("sample-consumer").expect("built"))
             .args([
                 "--coordinator",
-                &stack.coordinator.url(),
+                coordinator,
                 "--redis-url",
                 &stack.redis.url(),
             ])
@@ -171,6 +181,12 @@ impl Consumer {
 
     pub(crate) fn log(&self) -> Vec<String> {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The process id (for SIGSTOP / SIGCONT; used by `fencing.rs`).
+    #[allow(dead_code)]
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// SIGKILL, and wait.

@@ -272,6 +272,7 @@ impl ConsumerApp {
                     ack_conn: ack_conn.clone(),
                     paused: paused.clone(),
                     metrics: metrics.clone(),
+                    lease_until: std::sync::Mutex::new(None),
                 });
                 let info = ClientInfo {
                     pod_ip: std::env::var("POD_IP")

@@ -13,6 +13,13 @@ pub enum ClientError {
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Strict fencing: Redis refused this member's owner token for the shard (it moved to
+    /// another member); the acknowledgement did not land and the entry will be handled again.
+    #[error("shard {shard_key} belongs to another member now: the acknowledgement was refused")]
+    Fenced {
+        /// The shard key.
+        shard_key: String,
+    },
     /// A call to the coordinator failed.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),

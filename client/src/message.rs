@@ -98,6 +98,8 @@ pub(crate) struct Origin {
     pub(crate) member_id: String,
     /// Where manual acknowledgements go (`None` in [`Message::test`] messages).
     pub(crate) ack_conn: Option<ConnectionManager>,
+    /// The shard's fencing state (owner token), for guarded manual acknowledgements.
+    pub(crate) fence: Option<Arc<crate::consumer::worker::ShardFlags>>,
 }
 
 /// A message handed to a listener: the decoded payload plus the entry's metadata.
@@ -239,6 +241,18 @@ impl Acker {
             return Ok(());
         };
         let mut conn = conn.clone();
+        if let Some(flags) = &self.origin.fence
+            && let Some(token) = flags.token()
+        {
+            let ids = [self.id.clone()];
+            if !crate::consumer::fence::ack(&mut conn, &self.origin, &token, &ids).await? {
+                flags.refuse("manual ack");
+                return Err(ClientError::Fenced {
+                    shard_key: self.origin.shard_key.clone(),
+                });
+            }
+            return Ok(());
+        }
         let _: i64 = redis::cmd("XACK")
             .arg(&self.origin.shard_key)
             .arg(&self.origin.group)

@@ -46,6 +46,7 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod engine;
+pub mod fencing;
 pub mod metrics;
 pub mod retired;
 pub mod server;

@@ -16,6 +16,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+/// How long writing owner tokens to the data Redis may take before a heartbeat fails.
+const FENCING_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a lag read from the data Redis may take before it is left out.
 const LAG_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -78,7 +80,14 @@ pub async fn serve(
         auditor.clone(),
         cfg.body_limit,
     ));
-    let coordinator = Coordinator::new(
+    let fencing = match &cfg.data_redis_url {
+        Some(url) => Some(Arc::new(
+            crate::fencing::OwnerTokens::new(url, FENCING_TIMEOUT)
+                .map_err(|e| anyhow::anyhow!("invalid --data-redis-url: {e}"))?,
+        )),
+        None => None,
+    };
+    let mut coordinator = Coordinator::new(
         store,
         clock,
         ServiceConfig {
@@ -86,6 +95,9 @@ pub async fn serve(
             ..ServiceConfig::default()
         },
     );
+    if let Some(f) = fencing {
+        coordinator = coordinator.with_fencing(f);
+    }
     let cleaner = cfg.data_redis_url.clone().map(|url| {
         let cleaner = RetiredKeyCleaner {
             url,

@@ -21,13 +21,14 @@ use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
     stream_view,
 };
+use crate::fencing::OwnerTokens;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    CreateGroupRequest, ErrorCode, GroupView, HeartbeatRequest, HeartbeatResponse, LeaveRequest,
-    LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
+    CreateGroupRequest, ErrorCode, FencingMode, GroupView, HeartbeatRequest, HeartbeatResponse,
+    LeaveRequest, LeaveResponse, PatchGroupRequest, RoutingResponse, StreamView,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -162,6 +163,7 @@ pub struct Coordinator {
     clock: Arc<dyn Clock>,
     config: ServiceConfig,
     cache: Arc<DocCache>,
+    fencing: Option<Arc<OwnerTokens>>,
 }
 
 impl Coordinator {
@@ -176,7 +178,44 @@ impl Coordinator {
             clock,
             config,
             cache: Arc::default(),
+            fencing: None,
         }
+    }
+
+    /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
+    /// (without it, groups default to lease fencing and `strict` is refused).
+    pub fn with_fencing(mut self, tokens: Arc<OwnerTokens>) -> Self {
+        self.fencing = Some(tokens);
+        self
+    }
+
+    /// Checks that a requested fencing mode can be served.
+    fn check_fencing(&self, mode: Option<FencingMode>) -> Result<()> {
+        if mode == Some(FencingMode::Strict) && self.fencing.is_none() {
+            return Err(invalid(
+                "fencing \"strict\" needs the data Redis: start the coordinator with --data-redis-url"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// With strict fencing, writes the owner tokens of the answer's assignment before the
+    /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
+    async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
+        if response.owner_tokens.is_empty() || response.member_epoch < 0 {
+            return Ok(());
+        }
+        let Some(fencing) = &self.fencing else {
+            warn!(group = %doc.group, "group is set to strict fencing but this coordinator has no --data-redis-url: members fall back to their lease");
+            response.owner_tokens.clear();
+            return Ok(());
+        };
+        fencing
+            .assert(&doc.group, &doc.stream, &response.owner_tokens)
+            .await
+            .map_err(|e| ServiceError::Store(StoreError::Unavailable(e.to_string())))?;
+        Ok(())
     }
 
     /// The store (for readiness checks).
@@ -315,11 +354,15 @@ impl Coordinator {
                     }
                     revision
                 };
+                // Under the group lock, after the document write, before the answer leaves:
+                // the member cannot learn of a grant whose owner token is not in place.
+                let mut response = outcome.response;
+                self.assert_tokens(&doc, &mut response).await?;
                 log_events(group, &events);
                 let stream_name = doc.stream.clone();
                 self.cache.put_group(revision, doc);
                 self.cache.put_stream(stream);
-                Ok((outcome.response, outcome.drained, stream_name))
+                Ok((response, outcome.drained, stream_name))
             })
             .await?;
         if !drained.is_empty()
@@ -349,6 +392,11 @@ impl Coordinator {
         let Some(response) = g.doc.steady_heartbeat(&s.doc, req) else {
             return Ok(None);
         };
+        if !response.owner_tokens.is_empty() {
+            // Strict fencing: every heartbeat re-asserts the owner tokens (repairing a lost
+            // write within one heartbeat), which takes the full path under the group lock.
+            return Ok(None);
+        }
         let touched = self
             .store
             .touch_steady(&SteadyTouch {
@@ -405,6 +453,7 @@ impl Coordinator {
     #[tracing::instrument(skip(self))]
     pub async fn patch_group(&self, group: &str, patch: &PatchGroupRequest) -> Result<GroupView> {
         check_name("group", group)?;
+        self.check_fencing(patch.fencing)?;
         self.mutate_group(group, |doc, stream, _now| {
             doc.update_config(stream, patch)?;
             Ok(Vec::new())
@@ -468,7 +517,13 @@ impl Coordinator {
                 .unwrap_or(defaults.rebalance_timeout_ms),
             max_members: req.max_members,
             assignor: req.assignor.clone().unwrap_or(defaults.assignor),
+            fencing: req.fencing.unwrap_or(if self.fencing.is_some() {
+                FencingMode::Strict
+            } else {
+                FencingMode::Lease
+            }),
         };
+        self.check_fencing(req.fencing)?;
         config.validate()?;
         if let Some(n) = req.shard_count {
             crate::engine::validate_shard_count(n)?;

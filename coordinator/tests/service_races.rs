@@ -141,6 +141,7 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
         rebalance_timeout_ms: None,
         max_members: None,
         assignor: None,
+        fencing: None,
     })
     .await
     .unwrap();

@@ -47,6 +47,13 @@ pub fn dlq_key(stream: &str) -> String {
     format!("{stream}:dlq")
 }
 
+/// The owner-token key of `group` on a shard (strict fencing): `{<shard key>}:owner:<group>`.
+/// The hash tag is the whole shard key, which has none of its own, so the token lives in the
+/// shard's Redis Cluster slot and one script can check it and touch the stream.
+pub fn owner_key(shard_key: &str, group: &str) -> String {
+    format!("{{{shard_key}}}:owner:{group}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +83,10 @@ mod tests {
     #[test]
     fn zero_buckets_is_one() {
         assert_eq!(jump_consistent_hash(42, 0), 0);
+    }
+
+    #[test]
+    fn owner_key_shares_the_shard_slot() {
+        assert_eq!(owner_key("orders:3", "billing"), "{orders:3}:owner:billing");
     }
 }

@@ -27,6 +27,33 @@ impl StartPosition {
     }
 }
 
+/// How a group fences the data path (issue 10).
+///
+/// `strict`: the coordinator writes an owner token per shard into the data Redis
+/// (`{<shard key>}:owner:<group>`) before a member can learn of a grant, and members read and
+/// acknowledge through scripts that refuse a token that no longer matches, so a paused or
+/// cut-off member can neither read nor acknowledge after its shards moved. `lease`: members
+/// rely on their heartbeat lease alone (self-fence, SPEC §5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum FencingMode {
+    /// Owner tokens checked by Redis on every read and acknowledgement.
+    Strict,
+    /// The heartbeat lease only.
+    Lease,
+}
+
+impl FencingMode {
+    /// `strict` or `lease`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FencingMode::Strict => "strict",
+            FencingMode::Lease => "lease",
+        }
+    }
+}
+
 /// A member's reconciliation state (KIP-848).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -157,6 +184,12 @@ pub struct HeartbeatResponse {
     pub routing_epoch: u64,
     /// Where new Redis consumer groups start.
     pub start: StartPosition,
+    /// With `fencing: strict`: the owner token of each shard in `assignment` (JSON object,
+    /// shard index as the key). Reads and acknowledgements of the shard go through scripts
+    /// that compare it with `{<shard key>}:owner:<group>` in the data Redis. Absent in lease
+    /// mode (an addition to SPEC §5: responses may gain fields).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub owner_tokens: std::collections::BTreeMap<u32, String>,
 }
 
 /// `POST /v1/groups/{group}/leave` body.
@@ -224,6 +257,10 @@ pub struct CreateGroupRequest {
     /// The assignor's name (default `sticky`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignor: Option<String>,
+    /// Data-path fencing: `strict` (default when the coordinator has a data Redis) or
+    /// `lease` (the default otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingMode>,
 }
 
 /// `PATCH /v1/groups/{group}` body: the settings to change.
@@ -243,6 +280,9 @@ pub struct PatchGroupRequest {
     /// New member limit; `0` removes the limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_members: Option<u32>,
+    /// New data-path fencing mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<FencingMode>,
 }
 
 /// `POST /v1/streams/{stream}/reshard` body.
@@ -375,6 +415,8 @@ pub struct GroupView {
     pub max_members: Option<u32>,
     /// Assignor name.
     pub assignor: String,
+    /// Data-path fencing mode.
+    pub fencing: FencingMode,
     /// Bumped on every change of membership, layout or config.
     pub group_epoch: u64,
     /// The group epoch the target was computed for.

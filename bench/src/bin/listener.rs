@@ -4,6 +4,9 @@
 //! - **consume**: a `ConsumerApp` with one member reading a pre-filled stream of S shards
 //!   (XAUTOCLAIM, XREADGROUP COUNT c, handler, XACK) against one task per shard running a bare
 //!   `XREADGROUP COUNT c` + `XACK` loop. Goal: ratio ≥ 0.9.
+//! - **strict fencing**: the same listener on a group with `fencing: "strict"` (guarded read
+//!   and ack scripts, owner tokens) against a group with `fencing: "lease"` on the same
+//!   pre-filled stream. Goal: ratio ≥ 0.9.
 //! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
 //!   pipeline of the same XADDs. Goal: ratio ≥ 0.95.
 //!
@@ -55,10 +58,14 @@ async fn create_group(
     group: &str,
     stream: &str,
     shards: u32,
+    fencing: &str,
 ) -> anyhow::Result<()> {
     let resp = http
         .post(format!("{url}/v1/groups"))
-        .json(&serde_json::json!({"group": group, "stream": stream, "shard_count": shards}))
+        .json(
+            &serde_json::json!({"group": group, "stream": stream, "shard_count": shards,
+            "fencing": fencing}),
+        )
         .send()
         .await?;
     anyhow::ensure!(
@@ -233,8 +240,9 @@ async fn main() -> anyhow::Result<()> {
     }
     .max(1);
     let redis = RedisServer::start().context("redis-server")?;
-    let coordinator = CoordinatorProcess::start(&["--store", "memory"])
-        .context("rsc-coordinator (cargo build --release --bins first)")?;
+    let coordinator =
+        CoordinatorProcess::start(&["--store", "memory", "--data-redis-url", &redis.url()])
+            .context("rsc-coordinator (cargo build --release --bins first)")?;
     let url = coordinator.url();
     let http = reqwest::Client::new();
     let client = redis::Client::open(redis.url())?;
@@ -244,12 +252,20 @@ async fn main() -> anyhow::Result<()> {
         .redis_url(redis.url())
         .build()?;
 
-    let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener) =
-        (vec![], vec![], vec![], vec![]);
+    let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for rep in 0..reps {
         // Publish: both write the same messages to their own stream.
         let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
-        create_group(&http, &url, &format!("pg-{rep}"), &routed_s, args.shards).await?;
+        create_group(
+            &http,
+            &url,
+            &format!("pg-{rep}"),
+            &routed_s,
+            args.shards,
+            "lease",
+        )
+        .await?;
         // Interleaved in ten chunks, alternating which goes first, so that the machine's
         // noise (and Redis's growing memory) falls on both alike.
         let (mut raw_t, mut routed_t) = (Duration::ZERO, Duration::ZERO);
@@ -269,7 +285,9 @@ async fn main() -> anyhow::Result<()> {
         // Consume: one pre-filled stream, read by two groups (baseline first, then listener).
         let stream = format!("con-{rep}");
         let group = format!("cg-{rep}");
-        create_group(&http, &url, &group, &stream, args.shards).await?;
+        let strict_group = format!("sg-{rep}");
+        create_group(&http, &url, &group, &stream, args.shards, "lease").await?;
+        create_group(&http, &url, &strict_group, &stream, args.shards, "strict").await?;
         raw_publish(&mut con, &stream, args.shards, n, 500).await?;
         let raw_group = format!("raw-{rep}");
         if rep % 2 == 0 {
@@ -283,9 +301,12 @@ async fn main() -> anyhow::Result<()> {
             con_raw
                 .push(raw_consume(&client, &stream, &raw_group, args.shards, n, args.count).await?);
         }
+        con_strict.push(
+            listener_consume(&url, &redis.url(), &stream, &strict_group, n, args.count).await?,
+        );
         eprintln!(
-            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0} msgs/s",
-            pub_routed[rep], pub_raw[rep], con_listener[rep], con_raw[rep]
+            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} (strict fencing {:.0}) raw {:.0} msgs/s",
+            pub_routed[rep], pub_raw[rep], con_listener[rep], con_strict[rep], con_raw[rep]
         );
         let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
     }
@@ -299,6 +320,16 @@ async fn main() -> anyhow::Result<()> {
             value: summarize(&con_listener),
             baseline: Some(summarize(&con_raw)),
             goal: "ratio >= 0.9 (baseline: redis-rs XREADGROUP + XACK loop per shard)".into(),
+        },
+        Row {
+            name: format!(
+                "listener consume, strict fencing ({} shards, COUNT {}, {n} msgs)",
+                args.shards, args.count
+            ),
+            unit: "msgs/s".into(),
+            value: summarize(&con_strict),
+            baseline: Some(summarize(&con_listener)),
+            goal: "ratio >= 0.9 (baseline: the same listener with lease-only fencing)".into(),
         },
         Row {
             name: format!("routed publish_batch (batch {}, {n} msgs)", args.batch),

@@ -99,6 +99,10 @@ pub(crate) struct MemberRuntime {
     next_heartbeat: Instant,
     /// A revocation finished: report it with the next heartbeat, at once.
     report_now: bool,
+    /// Strict fencing: the owner token of each assigned shard (empty in lease mode).
+    tokens: BTreeMap<u32, String>,
+    /// Shards Redis refused our token for: not restarted before the next answer.
+    refused: BTreeSet<u32>,
     backoff: Backoff,
     failures: u32,
     recent_fences: VecDeque<Instant>,
@@ -131,6 +135,8 @@ impl MemberRuntime {
             shard_count: 0,
             next_heartbeat: Instant::now(),
             report_now: false,
+            tokens: BTreeMap::new(),
+            refused: BTreeSet::new(),
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
             failures: 0,
             recent_fences: VecDeque::new(),
@@ -263,11 +269,23 @@ impl MemberRuntime {
                 self.start = resp.start;
                 self.shard_count = resp.shard_count;
                 self.lease.renewed(sent_at.into_std(), self.session);
+                if let Ok(mut d) = self.shared.lease_until.lock() {
+                    *d = self.lease.deadline();
+                }
                 if self.fenced {
                     info!("heartbeat succeeded again: resuming");
                     self.fenced = false;
                 }
                 self.assignment = resp.assignment.into_iter().collect();
+                self.tokens = resp.owner_tokens;
+                for (shard, slot) in &self.slots {
+                    // No tokens at all: lease fencing. A shard being revoked is not in the
+                    // answer: it keeps its token (still its own) while it finishes.
+                    if self.tokens.is_empty() || self.tokens.contains_key(shard) {
+                        slot.flags.set_token(self.tokens.get(shard).cloned());
+                    }
+                }
+                self.refused.clear();
                 self.reconcile();
                 self.next_heartbeat = if self.report_now {
                     // A revocation finished while this heartbeat was in flight.
@@ -390,7 +408,7 @@ impl MemberRuntime {
             .assignment
             .iter()
             .copied()
-            .filter(|s| !self.slots.contains_key(s))
+            .filter(|s| !self.slots.contains_key(s) && !self.refused.contains(s))
             .collect();
         for &shard in &new {
             self.spawn_worker(shard);
@@ -403,7 +421,11 @@ impl MemberRuntime {
 
     fn spawn_worker(&mut self, shard: u32) {
         let stop = CancellationToken::new();
-        let flags = Arc::new(ShardFlags::default());
+        let flags = Arc::new(ShardFlags {
+            stop: stop.clone(),
+            token: std::sync::Mutex::new(self.tokens.get(&shard).cloned()),
+            ..ShardFlags::default()
+        });
         let worker = ShardWorker::new(
             self.shared.clone(),
             shard,
@@ -434,6 +456,17 @@ impl MemberRuntime {
             error!(shard, "shard worker panicked");
         }
         self.callback(false, vec![shard]);
+        if slot.flags.refused.load(Ordering::Relaxed) {
+            // Redis refused our owner token: the shard moved on. Report owning it no more, at
+            // once; start it again only if the next answer still assigns it.
+            warn!(shard, "shard dropped: fenced on the data path");
+            metrics::counter!("rsc_client_fenced_shards_total", "group" => self.shared.group.clone())
+                .increment(1);
+            self.refused.insert(shard);
+            self.next_heartbeat = Instant::now();
+            self.report_now = true;
+            return;
+        }
         match slot.stopping {
             Some(StopReason::Revoked) => {
                 info!(shard, "shard released");
@@ -445,7 +478,7 @@ impl MemberRuntime {
             None => warn!(shard, "shard worker exited on its own"),
         }
         // A shard given back while it was being revoked, or a worker that died: start again.
-        if self.can_work() && self.assignment.contains(&shard) {
+        if self.can_work() && self.assignment.contains(&shard) && !self.shared.lease_expired() {
             self.spawn_worker(shard);
             self.callback(true, vec![shard]);
         }

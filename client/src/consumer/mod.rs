@@ -8,9 +8,11 @@
 //!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
 //!   dead letters, acknowledgements.
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
+//! - [`fence`]: strict fencing: the guarded read, takeover and acknowledgement scripts.
 
 pub(crate) mod backoff;
 pub(crate) mod drain;
+pub(crate) mod fence;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;
@@ -32,6 +34,19 @@ pub(crate) struct MemberShared {
     /// `true` while the listener is paused.
     pub(crate) paused: watch::Receiver<bool>,
     pub(crate) metrics: WorkerMetrics,
+    /// When the member's lease runs out (set by the member on every successful heartbeat):
+    /// a worker starts no further entry past it, even before the member's self-fence timer
+    /// has stopped it (e.g. right after the process was paused).
+    pub(crate) lease_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl MemberShared {
+    /// Whether the lease has run out.
+    pub(crate) fn lease_expired(&self) -> bool {
+        self.lease_until
+            .lock()
+            .is_ok_and(|d| d.is_some_and(|d| std::time::Instant::now() >= d))
+    }
 }
 
 /// Handles of the per-message metrics (labels `group`, `stream`).

@@ -13,6 +13,7 @@
 
 use super::MemberShared;
 use super::backoff::{Backoff, retry_delay};
+use super::fence;
 use crate::handler::{FailureAction, HandlerError};
 use crate::listener::AckMode;
 use crate::message::{Entry, Origin};
@@ -40,6 +41,37 @@ pub(crate) struct ShardFlags {
     pub(crate) draining: AtomicBool,
     /// The worker found the draining shard empty (nothing pending, nothing unread).
     pub(crate) drained: AtomicBool,
+    /// Strict fencing: the owner token the coordinator gave for the shard (`None`: lease only).
+    pub(crate) token: std::sync::Mutex<Option<String>>,
+    /// Redis refused the token: the shard moved on; the worker stops and the member drops it.
+    pub(crate) refused: AtomicBool,
+    /// The worker's stop signal (cancelled on a refusal too).
+    pub(crate) stop: CancellationToken,
+}
+
+impl ShardFlags {
+    /// The owner token to present, with strict fencing.
+    pub(crate) fn token(&self) -> Option<String> {
+        self.token.lock().map_or(None, |t| t.clone())
+    }
+
+    /// Sets the owner token from a heartbeat answer.
+    pub(crate) fn set_token(&self, token: Option<String>) {
+        if let Ok(mut t) = self.token.lock() {
+            *t = token;
+        }
+    }
+
+    /// Redis refused the owner token: stop the worker; the member drops the shard.
+    pub(crate) fn refuse(&self, op: &str) {
+        if !self.refused.swap(true, Ordering::Relaxed) {
+            warn!(
+                op,
+                "owner token refused by Redis: the shard belongs to another member now; dropping it"
+            );
+        }
+        self.stop.cancel();
+    }
 }
 
 /// One shard worker.
@@ -79,6 +111,7 @@ impl ShardWorker {
             shard_key: rsc_protocol::routing::shard_key(&shared.stream, shard),
             member_id: shared.member_id.clone(),
             ack_conn: Some(shared.ack_conn.clone()),
+            fence: Some(flags.clone()),
         });
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
         ShardWorker {
@@ -133,7 +166,16 @@ impl ShardWorker {
         if !self.claim_pending(&mut conn, &mut backoff).await {
             return;
         }
-        self.read_new(&mut conn, &mut backoff).await;
+        loop {
+            let switched = if self.flags.token().is_some() {
+                self.read_guarded(&mut conn, &mut backoff).await
+            } else {
+                self.read_new(&mut conn, &mut backoff).await
+            };
+            if !switched {
+                break;
+            }
+        }
         debug!("shard worker stopped");
     }
 
@@ -212,16 +254,30 @@ impl ShardWorker {
             if !self.wait_unpaused().await {
                 return false;
             }
-            let reply: Result<StreamAutoClaimReply, RedisError> = redis::cmd("XAUTOCLAIM")
-                .arg(&self.origin.shard_key)
-                .arg(&self.origin.group)
-                .arg(&self.origin.member_id)
-                .arg(0)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(CLAIM_COUNT)
-                .query_async(conn)
-                .await;
+            let reply: Result<StreamAutoClaimReply, RedisError> = match self.flags.token() {
+                Some(token) => {
+                    match fence::claim(conn, &self.origin, &token, &cursor, CLAIM_COUNT).await {
+                        Ok(Some(r)) => Ok(r),
+                        Ok(None) => {
+                            self.flags.refuse("claim");
+                            return false;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                None => {
+                    redis::cmd("XAUTOCLAIM")
+                        .arg(&self.origin.shard_key)
+                        .arg(&self.origin.group)
+                        .arg(&self.origin.member_id)
+                        .arg(0)
+                        .arg(&cursor)
+                        .arg("COUNT")
+                        .arg(CLAIM_COUNT)
+                        .query_async(conn)
+                        .await
+                }
+            };
             match reply {
                 Ok(reply) => {
                     backoff.reset();
@@ -294,7 +350,8 @@ impl ShardWorker {
     }
 
     /// Reads and handles new entries until stopped.
-    async fn read_new(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) {
+    /// `true` when the group switched to strict fencing (continue with [`Self::read_guarded`]).
+    async fn read_new(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
         let settings = &self.shared.listener.settings;
         let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
         let mut cmd = redis::cmd("XREADGROUP");
@@ -309,12 +366,16 @@ impl ShardWorker {
             .arg(&self.origin.shard_key)
             .arg(">");
         loop {
+            if self.flags.token().is_some() {
+                // Switched to strict fencing: acknowledgements and reads go guarded from now.
+                return true;
+            }
             if *self.shared.paused.borrow() {
                 self.flush_acks(conn).await;
             }
             if !self.wait_unpaused().await {
                 self.flush_acks(conn).await;
-                return;
+                return false;
             }
             // The previous batch's acknowledgements travel in the same round trip as the next
             // read (XACK first, then XREADGROUP).
@@ -342,7 +403,7 @@ impl ShardWorker {
                 _ = self.stop.cancelled() => {
                     self.acks = acks;
                     self.flush_acks(conn).await;
-                    return;
+                    return false;
                 }
             };
             if reply.is_err() && !acks.is_empty() {
@@ -363,7 +424,7 @@ impl ShardWorker {
                     } else {
                         self.flags.drained.store(false, Ordering::Relaxed);
                         if !self.handle_batch(conn, entries, false).await {
-                            return;
+                            return false;
                         }
                     }
                     self.refresh_lag(conn).await;
@@ -371,13 +432,100 @@ impl ShardWorker {
                 Err(e) if e.code() == Some("NOGROUP") => {
                     warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
                     if !self.ensure_group(conn, backoff).await {
-                        return;
+                        return false;
                     }
                 }
                 Err(e) => {
                     warn!(error = %e, "XREADGROUP failed; retrying");
                     if !self.pause_for(backoff.next_delay()).await {
-                        return;
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Strict fencing: reads and acknowledges through the guarded script (non-blocking,
+    /// `COUNT n`); an idle shard waits on a plain `XREAD BLOCK … <last id>`, which only wakes
+    /// it (it delivers nothing to the group), so idle shards do not poll.
+    /// `true` when the group switched to lease fencing (continue with [`Self::read_new`]).
+    async fn read_guarded(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+        let settings = &self.shared.listener.settings;
+        let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
+        loop {
+            if *self.shared.paused.borrow() {
+                self.flush_acks(conn).await;
+            }
+            if !self.wait_unpaused().await {
+                self.flush_acks(conn).await;
+                return false;
+            }
+            let Some(token) = self.flags.token() else {
+                // Switched to lease fencing: no token to present any more.
+                return true;
+            };
+            let acks = std::mem::take(&mut self.acks);
+            let reply = tokio::select! {
+                r = fence::read(conn, &self.origin, &token, &acks, count) => r,
+                _ = self.stop.cancelled() => {
+                    self.acks = acks;
+                    self.flush_acks(conn).await;
+                    return false;
+                }
+            };
+            if reply.is_err() && !acks.is_empty() {
+                self.acks = acks;
+                self.flush_acks(conn).await;
+            }
+            match reply {
+                Ok(fence::Read::Fenced) => {
+                    self.flags.refuse("read");
+                    return false;
+                }
+                Ok(fence::Read::Entries(ids)) => {
+                    backoff.reset();
+                    let entries: Vec<Entry> = ids
+                        .into_iter()
+                        .map(|s| entry_from(s.id, s.map, 1))
+                        .collect();
+                    self.flags.drained.store(false, Ordering::Relaxed);
+                    if !self.handle_batch(conn, entries, false).await {
+                        return false;
+                    }
+                    self.refresh_lag(conn).await;
+                }
+                Ok(fence::Read::Idle(last)) => {
+                    backoff.reset();
+                    self.idle(conn).await;
+                    self.refresh_lag(conn).await;
+                    let mut wake = redis::cmd("XREAD");
+                    wake.arg("COUNT")
+                        .arg(1)
+                        .arg("BLOCK")
+                        .arg(block_ms)
+                        .arg("STREAMS")
+                        .arg(&self.origin.shard_key)
+                        .arg(&last);
+                    tokio::select! {
+                        r = wake.query_async::<Value>(conn) => if let Err(e) = r {
+                            debug!(error = %e, "XREAD wake-up failed");
+                            if !self.pause_for(backoff.next_delay()).await {
+                                return false;
+                            }
+                        },
+                        _ = self.stop.cancelled() => return false,
+                    }
+                }
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+                    if !self.ensure_group(conn, backoff).await {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "guarded XREADGROUP failed; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return false;
                     }
                 }
             }
@@ -438,7 +586,8 @@ impl ShardWorker {
             if *self.shared.paused.borrow() {
                 self.flush_acks(conn).await;
             }
-            if !self.wait_unpaused().await {
+            if !self.wait_unpaused().await || self.shared.lease_expired() {
+                // Stopped, or the lease ran out: the rest stays pending for the next owner.
                 complete = false;
                 break;
             }
@@ -475,13 +624,24 @@ impl ShardWorker {
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         for attempt in 1..=5 {
-            let r: Result<i64, RedisError> = redis::cmd("XACK")
-                .arg(&self.origin.shard_key)
-                .arg(&self.origin.group)
-                .arg(ids)
-                .query_async(conn)
-                .await;
+            let r: Result<i64, RedisError> = match self.flags.token() {
+                Some(token) => fence::ack(conn, &self.origin, &token, ids)
+                    .await
+                    .map(|ok| if ok { 0 } else { -1 }),
+                None => {
+                    redis::cmd("XACK")
+                        .arg(&self.origin.shard_key)
+                        .arg(&self.origin.group)
+                        .arg(ids)
+                        .query_async(conn)
+                        .await
+                }
+            };
             match r {
+                Ok(-1) => {
+                    self.flags.refuse("ack");
+                    return;
+                }
                 Ok(_) => return,
                 Err(e) if e.code() == Some("NOGROUP") => return,
                 Err(e) => {

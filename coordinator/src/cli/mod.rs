@@ -144,6 +144,26 @@ struct CreateArgs {
     /// Assignor name [coordinator default: sticky].
     #[arg(long)]
     assignor: Option<String>,
+    /// Data-path fencing [coordinator default: strict with a data Redis, else lease].
+    #[arg(long, value_enum)]
+    fencing: Option<FencingArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FencingArg {
+    /// Owner tokens checked by Redis on every read and acknowledgement.
+    Strict,
+    /// The heartbeat lease only.
+    Lease,
+}
+
+impl From<FencingArg> for rsc_protocol::FencingMode {
+    fn from(f: FencingArg) -> Self {
+        match f {
+            FencingArg::Strict => rsc_protocol::FencingMode::Strict,
+            FencingArg::Lease => rsc_protocol::FencingMode::Lease,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -323,6 +343,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
                 rebalance_timeout_ms: args.rebalance_timeout_ms,
                 max_members: args.max_members,
                 assignor: args.assignor,
+                fencing: args.fencing.map(Into::into),
             };
             let f = c.create_group(&req).await?;
             if json_out {

@@ -279,6 +279,7 @@ mod tests {
             rebalance_timeout_ms: 60_000,
             max_members: None,
             assignor: "sticky".into(),
+            fencing: rsc_protocol::FencingMode::Lease,
             group_epoch: 4,
             assignment_epoch: 4,
             members: vec![MemberView {

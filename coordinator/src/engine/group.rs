@@ -2,6 +2,7 @@
 
 use super::{EngineError, GroupConfig, GroupDoc, MemberDoc, StreamDoc};
 use crate::assignor::{self, AssignorMember, StickyAssignor};
+use rsc_protocol::FencingMode;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     HeartbeatRequest, HeartbeatResponse, MemberState, PROTOCOL_VERSION, PatchGroupRequest,
@@ -169,6 +170,7 @@ impl GroupDoc {
                 if let Some(m) = self.members.get_mut(id) {
                     // The old incarnation's shards are released: the new one owns nothing.
                     m.assigned.clear();
+                    m.granted_at.clear();
                     m.pending_revocation.clear();
                     m.reported.clear();
                     m.revoke_started_ms = None;
@@ -357,6 +359,9 @@ impl GroupDoc {
         if let Some(v) = patch.max_members {
             cfg.max_members = (v != 0).then_some(v);
         }
+        if let Some(v) = patch.fencing {
+            cfg.fencing = v;
+        }
         cfg.validate()?;
         if cfg == self.config {
             return Ok(false);
@@ -405,6 +410,8 @@ impl GroupDoc {
             let first = m.revoke_started_ms.is_none();
             m.state = MemberState::Unrevoked;
             m.assigned = keep;
+            let assigned = &m.assigned;
+            m.granted_at.retain(|s, _| assigned.contains(s));
             m.pending_revocation = still_owned;
             m.reported = reported;
             if first {
@@ -442,6 +449,11 @@ impl GroupDoc {
             m.previous_epoch = m.member_epoch;
             m.member_epoch = assignment_epoch;
         }
+        let (assigned, epoch) = (&m.assigned, m.member_epoch);
+        m.granted_at.retain(|s, _| assigned.contains(s));
+        for &s in assigned {
+            m.granted_at.entry(s).or_insert(epoch);
+        }
         m.state = if held_elsewhere.is_empty() {
             MemberState::Stable
         } else {
@@ -467,7 +479,25 @@ impl GroupDoc {
             shard_count: stream.shard_count,
             routing_epoch: stream.routing_epoch,
             start: self.config.start,
+            owner_tokens: self.owner_tokens(member_id),
         }
+    }
+
+    /// The owner tokens of a member's assignment, with strict fencing (none in lease mode).
+    pub fn owner_tokens(&self, member_id: &str) -> std::collections::BTreeMap<u32, String> {
+        let Some(m) = self.members.get(member_id) else {
+            return Default::default();
+        };
+        if self.config.fencing != FencingMode::Strict {
+            return Default::default();
+        }
+        m.assigned
+            .iter()
+            .map(|&s| {
+                let epoch = m.granted_at.get(&s).copied().unwrap_or(m.member_epoch);
+                (s, super::owner_token(self.created_ms, epoch, member_id))
+            })
+            .collect()
     }
 }
 

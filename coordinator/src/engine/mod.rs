@@ -14,7 +14,7 @@ pub use group::{GroupEvent, HeartbeatOutcome};
 pub use stream::{ReshardRecord, StreamDoc, validate_shard_count};
 pub use view::{group_view, routing_view, stream_view};
 
-use rsc_protocol::{ClientInfo, ErrorCode, MemberState, StartPosition};
+use rsc_protocol::{ClientInfo, ErrorCode, FencingMode, MemberState, StartPosition};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,6 +38,13 @@ pub struct GroupConfig {
     pub max_members: Option<u32>,
     /// Assignor name.
     pub assignor: String,
+    /// Data-path fencing (documents written before fencing existed read as `lease`).
+    #[serde(default = "lease")]
+    pub fencing: FencingMode,
+}
+
+fn lease() -> FencingMode {
+    FencingMode::Lease
 }
 
 impl Default for GroupConfig {
@@ -49,6 +56,7 @@ impl Default for GroupConfig {
             rebalance_timeout_ms: 60_000,
             max_members: None,
             assignor: crate::assignor::DEFAULT.to_owned(),
+            fencing: FencingMode::Lease,
         }
     }
 }
@@ -91,6 +99,14 @@ impl GroupConfig {
     }
 }
 
+/// The owner token of a shard granted to `member` at `grant_epoch` in the group incarnation
+/// created at `created_ms`: `<created_ms>:<grant_epoch>:<member>`. It changes whenever the
+/// shard changes hands (a later grant has a higher epoch, a rejoin is a later grant, a group
+/// created again has a later `created_ms`), so the pair of numbers orders tokens.
+pub fn owner_token(created_ms: u64, grant_epoch: i64, member: &str) -> String {
+    format!("{created_ms}:{grant_epoch}:{member}")
+}
+
 /// One member of a group, as the coordinator records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberDoc {
@@ -117,6 +133,10 @@ pub struct MemberDoc {
     pub joined_ms: u64,
     /// What it said about itself.
     pub client: Option<ClientInfo>,
+    /// The member epoch at which each shard of `assigned` was granted (the owner token's
+    /// generation, see [`owner_token`]); kept while the shard stays with the member.
+    #[serde(default)]
+    pub granted_at: BTreeMap<u32, i64>,
 }
 
 impl MemberDoc {
@@ -133,6 +153,7 @@ impl MemberDoc {
             last_heartbeat_ms: now_ms,
             joined_ms: now_ms,
             client: None,
+            granted_at: BTreeMap::new(),
         }
     }
 

@@ -457,3 +457,45 @@ fn scale_up_assigns_new_shards_with_the_layout() {
         "sticky"
     );
 }
+
+#[test]
+fn lease_groups_send_no_owner_tokens() {
+    let mut w = World::new(2);
+    assert!(w.join("m1").owner_tokens.is_empty());
+}
+
+#[test]
+fn owner_tokens_change_whenever_a_shard_changes_hands() {
+    let mut w = World::new(2);
+    w.group.config.fencing = rsc_protocol::FencingMode::Strict;
+    let r = w.join("m1");
+    assert_eq!(r.assignment, vec![0, 1]);
+    let first = r.owner_tokens.clone();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[&0], owner_token(0, r.member_epoch, "m1"));
+    // m2 joins: m1 revokes one shard, keeps the other with the same token.
+    let r2 = w.join("m2");
+    assert!(
+        r2.owner_tokens.is_empty(),
+        "nothing granted before the revocation"
+    );
+    let r = w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
+    assert_eq!(r.assignment.len(), 1);
+    let kept = r.assignment[0];
+    let moved = 1 - kept;
+    assert_eq!(
+        r.owner_tokens[&kept], first[&kept],
+        "a kept shard keeps its token"
+    );
+    let r = w.hb("m1", r.member_epoch, &[kept]).unwrap();
+    assert_eq!(r.owner_tokens[&kept], first[&kept]);
+    let r2 = w.hb("m2", r2.member_epoch, &[]).unwrap();
+    assert_eq!(r2.assignment, vec![moved]);
+    assert_ne!(r2.owner_tokens[&moved], first[&moved]);
+    // m2 rejoins under the same id: a new grant, a new token.
+    w.hb("m2", 0, &[]).unwrap();
+    let again = w.hb("m2", w.group.members["m2"].member_epoch, &[]).unwrap();
+    if let Some(t) = again.owner_tokens.get(&moved) {
+        assert_ne!(*t, r2.owner_tokens[&moved], "a rejoin is a new grant");
+    }
+}

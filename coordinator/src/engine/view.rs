@@ -139,6 +139,7 @@ pub fn group_view(
         rebalance_timeout_ms: group.config.rebalance_timeout_ms,
         max_members: group.config.max_members,
         assignor: group.config.assignor.clone(),
+        fencing: group.config.fencing,
         group_epoch: group.group_epoch,
         assignment_epoch: group.assignment_epoch,
         members,

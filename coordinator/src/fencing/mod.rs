@@ -1,0 +1,181 @@
+//! Data-path fencing (issue 10): owner tokens in the data Redis.
+//!
+//! With `fencing: strict` the coordinator writes, for every shard of a member's assignment,
+//! the owner token [`crate::engine::owner_token`] to `{<shard key>}:owner:<group>` (same
+//! cluster slot as the shard key) before the heartbeat answer that carries the grant is sent.
+//! Members read and acknowledge through scripts that compare their token with that key, so a
+//! member whose shards moved on (paused past its session, cut off) is refused by Redis itself.
+//!
+//! Every heartbeat of a strict group re-asserts its member's tokens with one pipelined
+//! script call: a token lost in a crash between the document write and the token write, or in
+//! a data Redis restart, is repaired within one heartbeat. The script never replaces a token of
+//! a later grant (the `(created_ms, grant_epoch)` pair orders them), so a slow or retried
+//! write cannot hand a shard back to its previous owner.
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Writes owner tokens to the data Redis (standalone Redis).
+pub struct OwnerTokens {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    script: redis::Script,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for OwnerTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password: do not print it.
+        f.debug_struct("OwnerTokens")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why tokens could not be written.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("owner tokens not written to the data Redis: {0}")]
+pub struct FencingError(String);
+
+/// What one assertion did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asserted {
+    /// Tokens written (new grants, or repairs).
+    pub written: usize,
+    /// Tokens already in place.
+    pub unchanged: usize,
+    /// Tokens refused because a later grant's token is in place.
+    pub refused: usize,
+}
+
+impl OwnerTokens {
+    /// A writer for the Redis at `url`; connects lazily. Fails only on a malformed URL.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, redis::RedisError> {
+        Ok(OwnerTokens {
+            client: redis::Client::open(url)?,
+            conn: tokio::sync::Mutex::new(None),
+            script: redis::Script::new(include_str!("assert_owner.lua")),
+            timeout,
+        })
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, FencingError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1);
+        let connect = ConnectionManager::new_with_config(self.client.clone(), config);
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(c)) => {
+                *slot = Some(c.clone());
+                Ok(c)
+            }
+            Ok(Err(e)) => Err(FencingError(e.to_string())),
+            Err(_) => Err(FencingError("connect timed out".into())),
+        }
+    }
+
+    /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
+    /// token (or a later grant's). One round trip (`EVALSHA`, loading the script on
+    /// `NOSCRIPT`).
+    #[tracing::instrument(skip(self, tokens), fields(shards = tokens.len()))]
+    pub async fn assert(
+        &self,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+    ) -> Result<Asserted, FencingError> {
+        if tokens.is_empty() {
+            return Ok(Asserted::default());
+        }
+        let result = self.assert_inner(group, stream, tokens).await;
+        match &result {
+            Ok(a) => {
+                for (what, n) in [
+                    ("written", a.written),
+                    ("unchanged", a.unchanged),
+                    ("refused", a.refused),
+                ] {
+                    if n > 0 {
+                        metrics::counter!("rsc_fencing_token_asserts_total",
+                            "group" => group.to_owned(), "result" => what)
+                        .increment(n as u64);
+                    }
+                }
+                if a.written > 0 {
+                    debug!(written = a.written, "owner tokens written");
+                }
+                if a.refused > 0 {
+                    warn!(
+                        refused = a.refused,
+                        "owner token not written: a later grant's token is in place"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics::counter!("rsc_fencing_token_write_failures_total",
+                    "group" => group.to_owned())
+                .increment(1);
+                warn!(error = %e, "owner tokens not written");
+            }
+        }
+        result
+    }
+
+    async fn assert_inner(
+        &self,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+    ) -> Result<Asserted, FencingError> {
+        let mut conn = self.connection().await?;
+        let pipe = || {
+            let mut pipe = redis::pipe();
+            for (&shard, token) in tokens {
+                let key = rsc_protocol::routing::owner_key(
+                    &rsc_protocol::routing::shard_key(stream, shard),
+                    group,
+                );
+                pipe.cmd("EVALSHA")
+                    .arg(self.script.get_hash())
+                    .arg(1)
+                    .arg(key)
+                    .arg(token);
+            }
+            pipe
+        };
+        let mut answer =
+            tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn)).await;
+        if let Ok(Err(e)) = &answer
+            && e.code() == Some("NOSCRIPT")
+        {
+            // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
+            self.script
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| FencingError(e.to_string()))?;
+            answer =
+                tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn)).await;
+        }
+        let codes = match answer {
+            Ok(Ok(codes)) => codes,
+            Ok(Err(e)) => return Err(FencingError(e.to_string())),
+            Err(_) => return Err(FencingError("timed out".into())),
+        };
+        let mut a = Asserted::default();
+        for c in codes {
+            match c {
+                2 => a.written += 1,
+                1 => a.unchanged += 1,
+                _ => a.refused += 1,
+            }
+        }
+        Ok(a)
+    }
+}

@@ -1,0 +1,431 @@
+//! Strict fencing on the data path (issue 10), with real processes: a data Redis, a
+//! coordinator with `--data-redis-url` (so groups default to `fencing: strict`) and
+//! `sample-consumer` pods. A member that was paused past its session (SIGSTOP), or cut off
+//! from the coordinator, can neither read nor acknowledge once its shard moved on; its
+//! in-flight entries are handled by the successor and nothing is lost.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`.
+
+#[allow(dead_code)]
+mod pods;
+
+use pods::{Consumer, SERIAL, Stack, eventually, finish_producer, handled, spawn_producer};
+use rsc_e2e::Api;
+use rsc_testkit::{CoordinatorProcess, RedisServer, Signal, signal};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const GROUP: &str = "g";
+const STREAM: &str = "orders";
+const SHARD_KEY: &str = "orders:0";
+const RECORD: &str = "handled";
+const SESSION_MS: u64 = 3000;
+const HEARTBEAT_MS: u64 = 300;
+
+/// A data Redis and a coordinator that writes owner tokens to it; a one-shard group.
+async fn stack() -> Stack {
+    stack_with(1).await
+}
+
+/// The same with `shards` shards.
+async fn stack_with(shards: u32) -> Stack {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--sweep-interval-ms",
+        "20",
+        "--data-redis-url",
+        &redis.url(),
+    ])
+    .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let stack = Stack {
+        redis,
+        coordinator,
+        api,
+    };
+    stack
+        .create_group(GROUP, STREAM, shards, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let g = stack.group(GROUP).await;
+    assert_eq!(g["fencing"], "strict", "default with a data Redis: {g}");
+    stack
+}
+
+fn consumer_args(record: bool) -> Vec<&'static str> {
+    let mut a = vec![
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--concurrency",
+        "1",
+        "--handle-ms",
+        "50",
+    ];
+    if record {
+        a.extend(["--record-stream", RECORD]);
+    }
+    a
+}
+
+fn members(g: &Value) -> Vec<String> {
+    g["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["member_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits until `member` is the group's only member, stable, owning the shard.
+async fn wait_sole_owner(stack: &Stack, member: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let g = stack.group(GROUP).await;
+        if members(&g) == [member]
+            && g["members"][0]["state"] == "stable"
+            && g["members"][0]["owned_shards"] == json!([0])
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{member} never became the sole owner: {g:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `(pending, lag)` of the group on the shard (`XINFO GROUPS`).
+fn group_numbers(con: &mut redis::Connection) -> (u64, Option<u64>) {
+    let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(SHARD_KEY)
+        .query(con)
+        .expect("XINFO GROUPS");
+    let g = info
+        .groups
+        .iter()
+        .find(|g| g.name == GROUP)
+        .expect("group on the shard");
+    (g.pending as u64, g.lag.map(|l| l as u64))
+}
+
+/// Entries pending for one consumer (`XINFO CONSUMERS`), 0 when it is unknown.
+fn consumer_pending(con: &mut redis::Connection, member: &str) -> u64 {
+    let info: redis::streams::StreamInfoConsumersReply = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(SHARD_KEY)
+        .arg(GROUP)
+        .query(con)
+        .expect("XINFO CONSUMERS");
+    info.consumers
+        .iter()
+        .find(|c| c.name == member)
+        .map_or(0, |c| c.pending as u64)
+}
+
+/// Every seq in `0..count` recorded, and nothing pending in the group.
+async fn wait_all_done(stack: &Stack, count: u64) -> Vec<pods::Handled> {
+    let mut con = stack.redis();
+    eventually("every seq handled and acknowledged", 60, || {
+        let h = handled(&mut con, RECORD);
+        let seqs: BTreeSet<u64> = h.iter().map(|r| r.seq).collect();
+        let (pending, lag) = group_numbers(&mut con);
+        (seqs.len() as u64 == count && pending == 0 && lag == Some(0)).then_some(h)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack().await;
+    let producer = spawn_producer(&stack, STREAM, 60, 7, None);
+    finish_producer(producer, 60);
+    let mut con = stack.redis();
+
+    let a = Consumer::start(&stack, "127.0.0.31", &consumer_args(true));
+    let a_id = a.member_ids(GROUP, 1).remove(0);
+    eventually("A handles a few entries", 30, || {
+        (handled(&mut con, RECORD).len() >= 5).then_some(())
+    })
+    .await;
+    signal(a.pid(), Signal::SIGSTOP).expect("SIGSTOP");
+    let stopped_ms = pods::now_ms();
+
+    // A expires; B takes the shard over (and A's pending entries with it).
+    let mut b = Consumer::start(&stack, "127.0.0.32", &consumer_args(true));
+    let b_id = b.member_ids(GROUP, 1).remove(0);
+    wait_sole_owner(&stack, &b_id).await;
+    wait_all_done(&stack, 60).await;
+
+    // B is frozen for less than its session (it keeps the shard); new entries wait unread.
+    signal(b.pid(), Signal::SIGSTOP).expect("SIGSTOP B");
+    let producer = spawn_producer(&stack, STREAM, 30, 7, None);
+    finish_producer(producer, 30);
+    // A wakes up with a handler in flight: its acknowledgement and any read are refused.
+    let woken_ms = pods::now_ms();
+    signal(a.pid(), Signal::SIGCONT).expect("SIGCONT");
+    let refused = eventually("A's data-path refusal", 10, || {
+        a.log()
+            .into_iter()
+            .find(|l| l.contains("owner token refused by Redis"))
+    })
+    .await;
+    assert!(
+        refused.contains("op=") || refused.contains("op"),
+        "{refused}"
+    );
+    let (pending, lag) = group_numbers(&mut con);
+    assert_eq!(
+        (pending, lag),
+        (0, Some(30)),
+        "the woken member read nothing: the 30 new entries are neither pending nor delivered"
+    );
+    assert_eq!(consumer_pending(&mut con, &a_id), 0);
+    signal(b.pid(), Signal::SIGCONT).expect("SIGCONT B");
+
+    // Nothing lost: the second batch is handled too (seqs restart at 0: 60 + 30 records
+    // cover seqs 0..60 once more; count distinct entry ids instead).
+    let records = eventually("all 90 entries handled and acknowledged", 60, || {
+        let h = handled(&mut con, RECORD);
+        let ids: BTreeSet<&str> = h.iter().map(|r| r.entry_id.as_str()).collect();
+        let (pending, lag) = group_numbers(&mut con);
+        (ids.len() == 90 && pending == 0 && lag == Some(0)).then_some(h)
+    })
+    .await;
+    assert_eq!(consumer_pending(&mut con, &a_id), 0);
+    for r in records.iter().filter(|r| r.member == a_id) {
+        // (SIGSTOP takes effect a moment after `kill` returns: compare with the wake-up.)
+        assert!(
+            r.started_ms < woken_ms,
+            "the fenced member started handling {} at {} after it was woken at {woken_ms} \
+             (paused at {stopped_ms})",
+            r.entry_id,
+            r.started_ms
+        );
+        if r.finished_ms > stopped_ms {
+            // In flight when A was paused: the successor handled it as well.
+            assert!(
+                records
+                    .iter()
+                    .any(|o| o.entry_id == r.entry_id && o.member == b_id),
+                "in-flight entry {} not handled by the successor",
+                r.entry_id
+            );
+        }
+    }
+    b.terminate();
+}
+
+/// A loopback TCP proxy to the coordinator that the test can cut.
+struct Proxy {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                conns.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Proxy { url, task }
+    }
+
+    /// Stops listening and drops every proxied connection.
+    fn cut(&self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_member_cut_off_from_the_coordinator_stops_and_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack().await;
+    let producer = spawn_producer(&stack, STREAM, 80, 7, None);
+    finish_producer(producer, 80);
+    let mut con = stack.redis();
+    let proxy = Proxy::start(stack.coordinator.addr()).await;
+    // A talks to the coordinator through the proxy only.
+    let a = Consumer::start_via(&stack, &proxy.url, "127.0.0.41", &consumer_args(true));
+    let a_id = a.member_ids(GROUP, 1).remove(0);
+    eventually("A handles a few entries", 30, || {
+        (handled(&mut con, RECORD).len() >= 5).then_some(())
+    })
+    .await;
+    proxy.cut();
+    let cut_ms = pods::now_ms();
+    let b = Consumer::start(&stack, "127.0.0.42", &consumer_args(true));
+    let b_id = b.member_ids(GROUP, 1).remove(0);
+    wait_sole_owner(&stack, &b_id).await;
+    let granted_ms = pods::now_ms();
+    let records = wait_all_done(&stack, 80).await;
+    assert_eq!(consumer_pending(&mut con, &a_id), 0);
+    let b_first = records
+        .iter()
+        .filter(|r| r.member == b_id)
+        .map(|r| r.started_ms)
+        .min()
+        .expect("B handled entries");
+    for r in records.iter().filter(|r| r.member == a_id) {
+        assert!(
+            r.started_ms < b_first.min(granted_ms),
+            "cut-off member started {} at {} after the shard moved (cut at {cut_ms}, B from {b_first})",
+            r.entry_id,
+            r.started_ms
+        );
+    }
+    assert!(
+        a.log().iter().any(|l| l.contains("self-fence")),
+        "A stopped on its lease"
+    );
+}
+
+#[tokio::test]
+async fn fencing_mode_is_validated_and_defaults_to_lease_without_a_data_redis() {
+    let stack = rsc_e2e::Stack::start(rsc_e2e::Backend::Memory, &[]);
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1, "fencing": "bogus"}),
+        )
+        .await;
+    assert_eq!((s.as_u16(), rsc_e2e::code(&body)), (400, "INVALID_REQUEST"));
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1, "fencing": "strict"}),
+        )
+        .await;
+    assert_eq!(
+        (s.as_u16(), rsc_e2e::code(&body)),
+        (400, "INVALID_REQUEST"),
+        "strict needs --data-redis-url: {body}"
+    );
+    let (s, body) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": "g1", "stream": "s", "shard_count": 1}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    assert_eq!(body["fencing"], "lease");
+    let (s, hb) = stack.api.heartbeat("g1", "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert!(hb.get("owner_tokens").is_none(), "lease: no tokens: {hb}");
+}
+
+#[tokio::test]
+async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_heartbeat() {
+    let stack = stack().await;
+    let mut con = stack.redis();
+    let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let token = hb["owner_tokens"]["0"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(
+        stored.as_deref(),
+        Some(token.as_str()),
+        "written before the answer"
+    );
+    // Lost (e.g. a crash between the document write and the token write): repaired by the
+    // member's next heartbeat.
+    let _: () = redis::cmd("DEL").arg(&owner_key).query(&mut con).unwrap();
+    let epoch = hb["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert_eq!(
+        hb["owner_tokens"]["0"],
+        token.as_str(),
+        "same grant, same token"
+    );
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(stored.as_deref(), Some(token.as_str()), "repaired");
+    // A later grant's token is never replaced by an earlier one.
+    let later = format!("{}:{}:other", u64::MAX / 4, 1);
+    let _: () = redis::cmd("SET")
+        .arg(&owner_key)
+        .arg(&later)
+        .query(&mut con)
+        .unwrap();
+    let (s, _) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200);
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(stored.as_deref(), Some(later.as_str()));
+    // Switched to lease: no tokens any more.
+    let (s, view) = stack
+        .api
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/v1/groups/{GROUP}"),
+            Some(json!({"fencing": "lease"})),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 200, "{view}");
+    assert_eq!(view["fencing"], "lease");
+    let epoch = view["members"][0]["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    assert!(hb.get("owner_tokens").is_none(), "{hb}");
+}
+
+#[tokio::test]
+async fn strict_groups_rebalance_without_refusals_or_losses() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(4).await;
+    let producer = spawn_producer(&stack, STREAM, 200, 50, None);
+    finish_producer(producer, 200);
+    let a = Consumer::start(&stack, "127.0.0.51", &consumer_args(true));
+    stack.wait_stable(GROUP, 1, 4).await;
+    // B joins: A revokes two shards (finishing and acknowledging with its tokens), B takes
+    // them over with new tokens.
+    let b = Consumer::start(&stack, "127.0.0.52", &consumer_args(true));
+    stack.wait_stable(GROUP, 2, 4).await;
+    let mut con = stack.redis();
+    eventually("all 200 entries handled and acknowledged", 60, || {
+        let h = handled(&mut con, RECORD);
+        // Entry ids are per shard key: two shards may hold the same id.
+        let ids: BTreeSet<(u32, &str)> = h.iter().map(|r| (r.shard, r.entry_id.as_str())).collect();
+        let done = (0..4).all(|s| {
+            let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(format!("{STREAM}:{s}"))
+                .query(&mut con)
+                .expect("XINFO GROUPS");
+            info.groups
+                .iter()
+                .any(|g| g.name == GROUP && g.pending == 0 && g.lag == Some(0))
+        });
+        (ids.len() == 200 && done).then_some(())
+    })
+    .await;
+    for pod in [&a, &b] {
+        assert!(
+            !pod.log().iter().any(|l| l.contains("owner token refused")),
+            "a rightful owner was refused: {:#?}",
+            pod.log()
+        );
+    }
+}
