@@ -496,7 +496,6 @@ impl ShardWorker {
                 }
                 Ok(fence::Read::Idle(last)) => {
                     backoff.reset();
-                    self.idle(conn).await;
                     self.refresh_lag(conn).await;
                     let mut wake = redis::cmd("XREAD");
                     wake.arg("COUNT")
@@ -507,10 +506,17 @@ impl ShardWorker {
                         .arg(&self.origin.shard_key)
                         .arg(&last);
                     tokio::select! {
-                        r = wake.query_async::<Value>(conn) => if let Err(e) = r {
-                            debug!(error = %e, "XREAD wake-up failed");
-                            if !self.pause_for(backoff.next_delay()).await {
-                                return false;
+                        r = wake.query_async::<Value>(conn) => match r {
+                            // Nothing new for a whole block: as in lease mode, only then is a
+                            // draining shard with nothing pending called drained (a shard
+                            // that is merely empty between a stale producer's writes is not).
+                            Ok(Value::Nil) => self.idle(conn).await,
+                            Ok(_) => {}
+                            Err(e) => {
+                                debug!(error = %e, "XREAD wake-up failed");
+                                if !self.pause_for(backoff.next_delay()).await {
+                                    return false;
+                                }
                             }
                         },
                         _ = self.stop.cancelled() => return false,
