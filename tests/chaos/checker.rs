@@ -144,7 +144,8 @@ pub(crate) struct Report {
     pub(crate) explained: BTreeMap<FaultKind, usize>,
     /// Seqs handled more than once with no fault around.
     pub(crate) unexplained: Vec<u64>,
-    /// Overlaps of a SIGSTOPped member's in-flight handler (issue 10's finding).
+    /// Overlaps of a SIGSTOPped member's in-flight handler (issue 10's finding); `a` is the
+    /// stale handling.
     pub(crate) stale_inflight: Vec<Overlap>,
     /// Every other overlap.
     pub(crate) overlaps: Vec<Overlap>,
@@ -166,17 +167,28 @@ impl Report {
             || !self.unknown.is_empty()
     }
 
+    /// Distinct handlings of SIGSTOPped members that overlapped the new owner.
+    pub(crate) fn stale_handlings(&self) -> usize {
+        let mut seen = std::collections::BTreeSet::new();
+        for o in &self.stale_inflight {
+            seen.insert((o.a.member.clone(), o.a.seq, o.a.started_ms));
+        }
+        seen.len()
+    }
+
     /// A one-screen summary.
     pub(crate) fn summary(&self, label: &str) -> String {
         let mut s = format!(
             "{label}: records {} | lost {} | duplicates {} (explained {:?}, unexplained {}) | \
-             overlaps {} (+ stale in-flight {}) | order: explained {}, violations {}",
+             overlaps {} (+ stale in-flight: {} handlings, {} overlapping pairs) | order: \
+             explained {}, violations {}",
             self.records,
             self.lost.len(),
             self.duplicates,
             self.explained,
             self.unexplained.len(),
             self.overlaps.len(),
+            self.stale_handlings(),
             self.stale_inflight.len(),
             self.order_explained,
             self.order_violations.len(),
@@ -194,8 +206,19 @@ impl Report {
                 first(&self.unexplained, cap)
             );
         }
-        for o in self.stale_inflight.iter().take(cap) {
-            s += &format!("\n  STALE OWNER finished an in-flight handler (issue 10): {o}");
+        // One line per stale handling (it may overlap many of the new owner's handlings).
+        let mut stale: BTreeMap<(String, u64, u64), (&Overlap, usize)> = BTreeMap::new();
+        for o in &self.stale_inflight {
+            stale
+                .entry((o.a.member.clone(), o.a.seq, o.a.started_ms))
+                .or_insert((o, 0))
+                .1 += 1;
+        }
+        for (o, n) in stale.values().take(cap) {
+            s += &format!(
+                "\n  STALE OWNER finished an in-flight handler (issue 10), overlapping {n} \
+                 handling(s) of the new owner; first: {o}"
+            );
         }
         for o in self.overlaps.iter().take(cap) {
             s += &format!("\n  OVERLAP: {o}");
@@ -300,8 +323,15 @@ pub(crate) fn check(records: &[Handled], faults: &[Fault], cfg: CheckConfig) -> 
                     b: (*b).clone(),
                     overlap_ms,
                 };
-                if straddles_stop(a, faults) || straddles_stop(b, faults) {
+                if straddles_stop(a, faults) {
                     report.stale_inflight.push(o);
+                } else if straddles_stop(b, faults) {
+                    // `a` of a stale overlap is the stale handling.
+                    report.stale_inflight.push(Overlap {
+                        a: o.b,
+                        b: o.a,
+                        ..o
+                    });
                 } else {
                     report.overlaps.push(o);
                 }
