@@ -387,7 +387,7 @@ impl World {
                 let running = self.running();
                 let target = if running.len() > 4 { 3 } else { 7 };
                 if target < running.len() {
-                    for i in running[target..].to_vec() {
+                    for i in running[target..].iter().copied() {
                         self.pods[i].terminate().await;
                     }
                 } else {
