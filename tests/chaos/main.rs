@@ -320,7 +320,10 @@ impl World {
     }
 
     fn fault(&mut self, kind: FaultKind, target: &str, start_ms: u64) {
-        let end_ms = now_ms();
+        self.fault_between(kind, target, start_ms, now_ms());
+    }
+
+    fn fault_between(&mut self, kind: FaultKind, target: &str, start_ms: u64, end_ms: u64) {
         eprintln!(
             "chaos: +{:>6} ms {kind} {target} ({} ms)",
             start_ms % 1_000_000,
@@ -365,10 +368,14 @@ impl World {
                     }
                     _ => {
                         let fences = self.pods[i].self_fences();
+                        // The window is the signals' own times: a handler that starts between
+                        // choosing the pod and SIGSTOP is in flight across the stop.
+                        let stopped_ms = now_ms();
                         self.pods[i].stop();
                         sleep(Duration::from_millis(2 * SESSION_MS)).await;
+                        let resumed_ms = now_ms();
                         self.pods[i].cont();
-                        self.fault(FaultKind::StopPod, &ip, t);
+                        self.fault_between(FaultKind::StopPod, &ip, stopped_ms, resumed_ms);
                         // Woken after its lease ran out, it must fence itself at once (the
                         // checker then finds whether it handled anything meanwhile).
                         let deadline = Instant::now() + Duration::from_secs(2);
@@ -953,8 +960,9 @@ async fn sigstop_mid_handler_is_classified() {
     let t = now_ms();
     w.pods[0].stop();
     sleep(Duration::from_millis(2 * SESSION_MS)).await;
+    let resumed_ms = now_ms();
     w.pods[0].cont();
-    w.fault(FaultKind::StopPod, "127.0.0.21", t);
+    w.fault_between(FaultKind::StopPod, "127.0.0.21", t, resumed_ms);
     // Let the stale handler finish, then retire the slow pod so the backlog drains fast.
     sleep(Duration::from_millis(500)).await;
     w.pods[0].terminate().await;
