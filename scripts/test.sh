@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project on a fresh machine: installs what the tests need when it is
-# missing (redis-server), builds every binary the end-to-end tests spawn, runs the whole test
-# suite, then the lints. Tests start their own redis-server / coordinator processes on free
+# missing (redis-server, chromium, curl; schemathesis and the Docker base images install
+# themselves), builds every binary the end-to-end tests spawn, runs the whole test suite, the
+# API fuzzing, the container smoke test, then the lints. Tests start their own redis-server / coordinator processes on free
 # loopback ports; nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,12 @@ cargo build --workspace --bins --locked
 
 echo "== test"
 cargo test --workspace --locked
+
+echo "== API fuzzing against the OpenAPI document (schemathesis)"
+scripts/schemathesis.sh
+
+echo "== containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
+docker/smoke.sh
 
 echo "== lint"
 cargo fmt --all -- --check

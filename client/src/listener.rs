@@ -83,6 +83,7 @@ pub(crate) struct Settings {
     pub(crate) retry_max: Duration,
     pub(crate) batch_size: usize,
     pub(crate) block: Duration,
+    pub(crate) drain_grace: Duration,
 }
 
 impl Default for Settings {
@@ -94,6 +95,7 @@ impl Default for Settings {
             retry_max: Duration::from_secs(10),
             batch_size: 64,
             block: Duration::from_secs(2),
+            drain_grace: Duration::from_secs(3),
         }
     }
 }
@@ -214,6 +216,19 @@ impl Listener {
     /// How long one read waits for new entries (`XREADGROUP BLOCK`, default 2 s).
     pub fn block_timeout(mut self, block: Duration) -> Self {
         self.settings.block = block.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a member works a draining shard before it may report it drained (default
+    /// 3 s; SPEC §6).
+    ///
+    /// Producers learn a reshard from their routing refresh (every second by default), so a
+    /// draining shard can still receive entries for about that long after the switch. A
+    /// shard is reported drained only after this grace, and only if, when the heartbeat is
+    /// sent, nothing is pending and the group has read up to the shard's last entry. Keep it
+    /// above the producers' routing refresh interval.
+    pub fn drain_grace(mut self, grace: Duration) -> Self {
+        self.settings.drain_grace = grace;
         self
     }
 

@@ -581,6 +581,109 @@ async fn producer_and_members_follow_a_reshard_and_report_drained_shards() {
     join.await.unwrap().unwrap();
 }
 
+/// A draining shard is reported drained only after the drain grace; entries a producer with
+/// stale routing writes to it meanwhile are handled before it retires. An idle producer
+/// still switches layout within one refresh interval (its routing refreshes in the
+/// background, not only when it publishes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_waits_for_the_grace_and_stale_writes_and_idle_producers_switch() {
+    let stack = Stack::start();
+    stack.create_group("s", 4, 3000, 100).await;
+    let seen: Seen = Arc::default();
+    let grace = Duration::from_millis(1500);
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("t")
+        .listener(recording_listener("s", &seen).drain_grace(grace))
+        .build()
+        .unwrap();
+    let (handle, join) = spawn_app(app);
+    let idle = stack.producer();
+    let stale = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .refresh_every(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    assert_eq!(idle.routing("s").await.unwrap().shard_count, 4);
+    assert_eq!(stale.routing("s").await.unwrap().shard_count, 4);
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("key-{i}"))
+        .filter(|k| rsc_protocol::routing::shard_for_key(k.as_bytes(), 4) >= 2)
+        .take(20)
+        .collect();
+    assert_eq!(keys.len(), 20);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = stack.call(reqwest::Method::GET, "/v1/groups/g", None).await;
+        if v["members"][0]["owned_shards"].as_array().map(Vec::len) == Some(4) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the member never owned 4 shards: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let started = Instant::now();
+    let (s, b) = stack
+        .call(
+            reqwest::Method::POST,
+            "/v1/streams/s/reshard",
+            Some(json!({"shard_count": 2})),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    // The idle producer has not published since; its first publish after one refresh
+    // interval (100 ms here) already uses the new layout.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let at = idle
+        .publish_record("s", Record::raw("idle").key(keys[0].clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        at.shard,
+        rsc_protocol::routing::shard_for_key(keys[0].as_bytes(), 2)
+    );
+    // The stale producer writes to the draining shards.
+    let records: Vec<Record> = keys
+        .iter()
+        .map(|k| Record::raw(format!("stale-{k}")).key(k.clone()))
+        .collect();
+    let at = stale.publish_batch("s", records).await.unwrap();
+    assert!(at.iter().all(|p| p.shard >= 2), "{at:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, v) = stack
+            .call(reqwest::Method::GET, "/v1/streams/s", None)
+            .await;
+        if v["resharding"].is_null() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scale-down never completed: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        started.elapsed() >= grace,
+        "retired after {:?}, within the drain grace",
+        started.elapsed()
+    );
+    let handled = seen_ops(&seen);
+    for k in &keys {
+        assert!(
+            handled.contains(&format!("stale-{k}")),
+            "retired before the stale write of {k} was handled: {handled:?}"
+        );
+    }
+    handle.shutdown();
+    join.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocation_finishes_in_flight_messages_before_the_shard_moves() {
     let stack = Stack::start();

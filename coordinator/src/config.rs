@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
+    /// How long after a reshard completed the keys of the shards it retired are kept in the
+    /// data Redis before they are deleted, in ms [default: the rollback window]. Only with
+    /// --data-redis-url; never shorter than the rollback window.
+    #[arg(long, env = "RSC_RETIRED_KEY_DELAY_MS")]
+    pub retired_key_delay_ms: Option<u64>,
     /// How often the expiry sweep runs, in ms [default: 250].
     #[arg(long, env = "RSC_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
@@ -114,6 +119,8 @@ pub struct ServeConfig {
     pub data_redis_url: Option<String>,
     /// Rollback window.
     pub rollback_window_ms: u64,
+    /// Delay before retired shard keys are deleted from the data Redis.
+    pub retired_key_delay_ms: u64,
     /// Expiry sweep period.
     pub sweep_interval_ms: u64,
     /// Body limit.
@@ -190,6 +197,7 @@ impl ServeArgs {
                 .rollback_window_ms
                 .or(file.rollback_window_ms)
                 .unwrap_or(15 * 60 * 1000),
+            retired_key_delay_ms: 0,
             sweep_interval_ms: self
                 .sweep_interval_ms
                 .or(file.sweep_interval_ms)
@@ -200,6 +208,18 @@ impl ServeArgs {
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
         };
+        let mut cfg = cfg;
+        cfg.retired_key_delay_ms = self
+            .retired_key_delay_ms
+            .or(file.retired_key_delay_ms)
+            .unwrap_or(cfg.rollback_window_ms);
+        if cfg.retired_key_delay_ms < cfg.rollback_window_ms {
+            return Err(ConfigError::Invalid(format!(
+                "retired-key-delay-ms is {}; it must not be shorter than the rollback window \
+                 ({} ms): a rollback within the window needs the keys",
+                cfg.retired_key_delay_ms, cfg.rollback_window_ms
+            )));
+        }
         if cfg.acl.is_none() && !cfg.listen.ip().is_loopback() && !cfg.allow_anonymous {
             return Err(ConfigError::Invalid(format!(
                 "refusing to serve {} without an ACL: bind a loopback address, or pass \
@@ -274,6 +294,30 @@ mod tests {
         let d = ServeArgs::default().resolve().unwrap();
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
         assert_eq!(d.data_redis_url, None);
+        assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
+    }
+
+    #[test]
+    fn retired_key_delay_defaults_to_the_window_and_is_never_shorter() {
+        let cfg = ServeArgs {
+            rollback_window_ms: Some(5_000),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(cfg.retired_key_delay_ms, 5_000);
+        let longer = ServeArgs {
+            rollback_window_ms: Some(5_000),
+            retired_key_delay_ms: Some(60_000),
+            ..ServeArgs::default()
+        };
+        assert_eq!(longer.resolve().unwrap().retired_key_delay_ms, 60_000);
+        let shorter = ServeArgs {
+            rollback_window_ms: Some(5_000),
+            retired_key_delay_ms: Some(1_000),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(shorter.resolve(), Err(ConfigError::Invalid(_))));
     }
 
     #[test]

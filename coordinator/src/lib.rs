@@ -47,6 +47,7 @@ pub mod config;
 pub mod dashboard;
 pub mod engine;
 pub mod metrics;
+pub mod retired;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -6,6 +6,7 @@ use crate::auth::{Acl, AdminRateLimiter, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, InstrumentedStore, LagProbe};
+use crate::retired::RetiredKeyCleaner;
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{MemoryStore, MetadataStore, RedisStore, RedisStoreConfig};
 use std::future::Future;
@@ -70,10 +71,11 @@ pub async fn serve(
         InstrumentedStore::new(build_store(&cfg).await?),
     )));
     let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+    let auditor = Auditor::new(store.clone(), clock.clone());
     let security = Arc::new(Security::new(
         acl,
         AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
-        Auditor::new(store.clone(), clock.clone()),
+        auditor.clone(),
         cfg.body_limit,
     ));
     let coordinator = Coordinator::new(
@@ -84,6 +86,19 @@ pub async fn serve(
             ..ServiceConfig::default()
         },
     );
+    let cleaner = cfg.data_redis_url.clone().map(|url| {
+        let cleaner = RetiredKeyCleaner {
+            url,
+            delay_ms: cfg.retired_key_delay_ms,
+            every: RetiredKeyCleaner::period_for(cfg.retired_key_delay_ms),
+        };
+        let (coordinator, auditor) = (coordinator.clone(), auditor.clone());
+        tokio::spawn(async move {
+            if let Err(e) = cleaner.run(coordinator, auditor).await {
+                warn!(error = %e, "retired shard keys will not be deleted");
+            }
+        })
+    });
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
@@ -114,6 +129,9 @@ pub async fn serve(
         .await;
     sweeper.abort();
     upkeep.abort();
+    if let Some(c) = cleaner {
+        c.abort();
+    }
     info!("stopped");
     result.map_err(Into::into)
 }

@@ -690,6 +690,71 @@ impl Coordinator {
         }
     }
 
+    /// Deletes the keys of retired shards whose latest reshard is at least `delay_ms` past
+    /// completion (so no rollback can bring them back), at most `budget` keys in all.
+    ///
+    /// Per stream, under the stream's lock: reload the document, take the shards still
+    /// retired (never one active or draining again, e.g. after a rollback or a new reshard),
+    /// `delete` their keys in the data Redis, then forget them in the document. A reshard
+    /// waits for the lock, so it cannot reactivate a shard between the check and the delete.
+    /// A failed delete leaves the document as it was (retried on the next pass).
+    pub async fn purge_retired<F, Fut>(
+        &self,
+        delay_ms: u64,
+        budget: usize,
+        delete: F,
+    ) -> Result<Vec<PurgedKeys>>
+    where
+        F: Fn(Vec<String>) -> Fut,
+        Fut: Future<Output = std::result::Result<(), String>>,
+    {
+        let mut out = Vec::new();
+        let mut left = budget;
+        for name in self.store.list_streams().await? {
+            if left == 0 {
+                break;
+            }
+            // A cheap look without the lock first: most streams have nothing to delete.
+            let Some(v) = self.store.load_stream(&name).await? else {
+                continue;
+            };
+            if v.doc.deletable_retired(self.now(), delay_ms).is_empty() {
+                continue;
+            }
+            let _lock = self.store.lock(&LockResource::Stream(name.clone())).await?;
+            let Some(Versioned { revision, mut doc }) = self.store.load_stream(&name).await? else {
+                continue;
+            };
+            let mut shards = doc.deletable_retired(self.now(), delay_ms);
+            shards.truncate(left);
+            if shards.is_empty() {
+                continue;
+            }
+            let keys: Vec<String> = shards
+                .iter()
+                .map(|&s| rsc_protocol::routing::shard_key(&name, s))
+                .collect();
+            if let Err(e) = delete(keys.clone()).await {
+                ::metrics::counter!("rsc_retired_key_delete_errors_total", "stream" => name.clone())
+                    .increment(1);
+                warn!(stream = %name, ?shards, error = %e, "could not delete retired shard keys; retrying next pass");
+                continue;
+            }
+            doc.forget_retired(&shards);
+            let after = self.store.put_stream(&doc, revision).await?;
+            info!(stream = %name, ?shards, ?keys, "deleted retired shard keys");
+            left -= shards.len();
+            out.push(PurgedKeys {
+                stream: name,
+                shards,
+                keys,
+                revision_before: revision,
+                revision_after: after,
+            });
+        }
+        Ok(out)
+    }
+
     /// The group view.
     pub async fn describe_group(&self, group: &str) -> Result<GroupView> {
         check_name("group", group)?;
@@ -748,6 +813,21 @@ impl Coordinator {
         check_name("stream", stream)?;
         Ok(routing_view(&self.load_stream(stream).await?.doc))
     }
+}
+
+/// Retired shard keys one [`Coordinator::purge_retired`] pass deleted on one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgedKeys {
+    /// The stream.
+    pub stream: String,
+    /// The retired shards.
+    pub shards: Vec<u32>,
+    /// Their keys, deleted from the data Redis.
+    pub keys: Vec<String>,
+    /// The stream document's revision before the pass.
+    pub revision_before: u64,
+    /// And after.
+    pub revision_after: u64,
 }
 
 /// Updates the document's convergence clock; observes the convergence time when the group

@@ -6,10 +6,10 @@ use rsc_coordinator::clock::ManualClock;
 use rsc_coordinator::engine::{GroupDoc, StreamDoc};
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
 use rsc_coordinator::store::{
-    AuditFilter, LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
-    TouchOutcome, Versioned,
+    LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError, TouchOutcome,
+    Versioned,
 };
-use rsc_protocol::{AuditEntry, CreateGroupRequest, HeartbeatRequest};
+use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -67,14 +67,14 @@ impl MetadataStore for GatedStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+    async fn append_audit(&self, entry: &rsc_protocol::AuditEntry) -> Result<(), StoreError> {
         self.inner.append_audit(entry).await
     }
     async fn read_audit(
         &self,
         limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
+        filter: &rsc_coordinator::store::AuditFilter,
+    ) -> Result<Vec<rsc_protocol::AuditEntry>, StoreError> {
         self.inner.read_audit(limit, filter).await
     }
     async fn load_group_live(

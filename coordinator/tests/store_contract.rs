@@ -381,6 +381,59 @@ async fn locks_exclude_and_release_on_drop(kind: Kind) {
     waiter.await.unwrap().expect("acquired after release");
 }
 
+async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
+    use rsc_coordinator::store::AuditFilter;
+    use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget};
+    let f = fixture(kind).await;
+    let entry = |i: u64| AuditEntry {
+        time_ms: i,
+        principal: "ops".into(),
+        action: "group.update".into(),
+        target: AuditTarget {
+            group: Some(if i.is_multiple_of(2) { "even" } else { "odd" }.into()),
+            ..AuditTarget::default()
+        },
+        request: AuditRequest {
+            method: "PATCH".into(),
+            path: "/v1/groups/x".into(),
+            query: None,
+            body: None,
+        },
+        result: AuditResult {
+            status: 200,
+            code: None,
+        },
+        revisions: vec![],
+    };
+    // More than one page of the Redis store's reverse scan.
+    for i in 0..250 {
+        f.store.append_audit(&entry(i)).await.unwrap();
+    }
+    let all = f
+        .store
+        .read_audit(1000, &AuditFilter::default())
+        .await
+        .unwrap();
+    let times: Vec<u64> = all.iter().map(|e| e.time_ms).collect();
+    assert_eq!(times, (0..250).rev().collect::<Vec<_>>());
+    let odd = AuditFilter {
+        group: Some("odd".into()),
+        stream: None,
+    };
+    let times: Vec<u64> = f
+        .store
+        .read_audit(3, &odd)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.time_ms)
+        .collect();
+    assert_eq!(times, vec![249, 247, 245]);
+    let odd_all = f.store.read_audit(1000, &odd).await.unwrap();
+    assert_eq!(odd_all.len(), 125);
+    assert_eq!(odd_all.last().unwrap().time_ms, 1);
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Memory).await; } )* }
@@ -397,6 +450,7 @@ contract!(
     concurrent_steady_touches_each_get_their_answer,
     expiry_loses_to_a_heartbeat_it_did_not_see,
     locks_exclude_and_release_on_drop,
+    audit_log_is_newest_first_and_filtered,
 );
 
 // ---- Redis only: lock bounds, outage and recovery, cluster-mode checks ----

@@ -6,6 +6,8 @@
 //! - `quickstart`: the smallest real listener program; start from this one.
 #![deny(missing_docs)]
 
+pub mod health;
+
 /// Sets up logging to stderr: `RSC_LOG` (default `info`), as text.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RSC_LOG")

@@ -417,6 +417,11 @@ pub struct StreamView {
     pub last_reshard: Option<ReshardingView>,
     /// Until when (Unix ms) `rollback` is accepted, if it is.
     pub rollback_until_ms: Option<u64>,
+    /// Retired shards whose keys are still kept in the data Redis (they are deleted once
+    /// the latest reshard is past its rollback window, when the coordinator knows the data
+    /// Redis).
+    #[serde(default)]
+    pub retired_shards: Vec<u32>,
     /// Document revision in the store.
     pub revision: u64,
 }

@@ -20,6 +20,7 @@
 
 use super::MemberShared;
 use super::backoff::Backoff;
+use super::drain::drain_state;
 use super::lease::Lease;
 use super::worker::{ShardFlags, ShardWorker};
 use crate::coordinator::CoordinatorClient;
@@ -56,6 +57,19 @@ struct Slot {
     stop: CancellationToken,
     flags: Arc<ShardFlags>,
     stopping: Option<StopReason>,
+    /// Since when this member knows the shard is draining.
+    draining_since: Option<Instant>,
+}
+
+impl Slot {
+    fn set_draining(&mut self, draining: bool, now: Instant) {
+        self.flags.draining.store(draining, Ordering::Relaxed);
+        if !draining {
+            self.draining_since = None;
+        } else if self.draining_since.is_none() {
+            self.draining_since = Some(now);
+        }
+    }
 }
 
 type HeartbeatFuture =
@@ -184,20 +198,26 @@ impl MemberRuntime {
     fn send_heartbeat(&mut self) -> HeartbeatFuture {
         self.report_now = false;
         let owned: Vec<u32> = self.slots.keys().copied().collect();
-        let drained: Vec<u32> = self
+        // Draining shards the worker found empty, drained for longer than the grace: checked
+        // again in Redis right before the heartbeat goes out (see `drain`).
+        let grace = self.shared.listener.settings.drain_grace;
+        let candidates: Vec<u32> = self
             .slots
             .iter()
             .filter(|(_, s)| {
-                s.flags.draining.load(Ordering::Relaxed) && s.flags.drained.load(Ordering::Relaxed)
+                s.stopping.is_none()
+                    && s.flags.draining.load(Ordering::Relaxed)
+                    && s.flags.drained.load(Ordering::Relaxed)
+                    && s.draining_since.is_some_and(|t| t.elapsed() >= grace)
             })
             .map(|(k, _)| *k)
             .collect();
-        let req = HeartbeatRequest {
+        let mut req = HeartbeatRequest {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: self.shared.member_id.clone(),
             member_epoch: self.epoch,
             owned_shards: owned,
-            drained_shards: drained,
+            drained_shards: Vec::new(),
             client: Some(self.client_info.clone()),
         };
         let timeout = if self.joined {
@@ -206,10 +226,13 @@ impl MemberRuntime {
             JOIN_TIMEOUT
         };
         let coord = self.coord.clone();
-        let group = self.shared.group.clone();
-        let sent_at = Instant::now();
+        let shared = self.shared.clone();
         Box::pin(async move {
-            let r = coord.heartbeat(&group, &req, timeout).await;
+            if !candidates.is_empty() {
+                req.drained_shards = confirm_drained(&shared, &candidates, timeout).await;
+            }
+            let sent_at = Instant::now();
+            let r = coord.heartbeat(&shared.group, &req, timeout).await;
             (sent_at, req.member_epoch, r)
         })
     }
@@ -351,10 +374,9 @@ impl MemberRuntime {
             return;
         }
         let mut revoked = Vec::new();
+        let now = Instant::now();
         for (shard, slot) in &mut self.slots {
-            slot.flags
-                .draining
-                .store(*shard >= self.shard_count, Ordering::Relaxed);
+            slot.set_draining(*shard >= self.shard_count, now);
             if slot.stopping.is_none() && !self.assignment.contains(shard) {
                 slot.stopping = Some(StopReason::Revoked);
                 slot.stop.cancel();
@@ -382,9 +404,6 @@ impl MemberRuntime {
     fn spawn_worker(&mut self, shard: u32) {
         let stop = CancellationToken::new();
         let flags = Arc::new(ShardFlags::default());
-        flags
-            .draining
-            .store(shard >= self.shard_count, Ordering::Relaxed);
         let worker = ShardWorker::new(
             self.shared.clone(),
             shard,
@@ -394,14 +413,14 @@ impl MemberRuntime {
         );
         let handle = self.tasks.spawn(worker.run());
         self.task_shard.insert(handle.id(), shard);
-        self.slots.insert(
-            shard,
-            Slot {
-                stop,
-                flags,
-                stopping: None,
-            },
-        );
+        let mut slot = Slot {
+            stop,
+            flags,
+            stopping: None,
+            draining_since: None,
+        };
+        slot.set_draining(shard >= self.shard_count, Instant::now());
+        self.slots.insert(shard, slot);
     }
 
     fn worker_exited(&mut self, id: Id, panicked: bool) {
@@ -475,6 +494,44 @@ impl MemberRuntime {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The candidates that are still drained now, per the data Redis (see [`super::drain`]).
+/// A shard that cannot be checked in time is not reported: it is checked again next time.
+async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Duration) -> Vec<u32> {
+    let mut conn = shared.ack_conn.clone();
+    let check = async {
+        let mut drained = Vec::new();
+        for &shard in candidates {
+            let key = rsc_protocol::routing::shard_key(&shared.stream, shard);
+            match drain_state(&mut conn, &key, &shared.group).await {
+                Ok(state) if state.is_drained() => drained.push(shard),
+                Ok(state) => {
+                    debug!(
+                        shard,
+                        ?state,
+                        "draining shard got new entries: keeps reading it"
+                    );
+                }
+                Err(e) => {
+                    warn!(shard, error = %e, "cannot check whether the draining shard is drained")
+                }
+            }
+        }
+        drained
+    };
+    match tokio::time::timeout(timeout, check).await {
+        Ok(drained) => {
+            if !drained.is_empty() {
+                info!(shards = ?drained, "reporting drained shards");
+            }
+            drained
+        }
+        Err(_) => {
+            warn!("drain check timed out: not reporting drained shards this time");
+            Vec::new()
         }
     }
 }

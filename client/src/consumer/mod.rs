@@ -7,8 +7,10 @@
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
 //!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
 //!   dead letters, acknowledgements.
+//! - [`drain`]: the drain check of a draining shard, made when the member reports it.
 
 pub(crate) mod backoff;
+pub(crate) mod drain;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;

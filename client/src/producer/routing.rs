@@ -1,5 +1,10 @@
-//! The producer's routing cache: each stream's shard layout, refreshed in the background when
-//! it is older than the refresh interval, and at once after an error.
+//! The producer's routing cache: each stream's shard layout, refreshed in the background.
+//!
+//! A background task per stream fetches the routing every refresh interval, whether or not
+//! the producer publishes, so a routing-epoch change (a reshard) reaches the producer within
+//! one refresh interval plus one request. A failed write marks the routing stale: the next
+//! publish triggers a refresh at once. A stream not published to for [`IDLE_FORGET`] is
+//! dropped from the cache (its task stops) and fetched again on its next use.
 
 use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
@@ -9,7 +14,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
+
+/// How long a stream's routing is kept (and refreshed) without any publish to it.
+pub(crate) const IDLE_FORGET: Duration = Duration::from_secs(300);
 
 /// A stream's layout as the producer routes over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +70,8 @@ struct Cached {
     fetched: Instant,
     refreshing: Arc<AtomicBool>,
     stale: Arc<AtomicBool>,
+    /// When it was last used, in ms since the cache was created.
+    used_ms: Arc<AtomicU64>,
 }
 
 /// Routing of every stream the producer wrote to.
@@ -70,6 +80,7 @@ pub(crate) struct RoutingCache {
     refresh_every: Duration,
     entries: RwLock<HashMap<String, Cached>>,
     refreshes: AtomicU64,
+    created: Instant,
 }
 
 impl RoutingCache {
@@ -79,7 +90,12 @@ impl RoutingCache {
             refresh_every,
             entries: RwLock::new(HashMap::new()),
             refreshes: AtomicU64::new(0),
+            created: Instant::now(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.created.elapsed().as_millis() as u64
     }
 
     /// The routing of `stream`: from the cache (refreshing it in the background when old or
@@ -88,6 +104,7 @@ impl RoutingCache {
         let hit = {
             let map = self.entries.read().unwrap_or_else(|p| p.into_inner());
             map.get(stream).map(|c| {
+                c.used_ms.store(self.now_ms(), Ordering::Relaxed);
                 let old =
                     c.fetched.elapsed() >= self.refresh_every || c.stale.load(Ordering::Relaxed);
                 (c.routing.clone(), old, c.refreshing.clone())
@@ -111,13 +128,85 @@ impl RoutingCache {
         }
     }
 
-    /// Fetches the routing now and caches it.
-    pub(crate) async fn fetch(&self, stream: &str) -> Result<Arc<Routing>, ClientError> {
+    /// Refreshes `stream` every refresh interval until the cache is dropped or the stream
+    /// has not been used for [`IDLE_FORGET`]. One task per stream (the first fetch starts it).
+    fn spawn_refresher(self: &Arc<Self>, stream: &str) {
+        let refreshing = {
+            let map = self.entries.read().unwrap_or_else(|p| p.into_inner());
+            match map.get(stream) {
+                Some(c) => c.refreshing.clone(),
+                None => return,
+            }
+        };
+        let weak = Arc::downgrade(self);
+        let every = self.refresh_every.max(Duration::from_millis(10));
+        let stream = stream.to_owned();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            let mut failures = 0u32;
+            loop {
+                tick.tick().await;
+                let Some(this) = weak.upgrade() else { return };
+                if this.forget_if_idle(&stream) {
+                    debug!(%stream, "routing not used for a while: no longer refreshed");
+                    return;
+                }
+                if refreshing.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                match this.fetch_once(&stream).await {
+                    Ok(_) => failures = 0,
+                    Err(e) => {
+                        failures += 1;
+                        if failures == 1 || failures.is_multiple_of(30) {
+                            warn!(%stream, error = %e, failures, "routing refresh failed; using the cached layout");
+                        }
+                    }
+                }
+                refreshing.store(false, Ordering::Release);
+            }
+        });
+    }
+
+    /// Drops `stream` from the cache when unused for [`IDLE_FORGET`]; `true` when dropped.
+    fn forget_if_idle(&self, stream: &str) -> bool {
+        let now = self.now_ms();
+        let mut map = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        let idle = map.get(stream).is_none_or(|c| {
+            now.saturating_sub(c.used_ms.load(Ordering::Relaxed)) >= IDLE_FORGET.as_millis() as u64
+        });
+        if idle {
+            map.remove(stream);
+        }
+        idle
+    }
+
+    /// Fetches the routing now and caches it; the first fetch of a stream starts its
+    /// background refresh.
+    pub(crate) async fn fetch(self: &Arc<Self>, stream: &str) -> Result<Arc<Routing>, ClientError> {
+        let (routing, inserted) = self.fetch_once(stream).await?;
+        if inserted {
+            self.spawn_refresher(stream);
+        }
+        Ok(routing)
+    }
+
+    /// Fetches the routing and caches it; `true` when the stream was not cached.
+    async fn fetch_once(&self, stream: &str) -> Result<(Arc<Routing>, bool), ClientError> {
         let r = self.coord.routing(stream, Duration::from_secs(5)).await?;
         let routing = Arc::new(Routing::from_response(r)?);
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let mut map = self.entries.write().unwrap_or_else(|p| p.into_inner());
         match map.get_mut(stream) {
+            Some(c) if c.routing.routing_epoch > routing.routing_epoch => {
+                // An answer older than what we have (another coordinator lagging behind).
+                debug!(%stream, cached = c.routing.routing_epoch, answered = routing.routing_epoch,
+                    "ignoring an older routing epoch");
+                c.stale.store(false, Ordering::Relaxed);
+                Ok((c.routing.clone(), false))
+            }
             Some(c) => {
                 if c.routing.routing_epoch != routing.routing_epoch {
                     info!(%stream, from = c.routing.routing_epoch, to = routing.routing_epoch,
@@ -126,6 +215,7 @@ impl RoutingCache {
                 c.routing = routing.clone();
                 c.fetched = Instant::now();
                 c.stale.store(false, Ordering::Relaxed);
+                Ok((routing, false))
             }
             None => {
                 map.insert(
@@ -135,11 +225,12 @@ impl RoutingCache {
                         fetched: Instant::now(),
                         refreshing: Arc::new(AtomicBool::new(false)),
                         stale: Arc::new(AtomicBool::new(false)),
+                        used_ms: Arc::new(AtomicU64::new(self.now_ms())),
                     },
                 );
+                Ok((routing, true))
             }
         }
-        Ok(routing)
     }
 
     /// After a failed write: refresh before long (in the background, on the next publish).

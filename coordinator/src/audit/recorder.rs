@@ -107,6 +107,16 @@ impl MetadataStore for RevisionRecordingStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        self.inner.append_audit(entry).await
+    }
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(limit, filter).await
+    }
     async fn load_group_live(
         &self,
         group: &str,
@@ -140,16 +150,6 @@ impl MetadataStore for RevisionRecordingStore {
     }
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         self.inner.touch_steady(t).await
-    }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        self.inner.append_audit(entry).await
-    }
-    async fn read_audit(
-        &self,
-        limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
-        self.inner.read_audit(limit, filter).await
     }
 }
 

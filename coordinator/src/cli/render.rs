@@ -179,6 +179,17 @@ pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
             out.push_str(&d.to_string());
         }
     }
+    if !s.retired_shards.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRetired shards whose keys are kept until the rollback window closes: {}",
+            s.retired_shards
+                .iter()
+                .map(|n| format!("{}:{n}", s.stream))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     out
 }
 

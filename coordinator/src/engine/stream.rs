@@ -37,6 +37,10 @@ pub struct StreamDoc {
     pub draining: BTreeMap<u32, BTreeSet<String>>,
     /// The latest reshard, running or complete.
     pub last_reshard: Option<ReshardRecord>,
+    /// Retired shards whose keys may still exist in the data Redis (deleted after the
+    /// rollback window by the coordinator when it knows the data Redis).
+    #[serde(default)]
+    pub retired: BTreeSet<u32>,
     /// When the stream was first created.
     pub created_ms: u64,
 }
@@ -64,6 +68,7 @@ impl StreamDoc {
             groups: BTreeSet::new(),
             draining: BTreeMap::new(),
             last_reshard: None,
+            retired: BTreeSet::new(),
             created_ms: now_ms,
         })
     }
@@ -163,6 +168,32 @@ impl StreamDoc {
         self.retire_drained(now_ms)
     }
 
+    /// Retired shards whose keys may be deleted now: the latest reshard completed at least
+    /// `delay_ms` ago (so no rollback can bring them back) and each is neither active nor
+    /// draining. Empty while a reshard runs.
+    pub fn deletable_retired(&self, now_ms: u64, delay_ms: u64) -> Vec<u32> {
+        let Some(done) = self.last_reshard.as_ref().and_then(|r| r.completed_ms) else {
+            return Vec::new();
+        };
+        if now_ms < done.saturating_add(delay_ms) {
+            return Vec::new();
+        }
+        self.retired
+            .iter()
+            .copied()
+            .filter(|&s| self.shard_state(s).is_none())
+            .collect()
+    }
+
+    /// Forgets retired shards whose keys were deleted. Returns whether anything changed.
+    pub fn forget_retired(&mut self, shards: &[u32]) -> bool {
+        let before = self.retired.len();
+        for s in shards {
+            self.retired.remove(s);
+        }
+        self.retired.len() != before
+    }
+
     /// Adds a group reading the stream.
     pub fn add_group(&mut self, group: &str) {
         self.groups.insert(group.to_owned());
@@ -180,8 +211,10 @@ impl StreamDoc {
 
     fn start(&mut self, to: u32, rollback: bool, now_ms: u64) {
         let from = self.shard_count;
-        // Draining shards inside the new layout become active again; shards leaving it drain.
+        // Draining or retired shards inside the new layout become active again (their keys
+        // must then never be deleted); shards leaving it drain.
         self.draining.retain(|&s, _| s >= to);
+        self.retired.retain(|&s| s >= to);
         for s in to..from {
             self.draining.entry(s).or_default();
         }
@@ -206,8 +239,14 @@ impl StreamDoc {
     fn retire_drained(&mut self, now_ms: u64) -> bool {
         let before = self.draining.len();
         let groups = &self.groups;
-        self.draining
-            .retain(|_, drained| !groups.is_subset(drained));
+        let retired = &mut self.retired;
+        self.draining.retain(|&s, drained| {
+            let done = groups.is_subset(drained);
+            if done {
+                retired.insert(s);
+            }
+            !done
+        });
         if self.draining.len() == before {
             return false;
         }
@@ -321,6 +360,39 @@ mod tests {
             Err(EngineError::RollbackWindowExpired { until_ms: 110, .. })
         ));
         s.rollback(110, 10).unwrap();
+    }
+
+    #[test]
+    fn retired_keys_become_deletable_after_the_delay_unless_active_again() {
+        let mut s = stream_with_groups(16, &["g"]);
+        s.reshard(4, 0).unwrap();
+        assert!(s.deletable_retired(10_000, 100).is_empty(), "running");
+        s.mark_drained("g", &(4..16).collect::<Vec<_>>(), 50);
+        assert_eq!(s.retired, (4..16).collect());
+        assert!(s.deletable_retired(149, 100).is_empty(), "within the delay");
+        assert_eq!(s.deletable_retired(150, 100), (4..16).collect::<Vec<_>>());
+        // A rollback makes them active again: never deletable.
+        s.rollback(120, 1000).unwrap();
+        assert!(s.retired.is_empty());
+        assert!(s.deletable_retired(u64::MAX, 0).is_empty());
+        // Scale down again, then up over part of the retired range.
+        let mut s = stream_with_groups(8, &["g"]);
+        s.reshard(2, 0).unwrap();
+        s.mark_drained("g", &(2..8).collect::<Vec<_>>(), 1);
+        s.reshard(4, 2).unwrap();
+        assert_eq!(s.retired, (4..8).collect());
+        assert_eq!(s.deletable_retired(3, 1), (4..8).collect::<Vec<_>>());
+        assert!(s.forget_retired(&[4, 5]));
+        assert!(!s.forget_retired(&[4]));
+        assert_eq!(s.deletable_retired(3, 1), vec![6, 7]);
+    }
+
+    #[test]
+    fn older_documents_without_retired_still_load() {
+        let mut v = serde_json::to_value(stream_with_groups(4, &["g"])).unwrap();
+        v.as_object_mut().unwrap().remove("retired");
+        let s: StreamDoc = serde_json::from_value(v).unwrap();
+        assert!(s.retired.is_empty());
     }
 
     #[test]

@@ -67,6 +67,7 @@ pub fn stream_view(stream: &StreamDoc, revision: u64, rollback_window_ms: u64) -
             .as_ref()
             .map(|r| reshard_view(stream, r)),
         rollback_until_ms: stream.rollback_until_ms(rollback_window_ms),
+        retired_shards: stream.retired.iter().copied().collect(),
         revision,
     }
 }

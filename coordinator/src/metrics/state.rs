@@ -104,6 +104,12 @@ async fn collect(
             draining,
         );
         f.gauge(
+            "rsc_stream_retired_keys_kept",
+            "Retired shards whose keys are still in the data Redis, waiting for the end of the rollback window.",
+            &[("stream", name)],
+            s.retired.len() as f64,
+        );
+        f.gauge(
             "rsc_stream_routing_epoch",
             "Routing epoch of a stream (bumped on every layout change).",
             &[("stream", name)],

@@ -660,6 +660,68 @@ impl Drop for RedisLock {
 
 #[async_trait]
 impl MetadataStore for RedisStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let key = self.0.keys.audit();
+        let json = encode(entry)?;
+        self.run("audit append", |mut c| async move {
+            redis::cmd("XADD")
+                .arg(&key)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(AUDIT_RETAINED)
+                .arg("*")
+                .arg("entry")
+                .arg(json)
+                .query_async::<String>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        const PAGE: usize = 200;
+        let key = self.0.keys.audit();
+        let mut out = Vec::new();
+        let mut end = "+".to_owned();
+        // Newest first, a page at a time, until `limit` entries match or the log ends.
+        while out.len() < limit {
+            let k = key.clone();
+            let e = end.clone();
+            let page: Vec<(String, HashMap<String, Vec<u8>>)> = self
+                .run("audit read", |mut c| async move {
+                    redis::cmd("XREVRANGE")
+                        .arg(&k)
+                        .arg(&e)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(PAGE)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            let full = page.len() == PAGE;
+            for (id, fields) in &page {
+                let Some(bytes) = fields.get("entry") else {
+                    continue;
+                };
+                let entry: AuditEntry = decode(&format!("{key} {id}"), bytes)?;
+                if filter.matches(&entry) && out.len() < limit {
+                    out.push(entry);
+                }
+            }
+            match page.last() {
+                Some((id, _)) if full => end = format!("({id}"),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
     async fn load_group(&self, group: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
         self.load_doc(self.0.keys.group(group)).await
     }
@@ -818,71 +880,6 @@ impl MetadataStore for RedisStore {
         })
         .await
         .map(|_| ())
-    }
-
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        let key = self.0.keys.audit();
-        let json = encode(entry)?;
-        self.run("audit", |mut c| async move {
-            redis::cmd("XADD")
-                .arg(&key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(AUDIT_RETAINED)
-                .arg("*")
-                .arg("entry")
-                .arg(json)
-                .query_async::<String>(&mut c)
-                .await
-        })
-        .await
-        .map(|_| ())
-    }
-
-    async fn read_audit(
-        &self,
-        limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
-        const PAGE: usize = 500;
-        let key = self.0.keys.audit();
-        let mut out = Vec::new();
-        let mut end = "+".to_owned();
-        while out.len() < limit {
-            let (k, e) = (key.clone(), end.clone());
-            let page: redis::streams::StreamRangeReply = self
-                .run("audit", |mut c| async move {
-                    redis::cmd("XREVRANGE")
-                        .arg(&k)
-                        .arg(&e)
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(PAGE)
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
-            for id in &page.ids {
-                let Some(Value::BulkString(bytes)) = id.map.get("entry") else {
-                    return Err(StoreError::Corrupt {
-                        key: format!("{key} {}", id.id),
-                        reason: "the entry lacks `entry`".into(),
-                    });
-                };
-                let entry: AuditEntry = decode(&key, bytes)?;
-                if filter.matches(&entry) {
-                    out.push(entry);
-                    if out.len() == limit {
-                        break;
-                    }
-                }
-            }
-            match page.ids.last() {
-                Some(last) if page.ids.len() == PAGE => end = format!("({}", last.id),
-                _ => break,
-            }
-        }
-        Ok(out)
     }
 
     async fn load_group_live(

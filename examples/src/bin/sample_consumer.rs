@@ -3,19 +3,23 @@
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL --group G --stream S \
 //!   --concurrency N --pod-ip IP [--token T] [--handle-ms N] [--fail-rate F] [--record-stream KEY]
-//!   [--max-retries N] [--retry-backoff-ms N]
+//!   [--max-retries N] [--retry-backoff-ms N] [--health-listen ADDR]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
 //! `<stream>:dlq`). With `--record-stream`, every successful handling adds one entry to KEY
 //! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
 //! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0.
+//! With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
+//! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on.
 
 use anyhow::Context;
 use clap::Parser;
 use redis::aio::ConnectionManager;
 use rsc_client::prelude::*;
+use rsc_examples::health::Health;
 use rsc_examples::unix_ms;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +66,9 @@ struct Args {
     /// First retry delay in ms (doubles per retry, capped at 10 s).
     #[arg(long, default_value_t = 200)]
     retry_backoff_ms: u64,
+    /// Serve `/healthz` and `/readyz` (Kubernetes probes) on this address, e.g. `0.0.0.0:8080`.
+    #[arg(long, env = "RSC_HEALTH_LISTEN")]
+    health_listen: Option<SocketAddr>,
 }
 
 /// The sample producer's payload.
@@ -164,6 +171,27 @@ async fn main() -> anyhow::Result<()> {
     }
     let app = builder.build()?;
     tracing::info!(members = ?app.member_ids(), "sample consumer starting");
-    app.run().await?;
+    let Some(addr) = args.health_listen else {
+        app.run().await?;
+        return Ok(());
+    };
+    let health = Health::new(&args.coordinator, &args.redis_url)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--health-listen {addr}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "health endpoints listening");
+    let (stop_health, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(health.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let result = app
+        .run_until(async move {
+            rsc_client::shutdown_signal().await;
+            health.shutting_down();
+        })
+        .await;
+    let _ = stop_health.send(());
+    server.await??;
+    result?;
     Ok(())
 }
