@@ -43,6 +43,29 @@ struct Args {
 
 const BATCH: u64 = 500;
 
+/// How long a batch is retried while Redis is unreachable before the producer gives up.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Publishes one batch, retrying while Redis is unreachable (a restart, an outage) for up to
+/// [`RETRY_FOR`]. At-least-once: a batch whose reply was lost may be published twice.
+async fn publish_retrying(
+    producer: &Producer,
+    stream: &str,
+    batch: Vec<Record>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + RETRY_FOR;
+    loop {
+        match producer.publish_batch(stream, batch.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(error = %e, "publish failed; retrying the batch");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 fn record(seq: u64, keys: u64) -> anyhow::Result<Record> {
     let key = format!("k{}", seq % keys.max(1));
     Ok(Record::json(&serde_json::json!({"seq": seq, "key": key}))?
@@ -79,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
         let batch = (next..end)
             .map(|seq| record(seq, args.keys))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        producer.publish_batch(&args.stream, batch).await?;
+        publish_retrying(&producer, &args.stream, batch).await?;
         next = end;
     }
     println!("published {}", args.count);
