@@ -15,6 +15,9 @@ pub enum StoreKind {
     /// In process; for development and a single coordinator.
     #[default]
     Memory,
+    /// Redis or Redis Cluster (`--redis-url`, `--redis-cluster`); several coordinators may
+    /// share it.
+    Redis,
 }
 
 /// Log line format.
@@ -45,6 +48,19 @@ pub struct ServeArgs {
     /// ACL file (TOML, SPEC §8). Without one every request is served as `anonymous`.
     #[arg(long, env = "RSC_ACL")]
     pub acl: Option<PathBuf>,
+    /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With
+    /// `--redis-cluster`, one or more seed nodes separated by commas.
+    #[arg(long, env = "RSC_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--redis-url`. Required for a
+    /// cluster: the coordinator refuses to start when this does not match what the server
+    /// reports (`INFO cluster`).
+    #[arg(long, env = "RSC_REDIS_CLUSTER")]
+    #[serde(default)]
+    pub redis_cluster: bool,
+    /// Prefix of every Redis key [default: rsc]; characters A-Z a-z 0-9 . _ : -
+    #[arg(long, env = "RSC_KEY_PREFIX")]
+    pub key_prefix: Option<String>,
     /// Serve without an ACL on a non-loopback address.
     #[arg(long, env = "RSC_ALLOW_ANONYMOUS")]
     #[serde(default)]
@@ -82,6 +98,12 @@ pub struct ServeConfig {
     pub store: StoreKind,
     /// ACL file.
     pub acl: Option<PathBuf>,
+    /// Redis URLs (one, or cluster seed nodes).
+    pub redis_urls: Vec<String>,
+    /// Redis Cluster mode.
+    pub redis_cluster: bool,
+    /// Key prefix.
+    pub key_prefix: String,
     /// Allow non-loopback binding without an ACL.
     pub allow_anonymous: bool,
     /// Admin mutations per second per principal.
@@ -147,6 +169,19 @@ impl ServeArgs {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             store: self.store.or(file.store).unwrap_or_default(),
             acl: self.acl.or(file.acl),
+            redis_urls: self
+                .redis_url
+                .or(file.redis_url)
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".into())
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            redis_cluster: self.redis_cluster || file.redis_cluster,
+            key_prefix: self
+                .key_prefix
+                .or(file.key_prefix)
+                .unwrap_or_else(|| "rsc".into()),
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
@@ -181,6 +216,15 @@ impl ServeArgs {
         if cfg.admin_rate == 0 || cfg.admin_burst == 0 {
             return Err(ConfigError::Invalid(
                 "admin-rate and admin-burst must be at least 1".into(),
+            ));
+        }
+        crate::store::validate_key_prefix(&cfg.key_prefix).map_err(ConfigError::Invalid)?;
+        if cfg.redis_urls.is_empty() {
+            return Err(ConfigError::Invalid("redis-url is empty".into()));
+        }
+        if cfg.redis_urls.len() > 1 && !cfg.redis_cluster {
+            return Err(ConfigError::Invalid(
+                "redis-url lists several servers: that is only valid with --redis-cluster".into(),
             ));
         }
         if cfg.body_limit < 1024 {

@@ -7,7 +7,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, InstrumentedStore, LagProbe};
 use crate::service::{Coordinator, ServiceConfig};
-use crate::store::{MemoryStore, MetadataStore};
+use crate::store::{MemoryStore, MetadataStore, RedisStore, RedisStoreConfig};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -22,6 +22,17 @@ const LAG_TIMEOUT: Duration = Duration::from_millis(500);
 pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
     Ok(match cfg.store {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Redis => {
+            let store = RedisStore::open(RedisStoreConfig {
+                urls: cfg.redis_urls.clone(),
+                cluster: cfg.redis_cluster,
+                key_prefix: cfg.key_prefix.clone(),
+                ..RedisStoreConfig::default()
+            })
+            .await?;
+            info!(?store, "using the Redis store");
+            Arc::new(store)
+        }
     })
 }
 

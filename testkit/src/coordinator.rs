@@ -36,6 +36,8 @@ pub struct CoordinatorProcess {
     child: Option<Child>,
     addr: SocketAddr,
     log: Arc<Mutex<Vec<String>>>,
+    /// Reads stderr into `log` until the process exits.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl CoordinatorProcess {
@@ -65,7 +67,7 @@ impl CoordinatorProcess {
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();
         let echo = std::env::var_os("RSC_TEST_ECHO").is_some();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if echo {
                     eprintln!("[coordinator] {line}");
@@ -97,6 +99,7 @@ impl CoordinatorProcess {
                 child: Some(child),
                 addr,
                 log,
+                reader: Some(reader),
             }),
             Ok(Err(status)) => Err(io::Error::other(format!(
                 "rsc-coordinator exited with {status}: {}",
@@ -134,6 +137,14 @@ impl CoordinatorProcess {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            self.drain_log();
+        }
+    }
+
+    /// After the process exited: waits until every line it wrote is in [`Self::log`].
+    fn drain_log(&mut self) {
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
         }
     }
 
@@ -151,6 +162,7 @@ impl CoordinatorProcess {
             let _ = c.kill();
             let _ = c.wait();
         }
+        self.drain_log();
         r
     }
 }

@@ -1,4 +1,5 @@
-//! Test harness for Redis Stream Coordinator: starts real `redis-server` and `rsc-coordinator`
+//! Test harness for Redis Stream Coordinator: starts real `redis-server` processes
+//! (standalone, with AOF when asked, or a 3-node Redis Cluster) and `rsc-coordinator`
 //! processes on free loopback ports, waits until they answer, and stops them when dropped.
 //!
 //! Nothing here assumes a server on 6379: every process gets its own port and directory.
@@ -12,9 +13,11 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cluster;
 mod coordinator;
 mod redis;
 
+pub use cluster::{CLUSTER_NODES, RedisCluster};
 pub use coordinator::{CoordinatorProcess, binary_path};
 pub use redis::{RedisOptions, RedisServer};
 

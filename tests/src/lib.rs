@@ -3,6 +3,7 @@
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A JSON client for one coordinator.
 #[derive(Debug, Clone)]
@@ -35,6 +36,19 @@ impl Api {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
+        self.try_call(method, path, body)
+            .await
+            .expect("coordinator reachable")
+    }
+
+    /// Like [`Api::call`], but a coordinator that cannot be reached (killed, restarting) is
+    /// an `Err` rather than a panic.
+    pub async fn try_call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), reqwest::Error> {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -42,15 +56,20 @@ impl Api {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.expect("coordinator reachable");
+        let resp = req.send().await?;
         let status = resp.status();
-        let text = resp.text().await.expect("body readable");
+        let text = resp.text().await?;
         let json = if text.is_empty() {
             Value::Null
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
-        (status, json)
+        Ok((status, json))
+    }
+
+    /// The base URL (`http://HOST:PORT`).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// GET.
@@ -89,6 +108,21 @@ pub fn code(body: &Value) -> &str {
 pub enum Backend {
     /// `--store memory`.
     Memory,
+    /// `--store redis` on a standalone `redis-server` of its own.
+    Redis,
+    /// `--store redis --redis-cluster` on a 3-node Redis Cluster shared by the tests of one
+    /// test binary (each stack has its own key prefix).
+    RedisCluster,
+}
+
+/// A key prefix no other stack of this process uses.
+pub fn unique_key_prefix() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "rsc-t{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A coordinator process on one backend, plus whatever that backend needs running.
@@ -98,21 +132,68 @@ pub struct Stack {
     pub coordinator: rsc_testkit::CoordinatorProcess,
     /// A client for it.
     pub api: Api,
+    /// The Redis server of [`Backend::Redis`].
+    pub redis: Option<rsc_testkit::RedisServer>,
+    /// The (shared) cluster of [`Backend::RedisCluster`].
+    pub cluster: Option<&'static rsc_testkit::RedisCluster>,
+    /// The `serve` flags that select the store (to start more coordinators on it).
+    pub store_args: Vec<String>,
 }
 
 impl Stack {
     /// Starts a coordinator on `backend` with extra `serve` flags.
     pub fn start(backend: Backend, extra: &[&str]) -> Self {
-        let mut args: Vec<&str> = vec!["--sweep-interval-ms", "20"];
-        match backend {
-            Backend::Memory => args.extend(["--store", "memory"]),
-        }
-        args.extend_from_slice(extra);
-        let coordinator =
-            rsc_testkit::CoordinatorProcess::start(&args).expect("coordinator starts");
+        let (redis, cluster, store_args) = match backend {
+            Backend::Memory => (None, None, vec!["--store".to_owned(), "memory".to_owned()]),
+            Backend::Redis => {
+                let redis = rsc_testkit::RedisServer::start().expect("redis-server starts");
+                let args = vec![
+                    "--store".to_owned(),
+                    "redis".to_owned(),
+                    "--redis-url".to_owned(),
+                    redis.url(),
+                    "--key-prefix".to_owned(),
+                    unique_key_prefix(),
+                ];
+                (Some(redis), None, args)
+            }
+            Backend::RedisCluster => {
+                let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
+                let args = vec![
+                    "--store".to_owned(),
+                    "redis".to_owned(),
+                    "--redis-cluster".to_owned(),
+                    "--redis-url".to_owned(),
+                    cluster.url(),
+                    "--key-prefix".to_owned(),
+                    unique_key_prefix(),
+                ];
+                (None, Some(cluster), args)
+            }
+        };
+        let coordinator = start_coordinator(&store_args, extra);
         let api = Api::new(coordinator.url());
-        Stack { coordinator, api }
+        Stack {
+            coordinator,
+            api,
+            redis,
+            cluster,
+            store_args,
+        }
     }
+
+    /// Another coordinator process on the same store (Redis backends: several coordinators
+    /// share one store).
+    pub fn another_coordinator(&self, extra: &[&str]) -> rsc_testkit::CoordinatorProcess {
+        start_coordinator(&self.store_args, extra)
+    }
+}
+
+fn start_coordinator(store_args: &[String], extra: &[&str]) -> rsc_testkit::CoordinatorProcess {
+    let mut args: Vec<&str> = vec!["--sweep-interval-ms", "20"];
+    args.extend(store_args.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    rsc_testkit::CoordinatorProcess::start(&args).expect("coordinator starts")
 }
 
 /// Declares one async test per backend for each listed suite function
@@ -125,6 +206,22 @@ macro_rules! store_suite {
                 #[tokio::test]
                 async fn $name() {
                     super::$name($crate::Backend::Memory).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::Backend::Redis).await;
+                }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::Backend::RedisCluster).await;
                 }
             )*
         }

@@ -257,6 +257,52 @@ impl GroupDoc {
         })
     }
 
+    /// The answer to a steady-state heartbeat, computed without changing the document.
+    ///
+    /// `Some` only when [`GroupDoc::heartbeat`] at any time within the member's session would
+    /// leave the document as it is (apart from the member's heartbeat time), report no event
+    /// and no drained shard, and answer exactly this: the member is stable at the assignment
+    /// epoch, holds its whole target, reports what it reported last, sends its current epoch
+    /// and no new client facts, and the stream layout is the one the target was computed
+    /// for. It does not look at the clock: the caller makes sure the member's session has not
+    /// expired (and that the document is still the stored one) when it answers.
+    pub fn steady_heartbeat(
+        &self,
+        stream: &StreamDoc,
+        req: &HeartbeatRequest,
+    ) -> Option<HeartbeatResponse> {
+        if req.protocol_version != PROTOCOL_VERSION
+            || req.member_epoch <= 0
+            || self.layout_version != stream.layout_version
+        {
+            return None;
+        }
+        let m = self.members.get(&req.member_id)?;
+        let steady = m.member_epoch == req.member_epoch
+            && m.member_epoch == self.assignment_epoch as i64
+            && m.state == MemberState::Stable
+            && m.pending_revocation.is_empty()
+            && m.revoke_started_ms.is_none()
+            && m.assigned == m.target
+            && req.owned_shards.iter().copied().collect::<BTreeSet<u32>>() == m.reported
+            && (req.client.is_none() || req.client == m.client)
+            && req.drained_shards.iter().all(|s| {
+                !(m.holds(*s)
+                    && stream
+                        .draining
+                        .get(s)
+                        .is_some_and(|groups| !groups.contains(&self.group)))
+            });
+        steady.then(|| {
+            self.response(
+                stream,
+                &req.member_id,
+                m.member_epoch,
+                m.assigned.iter().copied().collect(),
+            )
+        })
+    }
+
     /// Removes a member that leaves (`POST leave` or a heartbeat with epoch -1). Epoch -1 is not
     /// checked; otherwise the current or the tolerated previous epoch is required.
     pub fn leave(
@@ -428,14 +474,18 @@ impl GroupDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use rsc_protocol::ClientInfo;
 
-    fn hb(member: &str, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
+    const NOW: u64 = 1_000;
+
+    fn req(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
         HeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
-            member_id: member.into(),
+            member_id: member.to_owned(),
             member_epoch: epoch,
-            owned_shards: owned.to_vec(),
-            drained_shards: vec![],
+            owned_shards: owned,
+            drained_shards: Vec::new(),
             client: None,
         }
     }
@@ -481,5 +531,143 @@ mod tests {
         assert!(g.is_stable());
         assert_eq!(g.reconciling_since_ms, None);
         assert_eq!(g.track_convergence(at + 100), None, "observed once");
+    }
+
+    fn hb(member: &str, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
+        req(member, epoch, owned.to_vec())
+    }
+
+    /// `steady_heartbeat` answers only what `heartbeat` would, and only when it changes
+    /// nothing but the member's heartbeat time.
+    fn check_steady(doc: &GroupDoc, stream: &StreamDoc, r: &HeartbeatRequest) -> bool {
+        let Some(fast) = doc.steady_heartbeat(stream, r) else {
+            return false;
+        };
+        let mut slow = doc.clone();
+        let out = slow
+            .heartbeat(stream, r, NOW + 1)
+            .expect("a steady heartbeat is accepted");
+        assert!(!out.changed, "steady heartbeat changed the document: {r:?}");
+        assert!(out.events.is_empty() && out.drained.is_empty(), "{out:?}");
+        assert_eq!(out.response, fast);
+        let m = slow.members.get_mut(&r.member_id).expect("member");
+        m.last_heartbeat_ms = doc.members[&r.member_id].last_heartbeat_ms;
+        assert_eq!(&slow, doc, "only the heartbeat time may change");
+        true
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A heartbeat of member `m`: the protocol-following one, or a distorted one.
+        Heartbeat {
+            m: usize,
+            epoch_shift: i64,
+            owned_mask: Option<u16>,
+            drained_mask: u16,
+            client: bool,
+        },
+        Leave(usize),
+        Reshard(u32),
+        MarkDrained(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0..4usize, prop_oneof![6 => Just(0i64), 1 => Just(-1), 1 => Just(1)],
+                  prop::option::weighted(0.2, any::<u16>()), prop_oneof![5 => Just(0u16), 1 => any::<u16>()], prop::bool::weighted(0.1))
+                .prop_map(|(m, epoch_shift, owned_mask, drained_mask, client)| Op::Heartbeat { m, epoch_shift, owned_mask, drained_mask, client }),
+            1 => (0..4usize).prop_map(Op::Leave),
+            1 => (1..12u32).prop_map(Op::Reshard),
+            1 => any::<u16>().prop_map(Op::MarkDrained),
+        ]
+    }
+
+    fn mask(m: u16) -> Vec<u32> {
+        (0..16).filter(|i| m & (1 << i) != 0).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn steady_heartbeat_agrees_with_heartbeat(ops in prop::collection::vec(op(), 1..80)) {
+            let mut stream = StreamDoc::new("s", 6, 0).unwrap();
+            stream.add_group("g");
+            let mut doc = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+            let mut known: Vec<Option<(i64, Vec<u32>)>> = vec![None; 4];
+            for op in ops {
+                match op {
+                    Op::Heartbeat { m, epoch_shift, owned_mask, drained_mask, client } => {
+                        let id = format!("m{m}");
+                        let (epoch, owned) = known[m].clone().unwrap_or((0, Vec::new()));
+                        let mut r = req(&id, if epoch == 0 { 0 } else { epoch + epoch_shift }, owned_mask.map(mask).unwrap_or(owned));
+                        r.drained_shards = mask(drained_mask);
+                        if client {
+                            r.client = Some(ClientInfo { host: Some(format!("h{drained_mask}")), ..Default::default() });
+                        }
+                        check_steady(&doc, &stream, &r);
+                        match doc.heartbeat(&stream, &r, NOW) {
+                            Ok(out) => known[m] = Some((out.response.member_epoch, out.response.assignment)),
+                            Err(_) => known[m] = None,
+                        }
+                    }
+                    Op::Leave(m) => {
+                        if doc.leave(&stream, &format!("m{m}"), -1).is_ok() {
+                            known[m] = None;
+                        }
+                    }
+                    Op::Reshard(n) => {
+                        if stream.reshard(n, NOW).is_ok() {
+                            check_steady(&doc, &stream, &req("m0", known[0].as_ref().map_or(0, |k| k.0), known[0].clone().map(|k| k.1).unwrap_or_default()));
+                            doc.sync_layout(&stream);
+                        }
+                    }
+                    Op::MarkDrained(bits) => {
+                        if stream.mark_drained("g", &mask(bits), NOW) {
+                            doc.sync_layout(&stream);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn converged_members_heartbeat_steadily() {
+        let stream = StreamDoc::new("s", 8, 0).unwrap();
+        let mut doc = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        let mut known: Vec<(i64, Vec<u32>)> = vec![(0, Vec::new()); 3];
+        // Protocol-following members converge within a few rounds.
+        for _ in 0..4 {
+            for (i, k) in known.iter_mut().enumerate() {
+                let out = doc
+                    .heartbeat(&stream, &req(&format!("m{i}"), k.0, k.1.clone()), NOW)
+                    .unwrap();
+                *k = (out.response.member_epoch, out.response.assignment);
+            }
+        }
+        assert!(doc.is_stable());
+        for (i, k) in known.iter().enumerate() {
+            let r = req(&format!("m{i}"), k.0, k.1.clone());
+            assert!(check_steady(&doc, &stream, &r), "member m{i} is steady");
+            // Anything new is not steady: another epoch, other owned shards, new client facts.
+            assert!(
+                doc.steady_heartbeat(&stream, &req(&format!("m{i}"), k.0 - 1, k.1.clone()))
+                    .is_none()
+            );
+            assert!(
+                doc.steady_heartbeat(&stream, &req(&format!("m{i}"), k.0, vec![]))
+                    .is_none()
+            );
+            let mut c = r.clone();
+            c.client = Some(ClientInfo {
+                concurrency: Some(4),
+                ..Default::default()
+            });
+            assert!(doc.steady_heartbeat(&stream, &c).is_none());
+        }
+        assert!(
+            doc.steady_heartbeat(&stream, &req("stranger", 3, vec![]))
+                .is_none()
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, LockGuard, LockResource, MetadataStore, StoreError, Versioned,
+    AUDIT_RETAINED, AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore,
+    SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -20,6 +21,9 @@ struct Inner {
     live: HashMap<String, HashMap<String, u64>>,
     /// The audit log, oldest first, at most `audit_capacity` entries.
     audit: VecDeque<AuditEntry>,
+    /// Revision of deleted groups' tombstones: a group created again continues from there,
+    /// so that a revision never names two documents (as in the Redis store).
+    tombstones: HashMap<String, u64>,
 }
 
 /// Documents kept in process memory, with the same revision and lock semantics as the
@@ -59,19 +63,55 @@ impl MemoryStore {
     }
 }
 
+/// Moves a liveness time strictly forward (see the module docs of [`super`]).
+fn advance(t: &mut u64, now_ms: u64) {
+    *t = now_ms.max(t.saturating_add(1));
+}
+
+/// [`MetadataStore::touch_if`] on the locked state.
+fn touch_if(
+    inner: &mut Inner,
+    group: &str,
+    revision: u64,
+    member: &str,
+    now_ms: u64,
+    max_silence_ms: Option<u64>,
+) -> TouchOutcome {
+    if revision == 0 || inner.groups.get(group).map_or(0, |v| v.revision) != revision {
+        return TouchOutcome::Stale;
+    }
+    let live = inner.live.entry(group.to_owned()).or_default();
+    match (live.get_mut(member), max_silence_ms) {
+        (Some(t), Some(max)) if now_ms.saturating_sub(*t) > max => TouchOutcome::NotLive,
+        (Some(t), _) => {
+            advance(t, now_ms);
+            TouchOutcome::Touched
+        }
+        (None, Some(_)) => TouchOutcome::NotLive,
+        (None, None) => {
+            live.insert(member.to_owned(), now_ms);
+            TouchOutcome::Touched
+        }
+    }
+}
+
+/// Compare-and-set (`doc`) or compare-and-delete (`None`, returning the tombstone revision)
+/// of `key`; a document absent from `map` continues from `tombstone`.
 fn cas<T: Clone>(
     map: &mut BTreeMap<String, Versioned<T>>,
     key: &str,
     doc: Option<&T>,
     expected: u64,
+    tombstone: u64,
 ) -> Result<u64, StoreError> {
     let current = map.get(key).map_or(0, |v| v.revision);
     if current != expected {
         return Err(StoreError::Conflict(key.to_owned()));
     }
+    let next = current.max(tombstone) + 1;
     match doc {
         Some(doc) => {
-            let revision = current + 1;
+            let revision = next;
             map.insert(
                 key.to_owned(),
                 Versioned {
@@ -83,7 +123,7 @@ fn cas<T: Clone>(
         }
         None => {
             map.remove(key);
-            Ok(0)
+            Ok(next)
         }
     }
 }
@@ -99,18 +139,30 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
-        cas(&mut self.inner().groups, &doc.group, Some(doc), expected)
+        self.put_group_live(doc, expected, &LivenessChange::default())
+            .await
     }
 
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let mut inner = self.inner();
-        cas(&mut inner.groups, group, None, expected)?;
-        inner.live.remove(group);
+        let existed = inner.groups.contains_key(group);
+        let tombstone = inner.tombstones.get(group).copied().unwrap_or(0);
+        let tombstone = cas(&mut inner.groups, group, None, expected, tombstone)?;
+        if existed {
+            inner.tombstones.insert(group.to_owned(), tombstone);
+            inner.live.remove(group);
+        }
         Ok(())
     }
 
     async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
-        cas(&mut self.inner().streams, &doc.stream, Some(doc), expected)
+        cas(
+            &mut self.inner().streams,
+            &doc.stream,
+            Some(doc),
+            expected,
+            0,
+        )
     }
 
     async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
@@ -139,13 +191,13 @@ impl MetadataStore for MemoryStore {
 
     async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
         let mut inner = self.inner();
-        let t = inner
-            .live
-            .entry(group.to_owned())
-            .or_default()
-            .entry(member.to_owned())
-            .or_default();
-        *t = (*t).max(now_ms);
+        let live = inner.live.entry(group.to_owned()).or_default();
+        match live.get_mut(member) {
+            Some(t) => advance(t, now_ms),
+            None => {
+                live.insert(member.to_owned(), now_ms);
+            }
+        }
         Ok(())
     }
 
@@ -164,6 +216,101 @@ impl MetadataStore for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn load_group_live(
+        &self,
+        group: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
+        let inner = self.inner();
+        Ok(inner.groups.get(group).map(|v| {
+            (
+                v.clone(),
+                inner.live.get(group).cloned().unwrap_or_default(),
+            )
+        }))
+    }
+
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError> {
+        let mut inner = self.inner();
+        let current = inner.groups.get(&doc.group).map_or(0, |v| v.revision);
+        if current != expected {
+            return Err(StoreError::Conflict(doc.group.clone()));
+        }
+        if let Some(live) = inner.live.get(&doc.group) {
+            for (member, seen) in &change.expired {
+                if live.get(member).is_some_and(|t| t > seen) {
+                    return Err(StoreError::Conflict(format!(
+                        "{} (member {member} was heard from after it was found silent)",
+                        doc.group
+                    )));
+                }
+            }
+        }
+        let tombstone = inner.tombstones.get(&doc.group).copied().unwrap_or(0);
+        let revision = cas(
+            &mut inner.groups,
+            &doc.group,
+            Some(doc),
+            expected,
+            tombstone,
+        )?;
+        let live = inner.live.entry(doc.group.clone()).or_default();
+        for member in &change.forget {
+            live.remove(member);
+        }
+        if let Some((member, now_ms)) = &change.touch {
+            match live.get_mut(member) {
+                Some(t) => advance(t, *now_ms),
+                None => {
+                    live.insert(member.clone(), *now_ms);
+                }
+            }
+        }
+        Ok(revision)
+    }
+
+    async fn touch_if(
+        &self,
+        group: &str,
+        revision: u64,
+        member: &str,
+        now_ms: u64,
+        max_silence_ms: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError> {
+        Ok(touch_if(
+            &mut self.inner(),
+            group,
+            revision,
+            member,
+            now_ms,
+            max_silence_ms,
+        ))
+    }
+
+    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.inner().streams.get(stream).map(|v| v.revision))
+    }
+
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        // Both checks and the touch under one lock: atomic, like the Redis script.
+        let mut inner = self.inner();
+        if inner.streams.get(t.stream).map(|v| v.revision) != Some(t.stream_revision) {
+            return Ok(TouchOutcome::Stale);
+        }
+        Ok(touch_if(
+            &mut inner,
+            t.group,
+            t.revision,
+            t.member,
+            t.now_ms,
+            Some(t.max_silence_ms),
+        ))
     }
 
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {

@@ -4,11 +4,25 @@
 //! compare-and-set on it. A per-document lock serializes read-modify-write cycles across
 //! coordinator replicas, and liveness (last heartbeat per member) lives beside the group
 //! document so that a steady-state heartbeat does not rewrite it. [`MemoryStore`] is the
-//! in-process implementation (development default, one coordinator).
+//! in-process implementation (development default, one coordinator); [`RedisStore`] keeps the
+//! documents in Redis or Redis Cluster (SPEC §2) and is shared by several coordinators.
+//!
+//! ## Liveness
+//! Each member's liveness is the time it was last heard from. Every touch moves it strictly
+//! forward, to `max(now, previous + 1)`, so a decision taken on an older reading (a sweep
+//! that found a member silent) can be detected when it is committed: a group write that
+//! expires members names the liveness it based the decision on ([`LivenessChange::expired`])
+//! and fails with [`StoreError::Conflict`] if any of them was heard from since. A steady
+//! heartbeat touches liveness only while the group document is still at the revision the
+//! answer was computed from ([`MetadataStore::touch_if`]). Together these make it impossible
+//! for a member to be told "you are alive, keep your shards" while a concurrent writer
+//! removes it.
 
 mod memory;
+mod redis;
 
 pub use memory::MemoryStore;
+pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
 
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -64,6 +78,50 @@ pub enum StoreError {
         /// Decoder's message.
         reason: String,
     },
+}
+
+/// Liveness changes committed atomically with a group document write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LivenessChange {
+    /// Members the write removes for silence, each with the liveness (ms) the decision was
+    /// based on. The write fails with [`StoreError::Conflict`] if any of them has a newer
+    /// liveness now (it was heard from after the decision).
+    pub expired: Vec<(String, u64)>,
+    /// Members whose liveness the write deletes (they left, expired or were removed).
+    pub forget: Vec<String>,
+    /// A member heard from at this time (ms), touched in the same write.
+    pub touch: Option<(String, u64)>,
+}
+
+/// What a conditional liveness touch found ([`MetadataStore::touch_if`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TouchOutcome {
+    /// The group was at the expected revision and the member's liveness was moved forward.
+    Touched,
+    /// The group document is at another revision (or gone): nothing was written.
+    Stale,
+    /// The member has no liveness, or has been silent longer than allowed: nothing was
+    /// written (the caller takes the full path, which expires it if it must).
+    NotLive,
+}
+
+/// The conditional touch of a steady-state heartbeat ([`MetadataStore::touch_steady`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteadyTouch<'a> {
+    /// Group.
+    pub group: &'a str,
+    /// The group document revision the answer was computed from.
+    pub revision: u64,
+    /// The group's stream.
+    pub stream: &'a str,
+    /// The stream document revision the answer was computed from.
+    pub stream_revision: u64,
+    /// The member heard from.
+    pub member: &'a str,
+    /// Now (Unix ms).
+    pub now_ms: u64,
+    /// Longest silence after which the member is no longer live (its session timeout).
+    pub max_silence_ms: u64,
 }
 
 /// What a lock protects.
@@ -133,4 +191,57 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         limit: usize,
         filter: &AuditFilter,
     ) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// Reads a group document and the liveness of its members, at one instant.
+    async fn load_group_live(
+        &self,
+        group: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError>;
+    /// Writes a group document if its stored revision is `expected` (0: must not exist), and
+    /// applies `change` to liveness in the same atomic step. Fails with
+    /// [`StoreError::Conflict`] when the revision differs or when a member in
+    /// `change.expired` was heard from after the liveness given for it. Returns the new
+    /// revision.
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError>;
+    /// Touches `member`'s liveness with `now_ms`, only while the group document is at
+    /// `revision`, and, when `max_silence_ms` is given, only if the member has liveness no
+    /// older than that. Without `max_silence_ms` a missing liveness is created.
+    async fn touch_if(
+        &self,
+        group: &str,
+        revision: u64,
+        member: &str,
+        now_ms: u64,
+        max_silence_ms: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError>;
+    /// The stored revision of a stream document (`None` when absent).
+    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError>;
+
+    /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
+    /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no
+    /// longer at `stream_revision`. The default sends both checks at once (one round trip of
+    /// latency); a store that can check both atomically does so.
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        let (touched, stream_revision) = futures::join!(
+            self.touch_if(
+                t.group,
+                t.revision,
+                t.member,
+                t.now_ms,
+                Some(t.max_silence_ms)
+            ),
+            self.stream_revision(t.stream),
+        );
+        let (touched, stream_revision) = (touched?, stream_revision?);
+        Ok(if stream_revision == Some(t.stream_revision) {
+            touched
+        } else {
+            TouchOutcome::Stale
+        })
+    }
 }

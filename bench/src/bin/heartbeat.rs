@@ -1,0 +1,351 @@
+//! Steady-state heartbeats per second with the Redis store, against a no-op route
+//! (`GET /healthz`) of the same coordinator, driven by the same load generator in the same
+//! run. Also counts the Redis commands one steady heartbeat costs (`INFO commandstats`).
+//!
+//! ```text
+//! cargo build --release --bins && cargo run --release -p rsc-bench --bin heartbeat
+//! ```
+//! Goal: heartbeats/s at least 0.5 of the no-op's.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use rsc_bench::{Row, markdown, summarize};
+use rsc_testkit::{CoordinatorProcess, RedisServer};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Parser)]
+#[command(about = "Steady heartbeats/s (redis store) vs a no-op route, same server, same load")]
+struct Args {
+    /// Short run for CI: 3 repetitions of 0.5 s.
+    #[arg(long)]
+    quick: bool,
+    /// Members heartbeating (each steady: stable, reporting what it owns).
+    #[arg(long, default_value_t = 64)]
+    members: usize,
+    /// Shards of the stream.
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Concurrent requests in flight.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Length of one measurement, in ms.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+}
+
+/// Builds the request a load loop sends: `(client, worker, iteration)`.
+type MakeRequest =
+    Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
+
+#[derive(Debug, Clone)]
+struct Member {
+    id: String,
+    epoch: i64,
+    owned: Vec<u64>,
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<(u16, Value)> {
+    let r = http.post(url).json(body).send().await?;
+    let status = r.status().as_u16();
+    let v = r.json().await.unwrap_or(Value::Null);
+    Ok((status, v))
+}
+
+fn heartbeat_body(m: &Member) -> Value {
+    json!({"protocol_version": 1, "member_id": m.id, "member_epoch": m.epoch, "owned_shards": m.owned})
+}
+
+/// Joins the members and heartbeats until every one is steady (the group is stable and a
+/// heartbeat leaves its revision unchanged).
+async fn settle(http: &reqwest::Client, base: &str, args: &Args) -> Result<Vec<Member>> {
+    let url = format!("{base}/v1/groups/bench/heartbeat");
+    let mut members: Vec<Member> = (0..args.members)
+        .map(|i| Member {
+            id: format!("member-{i}"),
+            epoch: 0,
+            owned: Vec::new(),
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for m in &mut members {
+            let (s, v) = post(http, &url, &heartbeat_body(m)).await?;
+            if s != 200 {
+                bail!("heartbeat of {} answered {s}: {v}", m.id);
+            }
+            m.epoch = v["member_epoch"].as_i64().context("epoch")?;
+            m.owned = serde_json::from_value(v["assignment"].clone())?;
+        }
+        let view: Value = http
+            .get(format!("{base}/v1/groups/bench"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let reported_all = view["members"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().all(|m| m["owned_shards"] == m["assigned_shards"]));
+        if view["state"] == "stable" && reported_all {
+            return Ok(members);
+        }
+        if Instant::now() > deadline {
+            bail!("the group did not settle: {view}");
+        }
+    }
+}
+
+/// Runs `concurrency` loops for `duration`; returns requests per second.
+async fn load(
+    http: &reqwest::Client,
+    concurrency: usize,
+    duration: Duration,
+    request: MakeRequest,
+) -> Result<f64> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for worker in 0..concurrency {
+        let (http, stop, done, failed, request) = (
+            http.clone(),
+            stop.clone(),
+            done.clone(),
+            failed.clone(),
+            request.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match request(&http, worker, n).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                n += 1;
+            }
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(duration).await;
+    let count = done.load(Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("{failed} requests failed");
+    }
+    Ok(count as f64 / elapsed.as_secs_f64())
+}
+
+/// Counts the commands clients send to Redis (not those Lua scripts run inside Redis) while
+/// `work` runs, with `MONITOR` on a raw connection.
+async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
+    redis: &RedisServer,
+    work: F,
+) -> Result<(u64, u64, Vec<(String, u64)>)> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", redis.port()))?;
+    conn.write_all(b"MONITOR\r\n")?;
+    let reader = conn.try_clone()?;
+    let lines = std::thread::spawn(move || {
+        let mut by_command: HashMap<String, u64> = HashMap::new();
+        for line in BufReader::new(reader)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
+            // `+<time> [<db> <client>] "<COMMAND>" ...`; Lua's own calls show `[0 lua]`.
+            let Some((client, rest)) = line.split_once("] ") else {
+                continue;
+            };
+            if client.ends_with(" lua") {
+                continue;
+            }
+            let cmd = rest.split('"').nth(1).unwrap_or("").to_ascii_lowercase();
+            *by_command.entry(cmd).or_default() += 1;
+        }
+        by_command
+    });
+    // MONITOR answers +OK before streaming; give it a moment to be in place.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let done = work.await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    conn.shutdown(std::net::Shutdown::Both)?;
+    let by_command = lines
+        .join()
+        .map_err(|_| anyhow::anyhow!("monitor reader panicked"))?;
+    let total = by_command.values().sum();
+    let mut by_command: Vec<(String, u64)> = by_command.into_iter().collect();
+    by_command.sort_by_key(|c| std::cmp::Reverse(c.1));
+    Ok((done, total, by_command))
+}
+
+/// Script calls so far (`INFO commandstats`).
+fn evalsha_calls(redis: &RedisServer) -> Result<u64> {
+    let info = redis.command("INFO commandstats")?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+async fn group_revision(http: &reqwest::Client, base: &str) -> Result<u64> {
+    let v: Value = http
+        .get(format!("{base}/v1/groups/bench"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    v["revision"].as_u64().context("revision")
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.reps = 3;
+        args.duration_ms = 500;
+    }
+    let redis = RedisServer::start().context("redis-server")?;
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &redis.url(),
+        "--key-prefix",
+        "bench",
+    ])
+    .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
+    let base = coordinator.url();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let (s, v) = post(
+        &http,
+        &format!("{base}/v1/groups"),
+        &json!({"group": "bench", "stream": "bench", "shard_count": args.shards}),
+    )
+    .await?;
+    if s != 201 {
+        bail!("create group: {s} {v}");
+    }
+    let members = Arc::new(settle(&http, &base, &args).await?);
+    let hb_url = Arc::new(format!("{base}/v1/groups/bench/heartbeat"));
+    let bodies: Arc<Vec<Value>> = Arc::new(members.iter().map(heartbeat_body).collect());
+    let concurrency = args.concurrency;
+    // Bodies serialized once: the load generator does the same work for both routes.
+    let raw: Arc<Vec<&'static [u8]>> = Arc::new(
+        bodies
+            .iter()
+            .map(|b| &*Vec::leak(serde_json::to_vec(b).expect("json")))
+            .collect(),
+    );
+    let heartbeat: MakeRequest = {
+        let hb_url = hb_url.clone();
+        Arc::new(move |http, worker, n| {
+            let i = (worker + n as usize * concurrency) % raw.len();
+            http.post(hb_url.as_str())
+                .header("content-type", "application/json")
+                .body(raw[i])
+        })
+    };
+    let health_url = Arc::new(format!("{base}/healthz"));
+    let healthz: MakeRequest = Arc::new(move |http, _, _| http.get(health_url.as_str()));
+
+    let duration = Duration::from_millis(args.duration_ms);
+    // Warm up both routes (connections, scripts loaded, documents cached).
+    load(&http, args.concurrency, duration / 2, healthz.clone()).await?;
+    load(&http, args.concurrency, duration / 2, heartbeat.clone()).await?;
+
+    let revision_before = group_revision(&http, &base).await?;
+    let mut hb_rates = Vec::new();
+    let mut noop_rates = Vec::new();
+    let mut scripts_under_load = 0u64;
+    let mut heartbeats_under_load = 0f64;
+    for _ in 0..args.reps {
+        noop_rates.push(load(&http, args.concurrency, duration, healthz.clone()).await?);
+        let before = evalsha_calls(&redis)?;
+        let rate = load(&http, args.concurrency, duration, heartbeat.clone()).await?;
+        scripts_under_load += evalsha_calls(&redis)? - before;
+        heartbeats_under_load += rate * duration.as_secs_f64();
+        hb_rates.push(rate);
+    }
+    let revision_after = group_revision(&http, &base).await?;
+
+    // Round trips: the commands the coordinator sends while it answers a known number of
+    // steady heartbeats (the expiry sweep's few reads in that time are included).
+    let counted = 2_000.min(20 * args.members as u64);
+    let (heartbeats, commands, by_command) = client_commands(&redis, async {
+        for i in 0..counted {
+            let body = &bodies[i as usize % bodies.len()];
+            let (s, v) = post(&http, &hb_url, body).await?;
+            if s != 200 {
+                bail!("heartbeat answered {s}: {v}");
+            }
+        }
+        Ok(counted)
+    })
+    .await?;
+    let per_heartbeat = commands as f64 / heartbeats as f64;
+
+    println!(
+        "steady heartbeats: {} members, {} shards, {} in flight, {} x {} ms, redis store on {}\n",
+        args.members,
+        args.shards,
+        args.concurrency,
+        args.reps,
+        args.duration_ms,
+        redis.url()
+    );
+    let heartbeat_summary = summarize(&hb_rates);
+    print!(
+        "{}",
+        markdown(&[
+            Row {
+                name: "steady heartbeat (redis store) vs GET /healthz".into(),
+                unit: "req/s".into(),
+                value: heartbeat_summary,
+                baseline: Some(summarize(&noop_rates)),
+                goal: "ratio >= 0.5".into(),
+            },
+            Row {
+                name: "Redis commands per steady heartbeat".into(),
+                unit: "cmds".into(),
+                value: summarize(&[per_heartbeat]),
+                baseline: None,
+                goal: "<= 2 (one or two round trips)".into(),
+            },
+            Row {
+                name: format!(
+                    "Redis script calls per heartbeat at {} in flight (batched)",
+                    args.concurrency
+                ),
+                unit: "calls".into(),
+                value: summarize(&[scripts_under_load as f64 / heartbeats_under_load]),
+                baseline: None,
+                goal: "-".into(),
+            },
+        ])
+    );
+    println!(
+        "\ngroup revision {revision_before} -> {revision_after} during the steady phase \
+         (unchanged: no document written); commands sent for {heartbeats} heartbeats: {:?}",
+        &by_command[..by_command.len().min(6)]
+    );
+    Ok(())
+}

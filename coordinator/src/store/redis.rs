@@ -1,0 +1,1049 @@
+//! The Redis store (SPEC §2): the production store, shared by several coordinators, on a
+//! standalone Redis or a Redis Cluster.
+//!
+//! Layout, with the configurable prefix `P` (default `rsc`):
+//! - `P:group:{G}` — a hash: `revision` and `doc` (the whole group document, JSON). Deleting
+//!   the group leaves a tombstone (`revision` alone), so that a group created again under the
+//!   same name continues the revision sequence: a revision never names two documents, and a
+//!   coordinator that cached the old group can never take it for the new one;
+//! - `P:live:{G}` — a sorted set: member → last heard from (Unix ms), beside the group
+//!   document in the same cluster slot, so that a steady heartbeat does not rewrite it;
+//! - `P:stream:{S}` — a hash: `revision` and `doc` (the stream document);
+//! - `P:lock:{G}` / `P:lock:stream:{S}` — mutexes: `SET NX PX` with a random token, released
+//!   by a compare-and-delete script, held at most [`RedisStoreConfig::lock_hold`];
+//! - `P:groups` / `P:streams` — index sets, so that listing works on a cluster without
+//!   `SCAN` over every node. A name enters the index before its document is first written and
+//!   leaves it after the document is deleted; listings skip names whose document is gone.
+//!
+//! Every document write is a Lua compare-and-set on `revision` (the scripts are the `.lua`
+//! files beside this one). Scripts touch one slot only: a document, its liveness and its lock
+//! share the `{…}` hash tag. (The one exception, `touch_steady.lua` reading the stream
+//! document too, runs so only on standalone Redis; on a cluster the stream revision is read
+//! by a second command sent at the same time.)
+//!
+//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed: per group, one
+//! script call is in flight at a time, and the touches that arrive meanwhile go out together
+//! in the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
+//!
+//! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
+//! or timed-out connection is [`StoreError::Unavailable`] at once, and the next operation
+//! reconnects, so the coordinator recovers by itself when Redis returns.
+
+use super::{
+    AUDIT_RETAINED, AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore,
+    SteadyTouch, StoreError, TouchOutcome, Versioned,
+};
+use crate::engine::{GroupDoc, StreamDoc};
+use async_trait::async_trait;
+use futures::StreamExt;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use rsc_protocol::AuditEntry;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{OnceCell, oneshot};
+use tracing::{debug, warn};
+
+/// Settings of the Redis store.
+#[derive(Debug, Clone)]
+pub struct RedisStoreConfig {
+    /// Server URL (`redis://HOST:PORT[/DB]`); for a cluster, one or more seed nodes.
+    pub urls: Vec<String>,
+    /// Talk Redis Cluster (slot routing, MOVED/ASK) rather than to one server.
+    pub cluster: bool,
+    /// Prefix of every key (SPEC §2 default `rsc`).
+    pub key_prefix: String,
+    /// Time to establish a connection.
+    pub connect_timeout: Duration,
+    /// Time to wait for one reply. The redis-rs default (500 ms) is too tight for a large
+    /// group document under an `appendfsync always` server; one second still fails fast.
+    pub response_timeout: Duration,
+    /// Upper bound of one store operation, reconnects and retries included: past it the
+    /// request is answered `503 STORE_UNAVAILABLE`.
+    pub operation_timeout: Duration,
+    /// Longest a lock is held (`PX`): a coordinator that dies holding one delays the group's
+    /// next change by at most this; the revision compare-and-set covers a lock that expired.
+    pub lock_hold: Duration,
+    /// Longest [`MetadataStore::lock`] waits for a held lock. Longer than `lock_hold`, so a
+    /// lock left by a crashed coordinator is taken over rather than refused.
+    pub lock_wait: Duration,
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        RedisStoreConfig {
+            urls: vec!["redis://127.0.0.1:6379".into()],
+            cluster: false,
+            key_prefix: "rsc".into(),
+            connect_timeout: Duration::from_millis(1000),
+            response_timeout: Duration::from_millis(1000),
+            operation_timeout: Duration::from_millis(2500),
+            lock_hold: Duration::from_millis(2000),
+            lock_wait: Duration::from_millis(3000),
+        }
+    }
+}
+
+/// Checks a key prefix: non-empty, `[A-Za-z0-9._:-]` only (no `{}`: it must not become a
+/// cluster hash tag).
+pub fn validate_key_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty()
+        || prefix.len() > 64
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+    {
+        return Err(format!(
+            "key prefix {prefix:?} is invalid: use 1 to 64 characters of A-Z a-z 0-9 . _ : -"
+        ));
+    }
+    Ok(())
+}
+
+struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn group(&self, group: &str) -> String {
+        format!("{}:group:{{{group}}}", self.prefix)
+    }
+    fn live(&self, group: &str) -> String {
+        format!("{}:live:{{{group}}}", self.prefix)
+    }
+    fn stream(&self, stream: &str) -> String {
+        format!("{}:stream:{{{stream}}}", self.prefix)
+    }
+    fn lock(&self, resource: &LockResource) -> String {
+        match resource {
+            LockResource::Group(g) => format!("{}:lock:{{{g}}}", self.prefix),
+            LockResource::Stream(s) => format!("{}:lock:stream:{{{s}}}", self.prefix),
+        }
+    }
+    fn groups(&self) -> String {
+        format!("{}:groups", self.prefix)
+    }
+    fn streams(&self) -> String {
+        format!("{}:streams", self.prefix)
+    }
+    fn audit(&self) -> String {
+        format!("{}:audit", self.prefix)
+    }
+}
+
+struct Scripts {
+    put_doc: Script,
+    put_group: Script,
+    delete_group: Script,
+    load_group: Script,
+    touch: Script,
+    touch_if: Script,
+    touch_steady: Script,
+    unlock: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            put_doc: Script::new(include_str!("lua/put_doc.lua")),
+            put_group: Script::new(include_str!("lua/put_group.lua")),
+            delete_group: Script::new(include_str!("lua/delete_group.lua")),
+            load_group: Script::new(include_str!("lua/load_group.lua")),
+            touch: Script::new(include_str!("lua/touch.lua")),
+            touch_if: Script::new(include_str!("lua/touch_if.lua")),
+            touch_steady: Script::new(include_str!("lua/touch_steady.lua")),
+            unlock: Script::new(include_str!("lua/unlock.lua")),
+        }
+    }
+}
+
+enum Backend {
+    Single(ConnectionManager),
+    /// Connects on first use (a cluster connection needs a node that answers).
+    Cluster {
+        client: Box<ClusterClient>,
+        conn: OnceCell<ClusterConnection>,
+    },
+}
+
+/// One connection handle, standalone or cluster (both multiplex and are cheap to clone).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+struct Inner {
+    backend: Backend,
+    keys: Keys,
+    scripts: Scripts,
+    config: RedisStoreConfig,
+    /// Steady-heartbeat touches waiting to be sent, by (group, stream).
+    touches: std::sync::Mutex<HashMap<(String, String), TouchQueue>>,
+}
+
+/// Most touches sent in one script call (bounds the script's run time).
+const MAX_TOUCH_BATCH: usize = 256;
+
+/// Steady-heartbeat touches of one group: at most one batch in flight; whatever arrives
+/// meanwhile goes in the next one (group commit).
+#[derive(Default)]
+struct TouchQueue {
+    busy: bool,
+    waiting: Vec<WaitingTouch>,
+}
+
+struct WaitingTouch {
+    revision: u64,
+    stream_revision: u64,
+    member: String,
+    now_ms: u64,
+    max_silence_ms: u64,
+    reply: oneshot::Sender<Result<TouchOutcome, StoreError>>,
+}
+
+/// Group and stream documents in Redis (SPEC §2), safe for several coordinators.
+///
+/// Cheap to clone (one shared connection). Connects lazily: a coordinator started while
+/// Redis is down answers `503` until it is up.
+#[derive(Clone)]
+pub struct RedisStore(Arc<Inner>);
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("urls", &self.0.config.urls)
+            .field("cluster", &self.0.config.cluster)
+            .field("key_prefix", &self.0.keys.prefix)
+            .finish()
+    }
+}
+
+fn unavailable(what: &str, e: RedisError) -> StoreError {
+    StoreError::Unavailable(format!("redis {what}: {e}"))
+}
+
+impl RedisStore {
+    /// A store with these settings. Checks the settings; when Redis answers, also checks
+    /// that it is (or is not) a cluster node as configured. When Redis does not answer yet,
+    /// the store is returned anyway and connects on first use.
+    pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
+        validate_key_prefix(&config.key_prefix).map_err(StoreError::Unavailable)?;
+        if config.urls.is_empty() {
+            return Err(StoreError::Unavailable("no Redis URL given".into()));
+        }
+        if !config.cluster && config.urls.len() > 1 {
+            return Err(StoreError::Unavailable(
+                "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)".into(),
+            ));
+        }
+        let backend = if config.cluster {
+            let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.response_timeout)
+                .overall_response_timeout(Some(config.operation_timeout))
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(100)
+                .build()
+                .map_err(|e| unavailable("cluster configuration", e))?;
+            Backend::Cluster {
+                client: Box::new(client),
+                conn: OnceCell::new(),
+            }
+        } else {
+            let client =
+                redis::Client::open(config.urls[0].as_str()).map_err(|e| unavailable("URL", e))?;
+            // One quick reconnect attempt per failed command: an outage answers at once,
+            // and the next command tries again (the manager reconnects on demand).
+            let cm = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(20))
+                .set_max_delay(Duration::from_millis(100));
+            let manager = ConnectionManager::new_lazy_with_config(client, cm)
+                .map_err(|e| unavailable("connection", e))?;
+            Backend::Single(manager)
+        };
+        let store = RedisStore(Arc::new(Inner {
+            backend,
+            keys: Keys {
+                prefix: config.key_prefix.clone(),
+            },
+            scripts: Scripts::new(),
+            config,
+            touches: Default::default(),
+        }));
+        store.check_mode().await?;
+        Ok(store)
+    }
+
+    /// Refuses a standalone configuration against a cluster node and the reverse, when the
+    /// first server answers; logs and carries on when it does not. Asks over a one-off
+    /// standalone connection, which works on both kinds of server.
+    async fn check_mode(&self) -> Result<(), StoreError> {
+        let config = &self.0.config;
+        let url = &config.urls[0];
+        let ask = async {
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(
+                    &redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.response_timeout)),
+                )
+                .await?;
+            redis::cmd("INFO")
+                .arg("cluster")
+                .query_async::<String>(&mut conn)
+                .await
+        };
+        let info = tokio::time::timeout(config.operation_timeout, ask).await;
+        match info {
+            Ok(Ok(info)) => {
+                let enabled = info.lines().any(|l| l.trim() == "cluster_enabled:1");
+                match (enabled, config.cluster) {
+                    (true, false) => Err(StoreError::Unavailable(format!(
+                        "{url} is a Redis Cluster node: start the coordinator with --redis-cluster"
+                    ))),
+                    (false, true) => Err(StoreError::Unavailable(format!(
+                        "{url} is not a Redis Cluster node: drop --redis-cluster"
+                    ))),
+                    _ => Ok(()),
+                }
+            }
+            Ok(Err(e)) => {
+                warn!(%url, error = %e, "Redis does not answer yet; the coordinator will connect when it does");
+                Ok(())
+            }
+            Err(_) => {
+                warn!(%url, "Redis does not answer yet; the coordinator will connect when it does");
+                Ok(())
+            }
+        }
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        match &self.0.backend {
+            Backend::Single(m) => Ok(Conn::Single(m.clone())),
+            Backend::Cluster { client, conn } => conn
+                .get_or_try_init(|| async {
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| unavailable("cluster connection", e))
+                })
+                .await
+                .map(|c| Conn::Cluster(c.clone())),
+        }
+    }
+
+    /// Runs one operation on a connection, bounded by the operation timeout.
+    async fn run<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let limit = self.0.config.operation_timeout;
+        let work = async {
+            let conn = self.conn().await?;
+            op(conn).await.map_err(|e| unavailable(what, e))
+        };
+        match tokio::time::timeout(limit, work).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "redis {what}: no answer within {limit:?}"
+            ))),
+        }
+    }
+
+    /// Sends the waiting steady-heartbeat touches of one group, a batch at a time, until
+    /// none is left. Under load, a heartbeat that arrives while a batch is in flight rides
+    /// in the next one: one script call answers many heartbeats.
+    async fn flush_touches(self, key: (String, String)) {
+        loop {
+            let batch: Vec<WaitingTouch> = {
+                let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(queue) = queues.get_mut(&key) else {
+                    return;
+                };
+                if queue.waiting.is_empty() {
+                    queues.remove(&key);
+                    return;
+                }
+                let n = queue.waiting.len().min(MAX_TOUCH_BATCH);
+                queue.waiting.drain(..n).collect()
+            };
+            match self.touch_batch(&key.0, &key.1, &batch).await {
+                Ok(outcomes) => {
+                    for (w, outcome) in batch.into_iter().zip(outcomes) {
+                        let _ = w.reply.send(Ok(outcome));
+                    }
+                }
+                Err(e) => {
+                    for w in batch {
+                        let _ = w.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One script call for a batch of touches of `group`. On standalone Redis the script
+    /// checks the stream revision too; on a cluster (another slot) it is read alongside.
+    async fn touch_batch(
+        &self,
+        group: &str,
+        stream: &str,
+        batch: &[WaitingTouch],
+    ) -> Result<Vec<TouchOutcome>, StoreError> {
+        let keys = &self.0.keys;
+        let (group_key, live, stream_key) =
+            (keys.group(group), keys.live(group), keys.stream(stream));
+        let cluster = self.0.config.cluster;
+        let touch = self.run("touch", |mut c| async move {
+            let mut inv = self.0.scripts.touch_steady.key(&group_key);
+            inv.key(&live);
+            if !cluster {
+                inv.key(&stream_key);
+            }
+            inv.arg(batch.len());
+            for w in batch {
+                inv.arg(w.revision)
+                    .arg(w.stream_revision)
+                    .arg(&w.member)
+                    .arg(w.now_ms)
+                    .arg(w.max_silence_ms);
+            }
+            inv.invoke_async::<Vec<i64>>(&mut c).await
+        });
+        let (replies, stream_revision) = if cluster {
+            let (r, s) = futures::join!(touch, self.stream_revision(stream));
+            (r?, s?)
+        } else {
+            (touch.await?, None)
+        };
+        if replies.len() != batch.len() {
+            return Err(StoreError::Unavailable(format!(
+                "touch script answered {} outcomes for {} touches",
+                replies.len(),
+                batch.len()
+            )));
+        }
+        Ok(replies
+            .into_iter()
+            .zip(batch)
+            .map(|(r, w)| match r {
+                1 if cluster && stream_revision != Some(w.stream_revision) => TouchOutcome::Stale,
+                1 => TouchOutcome::Touched,
+                -1 => TouchOutcome::NotLive,
+                _ => TouchOutcome::Stale,
+            })
+            .collect())
+    }
+
+    async fn load_doc<T: DeserializeOwned>(
+        &self,
+        key: String,
+    ) -> Result<Option<Versioned<T>>, StoreError> {
+        let k = key.clone();
+        let (revision, doc): (Option<u64>, Option<Vec<u8>>) = self
+            .run("load", |mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(&k)
+                    .arg("revision")
+                    .arg("doc")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        match (revision, doc) {
+            (Some(revision), Some(doc)) => Ok(Some(Versioned {
+                revision,
+                doc: decode(&key, &doc)?,
+            })),
+            // Absent, or the tombstone of a deleted document.
+            (_, None) => Ok(None),
+            (None, Some(_)) => Err(StoreError::Corrupt {
+                key,
+                reason: "the hash lacks `revision`".into(),
+            }),
+        }
+    }
+
+    async fn put_doc<T: Serialize>(
+        &self,
+        key: String,
+        doc: &T,
+        expected: u64,
+    ) -> Result<u64, StoreError> {
+        let json = encode(doc)?;
+        let k = key.clone();
+        let reply: Vec<i64> = self
+            .run("put", |mut c| async move {
+                self.0
+                    .scripts
+                    .put_doc
+                    .key(&k)
+                    .arg(expected)
+                    .arg(json)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        cas_reply(&key, expected, &reply)
+    }
+
+    async fn add_to_index(&self, index: String, name: &str) -> Result<(), StoreError> {
+        self.run("index", |mut c| async move {
+            redis::cmd("SADD")
+                .arg(&index)
+                .arg(name)
+                .query_async::<i64>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Index members whose document exists, sorted.
+    async fn list(
+        &self,
+        index: String,
+        doc_key: impl Fn(&str) -> String,
+    ) -> Result<Vec<String>, StoreError> {
+        let names: Vec<String> = self
+            .run("list", |mut c| async move {
+                redis::cmd("SMEMBERS").arg(&index).query_async(&mut c).await
+            })
+            .await?;
+        let checks = futures::stream::iter(names.into_iter().map(|name| {
+            let key = doc_key(&name);
+            async move {
+                // HEXISTS, not EXISTS: a deleted group leaves a tombstone hash.
+                let exists: bool = self
+                    .run("exists", |mut c| async move {
+                        redis::cmd("HEXISTS")
+                            .arg(&key)
+                            .arg("doc")
+                            .query_async(&mut c)
+                            .await
+                    })
+                    .await?;
+                Ok::<_, StoreError>(exists.then_some(name))
+            }
+        }))
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+        let mut out = Vec::new();
+        for c in checks {
+            out.extend(c?);
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+fn encode<T: Serialize>(doc: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(doc).map_err(|e| StoreError::Corrupt {
+        key: "<new document>".into(),
+        reason: e.to_string(),
+    })
+}
+
+fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Reads a `{status, revision[, member]}` reply of a compare-and-set script.
+fn cas_reply(key: &str, expected: u64, reply: &[i64]) -> Result<u64, StoreError> {
+    match reply {
+        [1, revision, ..] => Ok(*revision as u64),
+        [0, current, ..] => Err(StoreError::Conflict(format!(
+            "{key} (at revision {current}, expected {expected})"
+        ))),
+        _ => Err(StoreError::Unavailable(format!(
+            "unexpected compare-and-set reply for {key}: {reply:?}"
+        ))),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn liveness_pairs(flat: &[Value]) -> HashMap<String, u64> {
+    flat.chunks(2)
+        .filter_map(|pair| match pair {
+            [m, t] => {
+                let member = text(m)?;
+                let t: f64 = text(t)?.parse().ok()?;
+                Some((member, t.max(0.0) as u64))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A held Redis lock; releases itself (compare-and-delete) when dropped.
+struct RedisLock {
+    conn: Conn,
+    key: String,
+    token: String,
+    unlock: Script,
+}
+
+impl Drop for RedisLock {
+    fn drop(&mut self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // No runtime (shutdown): the lock expires by itself after its hold time.
+            return;
+        };
+        let mut conn = self.conn.clone();
+        let key = std::mem::take(&mut self.key);
+        let token = std::mem::take(&mut self.token);
+        let unlock = self.unlock.clone();
+        rt.spawn(async move {
+            let r: Result<i64, RedisError> =
+                unlock.key(&key).arg(&token).invoke_async(&mut conn).await;
+            match r {
+                Ok(1) => {}
+                Ok(_) => warn!(lock = %key, "lock had expired before it was released; the revision check guarded the write"),
+                Err(e) => debug!(lock = %key, error = %e, "lock release failed; it expires by itself"),
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl MetadataStore for RedisStore {
+    async fn load_group(&self, group: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
+        self.load_doc(self.0.keys.group(group)).await
+    }
+
+    async fn load_stream(&self, stream: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError> {
+        self.load_doc(self.0.keys.stream(stream)).await
+    }
+
+    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
+        self.put_group_live(doc, expected, &LivenessChange::default())
+            .await
+    }
+
+    async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
+        let (key, live) = (self.0.keys.group(group), self.0.keys.live(group));
+        let k = key.clone();
+        let reply: Vec<i64> = self
+            .run("delete", |mut c| async move {
+                self.0
+                    .scripts
+                    .delete_group
+                    .key(&k)
+                    .key(&live)
+                    .arg(expected)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        cas_reply(&key, expected, &reply)?;
+        // After the document: a crash in between leaves a name that listings skip.
+        let index = self.0.keys.groups();
+        self.run("index", |mut c| async move {
+            redis::cmd("SREM")
+                .arg(&index)
+                .arg(group)
+                .query_async::<i64>(&mut c)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+        if expected == 0 {
+            // Before the document: a crash in between leaves a name listings skip, never
+            // a document no listing shows.
+            self.add_to_index(self.0.keys.streams(), &doc.stream)
+                .await?;
+        }
+        self.put_doc(self.0.keys.stream(&doc.stream), doc, expected)
+            .await
+    }
+
+    async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
+        self.list(self.0.keys.groups(), |g| self.0.keys.group(g))
+            .await
+    }
+
+    async fn list_streams(&self) -> Result<Vec<String>, StoreError> {
+        self.list(self.0.keys.streams(), |s| self.0.keys.stream(s))
+            .await
+    }
+
+    async fn lock(&self, resource: &LockResource) -> Result<LockGuard, StoreError> {
+        let key = self.0.keys.lock(resource);
+        let token = format!("{:032x}", rand::random::<u128>());
+        let hold = self.0.config.lock_hold.as_millis() as u64;
+        let wait = self.0.config.lock_wait;
+        let start = Instant::now();
+        let mut pause_ms = 2u64;
+        loop {
+            let (k, t) = (&key, &token);
+            let taken: Option<String> = self
+                .run("lock", |mut c| async move {
+                    redis::cmd("SET")
+                        .arg(k)
+                        .arg(t)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(hold)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            if taken.is_some() {
+                return Ok(LockGuard::new(RedisLock {
+                    conn: self.conn().await?,
+                    key,
+                    token,
+                    unlock: self.0.scripts.unlock.clone(),
+                }));
+            }
+            if start.elapsed() >= wait {
+                return Err(StoreError::Unavailable(format!(
+                    "lock {key} is held by another request and was not released within {wait:?}"
+                )));
+            }
+            // Jittered back-off: spread competing coordinators apart.
+            let sleep = rand::random_range(pause_ms / 2..=pause_ms);
+            tokio::time::sleep(Duration::from_millis(sleep)).await;
+            pause_ms = (pause_ms * 2).min(50);
+        }
+    }
+
+    async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
+        let live = self.0.keys.live(group);
+        self.run("touch", |mut c| async move {
+            self.0
+                .scripts
+                .touch
+                .key(&live)
+                .arg(member)
+                .arg(now_ms)
+                .invoke_async::<i64>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn forget(&self, group: &str, members: &[String]) -> Result<(), StoreError> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        let live = self.0.keys.live(group);
+        self.run("forget", |mut c| async move {
+            redis::cmd("ZREM")
+                .arg(&live)
+                .arg(members)
+                .query_async::<i64>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError> {
+        let live = self.0.keys.live(group);
+        let flat: Vec<Value> = self
+            .run("liveness", |mut c| async move {
+                redis::cmd("ZRANGE")
+                    .arg(&live)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(liveness_pairs(&flat))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run("ping", |mut c| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let key = self.0.keys.audit();
+        let json = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let (k, j) = (&key, &json);
+        self.run("append_audit", |mut c| async move {
+            redis::cmd("XADD")
+                .arg(k)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(AUDIT_RETAINED)
+                .arg("*")
+                .arg("entry")
+                .arg(j)
+                .query_async::<Value>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        const PAGE: usize = 500;
+        let key = self.0.keys.audit();
+        let mut out = Vec::new();
+        let mut end = "+".to_owned();
+        while out.len() < limit {
+            let (k, e) = (&key, &end);
+            let page: Vec<(String, HashMap<String, String>)> = self
+                .run("read_audit", |mut c| async move {
+                    redis::cmd("XREVRANGE")
+                        .arg(k)
+                        .arg(e)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(PAGE)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            let Some((last, _)) = page.last() else { break };
+            end = format!("({last}");
+            let full = page.len() == PAGE;
+            for (_, fields) in page {
+                // Entries that do not decode (another version's) are skipped, not fatal.
+                let Some(entry) = fields
+                    .get("entry")
+                    .and_then(|j| serde_json::from_str::<AuditEntry>(j).ok())
+                else {
+                    continue;
+                };
+                if filter.matches(&entry) && out.len() < limit {
+                    out.push(entry);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn load_group_live(
+        &self,
+        group: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
+        let (key, live) = (self.0.keys.group(group), self.0.keys.live(group));
+        let k = key.clone();
+        let reply: Value = self
+            .run("load", |mut c| async move {
+                self.0
+                    .scripts
+                    .load_group
+                    .key(&k)
+                    .key(&live)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let parts = match reply {
+            Value::Nil => return Ok(None),
+            Value::Array(parts) => parts,
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "unexpected reply reading {key}: {other:?}"
+                )));
+            }
+        };
+        let corrupt = |reason: &str| StoreError::Corrupt {
+            key: key.clone(),
+            reason: reason.into(),
+        };
+        let [revision, doc, flat] = parts.as_slice() else {
+            return Err(corrupt("unexpected shape of the stored group"));
+        };
+        let revision: u64 = text(revision)
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| corrupt("`revision` is not a number"))?;
+        let doc: GroupDoc = match doc {
+            Value::BulkString(b) => decode(&key, b)?,
+            _ => return Err(corrupt("the hash lacks `doc`")),
+        };
+        let live = match flat {
+            Value::Array(flat) => liveness_pairs(flat),
+            _ => HashMap::new(),
+        };
+        Ok(Some((Versioned { revision, doc }, live)))
+    }
+
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError> {
+        if expected == 0 {
+            // Before the document: see `put_stream`.
+            self.add_to_index(self.0.keys.groups(), &doc.group).await?;
+        }
+        let json = encode(doc)?;
+        let (key, live) = (self.0.keys.group(&doc.group), self.0.keys.live(&doc.group));
+        let k = key.clone();
+        let reply: Vec<Value> = self
+            .run("put", |mut c| async move {
+                let mut inv = self.0.scripts.put_group.key(&k);
+                inv.key(&live).arg(expected).arg(json);
+                inv.arg(change.expired.len());
+                for (member, seen) in &change.expired {
+                    inv.arg(member).arg(*seen);
+                }
+                inv.arg(change.forget.len());
+                for member in &change.forget {
+                    inv.arg(member);
+                }
+                match &change.touch {
+                    Some((member, now)) => inv.arg(member).arg(*now),
+                    None => inv.arg("").arg(0),
+                };
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let status: Vec<i64> = reply
+            .iter()
+            .take(2)
+            .filter_map(|v| match v {
+                Value::Int(i) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        match status.as_slice() {
+            [-1, _] => Err(StoreError::Conflict(format!(
+                "{key} (member {} was heard from after it was found silent)",
+                reply.get(2).and_then(text).unwrap_or_default()
+            ))),
+            _ => cas_reply(&key, expected, &status),
+        }
+    }
+
+    async fn touch_if(
+        &self,
+        group: &str,
+        revision: u64,
+        member: &str,
+        now_ms: u64,
+        max_silence_ms: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError> {
+        let (key, live) = (self.0.keys.group(group), self.0.keys.live(group));
+        let reply: i64 = self
+            .run("touch", |mut c| async move {
+                let mut inv = self.0.scripts.touch_if.key(&key);
+                inv.key(&live).arg(revision).arg(member).arg(now_ms);
+                match max_silence_ms {
+                    Some(ms) => inv.arg(ms),
+                    None => inv.arg(""),
+                };
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(match reply {
+            1 => TouchOutcome::Touched,
+            -1 => TouchOutcome::NotLive,
+            _ => TouchOutcome::Stale,
+        })
+    }
+
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let key = (t.group.to_owned(), t.stream.to_owned());
+        let start = {
+            let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
+            let queue = queues.entry(key.clone()).or_default();
+            queue.waiting.push(WaitingTouch {
+                revision: t.revision,
+                stream_revision: t.stream_revision,
+                member: t.member.to_owned(),
+                now_ms: t.now_ms,
+                max_silence_ms: t.max_silence_ms,
+                reply,
+            });
+            !std::mem::replace(&mut queue.busy, true)
+        };
+        if start {
+            tokio::spawn(self.clone().flush_touches(key));
+        }
+        answer.await.map_err(|_| {
+            StoreError::Unavailable("the steady-heartbeat batch was abandoned".into())
+        })?
+    }
+
+    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let key = self.0.keys.stream(stream);
+        self.run("revision", |mut c| async move {
+            redis::cmd("HGET")
+                .arg(&key)
+                .arg("revision")
+                .query_async(&mut c)
+                .await
+        })
+        .await
+    }
+}

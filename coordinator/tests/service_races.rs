@@ -1,0 +1,245 @@
+//! Races between coordinators sharing one store, replayed deterministically: a store wrapper
+//! pauses a chosen write until the test lets it go, and each coordinator has its own clock.
+
+use async_trait::async_trait;
+use rsc_coordinator::clock::ManualClock;
+use rsc_coordinator::engine::{GroupDoc, StreamDoc};
+use rsc_coordinator::service::{Coordinator, ServiceConfig};
+use rsc_coordinator::store::{
+    AuditFilter, LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
+    TouchOutcome, Versioned,
+};
+use rsc_protocol::{AuditEntry, CreateGroupRequest, HeartbeatRequest};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use tokio::sync::Notify;
+
+/// A [`MemoryStore`] that counts locks and group writes, and can hold the next group write
+/// until released.
+#[derive(Debug, Default)]
+struct GatedStore {
+    inner: MemoryStore,
+    hold_next_write: AtomicBool,
+    reached: Notify,
+    release: Notify,
+    locks: AtomicUsize,
+    group_writes: AtomicUsize,
+}
+
+#[async_trait]
+impl MetadataStore for GatedStore {
+    async fn load_group(&self, g: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
+        self.inner.load_group(g).await
+    }
+    async fn load_stream(&self, s: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError> {
+        self.inner.load_stream(s).await
+    }
+    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
+        self.put_group_live(doc, expected, &LivenessChange::default())
+            .await
+    }
+    async fn delete_group(&self, g: &str, expected: u64) -> Result<(), StoreError> {
+        self.inner.delete_group(g, expected).await
+    }
+    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+        self.inner.put_stream(doc, expected).await
+    }
+    async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.list_groups().await
+    }
+    async fn list_streams(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.list_streams().await
+    }
+    async fn lock(&self, r: &LockResource) -> Result<LockGuard, StoreError> {
+        self.locks.fetch_add(1, Ordering::SeqCst);
+        self.inner.lock(r).await
+    }
+    async fn touch(&self, g: &str, m: &str, now: u64) -> Result<(), StoreError> {
+        self.inner.touch(g, m, now).await
+    }
+    async fn forget(&self, g: &str, m: &[String]) -> Result<(), StoreError> {
+        self.inner.forget(g, m).await
+    }
+    async fn liveness(&self, g: &str) -> Result<HashMap<String, u64>, StoreError> {
+        self.inner.liveness(g).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        self.inner.append_audit(entry).await
+    }
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(limit, filter).await
+    }
+    async fn load_group_live(
+        &self,
+        g: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
+        self.inner.load_group_live(g).await
+    }
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError> {
+        if self.hold_next_write.swap(false, Ordering::SeqCst) {
+            self.reached.notify_one();
+            self.release.notified().await;
+        }
+        self.group_writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.put_group_live(doc, expected, change).await
+    }
+    async fn touch_if(
+        &self,
+        g: &str,
+        revision: u64,
+        m: &str,
+        now: u64,
+        max: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError> {
+        self.inner.touch_if(g, revision, m, now, max).await
+    }
+    async fn stream_revision(&self, s: &str) -> Result<Option<u64>, StoreError> {
+        self.inner.stream_revision(s).await
+    }
+}
+
+fn coordinator(store: &Arc<GatedStore>, clock: &ManualClock) -> Coordinator {
+    Coordinator::new(
+        store.clone(),
+        Arc::new(clock.clone()),
+        ServiceConfig::default(),
+    )
+}
+
+fn hb(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
+    HeartbeatRequest {
+        protocol_version: 1,
+        member_id: member.into(),
+        member_epoch: epoch,
+        owned_shards: owned,
+        drained_shards: vec![],
+        client: None,
+    }
+}
+
+async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u32>) {
+    c.create_group(&CreateGroupRequest {
+        group: "g".into(),
+        stream: "s".into(),
+        shard_count: Some(4),
+        start: None,
+        session_timeout_ms: Some(session_timeout_ms),
+        heartbeat_interval_ms: Some(100),
+        rebalance_timeout_ms: None,
+        max_members: None,
+        assignor: None,
+    })
+    .await
+    .unwrap();
+    let r = c.heartbeat("g", &hb("m", 0, vec![])).await.unwrap();
+    // The first heartbeat reporting the granted shards records them (a write); from then on
+    // the member is steady.
+    let r2 = c
+        .heartbeat("g", &hb("m", r.member_epoch, r.assignment.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r2.member_epoch, &r2.assignment),
+        (r.member_epoch, &r.assignment)
+    );
+    (r.member_epoch, r.assignment)
+}
+
+#[tokio::test]
+async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
+    let store = Arc::new(GatedStore::default());
+    let clock = ManualClock::new(1_000);
+    let c = coordinator(&store, &clock);
+    let (epoch, owned) = stable_member(&c, 10_000).await;
+    let (locks, writes) = (
+        store.locks.load(Ordering::SeqCst),
+        store.group_writes.load(Ordering::SeqCst),
+    );
+    for _ in 0..5 {
+        clock.advance(100);
+        let r = c
+            .heartbeat("g", &hb("m", epoch, owned.clone()))
+            .await
+            .unwrap();
+        assert_eq!((r.member_epoch, &r.assignment), (epoch, &owned));
+    }
+    assert_eq!(store.locks.load(Ordering::SeqCst), locks, "no lock taken");
+    assert_eq!(
+        store.group_writes.load(Ordering::SeqCst),
+        writes,
+        "no write"
+    );
+    assert_eq!(store.liveness("g").await.unwrap()["m"], 1_500);
+    // Anything that changes state takes the full path.
+    c.heartbeat("g", &hb("m", epoch, vec![])).await.unwrap();
+    assert!(store.locks.load(Ordering::SeqCst) > locks);
+}
+
+/// The lost-update race of a lock-free heartbeat: coordinator A's sweep (its clock ahead)
+/// reads the member as silent and is about to write it out; coordinator B (clock behind)
+/// answers the member's steady heartbeat meanwhile. The member must not end up told
+/// "alive" and removed: A's write loses, A rereads, and the member stays.
+#[tokio::test]
+async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
+    let store = Arc::new(GatedStore::default());
+    let clock_b = ManualClock::new(1_000);
+    let b = coordinator(&store, &clock_b);
+    let (epoch, owned) = stable_member(&b, 1_000).await;
+    // A's clock is 1.5 s ahead: to A, the member has been silent longer than its session.
+    let clock_a = ManualClock::new(2_500);
+    let a = coordinator(&store, &clock_a);
+    store.hold_next_write.store(true, Ordering::SeqCst);
+    let sweep = tokio::spawn({
+        let a = a.clone();
+        async move { a.sweep().await }
+    });
+    store.reached.notified().await;
+    // A holds the group lock and has decided; B answers a steady heartbeat without a lock.
+    clock_b.advance(900);
+    let r = b
+        .heartbeat("g", &hb("m", epoch, owned.clone()))
+        .await
+        .expect("the member is alive for B");
+    assert_eq!(r.assignment, owned);
+    store.release.notify_one();
+    let removed = sweep.await.unwrap().unwrap();
+    assert_eq!(
+        removed, 0,
+        "A's expiry lost to the heartbeat it had not seen"
+    );
+    let view = a.describe_group("g").await.unwrap();
+    assert_eq!(
+        view.members.len(),
+        1,
+        "the member B kept alive is still there"
+    );
+}
+
+/// Several coordinators sweeping the same expired member: exactly one removes it.
+#[tokio::test]
+async fn exactly_one_coordinator_expires_a_member() {
+    let store = Arc::new(GatedStore::default());
+    let clock = ManualClock::new(1_000);
+    let first = coordinator(&store, &clock);
+    stable_member(&first, 1_000).await;
+    clock.advance(5_000);
+    let sweepers: Vec<Coordinator> = (0..3).map(|_| coordinator(&store, &clock)).collect();
+    let results =
+        futures::future::join_all(sweepers.iter().map(|c| async move { c.sweep().await })).await;
+    let removed: usize = results.into_iter().map(Result::unwrap).sum();
+    assert_eq!(removed, 1);
+    assert!(first.describe_group("g").await.unwrap().members.is_empty());
+}

@@ -1,0 +1,625 @@
+//! The `MetadataStore` contract, run against every store: in memory, a real standalone
+//! Redis and a real 3-node Redis Cluster. The stores must behave identically.
+
+use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
+use rsc_coordinator::store::{
+    LivenessChange, LockResource, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
+    SteadyTouch, StoreError, TouchOutcome,
+};
+use rsc_testkit::{RedisCluster, RedisServer};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+struct Fixture {
+    store: Arc<dyn MetadataStore>,
+    _redis: Option<RedisServer>,
+}
+
+fn unique_prefix() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "contract-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+async fn fixture(kind: Kind) -> Fixture {
+    match kind {
+        Kind::Memory => Fixture {
+            store: Arc::new(MemoryStore::new()),
+            _redis: None,
+        },
+        Kind::Redis => {
+            let redis = RedisServer::start().expect("redis starts");
+            let store = redis_store(vec![redis.url()], false, RedisStoreConfig::default()).await;
+            Fixture {
+                store: Arc::new(store),
+                _redis: Some(redis),
+            }
+        }
+        Kind::Cluster => {
+            let cluster = RedisCluster::shared().expect("cluster starts");
+            let store = redis_store(cluster.urls(), true, RedisStoreConfig::default()).await;
+            Fixture {
+                store: Arc::new(store),
+                _redis: None,
+            }
+        }
+    }
+}
+
+async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -> RedisStore {
+    RedisStore::open(RedisStoreConfig {
+        urls,
+        cluster,
+        key_prefix: unique_prefix(),
+        ..base
+    })
+    .await
+    .expect("store opens")
+}
+
+fn docs(group: &str, stream: &str) -> (GroupDoc, StreamDoc) {
+    let s = StreamDoc::new(stream, 4, 0).unwrap();
+    (GroupDoc::new(group, GroupConfig::default(), &s, 0), s)
+}
+
+fn is_conflict<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
+    matches!(r, Err(StoreError::Conflict(_)))
+}
+
+async fn documents_are_compare_and_set(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (mut g, mut s) = docs("billing", "orders");
+    assert_eq!(st.load_group("billing").await.unwrap(), None);
+    assert_eq!(st.put_stream(&s, 0).await.unwrap(), 1);
+    assert_eq!(st.put_group(&g, 0).await.unwrap(), 1);
+    assert!(
+        is_conflict(st.put_group(&g, 0).await),
+        "create of an existing group"
+    );
+    g.group_epoch = 7;
+    assert_eq!(st.put_group(&g, 1).await.unwrap(), 2);
+    assert!(is_conflict(st.put_group(&g, 1).await), "stale revision");
+    let v = st.load_group("billing").await.unwrap().unwrap();
+    assert_eq!((v.revision, v.doc.group_epoch), (2, 7));
+    assert_eq!(v.doc, g);
+    s.shard_count = 8;
+    assert!(is_conflict(st.put_stream(&s, 0).await));
+    assert_eq!(st.put_stream(&s, 1).await.unwrap(), 2);
+    assert_eq!(st.stream_revision("orders").await.unwrap(), Some(2));
+    assert_eq!(st.stream_revision("nope").await.unwrap(), None);
+    assert_eq!(
+        st.load_stream("orders")
+            .await
+            .unwrap()
+            .unwrap()
+            .doc
+            .shard_count,
+        8
+    );
+
+    let (a, _) = docs("alpha", "orders");
+    st.put_group(&a, 0).await.unwrap();
+    assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
+    assert_eq!(st.list_streams().await.unwrap(), ["orders"]);
+
+    assert!(is_conflict(st.delete_group("billing", 1).await));
+    st.delete_group("billing", 2).await.unwrap();
+    assert_eq!(st.load_group("billing").await.unwrap(), None);
+    assert_eq!(st.list_groups().await.unwrap(), ["alpha"]);
+    // A deleted group can be created again; its revisions go on from where the deleted one
+    // stopped (+1 for the deletion), so that no revision names two documents.
+    assert!(
+        is_conflict(st.put_group(&g, 3).await),
+        "the tombstone is not a document"
+    );
+    assert_eq!(st.put_group(&g, 0).await.unwrap(), 4);
+    assert_eq!(st.load_group("billing").await.unwrap().unwrap().revision, 4);
+    assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
+    assert_eq!(
+        st.touch_if("billing", 2, "m", 1, None).await.unwrap(),
+        TouchOutcome::Stale,
+        "a revision of the deleted group"
+    );
+    assert!(st.ping().await.is_ok());
+}
+
+async fn liveness_moves_strictly_forward(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, _) = docs("g", "s");
+    st.put_group(&g, 0).await.unwrap();
+    st.touch("g", "m1", 1_000).await.unwrap();
+    st.touch("g", "m1", 1_000).await.unwrap();
+    st.touch("g", "m1", 900).await.unwrap();
+    st.touch("g", "m2", 5_000).await.unwrap();
+    let live = st.liveness("g").await.unwrap();
+    assert_eq!(
+        live["m1"], 1_002,
+        "every touch moves liveness forward by at least 1 ms"
+    );
+    assert_eq!(live["m2"], 5_000);
+    st.touch("g", "m1", 2_000).await.unwrap();
+    let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
+    assert_eq!(v.revision, 1);
+    assert_eq!(live["m1"], 2_000);
+    st.forget("g", &["m2".to_owned()]).await.unwrap();
+    assert!(!st.liveness("g").await.unwrap().contains_key("m2"));
+    assert!(st.load_group_live("absent").await.unwrap().is_none());
+    st.delete_group("g", 1).await.unwrap();
+    assert!(
+        st.liveness("g").await.unwrap().is_empty(),
+        "deleted with the group"
+    );
+}
+
+async fn touch_if_requires_the_revision_and_a_live_session(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, _) = docs("g", "s");
+    assert_eq!(
+        st.touch_if("g", 0, "m", 1_000, None).await.unwrap(),
+        TouchOutcome::Stale,
+        "no document"
+    );
+    st.put_group(&g, 0).await.unwrap();
+    assert_eq!(
+        st.touch_if("g", 2, "m", 1_000, None).await.unwrap(),
+        TouchOutcome::Stale
+    );
+    assert_eq!(
+        st.touch_if("g", 1, "m", 1_000, Some(500)).await.unwrap(),
+        TouchOutcome::NotLive,
+        "no liveness yet"
+    );
+    assert!(
+        st.liveness("g").await.unwrap().is_empty(),
+        "nothing written"
+    );
+    assert_eq!(
+        st.touch_if("g", 1, "m", 1_000, None).await.unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.touch_if("g", 1, "m", 1_500, Some(500)).await.unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.touch_if("g", 1, "m", 2_001, Some(500)).await.unwrap(),
+        TouchOutcome::NotLive,
+        "silent for 501 ms > 500"
+    );
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_500);
+    assert_eq!(
+        st.touch_if("g", 1, "m", 1_500, Some(500)).await.unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_501);
+}
+
+async fn touch_steady_requires_both_revisions(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, mut s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    st.touch("g", "m", 1_000).await.unwrap();
+    let t = SteadyTouch {
+        group: "g",
+        revision: 1,
+        stream: "s",
+        stream_revision: 1,
+        member: "m",
+        now_ms: 1_100,
+        max_silence_ms: 500,
+    };
+    assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_100);
+    let silent = SteadyTouch { now_ms: 1_601, ..t };
+    assert_eq!(
+        st.touch_steady(&silent).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    let stranger = SteadyTouch { member: "x", ..t };
+    assert_eq!(
+        st.touch_steady(&stranger).await.unwrap(),
+        TouchOutcome::NotLive
+    );
+    s.shard_count = 8;
+    st.put_stream(&s, 1).await.unwrap();
+    let later = SteadyTouch { now_ms: 1_200, ..t };
+    assert_eq!(
+        st.touch_steady(&later).await.unwrap(),
+        TouchOutcome::Stale,
+        "the stream moved on"
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.touch_steady(&SteadyTouch {
+            revision: 2,
+            stream_revision: 2,
+            ..later
+        })
+        .await
+        .unwrap(),
+        TouchOutcome::Stale,
+        "the group is at revision 1"
+    );
+}
+
+/// Many steady touches at once (the Redis store sends them in batches): each gets its own
+/// answer.
+async fn concurrent_steady_touches_each_get_their_answer(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    for i in 0..100 {
+        if i % 3 != 0 {
+            st.touch("g", &format!("m{i}"), 1_000).await.unwrap();
+        }
+    }
+    let members: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    let outcomes = futures::future::join_all(members.iter().enumerate().map(|(i, m)| async move {
+        st.touch_steady(&SteadyTouch {
+            group: "g",
+            revision: if i % 5 == 0 { 7 } else { 1 },
+            stream: "s",
+            stream_revision: 1,
+            member: m,
+            now_ms: 1_200,
+            max_silence_ms: 500,
+        })
+        .await
+    }))
+    .await;
+    let live = st.liveness("g").await.unwrap();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let want = if i % 5 == 0 {
+            TouchOutcome::Stale
+        } else if i % 3 == 0 {
+            TouchOutcome::NotLive
+        } else {
+            TouchOutcome::Touched
+        };
+        assert_eq!(o.unwrap(), want, "m{i}");
+        let expect_live = match want {
+            TouchOutcome::Touched => Some(1_200),
+            TouchOutcome::Stale if i % 3 != 0 => Some(1_000),
+            _ => None,
+        };
+        assert_eq!(live.get(&format!("m{i}")).copied(), expect_live, "m{i}");
+    }
+}
+
+/// The race a steady heartbeat could lose against an expiry: the expiry read the liveness,
+/// the heartbeat touched it, the expiry writes. The write must lose.
+async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (mut g, _) = docs("g", "s");
+    st.put_group(&g, 0).await.unwrap();
+    st.touch("g", "silent", 1_000).await.unwrap();
+    st.touch("g", "other", 1_000).await.unwrap();
+    let (_, seen) = st.load_group_live("g").await.unwrap().unwrap();
+    // A steady heartbeat of `silent` lands between the read and the write.
+    assert_eq!(
+        st.touch_if("g", 1, "silent", 1_000, Some(45_000))
+            .await
+            .unwrap(),
+        TouchOutcome::Touched
+    );
+    g.group_epoch += 1;
+    let change = LivenessChange {
+        expired: vec![("silent".into(), seen["silent"])],
+        forget: vec!["silent".into()],
+        touch: None,
+    };
+    assert!(is_conflict(st.put_group_live(&g, 1, &change).await));
+    let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
+    assert_eq!(v.revision, 1, "nothing written");
+    assert!(live.contains_key("silent"));
+    // With the liveness it really has, the expiry goes through, and forgets it atomically.
+    let change = LivenessChange {
+        expired: vec![("silent".into(), live["silent"])],
+        forget: vec!["silent".into()],
+        touch: Some(("other".into(), 2_000)),
+    };
+    assert_eq!(st.put_group_live(&g, 1, &change).await.unwrap(), 2);
+    let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
+    assert_eq!(v.doc.group_epoch, g.group_epoch);
+    assert!(!live.contains_key("silent"));
+    assert_eq!(live["other"], 2_000);
+    // And a heartbeat computed on the old revision can no longer touch.
+    assert_eq!(
+        st.touch_if("g", 1, "other", 3_000, Some(45_000))
+            .await
+            .unwrap(),
+        TouchOutcome::Stale
+    );
+}
+
+async fn locks_exclude_and_release_on_drop(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = f.store.clone();
+    let g = LockResource::Group("g".into());
+    let first = st.lock(&g).await.unwrap();
+    // Another resource is independent: a stream and a group of the same name too.
+    let _s = st.lock(&LockResource::Stream("g".into())).await.unwrap();
+    let _h = st.lock(&LockResource::Group("h".into())).await.unwrap();
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let st2 = st.clone();
+    let g2 = g.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = st2.lock(&g2).await;
+        let _ = tx.send(());
+        guard.map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(rx.try_recv().is_err(), "the second lock waits");
+    drop(first);
+    waiter.await.unwrap().expect("acquired after release");
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Memory).await; } )* }
+        mod redis { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Redis).await; } )* }
+        mod cluster { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Cluster).await; } )* }
+    };
+}
+
+contract!(
+    documents_are_compare_and_set,
+    liveness_moves_strictly_forward,
+    touch_if_requires_the_revision_and_a_live_session,
+    touch_steady_requires_both_revisions,
+    concurrent_steady_touches_each_get_their_answer,
+    expiry_loses_to_a_heartbeat_it_did_not_see,
+    locks_exclude_and_release_on_drop,
+);
+
+// ---- Redis only: lock bounds, outage and recovery, cluster-mode checks ----
+
+#[tokio::test]
+async fn redis_lock_wait_is_bounded_and_an_abandoned_lock_expires() {
+    let redis = RedisServer::start().unwrap();
+    let store = redis_store(
+        vec![redis.url()],
+        false,
+        RedisStoreConfig {
+            lock_hold: Duration::from_millis(400),
+            lock_wait: Duration::from_millis(150),
+            ..RedisStoreConfig::default()
+        },
+    )
+    .await;
+    let g = LockResource::Group("g".into());
+    // A holder that never releases (a crashed coordinator).
+    std::mem::forget(store.lock(&g).await.unwrap());
+    let t = Instant::now();
+    let err = store.lock(&g).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(2), "bounded wait");
+    // After the hold time it is free again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.lock(&g).await.expect("expired lock taken over");
+}
+
+#[tokio::test]
+async fn redis_lock_release_only_deletes_its_own_token() {
+    let redis = RedisServer::start().unwrap();
+    let config = RedisStoreConfig {
+        urls: vec![redis.url()],
+        key_prefix: unique_prefix(),
+        lock_hold: Duration::from_millis(100),
+        lock_wait: Duration::from_millis(1000),
+        ..RedisStoreConfig::default()
+    };
+    let slow = RedisStore::open(config.clone()).await.unwrap();
+    let other = RedisStore::open(RedisStoreConfig {
+        lock_hold: Duration::from_secs(5),
+        lock_wait: Duration::from_millis(40),
+        ..config
+    })
+    .await
+    .unwrap();
+    let g = LockResource::Group("g".into());
+    let stale = slow.lock(&g).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _current = other.lock(&g).await.unwrap();
+    // The first holder's lock expired; releasing it must not free the current holder's.
+    drop(stale);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = other.lock(&g).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable(_)),
+        "still held: {err}"
+    );
+}
+
+#[tokio::test]
+async fn redis_outage_fails_fast_and_recovers() {
+    let mut redis = RedisServer::start().unwrap();
+    let store = redis_store(vec![redis.url()], false, RedisStoreConfig::default()).await;
+    let (g, _) = docs("g", "s");
+    store.put_group(&g, 0).await.unwrap();
+    redis.kill();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let err = store.load_group("g").await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "no hang: {:?}",
+            t.elapsed()
+        );
+        assert!(store.ping().await.is_err());
+        assert!(store.lock(&LockResource::Group("g".into())).await.is_err());
+    }
+    redis.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "the store reconnects by itself");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Without AOF the data is gone, but the store works again (scripts reloaded too).
+    assert_eq!(store.load_group("g").await.unwrap(), None);
+    assert_eq!(store.put_group(&g, 0).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn redis_store_starts_while_redis_is_down() {
+    let mut redis = RedisServer::start().unwrap();
+    let url = redis.url();
+    redis.kill();
+    let store = redis_store(vec![url], false, RedisStoreConfig::default()).await;
+    assert!(store.ping().await.is_err());
+    redis.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "connects once Redis is up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_mode_mismatch_is_refused_at_start() {
+    let cluster = RedisCluster::shared().unwrap();
+    let err = RedisStore::open(RedisStoreConfig {
+        urls: vec![cluster.urls()[0].clone()],
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("--redis-cluster"), "{err}");
+    let redis = RedisServer::start().unwrap();
+    let err = RedisStore::open(RedisStoreConfig {
+        urls: vec![redis.url()],
+        cluster: true,
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("not a Redis Cluster"), "{err}");
+    let err = RedisStore::open(RedisStoreConfig {
+        key_prefix: "bad{tag}".into(),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("prefix"), "{err}");
+}
+
+#[tokio::test]
+async fn redis_layout_follows_the_spec() {
+    let redis = RedisServer::start().unwrap();
+    let store = RedisStore::open(RedisStoreConfig {
+        urls: vec![redis.url()],
+        key_prefix: "rsc".into(),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let (g, s) = docs("billing", "orders");
+    store.put_stream(&s, 0).await.unwrap();
+    store.put_group(&g, 0).await.unwrap();
+    store.touch("billing", "m1", 1_000).await.unwrap();
+    let _l = store
+        .lock(&LockResource::Group("billing".into()))
+        .await
+        .unwrap();
+    let _k = store
+        .lock(&LockResource::Stream("orders".into()))
+        .await
+        .unwrap();
+    let keys = redis.command("KEYS *").unwrap();
+    for key in [
+        "rsc:group:{billing}",
+        "rsc:stream:{orders}",
+        "rsc:live:{billing}",
+        "rsc:lock:{billing}",
+        "rsc:lock:stream:{orders}",
+        "rsc:groups",
+        "rsc:streams",
+    ] {
+        assert!(keys.contains(key), "{key} missing in {keys}");
+    }
+    assert!(
+        redis
+            .command("HGET rsc:group:{billing} revision")
+            .unwrap()
+            .contains("\r\n1\r\n")
+    );
+}
+
+#[tokio::test]
+async fn redis_cluster_node_outage_fails_fast_and_recovers() {
+    let mut cluster = RedisCluster::start().unwrap();
+    let store = redis_store(cluster.urls(), true, RedisStoreConfig::default()).await;
+    // Groups spread over the three nodes' slots.
+    let groups: Vec<String> = (0..12).map(|i| format!("g{i}")).collect();
+    for g in &groups {
+        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+    }
+    cluster.nodes_mut()[1].kill();
+    let mut failed = 0;
+    for g in &groups {
+        let t = Instant::now();
+        match store.load_group(g).await {
+            Ok(v) => assert_eq!(v.unwrap().revision, 1),
+            Err(e) => {
+                assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+                failed += 1;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "no hang: {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(failed > 0, "some groups live on the stopped node");
+    assert!(failed < groups.len(), "the other nodes still answer");
+    cluster.nodes_mut()[1].restart().unwrap();
+    cluster.wait_ready(Duration::from_secs(20)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for g in &groups {
+        loop {
+            match store.load_group(g).await {
+                Ok(v) => {
+                    // No persistence on the restarted node: its groups are gone, but it
+                    // answers again and takes writes.
+                    if v.is_none() {
+                        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+                    }
+                    break;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
