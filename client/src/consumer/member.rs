@@ -294,7 +294,7 @@ impl MemberRuntime {
             }
             _ if e.is_retryable() => {
                 self.failures += 1;
-                if self.failures == 1 || self.failures % 10 == 0 {
+                if self.failures == 1 || self.failures.is_multiple_of(10) {
                     warn!(error = %e, failures = self.failures, "heartbeat failed; retrying with backoff");
                 } else {
                     debug!(error = %e, failures = self.failures, "heartbeat failed");
