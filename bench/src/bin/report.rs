@@ -55,16 +55,16 @@ fn machine(args: &Args) -> String {
          in the same run.\n\n```text\n$ free -h\n{}\n```\n\n",
         sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         args.mode,
-        args.seconds
-            .map(|s| format!(", {s} s"))
-            .unwrap_or_default(),
+        args.seconds.map(|s| format!(", {s} s")).unwrap_or_default(),
         sh("nproc", &[]),
         sh("uname", &["-r"]),
         args.load_start.trim(),
         load_end.trim(),
         sh("free", &["-h"]),
     );
-    out.push_str("Median of the repetitions with min and max; ratio = median / baseline median.\n\n");
+    out.push_str(
+        "Median of the repetitions with min and max; ratio = median / baseline median.\n\n",
+    );
     out
 }
 

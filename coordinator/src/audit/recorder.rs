@@ -135,6 +135,9 @@ impl MetadataStore for RevisionRecordingStore {
             .touch_if(group, revision, member, now_ms, max_silence_ms)
             .await
     }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        self.inner.group_revision(group).await
+    }
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         self.inner.stream_revision(stream).await
     }

@@ -117,6 +117,9 @@ impl MetadataStore for InstrumentedStore {
         )
         .await
     }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        timed("group_revision", self.inner.group_revision(group)).await
+    }
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         timed("stream_revision", self.inner.stream_revision(stream)).await
     }
