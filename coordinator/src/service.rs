@@ -229,27 +229,27 @@ impl Coordinator {
     /// one only the liveness is read: the sweep runs every 250 ms, and decoding a document of
     /// 1,000 members × 4,096 shards that often cost a third of the steady-heartbeat throughput.
     async fn sweep_view(&self, group: &str) -> Result<Versioned<GroupDoc>> {
-        if let Some(cached) = self.cache.group(group) {
-            if self.store.group_revision(group).await? == Some(cached.revision) {
-                let live = self.store.liveness(group).await?;
-                let mut v = Versioned::clone(&cached);
-                for (id, m) in v.doc.members.iter_mut() {
-                    if let Some(&t) = live.get(id) {
-                        m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
-                    }
+        if let Some(cached) = self.cache.group(group)
+            && self.store.group_revision(group).await? == Some(cached.revision)
+        {
+            let live = self.store.liveness(group).await?;
+            let mut v = Versioned::clone(&cached);
+            for (id, m) in v.doc.members.iter_mut() {
+                if let Some(&t) = live.get(id) {
+                    m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
                 }
-                return Ok(v);
             }
+            return Ok(v);
         }
         self.load_group(group).await
     }
 
     /// The stream's layout version: from the cache while its revision is the stored one.
     async fn layout_version(&self, stream: &str) -> Result<u64> {
-        if let Some(cached) = self.cache.stream(stream) {
-            if self.store.stream_revision(stream).await? == Some(cached.revision) {
-                return Ok(cached.doc.layout_version);
-            }
+        if let Some(cached) = self.cache.stream(stream)
+            && self.store.stream_revision(stream).await? == Some(cached.revision)
+        {
+            return Ok(cached.doc.layout_version);
         }
         Ok(self.load_stream(stream).await?.doc.layout_version)
     }
