@@ -882,6 +882,74 @@ impl MetadataStore for RedisStore {
         .map(|_| ())
     }
 
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let key = self.0.keys.audit();
+        let json = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let (k, j) = (&key, &json);
+        self.run("append_audit", |mut c| async move {
+            redis::cmd("XADD")
+                .arg(k)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(AUDIT_RETAINED)
+                .arg("*")
+                .arg("entry")
+                .arg(j)
+                .query_async::<Value>(&mut c)
+                .await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        const PAGE: usize = 500;
+        let key = self.0.keys.audit();
+        let mut out = Vec::new();
+        let mut end = "+".to_owned();
+        while out.len() < limit {
+            let (k, e) = (&key, &end);
+            let page: Vec<(String, HashMap<String, String>)> = self
+                .run("read_audit", |mut c| async move {
+                    redis::cmd("XREVRANGE")
+                        .arg(k)
+                        .arg(e)
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(PAGE)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            let Some((last, _)) = page.last() else { break };
+            end = format!("({last}");
+            let full = page.len() == PAGE;
+            for (_, fields) in page {
+                // Entries that do not decode (another version's) are skipped, not fatal.
+                let Some(entry) = fields
+                    .get("entry")
+                    .and_then(|j| serde_json::from_str::<AuditEntry>(j).ok())
+                else {
+                    continue;
+                };
+                if filter.matches(&entry) && out.len() < limit {
+                    out.push(entry);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     async fn load_group_live(
         &self,
         group: &str,
@@ -1027,6 +1095,25 @@ impl MetadataStore for RedisStore {
         answer.await.map_err(|_| {
             StoreError::Unavailable("the steady-heartbeat batch was abandoned".into())
         })?
+    }
+
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        let key = self.0.keys.group(group);
+        // A deleted group's tombstone keeps its revision but has no document.
+        let (revision, exists): (Option<u64>, bool) = self
+            .run("revision", |mut c| async move {
+                redis::pipe()
+                    .cmd("HGET")
+                    .arg(&key)
+                    .arg("revision")
+                    .cmd("HEXISTS")
+                    .arg(&key)
+                    .arg("doc")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(revision.filter(|_| exists))
     }
 
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
