@@ -271,6 +271,7 @@ async fn main() -> anyhow::Result<()> {
         .redis_url(redis.url())
         .build()?;
 
+    let mut limit = vec![];
     let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
         (vec![], vec![], vec![], vec![], vec![]);
     for rep in 0..reps {

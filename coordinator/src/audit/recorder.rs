@@ -154,40 +154,6 @@ impl MetadataStore for RevisionRecordingStore {
     ) -> Result<Vec<AuditEntry>, StoreError> {
         self.inner.read_audit(limit, filter).await
     }
-    async fn load_group_live(
-        &self,
-        group: &str,
-    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
-        self.inner.load_group_live(group).await
-    }
-    async fn put_group_live(
-        &self,
-        doc: &GroupDoc,
-        expected: u64,
-        change: &LivenessChange,
-    ) -> Result<u64, StoreError> {
-        let after = self.inner.put_group_live(doc, expected, change).await?;
-        record(format!("group:{}", doc.group), expected, after);
-        Ok(after)
-    }
-    async fn touch_if(
-        &self,
-        group: &str,
-        revision: u64,
-        member: &str,
-        now_ms: u64,
-        max_silence_ms: Option<u64>,
-    ) -> Result<TouchOutcome, StoreError> {
-        self.inner
-            .touch_if(group, revision, member, now_ms, max_silence_ms)
-            .await
-    }
-    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
-        self.inner.stream_revision(stream).await
-    }
-    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
-        self.inner.touch_steady(t).await
-    }
 }
 
 #[cfg(test)]

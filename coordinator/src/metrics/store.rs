@@ -136,43 +136,4 @@ impl MetadataStore for InstrumentedStore {
     ) -> Result<Vec<AuditEntry>, StoreError> {
         timed("read_audit", self.inner.read_audit(limit, filter)).await
     }
-    async fn load_group_live(
-        &self,
-        group: &str,
-    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
-        timed("load_group_live", self.inner.load_group_live(group)).await
-    }
-    async fn put_group_live(
-        &self,
-        doc: &GroupDoc,
-        expected: u64,
-        change: &LivenessChange,
-    ) -> Result<u64, StoreError> {
-        timed(
-            "put_group_live",
-            self.inner.put_group_live(doc, expected, change),
-        )
-        .await
-    }
-    async fn touch_if(
-        &self,
-        group: &str,
-        revision: u64,
-        member: &str,
-        now_ms: u64,
-        max_silence_ms: Option<u64>,
-    ) -> Result<TouchOutcome, StoreError> {
-        timed(
-            "touch_if",
-            self.inner
-                .touch_if(group, revision, member, now_ms, max_silence_ms),
-        )
-        .await
-    }
-    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
-        timed("stream_revision", self.inner.stream_revision(stream)).await
-    }
-    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
-        timed("touch_steady", self.inner.touch_steady(t)).await
-    }
 }
