@@ -264,6 +264,35 @@ impl Coordinator {
         Ok(v)
     }
 
+    /// The group as the expiry sweep needs it. When the cached document is still the stored
+    /// one only the liveness is read: the sweep runs every 250 ms, and decoding a document of
+    /// 1,000 members × 4,096 shards that often cost a third of the steady-heartbeat throughput.
+    async fn sweep_view(&self, group: &str) -> Result<Versioned<GroupDoc>> {
+        if let Some(cached) = self.cache.group(group)
+            && self.store.group_revision(group).await? == Some(cached.revision)
+        {
+            let live = self.store.liveness(group).await?;
+            let mut v = Versioned::clone(&cached);
+            for (id, m) in v.doc.members.iter_mut() {
+                if let Some(&t) = live.get(id) {
+                    m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
+                }
+            }
+            return Ok(v);
+        }
+        self.load_group(group).await
+    }
+
+    /// The stream's layout version: from the cache while its revision is the stored one.
+    async fn layout_version(&self, stream: &str) -> Result<u64> {
+        if let Some(cached) = self.cache.stream(stream)
+            && self.store.stream_revision(stream).await? == Some(cached.revision)
+        {
+            return Ok(cached.doc.layout_version);
+        }
+        Ok(self.load_stream(stream).await?.doc.layout_version)
+    }
+
     async fn load_stream(&self, stream: &str) -> Result<Versioned<StreamDoc>> {
         self.store
             .load_stream(stream)
@@ -705,15 +734,15 @@ impl Coordinator {
         let mut removed = 0;
         let mut failure = None;
         for group in self.store.list_groups().await? {
-            let Ok(v) = self.load_group(&group).await else {
+            let Ok(v) = self.sweep_view(&group).await else {
                 continue;
             };
             let now = self.now();
-            let Ok(stream) = self.load_stream(&v.doc.stream).await else {
+            let Ok(layout_version) = self.layout_version(&v.doc.stream).await else {
                 continue;
             };
             let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now)
-                || v.doc.layout_version != stream.doc.layout_version;
+                || v.doc.layout_version != layout_version;
             if !due {
                 continue;
             }

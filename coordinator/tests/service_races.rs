@@ -6,10 +6,10 @@ use rsc_coordinator::clock::ManualClock;
 use rsc_coordinator::engine::{GroupDoc, StreamDoc};
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
 use rsc_coordinator::store::{
-    LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError, TouchOutcome,
-    Versioned,
+    AuditFilter, LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
+    TouchOutcome, Versioned,
 };
-use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
+use rsc_protocol::{AuditEntry, CreateGroupRequest, HeartbeatRequest};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

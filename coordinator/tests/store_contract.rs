@@ -82,6 +82,11 @@ async fn documents_are_compare_and_set(kind: Kind) {
     let st = &f.store;
     let (mut g, mut s) = docs("billing", "orders");
     assert_eq!(st.load_group("billing").await.unwrap(), None);
+    assert_eq!(
+        st.group_revision("billing").await.unwrap(),
+        None,
+        "a tombstone has no revision to offer"
+    );
     assert_eq!(st.put_stream(&s, 0).await.unwrap(), 1);
     assert_eq!(st.put_group(&g, 0).await.unwrap(), 1);
     assert!(
@@ -99,6 +104,8 @@ async fn documents_are_compare_and_set(kind: Kind) {
     assert_eq!(st.put_stream(&s, 1).await.unwrap(), 2);
     assert_eq!(st.stream_revision("orders").await.unwrap(), Some(2));
     assert_eq!(st.stream_revision("nope").await.unwrap(), None);
+    assert_eq!(st.group_revision("billing").await.unwrap(), Some(2));
+    assert_eq!(st.group_revision("nope").await.unwrap(), None);
     assert_eq!(
         st.load_stream("orders")
             .await

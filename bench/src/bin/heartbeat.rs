@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rsc_bench::{Row, markdown, summarize};
+use rsc_bench::{Row, emit, rss_mib, summarize};
 use rsc_testkit::{CoordinatorProcess, RedisServer};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -38,6 +38,10 @@ struct Args {
     /// Length of one measurement, in ms.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,
+    /// Also report the coordinator's resident memory (VmRSS) once the group is steady
+    /// (P6; goal < 100 MB at 1,000 members x 4,096 shards).
+    #[arg(long)]
+    rss: bool,
 }
 
 /// Builds the request a load loop sends: `(client, worker, iteration)`.
@@ -313,35 +317,54 @@ async fn main() -> Result<()> {
         redis.url()
     );
     let heartbeat_summary = summarize(&hb_rates);
-    print!(
-        "{}",
-        markdown(&[
-            Row {
-                name: "steady heartbeat (redis store) vs GET /healthz".into(),
-                unit: "req/s".into(),
-                value: heartbeat_summary,
-                baseline: Some(summarize(&noop_rates)),
-                goal: "ratio >= 0.5".into(),
-            },
-            Row {
-                name: "Redis commands per steady heartbeat".into(),
-                unit: "cmds".into(),
-                value: summarize(&[per_heartbeat]),
-                baseline: None,
-                goal: "<= 2 (one or two round trips)".into(),
-            },
-            Row {
-                name: format!(
-                    "Redis script calls per heartbeat at {} in flight (batched)",
-                    args.concurrency
-                ),
-                unit: "calls".into(),
-                value: summarize(&[scripts_under_load as f64 / heartbeats_under_load]),
-                baseline: None,
-                goal: "-".into(),
-            },
-        ])
-    );
+    let mut rows = vec![
+        Row {
+            name: format!(
+                "P1 steady heartbeat, redis store ({} members, {} shards, {} in flight) vs GET /healthz",
+                args.members, args.shards, args.concurrency
+            ),
+            unit: "req/s".into(),
+            value: heartbeat_summary,
+            baseline: Some(summarize(&noop_rates)),
+            goal: "ratio >= 0.5".into(),
+        },
+        Row {
+            name: format!(
+                "P1 Redis commands per steady heartbeat ({} members)",
+                args.members
+            ),
+            unit: "cmds".into(),
+            value: summarize(&[per_heartbeat]),
+            baseline: None,
+            goal: "<= 2 (one or two round trips)".into(),
+        },
+        Row {
+            name: format!(
+                "P1 Redis script calls per heartbeat at {} in flight ({} members, batched)",
+                args.concurrency, args.members
+            ),
+            unit: "calls".into(),
+            value: summarize(&[scripts_under_load as f64 / heartbeats_under_load]),
+            baseline: None,
+            goal: "-".into(),
+        },
+    ];
+    if args.rss {
+        let pid = coordinator.pid().context("coordinator pid")?;
+        let mib = rss_mib(pid)?;
+        println!("coordinator VmRSS after the steady phase: {mib:.1} MiB");
+        rows.push(Row {
+            name: format!(
+                "P6 coordinator RSS ({} members x {} shards, redis store, steady)",
+                args.members, args.shards
+            ),
+            unit: "MiB".into(),
+            value: summarize(&[mib]),
+            baseline: None,
+            goal: "< 100 MB".into(),
+        });
+    }
+    emit(&rows)?;
     println!(
         "\ngroup revision {revision_before} -> {revision_after} during the steady phase \
          (unchanged: no document written); commands sent for {heartbeats} heartbeats: {:?}",

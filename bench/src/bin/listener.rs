@@ -17,7 +17,7 @@
 use anyhow::Context;
 use clap::Parser;
 use redis::AsyncCommands;
-use rsc_bench::{Row, markdown, summarize};
+use rsc_bench::{Row, emit, summarize};
 use rsc_client::producer::{Producer, Record};
 use rsc_client::{ConsumerApp, HandlerError, Listener, Message, Raw};
 use rsc_protocol::routing::shard_key;
@@ -227,6 +227,25 @@ async fn listener_consume(
     Ok(n as f64 / elapsed.as_secs_f64())
 }
 
+/// `redis-benchmark` XADD on the same server (pipelined, `clients` connections): the
+/// physical limit of writing entries to this Redis on this machine; entries/s.
+fn redis_benchmark_xadd(port: u16, n: u64, clients: usize) -> anyhow::Result<f64> {
+    let out = std::process::Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
+        .args(["-n", &n.to_string(), "-c", &clients.to_string(), "-P", "64"])
+        .args(["xadd", "rb-limit", "*", "payload", PAYLOAD, "key", "k1"])
+        .output()
+        .context("redis-benchmark (apt-get install redis-tools)")?;
+    anyhow::ensure!(out.status.success(), "redis-benchmark failed: {out:?}");
+    // `-q` prints "<command>: <n> requests per second, p50=..." (after \r progress lines).
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(['\r', '\n'])
+        .filter_map(|l| l.split_once(" requests per second"))
+        .filter_map(|(head, _)| head.rsplit(' ').next()?.parse::<f64>().ok())
+        .next_back()
+        .with_context(|| format!("redis-benchmark output: {text}"))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -252,6 +271,7 @@ async fn main() -> anyhow::Result<()> {
         .redis_url(redis.url())
         .build()?;
 
+    let mut limit = vec![];
     let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
         (vec![], vec![], vec![], vec![], vec![]);
     for rep in 0..reps {
@@ -309,11 +329,14 @@ async fn main() -> anyhow::Result<()> {
             pub_routed[rep], pub_raw[rep], con_listener[rep], con_strict[rep], con_raw[rep]
         );
         let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
+        let port = redis.port();
+        limit.push(tokio::task::spawn_blocking(move || redis_benchmark_xadd(port, n, 4)).await??);
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
     }
     let rows = vec![
         Row {
             name: format!(
-                "listener consume ({} shards, COUNT {}, {n} msgs)",
+                "P3 listener consume ({} shards, COUNT {}, {n} msgs) vs redis-rs loop",
                 args.shards, args.count
             ),
             unit: "msgs/s".into(),
@@ -338,7 +361,21 @@ async fn main() -> anyhow::Result<()> {
             baseline: Some(summarize(&pub_raw)),
             goal: "ratio >= 0.95 (baseline: raw pipelined XADD)".into(),
         },
+        Row {
+            name: "P3 listener consume vs redis-benchmark XADD (physical limit)".into(),
+            unit: "msgs/s".into(),
+            value: summarize(&con_listener),
+            baseline: Some(summarize(&limit)),
+            goal: "- (redis-benchmark -c 4 -P 64 XADD, same server)".into(),
+        },
+        Row {
+            name: "P3 redis-rs XREADGROUP+XACK loop vs redis-benchmark XADD".into(),
+            unit: "msgs/s".into(),
+            value: summarize(&con_raw),
+            baseline: Some(summarize(&limit)),
+            goal: "-".into(),
+        },
     ];
-    println!("{}", markdown(&rows));
+    emit(&rows)?;
     Ok(())
 }

@@ -97,7 +97,7 @@ pub(crate) struct MemberRuntime {
     start: StartPosition,
     shard_count: u32,
     next_heartbeat: Instant,
-    /// A revocation finished: report it with the next heartbeat, at once.
+    /// A revocation finished or shards were started: report it with the next heartbeat, at once.
     report_now: bool,
     /// Strict fencing: the owner token of each assigned shard (empty in lease mode).
     tokens: BTreeMap<u32, String>,
@@ -416,6 +416,10 @@ impl MemberRuntime {
         if !new.is_empty() {
             info!(shards = ?new, "starting shards");
             self.callback(true, new);
+            // Report the shards as owned at once (as KIP-848 members acknowledge a new
+            // assignment), so the group is stable a heartbeat interval sooner.
+            self.next_heartbeat = Instant::now();
+            self.report_now = true;
         }
     }
 

@@ -107,16 +107,6 @@ impl MetadataStore for RevisionRecordingStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        self.inner.append_audit(entry).await
-    }
-    async fn read_audit(
-        &self,
-        limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
-        self.inner.read_audit(limit, filter).await
-    }
     async fn load_group_live(
         &self,
         group: &str,
@@ -145,11 +135,24 @@ impl MetadataStore for RevisionRecordingStore {
             .touch_if(group, revision, member, now_ms, max_silence_ms)
             .await
     }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        self.inner.group_revision(group).await
+    }
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         self.inner.stream_revision(stream).await
     }
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         self.inner.touch_steady(t).await
+    }
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        self.inner.append_audit(entry).await
+    }
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(limit, filter).await
     }
 }
 

@@ -84,16 +84,6 @@ impl MetadataStore for InstrumentedStore {
     async fn ping(&self) -> Result<(), StoreError> {
         timed("ping", self.inner.ping()).await
     }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        timed("append_audit", self.inner.append_audit(entry)).await
-    }
-    async fn read_audit(
-        &self,
-        limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
-        timed("read_audit", self.inner.read_audit(limit, filter)).await
-    }
     async fn load_group_live(
         &self,
         group: &str,
@@ -127,10 +117,23 @@ impl MetadataStore for InstrumentedStore {
         )
         .await
     }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        timed("group_revision", self.inner.group_revision(group)).await
+    }
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         timed("stream_revision", self.inner.stream_revision(stream)).await
     }
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         timed("touch_steady", self.inner.touch_steady(t)).await
+    }
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        timed("append_audit", self.inner.append_audit(entry)).await
+    }
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        timed("read_audit", self.inner.read_audit(limit, filter)).await
     }
 }

@@ -221,6 +221,11 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     ) -> Result<TouchOutcome, StoreError>;
     /// The stored revision of a stream document (`None` when absent).
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError>;
+    /// The stored revision of a group document (`None` when absent), without the document.
+    /// The default loads the document; the Redis store reads the revision alone.
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.load_group(group).await?.map(|v| v.revision))
+    }
 
     /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
     /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no

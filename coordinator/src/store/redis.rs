@@ -1029,6 +1029,25 @@ impl MetadataStore for RedisStore {
         })?
     }
 
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        let key = self.0.keys.group(group);
+        // A deleted group's tombstone keeps its revision but has no document.
+        let (revision, exists): (Option<u64>, bool) = self
+            .run("revision", |mut c| async move {
+                redis::pipe()
+                    .cmd("HGET")
+                    .arg(&key)
+                    .arg("revision")
+                    .cmd("HEXISTS")
+                    .arg(&key)
+                    .arg("doc")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(revision.filter(|_| exists))
+    }
+
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         let key = self.0.keys.stream(stream);
         self.run("revision", |mut c| async move {

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The benchmark suite (issue 8, docs/BENCHMARKS.md): builds in release mode, then runs P1–P6.
+# Every binary starts its own redis-server and rsc-coordinator on free loopback ports and
+# prints its rows; at the end one table gathers them all, with the machine described.
+#
+#   scripts/bench.sh           full run (≥ 5 repetitions each); rewrites the results section
+#                              of docs/BENCHMARKS.md
+#   scripts/bench.sh --quick   smoke run for CI (proves the suite runs; no thresholds;
+#                              docs/BENCHMARKS.md is left alone)
+#
+# Honors CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=""
+case "${1:-}" in
+  --quick) quick="--quick" ;;
+  "") ;;
+  *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
+
+for tool in redis-server redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "$tool is required (apt-get install redis-server redis-tools)" >&2; exit 1; }
+done
+
+echo "== building (release)"
+cargo build --release -q -p rsc-coordinator -p rsc-bench --bins
+bin="${CARGO_TARGET_DIR:-target}/release"
+
+rows="$(mktemp -t rsc-bench-rows.XXXXXX)"
+trap 'rm -f "$rows"' EXIT
+export RSC_BENCH_ROWS="$rows"
+load_start="$(cat /proc/loadavg)"
+start=$(date +%s)
+
+run() { echo; echo "== $*"; "$bin/$@"; }
+
+run assignor $quick
+if [ -n "$quick" ]; then
+  run heartbeat --quick
+  run heartbeat --quick --members 200 --shards 1024 --rss
+else
+  run heartbeat
+  run heartbeat --members 1000 --shards 4096 --rss
+fi
+run listener $quick
+run lifecycle $quick
+
+seconds=$(( $(date +%s) - start ))
+if [ -n "$quick" ]; then
+  "$bin/report" "$rows" --mode quick --load-start "$load_start" --seconds "$seconds"
+else
+  "$bin/report" "$rows" --mode full --load-start "$load_start" --seconds "$seconds" \
+    --write docs/BENCHMARKS.md
+fi
