@@ -5,8 +5,8 @@
 #
 #   scripts/bench.sh           full run (≥ 5 repetitions each); rewrites the results section
 #                              of docs/BENCHMARKS.md
-#   scripts/bench.sh --quick   smoke run for CI (proves the suite runs; no thresholds;
-#                              docs/BENCHMARKS.md is left alone)
+#   scripts/bench.sh --quick   smoke run for CI (proves the suite runs, on debug binaries;
+#                              no thresholds; docs/BENCHMARKS.md is left alone)
 #
 # Honors CARGO_TARGET_DIR.
 set -euo pipefail
@@ -23,9 +23,17 @@ for tool in redis-server redis-cli redis-benchmark; do
   command -v "$tool" >/dev/null || { echo "$tool is required (apt-get install redis-server redis-tools)" >&2; exit 1; }
 done
 
-echo "== building (release)"
-cargo build --release -q -p rsc-coordinator -p rsc-bench --bins
-bin="${CARGO_TARGET_DIR:-target}/release"
+# Figures come from release builds. The quick pass only proves the suite runs, so it uses the
+# debug binaries the tests already built (RSC_BENCH_PROFILE=release to change that).
+profile=release
+[ -n "$quick" ] && profile="${RSC_BENCH_PROFILE:-debug}"
+echo "== building ($profile)"
+if [ "$profile" = release ]; then
+  cargo build --release -q --workspace --bins
+else
+  cargo build -q --workspace --bins
+fi
+bin="${CARGO_TARGET_DIR:-target}/$profile"
 
 rows="$(mktemp -t rsc-bench-rows.XXXXXX)"
 trap 'rm -f "$rows"' EXIT

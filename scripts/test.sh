@@ -2,7 +2,7 @@
 # Runs every test of the project on a fresh machine: installs what the tests need when it is
 # missing (redis-server, chromium, curl; schemathesis and the Docker base images install
 # themselves), builds every binary the end-to-end tests spawn, runs the whole test suite, the
-# API fuzzing, the container smoke test, then the lints. Tests start their own redis-server / coordinator processes on free
+# API fuzzing, the container smoke test, a quick pass of the benchmarks, then the lints. Tests start their own redis-server / coordinator processes on free
 # loopback ports; nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,9 @@ scripts/schemathesis.sh
 
 echo "== containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
 docker/smoke.sh
+
+echo "== benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
+scripts/bench.sh --quick
 
 echo "== lint"
 cargo fmt --all -- --check
