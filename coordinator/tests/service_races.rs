@@ -67,14 +67,14 @@ impl MetadataStore for GatedStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
-    async fn append_audit(&self, entry: &rsc_protocol::AuditEntry) -> Result<(), StoreError> {
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         self.inner.append_audit(entry).await
     }
     async fn read_audit(
         &self,
         limit: usize,
-        filter: &rsc_coordinator::store::AuditFilter,
-    ) -> Result<Vec<rsc_protocol::AuditEntry>, StoreError> {
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
         self.inner.read_audit(limit, filter).await
     }
     async fn load_group_live(
