@@ -256,11 +256,7 @@ impl Coordinator {
             self.cache.forget_group(group);
             return Err(ServiceError::GroupNotFound(group.to_owned()));
         };
-        for (id, m) in v.doc.members.iter_mut() {
-            if let Some(&t) = live.get(id) {
-                m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
-            }
-        }
+        overlay_liveness(&mut v.doc, &live);
         Ok(v)
     }
 
@@ -273,11 +269,7 @@ impl Coordinator {
         {
             let live = self.store.liveness(group).await?;
             let mut v = Versioned::clone(&cached);
-            for (id, m) in v.doc.members.iter_mut() {
-                if let Some(&t) = live.get(id) {
-                    m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
-                }
-            }
+            overlay_liveness(&mut v.doc, &live);
             return Ok(v);
         }
         self.load_group(group).await
@@ -949,6 +941,15 @@ fn expire(
         })
         .collect();
     (events, expired)
+}
+
+/// Liveness lives beside the document: a member was last heard from at the later of the two.
+fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
+    for (id, m) in doc.members.iter_mut() {
+        if let Some(&t) = live.get(id) {
+            m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
+        }
+    }
 }
 
 /// Members an update removed: their liveness goes with them.
