@@ -6,7 +6,6 @@ use crate::consumer::{MemberShared, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
 use crate::listener::Listener;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
 use std::collections::HashMap;
@@ -115,9 +114,15 @@ impl ConsumerAppBuilder {
         self
     }
 
-    /// The data Redis URL.
+    /// The data Redis URL (with [`Self::redis_cluster`], seed nodes, comma-separated).
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
         self.config.redis_url = url.into();
+        self
+    }
+
+    /// Whether the data Redis is a Redis Cluster (default: `RSC_REDIS_CLUSTER`, else no).
+    pub fn redis_cluster(mut self, cluster: bool) -> Self {
+        self.config.redis_cluster = cluster;
         self
     }
 
@@ -161,9 +166,7 @@ impl ConsumerAppBuilder {
                     .into(),
             )
         })?;
-        redis::Client::open(cfg.redis_url.as_str()).map_err(|e| {
-            ClientError::Config(format!("invalid Redis URL {:?}: {e}", cfg.redis_url))
-        })?;
+        cfg.data_redis()?;
         if self.listeners.is_empty() {
             return Err(ClientError::Config(
                 "no listeners: annotate an async fn with #[stream_listener] or add one with \
@@ -248,13 +251,8 @@ impl ConsumerApp {
         signal: impl Future<Output = ()> + Send,
     ) -> Result<(), ClientError> {
         let cfg = &self.config;
-        let redis = redis::Client::open(cfg.redis_url.as_str())?;
-        let ack_conn = ConnectionManager::new_lazy_with_config(
-            redis.clone(),
-            ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(5)))
-                .set_connection_timeout(Some(Duration::from_secs(2))),
-        )?;
+        let redis = cfg.data_redis()?;
+        let ack_conn = redis.shared();
         let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
         let instance = cfg.instance_id.clone().unwrap_or_default();
         let shutdown = self.handle.shutdown.clone();

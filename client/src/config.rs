@@ -1,6 +1,7 @@
 //! Where the client finds the coordinator and Redis, and who it is: from the environment or
 //! set by hand.
 
+use crate::data::DataRedis;
 use crate::error::ClientError;
 
 /// Connection settings shared by consumers and producers.
@@ -8,8 +9,11 @@ use crate::error::ClientError;
 pub struct ClientConfig {
     /// Coordinator base URLs (`http://host:port`), tried in order on failure.
     pub coordinator_urls: Vec<String>,
-    /// The data Redis (`redis://host:port`).
+    /// The data Redis (`redis://host:port`); with [`Self::redis_cluster`], one or more seed
+    /// nodes of the cluster, comma-separated.
     pub redis_url: String,
+    /// The data Redis is a Redis Cluster.
+    pub redis_cluster: bool,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
     /// This process's identity in member ids: the pod IP, else the pod name.
@@ -28,6 +32,7 @@ impl Default for ClientConfig {
         ClientConfig {
             coordinator_urls: Vec::new(),
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_cluster: false,
             token: None,
             instance_id: None,
             host: None,
@@ -37,8 +42,9 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
-    /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL`, `RSC_TOKEN`,
-    /// `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`).
+    /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
+    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `POD_IP` and `POD_NAME`
+    /// (falling back to `HOSTNAME`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -52,6 +58,9 @@ impl ClientConfig {
         if let Some(url) = get("RSC_REDIS_URL") {
             cfg.redis_url = url;
         }
+        cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
+            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+        });
         cfg.token = get("RSC_TOKEN");
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
         cfg.instance_id = get("POD_IP").or_else(|| cfg.host.clone());
@@ -67,6 +76,14 @@ impl ClientConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl ClientConfig {
+    /// The data Redis these settings name (checked; connected on first use).
+    pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
+        DataRedis::open(&split_urls(&self.redis_url), self.redis_cluster)
+            .map_err(ClientError::Config)
     }
 }
 
@@ -90,6 +107,7 @@ mod tests {
             ("RSC_COORDINATOR_URL", "http://a:1, http://b:2,"),
             ("RSC_REDIS_URL", "redis://r:7"),
             ("RSC_TOKEN", "t"),
+            ("RSC_REDIS_CLUSTER", "true"),
             ("POD_NAME", "pod-1"),
         ]
         .into();
@@ -97,9 +115,25 @@ mod tests {
         assert_eq!(cfg.coordinator_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(cfg.redis_url, "redis://r:7");
         assert_eq!(cfg.token.as_deref(), Some("t"));
+        assert!(cfg.redis_cluster);
         assert_eq!(cfg.instance_id.as_deref(), Some("pod-1"));
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());
+        assert!(!cfg.redis_cluster);
+    }
+
+    #[test]
+    fn several_redis_urls_only_for_a_cluster() {
+        let mut cfg = ClientConfig {
+            redis_url: "redis://a:1, redis://b:2".into(),
+            ..ClientConfig::default()
+        };
+        let err = cfg.data_redis().unwrap_err().to_string();
+        assert!(err.contains("only accepted with Redis Cluster"), "{err}");
+        cfg.redis_cluster = true;
+        assert!(cfg.data_redis().unwrap().is_cluster());
+        cfg.redis_url = "not a url".into();
+        assert!(cfg.data_redis().is_err());
     }
 }

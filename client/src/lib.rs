@@ -72,6 +72,7 @@ mod app;
 mod config;
 mod consumer;
 mod coordinator;
+mod data;
 mod error;
 mod handler;
 mod listener;

@@ -2,7 +2,6 @@
 
 use crate::error::ClientError;
 use crate::handler::BoxError;
-use redis::aio::ConnectionManager;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -97,7 +96,7 @@ pub(crate) struct Origin {
     pub(crate) shard_key: String,
     pub(crate) member_id: String,
     /// Where manual acknowledgements go (`None` in [`Message::test`] messages).
-    pub(crate) ack_conn: Option<ConnectionManager>,
+    pub(crate) ack_conn: Option<crate::data::SharedConn>,
     /// The shard's fencing state (owner token), for guarded manual acknowledgements.
     pub(crate) fence: Option<Arc<crate::consumer::worker::ShardFlags>>,
 }

@@ -4,9 +4,11 @@
 //! - **consume**: a `ConsumerApp` with one member reading a pre-filled stream of S shards
 //!   (XAUTOCLAIM, XREADGROUP COUNT c, handler, XACK) against one task per shard running a bare
 //!   `XREADGROUP COUNT c` + `XACK` loop. Goal: ratio ≥ 0.9.
-//! - **strict fencing**: the same listener on a group with `fencing: "strict"` (guarded read
-//!   and ack scripts, owner tokens) against a group with `fencing: "lease"` on the same
-//!   pre-filled stream. Goal: ratio ≥ 0.9.
+//! - **strict fencing**: the same listener on a group with `fencing: "strict"` (guarded
+//!   reads as `WATCH`ed transactions, owner tokens) against a group with `fencing: "lease"`
+//!   on the same pre-filled stream, in alternating order. Goal: ratio ≥ 0.9. Beside the rate,
+//!   the Redis server's CPU time per 1,000 messages of each (`INFO cpu`), which the machine's
+//!   other load does not move.
 //! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
 //!   pipeline of the same XADDs. Goal: ratio ≥ 0.95.
 //!
@@ -188,6 +190,39 @@ async fn raw_consume(
     Ok(n as f64 / elapsed.unwrap_or_default().as_secs_f64())
 }
 
+/// The Redis server's CPU time so far (`used_cpu_user + used_cpu_sys`), in seconds.
+async fn redis_cpu(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(':')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .with_context(|| format!("INFO cpu without {name}"))
+    };
+    Ok(field("used_cpu_user")? + field("used_cpu_sys")?)
+}
+
+/// [`listener_consume`], with the Redis server's CPU milliseconds per 1,000 messages.
+async fn listener_consume_cpu(
+    con: &mut redis::aio::MultiplexedConnection,
+    coordinator: &str,
+    redis_url: &str,
+    stream: &str,
+    group: &str,
+    n: u64,
+    count: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let before = redis_cpu(con).await?;
+    let rate = listener_consume(coordinator, redis_url, stream, group, n, count).await?;
+    let cpu = redis_cpu(con).await? - before;
+    Ok((rate, cpu * 1e3 / (n as f64 / 1e3)))
+}
+
 /// A `ConsumerApp` with one member of `group` until `n` messages were handled; msgs/s.
 async fn listener_consume(
     coordinator: &str,
@@ -274,6 +309,7 @@ async fn main() -> anyhow::Result<()> {
     let mut limit = vec![];
     let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut con_lease, mut cpu_lease, mut cpu_strict) = (vec![], vec![], vec![]);
     for rep in 0..reps {
         // Publish: both write the same messages to their own stream.
         let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
@@ -321,12 +357,35 @@ async fn main() -> anyhow::Result<()> {
             con_raw
                 .push(raw_consume(&client, &stream, &raw_group, args.shards, n, args.count).await?);
         }
-        con_strict.push(
-            listener_consume(&url, &redis.url(), &stream, &strict_group, n, args.count).await?,
-        );
+        // Strict against lease on the same stream, alternating which goes first.
+        let mut strict = (0.0, 0.0);
+        let mut lease = (0.0, 0.0);
+        let lease_group = format!("lg-{rep}");
+        create_group(&http, &url, &lease_group, &stream, args.shards, "lease").await?;
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let (g, out) = if first {
+                (&strict_group, &mut strict)
+            } else {
+                (&lease_group, &mut lease)
+            };
+            *out = listener_consume_cpu(&mut con, &url, &redis.url(), &stream, g, n, args.count)
+                .await?;
+        }
+        con_strict.push(strict.0);
+        con_lease.push(lease.0);
+        cpu_strict.push(strict.1);
+        cpu_lease.push(lease.1);
         eprintln!(
-            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} (strict fencing {:.0}) raw {:.0} msgs/s",
-            pub_routed[rep], pub_raw[rep], con_listener[rep], con_strict[rep], con_raw[rep]
+            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0}; \
+             strict fencing {:.0} lease {:.0} msgs/s, Redis CPU {:.1} / {:.1} ms per 1k",
+            pub_routed[rep],
+            pub_raw[rep],
+            con_listener[rep],
+            con_raw[rep],
+            con_strict[rep],
+            con_lease[rep],
+            cpu_strict[rep],
+            cpu_lease[rep]
         );
         let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
         let port = redis.port();
@@ -351,8 +410,15 @@ async fn main() -> anyhow::Result<()> {
             ),
             unit: "msgs/s".into(),
             value: summarize(&con_strict),
-            baseline: Some(summarize(&con_listener)),
+            baseline: Some(summarize(&con_lease)),
             goal: "ratio >= 0.9 (baseline: the same listener with lease-only fencing)".into(),
+        },
+        Row {
+            name: "Redis CPU per 1,000 messages consumed, strict fencing vs lease".into(),
+            unit: "ms".into(),
+            value: summarize(&cpu_strict),
+            baseline: Some(summarize(&cpu_lease)),
+            goal: "- (INFO cpu of the Redis server, same stream, same run)".into(),
         },
         Row {
             name: format!("routed publish_batch (batch {}, {n} msgs)", args.batch),

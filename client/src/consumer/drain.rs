@@ -8,7 +8,7 @@
 //! coordinator retires the shard, the worker keeps reading it.
 
 use redis::RedisError;
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use redis::streams::StreamInfoGroupsReply;
 
 /// What the data Redis says about one shard for one group.
@@ -54,7 +54,7 @@ fn parse_id(id: &str) -> Option<(u64, u64)> {
 /// Reads the drain state of `key` for `group` in one round trip (`XINFO GROUPS`,
 /// `XREVRANGE key + - COUNT 1`).
 pub(crate) async fn drain_state(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl ConnectionLike + Send),
     key: &str,
     group: &str,
 ) -> Result<DrainState, RedisError> {

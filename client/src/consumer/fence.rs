@@ -1,29 +1,44 @@
-//! Strict fencing on the data path (issue 10): reads, takeovers and acknowledgements go
-//! through Lua scripts that first compare the member's owner token with
-//! `{<shard key>}:owner:<group>`, which the coordinator writes before it tells a member of a
-//! grant. A member whose shard moved on (paused past its session, cut off from the
-//! coordinator) is refused by Redis itself: its read returns no entry, its `XACK` does not land.
+//! Strict fencing on the data path (issue 10): reads, takeovers and acknowledgements are
+//! made only while the member's owner token is the one in `{<shard key>}:owner:<group>`,
+//! which the coordinator writes before it tells a member of a grant. A member whose shard
+//! moved on (paused past its session, cut off from the coordinator) is refused by Redis
+//! itself: its read returns no entry, its `XACK` does not land.
 //!
-//! Scripts run with `EVALSHA` and are loaded on `NOSCRIPT` ([`redis::Script`]). The owner key
-//! shares the shard key's cluster slot (hash tag), so each script touches one slot.
+//! - **Reads** are a `WATCH`ed transaction on the worker's own connection ([`Guard`]):
+//!   `WATCH owner` + `GET owner` once, then per batch one round trip of
+//!   `MULTI, XACK <previous batch>, XREADGROUP, XREVRANGE + - COUNT 1, EXEC, WATCH owner,
+//!   GET owner`. The transaction runs only if the owner key was not written since the `GET`
+//!   that showed our token; the trailing `WATCH` + `GET` arm the next one. Unlike a Lua
+//!   script, Redis does not copy the entries into and out of a Lua interpreter, so a guarded
+//!   read costs Redis about what a plain `XREADGROUP` does.
+//! - **Takeovers and acknowledgements** outside a read are short Lua scripts (`EVALSHA`,
+//!   loaded on `NOSCRIPT` by [`redis::Script`]).
+//!
+//! The owner key shares the shard key's cluster slot (hash tag), so each transaction or
+//! script touches one slot.
 
+use crate::data::NodeConn;
 use crate::message::Origin;
-use redis::aio::ConnectionManager;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::aio::ConnectionLike;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
 use redis::{RedisError, Script, Value};
 use std::sync::LazyLock;
 
-static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/read.lua")));
 static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/ack.lua")));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/claim.lua")));
+
+/// How many times a read is tried again when the owner key was written between the check
+/// and the transaction and still holds our token (a repair writing the same token is not a
+/// write: the coordinator's script leaves an equal token alone).
+const WATCH_RETRIES: usize = 3;
 
 /// What a guarded read found.
 pub(crate) enum Read {
     /// The token is not the shard's any more.
     Fenced,
-    /// New entries (now pending for this member).
+    /// Entries (pending for this member now).
     Entries(Vec<StreamId>),
-    /// Nothing new; the stream's last entry id, to wake on (`XREAD BLOCK … <id>`).
+    /// Nothing; the stream's last entry id, to wake on (`XREAD BLOCK … <id>`).
     Idle(String),
 }
 
@@ -48,59 +63,151 @@ fn status(v: &Value) -> Option<String> {
 fn unexpected(what: &str) -> RedisError {
     RedisError::from((
         redis::ErrorKind::Client,
-        "unexpected guarded script reply",
+        "unexpected guarded read reply",
         what.to_owned(),
     ))
 }
 
-/// Acknowledges `acks`, then reads up to `count` new entries, if `token` is the shard's.
-pub(crate) async fn read(
-    conn: &mut ConnectionManager,
-    origin: &Origin,
-    token: &str,
-    acks: &[String],
-    count: usize,
-) -> Result<Read, RedisError> {
-    let mut inv = READ.prepare_invoke();
-    inv.key(owner_key(origin))
-        .key(&origin.shard_key)
-        .arg(token)
-        .arg(&origin.group)
-        .arg(&origin.member_id)
-        .arg(count);
-    for id in acks {
-        inv.arg(id);
+fn server_error(v: &Value) -> Option<RedisError> {
+    match v {
+        Value::ServerError(e) => Some(e.clone().into()),
+        _ => None,
     }
-    let reply: Vec<Value> = inv.invoke_async(conn).await?;
-    let mut it = reply.into_iter();
-    let head = it.next().as_ref().and_then(status);
-    match head.as_deref() {
-        Some("fenced") => {
-            refused("read", origin);
-            Ok(Read::Fenced)
+}
+
+/// The guarded read of one shard worker: remembers on which connection a `WATCH` of the
+/// owner key is armed with our token seen.
+pub(crate) struct Guard {
+    key: String,
+    /// The [`NodeConn::generation`] whose `WATCH` saw our token last.
+    armed: Option<u64>,
+}
+
+impl Guard {
+    pub(crate) fn new(origin: &Origin) -> Self {
+        Guard {
+            key: owner_key(origin),
+            armed: None,
         }
-        Some("entries") => {
-            let v = it
-                .next()
-                .ok_or_else(|| unexpected("entries without a body"))?;
-            let r: StreamReadReply = redis::from_redis_value(v)?;
-            Ok(Read::Entries(
-                r.keys.into_iter().flat_map(|k| k.ids).collect(),
-            ))
+    }
+
+    /// `WATCH owner` + `GET owner`; `true` when the token is ours (the watch is then armed).
+    async fn arm(&mut self, conn: &mut NodeConn, token: &str) -> Result<bool, RedisError> {
+        self.armed = None;
+        let mut pipe = redis::pipe();
+        pipe.cmd("WATCH").arg(&self.key).ignore();
+        pipe.cmd("GET").arg(&self.key);
+        let (current,): (Option<String>,) = pipe.query_async(conn).await?;
+        let ours = current.as_deref() == Some(token);
+        if ours {
+            self.armed = Some(conn.generation());
         }
-        Some("idle") => Ok(Read::Idle(
-            it.next()
-                .as_ref()
-                .and_then(status)
-                .unwrap_or_else(|| "0-0".to_owned()),
-        )),
-        _ => Err(unexpected("unknown status")),
+        Ok(ours)
+    }
+
+    /// Acknowledges `acks`, then reads up to `count` entries after `from` (`>`: new ones;
+    /// an id: this member's own pending ones), if `token` is the shard's.
+    pub(crate) async fn read(
+        &mut self,
+        conn: &mut NodeConn,
+        origin: &Origin,
+        token: &str,
+        acks: &[String],
+        from: &str,
+        count: usize,
+    ) -> Result<Read, RedisError> {
+        for _ in 0..WATCH_RETRIES {
+            let generation = match self.armed {
+                Some(g) if g == conn.generation() => g,
+                _ => {
+                    if !self.arm(conn, token).await? {
+                        refused("read", origin);
+                        return Ok(Read::Fenced);
+                    }
+                    conn.generation()
+                }
+            };
+            let mut pipe = redis::pipe();
+            pipe.cmd("MULTI");
+            if !acks.is_empty() {
+                pipe.cmd("XACK")
+                    .arg(&origin.shard_key)
+                    .arg(&origin.group)
+                    .arg(acks);
+            }
+            pipe.cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&origin.group)
+                .arg(&origin.member_id)
+                .arg("COUNT")
+                .arg(count)
+                .arg("STREAMS")
+                .arg(&origin.shard_key)
+                .arg(from);
+            pipe.cmd("XREVRANGE")
+                .arg(&origin.shard_key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+            pipe.cmd("EXEC");
+            pipe.cmd("WATCH").arg(&self.key);
+            pipe.cmd("GET").arg(&self.key);
+            self.armed = None;
+            let Some(mut values) = conn.pipeline_on(generation, &pipe).await? else {
+                continue; // the connection of the WATCH is gone: arm a new one
+            };
+            if values.len() != pipe.len() {
+                return Err(unexpected("reply count"));
+            }
+            let current = values.pop().and_then(|v| status(&v));
+            if current.as_deref() == Some(token) {
+                self.armed = Some(generation);
+            }
+            values.pop(); // WATCH
+            let exec = values.pop().unwrap_or(Value::Nil);
+            if let Some(e) = values.iter().find_map(server_error) {
+                // MULTI or a queued command was refused (e.g. MOVED, after which the
+                // connection follows the redirection).
+                return Err(e);
+            }
+            let items = match exec {
+                // The owner key was written since it was checked: check it again.
+                Value::Nil => continue,
+                Value::Array(items) => items,
+                other => return Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
+            };
+            let mut items = items.into_iter().skip(usize::from(!acks.is_empty()));
+            let (Some(read), Some(last)) = (items.next(), items.next()) else {
+                return Err(unexpected("EXEC reply count"));
+            };
+            if let Some(e) = server_error(&read) {
+                return Err(e); // e.g. NOGROUP
+            }
+            let read: Option<StreamReadReply> = redis::from_redis_value(read)?;
+            let entries: Vec<StreamId> = read
+                .into_iter()
+                .flat_map(|r| r.keys)
+                .flat_map(|k| k.ids)
+                .collect();
+            if !entries.is_empty() {
+                return Ok(Read::Entries(entries));
+            }
+            let last: StreamRangeReply = redis::from_redis_value(last)?;
+            return Ok(Read::Idle(
+                last.ids
+                    .into_iter()
+                    .next()
+                    .map_or_else(|| "0-0".to_owned(), |e| e.id),
+            ));
+        }
+        Err(unexpected("the owner key keeps changing"))
     }
 }
 
 /// Acknowledges `ids` if `token` is the shard's; `false` when refused.
 pub(crate) async fn ack(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl ConnectionLike + Send),
     origin: &Origin,
     token: &str,
     ids: &[String],
@@ -122,7 +229,7 @@ pub(crate) async fn ack(
 
 /// `XAUTOCLAIM … 0 <cursor> COUNT <count>` if `token` is the shard's; `None` when refused.
 pub(crate) async fn claim(
-    conn: &mut ConnectionManager,
+    conn: &mut (impl ConnectionLike + Send),
     origin: &Origin,
     token: &str,
     cursor: &str,

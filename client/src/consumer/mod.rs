@@ -8,7 +8,8 @@
 //!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
 //!   dead letters, acknowledgements.
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
-//! - [`fence`]: strict fencing: the guarded read, takeover and acknowledgement scripts.
+//! - [`fence`]: strict fencing: the guarded read (a `WATCH`ed transaction), takeover and
+//!   acknowledgement scripts.
 
 pub(crate) mod backoff;
 pub(crate) mod drain;
@@ -17,9 +18,9 @@ pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;
 
+use crate::data::{DataRedis, SharedConn};
 use crate::listener::Listener;
 use metrics::{Counter, Gauge, Histogram};
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
 /// What every shard worker of one member shares.
@@ -28,9 +29,11 @@ pub(crate) struct MemberShared {
     pub(crate) stream: String,
     pub(crate) member_id: String,
     pub(crate) listener: Listener,
-    pub(crate) redis: redis::Client,
-    /// For manual acknowledgements (never blocked by a read).
-    pub(crate) ack_conn: ConnectionManager,
+    /// The data Redis (workers open their own connections to it).
+    pub(crate) redis: DataRedis,
+    /// The shared connection: manual acknowledgements, dead letters, drain checks (never
+    /// blocked by a read).
+    pub(crate) ack_conn: SharedConn,
     /// `true` while the listener is paused.
     pub(crate) paused: watch::Receiver<bool>,
     pub(crate) metrics: WorkerMetrics,

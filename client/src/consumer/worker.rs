@@ -4,7 +4,11 @@
 //! (`XGROUP CREATE … MKSTREAM`, `BUSYGROUP` is fine), take over every entry still pending in
 //! the group (`XAUTOCLAIM` with min-idle 0, cursor loop until `0-0`; safe because the
 //! coordinator gives a shard to one member at a time), then read new entries
-//! (`XREADGROUP … BLOCK … STREAMS key >`) on its own connection.
+//! (`XREADGROUP … BLOCK … STREAMS key >`) on its own connection, to the node that serves the
+//! shard (see [`crate::data::NodeConn`]). After a failed read whose reply may have been lost
+//! (a timeout, a dropped connection), the worker first reads its own pending entries again
+//! (`XREADGROUP … STREAMS key 0`): entries Redis delivered into a lost reply are not left
+//! pending until the next takeover.
 //!
 //! Entries are handled one at a time, in stream order, so the order of one key's messages is
 //! kept within a shard. A stop request (revocation, self-fence, shutdown) lets the handler in
@@ -14,11 +18,11 @@
 use super::MemberShared;
 use super::backoff::{Backoff, retry_delay};
 use super::fence;
+use crate::data::NodeConn;
 use crate::handler::{FailureAction, HandlerError};
 use crate::listener::AckMode;
 use crate::message::{Entry, Origin};
 use futures::FutureExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{StreamAutoClaimReply, StreamInfoGroupsReply, StreamReadReply};
 use redis::{RedisError, Value};
 use rsc_protocol::StartPosition;
@@ -85,6 +89,9 @@ pub(crate) struct ShardWorker {
     lag_at: Option<Instant>,
     /// Entries handled (or dead-lettered) and not yet acknowledged.
     acks: Vec<String>,
+    /// Read this member's own pending entries after this id before new ones (set after a
+    /// read whose reply may have been lost).
+    pending_from: Option<String>,
 }
 
 enum Outcome {
@@ -123,6 +130,7 @@ impl ShardWorker {
             lag,
             lag_at: None,
             acks: Vec::new(),
+            pending_from: None,
         }
     }
 
@@ -135,30 +143,12 @@ impl ShardWorker {
         shard
     }
 
-    fn connect(&self) -> Result<ConnectionManager, RedisError> {
+    async fn work(mut self) {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         // Every worker has its own connection: a blocked XREADGROUP would stall any command
         // queued behind it. The response timeout must exceed BLOCK (CRATES.md).
         let block = self.shared.listener.settings.block;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(block + Duration::from_secs(5)))
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_max_delay(Duration::from_secs(2));
-        ConnectionManager::new_lazy_with_config(self.shared.redis.clone(), config)
-    }
-
-    async fn work(mut self) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let mut conn = loop {
-            match self.connect() {
-                Ok(c) => break c,
-                Err(e) => {
-                    warn!(error = %e, "cannot set up a Redis connection");
-                    if !self.pause_for(backoff.next_delay()).await {
-                        return;
-                    }
-                }
-            }
-        };
+        let mut conn = self.shared.redis.dedicated(block + Duration::from_secs(5));
         info!("shard worker started");
         if !self.ensure_group(&mut conn, &mut backoff).await {
             return;
@@ -209,7 +199,7 @@ impl ShardWorker {
 
     /// `XGROUP CREATE <key> <group> <start> MKSTREAM`, retried until it works or the worker
     /// is stopped.
-    async fn ensure_group(&self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+    async fn ensure_group(&self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
         loop {
             if self.stop.is_cancelled() {
                 return false;
@@ -247,7 +237,7 @@ impl ShardWorker {
 
     /// Takes over and handles every entry pending in the group on this shard. `false` when
     /// stopped.
-    async fn claim_pending(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+    async fn claim_pending(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
         let mut cursor = "0-0".to_owned();
         let mut claimed_total = 0usize;
         loop {
@@ -322,11 +312,7 @@ impl ShardWorker {
     }
 
     /// Redis's delivery counts of entries this member now holds (after a claim).
-    async fn delivery_counts(
-        &self,
-        conn: &mut ConnectionManager,
-        ids: &[String],
-    ) -> Vec<(String, u64)> {
+    async fn delivery_counts(&self, conn: &mut NodeConn, ids: &[String]) -> Vec<(String, u64)> {
         let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
             return Vec::new();
         };
@@ -349,22 +335,38 @@ impl ShardWorker {
         }
     }
 
+    /// The next read's id: `>` (new entries), or this member's own pending entries after
+    /// an id while recovering from a lost reply.
+    fn read_from(&self) -> String {
+        self.pending_from.clone().unwrap_or_else(|| ">".to_owned())
+    }
+
+    /// After a successful read of `entries` (their last id): moves on through this member's
+    /// own pending entries, or back to new ones when none are left.
+    fn advance(&mut self, last: Option<&str>) {
+        if self.pending_from.is_some() {
+            match last {
+                Some(id) => self.pending_from = Some(id.to_owned()),
+                None => {
+                    info!("re-read this member's pending entries after a lost reply");
+                    self.pending_from = None;
+                }
+            }
+        }
+    }
+
+    /// After a failed read: its reply (entries now pending for this member) may be lost.
+    fn read_failed(&mut self) {
+        if self.pending_from.is_none() {
+            self.pending_from = Some("0".to_owned());
+        }
+    }
+
     /// Reads and handles new entries until stopped.
     /// `true` when the group switched to strict fencing (continue with [`Self::read_guarded`]).
-    async fn read_new(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+    async fn read_new(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
         let settings = &self.shared.listener.settings;
         let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.origin.group)
-            .arg(&self.origin.member_id)
-            .arg("COUNT")
-            .arg(count)
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS")
-            .arg(&self.origin.shard_key)
-            .arg(">");
         loop {
             if self.flags.token().is_some() {
                 // Switched to strict fencing: acknowledgements and reads go guarded from now.
@@ -377,6 +379,17 @@ impl ShardWorker {
                 self.flush_acks(conn).await;
                 return false;
             }
+            let from = self.read_from();
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg("GROUP")
+                .arg(&self.origin.group)
+                .arg(&self.origin.member_id)
+                .arg("COUNT")
+                .arg(count);
+            if from == ">" {
+                cmd.arg("BLOCK").arg(block_ms);
+            }
+            cmd.arg("STREAMS").arg(&self.origin.shard_key).arg(&from);
             // The previous batch's acknowledgements travel in the same round trip as the next
             // read (XACK first, then XREADGROUP).
             let acks = std::mem::take(&mut self.acks);
@@ -419,8 +432,11 @@ impl ShardWorker {
                         .flat_map(|k| k.ids)
                         .map(|s| entry_from(s.id, s.map, 1))
                         .collect();
+                    self.advance(entries.last().map(|e| e.id.as_str()));
                     if entries.is_empty() {
-                        self.idle(conn).await;
+                        if from == ">" {
+                            self.idle(conn).await;
+                        }
                     } else {
                         self.flags.drained.store(false, Ordering::Relaxed);
                         if !self.handle_batch(conn, entries, false).await {
@@ -431,12 +447,14 @@ impl ShardWorker {
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+                    self.pending_from = None;
                     if !self.ensure_group(conn, backoff).await {
                         return false;
                     }
                 }
                 Err(e) => {
                     warn!(error = %e, "XREADGROUP failed; retrying");
+                    self.read_failed();
                     if !self.pause_for(backoff.next_delay()).await {
                         return false;
                     }
@@ -445,13 +463,15 @@ impl ShardWorker {
         }
     }
 
-    /// Strict fencing: reads and acknowledges through the guarded script (non-blocking,
-    /// `COUNT n`); an idle shard waits on a plain `XREAD BLOCK … <last id>`, which only wakes
-    /// it (it delivers nothing to the group), so idle shards do not poll.
+    /// Strict fencing: reads and acknowledges through the guarded transaction
+    /// ([`fence::Guard`], non-blocking, `COUNT n`); an idle shard waits on a plain
+    /// `XREAD BLOCK … <last id>`, which only wakes it (it delivers nothing to the group), so
+    /// idle shards do not poll.
     /// `true` when the group switched to lease fencing (continue with [`Self::read_new`]).
-    async fn read_guarded(&mut self, conn: &mut ConnectionManager, backoff: &mut Backoff) -> bool {
+    async fn read_guarded(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
         let settings = &self.shared.listener.settings;
         let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
+        let mut guard = fence::Guard::new(&self.origin);
         loop {
             if *self.shared.paused.borrow() {
                 self.flush_acks(conn).await;
@@ -465,8 +485,9 @@ impl ShardWorker {
                 return true;
             };
             let acks = std::mem::take(&mut self.acks);
+            let from = self.read_from();
             let reply = tokio::select! {
-                r = fence::read(conn, &self.origin, &token, &acks, count) => r,
+                r = guard.read(conn, &self.origin, &token, &acks, &from, count) => r,
                 _ = self.stop.cancelled() => {
                     self.acks = acks;
                     self.flush_acks(conn).await;
@@ -484,6 +505,7 @@ impl ShardWorker {
                 }
                 Ok(fence::Read::Entries(ids)) => {
                     backoff.reset();
+                    self.advance(ids.last().map(|e| e.id.as_str()));
                     let entries: Vec<Entry> = ids
                         .into_iter()
                         .map(|s| entry_from(s.id, s.map, 1))
@@ -493,6 +515,10 @@ impl ShardWorker {
                         return false;
                     }
                     self.refresh_lag(conn).await;
+                }
+                Ok(fence::Read::Idle(_)) if from != ">" => {
+                    backoff.reset();
+                    self.advance(None);
                 }
                 Ok(fence::Read::Idle(last)) => {
                     backoff.reset();
@@ -524,12 +550,14 @@ impl ShardWorker {
                 }
                 Err(e) if e.code() == Some("NOGROUP") => {
                     warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+                    self.pending_from = None;
                     if !self.ensure_group(conn, backoff).await {
                         return false;
                     }
                 }
                 Err(e) => {
                     warn!(error = %e, "guarded XREADGROUP failed; retrying");
+                    self.read_failed();
                     if !self.pause_for(backoff.next_delay()).await {
                         return false;
                     }
@@ -539,7 +567,7 @@ impl ShardWorker {
     }
 
     /// After a read found nothing: a draining shard with nothing pending is drained.
-    async fn idle(&self, conn: &mut ConnectionManager) {
+    async fn idle(&self, conn: &mut NodeConn) {
         if !self.flags.draining.load(Ordering::Relaxed) {
             return;
         }
@@ -557,7 +585,7 @@ impl ShardWorker {
         }
     }
 
-    async fn refresh_lag(&mut self, conn: &mut ConnectionManager) {
+    async fn refresh_lag(&mut self, conn: &mut NodeConn) {
         if self.lag_at.is_some_and(|t| t.elapsed() < LAG_EVERY) {
             return;
         }
@@ -582,7 +610,7 @@ impl ShardWorker {
     /// (a pause, a retry delay), so that a handled entry is not left pending for long.
     async fn handle_batch(
         &mut self,
-        conn: &mut ConnectionManager,
+        conn: &mut NodeConn,
         entries: Vec<Entry>,
         flush: bool,
     ) -> bool {
@@ -617,14 +645,14 @@ impl ShardWorker {
         complete
     }
 
-    async fn flush_acks(&mut self, conn: &mut ConnectionManager) {
+    async fn flush_acks(&mut self, conn: &mut NodeConn) {
         let ids = std::mem::take(&mut self.acks);
         self.ack(conn, &ids).await;
     }
 
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
     /// an acknowledgement lost here means the entry is handled again by the next owner).
-    async fn ack(&self, conn: &mut ConnectionManager, ids: &[String]) {
+    async fn ack(&self, conn: &mut NodeConn, ids: &[String]) {
         if ids.is_empty() {
             return;
         }
@@ -664,7 +692,7 @@ impl ShardWorker {
 
     /// Runs the handler with retries; dead-letters when retries are exhausted or the handler
     /// asks for it.
-    async fn process(&mut self, conn: &mut ConnectionManager, entry: &Arc<Entry>) -> Outcome {
+    async fn process(&mut self, conn: &mut NodeConn, entry: &Arc<Entry>) -> Outcome {
         let shared = self.shared.clone();
         let settings = &shared.listener.settings;
         let m = &shared.metrics;
@@ -692,7 +720,7 @@ impl ShardWorker {
             m.failed.increment(1);
             let dead = err.action() == FailureAction::DeadLetter || attempt > settings.max_retries;
             if dead {
-                return self.dead_letter(conn, entry, &err, attempt).await;
+                return self.dead_letter(entry, &err, attempt).await;
             }
             let delay = match err.action() {
                 FailureAction::RetryAfter(d) => d,
@@ -710,13 +738,7 @@ impl ShardWorker {
 
     /// Copies the entry to `<stream>:dlq` with `error`, `origin` (shard key), `origin_id`,
     /// `group`, `member`, `attempts` and `failed_ms`. Retried until written or stopped.
-    async fn dead_letter(
-        &self,
-        conn: &mut ConnectionManager,
-        entry: &Entry,
-        err: &HandlerError,
-        attempts: u32,
-    ) -> Outcome {
+    async fn dead_letter(&self, entry: &Entry, err: &HandlerError, attempts: u32) -> Outcome {
         const OURS: [&str; 7] = [
             "error",
             "origin",
@@ -751,9 +773,11 @@ impl ShardWorker {
             .arg(attempts)
             .arg("failed_ms")
             .arg(now_ms);
+        // On the shared connection: on a cluster the dead-letter stream lives in another slot.
+        let mut conn = self.shared.ack_conn.clone();
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
-            let r: Result<String, RedisError> = cmd.query_async(conn).await;
+            let r: Result<String, RedisError> = cmd.query_async(&mut conn).await;
             match r {
                 Ok(_) => {
                     self.shared.metrics.dead_lettered.increment(1);

@@ -10,8 +10,8 @@ pub use routing::Routing;
 
 use crate::config::{ClientConfig, split_urls};
 use crate::coordinator::CoordinatorClient;
+use crate::data::{DataRedis, SharedConn};
 use crate::error::ClientError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use routing::RoutingCache;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -111,7 +111,9 @@ pub struct Producer {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: SharedConn,
+    /// On a cluster a pipeline stays within one slot: one pipeline per shard.
+    cluster: bool,
     routes: Arc<RoutingCache>,
     round_robin: AtomicU64,
 }
@@ -136,9 +138,15 @@ impl ProducerBuilder {
         self
     }
 
-    /// The data Redis URL.
+    /// The data Redis URL (with [`Self::redis_cluster`], seed nodes, comma-separated).
     pub fn redis_url(mut self, url: impl Into<String>) -> Self {
         self.config.redis_url = url.into();
+        self
+    }
+
+    /// Whether the data Redis is a Redis Cluster (default: `RSC_REDIS_CLUSTER`, else no).
+    pub fn redis_cluster(mut self, cluster: bool) -> Self {
+        self.config.redis_cluster = cluster;
         self
     }
 
@@ -157,22 +165,12 @@ impl ProducerBuilder {
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
         self.config.check_coordinator()?;
-        let client = redis::Client::open(self.config.redis_url.as_str()).map_err(|e| {
-            ClientError::Config(format!(
-                "invalid Redis URL {:?}: {e}",
-                self.config.redis_url
-            ))
-        })?;
-        let conn = ConnectionManager::new_lazy_with_config(
-            client,
-            ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(5)))
-                .set_connection_timeout(Some(Duration::from_secs(2))),
-        )?;
+        let redis: DataRedis = self.config.data_redis()?;
         let coord = CoordinatorClient::new(self.config.coordinator_urls, self.config.token);
         Ok(Producer {
             inner: Arc::new(Inner {
-                conn,
+                conn: redis.shared(),
+                cluster: redis.is_cluster(),
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
             }),
@@ -212,31 +210,39 @@ impl Producer {
         Ok(out.remove(0))
     }
 
-    /// Publishes records in one pipeline (one round trip), each to its shard. Returns where
-    /// each went, in order. Per-key order is kept within the batch.
+    /// Publishes records in one pipeline (one round trip), each to its shard; on a Redis
+    /// Cluster, one pipeline per shard, sent at once. Returns where each went, in order.
+    /// Per-key order is kept within the batch.
     pub async fn publish_batch(
         &self,
         stream: &str,
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
         let routing = self.inner.routes.get(stream).await?;
-        let mut pipe = redis::pipe();
         let mut shards = Vec::new();
+        let mut records_of: Vec<Record> = Vec::new();
         for record in records {
             let seq = if record.key.is_none() {
                 self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
             } else {
                 0
             };
-            let shard = routing.shard_for(record.key.as_deref().map(str::as_bytes), seq);
-            record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
-            shards.push(shard);
+            shards.push(routing.shard_for(record.key.as_deref().map(str::as_bytes), seq));
+            records_of.push(record);
         }
         if shards.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.inner.conn.clone();
-        let ids: Vec<String> = match pipe.query_async(&mut conn).await {
+        let sent = if self.inner.cluster {
+            self.xadd_per_shard(&routing, &shards, &records_of).await
+        } else {
+            let mut pipe = redis::pipe();
+            for (record, &shard) in records_of.iter().zip(&shards) {
+                record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
+            }
+            pipe.query_async(&mut self.inner.conn.clone()).await
+        };
+        let ids: Vec<String> = match sent {
             Ok(ids) => ids,
             Err(e) => {
                 self.inner.routes.mark_stale(stream);
@@ -252,6 +258,38 @@ impl Producer {
             .zip(ids)
             .map(|(shard, id)| Published { shard, id })
             .collect())
+    }
+
+    /// One pipeline per shard (a cluster pipeline stays within one slot), all sent at once;
+    /// the ids in the records' order.
+    async fn xadd_per_shard(
+        &self,
+        routing: &Routing,
+        shards: &[u32],
+        records: &[Record],
+    ) -> redis::RedisResult<Vec<String>> {
+        let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, &shard) in shards.iter().enumerate() {
+            by_shard.entry(shard).or_default().push(i);
+        }
+        let sends = by_shard.into_iter().map(|(shard, idx)| {
+            let mut pipe = redis::pipe();
+            for &i in &idx {
+                records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
+            }
+            let mut conn = self.inner.conn.clone();
+            async move {
+                let ids: Vec<String> = pipe.query_async(&mut conn).await?;
+                Ok::<_, redis::RedisError>(idx.into_iter().zip(ids))
+            }
+        });
+        let mut out = vec![String::new(); shards.len()];
+        for part in futures::future::try_join_all(sends).await? {
+            for (i, id) in part {
+                out[i] = id;
+            }
+        }
+        Ok(out)
     }
 
     /// The routing the producer uses now for `stream` (fetched if unknown).
