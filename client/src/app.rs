@@ -166,7 +166,7 @@ impl ConsumerAppBuilder {
                     .into(),
             )
         })?;
-        cfg.data_redis()?;
+        cfg.check_data_redis()?;
         if self.listeners.is_empty() {
             return Err(ClientError::Config(
                 "no listeners: annotate an async fn with #[stream_listener] or add one with \

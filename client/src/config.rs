@@ -80,7 +80,14 @@ impl ClientConfig {
 }
 
 impl ClientConfig {
-    /// The data Redis these settings name (checked; connected on first use).
+    /// Checks the data Redis settings without connecting.
+    pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
+        DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
+            .map_err(ClientError::Config)
+    }
+
+    /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
+    /// runtime.
     pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
         DataRedis::open(&split_urls(&self.redis_url), self.redis_cluster)
             .map_err(ClientError::Config)
@@ -129,11 +136,13 @@ mod tests {
             redis_url: "redis://a:1, redis://b:2".into(),
             ..ClientConfig::default()
         };
-        let err = cfg.data_redis().unwrap_err().to_string();
+        let err = cfg.check_data_redis().unwrap_err().to_string();
         assert!(err.contains("only accepted with Redis Cluster"), "{err}");
         cfg.redis_cluster = true;
-        assert!(cfg.data_redis().unwrap().is_cluster());
+        assert!(cfg.check_data_redis().is_ok());
         cfg.redis_url = "not a url".into();
-        assert!(cfg.data_redis().is_err());
+        assert!(cfg.check_data_redis().is_err());
+        cfg.redis_url = " , ".into();
+        assert!(cfg.check_data_redis().is_err());
     }
 }

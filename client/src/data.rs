@@ -52,8 +52,12 @@ impl std::fmt::Debug for DataRedis {
 }
 
 impl DataRedis {
-    /// Checks the URLs (several only with `cluster`); connects on first use.
-    pub(crate) fn open(urls: &[String], cluster: bool) -> Result<Self, String> {
+    /// Checks the URLs (several only with `cluster`) without connecting.
+    pub(crate) fn check(urls: &[String], cluster: bool) -> Result<(), String> {
+        Self::seeds(urls, cluster).map(drop)
+    }
+
+    fn seeds(urls: &[String], cluster: bool) -> Result<Vec<ConnectionInfo>, String> {
         if urls.is_empty() {
             return Err("no Redis URL".into());
         }
@@ -64,14 +68,18 @@ impl DataRedis {
                 urls.len()
             ));
         }
-        let seeds = urls
-            .iter()
+        urls.iter()
             .map(|u| {
                 u.as_str()
                     .into_connection_info()
                     .map_err(|e| format!("invalid Redis URL {u:?}: {e}"))
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+    }
+
+    /// Checks the URLs (see [`Self::check`]); connects on first use. Needs a Tokio runtime.
+    pub(crate) fn open(urls: &[String], cluster: bool) -> Result<Self, String> {
+        let seeds = Self::seeds(urls, cluster)?;
         let shared = if cluster {
             let client = ClusterClient::builder(seeds.clone())
                 .connection_timeout(CONNECT_TIMEOUT)
