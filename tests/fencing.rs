@@ -222,37 +222,6 @@ async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
     b.terminate();
 }
 
-/// A loopback TCP proxy to the coordinator that the test can cut.
-struct Proxy {
-    url: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: std::net::SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                conns.spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-        Proxy { url, task }
-    }
-
-    /// Stops listening and drops every proxied connection.
-    fn cut(&self) {
-        self.task.abort();
-    }
-}
-
 #[tokio::test]
 async fn a_member_cut_off_from_the_coordinator_stops_and_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -260,9 +229,12 @@ async fn a_member_cut_off_from_the_coordinator_stops_and_loses_nothing() {
     let producer = spawn_producer(&stack, STREAM, 80, 7, None);
     finish_producer(producer, 80);
     let mut con = stack.redis();
-    let proxy = Proxy::start(stack.coordinator.addr()).await;
+    let proxy = rsc_e2e::Proxy::start(stack.coordinator.addr().to_string())
+        .await
+        .expect("proxy");
+    let proxy_url = format!("http://{}", proxy.addr());
     // A talks to the coordinator through the proxy only.
-    let a = Consumer::start_via(&stack, &proxy.url, "127.0.0.41", &consumer_args(true));
+    let a = Consumer::start_via(&stack, &proxy_url, "127.0.0.41", &consumer_args(true));
     let a_id = a.member_ids(GROUP, 1).remove(0);
     eventually("A handles a few entries", 30, || {
         (handled(&mut con, RECORD).len() >= 5).then_some(())

@@ -334,7 +334,14 @@ impl ConnectionLike for NodeConn {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                let r = self.connection().await?.req_packed_command(cmd).await;
+                // A server's error reply comes back as a value (redis-rs turns it into an
+                // error later): a MOVED is one too.
+                let r = match self.connection().await?.req_packed_command(cmd).await {
+                    Ok(Value::ServerError(se)) if se.kind() == Some(ServerErrorKind::Moved) => {
+                        Err(RedisError::from(se))
+                    }
+                    r => r,
+                };
                 match r {
                     Ok(v) => return Ok(v),
                     Err(e) => {

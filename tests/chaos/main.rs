@@ -712,61 +712,6 @@ async fn chaos_soak() {
     chaos(Some(secs)).await;
 }
 
-/// A loopback TCP proxy the test can cut: when cut, open connections are dropped and new
-/// ones are accepted and then held silent (a black hole, like a partition).
-struct Proxy {
-    addr: String,
-    cut: Arc<AtomicBool>,
-    conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let cut = Arc::new(AtomicBool::new(false));
-        let conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
-        let (c, cs) = (cut.clone(), conns.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut down, _)) = listener.accept().await else {
-                    return;
-                };
-                let cut = c.clone();
-                let up = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if cut.load(Ordering::SeqCst) {
-                        // Hold the connection silent until the client gives up.
-                        sleep(Duration::from_secs(60)).await;
-                        return;
-                    }
-                    if let Ok(mut upstream) = TcpStream::connect(&up).await {
-                        let _ = tokio::io::copy_bidirectional(&mut down, &mut upstream).await;
-                    }
-                });
-                cs.lock().unwrap_or_else(|p| p.into_inner()).push(task);
-            }
-        });
-        Proxy { addr, cut, conns }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for t in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            t.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
 /// The group view's owner of each shard.
 async fn owners(w: &World) -> HashMap<u64, String> {
     let (_, g) = w
@@ -788,10 +733,10 @@ async fn partition_self_fences_before_reassignment() {
     let _serial = SERIAL.lock().await;
     let mut w = World::start(1, 0);
     let coordinator = w.coordinators[0].0.clone();
-    let proxy = Proxy::start(coordinator).await;
+    let proxy = rsc_e2e::Proxy::start(coordinator).await.expect("proxy");
     w.create_group(4).await;
     // Pod .21 talks to the coordinator through the proxy; pod .22 directly. Both reach Redis.
-    w.pods[0].coordinators = format!("http://{}", proxy.addr);
+    w.pods[0].coordinators = format!("http://{}", proxy.addr());
     w.pods[0].start();
     w.pods[1].start();
     w.wait_stable(2, 30).await;

@@ -227,3 +227,106 @@ macro_rules! store_suite {
         }
     };
 }
+
+/// A loopback TCP proxy a test controls, to fault the path to a coordinator or a Redis.
+///
+/// - [`Proxy::cut`]: open connections are dropped; new ones are accepted and held silent
+///   (a black hole, as in a partition) until [`Proxy::restore`].
+/// - [`Proxy::swallow_replies`]: requests still reach the server, and are executed, but its
+///   replies are thrown away (a reply lost in flight); [`Proxy::drop_connections`] then makes
+///   the client notice.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    swallow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards every connection to `upstream`
+    /// (`host:port`).
+    pub async fn start(upstream: impl Into<String>) -> std::io::Result<Proxy> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let proxy = Proxy {
+            addr: listener.local_addr()?,
+            cut: Default::default(),
+            swallow: Default::default(),
+            conns: Default::default(),
+        };
+        let (upstream, p) = (upstream.into(), proxy.clone());
+        tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let (up, cut, swallow) = (upstream.clone(), p.cut.clone(), p.swallow.clone());
+                let task = tokio::spawn(async move {
+                    if cut.load(Ordering::SeqCst) {
+                        // Hold the connection silent until the client gives up.
+                        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+                        return;
+                    }
+                    let Ok(up) = tokio::net::TcpStream::connect(&up).await else {
+                        return;
+                    };
+                    let (mut down_r, mut down_w) = down.into_split();
+                    let (mut up_r, mut up_w) = up.into_split();
+                    let requests = tokio::io::copy(&mut down_r, &mut up_w);
+                    let replies = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = up_r.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<(), std::io::Error>(());
+                            }
+                            if !swallow.load(Ordering::SeqCst) {
+                                down_w.write_all(&buf[..n]).await?;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = requests => {}
+                        _ = replies => {}
+                    }
+                });
+                p.conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(task.abort_handle());
+            }
+        });
+        Ok(proxy)
+    }
+
+    /// `host:port` to connect to instead of the upstream.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Drops every open connection (the next ones are forwarded again).
+    pub fn drop_connections(&self) {
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            c.abort();
+        }
+    }
+
+    /// Drops every open connection and holds new ones silent.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.drop_connections();
+    }
+
+    /// Forwards new connections again after [`Self::cut`].
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Throws the server's replies away (`true`) or forwards them again (`false`).
+    pub fn swallow_replies(&self, on: bool) {
+        self.swallow.store(on, Ordering::SeqCst);
+    }
+}
