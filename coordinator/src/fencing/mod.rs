@@ -9,10 +9,11 @@
 //! Every heartbeat of a strict group re-asserts its member's tokens: on a standalone Redis
 //! with one pipelined script call (one round trip); on a Redis Cluster, where the owner keys
 //! of one assignment live in different slots, with one script call per key, all sent at
-//! once (each routed to its slot's node, the script loaded on `NOSCRIPT`). A token lost in a crash between the document write and the token write, or in
-//! a data Redis restart, is repaired within one heartbeat. The script never replaces a token of
-//! a later grant (the `(created_ms, grant_epoch)` pair orders them), so a slow or retried
-//! write cannot hand a shard back to its previous owner.
+//! once (each routed to its slot's node, the script loaded on `NOSCRIPT`). A token lost in a
+//! crash between the document write and the token write, or in a data Redis restart, is
+//! repaired within one heartbeat. The script never replaces a token of a later grant (the
+//! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
+//! shard back to its previous owner.
 
 use crate::redis_conn::{Conn, LazyRedis};
 use std::collections::BTreeMap;
