@@ -401,3 +401,144 @@ async fn strict_groups_rebalance_without_refusals_or_losses() {
         );
     }
 }
+
+/// A data Redis that is a Redis Cluster (`--data-redis-cluster`, seed URLs separated by
+/// commas): the owner keys of one assignment live in different slots, on different nodes.
+/// Every token is written before the answer, a lost one is repaired by the next heartbeat,
+/// and lag is read from the shard keys on their nodes.
+#[tokio::test]
+async fn owner_tokens_on_a_redis_cluster_data_redis() {
+    const SHARDS: u32 = 6;
+    let cluster = rsc_testkit::RedisCluster::shared().expect("cluster starts");
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &cluster.url(),
+        "--data-redis-cluster",
+    ])
+    .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let (group, stream) = ("gc", format!("cl{}", std::process::id()));
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": group, "stream": stream, "shard_count": SHARDS, "fencing": "strict"}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let owner_key =
+        |shard: u32| rsc_protocol::routing::owner_key(&format!("{stream}:{shard}"), group);
+    let get = |con: &mut redis::cluster::ClusterConnection, key: &str| -> Option<String> {
+        redis::cmd("GET").arg(key).query(con).unwrap()
+    };
+
+    let (s, hb) = api.heartbeat(group, "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let tokens = hb["owner_tokens"].as_object().expect("tokens").clone();
+    assert_eq!(tokens.len(), SHARDS as usize, "{hb}");
+    for shard in 0..SHARDS {
+        let token = tokens[&shard.to_string()].as_str().expect("a token");
+        assert_eq!(
+            get(&mut con, &owner_key(shard)).as_deref(),
+            Some(token),
+            "shard {shard} written before the answer"
+        );
+    }
+    // The keys really are spread over the cluster's nodes.
+    let nodes: BTreeSet<u16> = (0..SHARDS)
+        .map(|shard| {
+            cluster
+                .nodes()
+                .iter()
+                .find(|n| {
+                    let mut c = redis::Client::open(n.url())
+                        .unwrap()
+                        .get_connection()
+                        .unwrap();
+                    redis::cmd("EXISTS")
+                        .arg(owner_key(shard))
+                        .query::<i64>(&mut c)
+                        .is_ok_and(|e| e == 1)
+                })
+                .expect("a node holds the key")
+                .port()
+        })
+        .collect();
+    assert!(nodes.len() > 1, "owner keys on several nodes: {nodes:?}");
+
+    // Lost tokens (a node restarted without persistence): repaired by the next heartbeat.
+    for shard in [0, SHARDS - 1] {
+        let () = redis::cmd("DEL")
+            .arg(owner_key(shard))
+            .query::<i64>(&mut con)
+            .map(|_| ())
+            .unwrap();
+    }
+    let epoch = hb["member_epoch"].as_i64().unwrap();
+    let owned: Vec<u32> = (0..SHARDS).collect();
+    let (s, hb) = api.heartbeat(group, "m1", epoch, &owned).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    for shard in 0..SHARDS {
+        assert_eq!(
+            get(&mut con, &owner_key(shard)).as_deref(),
+            tokens[&shard.to_string()].as_str(),
+            "shard {shard} repaired (same grant, same token)"
+        );
+    }
+
+    // Lag per shard, read from each shard key's node.
+    for shard in [1, 4] {
+        let key = format!("{stream}:{shard}");
+        let () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query::<String>(&mut con)
+            .map(|_| ())
+            .unwrap();
+        for i in 0..=shard {
+            let _: String = redis::cmd("XADD")
+                .arg(&key)
+                .arg("*")
+                .arg("n")
+                .arg(i)
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+    let (s, view) = api.get(&format!("/v1/groups/{group}")).await;
+    assert_eq!(s.as_u16(), 200, "{view}");
+    let lag = |shard: u32| {
+        view["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["shard"] == shard)
+            .map(|s| s["lag"].clone())
+    };
+    assert_eq!(lag(1), Some(json!(2)), "{view}");
+    assert_eq!(lag(4), Some(json!(5)), "{view}");
+    assert_eq!(lag(0), Some(Value::Null), "no stream, no lag: {view}");
+}
+
+#[test]
+fn a_cluster_data_redis_needs_the_flag() {
+    let cluster = rsc_testkit::RedisCluster::shared().expect("cluster starts");
+    // Several seed URLs without --data-redis-cluster: a configuration error.
+    let Err(err) = CoordinatorProcess::start(&["--data-redis-url", &cluster.url()]) else {
+        panic!("the coordinator started without --data-redis-cluster")
+    };
+    assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
+    // One URL of a cluster node without the flag: refused once the node answers.
+    let Err(err) = CoordinatorProcess::start(&["--data-redis-url", &cluster.urls()[0]]) else {
+        panic!("the coordinator started without --data-redis-cluster")
+    };
+    assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
+}

@@ -705,3 +705,126 @@ fn jump_hashing_moves_one_key_in_n_plus_1() {
         assert!(modulo > 0.7, "{n}: {modulo}");
     }
 }
+
+/// The same deletion when the data Redis is a Redis Cluster (`--data-redis-cluster`): the
+/// retired keys sit in different slots, on different nodes. The member is driven by plain
+/// heartbeats (it reports the draining shards drained).
+#[tokio::test]
+async fn retired_keys_are_deleted_from_a_redis_cluster() {
+    let cluster = rsc_testkit::RedisCluster::shared().expect("cluster starts");
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &cluster.url(),
+        "--data-redis-cluster",
+        "--rollback-window-ms",
+        "1000",
+    ])
+    .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let stream = format!("rc{}", std::process::id());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": GROUP, "stream": stream, "shard_count": 4}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let key = |shard: u32| format!("{stream}:{shard}");
+    for shard in 0..4 {
+        let _: String = redis::cmd("XADD")
+            .arg(key(shard))
+            .arg("*")
+            .arg("n")
+            .arg(shard)
+            .query(&mut con)
+            .unwrap();
+    }
+    let exists = |con: &mut redis::cluster::ClusterConnection, k: &str| -> bool {
+        redis::cmd("EXISTS").arg(k).query::<i64>(con).unwrap() == 1
+    };
+
+    let heartbeat = |epoch: i64, owned: Vec<u32>, drained: Vec<u32>| {
+        let api = &api;
+        async move {
+            let (s, hb) = api
+                .post(
+                    &format!("/v1/groups/{GROUP}/heartbeat"),
+                    json!({"protocol_version": 1, "member_id": "m1", "member_epoch": epoch,
+                        "owned_shards": owned, "drained_shards": drained}),
+                )
+                .await;
+            assert_eq!(s.as_u16(), 200, "{hb}");
+            let assignment: Vec<u32> = hb["assignment"]
+                .as_array()
+                .expect("assignment")
+                .iter()
+                .filter_map(|v| v.as_u64().map(|v| v as u32))
+                .collect();
+            (hb["member_epoch"].as_i64().expect("epoch"), assignment)
+        }
+    };
+    let (mut epoch, mut owned) = heartbeat(0, vec![], vec![]).await;
+    assert_eq!(owned.len(), 4);
+    let (s, body) = api
+        .post(
+            &format!("/v1/streams/{stream}/reshard"),
+            json!({"shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 202, "{body}");
+
+    // Drain: report shards 2 and 3 drained until the scale-down completes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let drained: Vec<u32> = owned.iter().copied().filter(|&s| s >= 2).collect();
+        (epoch, owned) = heartbeat(epoch, owned.clone(), drained).await;
+        let (s, v) = api.get(&format!("/v1/streams/{stream}")).await;
+        assert_eq!(s.as_u16(), 200, "{v}");
+        if v["resharding"].is_null() && v["retired_shards"] == json!([2, 3]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "scale-down did not complete: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exists(&mut con, &key(2)) && exists(&mut con, &key(3)));
+
+    // Deleted after the window, from whichever node holds each key.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while exists(&mut con, &key(2)) || exists(&mut con, &key(3)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retired keys not deleted: {:?}",
+            coordinator.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exists(&mut con, &key(0)) && exists(&mut con, &key(1)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, v) = api.get(&format!("/v1/streams/{stream}")).await;
+        if v["retired_shards"] == json!([]) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retired shards not forgotten: {v:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        coordinator
+            .log()
+            .iter()
+            .all(|l| !l.contains("could not delete retired shard keys")),
+        "no failed pass"
+    );
+}

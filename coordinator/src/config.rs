@@ -71,10 +71,18 @@ pub struct ServeArgs {
     /// Burst of admin mutations per principal [default: 20].
     #[arg(long, env = "RSC_ADMIN_BURST")]
     pub admin_burst: Option<u32>,
-    /// The data Redis (where the shard streams live), read for lag and pending entries per
-    /// shard (`XINFO GROUPS`). Unset: nothing is queried.
+    /// The data Redis (where the shard streams live): owner tokens of strict fencing are
+    /// written there, lag and pending entries per shard are read from it (`XINFO GROUPS`)
+    /// and retired shard keys are deleted from it. With `--data-redis-cluster`, one or more
+    /// seed nodes separated by commas. Unset: nothing is queried.
     #[arg(long, env = "RSC_DATA_REDIS_URL")]
     pub data_redis_url: Option<String>,
+    /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--data-redis-url`. Required
+    /// when the data Redis is a cluster: the coordinator refuses to start when this does not
+    /// match what the server reports (`INFO cluster`).
+    #[arg(long, env = "RSC_DATA_REDIS_CLUSTER")]
+    #[serde(default)]
+    pub data_redis_cluster: bool,
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
@@ -115,8 +123,10 @@ pub struct ServeConfig {
     pub admin_rate: u32,
     /// Admin mutation burst per principal.
     pub admin_burst: u32,
-    /// Data Redis URL for lag.
-    pub data_redis_url: Option<String>,
+    /// Data Redis URLs (one, or cluster seed nodes); `None` without a data Redis.
+    pub data_redis_urls: Option<Vec<String>>,
+    /// The data Redis is a Redis Cluster.
+    pub data_redis_cluster: bool,
     /// Rollback window.
     pub rollback_window_ms: u64,
     /// Delay before retired shard keys are deleted from the data Redis.
@@ -179,11 +189,8 @@ impl ServeArgs {
             redis_urls: self
                 .redis_url
                 .or(file.redis_url)
-                .unwrap_or_else(|| "redis://127.0.0.1:6379".into())
-                .split(',')
-                .map(|u| u.trim().to_owned())
-                .filter(|u| !u.is_empty())
-                .collect(),
+                .map(|urls| split_urls(&urls))
+                .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
             redis_cluster: self.redis_cluster || file.redis_cluster,
             key_prefix: self
                 .key_prefix
@@ -192,7 +199,11 @@ impl ServeArgs {
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
-            data_redis_url: self.data_redis_url.or(file.data_redis_url),
+            data_redis_urls: self
+                .data_redis_url
+                .or(file.data_redis_url)
+                .map(|urls| split_urls(&urls)),
+            data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             rollback_window_ms: self
                 .rollback_window_ms
                 .or(file.rollback_window_ms)
@@ -247,6 +258,24 @@ impl ServeArgs {
                 "redis-url lists several servers: that is only valid with --redis-cluster".into(),
             ));
         }
+        match &cfg.data_redis_urls {
+            Some(urls) if urls.is_empty() => {
+                return Err(ConfigError::Invalid("data-redis-url is empty".into()));
+            }
+            Some(urls) if urls.len() > 1 && !cfg.data_redis_cluster => {
+                return Err(ConfigError::Invalid(
+                    "data-redis-url lists several servers: that is only valid with \
+                     --data-redis-cluster"
+                        .into(),
+                ));
+            }
+            None if cfg.data_redis_cluster => {
+                return Err(ConfigError::Invalid(
+                    "--data-redis-cluster needs --data-redis-url (the cluster's seed nodes)".into(),
+                ));
+            }
+            _ => {}
+        }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(
                 "body-limit must be at least 1024".into(),
@@ -254,6 +283,14 @@ impl ServeArgs {
         }
         Ok(cfg)
     }
+}
+
+/// Comma-separated URLs, trimmed, empty ones dropped.
+fn split_urls(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 #[cfg(test)]
@@ -282,9 +319,10 @@ mod tests {
         );
         assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
         assert_eq!(
-            cfg.data_redis_url.as_deref(),
-            Some("redis://127.0.0.1:6390")
+            cfg.data_redis_urls.as_deref(),
+            Some(&["redis://127.0.0.1:6390".to_owned()][..])
         );
+        assert!(!cfg.data_redis_cluster);
         assert!(
             !cfg.listen.ip().is_loopback(),
             "with an ACL any address may be bound"
@@ -293,7 +331,7 @@ mod tests {
 
         let d = ServeArgs::default().resolve().unwrap();
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
-        assert_eq!(d.data_redis_url, None);
+        assert_eq!(d.data_redis_urls, None);
         assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
     }
 

@@ -8,14 +8,18 @@
 //! ([`Coordinator::purge_retired`]): a shard that is active or draining again is never
 //! deleted.
 //!
+//! The keys come from the stream document (no `SCAN`), so a Redis Cluster needs nothing
+//! more: the cluster connection splits the one `UNLINK` per slot and sends each part to the
+//! node that owns it.
+//!
 //! Each deletion is logged, audited (principal `rsc-coordinator`, action
 //! `stream.delete_retired_keys`) and counted (`rsc_retired_keys_deleted_total`); failures
 //! are counted (`rsc_retired_key_delete_errors_total`) and retried on the next pass. The
 //! keys still kept are the gauge `rsc_stream_retired_keys_kept`.
 
 use crate::audit::Auditor;
+use crate::redis_conn::LazyRedis;
 use crate::service::{Coordinator, PurgedKeys};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -23,11 +27,15 @@ use tracing::{info, warn};
 /// Keys deleted per pass, over every stream.
 pub const KEYS_PER_PASS: usize = 64;
 
+/// Longest one deletion (connecting included) may take; past it the pass counts a failure
+/// and the next pass retries.
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Settings of the retired-key cleaner.
 #[derive(Debug, Clone)]
 pub struct RetiredKeyCleaner {
-    /// Data Redis URL.
-    pub url: String,
+    /// The data Redis (standalone or cluster).
+    pub redis: LazyRedis,
     /// How long after a reshard completed its retired keys are kept (ms).
     pub delay_ms: u64,
     /// Time between passes.
@@ -41,18 +49,9 @@ impl RetiredKeyCleaner {
             .clamp(Duration::from_millis(250), Duration::from_secs(30))
     }
 
-    /// Runs passes forever (abort the task to stop it). Fails only on a malformed URL.
-    pub async fn run(
-        self,
-        coordinator: Coordinator,
-        auditor: Auditor,
-    ) -> Result<(), redis::RedisError> {
-        let client = redis::Client::open(self.url.as_str())?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+    /// Runs passes forever (abort the task to stop it).
+    pub async fn run(self, coordinator: Coordinator, auditor: Auditor) {
+        let data = self.redis;
         info!(
             delay_ms = self.delay_ms,
             every_ms = self.every.as_millis() as u64,
@@ -63,14 +62,20 @@ impl RetiredKeyCleaner {
         loop {
             tick.tick().await;
             let delete = |keys: Vec<String>| {
-                let mut conn = conn.clone();
+                let data = data.clone();
                 async move {
-                    redis::cmd("UNLINK")
-                        .arg(&keys)
-                        .query_async::<i64>(&mut conn)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                    let unlink = async {
+                        let mut conn = data.get().await?;
+                        redis::cmd("UNLINK")
+                            .arg(&keys)
+                            .query_async::<i64>(&mut conn)
+                            .await
+                    };
+                    match tokio::time::timeout(DELETE_TIMEOUT, unlink).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("UNLINK timed out after {DELETE_TIMEOUT:?}")),
+                    }
                 }
             };
             match coordinator

@@ -6,7 +6,8 @@ use crate::auth::{Acl, AdminRateLimiter, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, InstrumentedStore, LagProbe};
-use crate::retired::RetiredKeyCleaner;
+use crate::redis_conn::{self, ConnSettings, LazyRedis};
+use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{MemoryStore, MetadataStore, RedisStore, RedisStoreConfig};
 use std::future::Future;
@@ -20,6 +21,15 @@ use tracing::{info, warn};
 const FENCING_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a lag read from the data Redis may take before it is left out.
 const LAG_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Connection settings for a data-Redis user whose operations are bounded by `timeout`.
+fn data_settings(timeout: Duration) -> ConnSettings {
+    ConnSettings {
+        connect_timeout: timeout,
+        response_timeout: timeout,
+        operation_timeout: timeout,
+    }
+}
 
 /// Builds the store the configuration names.
 pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
@@ -59,14 +69,40 @@ pub async fn serve(
             None
         }
     };
-    let lag = match &cfg.data_redis_url {
-        Some(url) => {
-            Some(Arc::new(LagProbe::new(url, LAG_TIMEOUT).map_err(|e| {
-                anyhow::anyhow!("invalid --data-redis-url: {e}")
-            })?))
-        }
-        None => None,
+    if let Some(urls) = &cfg.data_redis_urls {
+        let settings = data_settings(FENCING_TIMEOUT);
+        redis_conn::check_mode(
+            &urls[0],
+            cfg.data_redis_cluster,
+            "--data-redis-cluster",
+            &settings,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
+        info!(
+            servers = urls.len(),
+            cluster = cfg.data_redis_cluster,
+            "using a data Redis"
+        );
+    }
+    // One connection per user, so that a slow lag read never queues a token write.
+    let data_redis = |timeout: Duration| -> anyhow::Result<Option<LazyRedis>> {
+        cfg.data_redis_urls
+            .as_deref()
+            .map(|urls| {
+                LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)).map_err(
+                    |e| match e {
+                        redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
+                            "--data-redis-url lists several servers: that is only valid with \
+                             --data-redis-cluster"
+                        ),
+                        e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
+                    },
+                )
+            })
+            .transpose()
     };
+    let lag = data_redis(LAG_TIMEOUT)?.map(|r| Arc::new(LagProbe::new(r, LAG_TIMEOUT)));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // Store latency and errors around any store; audited writes' revisions around that.
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
@@ -80,13 +116,8 @@ pub async fn serve(
         auditor.clone(),
         cfg.body_limit,
     ));
-    let fencing = match &cfg.data_redis_url {
-        Some(url) => Some(Arc::new(
-            crate::fencing::OwnerTokens::new(url, FENCING_TIMEOUT)
-                .map_err(|e| anyhow::anyhow!("invalid --data-redis-url: {e}"))?,
-        )),
-        None => None,
-    };
+    let fencing = data_redis(FENCING_TIMEOUT)?
+        .map(|r| Arc::new(crate::fencing::OwnerTokens::new(r, FENCING_TIMEOUT)));
     let mut coordinator = Coordinator::new(
         store,
         clock,
@@ -98,18 +129,13 @@ pub async fn serve(
     if let Some(f) = fencing {
         coordinator = coordinator.with_fencing(f);
     }
-    let cleaner = cfg.data_redis_url.clone().map(|url| {
+    let cleaner = data_redis(DELETE_TIMEOUT)?.map(|redis| {
         let cleaner = RetiredKeyCleaner {
-            url,
+            redis,
             delay_ms: cfg.retired_key_delay_ms,
             every: RetiredKeyCleaner::period_for(cfg.retired_key_delay_ms),
         };
-        let (coordinator, auditor) = (coordinator.clone(), auditor.clone());
-        tokio::spawn(async move {
-            if let Err(e) = cleaner.run(coordinator, auditor).await {
-                warn!(error = %e, "retired shard keys will not be deleted");
-            }
-        })
+        tokio::spawn(cleaner.run(coordinator.clone(), auditor.clone()))
     });
     let listener = TcpListener::bind(cfg.listen)
         .await

@@ -66,6 +66,101 @@ fn refusals_say_what_to_do() {
     }
 }
 
+#[test]
+fn data_redis_cluster_from_flags_and_toml() {
+    // Flags: comma-separated seed URLs with --data-redis-cluster.
+    let cfg = ServeArgs {
+        data_redis_url: Some("redis://127.0.0.1:7101, redis://127.0.0.1:7102,".into()),
+        data_redis_cluster: true,
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap();
+    assert_eq!(
+        cfg.data_redis_urls.as_deref(),
+        Some(
+            &[
+                "redis://127.0.0.1:7101".to_owned(),
+                "redis://127.0.0.1:7102".to_owned()
+            ][..]
+        )
+    );
+    assert!(cfg.data_redis_cluster);
+    // The metadata store is independent of it.
+    assert!(!cfg.redis_cluster);
+    assert_eq!(cfg.redis_urls, ["redis://127.0.0.1:6379"]);
+
+    // The same from a TOML file.
+    let dir = std::env::temp_dir().join(format!("rsc-data-cluster-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rsc.toml");
+    std::fs::write(
+        &path,
+        "data-redis-url = \"redis://127.0.0.1:7101,redis://127.0.0.1:7103\"\n\
+         data-redis-cluster = true\n",
+    )
+    .unwrap();
+    let cfg = ServeArgs {
+        config: Some(path),
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap();
+    assert_eq!(
+        cfg.data_redis_urls.unwrap(),
+        ["redis://127.0.0.1:7101", "redis://127.0.0.1:7103"]
+    );
+    assert!(cfg.data_redis_cluster);
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // One URL, no flag: a standalone data Redis.
+    let cfg = ServeArgs {
+        data_redis_url: Some("redis://127.0.0.1:7101".into()),
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap();
+    assert!(!cfg.data_redis_cluster);
+    // No data Redis at all.
+    let cfg = ServeArgs::default().resolve().unwrap();
+    assert_eq!((cfg.data_redis_urls, cfg.data_redis_cluster), (None, false));
+}
+
+#[test]
+fn data_redis_refusals_say_what_to_do() {
+    let err = ServeArgs {
+        data_redis_url: Some("redis://a:1,redis://b:2".into()),
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap_err();
+    assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
+    // --redis-cluster is the metadata store's flag: it does not cover the data Redis.
+    let err = ServeArgs {
+        data_redis_url: Some("redis://a:1,redis://b:2".into()),
+        redis_cluster: true,
+        redis_url: Some("redis://a:1,redis://b:2".into()),
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap_err();
+    assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
+    let err = ServeArgs {
+        data_redis_url: Some(" , ".into()),
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap_err();
+    assert!(err.to_string().contains("data-redis-url is empty"), "{err}");
+    let err = ServeArgs {
+        data_redis_cluster: true,
+        ..ServeArgs::default()
+    }
+    .resolve()
+    .unwrap_err();
+    assert!(err.to_string().contains("--data-redis-url"), "{err}");
+}
+
 fn tempfile_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("rsc-config-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -6,21 +6,23 @@
 //! Members read and acknowledge through scripts that compare their token with that key, so a
 //! member whose shards moved on (paused past its session, cut off) is refused by Redis itself.
 //!
-//! Every heartbeat of a strict group re-asserts its member's tokens with one pipelined
-//! script call: a token lost in a crash between the document write and the token write, or in
-//! a data Redis restart, is repaired within one heartbeat. The script never replaces a token of
-//! a later grant (the `(created_ms, grant_epoch)` pair orders them), so a slow or retried
-//! write cannot hand a shard back to its previous owner.
+//! Every heartbeat of a strict group re-asserts its member's tokens: on a standalone Redis
+//! with one pipelined script call (one round trip); on a Redis Cluster, where the owner keys
+//! of one assignment live in different slots, with one script call per key, all sent at
+//! once (each routed to its slot's node, the script loaded on `NOSCRIPT`). A token lost in a
+//! crash between the document write and the token write, or in a data Redis restart, is
+//! repaired within one heartbeat. The script never replaces a token of a later grant (the
+//! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
+//! shard back to its previous owner.
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use crate::redis_conn::{Conn, LazyRedis};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::{debug, warn};
 
-/// Writes owner tokens to the data Redis (standalone Redis).
+/// Writes owner tokens to the data Redis (standalone Redis or Redis Cluster).
 pub struct OwnerTokens {
-    client: redis::Client,
-    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    redis: LazyRedis,
     script: redis::Script,
     timeout: Duration,
 }
@@ -29,6 +31,7 @@ impl std::fmt::Debug for OwnerTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may hold a password: do not print it.
         f.debug_struct("OwnerTokens")
+            .field("cluster", &self.redis.is_cluster())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -51,39 +54,27 @@ pub struct Asserted {
 }
 
 impl OwnerTokens {
-    /// A writer for the Redis at `url`; connects lazily. Fails only on a malformed URL.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, redis::RedisError> {
-        Ok(OwnerTokens {
-            client: redis::Client::open(url)?,
-            conn: tokio::sync::Mutex::new(None),
+    /// A writer to the data Redis `redis` (connected on first use); each assertion fails
+    /// past `timeout`.
+    pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
+        OwnerTokens {
+            redis,
             script: redis::Script::new(include_str!("assert_owner.lua")),
             timeout,
-        })
+        }
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, FencingError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1);
-        let connect = ConnectionManager::new_with_config(self.client.clone(), config);
-        match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(c)) => {
-                *slot = Some(c.clone());
-                Ok(c)
-            }
+    async fn connection(&self) -> Result<Conn, FencingError> {
+        match tokio::time::timeout(self.timeout, self.redis.get()).await {
+            Ok(Ok(c)) => Ok(c),
             Ok(Err(e)) => Err(FencingError(e.to_string())),
             Err(_) => Err(FencingError("connect timed out".into())),
         }
     }
 
     /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
-    /// token (or a later grant's). One round trip (`EVALSHA`, loading the script on
-    /// `NOSCRIPT`).
+    /// token (or a later grant's). On a standalone Redis one round trip (`EVALSHA`, loading
+    /// the script on `NOSCRIPT`); on a cluster one script call per key, concurrently.
     #[tracing::instrument(skip(self, tokens), fields(shards = tokens.len()))]
     pub async fn assert(
         &self,
@@ -135,38 +126,11 @@ impl OwnerTokens {
         tokens: &BTreeMap<u32, String>,
     ) -> Result<Asserted, FencingError> {
         let mut conn = self.connection().await?;
-        let pipe = || {
-            let mut pipe = redis::pipe();
-            for (&shard, token) in tokens {
-                let key = rsc_protocol::routing::owner_key(
-                    &rsc_protocol::routing::shard_key(stream, shard),
-                    group,
-                );
-                pipe.cmd("EVALSHA")
-                    .arg(self.script.get_hash())
-                    .arg(1)
-                    .arg(key)
-                    .arg(token);
-            }
-            pipe
-        };
-        let mut answer =
-            tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn)).await;
-        if let Ok(Err(e)) = &answer
-            && e.code() == Some("NOSCRIPT")
-        {
-            // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
-            self.script
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| FencingError(e.to_string()))?;
-            answer =
-                tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(&mut conn)).await;
-        }
-        let codes = match answer {
-            Ok(Ok(codes)) => codes,
-            Ok(Err(e)) => return Err(FencingError(e.to_string())),
-            Err(_) => return Err(FencingError("timed out".into())),
+        let codes = if conn.is_cluster() {
+            self.assert_per_key(&conn, group, stream, tokens).await?
+        } else {
+            self.assert_pipelined(&mut conn, group, stream, tokens)
+                .await?
         };
         let mut a = Asserted::default();
         for c in codes {
@@ -178,4 +142,74 @@ impl OwnerTokens {
         }
         Ok(a)
     }
+
+    /// Redis Cluster: the owner keys sit in different slots (a pipeline must stay in one),
+    /// so each key gets its own script call, all in flight at once.
+    async fn assert_per_key(
+        &self,
+        conn: &Conn,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+    ) -> Result<Vec<i64>, FencingError> {
+        let calls = tokens.iter().map(|(&shard, token)| {
+            let key = owner_key(group, stream, shard);
+            let mut conn = conn.clone();
+            async move {
+                self.script
+                    .key(key)
+                    .arg(token)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        });
+        match tokio::time::timeout(self.timeout, futures::future::try_join_all(calls)).await {
+            Ok(Ok(codes)) => Ok(codes),
+            Ok(Err(e)) => Err(FencingError(e.to_string())),
+            Err(_) => Err(FencingError("timed out".into())),
+        }
+    }
+
+    /// Standalone Redis: one pipeline of `EVALSHA`, one round trip.
+    async fn assert_pipelined(
+        &self,
+        conn: &mut Conn,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+    ) -> Result<Vec<i64>, FencingError> {
+        let pipe = || {
+            let mut pipe = redis::pipe();
+            for (&shard, token) in tokens {
+                let key = owner_key(group, stream, shard);
+                pipe.cmd("EVALSHA")
+                    .arg(self.script.get_hash())
+                    .arg(1)
+                    .arg(key)
+                    .arg(token);
+            }
+            pipe
+        };
+        let mut answer =
+            tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(conn)).await;
+        if let Ok(Err(e)) = &answer
+            && e.code() == Some("NOSCRIPT")
+        {
+            // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
+            self.script
+                .load_async(conn)
+                .await
+                .map_err(|e| FencingError(e.to_string()))?;
+            answer = tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(conn)).await;
+        }
+        match answer {
+            Ok(Ok(codes)) => Ok(codes),
+            Ok(Err(e)) => Err(FencingError(e.to_string())),
+            Err(_) => Err(FencingError("timed out".into())),
+        }
+    }
+}
+
+fn owner_key(group: &str, stream: &str, shard: u32) -> String {
+    rsc_protocol::routing::owner_key(&rsc_protocol::routing::shard_key(stream, shard), group)
 }

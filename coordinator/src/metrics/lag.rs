@@ -1,16 +1,19 @@
 //! Lag and pending entries per shard, read from the data Redis (`XINFO GROUPS`).
 //!
-//! Only when a data Redis URL is configured (`--data-redis-url`). Every read is bounded by
+//! Only when a data Redis URL is configured (`--data-redis-url`, a cluster with
+//! `--data-redis-cluster`). On a standalone Redis the keys are asked in pipelines; on a
+//! cluster, where shard keys live in different slots, one `XINFO GROUPS` per key, all in
+//! flight at once (each routed to its slot's node). Every read is bounded by
 //! a timeout; an unreachable Redis, a missing shard key or a shard whose Redis consumer
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use crate::redis_conn::{Conn, LazyRedis};
 use redis::streams::StreamInfoGroupsReply;
 use std::collections::HashMap;
 use std::time::Duration;
 use tracing::debug;
 
-/// Keys asked per pipeline round trip.
+/// Keys asked per pipeline round trip (per batch of concurrent commands on a cluster).
 const PIPELINE_CHUNK: usize = 512;
 
 /// One shard's numbers for one group.
@@ -23,10 +26,9 @@ pub struct ShardStats {
     pub pending: Option<u64>,
 }
 
-/// A connection to the data Redis for reading lag (standalone Redis).
+/// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster).
 pub struct LagProbe {
-    client: redis::Client,
-    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    redis: LazyRedis,
     timeout: Duration,
 }
 
@@ -34,37 +36,22 @@ impl std::fmt::Debug for LagProbe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may hold a password: do not print it.
         f.debug_struct("LagProbe")
+            .field("cluster", &self.redis.is_cluster())
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl LagProbe {
-    /// A probe for the Redis at `url`; connects lazily, on first use. Fails only on a
-    /// malformed URL.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, redis::RedisError> {
-        Ok(LagProbe {
-            client: redis::Client::open(url)?,
-            conn: tokio::sync::Mutex::new(None),
-            timeout,
-        })
+    /// A probe reading the data Redis `redis` (connected on first use); each read is
+    /// abandoned past `timeout`.
+    pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
+        LagProbe { redis, timeout }
     }
 
-    async fn connection(&self) -> Option<ConnectionManager> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Some(c.clone());
-        }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1);
-        let connect = ConnectionManager::new_with_config(self.client.clone(), config);
-        match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(c)) => {
-                *slot = Some(c.clone());
-                Some(c)
-            }
+    async fn connection(&self) -> Option<Conn> {
+        match tokio::time::timeout(self.timeout, self.redis.get()).await {
+            Ok(Ok(c)) => Some(c),
             Ok(Err(e)) => {
                 debug!(error = %e, "data Redis unreachable; lag not reported");
                 None
@@ -91,14 +78,7 @@ impl LagProbe {
             return out;
         };
         for chunk in keys.chunks(PIPELINE_CHUNK) {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for (_, key) in chunk {
-                pipe.cmd("XINFO").arg("GROUPS").arg(key);
-            }
-            let query =
-                pipe.query_async::<Vec<redis::RedisResult<StreamInfoGroupsReply>>>(&mut conn);
-            let replies = match tokio::time::timeout(self.timeout, query).await {
+            let replies = match tokio::time::timeout(self.timeout, read(&mut conn, chunk)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
                     debug!(group, error = %e, "XINFO GROUPS failed; lag not reported");
@@ -125,4 +105,32 @@ impl LagProbe {
         }
         out
     }
+}
+
+/// `XINFO GROUPS` of each key, in key order; a failed key (e.g. missing) is an `Err` in
+/// its place. A failure of the whole read is the outer `Err`.
+async fn read(
+    conn: &mut Conn,
+    chunk: &[(u32, String)],
+) -> redis::RedisResult<Vec<redis::RedisResult<StreamInfoGroupsReply>>> {
+    if conn.is_cluster() {
+        // A pipeline must stay within one slot: one command per key, all in flight at once.
+        let reads = chunk.iter().map(|(_, key)| {
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("XINFO")
+                    .arg("GROUPS")
+                    .arg(key)
+                    .query_async::<StreamInfoGroupsReply>(&mut conn)
+                    .await
+            }
+        });
+        return Ok(futures::future::join_all(reads).await);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (_, key) in chunk {
+        pipe.cmd("XINFO").arg("GROUPS").arg(key);
+    }
+    pipe.query_async(conn).await
 }

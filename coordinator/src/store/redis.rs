@@ -34,19 +34,17 @@ use super::{
     SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
+use crate::redis_conn::{Conn, ConnSettings, LazyRedis, OpenError};
 use async_trait::async_trait;
 use futures::StreamExt;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{OnceCell, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 /// Settings of the Redis store.
@@ -72,6 +70,16 @@ pub struct RedisStoreConfig {
     /// Longest [`MetadataStore::lock`] waits for a held lock. Longer than `lock_hold`, so a
     /// lock left by a crashed coordinator is taken over rather than refused.
     pub lock_wait: Duration,
+}
+
+impl RedisStoreConfig {
+    fn settings(&self) -> ConnSettings {
+        ConnSettings {
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            operation_timeout: self.operation_timeout,
+        }
+    }
 }
 
 impl Default for RedisStoreConfig {
@@ -162,52 +170,8 @@ impl Scripts {
     }
 }
 
-enum Backend {
-    Single(ConnectionManager),
-    /// Connects on first use (a cluster connection needs a node that answers).
-    Cluster {
-        client: Box<ClusterClient>,
-        conn: OnceCell<ClusterConnection>,
-    },
-}
-
-/// One connection handle, standalone or cluster (both multiplex and are cheap to clone).
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 struct Inner {
-    backend: Backend,
+    redis: LazyRedis,
     keys: Keys,
     scripts: Scripts,
     config: RedisStoreConfig,
@@ -262,45 +226,17 @@ impl RedisStore {
     /// the store is returned anyway and connects on first use.
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
         validate_key_prefix(&config.key_prefix).map_err(StoreError::Unavailable)?;
-        if config.urls.is_empty() {
-            return Err(StoreError::Unavailable("no Redis URL given".into()));
-        }
-        if !config.cluster && config.urls.len() > 1 {
-            return Err(StoreError::Unavailable(
-                "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)".into(),
-            ));
-        }
-        let backend = if config.cluster {
-            let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(config.response_timeout)
-                .overall_response_timeout(Some(config.operation_timeout))
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(100)
-                .build()
-                .map_err(|e| unavailable("cluster configuration", e))?;
-            Backend::Cluster {
-                client: Box::new(client),
-                conn: OnceCell::new(),
-            }
-        } else {
-            let client =
-                redis::Client::open(config.urls[0].as_str()).map_err(|e| unavailable("URL", e))?;
-            // One quick reconnect attempt per failed command: an outage answers at once,
-            // and the next command tries again (the manager reconnects on demand).
-            let cm = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.response_timeout))
-                .set_number_of_retries(1)
-                .set_min_delay(Duration::from_millis(20))
-                .set_max_delay(Duration::from_millis(100));
-            let manager = ConnectionManager::new_lazy_with_config(client, cm)
-                .map_err(|e| unavailable("connection", e))?;
-            Backend::Single(manager)
-        };
+        let redis = LazyRedis::open(&config.urls, config.cluster, &config.settings()).map_err(
+            |e| match e {
+                OpenError::SeveralUrls => StoreError::Unavailable(
+                    "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)"
+                        .into(),
+                ),
+                e => StoreError::Unavailable(e.to_string()),
+            },
+        )?;
         let store = RedisStore(Arc::new(Inner {
-            backend,
+            redis,
             keys: Keys {
                 prefix: config.key_prefix.clone(),
             },
@@ -313,63 +249,25 @@ impl RedisStore {
     }
 
     /// Refuses a standalone configuration against a cluster node and the reverse, when the
-    /// first server answers; logs and carries on when it does not. Asks over a one-off
-    /// standalone connection, which works on both kinds of server.
+    /// first server answers; logs and carries on when it does not.
     async fn check_mode(&self) -> Result<(), StoreError> {
         let config = &self.0.config;
-        let url = &config.urls[0];
-        let ask = async {
-            let client = redis::Client::open(url.as_str())?;
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(
-                    &redis::AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(config.connect_timeout))
-                        .set_response_timeout(Some(config.response_timeout)),
-                )
-                .await?;
-            redis::cmd("INFO")
-                .arg("cluster")
-                .query_async::<String>(&mut conn)
-                .await
-        };
-        let info = tokio::time::timeout(config.operation_timeout, ask).await;
-        match info {
-            Ok(Ok(info)) => {
-                let enabled = info.lines().any(|l| l.trim() == "cluster_enabled:1");
-                match (enabled, config.cluster) {
-                    (true, false) => Err(StoreError::Unavailable(format!(
-                        "{url} is a Redis Cluster node: start the coordinator with --redis-cluster"
-                    ))),
-                    (false, true) => Err(StoreError::Unavailable(format!(
-                        "{url} is not a Redis Cluster node: drop --redis-cluster"
-                    ))),
-                    _ => Ok(()),
-                }
-            }
-            Ok(Err(e)) => {
-                warn!(%url, error = %e, "Redis does not answer yet; the coordinator will connect when it does");
-                Ok(())
-            }
-            Err(_) => {
-                warn!(%url, "Redis does not answer yet; the coordinator will connect when it does");
-                Ok(())
-            }
-        }
+        crate::redis_conn::check_mode(
+            &config.urls[0],
+            config.cluster,
+            "--redis-cluster",
+            &config.settings(),
+        )
+        .await
+        .map_err(StoreError::Unavailable)
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
-        match &self.0.backend {
-            Backend::Single(m) => Ok(Conn::Single(m.clone())),
-            Backend::Cluster { client, conn } => conn
-                .get_or_try_init(|| async {
-                    client
-                        .get_async_connection()
-                        .await
-                        .map_err(|e| unavailable("cluster connection", e))
-                })
-                .await
-                .map(|c| Conn::Cluster(c.clone())),
-        }
+        self.0
+            .redis
+            .get()
+            .await
+            .map_err(|e| unavailable("connection", e))
     }
 
     /// Runs one operation on a connection, bounded by the operation timeout.

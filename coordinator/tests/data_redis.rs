@@ -1,0 +1,259 @@
+//! The coordinator's data-Redis side on a real standalone `redis-server` and a real 3-node
+//! Redis Cluster.
+//!
+//! Owner tokens of strict fencing (issue 10): on standalone Redis one pipelined round trip;
+//! on a cluster the owner keys of one assignment live in different slots, on different
+//! nodes. Both must behave the same: write, unchanged, refused by a later grant's token,
+//! repaired after a loss. And the retired-key cleaner's one multi-key `UNLINK` deletes keys
+//! of several slots on a cluster.
+
+use redis::Commands;
+use rsc_coordinator::fencing::{Asserted, OwnerTokens};
+use rsc_coordinator::redis_conn::{ConnSettings, LazyRedis};
+use rsc_protocol::routing::{owner_key, shard_key};
+use rsc_testkit::{RedisCluster, RedisServer};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const SHARDS: u32 = 8;
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn settings() -> ConnSettings {
+    ConnSettings {
+        connect_timeout: TIMEOUT,
+        response_timeout: TIMEOUT,
+        operation_timeout: TIMEOUT,
+    }
+}
+
+/// Reads and writes keys the way an operator would, on either kind of Redis.
+trait Keys {
+    fn get(&mut self, key: &str) -> Option<String>;
+    fn set(&mut self, key: &str, value: &str);
+    fn del(&mut self, key: &str);
+}
+
+impl<C: redis::ConnectionLike> Keys for C {
+    fn get(&mut self, key: &str) -> Option<String> {
+        Commands::get(self, key).expect("GET")
+    }
+    fn set(&mut self, key: &str, value: &str) {
+        let () = Commands::set(self, key, value).expect("SET");
+    }
+    fn del(&mut self, key: &str) {
+        let _: i64 = Commands::del(self, key).expect("DEL");
+    }
+}
+
+fn tokens(created_ms: u64, epoch: u64, member: &str) -> BTreeMap<u32, String> {
+    (0..SHARDS)
+        .map(|s| (s, format!("{created_ms}:{epoch}:{member}")))
+        .collect()
+}
+
+fn key(group: &str, stream: &str, shard: u32) -> String {
+    owner_key(&shard_key(stream, shard), group)
+}
+
+/// The same scenario on any data Redis.
+async fn scenario(tokens_writer: &OwnerTokens, keys: &mut dyn Keys, stream: &str) {
+    let group = "billing";
+    let first = tokens(1_000, 3, "m1");
+    // Written, every key.
+    let a = tokens_writer.assert(group, stream, &first).await.unwrap();
+    assert_eq!(
+        a,
+        Asserted {
+            written: SHARDS as usize,
+            unchanged: 0,
+            refused: 0
+        }
+    );
+    for (&s, t) in &first {
+        assert_eq!(
+            keys.get(&key(group, stream, s)).as_deref(),
+            Some(t.as_str())
+        );
+    }
+    // Asserted again: unchanged.
+    let a = tokens_writer.assert(group, stream, &first).await.unwrap();
+    assert_eq!((a.written, a.unchanged, a.refused), (0, SHARDS as usize, 0));
+    // A later grant on shard 1 (same created_ms, higher epoch) and a later group
+    // incarnation on shard 2 (higher created_ms): both refuse the earlier token.
+    let later_epoch = "1000:4:m2";
+    let later_group = "2000:1:m3";
+    keys.set(&key(group, stream, 1), later_epoch);
+    keys.set(&key(group, stream, 2), later_group);
+    // Lost tokens (shards 0 and 5): repaired.
+    keys.del(&key(group, stream, 0));
+    keys.del(&key(group, stream, 5));
+    let a = tokens_writer.assert(group, stream, &first).await.unwrap();
+    assert_eq!(
+        (a.written, a.unchanged, a.refused),
+        (2, SHARDS as usize - 4, 2),
+        "{a:?}"
+    );
+    assert_eq!(
+        keys.get(&key(group, stream, 1)).as_deref(),
+        Some(later_epoch)
+    );
+    assert_eq!(
+        keys.get(&key(group, stream, 2)).as_deref(),
+        Some(later_group)
+    );
+    for s in [0, 5] {
+        assert_eq!(
+            keys.get(&key(group, stream, s)).as_deref(),
+            first.get(&s).map(String::as_str),
+            "shard {s} repaired"
+        );
+    }
+    // A later grant replaces an earlier token.
+    let next = tokens(1_000, 9, "m4");
+    let a = tokens_writer.assert(group, stream, &next).await.unwrap();
+    assert_eq!(
+        (a.written, a.unchanged, a.refused),
+        (SHARDS as usize - 1, 0, 1)
+    );
+    assert_eq!(
+        keys.get(&key(group, stream, 2)).as_deref(),
+        Some(later_group)
+    );
+}
+
+#[tokio::test]
+async fn standalone_redis() {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut con = client.get_connection().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        scenario(&writer, &mut con, "orders"),
+    )
+    .await
+    .expect("bounded");
+    // The script is loaded again after a SCRIPT FLUSH (NOSCRIPT, load, retry).
+    let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut con).unwrap();
+    let a = writer
+        .assert("billing", "orders", &tokens(5_000, 1, "m9"))
+        .await
+        .unwrap();
+    assert_eq!(a.written, SHARDS as usize);
+}
+
+#[tokio::test]
+async fn redis_cluster() {
+    let cluster = RedisCluster::shared().expect("cluster starts");
+    let stream = format!("ot-{}", std::process::id());
+    // The owner keys of the assignment really are spread over slots and nodes.
+    let mut node = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let slots: BTreeSet<i64> = (0..SHARDS)
+        .map(|s| {
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(key("billing", &stream, s))
+                .query(&mut node)
+                .unwrap()
+        })
+        .collect();
+    assert!(slots.len() > 1, "owner keys in several slots: {slots:?}");
+    let owners: BTreeSet<usize> = slots
+        .iter()
+        .map(|&slot| owner_node(cluster, slot))
+        .collect();
+    assert!(owners.len() > 1, "owner keys on several nodes: {owners:?}");
+
+    let lazy = LazyRedis::open(&cluster.urls(), true, &settings()).unwrap();
+    assert!(lazy.is_cluster());
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        scenario(&writer, &mut con, &stream),
+    )
+    .await
+    .expect("bounded");
+    // After SCRIPT FLUSH on every node, the script is loaded again where needed.
+    for n in cluster.nodes() {
+        n.command("SCRIPT FLUSH").unwrap();
+    }
+    let a = writer
+        .assert("billing", &stream, &tokens(5_000, 1, "m9"))
+        .await
+        .unwrap();
+    assert_eq!(a.written, SHARDS as usize);
+}
+
+/// The retired-key cleaner sends one `UNLINK` with every key of a pass; on a cluster the
+/// connection splits it per slot and sends each part to its node.
+#[tokio::test]
+async fn one_unlink_deletes_keys_of_several_slots_on_a_cluster() {
+    let cluster = RedisCluster::shared().expect("cluster starts");
+    let keys: Vec<String> = (0..SHARDS)
+        .map(|s| shard_key(&format!("rk-{}", std::process::id()), s))
+        .collect();
+    let mut sync = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for k in &keys {
+        Keys::set(&mut sync, k, "x");
+    }
+    let lazy = LazyRedis::open(&cluster.urls(), true, &settings()).unwrap();
+    let mut conn = lazy.get().await.unwrap();
+    let deleted: i64 = tokio::time::timeout(
+        TIMEOUT,
+        redis::cmd("UNLINK").arg(&keys[1..]).query_async(&mut conn),
+    )
+    .await
+    .expect("bounded")
+    .unwrap();
+    assert_eq!(deleted, i64::from(SHARDS) - 1);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(Keys::get(&mut sync, k).is_some(), i == 0, "{k}");
+    }
+}
+
+/// Index of the node that serves `slot` (from `CLUSTER SHARDS`-free `CLUSTER SLOTS`).
+fn owner_node(cluster: &RedisCluster, slot: i64) -> usize {
+    let mut con = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let ranges: Vec<(i64, i64, (String, i64))> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query::<Vec<redis::Value>>(&mut con)
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let redis::Value::Array(parts) = r else {
+                panic!("CLUSTER SLOTS entry: {r:?}")
+            };
+            let start: i64 = redis::from_redis_value(parts[0].clone()).unwrap();
+            let end: i64 = redis::from_redis_value(parts[1].clone()).unwrap();
+            let redis::Value::Array(primary) = parts[2].clone() else {
+                panic!("CLUSTER SLOTS primary: {parts:?}")
+            };
+            let host: String = redis::from_redis_value(primary[0].clone()).unwrap();
+            let port: i64 = redis::from_redis_value(primary[1].clone()).unwrap();
+            (start, end, (host, port))
+        })
+        .collect();
+    let (_, _, (_, port)) = ranges
+        .iter()
+        .find(|(s, e, _)| (*s..=*e).contains(&slot))
+        .expect("slot served");
+    cluster
+        .nodes()
+        .iter()
+        .position(|n| i64::from(n.port()) == *port)
+        .expect("a known node")
+}
