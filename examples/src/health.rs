@@ -30,13 +30,15 @@ pub struct Health {
 
 struct Inner {
     coordinators: Vec<String>,
-    redis: redis::Client,
+    /// The data Redis's nodes (one, or a cluster's seeds): ready when one answers.
+    redis: Vec<redis::Client>,
     http: reqwest::Client,
     shutting_down: AtomicBool,
 }
 
 impl Health {
-    /// Checks the coordinators (comma-separated base URLs, as `--coordinator`) and the data Redis.
+    /// Checks the coordinators (comma-separated base URLs, as `--coordinator`) and the data
+    /// Redis (one URL, or a cluster's comma-separated seed nodes).
     pub fn new(coordinators: &str, redis_url: &str) -> anyhow::Result<Self> {
         let coordinators = coordinators
             .split(',')
@@ -46,7 +48,12 @@ impl Health {
         Ok(Health {
             inner: Arc::new(Inner {
                 coordinators,
-                redis: redis::Client::open(redis_url)?,
+                redis: redis_url
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(redis::Client::open)
+                    .collect::<Result<_, _>>()?,
                 http: reqwest::Client::builder().timeout(CHECK_TIMEOUT).build()?,
                 shutting_down: AtomicBool::new(false),
             }),
@@ -94,10 +101,20 @@ impl Health {
 
     async fn ping_redis(&self) -> anyhow::Result<()> {
         let ping = async {
-            let mut conn = self.inner.redis.get_multiplexed_async_connection().await?;
-            let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
-            anyhow::ensure!(pong == "PONG", "PING answered {pong:?}");
-            Ok(())
+            let mut last = anyhow::anyhow!("no Redis URL");
+            for node in &self.inner.redis {
+                let answer = async {
+                    let mut conn = node.get_multiplexed_async_connection().await?;
+                    let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+                    anyhow::ensure!(pong == "PONG", "PING answered {pong:?}");
+                    Ok(())
+                };
+                match answer.await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = e,
+                }
+            }
+            Err(last)
         };
         tokio::time::timeout(CHECK_TIMEOUT, ping)
             .await

@@ -1,7 +1,7 @@
 //! `sample-consumer`: a sample consumer pod (SPEC §8).
 //!
 //! ```text
-//! sample-consumer --coordinator URL[,URL…] --redis-url URL --group G --stream S \
+//! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
 //!   --concurrency N --pod-ip IP [--token T] [--handle-ms N] [--fail-rate F] [--record-stream KEY]
 //!   [--max-retries N] [--retry-backoff-ms N] [--health-listen ADDR]
 //! ```
@@ -15,7 +15,6 @@
 
 use anyhow::Context;
 use clap::Parser;
-use redis::aio::ConnectionManager;
 use rsc_client::prelude::*;
 use rsc_examples::health::Health;
 use rsc_examples::unix_ms;
@@ -33,9 +32,12 @@ struct Args {
     /// Coordinator URL(s), comma-separated for failover.
     #[arg(long, env = "RSC_COORDINATOR_URL")]
     coordinator: String,
-    /// The data Redis.
+    /// The data Redis (with `--redis-cluster`, seed nodes, comma-separated).
     #[arg(long, env = "RSC_REDIS_URL")]
     redis_url: String,
+    /// The data Redis is a Redis Cluster.
+    #[arg(long)]
+    redis_cluster: bool,
     /// The consumer group (must exist).
     #[arg(long)]
     group: String,
@@ -81,7 +83,39 @@ struct Sample {
 struct Pod {
     handle: Duration,
     fail_rate: f64,
-    record: Option<(String, ConnectionManager)>,
+    record: Option<(String, RecordConn)>,
+}
+
+/// Where handlings are recorded: the data Redis, standalone or cluster.
+#[derive(Clone)]
+enum RecordConn {
+    Single(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl RecordConn {
+    async fn open(url: &str, cluster: bool) -> anyhow::Result<Self> {
+        if cluster {
+            let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
+            let client = redis::cluster::ClusterClient::new(seeds).context("--redis-url")?;
+            return Ok(RecordConn::Cluster(client.get_async_connection().await?));
+        }
+        let client = redis::Client::open(url).context("--redis-url")?;
+        Ok(RecordConn::Single(
+            redis::aio::ConnectionManager::new_lazy_with_config(
+                client,
+                redis::aio::ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(Duration::from_secs(5))),
+            )?,
+        ))
+    }
+
+    async fn query(&self, cmd: &redis::Cmd) -> redis::RedisResult<String> {
+        match self {
+            RecordConn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            RecordConn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
 }
 
 impl Pod {
@@ -99,10 +133,9 @@ impl Pod {
         }
         if let Some((key, conn)) = &self.record {
             let finished_ms = unix_ms();
-            let mut conn = conn.clone();
             let p = msg.payload();
-            let _: String = redis::cmd("XADD")
-                .arg(key)
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(key)
                 .arg("*")
                 .arg("entry_id")
                 .arg(msg.id())
@@ -117,9 +150,8 @@ impl Pod {
                 .arg("started_ms")
                 .arg(started_ms)
                 .arg("finished_ms")
-                .arg(finished_ms)
-                .query_async(&mut conn)
-                .await?;
+                .arg(finished_ms);
+            conn.query(&cmd).await?;
         }
         Ok(())
     }
@@ -134,15 +166,10 @@ async fn main() -> anyhow::Result<()> {
         "--fail-rate must be within 0..=1"
     );
     let record = match &args.record_stream {
-        Some(key) => {
-            let client = redis::Client::open(args.redis_url.as_str()).context("--redis-url")?;
-            let conn = ConnectionManager::new_lazy_with_config(
-                client,
-                redis::aio::ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(Duration::from_secs(5))),
-            )?;
-            Some((key.clone(), conn))
-        }
+        Some(key) => Some((
+            key.clone(),
+            RecordConn::open(&args.redis_url, args.redis_cluster).await?,
+        )),
         None => None,
     };
     let pod = Arc::new(Pod {
@@ -164,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
     let mut builder = ConsumerApp::builder()
         .coordinator(&args.coordinator)
         .redis_url(&args.redis_url)
+        .redis_cluster(args.redis_cluster)
         .instance_id(&args.pod_ip)
         .listener(listener);
     if let Some(t) = &args.token {

@@ -21,9 +21,12 @@ struct Args {
     /// Coordinator URL(s), comma-separated for failover.
     #[arg(long, env = "RSC_COORDINATOR_URL")]
     coordinator: String,
-    /// The data Redis.
+    /// The data Redis (with `--redis-cluster`, seed nodes, comma-separated).
     #[arg(long, env = "RSC_REDIS_URL")]
     redis_url: String,
+    /// The data Redis is a Redis Cluster.
+    #[arg(long)]
+    redis_cluster: bool,
     /// The stream.
     #[arg(long)]
     stream: String,
@@ -79,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut builder = Producer::builder()
         .coordinator(&args.coordinator)
-        .redis_url(&args.redis_url);
+        .redis_url(&args.redis_url)
+        .redis_cluster(args.redis_cluster);
     if let Some(t) = &args.token {
         builder = builder.token(t);
     }
