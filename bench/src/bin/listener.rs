@@ -405,7 +405,7 @@ async fn main() -> anyhow::Result<()> {
         },
         Row {
             name: format!(
-                "listener consume, strict fencing ({} shards, COUNT {}, {n} msgs)",
+                "P7 listener consume, strict fencing ({} shards, COUNT {}, {n} msgs)",
                 args.shards, args.count
             ),
             unit: "msgs/s".into(),
@@ -414,7 +414,7 @@ async fn main() -> anyhow::Result<()> {
             goal: "ratio >= 0.9 (baseline: the same listener with lease-only fencing)".into(),
         },
         Row {
-            name: "Redis CPU per 1,000 messages consumed, strict fencing vs lease".into(),
+            name: "P7 Redis CPU per 1,000 messages consumed, strict fencing vs lease".into(),
             unit: "ms".into(),
             value: summarize(&cpu_strict),
             baseline: Some(summarize(&cpu_lease)),
