@@ -305,6 +305,24 @@ async fn fencing_mode_is_validated_and_defaults_to_lease_without_a_data_redis() 
     assert!(hb.get("owner_tokens").is_none(), "lease: no tokens: {hb}");
 }
 
+/// Heartbeats the coordinator answered on the steady path so far (its store metrics).
+async fn steady_touches(stack: &Stack) -> u64 {
+    let metrics = reqwest::get(format!("{}/metrics", stack.coordinator.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"rsc_store_operation_duration_seconds_count{operation="touch_steady"} "#,
+            )
+        })
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
 #[tokio::test]
 async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_heartbeat() {
     let stack = stack().await;
@@ -322,10 +340,14 @@ async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_hea
         Some(token.as_str()),
         "written before the answer"
     );
+    // The member starts the shard and says so: from then on its heartbeats change nothing.
+    let epoch = hb["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let steady_before = steady_touches(&stack).await;
     // Lost (e.g. a crash between the document write and the token write): repaired by the
     // member's next heartbeat.
     let _: () = redis::cmd("DEL").arg(&owner_key).query(&mut con).unwrap();
-    let epoch = hb["member_epoch"].as_i64().unwrap();
     let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
     assert_eq!(s.as_u16(), 200, "{hb}");
     assert_eq!(
@@ -335,6 +357,13 @@ async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_hea
     );
     let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
     assert_eq!(stored.as_deref(), Some(token.as_str()), "repaired");
+    // That heartbeat changed nothing: it was answered on the steady path (one conditional
+    // liveness touch, no group lock), which re-asserts tokens too.
+    assert_eq!(
+        steady_touches(&stack).await,
+        steady_before + 1,
+        "answered on the steady path"
+    );
     // A later grant's token is never replaced by an earlier one.
     let later = format!("{}:{}:other", u64::MAX / 4, 1);
     let _: () = redis::cmd("SET")

@@ -410,14 +410,9 @@ impl Coordinator {
         let Some(s) = self.cache.stream(&g.doc.stream) else {
             return Ok(None);
         };
-        let Some(response) = g.doc.steady_heartbeat(&s.doc, req) else {
+        let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
             return Ok(None);
         };
-        if !response.owner_tokens.is_empty() {
-            // Strict fencing: every heartbeat re-asserts the owner tokens (repairing a lost
-            // write within one heartbeat), which takes the full path under the group lock.
-            return Ok(None);
-        }
         let touched = self
             .store
             .touch_steady(&SteadyTouch {
@@ -432,7 +427,16 @@ impl Coordinator {
             .await?;
         let steady = touched == TouchOutcome::Touched;
         debug!(steady, revision = g.revision, "steady-state heartbeat");
-        Ok(steady.then_some(response))
+        if !steady {
+            return Ok(None);
+        }
+        // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
+        // lost write within one heartbeat. The touch confirmed that the cached document was
+        // the current one; without the group lock a later grant may land meanwhile, but the
+        // token script never replaces a later grant's token with an earlier one, so this
+        // re-assertion cannot hand a shard back.
+        self.assert_tokens(&g.doc, &mut response).await?;
+        Ok(Some(response))
     }
 
     /// Handles `POST leave`.
