@@ -42,6 +42,10 @@ struct Args {
     /// (P6; goal < 100 MB at 1,000 members x 4,096 shards).
     #[arg(long)]
     rss: bool,
+    /// The group's fencing: `strict` also gives the coordinator a data Redis (the same
+    /// server), and every steady heartbeat re-asserts the member's owner tokens there.
+    #[arg(long, default_value = "lease", value_parser = ["lease", "strict"])]
+    fencing: String,
 }
 
 /// Builds the request a load loop sends: `(client, worker, iteration)`.
@@ -226,15 +230,20 @@ async fn main() -> Result<()> {
         args.duration_ms = 500;
     }
     let redis = RedisServer::start().context("redis-server")?;
-    let coordinator = CoordinatorProcess::start(&[
+    let url = redis.url();
+    let mut coordinator_args = vec![
         "--store",
         "redis",
         "--redis-url",
-        &redis.url(),
+        &url,
         "--key-prefix",
         "bench",
-    ])
-    .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
+    ];
+    if args.fencing == "strict" {
+        coordinator_args.extend(["--data-redis-url", &url]);
+    }
+    let coordinator = CoordinatorProcess::start(&coordinator_args)
+        .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
     let base = coordinator.url();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
@@ -242,7 +251,8 @@ async fn main() -> Result<()> {
     let (s, v) = post(
         &http,
         &format!("{base}/v1/groups"),
-        &json!({"group": "bench", "stream": "bench", "shard_count": args.shards}),
+        &json!({"group": "bench", "stream": "bench", "shard_count": args.shards,
+            "fencing": args.fencing}),
     )
     .await?;
     if s != 201 {
@@ -317,11 +327,16 @@ async fn main() -> Result<()> {
         redis.url()
     );
     let heartbeat_summary = summarize(&hb_rates);
+    let fencing_label = if args.fencing == "strict" {
+        ", strict fencing"
+    } else {
+        ""
+    };
     let mut rows = vec![
         Row {
             name: format!(
-                "P1 steady heartbeat, redis store ({} members, {} shards, {} in flight) vs GET /healthz",
-                args.members, args.shards, args.concurrency
+                "P1 steady heartbeat, redis store{} ({} members, {} shards, {} in flight) vs GET /healthz",
+                fencing_label, args.members, args.shards, args.concurrency
             ),
             unit: "req/s".into(),
             value: heartbeat_summary,
@@ -330,8 +345,8 @@ async fn main() -> Result<()> {
         },
         Row {
             name: format!(
-                "P1 Redis commands per steady heartbeat ({} members)",
-                args.members
+                "P1 Redis commands per steady heartbeat{} ({} members)",
+                fencing_label, args.members
             ),
             unit: "cmds".into(),
             value: summarize(&[per_heartbeat]),
