@@ -355,8 +355,8 @@ async fn main() -> Result<()> {
         },
         Row {
             name: format!(
-                "P1 Redis script calls per heartbeat at {} in flight ({} members, batched)",
-                args.concurrency, args.members
+                "P1 Redis script calls per heartbeat{} at {} in flight ({} members, batched)",
+                fencing_label, args.concurrency, args.members
             ),
             unit: "calls".into(),
             value: summarize(&[scripts_under_load as f64 / heartbeats_under_load]),
