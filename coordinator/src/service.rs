@@ -413,29 +413,31 @@ impl Coordinator {
         let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
             return Ok(None);
         };
-        let touched = self
-            .store
-            .touch_steady(&SteadyTouch {
-                group,
-                revision: g.revision,
-                stream: &s.doc.stream,
-                stream_revision: s.revision,
-                member: &req.member_id,
-                now_ms: self.now(),
-                max_silence_ms: g.doc.config.session_timeout_ms,
-            })
-            .await?;
-        let steady = touched == TouchOutcome::Touched;
+        let touch = SteadyTouch {
+            group,
+            revision: g.revision,
+            stream: &s.doc.stream,
+            stream_revision: s.revision,
+            member: &req.member_id,
+            now_ms: self.now(),
+            max_silence_ms: g.doc.config.session_timeout_ms,
+        };
+        // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
+        // lost write within one heartbeat, at the same time as the touch (two round trips
+        // in parallel, to two Redis). Without the group lock, and even when the touch finds
+        // the cached document stale, this cannot hand a shard back: the token script never
+        // replaces a later grant's token with an earlier one, and a grant's token is written
+        // before the grant is answered.
+        let (touched, asserted) = tokio::join!(
+            self.store.touch_steady(&touch),
+            self.assert_tokens(&g.doc, &mut response)
+        );
+        let steady = touched? == TouchOutcome::Touched;
         debug!(steady, revision = g.revision, "steady-state heartbeat");
         if !steady {
             return Ok(None);
         }
-        // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
-        // lost write within one heartbeat. The touch confirmed that the cached document was
-        // the current one; without the group lock a later grant may land meanwhile, but the
-        // token script never replaces a later grant's token with an earlier one, so this
-        // re-assertion cannot hand a shard back.
-        self.assert_tokens(&g.doc, &mut response).await?;
+        asserted?;
         Ok(Some(response))
     }
 

@@ -257,3 +257,71 @@ fn owner_node(cluster: &RedisCluster, slot: i64) -> usize {
         .position(|n| i64::from(n.port()) == *port)
         .expect("a known node")
 }
+
+/// Concurrent assertions on a standalone Redis (one shared connection): each caller gets the
+/// outcome of its own keys, a refusal included.
+#[tokio::test]
+async fn concurrent_assertions_each_get_their_own_outcome() {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut con = client.get_connection().unwrap();
+    // Group 7's shard 0 already holds a later grant's token.
+    Keys::set(&mut con, &key("g7", "s", 0), "99999999999999:1:later");
+    let one = |g: usize| {
+        let writer = &writer;
+        async move {
+            let t: BTreeMap<u32, String> = (0..=(g as u32 % 3))
+                .map(|s| (s, format!("1000:1:m{g}")))
+                .collect();
+            (
+                g,
+                writer
+                    .assert(&format!("g{g}"), "s", &t)
+                    .await
+                    .expect("assert"),
+            )
+        }
+    };
+    let first = futures::future::join_all((0..40).map(one)).await;
+    for (g, a) in &first {
+        let n = *g % 3 + 1;
+        let expected = if *g == 7 {
+            Asserted {
+                written: n - 1,
+                unchanged: 0,
+                refused: 1,
+            }
+        } else {
+            Asserted {
+                written: n,
+                unchanged: 0,
+                refused: 0,
+            }
+        };
+        assert_eq!(*a, expected, "group g{g}");
+    }
+    let again = futures::future::join_all((0..40).map(one)).await;
+    for (g, a) in &again {
+        let n = *g % 3 + 1;
+        let refused = usize::from(*g == 7);
+        assert_eq!(
+            *a,
+            Asserted {
+                written: 0,
+                unchanged: n - refused,
+                refused
+            },
+            "group g{g}"
+        );
+    }
+    assert_eq!(
+        Keys::get(&mut con, &key("g7", "s", 0)).as_deref(),
+        Some("99999999999999:1:later")
+    );
+    assert_eq!(
+        Keys::get(&mut con, &key("g39", "s", 0)).as_deref(),
+        Some("1000:1:m39")
+    );
+}

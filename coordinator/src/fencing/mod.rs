@@ -75,7 +75,7 @@ impl OwnerTokens {
     /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
     /// token (or a later grant's). On a standalone Redis one round trip (`EVALSHA`, loading
     /// the script on `NOSCRIPT`); on a cluster one script call per key, concurrently.
-    #[tracing::instrument(skip(self, tokens), fields(shards = tokens.len()))]
+    #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
     pub async fn assert(
         &self,
         group: &str,
