@@ -355,11 +355,38 @@ impl ShardWorker {
         }
     }
 
-    /// After a failed read: its reply (entries now pending for this member) may be lost.
-    fn read_failed(&mut self) {
+    /// Before a read: acknowledges what was handled while the listener is paused, then waits
+    /// until it is resumed; `false` when stopped.
+    async fn ready_to_read(&mut self, conn: &mut NodeConn) -> bool {
+        if *self.shared.paused.borrow() {
+            self.flush_acks(conn).await;
+        }
+        if !self.wait_unpaused().await {
+            self.flush_acks(conn).await;
+            return false;
+        }
+        true
+    }
+
+    /// After a failed read: recreates a vanished consumer group; otherwise the reply
+    /// (entries now pending for this member) may be lost, so this member's own pending
+    /// entries are read first once the backoff is over. `false` when stopped.
+    async fn read_failed(
+        &mut self,
+        conn: &mut NodeConn,
+        backoff: &mut Backoff,
+        e: &RedisError,
+    ) -> bool {
+        if e.code() == Some("NOGROUP") {
+            warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+            self.pending_from = None;
+            return self.ensure_group(conn, backoff).await;
+        }
+        warn!(error = %e, "read failed; retrying");
         if self.pending_from.is_none() {
             self.pending_from = Some("0".to_owned());
         }
+        self.pause_for(backoff.next_delay()).await
     }
 
     /// Reads and handles new entries until stopped.
@@ -372,11 +399,7 @@ impl ShardWorker {
                 // Switched to strict fencing: acknowledgements and reads go guarded from now.
                 return true;
             }
-            if *self.shared.paused.borrow() {
-                self.flush_acks(conn).await;
-            }
-            if !self.wait_unpaused().await {
-                self.flush_acks(conn).await;
+            if !self.ready_to_read(conn).await {
                 return false;
             }
             let from = self.read_from();
@@ -419,7 +442,8 @@ impl ShardWorker {
                     return false;
                 }
             };
-            if reply.is_err() && !acks.is_empty() {
+            if reply.is_err() {
+                // The acknowledgements may not have landed: send them on their own.
                 self.acks = acks;
                 self.flush_acks(conn).await;
             }
@@ -445,17 +469,8 @@ impl ShardWorker {
                     }
                     self.refresh_lag(conn).await;
                 }
-                Err(e) if e.code() == Some("NOGROUP") => {
-                    warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
-                    self.pending_from = None;
-                    if !self.ensure_group(conn, backoff).await {
-                        return false;
-                    }
-                }
                 Err(e) => {
-                    warn!(error = %e, "XREADGROUP failed; retrying");
-                    self.read_failed();
-                    if !self.pause_for(backoff.next_delay()).await {
+                    if !self.read_failed(conn, backoff, &e).await {
                         return false;
                     }
                 }
@@ -473,11 +488,7 @@ impl ShardWorker {
         let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
         let mut guard = fence::Guard::new(&self.origin);
         loop {
-            if *self.shared.paused.borrow() {
-                self.flush_acks(conn).await;
-            }
-            if !self.wait_unpaused().await {
-                self.flush_acks(conn).await;
+            if !self.ready_to_read(conn).await {
                 return false;
             }
             let Some(token) = self.flags.token() else {
@@ -494,7 +505,8 @@ impl ShardWorker {
                     return false;
                 }
             };
-            if reply.is_err() && !acks.is_empty() {
+            if reply.is_err() {
+                // The acknowledgements may not have landed: send them on their own.
                 self.acks = acks;
                 self.flush_acks(conn).await;
             }
@@ -548,17 +560,8 @@ impl ShardWorker {
                         _ = self.stop.cancelled() => return false,
                     }
                 }
-                Err(e) if e.code() == Some("NOGROUP") => {
-                    warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
-                    self.pending_from = None;
-                    if !self.ensure_group(conn, backoff).await {
-                        return false;
-                    }
-                }
                 Err(e) => {
-                    warn!(error = %e, "guarded XREADGROUP failed; retrying");
-                    self.read_failed();
-                    if !self.pause_for(backoff.next_delay()).await {
+                    if !self.read_failed(conn, backoff, &e).await {
                         return false;
                     }
                 }
