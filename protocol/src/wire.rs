@@ -122,6 +122,63 @@ pub struct ClientInfo {
     pub concurrency: Option<u32>,
 }
 
+/// Most heartbeats one `POST /v1/heartbeats` request may carry; a larger batch is refused
+/// with `400 INVALID_REQUEST` (split it).
+pub const MAX_HEARTBEAT_BATCH: usize = 1000;
+
+/// `POST /v1/heartbeats` body: the heartbeats of several logical members of one process, of
+/// any mix of groups, answered in one response (a compatible v1 addition).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatBatchRequest {
+    /// One entry per member heartbeat (1 to [`MAX_HEARTBEAT_BATCH`]).
+    pub heartbeats: Vec<BatchedHeartbeat>,
+}
+
+/// One heartbeat of a [`HeartbeatBatchRequest`]: the group, and the body
+/// `POST /v1/groups/{group}/heartbeat` would take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BatchedHeartbeat {
+    /// The group the member belongs to.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub group: String,
+    /// The heartbeat itself.
+    pub heartbeat: HeartbeatRequest,
+}
+
+/// `POST /v1/heartbeats` answer: one result per heartbeat, in the order of the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HeartbeatBatchResponse {
+    /// The results, index for index with the request's `heartbeats`.
+    pub results: Vec<BatchedHeartbeatResult>,
+}
+
+/// The answer to one heartbeat of a batch: exactly what `POST /v1/groups/{group}/heartbeat`
+/// would have answered, as its HTTP status and either its body or its error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BatchedHeartbeatResult {
+    /// The group of the heartbeat.
+    pub group: String,
+    /// The member of the heartbeat.
+    pub member_id: String,
+    /// The HTTP status the single-heartbeat route would have answered (200 on success).
+    pub status: u16,
+    /// The heartbeat's answer (status 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<HeartbeatResponse>,
+    /// The heartbeat's error (any other status), as in the SPEC's error body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::ErrorDetail>,
+}
+
 /// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
