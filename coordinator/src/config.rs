@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// How often the expiry sweep runs, in ms [default: 250].
     #[arg(long, env = "RSC_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
+    /// How long a deleted group's revision tombstone is kept before it is collected, in ms
+    /// [default: 3600000].
+    #[arg(long, env = "RSC_TOMBSTONE_RETENTION_MS")]
+    pub tombstone_retention_ms: Option<u64>,
     /// Request body limit in bytes [default: 65536].
     #[arg(long, env = "RSC_BODY_LIMIT")]
     pub body_limit: Option<usize>,
@@ -133,6 +137,8 @@ pub struct ServeConfig {
     pub retired_key_delay_ms: u64,
     /// Expiry sweep period.
     pub sweep_interval_ms: u64,
+    /// Retention of deleted groups' revision tombstones.
+    pub tombstone_retention_ms: u64,
     /// Body limit.
     pub body_limit: usize,
     /// Log format.
@@ -213,6 +219,10 @@ impl ServeArgs {
                 .sweep_interval_ms
                 .or(file.sweep_interval_ms)
                 .unwrap_or(250),
+            tombstone_retention_ms: self
+                .tombstone_retention_ms
+                .or(file.tombstone_retention_ms)
+                .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
             body_limit: self
                 .body_limit
                 .or(file.body_limit)
@@ -242,6 +252,12 @@ impl ServeArgs {
             return Err(ConfigError::Invalid(format!(
                 "sweep-interval-ms is {}; it must be within 10..=60000",
                 cfg.sweep_interval_ms
+            )));
+        }
+        if !(100..=30 * 24 * 3_600_000).contains(&cfg.tombstone_retention_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "tombstone-retention-ms is {}; it must be within 100..=2592000000 (30 days)",
+                cfg.tombstone_retention_ms
             )));
         }
         if cfg.admin_rate == 0 || cfg.admin_burst == 0 {

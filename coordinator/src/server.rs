@@ -9,7 +9,9 @@ use crate::metrics::{self, InstrumentedStore, LagProbe};
 use crate::redis_conn::{self, ConnSettings, LazyRedis};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
-use crate::store::{MemoryStore, MetadataStore, RedisStore, RedisStoreConfig};
+use crate::store::{
+    DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
+};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -34,12 +36,16 @@ fn data_settings(timeout: Duration) -> ConnSettings {
 /// Builds the store the configuration names.
 pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataStore>> {
     Ok(match cfg.store {
-        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Memory => Arc::new(
+            MemoryStore::new()
+                .with_tombstone_retention(Duration::from_millis(cfg.tombstone_retention_ms)),
+        ),
         StoreKind::Redis => {
             let store = RedisStore::open(RedisStoreConfig {
                 urls: cfg.redis_urls.clone(),
                 cluster: cfg.redis_cluster,
                 key_prefix: cfg.key_prefix.clone(),
+                tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 ..RedisStoreConfig::default()
             })
             .await?;
@@ -123,6 +129,7 @@ pub async fn serve(
         clock,
         ServiceConfig {
             rollback_window_ms: cfg.rollback_window_ms,
+            cache_idle: Duration::from_millis(cfg.tombstone_retention_ms / 2),
             ..ServiceConfig::default()
         },
     );
@@ -145,6 +152,7 @@ pub async fn serve(
     let sweeper = tokio::spawn(sweep_loop(
         coordinator.clone(),
         Duration::from_millis(cfg.sweep_interval_ms),
+        format!("{addr}-{:08x}", rand::random::<u32>()),
     ));
     let upkeep = tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -174,12 +182,49 @@ pub async fn serve(
     result.map_err(Into::into)
 }
 
-async fn sweep_loop(coordinator: Coordinator, every: Duration) {
+/// How often a coordinator renews its registration and learns who else is live.
+const REGISTRY_REFRESH: Duration = Duration::from_secs(1);
+/// A registration not renewed for this long has lapsed: the coordinator's deadline-index
+/// buckets pass to the others.
+const REGISTRY_TTL: Duration = Duration::from_secs(3);
+
+/// Every `every`: sweeps the due groups of this coordinator's deadline-index buckets. Every
+/// [`REGISTRY_REFRESH`] it renews its registration; the live coordinators, sorted by id,
+/// divide the buckets by rank, so each due group is visited by one of them (and claimed
+/// atomically, should two briefly disagree on who is live).
+async fn sweep_loop(coordinator: Coordinator, every: Duration, id: String) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Until the first registration: every bucket (claims keep that safe).
+    let mut buckets: Vec<u32> = (0..DUE_BUCKETS).collect();
+    let mut registered: Option<std::time::Instant> = None;
+    info!(coordinator = %id, "expiry sweep started");
     loop {
         tick.tick().await;
-        match coordinator.sweep().await {
+        if registered.is_none_or(|t| t.elapsed() >= REGISTRY_REFRESH) {
+            let ttl = REGISTRY_TTL.as_millis() as u64;
+            match coordinator
+                .store()
+                .register_coordinator(&id, coordinator.now_ms(), ttl)
+                .await
+            {
+                Ok(live) => {
+                    registered = Some(std::time::Instant::now());
+                    let rank = live.iter().position(|c| *c == id).unwrap_or(0);
+                    let mine = buckets_of(rank, live.len());
+                    ::metrics::gauge!("rsc_coordinators_live").set(live.len() as f64);
+                    ::metrics::gauge!("rsc_sweep_buckets").set(mine.len() as f64);
+                    if mine != buckets {
+                        info!(coordinators = live.len(), rank, buckets = ?mine, "deadline-index buckets divided");
+                        buckets = mine;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not renew this coordinator's registration; keeping its buckets")
+                }
+            }
+        }
+        match coordinator.sweep(&buckets).await {
             Ok(0) => {}
             Ok(n) => info!(removed = n, "expiry sweep removed members"),
             Err(e) => warn!(error = %e, "expiry sweep failed; retrying next tick"),

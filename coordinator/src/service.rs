@@ -25,6 +25,7 @@ use crate::fencing::OwnerTokens;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
+use futures::StreamExt;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     CreateGroupRequest, ErrorCode, FencingMode, GroupView, HeartbeatRequest, HeartbeatResponse,
@@ -33,7 +34,11 @@ use rsc_protocol::{
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
+
+/// How many due groups one sweep visits at once.
+const SWEEP_CONCURRENCY: usize = 16;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -42,6 +47,15 @@ pub struct ServiceConfig {
     pub rollback_window_ms: u64,
     /// How many times a lost compare-and-set is retried before `STORE_CONFLICT`.
     pub cas_retries: u32,
+    /// A cached group document unused for this long is dropped (and read again when needed):
+    /// half the store's tombstone retention, so that no coordinator still caches a deleted
+    /// group when its tombstone is collected and the name may start a new revision sequence.
+    pub cache_idle: Duration,
+    /// How long a sweep's claim on a due group lasts: if the sweeper dies before it has
+    /// rescheduled the group, the group is due again this much later, for any coordinator.
+    pub claim_ms: u64,
+    /// Most due groups one sweep claims.
+    pub sweep_batch: usize,
 }
 
 impl Default for ServiceConfig {
@@ -49,6 +63,9 @@ impl Default for ServiceConfig {
         ServiceConfig {
             rollback_window_ms: 15 * 60 * 1000,
             cas_retries: 5,
+            cache_idle: crate::store::TOMBSTONE_RETENTION / 2,
+            claim_ms: 2_000,
+            sweep_batch: 512,
         }
     }
 }
@@ -122,17 +139,42 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
 }
 
 /// The documents this coordinator last read or wrote, by revision: what a steady heartbeat
-/// is answered from (after checking the revisions in the store).
-#[derive(Debug, Default)]
+/// is answered from (after checking the revisions in the store). A group document unused for
+/// `idle` is dropped (see [`ServiceConfig::cache_idle`]).
+#[derive(Debug)]
 struct DocCache {
-    groups: Mutex<HashMap<String, Arc<Versioned<GroupDoc>>>>,
+    groups: Mutex<HashMap<String, (Arc<Versioned<GroupDoc>>, Instant)>>,
     streams: Mutex<HashMap<String, Arc<Versioned<StreamDoc>>>>,
+    /// Deadline-index updates that failed: group → (revision, deadline), retried by the sweep.
+    owed: Mutex<HashMap<String, (u64, u64)>>,
+    idle: Duration,
 }
 
 impl DocCache {
+    fn new(idle: Duration) -> Self {
+        DocCache {
+            groups: Mutex::default(),
+            streams: Mutex::default(),
+            owed: Mutex::default(),
+            idle,
+        }
+    }
+
     fn group(&self, group: &str) -> Option<Arc<Versioned<GroupDoc>>> {
-        let groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        groups.get(group).cloned()
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let (doc, used) = groups.get_mut(group)?;
+        if used.elapsed() >= self.idle {
+            groups.remove(group);
+            return None;
+        }
+        *used = Instant::now();
+        Some(doc.clone())
+    }
+
+    /// Drops group documents unused for longer than `idle`.
+    fn evict_idle(&self) {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|_, (_, used)| used.elapsed() < self.idle);
     }
 
     fn stream(&self, stream: &str) -> Option<Arc<Versioned<StreamDoc>>> {
@@ -142,12 +184,27 @@ impl DocCache {
 
     fn put_group(&self, revision: u64, doc: GroupDoc) {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        groups.insert(doc.group.clone(), Arc::new(Versioned { revision, doc }));
+        groups.insert(
+            doc.group.clone(),
+            (Arc::new(Versioned { revision, doc }), Instant::now()),
+        );
     }
 
     fn put_stream(&self, v: Versioned<StreamDoc>) {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.insert(v.doc.stream.clone(), Arc::new(v));
+    }
+
+    /// Remembers a deadline-index update that failed, for the next sweep to retry.
+    fn owe_deadline(&self, group: &str, revision: u64, deadline: u64) {
+        let mut owed = self.owed.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = owed.entry(group.to_owned()).or_insert((revision, deadline));
+        *entry = (entry.0.max(revision), entry.1.min(deadline));
+    }
+
+    fn take_owed(&self) -> Vec<(String, u64, u64)> {
+        let mut owed = self.owed.lock().unwrap_or_else(|p| p.into_inner());
+        owed.drain().map(|(g, (r, d))| (g, r, d)).collect()
     }
 
     fn forget_group(&self, group: &str) {
@@ -176,8 +233,8 @@ impl Coordinator {
         Coordinator {
             store,
             clock,
+            cache: Arc::new(DocCache::new(config.cache_idle)),
             config,
-            cache: Arc::default(),
             fencing: None,
         }
     }
@@ -341,6 +398,7 @@ impl Coordinator {
                             };
                             let revision =
                                 self.store.put_group_live(&doc, revision, &change).await?;
+                            self.lower_deadline(&doc, revision).await;
                             log_events(group, &events);
                             self.cache.put_group(revision, doc);
                         }
@@ -358,7 +416,9 @@ impl Coordinator {
                         expired,
                         touch,
                     };
-                    self.store.put_group_live(&doc, revision, &change).await?
+                    let revision = self.store.put_group_live(&doc, revision, &change).await?;
+                    self.lower_deadline(&doc, revision).await;
+                    revision
                 } else {
                     if let Some((member, now)) = &touch {
                         // Nothing to write but the liveness: only while nobody else wrote.
@@ -494,6 +554,15 @@ impl Coordinator {
     where
         F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
     {
+        Ok(self.mutate_group_at(group, f).await?.events)
+    }
+
+    /// [`Coordinator::mutate_group`], also telling the revision and next deadline of the
+    /// group document it left (written or not).
+    async fn mutate_group_at<F>(&self, group: &str, f: F) -> Result<Mutated>
+    where
+        F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
+    {
         self.retrying(|| async {
             let _lock = self
                 .store
@@ -509,20 +578,45 @@ impl Coordinator {
             let (mut events, expired) = expire(&mut doc, &stream.doc, now);
             events.extend(f(&mut doc, &stream.doc, now)?);
             track_convergence(&mut doc, now);
+            let next_deadline_ms = doc.next_deadline_ms();
+            let mut at = revision;
             if doc != before {
                 let change = LivenessChange {
                     forget: departed(&events),
                     expired,
                     touch: None,
                 };
-                let revision = self.store.put_group_live(&doc, revision, &change).await?;
-                self.cache.put_group(revision, doc);
+                at = self.store.put_group_live(&doc, revision, &change).await?;
+                self.lower_deadline(&doc, at).await;
+                self.cache.put_group(at, doc);
             }
             self.cache.put_stream(stream);
             log_events(group, &events);
-            Ok(events)
+            Ok(Mutated {
+                events,
+                revision: at,
+                next_deadline_ms,
+            })
         })
         .await
+    }
+
+    /// After a write of `doc` at `revision`: brings the group's entry in the deadline index
+    /// forward to the document's next deadline, if that is earlier. A failure is logged and
+    /// remembered: the sweep retries it (until then the member's expiry may come late, never
+    /// early).
+    async fn lower_deadline(&self, doc: &GroupDoc, revision: u64) {
+        let Some(deadline) = doc.next_deadline_ms() else {
+            return;
+        };
+        if let Err(e) = self
+            .store
+            .lower_deadline(&doc.group, revision, deadline)
+            .await
+        {
+            warn!(group = %doc.group, deadline, error = %e, "could not record the group's next deadline; the sweep retries");
+            self.cache.owe_deadline(&doc.group, revision, deadline);
+        }
     }
 
     /// Creates a group, and its stream when new (admin).
@@ -720,48 +814,57 @@ impl Coordinator {
                 .mutate_group(group, |_doc, _stream, _now| Ok(Vec::new()))
                 .await;
             if let Err(e) = r {
-                warn!(stream = %stream.stream, group, error = %e, "layout change not yet applied to group");
+                warn!(stream = %stream.stream, group, error = %e, "layout change not yet applied to group; the sweep retries");
+                // Due now: the sweep applies it (as would the group's next heartbeat).
+                let now = self.now();
+                if let Err(e) = self.store.lower_deadline(group, 0, now).await {
+                    debug!(group, error = %e, "could not schedule the group for the sweep");
+                    self.cache.owe_deadline(group, 0, now);
+                }
             }
         }
     }
 
-    /// Expires silent members and members that outlived their rebalance timeout, in every
-    /// group. Returns how many members were removed. A group that fails is skipped (and
-    /// retried at the next sweep); the first failure is returned after the others ran.
-    pub async fn sweep(&self) -> Result<usize> {
+    /// Expires silent members and members that outlived their rebalance timeout, in the
+    /// groups of the deadline-index `buckets` that are due. Returns how many members were
+    /// removed. A group that fails stays claimed and is due again after the claim
+    /// ([`ServiceConfig::claim_ms`]); the first failure is returned after the others ran.
+    ///
+    /// Only due groups are visited: every group document write records the group's next
+    /// deadline (session or revocation) in the index, and a visit that finds nothing due
+    /// (members heartbeated since) reschedules the group at its real next deadline.
+    pub async fn sweep(&self, buckets: &[u32]) -> Result<usize> {
+        for (group, revision, deadline) in self.cache.take_owed() {
+            if let Err(e) = self.store.lower_deadline(&group, revision, deadline).await {
+                self.cache.owe_deadline(&group, revision, deadline);
+                return Err(e.into());
+            }
+        }
+        self.cache.evict_idle();
+        let now = self.now();
+        let due = self
+            .store
+            .claim_due(buckets, now, self.config.claim_ms, self.config.sweep_batch)
+            .await?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        ::metrics::counter!("rsc_sweep_visits_total").increment(due.len() as u64);
+        let visits: Vec<(String, Result<usize>)> = futures::stream::iter(due)
+            .map(|group| async move {
+                let r = self.visit(&group).await;
+                (group, r)
+            })
+            .buffer_unordered(SWEEP_CONCURRENCY)
+            .collect()
+            .await;
         let mut removed = 0;
         let mut failure = None;
-        for group in self.store.list_groups().await? {
-            let Ok(v) = self.sweep_view(&group).await else {
-                continue;
-            };
-            let now = self.now();
-            let Ok(layout_version) = self.layout_version(&v.doc.stream).await else {
-                continue;
-            };
-            let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now)
-                || v.doc.layout_version != layout_version;
-            if !due {
-                continue;
-            }
-            match self
-                .mutate_group(&group, |_doc, _stream, _now| Ok(Vec::new()))
-                .await
-            {
-                Ok(events) => {
-                    removed += events
-                        .iter()
-                        .filter(|e| {
-                            matches!(
-                                e,
-                                GroupEvent::SessionExpired(_) | GroupEvent::RebalanceTimedOut(_)
-                            )
-                        })
-                        .count();
-                }
-                Err(ServiceError::GroupNotFound(_) | ServiceError::StreamNotFound(_)) => {}
+        for (group, r) in visits {
+            match r {
+                Ok(n) => removed += n,
                 Err(e) => {
-                    warn!(group, error = %e, "expiry sweep of the group failed; retrying next sweep");
+                    warn!(group, error = %e, "expiry sweep of the group failed; it is due again after the claim");
                     failure.get_or_insert(e);
                 }
             }
@@ -770,6 +873,56 @@ impl Coordinator {
             Some(e) => Err(e),
             None => Ok(removed),
         }
+    }
+
+    /// One due group: expire what is due (and apply a layout change the group missed), then
+    /// reschedule the group at its next deadline.
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn visit(&self, group: &str) -> Result<usize> {
+        let v = match self.sweep_view(group).await {
+            Ok(v) => v,
+            Err(ServiceError::GroupNotFound(_)) => {
+                // Deleted: its index entry goes too.
+                self.store.reschedule(group, u64::MAX, None).await?;
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        };
+        let now = self.now();
+        let layout_stale = match self.layout_version(&v.doc.stream).await {
+            Ok(layout) => layout != v.doc.layout_version,
+            Err(ServiceError::StreamNotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now);
+        let (removed, revision, deadline) = if due || layout_stale {
+            let m = match self
+                .mutate_group_at(group, |_doc, _stream, _now| Ok(Vec::new()))
+                .await
+            {
+                Ok(m) => m,
+                Err(ServiceError::GroupNotFound(_) | ServiceError::StreamNotFound(_)) => {
+                    return Ok(0);
+                }
+                Err(e) => return Err(e),
+            };
+            let removed = m
+                .events
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        GroupEvent::SessionExpired(_) | GroupEvent::RebalanceTimedOut(_)
+                    )
+                })
+                .count();
+            (removed, m.revision, m.next_deadline_ms)
+        } else {
+            (0, v.revision, v.doc.next_deadline_ms())
+        };
+        let set = self.store.reschedule(group, revision, deadline).await?;
+        debug!(group, due, layout_stale, ?deadline, set, "swept");
+        Ok(removed)
     }
 
     /// Deletes the keys of retired shards whose latest reshard is at least `delay_ms` past
@@ -895,6 +1048,16 @@ impl Coordinator {
         check_name("stream", stream)?;
         Ok(routing_view(&self.load_stream(stream).await?.doc))
     }
+}
+
+/// What [`Coordinator::mutate_group_at`] did and left.
+#[derive(Debug)]
+struct Mutated {
+    events: Vec<GroupEvent>,
+    /// The group document's revision afterwards.
+    revision: u64,
+    /// Its next deadline.
+    next_deadline_ms: Option<u64>,
 }
 
 /// Retired shard keys one [`Coordinator::purge_retired`] pass deleted on one stream.

@@ -7,7 +7,7 @@ use rsc_coordinator::engine::{GroupDoc, StreamDoc};
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
 use rsc_coordinator::store::{
     AuditFilter, LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
-    TouchOutcome, Versioned,
+    TouchOutcome, Versioned, buckets_of,
 };
 use rsc_protocol::{AuditEntry, CreateGroupRequest, HeartbeatRequest};
 use std::collections::HashMap;
@@ -109,6 +109,39 @@ impl MetadataStore for GatedStore {
     async fn stream_revision(&self, s: &str) -> Result<Option<u64>, StoreError> {
         self.inner.stream_revision(s).await
     }
+    async fn lower_deadline(&self, g: &str, revision: u64, due: u64) -> Result<(), StoreError> {
+        self.inner.lower_deadline(g, revision, due).await
+    }
+    async fn reschedule(
+        &self,
+        g: &str,
+        revision: u64,
+        due: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        self.inner.reschedule(g, revision, due).await
+    }
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now: u64,
+        claim: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.claim_due(buckets, now, claim, limit).await
+    }
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.register_coordinator(id, now, ttl).await
+    }
+}
+
+/// Every bucket of the deadline index (one coordinator sweeping alone).
+fn all_buckets() -> Vec<u32> {
+    buckets_of(0, 1)
 }
 
 fn coordinator(store: &Arc<GatedStore>, clock: &ManualClock) -> Coordinator {
@@ -205,7 +238,7 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
     store.hold_next_write.store(true, Ordering::SeqCst);
     let sweep = tokio::spawn({
         let a = a.clone();
-        async move { a.sweep().await }
+        async move { a.sweep(&all_buckets()).await }
     });
     store.reached.notified().await;
     // A holds the group lock and has decided; B answers a steady heartbeat without a lock.
@@ -238,8 +271,12 @@ async fn exactly_one_coordinator_expires_a_member() {
     stable_member(&first, 1_000).await;
     clock.advance(5_000);
     let sweepers: Vec<Coordinator> = (0..3).map(|_| coordinator(&store, &clock)).collect();
-    let results =
-        futures::future::join_all(sweepers.iter().map(|c| async move { c.sweep().await })).await;
+    let results = futures::future::join_all(
+        sweepers
+            .iter()
+            .map(|c| async move { c.sweep(&all_buckets()).await }),
+    )
+    .await;
     let removed: usize = results.into_iter().map(Result::unwrap).sum();
     assert_eq!(removed, 1);
     assert!(first.describe_group("g").await.unwrap().members.is_empty());

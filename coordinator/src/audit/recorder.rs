@@ -141,6 +141,41 @@ impl MetadataStore for RevisionRecordingStore {
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         self.inner.stream_revision(stream).await
     }
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .lower_deadline(group, revision, deadline_ms)
+            .await
+    }
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        self.inner.reschedule(group, revision, deadline_ms).await
+    }
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.claim_due(buckets, now_ms, claim_ms, limit).await
+    }
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.register_coordinator(id, now_ms, ttl_ms).await
+    }
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         self.inner.touch_steady(t).await
     }

@@ -123,6 +123,55 @@ impl MetadataStore for InstrumentedStore {
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         timed("stream_revision", self.inner.stream_revision(stream)).await
     }
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError> {
+        timed(
+            "lower_deadline",
+            self.inner.lower_deadline(group, revision, deadline_ms),
+        )
+        .await
+    }
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        timed(
+            "reschedule",
+            self.inner.reschedule(group, revision, deadline_ms),
+        )
+        .await
+    }
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        timed(
+            "claim_due",
+            self.inner.claim_due(buckets, now_ms, claim_ms, limit),
+        )
+        .await
+    }
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        timed(
+            "register_coordinator",
+            self.inner.register_coordinator(id, now_ms, ttl_ms),
+        )
+        .await
+    }
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         timed("touch_steady", self.inner.touch_steady(t)).await
     }

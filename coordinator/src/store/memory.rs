@@ -7,9 +7,9 @@ use super::{
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
 use rsc_protocol::AuditEntry;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long [`MemoryStore::lock`] waits before answering `StoreError::Unavailable`.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -21,9 +21,35 @@ struct Inner {
     live: HashMap<String, HashMap<String, u64>>,
     /// The audit log, oldest first, at most `audit_capacity` entries.
     audit: VecDeque<AuditEntry>,
-    /// Revision of deleted groups' tombstones: a group created again continues from there,
-    /// so that a revision never names two documents (as in the Redis store).
-    tombstones: HashMap<String, u64>,
+    /// Revision of deleted groups' tombstones, with the time of the deletion: a group
+    /// created again continues from there, so that a revision never names two documents (as
+    /// in the Redis store). Collected after the tombstone retention.
+    tombstones: HashMap<String, (u64, Instant)>,
+    /// The deadline index, ordered by due time: (due ms, group).
+    due: BTreeSet<(u64, String)>,
+    /// Each indexed group's due time and the newest revision that lowered or set it.
+    due_at: HashMap<String, (u64, u64)>,
+    /// Live coordinators: id → registered until (ms).
+    coordinators: HashMap<String, u64>,
+}
+
+impl Inner {
+    /// Sets `group`'s index entry to `due` (or removes it), recording `revision`.
+    fn set_due(&mut self, group: &str, due: Option<u64>, revision: u64) {
+        if let Some((old, _)) = self.due_at.remove(group) {
+            self.due.remove(&(old, group.to_owned()));
+        }
+        if let Some(due) = due {
+            self.due.insert((due, group.to_owned()));
+            self.due_at.insert(group.to_owned(), (due, revision));
+        }
+    }
+
+    /// Forgets tombstones older than `retention`.
+    fn collect_tombstones(&mut self, retention: Duration) {
+        self.tombstones
+            .retain(|_, (_, deleted)| deleted.elapsed() < retention);
+    }
 }
 
 /// Documents kept in process memory, with the same revision and lock semantics as the
@@ -33,6 +59,7 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     locks: Mutex<HashMap<LockResource, Arc<tokio::sync::Mutex<()>>>>,
     audit_capacity: usize,
+    tombstone_retention: Duration,
 }
 
 impl Default for MemoryStore {
@@ -53,7 +80,29 @@ impl MemoryStore {
             inner: Mutex::default(),
             locks: Mutex::default(),
             audit_capacity: capacity.max(1),
+            tombstone_retention: super::TOMBSTONE_RETENTION,
         }
+    }
+
+    /// Keeps a deleted group's revision tombstone this long (default
+    /// [`super::TOMBSTONE_RETENTION`]).
+    pub fn with_tombstone_retention(mut self, retention: Duration) -> Self {
+        self.tombstone_retention = retention;
+        self
+    }
+
+    /// How many entries the store holds for groups, streams, liveness, tombstones, the
+    /// deadline index and locks (what must not grow with deleted groups).
+    pub fn footprint(&self) -> usize {
+        let inner = self.inner();
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).len();
+        inner.groups.len()
+            + inner.streams.len()
+            + inner.live.len()
+            + inner.tombstones.len()
+            + inner.due.len()
+            + inner.due_at.len()
+            + locks
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -145,12 +194,23 @@ impl MetadataStore for MemoryStore {
 
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let mut inner = self.inner();
+        inner.collect_tombstones(self.tombstone_retention);
         let existed = inner.groups.contains_key(group);
-        let tombstone = inner.tombstones.get(group).copied().unwrap_or(0);
+        let tombstone = inner.tombstones.get(group).map_or(0, |t| t.0);
         let tombstone = cas(&mut inner.groups, group, None, expected, tombstone)?;
         if existed {
-            inner.tombstones.insert(group.to_owned(), tombstone);
+            inner
+                .tombstones
+                .insert(group.to_owned(), (tombstone, Instant::now()));
             inner.live.remove(group);
+            inner.set_due(group, None, 0);
+        }
+        drop(inner);
+        // The group's lock entry goes too, unless somebody holds or awaits it.
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let key = LockResource::Group(group.to_owned());
+        if locks.get(&key).is_some_and(|m| Arc::strong_count(m) == 1) {
+            locks.remove(&key);
         }
         Ok(())
     }
@@ -252,7 +312,10 @@ impl MetadataStore for MemoryStore {
                 }
             }
         }
-        let tombstone = inner.tombstones.get(&doc.group).copied().unwrap_or(0);
+        if expected == 0 {
+            inner.collect_tombstones(self.tombstone_retention);
+        }
+        let tombstone = inner.tombstones.get(&doc.group).map_or(0, |t| t.0);
         let revision = cas(
             &mut inner.groups,
             &doc.group,
@@ -311,6 +374,75 @@ impl MetadataStore for MemoryStore {
             t.now_ms,
             Some(t.max_silence_ms),
         ))
+    }
+
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.inner();
+        if !inner.groups.contains_key(group) {
+            return Ok(());
+        }
+        let (due, seen) = inner.due_at.get(group).copied().unwrap_or((u64::MAX, 0));
+        inner.set_due(group, Some(due.min(deadline_ms)), seen.max(revision));
+        Ok(())
+    }
+
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.inner();
+        let seen = inner.due_at.get(group).map_or(0, |e| e.1);
+        if seen > revision {
+            return Ok(false);
+        }
+        inner.set_due(group, deadline_ms, revision);
+        Ok(true)
+    }
+
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut inner = self.inner();
+        let claimed: Vec<(u64, String)> = inner
+            .due
+            .iter()
+            .take_while(|(due, _)| *due <= now_ms)
+            .filter(|(_, g)| buckets.contains(&super::due_bucket(g)))
+            .take(limit)
+            .cloned()
+            .collect();
+        for (_, group) in &claimed {
+            let seen = inner.due_at.get(group).map_or(0, |e| e.1);
+            inner.set_due(group, Some(now_ms.saturating_add(claim_ms)), seen);
+        }
+        Ok(claimed.into_iter().map(|(_, g)| g).collect())
+    }
+
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut inner = self.inner();
+        inner.coordinators.retain(|_, until| *until > now_ms);
+        inner
+            .coordinators
+            .insert(id.to_owned(), now_ms.saturating_add(ttl_ms));
+        let mut ids: Vec<String> = inner.coordinators.keys().cloned().collect();
+        ids.sort();
+        Ok(ids)
     }
 
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {

@@ -124,6 +124,31 @@ pub struct SteadyTouch<'a> {
     pub max_silence_ms: u64,
 }
 
+/// How long a deleted group's revision tombstone is kept by default (then collected). A group
+/// created again within it continues the revision sequence; coordinators drop cached
+/// documents they have not used for half of it, so none can mistake a re-created group for
+/// the old one after the tombstone is gone.
+pub const TOMBSTONE_RETENTION: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How many buckets the deadline index is split into (SPEC §2 extra: `P:due:{N}`). Each
+/// bucket is one sorted set in its own cluster slot, so that no single key is hot and
+/// coordinators can divide the buckets among themselves.
+pub const DUE_BUCKETS: u32 = 16;
+
+/// The deadline-index bucket of `group` (a stable hash of its name).
+pub fn due_bucket(group: &str) -> u32 {
+    (rsc_protocol::routing::key_hash(group.as_bytes()) % u64::from(DUE_BUCKETS)) as u32
+}
+
+/// The buckets of the deadline index that coordinator number `index` of `count` live ones
+/// sweeps: every bucket `b` with `b % count == index`.
+pub fn buckets_of(index: usize, count: usize) -> Vec<u32> {
+    let count = count.max(1) as u32;
+    (0..DUE_BUCKETS)
+        .filter(|b| b % count == index as u32 % count)
+        .collect()
+}
+
 /// What a lock protects.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LockResource {
@@ -226,6 +251,51 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
         Ok(self.load_group(group).await?.map(|v| v.revision))
     }
+
+    /// Lowers `group`'s entry in the deadline index to `deadline_ms` (creating it when absent),
+    /// after a write of the group document at `revision` whose next deadline that is, and
+    /// records `revision` as the newest the index has heard of. Called after every group
+    /// document write that may have brought a deadline closer (a join, a revocation, …);
+    /// it never moves an entry later, so it is safe to call with a stale or early deadline.
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Sets `group`'s entry in the deadline index to `deadline_ms` (`None`: removes it), as
+    /// computed by the sweep from the group document at `revision` and the liveness read with
+    /// it — but only if no write at a newer revision has lowered the entry since (then the
+    /// entry is left as it is and `false` is returned). May move an entry later.
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError>;
+
+    /// Claims at most `limit` groups of the deadline-index `buckets` whose entry is due
+    /// (`<= now_ms`): each claimed entry moves to `now_ms + claim_ms`, so that concurrent
+    /// sweepers never claim the same due group twice, and a sweeper that dies before it
+    /// reschedules what it claimed leaves it due again `claim_ms` later for another one.
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Registers coordinator `id` as live until `now_ms + ttl_ms`, drops registrations that
+    /// ran out, and returns the ids of the live coordinators, sorted: each sweeps the
+    /// deadline-index buckets of its rank ([`buckets_of`]).
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError>;
 
     /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
     /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no

@@ -14,6 +14,12 @@
 //! - `P:groups` / `P:streams` — index sets, so that listing works on a cluster without
 //!   `SCAN` over every node. A name enters the index before its document is first written and
 //!   leaves it after the document is deleted; listings skip names whose document is gone.
+//! - `P:due:{N}` / `P:duerev:{N}` — the deadline index, in [`super::DUE_BUCKETS`] buckets
+//!   (each its own slot): a sorted set group → the time the sweep must look at the group next
+//!   (never later than its next session or revocation deadline), and a hash group → the newest
+//!   document revision that set or lowered the entry (see [`MetadataStore::reschedule`]);
+//! - `P:coordinators` — a sorted set coordinator id → registered until (Unix ms): the live
+//!   coordinators, which divide the buckets among themselves.
 //!
 //! Every document write is a Lua compare-and-set on `revision` (the scripts are the `.lua`
 //! files beside this one). Scripts touch one slot only: a document, its liveness and its lock
@@ -21,9 +27,10 @@
 //! document too, runs so only on standalone Redis; on a cluster the stream revision is read
 //! by a second command sent at the same time.)
 //!
-//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed: per group, one
-//! script call is in flight at a time, and the touches that arrive meanwhile go out together
-//! in the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
+//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed: one script call
+//! is in flight at a time (on standalone Redis for all groups together, on a cluster per
+//! group, whose keys share a slot), and the touches that arrive meanwhile go out together in
+//! the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
 //!
 //! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
 //! or timed-out connection is [`StoreError::Unavailable`] at once, and the next operation
@@ -70,6 +77,8 @@ pub struct RedisStoreConfig {
     /// Longest [`MetadataStore::lock`] waits for a held lock. Longer than `lock_hold`, so a
     /// lock left by a crashed coordinator is taken over rather than refused.
     pub lock_wait: Duration,
+    /// How long a deleted group's revision tombstone is kept before Redis expires it.
+    pub tombstone_retention: Duration,
 }
 
 impl RedisStoreConfig {
@@ -93,6 +102,7 @@ impl Default for RedisStoreConfig {
             operation_timeout: Duration::from_millis(2500),
             lock_hold: Duration::from_millis(2000),
             lock_wait: Duration::from_millis(3000),
+            tombstone_retention: super::TOMBSTONE_RETENTION,
         }
     }
 }
@@ -142,6 +152,15 @@ impl Keys {
     fn audit(&self) -> String {
         format!("{}:audit", self.prefix)
     }
+    fn due(&self, bucket: u32) -> String {
+        format!("{}:due:{{{bucket}}}", self.prefix)
+    }
+    fn due_revisions(&self, bucket: u32) -> String {
+        format!("{}:duerev:{{{bucket}}}", self.prefix)
+    }
+    fn coordinators(&self) -> String {
+        format!("{}:coordinators", self.prefix)
+    }
 }
 
 struct Scripts {
@@ -153,6 +172,9 @@ struct Scripts {
     touch_if: Script,
     touch_steady: Script,
     unlock: Script,
+    lower_deadline: Script,
+    reschedule: Script,
+    claim_due: Script,
 }
 
 impl Scripts {
@@ -166,6 +188,9 @@ impl Scripts {
             touch_if: Script::new(include_str!("lua/touch_if.lua")),
             touch_steady: Script::new(include_str!("lua/touch_steady.lua")),
             unlock: Script::new(include_str!("lua/unlock.lua")),
+            lower_deadline: Script::new(include_str!("lua/lower_deadline.lua")),
+            reschedule: Script::new(include_str!("lua/reschedule.lua")),
+            claim_due: Script::new(include_str!("lua/claim_due.lua")),
         }
     }
 }
@@ -175,14 +200,15 @@ struct Inner {
     keys: Keys,
     scripts: Scripts,
     config: RedisStoreConfig,
-    /// Steady-heartbeat touches waiting to be sent, by (group, stream).
-    touches: std::sync::Mutex<HashMap<(String, String), TouchQueue>>,
+    /// Steady-heartbeat touches waiting to be sent, by queue: one queue on standalone Redis,
+    /// one per group on a cluster (a script touches one slot only).
+    touches: std::sync::Mutex<HashMap<String, TouchQueue>>,
 }
 
 /// Most touches sent in one script call (bounds the script's run time).
 const MAX_TOUCH_BATCH: usize = 256;
 
-/// Steady-heartbeat touches of one group: at most one batch in flight; whatever arrives
+/// Steady-heartbeat touches of one queue: at most one batch in flight; whatever arrives
 /// meanwhile goes in the next one (group commit).
 #[derive(Default)]
 struct TouchQueue {
@@ -191,6 +217,8 @@ struct TouchQueue {
 }
 
 struct WaitingTouch {
+    group: String,
+    stream: String,
     revision: u64,
     stream_revision: u64,
     member: String,
@@ -292,7 +320,7 @@ impl RedisStore {
     /// Sends the waiting steady-heartbeat touches of one group, a batch at a time, until
     /// none is left. Under load, a heartbeat that arrives while a batch is in flight rides
     /// in the next one: one script call answers many heartbeats.
-    async fn flush_touches(self, key: (String, String)) {
+    async fn flush_touches(self, key: String) {
         loop {
             let batch: Vec<WaitingTouch> = {
                 let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
@@ -306,7 +334,7 @@ impl RedisStore {
                 let n = queue.waiting.len().min(MAX_TOUCH_BATCH);
                 queue.waiting.drain(..n).collect()
             };
-            match self.touch_batch(&key.0, &key.1, &batch).await {
+            match self.touch_batch(&batch).await {
                 Ok(outcomes) => {
                     for (w, outcome) in batch.into_iter().zip(outcomes) {
                         let _ = w.reply.send(Ok(outcome));
@@ -321,27 +349,34 @@ impl RedisStore {
         }
     }
 
-    /// One script call for a batch of touches of `group`. On standalone Redis the script
-    /// checks the stream revision too; on a cluster (another slot) it is read alongside.
-    async fn touch_batch(
-        &self,
-        group: &str,
-        stream: &str,
-        batch: &[WaitingTouch],
-    ) -> Result<Vec<TouchOutcome>, StoreError> {
+    /// One script call for a batch of touches. On standalone Redis the batch may span groups
+    /// and the script checks the stream revisions too; on a cluster the batch is of one group
+    /// and its stream's revision is read alongside (another slot).
+    async fn touch_batch(&self, batch: &[WaitingTouch]) -> Result<Vec<TouchOutcome>, StoreError> {
         let keys = &self.0.keys;
-        let (group_key, live, stream_key) =
-            (keys.group(group), keys.live(group), keys.stream(stream));
         let cluster = self.0.config.cluster;
+        // Each group once, in order of first appearance; a touch names its group by index.
+        let mut groups: Vec<(&str, &str)> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for w in batch {
+            index.entry(&w.group).or_insert_with(|| {
+                groups.push((&w.group, &w.stream));
+                groups.len()
+            });
+        }
+        let (groups, index) = (&groups, &index);
         let touch = self.run("touch", |mut c| async move {
-            let mut inv = self.0.scripts.touch_steady.key(&group_key);
-            inv.key(&live);
-            if !cluster {
-                inv.key(&stream_key);
+            let mut inv = self.0.scripts.touch_steady.prepare_invoke();
+            for (group, stream) in groups {
+                inv.key(keys.group(group)).key(keys.live(group));
+                if !cluster {
+                    inv.key(keys.stream(stream));
+                }
             }
-            inv.arg(batch.len());
+            inv.arg(if cluster { 2 } else { 3 }).arg(batch.len());
             for w in batch {
-                inv.arg(w.revision)
+                inv.arg(index[w.group.as_str()])
+                    .arg(w.revision)
                     .arg(w.stream_revision)
                     .arg(&w.member)
                     .arg(w.now_ms)
@@ -349,11 +384,12 @@ impl RedisStore {
             }
             inv.invoke_async::<Vec<i64>>(&mut c).await
         });
-        let (replies, stream_revision) = if cluster {
-            let (r, s) = futures::join!(touch, self.stream_revision(stream));
-            (r?, s?)
-        } else {
-            (touch.await?, None)
+        let (replies, stream_revision) = match (cluster, groups.as_slice()) {
+            (true, [(_, stream)]) => {
+                let (r, s) = futures::join!(touch, self.stream_revision(stream));
+                (r?, s?)
+            }
+            _ => (touch.await?, None),
         };
         if replies.len() != batch.len() {
             return Err(StoreError::Unavailable(format!(
@@ -372,6 +408,29 @@ impl RedisStore {
                 _ => TouchOutcome::Stale,
             })
             .collect())
+    }
+
+    /// Runs a deadline-index script on `group`'s bucket.
+    async fn due_script(
+        &self,
+        script: &Script,
+        group: &str,
+        revision: u64,
+        deadline: Option<u64>,
+    ) -> Result<i64, StoreError> {
+        let bucket = super::due_bucket(group);
+        let keys = &self.0.keys;
+        let (due, revisions) = (keys.due(bucket), keys.due_revisions(bucket));
+        self.run("deadline index", |mut c| async move {
+            let mut inv = script.key(&due);
+            inv.key(&revisions).arg(group).arg(revision);
+            match deadline {
+                Some(d) => inv.arg(d),
+                None => inv.arg(""),
+            };
+            inv.invoke_async(&mut c).await
+        })
+        .await
     }
 
     async fn load_doc<T: DeserializeOwned>(
@@ -644,21 +703,26 @@ impl MetadataStore for RedisStore {
                     .key(&k)
                     .key(&live)
                     .arg(expected)
+                    .arg(self.0.config.tombstone_retention.as_millis() as u64)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         cas_reply(&key, expected, &reply)?;
-        // After the document: a crash in between leaves a name that listings skip.
+        // After the document: a crash in between leaves a name that listings skip, and an
+        // index entry the sweep removes when it finds the group gone.
         let index = self.0.keys.groups();
-        self.run("index", |mut c| async move {
+        let unlisted = self.run("index", |mut c| async move {
             redis::cmd("SREM")
                 .arg(&index)
                 .arg(group)
                 .query_async::<i64>(&mut c)
                 .await
-        })
-        .await?;
+        });
+        let unscheduled = self.reschedule(group, u64::MAX, None);
+        let (unlisted, unscheduled) = futures::join!(unlisted, unscheduled);
+        unlisted?;
+        unscheduled?;
         Ok(())
     }
 
@@ -903,13 +967,110 @@ impl MetadataStore for RedisStore {
         })
     }
 
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError> {
+        let lower = &self.0.scripts.lower_deadline;
+        self.due_script(lower, group, revision, Some(deadline_ms))
+            .await
+            .map(drop)
+    }
+
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let script = &self.0.scripts.reschedule;
+        Ok(self
+            .due_script(script, group, revision, deadline_ms)
+            .await?
+            == 1)
+    }
+
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        // Standalone: every bucket in one script call. Cluster: one call per bucket (slot),
+        // all sent at once.
+        let calls: Vec<Vec<u32>> = if self.0.config.cluster {
+            buckets.iter().map(|&b| vec![b]).collect()
+        } else {
+            vec![buckets.to_vec()]
+        };
+        let until = now_ms.saturating_add(claim_ms);
+        let claims = futures::future::join_all(calls.iter().map(|bs| {
+            self.run("claim due", move |mut c| async move {
+                let mut inv = self.0.scripts.claim_due.prepare_invoke();
+                for &b in bs {
+                    inv.key(self.0.keys.due(b));
+                }
+                inv.arg(now_ms).arg(until).arg(limit);
+                inv.invoke_async::<Vec<String>>(&mut c).await
+            })
+        }))
+        .await;
+        let mut out = Vec::new();
+        for claimed in claims {
+            out.extend(claimed?);
+        }
+        Ok(out)
+    }
+
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let key = self.0.keys.coordinators();
+        let mut live: Vec<String> = self
+            .run("register", |mut c| async move {
+                redis::pipe()
+                    .cmd("ZREMRANGEBYSCORE")
+                    .arg(&key)
+                    .arg("-inf")
+                    .arg(now_ms)
+                    .ignore()
+                    .cmd("ZADD")
+                    .arg(&key)
+                    .arg(now_ms.saturating_add(ttl_ms))
+                    .arg(id)
+                    .ignore()
+                    .cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async::<(Vec<String>,)>(&mut c)
+                    .await
+                    .map(|(live,)| live)
+            })
+            .await?;
+        live.sort();
+        Ok(live)
+    }
+
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let key = (t.group.to_owned(), t.stream.to_owned());
+        let key = if self.0.config.cluster {
+            t.group.to_owned()
+        } else {
+            String::new()
+        };
         let start = {
             let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
             let queue = queues.entry(key.clone()).or_default();
             queue.waiting.push(WaitingTouch {
+                group: t.group.to_owned(),
+                stream: t.stream.to_owned(),
                 revision: t.revision,
                 stream_revision: t.stream_revision,
                 member: t.member.to_owned(),

@@ -31,6 +31,10 @@ for _ = 1, expired do
 end
 local revision = current + 1
 redis.call('HSET', KEYS[1], 'revision', revision, 'doc', ARGV[2])
+if seen == 0 then
+  -- Created over a tombstone: the tombstone's expiry must not take the new group with it.
+  redis.call('PERSIST', KEYS[1])
+end
 local forget = tonumber(ARGV[i])
 i = i + 1
 for _ = 1, forget do
