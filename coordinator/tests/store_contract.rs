@@ -4,7 +4,7 @@
 use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
 use rsc_coordinator::store::{
     LivenessChange, LockResource, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
-    SteadyTouch, StoreError, TouchOutcome,
+    SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
 };
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
@@ -441,6 +441,91 @@ async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
     assert_eq!(odd_all.last().unwrap().time_ms, 1);
 }
 
+async fn deadline_index_is_lowered_by_writes_and_claimed_once(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    let r1 = st.put_group(&g, 0).await.unwrap();
+    let all = buckets_of(0, 1);
+    let claim = |now: u64| st.claim_due(&all, now, 1_000, 100);
+    assert!(claim(10_000).await.unwrap().is_empty(), "nothing indexed yet");
+    st.lower_deadline("g", r1, 5_000).await.unwrap();
+    st.lower_deadline("g", r1, 7_000).await.unwrap();
+    assert!(claim(4_999).await.unwrap().is_empty(), "a write never moves it later");
+    assert_eq!(claim(5_000).await.unwrap(), vec!["g".to_owned()]);
+    assert!(
+        claim(5_500).await.unwrap().is_empty(),
+        "a claimed group is not claimed again while the claim lasts"
+    );
+    assert_eq!(
+        claim(6_000).await.unwrap(),
+        vec!["g".to_owned()],
+        "a claim that lapsed (its sweeper died) is due again"
+    );
+    // A write at a newer revision: a sweeper that computed from the older one cannot raise.
+    let r2 = st.put_group(&g, r1).await.unwrap();
+    st.lower_deadline("g", r2, 20_000).await.unwrap();
+    assert!(!st.reschedule("g", r1, Some(50_000)).await.unwrap());
+    assert_eq!(claim(7_000).await.unwrap(), vec!["g".to_owned()]);
+    assert!(st.reschedule("g", r2, Some(50_000)).await.unwrap());
+    assert!(claim(49_999).await.unwrap().is_empty(), "rescheduled later");
+    assert_eq!(claim(50_000).await.unwrap(), vec!["g".to_owned()]);
+    assert!(st.reschedule("g", r2, None).await.unwrap());
+    assert!(claim(u64::MAX / 2).await.unwrap().is_empty(), "removed");
+    // Buckets: only the group's own bucket yields it.
+    st.lower_deadline("g", r2, 1).await.unwrap();
+    let mine = due_bucket("g");
+    let others: Vec<u32> = all.iter().copied().filter(|b| *b != mine).collect();
+    assert!(st.claim_due(&others, 100, 1, 10).await.unwrap().is_empty());
+    assert_eq!(
+        st.claim_due(&[mine], 100, 1, 10).await.unwrap(),
+        vec!["g".to_owned()]
+    );
+    // Deleting the group removes its entry.
+    st.lower_deadline("g", r2, 1).await.unwrap();
+    st.delete_group("g", r2).await.unwrap();
+    assert!(claim(u64::MAX / 2).await.unwrap().is_empty());
+}
+
+async fn concurrent_claims_share_out_due_groups(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (_, s) = docs("x", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    for i in 0..40 {
+        let (g, _) = docs(&format!("g{i}"), "s");
+        let r = st.put_group(&g, 0).await.unwrap();
+        st.lower_deadline(&g.group, r, 1_000 + i).await.unwrap();
+    }
+    let all = buckets_of(0, 1);
+    let claims = futures::future::join_all(
+        (0..4).map(|_| st.claim_due(&all, 2_000, 60_000, 1_000)),
+    )
+    .await;
+    let mut claimed: Vec<String> = claims.into_iter().flat_map(Result::unwrap).collect();
+    claimed.sort();
+    let before = claimed.len();
+    claimed.dedup();
+    assert_eq!(before, claimed.len(), "no group claimed twice");
+    assert_eq!(claimed.len(), 40, "every due group claimed");
+}
+
+async fn coordinators_register_and_lapse(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    assert_eq!(st.register_coordinator("b", 1_000, 3_000).await.unwrap(), ["b"]);
+    assert_eq!(
+        st.register_coordinator("a", 1_500, 3_000).await.unwrap(),
+        ["a", "b"]
+    );
+    assert_eq!(
+        st.register_coordinator("a", 4_500, 3_000).await.unwrap(),
+        ["a"],
+        "b did not renew within its time to live"
+    );
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Memory).await; } )* }
@@ -458,7 +543,40 @@ contract!(
     expiry_loses_to_a_heartbeat_it_did_not_see,
     locks_exclude_and_release_on_drop,
     audit_log_is_newest_first_and_filtered,
+    deadline_index_is_lowered_by_writes_and_claimed_once,
+    concurrent_claims_share_out_due_groups,
+    coordinators_register_and_lapse,
 );
+
+/// A deleted group's tombstone is collected after the retention, and a group created again
+/// under the name afterwards does not inherit its expiry.
+#[tokio::test]
+async fn redis_tombstones_expire_and_a_recreated_group_persists() {
+    let redis = RedisServer::start().unwrap();
+    let store = RedisStore::open(RedisStoreConfig {
+        urls: vec![redis.url()],
+        key_prefix: "rsc".into(),
+        tombstone_retention: Duration::from_millis(300),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let (g, s) = docs("billing", "orders");
+    store.put_stream(&s, 0).await.unwrap();
+    let r = store.put_group(&g, 0).await.unwrap();
+    store.delete_group("billing", r).await.unwrap();
+    // Re-created within the retention: the revision sequence goes on, and no expiry is left.
+    let r = store.put_group(&g, 0).await.unwrap();
+    assert_eq!(r, 3, "continues after the tombstone (1, deleted at 2)");
+    assert!(redis.command("PTTL rsc:group:{billing}").unwrap().contains(":-1"));
+    store.delete_group("billing", r).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.command("EXISTS rsc:group:{billing}").unwrap().contains(":1") {
+        assert!(Instant::now() < deadline, "the tombstone was never collected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.put_group(&g, 0).await.unwrap(), 1);
+}
 
 // ---- Redis only: lock bounds, outage and recovery, cluster-mode checks ----
 
