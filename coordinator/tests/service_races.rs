@@ -281,3 +281,39 @@ async fn exactly_one_coordinator_expires_a_member() {
     assert_eq!(removed, 1);
     assert!(first.describe_group("g").await.unwrap().members.is_empty());
 }
+
+/// 1,000 create / join / delete cycles on the memory store leave it holding what it held
+/// before: no tombstone past its retention, no liveness, no deadline-index entry, no lock.
+#[tokio::test]
+async fn create_delete_cycles_leave_the_memory_store_as_it_was() {
+    let store = Arc::new(MemoryStore::new().with_tombstone_retention(std::time::Duration::ZERO));
+    let clock = ManualClock::new(1_000);
+    let c = Coordinator::new(
+        store.clone(),
+        Arc::new(clock.clone()),
+        ServiceConfig::default(),
+    );
+    let create = |group: &str| CreateGroupRequest {
+        group: group.into(),
+        stream: "s".into(),
+        shard_count: Some(2),
+        start: None,
+        session_timeout_ms: None,
+        heartbeat_interval_ms: None,
+        rebalance_timeout_ms: None,
+        max_members: None,
+        assignor: None,
+        fencing: None,
+    };
+    c.create_group(&create("base")).await.unwrap();
+    c.heartbeat("base", &hb("m", 0, vec![])).await.unwrap();
+    let start = store.footprint();
+    for i in 0..1_000 {
+        let group = format!("c{i}");
+        c.create_group(&create(&group)).await.unwrap();
+        c.heartbeat(&group, &hb("m", 0, vec![])).await.unwrap();
+        c.delete_group(&group, true).await.unwrap();
+        clock.advance(1);
+    }
+    assert_eq!(store.footprint(), start);
+}

@@ -449,10 +449,16 @@ async fn deadline_index_is_lowered_by_writes_and_claimed_once(kind: Kind) {
     let r1 = st.put_group(&g, 0).await.unwrap();
     let all = buckets_of(0, 1);
     let claim = |now: u64| st.claim_due(&all, now, 1_000, 100);
-    assert!(claim(10_000).await.unwrap().is_empty(), "nothing indexed yet");
+    assert!(
+        claim(10_000).await.unwrap().is_empty(),
+        "nothing indexed yet"
+    );
     st.lower_deadline("g", r1, 5_000).await.unwrap();
     st.lower_deadline("g", r1, 7_000).await.unwrap();
-    assert!(claim(4_999).await.unwrap().is_empty(), "a write never moves it later");
+    assert!(
+        claim(4_999).await.unwrap().is_empty(),
+        "a write never moves it later"
+    );
     assert_eq!(claim(5_000).await.unwrap(), vec!["g".to_owned()]);
     assert!(
         claim(5_500).await.unwrap().is_empty(),
@@ -499,10 +505,8 @@ async fn concurrent_claims_share_out_due_groups(kind: Kind) {
         st.lower_deadline(&g.group, r, 1_000 + i).await.unwrap();
     }
     let all = buckets_of(0, 1);
-    let claims = futures::future::join_all(
-        (0..4).map(|_| st.claim_due(&all, 2_000, 60_000, 1_000)),
-    )
-    .await;
+    let claims =
+        futures::future::join_all((0..4).map(|_| st.claim_due(&all, 2_000, 60_000, 1_000))).await;
     let mut claimed: Vec<String> = claims.into_iter().flat_map(Result::unwrap).collect();
     claimed.sort();
     let before = claimed.len();
@@ -514,7 +518,10 @@ async fn concurrent_claims_share_out_due_groups(kind: Kind) {
 async fn coordinators_register_and_lapse(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
-    assert_eq!(st.register_coordinator("b", 1_000, 3_000).await.unwrap(), ["b"]);
+    assert_eq!(
+        st.register_coordinator("b", 1_000, 3_000).await.unwrap(),
+        ["b"]
+    );
     assert_eq!(
         st.register_coordinator("a", 1_500, 3_000).await.unwrap(),
         ["a", "b"]
@@ -568,11 +575,23 @@ async fn redis_tombstones_expire_and_a_recreated_group_persists() {
     // Re-created within the retention: the revision sequence goes on, and no expiry is left.
     let r = store.put_group(&g, 0).await.unwrap();
     assert_eq!(r, 3, "continues after the tombstone (1, deleted at 2)");
-    assert!(redis.command("PTTL rsc:group:{billing}").unwrap().contains(":-1"));
+    assert!(
+        redis
+            .command("PTTL rsc:group:{billing}")
+            .unwrap()
+            .contains(":-1")
+    );
     store.delete_group("billing", r).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while redis.command("EXISTS rsc:group:{billing}").unwrap().contains(":1") {
-        assert!(Instant::now() < deadline, "the tombstone was never collected");
+    while redis
+        .command("EXISTS rsc:group:{billing}")
+        .unwrap()
+        .contains(":1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the tombstone was never collected"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(store.put_group(&g, 0).await.unwrap(), 1);

@@ -93,9 +93,15 @@ impl MemoryStore {
 
     /// How many entries the store holds for groups, streams, liveness, tombstones, the
     /// deadline index and locks (what must not grow with deleted groups).
+    /// Tombstones past their retention are collected first.
     pub fn footprint(&self) -> usize {
-        let inner = self.inner();
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let mut inner = self.inner();
+        inner.collect_tombstones(self.tombstone_retention);
+        let locks = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            prune_locks(&mut locks);
+            locks.len()
+        };
         inner.groups.len()
             + inner.streams.len()
             + inner.live.len()
@@ -110,6 +116,11 @@ impl MemoryStore {
         // mutation below is a single map operation. Recover the data.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Drops lock entries nobody holds or awaits (only the map has them).
+fn prune_locks(locks: &mut HashMap<LockResource, Arc<tokio::sync::Mutex<()>>>) {
+    locks.retain(|_, m| Arc::strong_count(m) > 1);
 }
 
 /// Moves a liveness time strictly forward (see the module docs of [`super`]).
@@ -205,13 +216,6 @@ impl MetadataStore for MemoryStore {
             inner.live.remove(group);
             inner.set_due(group, None, 0);
         }
-        drop(inner);
-        // The group's lock entry goes too, unless somebody holds or awaits it.
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        let key = LockResource::Group(group.to_owned());
-        if locks.get(&key).is_some_and(|m| Arc::strong_count(m) == 1) {
-            locks.remove(&key);
-        }
         Ok(())
     }
 
@@ -234,13 +238,14 @@ impl MetadataStore for MemoryStore {
     }
 
     async fn lock(&self, resource: &LockResource) -> Result<LockGuard, StoreError> {
-        let mutex = self
-            .locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(resource.clone())
-            .or_default()
-            .clone();
+        let mutex = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            // Amortized: entries of deleted groups must not pile up.
+            if locks.len() >= 64 && locks.len().is_power_of_two() {
+                prune_locks(&mut locks);
+            }
+            locks.entry(resource.clone()).or_default().clone()
+        };
         match tokio::time::timeout(LOCK_WAIT, mutex.lock_owned()).await {
             Ok(guard) => Ok(LockGuard::new(guard)),
             Err(_) => Err(StoreError::Unavailable(format!(
