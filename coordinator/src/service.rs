@@ -306,10 +306,15 @@ impl Coordinator {
     }
 
     /// Handles a batch of heartbeats (`POST /v1/heartbeats`): each `(group, request)` is
-    /// answered as [`Coordinator::heartbeat`] answers it, results in the order given. Steady
-    /// heartbeats run concurrently, so their liveness touches share round trips; the others
-    /// then run one after another within a group (queueing on the group lock in order rather
-    /// than contending for it) and concurrently across groups.
+    /// answered as [`Coordinator::heartbeat`] answers it, results in the order given, as if
+    /// the heartbeats of each group ran one after another in that order. First every item
+    /// tries the steady path, concurrently, so that their liveness touches share round
+    /// trips; then, per group, the items from the first one that was not steady onwards run
+    /// one after another through [`Coordinator::heartbeat`] (queueing on the group lock in
+    /// order, not contending for it), concurrently across groups. The items before it
+    /// changed nothing, so their steady answers are what the same order would have given;
+    /// a steady pass answer that is thrown away only touched liveness and re-asserted
+    /// tokens, which the second pass does again.
     pub async fn heartbeat_batch(
         &self,
         items: &[(&str, &HeartbeatRequest)],
@@ -319,31 +324,40 @@ impl Coordinator {
             self.steady_heartbeat(group, req).await
         }))
         .await;
-        let mut full: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (i, r) in steady.iter().enumerate() {
-            if matches!(r, Ok(None)) {
-                full.entry(items[i].0).or_default().push(i);
+        let mut results: Vec<Option<Result<HeartbeatResponse>>> = Vec::with_capacity(items.len());
+        let mut again: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, r) in steady.into_iter().enumerate() {
+            let group = items[i].0;
+            match again.get_mut(group) {
+                Some(tail) => tail.push(i),
+                None if matches!(r, Ok(None)) => {
+                    again.insert(group, vec![i]);
+                }
+                None => {
+                    results.push(r.transpose());
+                    continue;
+                }
             }
+            results.push(None);
         }
-        let answered = futures::future::join_all(full.into_values().map(|indices| async move {
+        let answered = futures::future::join_all(again.into_values().map(|indices| async move {
             let mut out = Vec::with_capacity(indices.len());
             for i in indices {
                 let (group, req) = items[i];
-                out.push((i, self.full_heartbeat(group, req).await));
+                out.push((i, self.heartbeat(group, req).await));
             }
             out
         }))
         .await;
-        let mut results: Vec<Result<Option<HeartbeatResponse>>> = steady;
         for (i, r) in answered.into_iter().flatten() {
-            results[i] = r.map(Some);
+            results[i] = Some(r);
         }
         results
             .into_iter()
             .map(|r| {
-                r?.ok_or_else(|| {
-                    // Every item left unanswered by the steady pass went through the full one.
-                    StoreError::Conflict("heartbeat left unanswered; retry".into()).into()
+                r.unwrap_or_else(|| {
+                    // Unreachable: every item without an answer went through the second pass.
+                    Err(StoreError::Conflict("heartbeat left unanswered; retry".into()).into())
                 })
             })
             .collect()
