@@ -75,12 +75,30 @@ curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: appli
 #   must be below session_timeout_ms, an epoch must be the member's, 1.0 is not a u32 in serde);
 # - ensure_resource_availability: after a group is created, a heartbeat from a member the
 #   group does not know is 404 UNKNOWN_MEMBER_ID (SPEC §4), which it reads as "not created".
+# One per-operation exception, for the same reason: POST /v1/heartbeats answers a schema-
+# invalid item (a bad group name, a protocol_version other than 1, ...) inside a 200, in that
+# item's own result, exactly as the single heartbeat route would answer it; only a malformed
+# request as a whole is refused (400, or 413 over the body limit). The negative_data_rejection
+# check expects the whole request refused, so it is off for that operation alone.
+# (The checks are set in this file rather than with --checks/--exclude-checks: options given
+# on the command line would override the per-operation setting.)
+cat > "$WORK/schemathesis.toml" <<'TOML'
+[checks]
+positive_data_acceptance.enabled = false
+ensure_resource_availability.enabled = false
+
+[[operations]]
+include-path = "/v1/heartbeats"
+include-method = "POST"
+checks.negative_data_rejection.enabled = false
+TOML
+
 echo "schemathesis.sh: testing $BASE (examples per operation: $EXAMPLES, seed: $SEED)"
 START=$(date +%s)
 set +e
-timeout "$TIMEOUT" "$VENV/bin/schemathesis" run "$BASE/openapi.json" \
+timeout "$TIMEOUT" "$VENV/bin/schemathesis" --config-file "$WORK/schemathesis.toml" \
+    run "$BASE/openapi.json" \
     --header "Authorization: Bearer $TOKEN" \
-    --checks all --exclude-checks positive_data_acceptance,ensure_resource_availability \
     --max-examples "$EXAMPLES" --seed "$SEED" --generation-database none \
     --workers 1 --no-color
 STATUS=$?

@@ -89,6 +89,14 @@ fn rows() -> Vec<Row> {
             "/v1/groups/g1/leave",
             [200, 200, 403, 403, 401, 401, 403, 403, 403, 403],
         ),
+        // Batched heartbeats: role member (or admin); the group scope is checked per item,
+        // so a token scoped elsewhere gets 200 with the item refused (checked below).
+        row(
+            Method::POST,
+            "/v1/heartbeats",
+            "/v1/heartbeats",
+            [200, 200, 403, 403, 401, 401, 200, 200, 403, 403],
+        ),
         // Producers (and viewers): the stream in scope.
         row(
             Method::GET,
@@ -151,6 +159,9 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
         ("POST", "/v1/groups/{group}/heartbeat") => Some(json!({
             "protocol_version": 1, "member_id": format!("m-{who}"), "member_epoch": 0, "owned_shards": []
         })),
+        ("POST", "/v1/heartbeats") => Some(json!({"heartbeats": [{"group": "g1", "heartbeat": {
+            "protocol_version": 1, "member_id": format!("m-batch-{who}"), "member_epoch": 0
+        }}]})),
         ("POST", "/v1/groups/{group}/leave") => {
             let id = format!("m-{who}");
             let epoch = epochs.get(&id).copied().unwrap_or(1);
@@ -208,6 +219,19 @@ async fn every_role_on_every_route() {
                 .await;
             if row.template == "/v1/groups/{group}/heartbeat" && status == StatusCode::OK {
                 epochs.insert(format!("m-{who}"), resp["member_epoch"].as_i64().unwrap());
+            }
+            if row.template == "/v1/heartbeats" && status == StatusCode::OK {
+                // The item: processed when the token's group scope covers g1.
+                let in_scope = !who.ends_with("-elsewhere");
+                let item = &resp["results"][0];
+                let (want, want_code) = if in_scope {
+                    (200, None)
+                } else {
+                    (403, Some("FORBIDDEN"))
+                };
+                if item["status"] != want || want_code.is_some_and(|c| item["error"]["code"] != c) {
+                    failures.push(format!("{who:>18} POST /v1/heartbeats: item {item}"));
+                }
             }
             let want = row.expect[i];
             if status.as_u16() != want {
