@@ -269,11 +269,7 @@ impl ConsumerApp {
             .iter()
             .map(|l| u64::from(l.concurrency))
             .sum();
-        let heartbeats = if cfg.heartbeat_batching && member_count > 1 {
-            Heartbeats::batched(coord.clone())
-        } else {
-            Heartbeats::single(coord.clone())
-        };
+        let heartbeats = Heartbeats::for_app(coord.clone(), cfg.heartbeat_batching, member_count);
         let instance = cfg.instance_id.clone().unwrap_or_default();
         let shutdown = self.handle.shutdown.clone();
         let mut members = JoinSet::new();

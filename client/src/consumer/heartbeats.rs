@@ -103,6 +103,16 @@ struct Pending {
 }
 
 impl Heartbeats {
+    /// The heartbeat path of an app running `members` members: batched when `batching` is on
+    /// and there is more than one member, else the single route.
+    pub(crate) fn for_app(coord: CoordinatorClient, batching: bool, members: u64) -> Self {
+        if batching && members > 1 {
+            Self::batched(coord)
+        } else {
+            Self::single(coord)
+        }
+    }
+
     /// Every heartbeat on the single route (one member, or batching turned off).
     pub(crate) fn single(coord: CoordinatorClient) -> Self {
         Heartbeats {
@@ -391,5 +401,387 @@ fn item_result(
             got.status,
             "a batched heartbeat result without its response or error".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Json;
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use rsc_protocol::{ErrorBody, HeartbeatBatchResponse, StartPosition};
+    use std::collections::BTreeMap;
+
+    /// What the stub's batch route does.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum BatchMode {
+        Answer,
+        /// An older coordinator: `404 NOT_FOUND`, as for any unknown route.
+        Missing,
+        /// `503 STORE_UNAVAILABLE` for the whole request.
+        Unavailable,
+        /// `413` above this many heartbeats.
+        Limit(usize),
+    }
+
+    /// A tiny coordinator: member ids starting with `fenced` get `409 FENCED_MEMBER_EPOCH`,
+    /// others `200` with their epoch + 1.
+    struct Stub {
+        mode: Mutex<BatchMode>,
+        /// The size of every batch request, answered or not.
+        batches: Mutex<Vec<usize>>,
+        singles: AtomicUsize,
+    }
+
+    type S = Arc<Stub>;
+
+    fn answer(group: &str, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ErrorBody> {
+        if req.member_id.starts_with("fenced") {
+            return Err(ErrorBody::new(
+                ErrorCode::FencedMemberEpoch,
+                format!(
+                    "epoch {} of {} in {group} is stale",
+                    req.member_epoch, req.member_id
+                ),
+            ));
+        }
+        Ok(HeartbeatResponse {
+            member_id: req.member_id.clone(),
+            member_epoch: req.member_epoch + 1,
+            heartbeat_interval_ms: 100,
+            session_timeout_ms: 1000,
+            assignment: vec![],
+            stream: "s".into(),
+            shard_count: 4,
+            routing_epoch: 1,
+            start: StartPosition::Earliest,
+            owner_tokens: BTreeMap::new(),
+        })
+    }
+
+    fn error(code: ErrorCode, message: &str) -> Response {
+        let status = StatusCode::from_u16(code.http_status()).unwrap();
+        (status, Json(ErrorBody::new(code, message))).into_response()
+    }
+
+    async fn single(
+        State(stub): State<S>,
+        Path(group): Path<String>,
+        Json(req): Json<HeartbeatRequest>,
+    ) -> Response {
+        stub.singles.fetch_add(1, Ordering::SeqCst);
+        match answer(&group, &req) {
+            Ok(resp) => Json(resp).into_response(),
+            Err(e) => (StatusCode::CONFLICT, Json(e)).into_response(),
+        }
+    }
+
+    async fn batch(State(stub): State<S>, Json(req): Json<HeartbeatBatchRequest>) -> Response {
+        stub.batches.lock().unwrap().push(req.heartbeats.len());
+        let mode = *stub.mode.lock().unwrap();
+        match mode {
+            BatchMode::Missing => return error(ErrorCode::NotFound, "no such route"),
+            BatchMode::Unavailable => return error(ErrorCode::StoreUnavailable, "store down"),
+            BatchMode::Limit(n) if req.heartbeats.len() > n => {
+                return error(ErrorCode::PayloadTooLarge, "body too large");
+            }
+            _ => {}
+        }
+        let results = req
+            .heartbeats
+            .iter()
+            .map(|b| {
+                let (status, response, error) = match answer(&b.group, &b.heartbeat) {
+                    Ok(r) => (200, Some(r), None),
+                    Err(e) => (409, None, Some(e.error)),
+                };
+                BatchedHeartbeatResult {
+                    group: b.group.clone(),
+                    member_id: b.heartbeat.member_id.clone(),
+                    status,
+                    response,
+                    error,
+                }
+            })
+            .collect();
+        Json(HeartbeatBatchResponse { results }).into_response()
+    }
+
+    /// Serves the stub on a free port; returns it and a client of it.
+    async fn serve(mode: BatchMode) -> (S, CoordinatorClient) {
+        let stub = Arc::new(Stub {
+            mode: Mutex::new(mode),
+            batches: Mutex::new(Vec::new()),
+            singles: AtomicUsize::new(0),
+        });
+        let app = axum::Router::new()
+            .route("/v1/groups/{group}/heartbeat", post(single))
+            .route("/v1/heartbeats", post(batch))
+            .fallback(|| async { error(ErrorCode::NotFound, "no such route") })
+            .with_state(stub.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (stub, CoordinatorClient::new(vec![url], None))
+    }
+
+    fn req(member: &str, epoch: i64) -> HeartbeatRequest {
+        HeartbeatRequest {
+            protocol_version: rsc_protocol::PROTOCOL_VERSION,
+            member_id: member.into(),
+            member_epoch: epoch,
+            owned_shards: vec![],
+            drained_shards: vec![],
+            client: None,
+        }
+    }
+
+    /// A linger long enough for every heartbeat a test fires at once to ride one request.
+    const TEST_LINGER: Duration = Duration::from_millis(100);
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Sends the members' heartbeats at once; the answers in member order, with the instant
+    /// before they were handed over.
+    async fn fire(hb: &Heartbeats, members: &[String]) -> (Instant, Vec<Answer>) {
+        let before = Instant::now();
+        let answers = join_all(
+            members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| hb.heartbeat("g", req(m, i as i64), TIMEOUT)),
+        )
+        .await;
+        (before, answers)
+    }
+
+    fn names(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}-{i}")).collect()
+    }
+
+    fn api_parts(e: &CoordinatorError) -> (String, u16, ErrorCode, String) {
+        match e {
+            CoordinatorError::Api {
+                url,
+                status,
+                code,
+                message,
+            } => (url.clone(), *status, *code, message.clone()),
+            other => panic!("not an API error: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn heartbeats_fired_together_ride_one_request_answered_in_order() {
+        let (stub, coord) = serve(BatchMode::Answer).await;
+        let hb = Heartbeats::batched_with(coord, TEST_LINGER, REPROBE_AFTER);
+        let members = vec![
+            "m-0".to_owned(),
+            "fenced-1".into(),
+            "m-2".into(),
+            "m-3".into(),
+        ];
+        let (before, answers) = fire(&hb, &members).await;
+        let after = Instant::now();
+        assert_eq!(*stub.batches.lock().unwrap(), [4]);
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 0);
+        let sent = answers[0].0;
+        for (i, (sent_at, result)) in answers.iter().enumerate() {
+            // One request: one send instant, after the hand-over, before the answer.
+            assert_eq!(*sent_at, sent);
+            assert!(*sent_at >= before && *sent_at <= after);
+            match result {
+                Ok(resp) => {
+                    assert_eq!(resp.member_id, members[i]);
+                    assert_eq!(resp.member_epoch, i as i64 + 1);
+                }
+                Err(e) => {
+                    assert_eq!(i, 1, "{e}");
+                    assert_eq!(e.code(), Some(ErrorCode::FencedMemberEpoch));
+                }
+            }
+        }
+        // A leave is not batched.
+        let (_, left) = hb.heartbeat("g", req("m-0", -1), TIMEOUT).await;
+        assert!(left.is_ok());
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 1);
+        assert_eq!(stub.batches.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_arriving_during_the_linger_rides_the_same_request() {
+        let (stub, coord) = serve(BatchMode::Answer).await;
+        let hb = Heartbeats::batched_with(coord, TEST_LINGER, REPROBE_AFTER);
+        // Let the batcher wait on an empty queue.
+        tokio::task::yield_now().await;
+        let first = hb.heartbeat("g", req("m-0", 0), TIMEOUT);
+        let second = async {
+            tokio::time::sleep(TEST_LINGER / 4).await;
+            hb.heartbeat("g", req("m-1", 0), TIMEOUT).await
+        };
+        let before = Instant::now();
+        let ((a, ra), (b, rb)) = futures::join!(first, second);
+        assert!(ra.is_ok() && rb.is_ok());
+        assert_eq!(a, b);
+        assert!(a >= before + TEST_LINGER, "sent before the linger ended");
+        assert_eq!(*stub.batches.lock().unwrap(), [2]);
+    }
+
+    #[tokio::test]
+    async fn an_item_error_is_the_error_of_the_single_route() {
+        let (_stub, coord) = serve(BatchMode::Answer).await;
+        let batched = Heartbeats::batched_with(coord.clone(), TEST_LINGER, REPROBE_AFTER);
+        let single = Heartbeats::single(coord);
+        let (_, via_batch) = batched.heartbeat("g", req("fenced-7", 3), TIMEOUT).await;
+        let (_, via_single) = single.heartbeat("g", req("fenced-7", 3), TIMEOUT).await;
+        let (b, s) = (via_batch.unwrap_err(), via_single.unwrap_err());
+        assert_eq!(api_parts(&b), api_parts(&s));
+        assert_eq!(api_parts(&b).1, 409);
+        assert_eq!(b.to_string(), s.to_string());
+        assert!(!b.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn a_coordinator_without_the_batch_route_gets_single_heartbeats_until_the_reprobe() {
+        let (stub, coord) = serve(BatchMode::Missing).await;
+        let reprobe = Duration::from_millis(300);
+        let hb = Heartbeats::batched_with(coord, TEST_LINGER, reprobe);
+        let members = names("m", 3);
+        let (before, answers) = fire(&hb, &members).await;
+        for (i, (sent_at, result)) in answers.iter().enumerate() {
+            assert_eq!(result.as_ref().unwrap().member_id, members[i]);
+            // The single request's send instant, not the refused batch's.
+            assert!(*sent_at > before);
+        }
+        assert_eq!(*stub.batches.lock().unwrap(), [3]);
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 3);
+        // From now on: the single route, no batch request.
+        let (_, answers) = fire(&hb, &members).await;
+        assert!(answers.iter().all(|(_, r)| r.is_ok()));
+        assert_eq!(stub.batches.lock().unwrap().len(), 1);
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 6);
+        // The coordinator is upgraded: picked up after the reprobe delay.
+        *stub.mode.lock().unwrap() = BatchMode::Answer;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stub.batches.lock().unwrap().len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the batch route was never tried again"
+            );
+            let (_, answers) = fire(&hb, &members).await;
+            assert!(answers.iter().all(|(_, r)| r.is_ok()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let singles = stub.singles.load(Ordering::SeqCst);
+        let (_, answers) = fire(&hb, &members).await;
+        assert!(answers.iter().all(|(_, r)| r.is_ok()));
+        assert_eq!(stub.singles.load(Ordering::SeqCst), singles);
+        assert_eq!(*stub.batches.lock().unwrap().last().unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_request_fails_every_heartbeat_of_it() {
+        let (stub, coord) = serve(BatchMode::Unavailable).await;
+        let hb = Heartbeats::batched_with(coord, TEST_LINGER, REPROBE_AFTER);
+        let (_, answers) = fire(&hb, &names("m", 3)).await;
+        assert_eq!(*stub.batches.lock().unwrap(), [3]);
+        for (_, r) in &answers {
+            let e = r.as_ref().unwrap_err();
+            assert_eq!(api_parts(e).1, 503);
+            assert_eq!(e.code(), Some(ErrorCode::StoreUnavailable));
+            assert!(e.is_retryable());
+        }
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 0);
+
+        // Unreachable: every heartbeat gets the transport error.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let hb = Heartbeats::batched_with(
+            CoordinatorClient::new(vec![url], None),
+            TEST_LINGER,
+            REPROBE_AFTER,
+        );
+        let (_, answers) = fire(&hb, &names("m", 3)).await;
+        for (_, r) in &answers {
+            let e = r.as_ref().unwrap_err();
+            assert!(matches!(e, CoordinatorError::Transport { .. }), "{e:?}");
+            assert!(e.is_retryable());
+        }
+    }
+
+    #[tokio::test]
+    async fn without_batching_every_heartbeat_takes_the_single_route() {
+        let (stub, coord) = serve(BatchMode::Answer).await;
+        assert!(!Heartbeats::for_app(coord.clone(), true, 1).is_batched());
+        assert!(Heartbeats::for_app(coord.clone(), true, 2).is_batched());
+        let hb = Heartbeats::for_app(coord, false, 8);
+        assert!(!hb.is_batched());
+        let members = names("m", 4);
+        let (before, answers) = fire(&hb, &members).await;
+        for (i, (sent_at, r)) in answers.iter().enumerate() {
+            assert_eq!(r.as_ref().unwrap().member_id, members[i]);
+            assert!(*sent_at >= before);
+        }
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 4);
+        assert!(stub.batches.lock().unwrap().is_empty());
+        // And no grid: the next heartbeat one interval after the send, as always.
+        let t = Instant::now();
+        let i = Duration::from_millis(300);
+        assert_eq!(hb.next_periodic(t, i), t + i);
+    }
+
+    #[tokio::test]
+    async fn batches_are_chunked_and_split_on_413() {
+        let (stub, coord) = serve(BatchMode::Answer).await;
+        let hb = Heartbeats::batched_with(coord.clone(), TEST_LINGER, REPROBE_AFTER);
+        let members = names("m", MAX_HEARTBEAT_BATCH + 1);
+        let (_, answers) = fire(&hb, &members).await;
+        for (i, (_, r)) in answers.iter().enumerate() {
+            assert_eq!(r.as_ref().unwrap().member_id, members[i]);
+        }
+        let mut sizes = stub.batches.lock().unwrap().clone();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [500, 501]);
+
+        let (stub, coord) = serve(BatchMode::Limit(2)).await;
+        let hb = Heartbeats::batched_with(coord, TEST_LINGER, REPROBE_AFTER);
+        let members = names("m", 8);
+        let (_, answers) = fire(&hb, &members).await;
+        for (i, (_, r)) in answers.iter().enumerate() {
+            assert_eq!(r.as_ref().unwrap().member_id, members[i]);
+        }
+        // 8 refused, 4 + 4 refused, 4 × 2 answered; then at most 2 per request at once.
+        assert_eq!(stub.batches.lock().unwrap().len(), 7);
+        stub.batches.lock().unwrap().clear();
+        let (_, answers) = fire(&hb, &members).await;
+        assert!(answers.iter().all(|(_, r)| r.is_ok()));
+        assert_eq!(*stub.batches.lock().unwrap(), [2, 2, 2, 2]);
+        assert_eq!(stub.singles.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_next_periodic_heartbeat_is_on_the_grid_and_never_later() {
+        let base = Instant::now();
+        let i = Duration::from_millis(300);
+        for offset_ms in [0u64, 1, 150, 299, 300, 301, 12_345] {
+            let sent = base + Duration::from_millis(offset_ms);
+            let next = grid_point(base, i, sent);
+            assert!(next > sent && next <= sent + i, "{offset_ms}");
+            assert_eq!((next - base).as_nanos() % i.as_nanos(), 0, "{offset_ms}");
+        }
+        // Members sent in the same interval land on the same instant.
+        assert_eq!(
+            grid_point(base, i, base + Duration::from_millis(310)),
+            grid_point(base, i, base + Duration::from_millis(590))
+        );
+        // Degenerate cases: as the single route.
+        let before = base.checked_sub(Duration::from_millis(5)).unwrap_or(base);
+        if before < base {
+            assert_eq!(grid_point(base, i, before), before + i);
+        }
+        assert_eq!(grid_point(base, Duration::ZERO, base), base);
     }
 }
