@@ -1,6 +1,7 @@
 //! The consumer application: runs every listener's members until shutdown.
 
 use crate::config::{ClientConfig, split_urls};
+use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::{MemberShared, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
@@ -144,6 +145,15 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Whether the app's members send their heartbeats together, in one
+    /// `POST /v1/heartbeats` request per interval, when it runs more than one member
+    /// (default: on, unless `RSC_HEARTBEAT_BATCHING=false`); see
+    /// [`ClientConfig::heartbeat_batching`].
+    pub fn heartbeat_batching(mut self, on: bool) -> Self {
+        self.config.heartbeat_batching = on;
+        self
+    }
+
     /// Adds a listener.
     pub fn listener(mut self, listener: Listener) -> Self {
         self.listeners.push(listener);
@@ -254,6 +264,12 @@ impl ConsumerApp {
         let redis = cfg.data_redis()?;
         let ack_conn = redis.shared();
         let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
+        let member_count: u64 = self
+            .listeners
+            .iter()
+            .map(|l| u64::from(l.concurrency))
+            .sum();
+        let heartbeats = Heartbeats::for_app(coord.clone(), cfg.heartbeat_batching, member_count);
         let instance = cfg.instance_id.clone().unwrap_or_default();
         let shutdown = self.handle.shutdown.clone();
         let mut members = JoinSet::new();
@@ -280,11 +296,14 @@ impl ConsumerApp {
                     version: Some(env!("CARGO_PKG_VERSION").into()),
                     concurrency: Some(l.concurrency),
                 };
-                let member = MemberRuntime::new(shared, coord.clone(), info);
+                let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info);
                 members.spawn(member.run(shutdown.child_token()));
             }
         }
-        info!(members = members.len(), coordinator = %coord.current_url(), "consumer app started");
+        info!(members = members.len(), coordinator = %coord.current_url(),
+            batched_heartbeats = heartbeats.is_batched(), "consumer app started");
+        // Only the members hold the heartbeat path from now on: the batcher ends with them.
+        drop(heartbeats);
         let mut first_error = None;
         let mut signal = std::pin::pin!(signal);
         let shutdown_deadline = tokio::time::sleep(Duration::MAX);

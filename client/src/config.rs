@@ -25,6 +25,10 @@ pub struct ClientConfig {
     /// the session timeout, and unacknowledged entries are handled again. Keep it below the
     /// pod's termination grace period.
     pub shutdown_timeout: std::time::Duration,
+    /// Whether a consumer app running more than one member sends their heartbeats together,
+    /// batched on `POST /v1/heartbeats` (default on; falls back to the single-member route
+    /// on a coordinator without it). Off: one request per member heartbeat.
+    pub heartbeat_batching: bool,
 }
 
 impl Default for ClientConfig {
@@ -37,14 +41,15 @@ impl Default for ClientConfig {
             instance_id: None,
             host: None,
             shutdown_timeout: std::time::Duration::from_secs(25),
+            heartbeat_batching: true,
         }
     }
 }
 
 impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
-    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `POD_IP` and `POD_NAME`
-    /// (falling back to `HOSTNAME`).
+    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `RSC_HEARTBEAT_BATCHING`
+    /// (`false` turns batching off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -61,6 +66,12 @@ impl ClientConfig {
         cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         });
+        if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
+            cfg.heartbeat_batching = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
+        }
         cfg.token = get("RSC_TOKEN");
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
         cfg.instance_id = get("POD_IP").or_else(|| cfg.host.clone());
@@ -124,6 +135,10 @@ mod tests {
         assert_eq!(cfg.token.as_deref(), Some("t"));
         assert!(cfg.redis_cluster);
         assert_eq!(cfg.instance_id.as_deref(), Some("pod-1"));
+        assert!(cfg.heartbeat_batching);
+        let off =
+            ClientConfig::from_lookup(|k| (k == "RSC_HEARTBEAT_BATCHING").then(|| "false".into()));
+        assert!(!off.heartbeat_batching);
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());

@@ -1,7 +1,10 @@
 //! The HTTP client of the coordinator's `/v1` API, with failover over several URLs.
 
 use crate::error::CoordinatorError;
-use rsc_protocol::{ErrorBody, HeartbeatRequest, HeartbeatResponse, RoutingResponse};
+use rsc_protocol::{
+    ErrorBody, HeartbeatBatchRequest, HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse,
+    RoutingResponse,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -65,6 +68,17 @@ impl CoordinatorClient {
         .await
     }
 
+    /// `POST /v1/heartbeats`: several members' heartbeats in one request. Returns the URL of
+    /// the coordinator that answered (item errors name it, as the single route's errors do).
+    pub(crate) async fn heartbeat_batch(
+        &self,
+        req: &HeartbeatBatchRequest,
+        timeout: Duration,
+    ) -> (String, Result<HeartbeatBatchResponse, CoordinatorError>) {
+        self.send_with_url(reqwest::Method::POST, "/v1/heartbeats", Some(req), timeout)
+            .await
+    }
+
     /// A heartbeat with epoch -1: leaves the group at once (not epoch-checked).
     pub(crate) async fn leave(
         &self,
@@ -113,6 +127,17 @@ impl CoordinatorClient {
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<R, CoordinatorError> {
+        self.send_with_url(method, path, body, timeout).await.1
+    }
+
+    /// [`Self::send`], also returning the URL the request went to.
+    async fn send_with_url<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> (String, Result<R, CoordinatorError>) {
         let index = self.inner.current.load(Ordering::Relaxed) % self.inner.urls.len();
         let url = self.inner.urls[index].clone();
         let result = self.send_to(&url, method, path, body, timeout).await;
@@ -130,7 +155,7 @@ impl CoordinatorClient {
             );
             tracing::warn!(from = %url, to = %self.inner.urls[next], error = %e, "coordinator failover");
         }
-        result
+        (url, result)
     }
 
     async fn send_to<B: Serialize, R: DeserializeOwned>(
@@ -154,7 +179,7 @@ impl CoordinatorClient {
         }
         let transport = |source| CoordinatorError::Transport {
             url: url.to_owned(),
-            source,
+            source: Arc::new(source),
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status().as_u16();

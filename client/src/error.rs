@@ -39,8 +39,9 @@ pub enum ClientError {
     },
 }
 
-/// The outcome of one failed call to the coordinator.
-#[derive(Debug, thiserror::Error)]
+/// The outcome of one failed call to the coordinator. Cloneable: a failed batched heartbeat
+/// request (`POST /v1/heartbeats`) fails every heartbeat it carried with the same error.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum CoordinatorError {
     /// The coordinator answered with a SPEC error body.
@@ -70,8 +71,8 @@ pub enum CoordinatorError {
     Transport {
         /// The coordinator tried.
         url: String,
-        /// The HTTP client's error.
-        source: reqwest::Error,
+        /// The HTTP client's error (shared by every heartbeat of a failed batch).
+        source: std::sync::Arc<reqwest::Error>,
     },
 }
 

@@ -21,6 +21,7 @@
 use super::MemberShared;
 use super::backoff::Backoff;
 use super::drain::drain_state;
+use super::heartbeats::Heartbeats;
 use super::lease::Lease;
 use super::worker::{ShardFlags, ShardWorker};
 use crate::coordinator::CoordinatorClient;
@@ -79,6 +80,7 @@ type HeartbeatFuture =
 pub(crate) struct MemberRuntime {
     shared: Arc<MemberShared>,
     coord: CoordinatorClient,
+    heartbeats: Heartbeats,
     client_info: ClientInfo,
 
     epoch: i64,
@@ -112,11 +114,13 @@ impl MemberRuntime {
     pub(crate) fn new(
         shared: Arc<MemberShared>,
         coord: CoordinatorClient,
+        heartbeats: Heartbeats,
         client_info: ClientInfo,
     ) -> Self {
         MemberRuntime {
             shared,
             coord,
+            heartbeats,
             client_info,
             epoch: 0,
             joined: false,
@@ -231,15 +235,16 @@ impl MemberRuntime {
         } else {
             JOIN_TIMEOUT
         };
-        let coord = self.coord.clone();
+        let heartbeats = self.heartbeats.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
             if !candidates.is_empty() {
                 req.drained_shards = confirm_drained(&shared, &candidates, timeout).await;
             }
-            let sent_at = Instant::now();
-            let r = coord.heartbeat(&shared.group, &req, timeout).await;
-            (sent_at, req.member_epoch, r)
+            let epoch = req.member_epoch;
+            // `sent_at`: when the request carrying it (alone or batched) was sent.
+            let (sent_at, r) = heartbeats.heartbeat(&shared.group, req, timeout).await;
+            (sent_at, epoch, r)
         })
     }
 
@@ -291,7 +296,10 @@ impl MemberRuntime {
                     // A revocation finished while this heartbeat was in flight.
                     now
                 } else {
-                    (sent_at + self.interval).max(now)
+                    // Batched: on the process-wide grid, with the other members.
+                    self.heartbeats
+                        .next_periodic(sent_at, self.interval)
+                        .max(now)
                 };
             }
             Err(e) => self.failed(e, now),

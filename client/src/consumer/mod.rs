@@ -7,6 +7,8 @@
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
 //!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
 //!   dead letters, acknowledgements.
+//! - [`heartbeats`]: the heartbeat path shared by the members of one app: batched on
+//!   `POST /v1/heartbeats` when the app runs several members, else the single-member route.
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
 //! - [`fence`]: strict fencing: the guarded read (a `WATCH`ed transaction), takeover and
 //!   acknowledgement scripts.
@@ -14,6 +16,7 @@
 pub(crate) mod backoff;
 pub(crate) mod drain;
 pub(crate) mod fence;
+pub(crate) mod heartbeats;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;
