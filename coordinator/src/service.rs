@@ -143,12 +143,15 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
 /// `idle` is dropped (see [`ServiceConfig::cache_idle`]).
 #[derive(Debug)]
 struct DocCache {
-    groups: Mutex<HashMap<String, (Arc<Versioned<GroupDoc>>, Instant)>>,
+    groups: Mutex<HashMap<String, CachedGroup>>,
     streams: Mutex<HashMap<String, Arc<Versioned<StreamDoc>>>>,
     /// Deadline-index updates that failed: group → (revision, deadline), retried by the sweep.
     owed: Mutex<HashMap<String, (u64, u64)>>,
     idle: Duration,
 }
+
+/// A cached group document and when it was last used.
+type CachedGroup = (Arc<Versioned<GroupDoc>>, Instant);
 
 impl DocCache {
     fn new(idle: Duration) -> Self {
