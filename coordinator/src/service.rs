@@ -305,6 +305,50 @@ impl Coordinator {
         self.full_heartbeat(group, req).await
     }
 
+    /// Handles a batch of heartbeats (`POST /v1/heartbeats`): each `(group, request)` is
+    /// answered as [`Coordinator::heartbeat`] answers it, results in the order given. Steady
+    /// heartbeats run concurrently, so their liveness touches share round trips; the others
+    /// then run one after another within a group (queueing on the group lock in order rather
+    /// than contending for it) and concurrently across groups.
+    pub async fn heartbeat_batch(
+        &self,
+        items: &[(&str, &HeartbeatRequest)],
+    ) -> Vec<Result<HeartbeatResponse>> {
+        let steady = futures::future::join_all(items.iter().map(|&(group, req)| async move {
+            check_name("group", group)?;
+            self.steady_heartbeat(group, req).await
+        }))
+        .await;
+        let mut full: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, r) in steady.iter().enumerate() {
+            if matches!(r, Ok(None)) {
+                full.entry(items[i].0).or_default().push(i);
+            }
+        }
+        let answered = futures::future::join_all(full.into_values().map(|indices| async move {
+            let mut out = Vec::with_capacity(indices.len());
+            for i in indices {
+                let (group, req) = items[i];
+                out.push((i, self.full_heartbeat(group, req).await));
+            }
+            out
+        }))
+        .await;
+        let mut results: Vec<Result<Option<HeartbeatResponse>>> = steady;
+        for (i, r) in answered.into_iter().flatten() {
+            results[i] = r.map(Some);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r?.ok_or_else(|| {
+                    // Every item left unanswered by the steady pass went through the full one.
+                    StoreError::Conflict("heartbeat left unanswered; retry".into()).into()
+                })
+            })
+            .collect()
+    }
+
     /// The full heartbeat: lock, load, engine, write. (The span is here rather than on
     /// [`Coordinator::heartbeat`]: the steady path logs nothing, and an info span per steady
     /// heartbeat costs a third of its throughput.)

@@ -133,6 +133,7 @@ pub const MAX_HEARTBEAT_BATCH: usize = 1000;
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatBatchRequest {
     /// One entry per member heartbeat (1 to [`MAX_HEARTBEAT_BATCH`]).
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
     pub heartbeats: Vec<BatchedHeartbeat>,
 }
 

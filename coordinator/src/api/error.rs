@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use rsc_protocol::{ErrorBody, ErrorCode};
+use rsc_protocol::{ErrorBody, ErrorCode, ErrorDetail};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -25,6 +25,15 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+        }
+    }
+
+    /// The `error` object of the SPEC error body (an item of a batch answer carries it
+    /// beside [`ErrorCode::http_status`] instead of answering with it).
+    pub fn into_detail(self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code,
+            message: self.message,
         }
     }
 }

@@ -187,6 +187,10 @@ pub(super) fn document_access(doc: &mut OpenApi) {
                 Scope::GroupAndStreamInBody => {
                     "the token's `groups` and `streams` scopes must cover the body's `group` and `stream`"
                 }
+                Scope::GroupPerItemInBody => {
+                    "the token's `groups` scope must cover each item's `group`, checked per item: \
+                     an item out of scope gets its own result with status 403 and is not processed"
+                }
             };
             let note = format!("Requires role {needs}; {scope_text}.");
             op.description = Some(match op.description.take() {

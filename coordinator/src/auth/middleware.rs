@@ -116,6 +116,20 @@ fn check_scope(principal: &Principal, scope: Scope, target: &AuditTarget) -> Res
     Ok(())
 }
 
+/// The group scope check of one item of a request whose items name their group
+/// ([`Scope::GroupPerItemInBody`]): `403 FORBIDDEN`, with the message a `{group}` route
+/// would give, when the principal's `groups` globs do not cover `group`. Counted as an
+/// access refusal.
+pub fn check_item_group(principal: &Principal, group: &str) -> Result<(), ApiError> {
+    let target = AuditTarget {
+        group: Some(group.to_owned()),
+        ..AuditTarget::default()
+    };
+    check_scope(principal, Scope::Group, &target).inspect_err(|e| {
+        metrics::counter!("rsc_access_refusals_total", "code" => e.code.as_str()).increment(1);
+    })
+}
+
 fn missing_name(field: &str) -> ApiError {
     ApiError::new(
         ErrorCode::InvalidRequest,

@@ -15,7 +15,7 @@ mod rate_limit;
 
 pub use acl::{ANONYMOUS, Acl, AclError, Principal, Role, token_sha256_hex};
 pub use glob::Glob;
-pub use middleware::enforce;
+pub use middleware::{check_item_group, enforce};
 pub use rate_limit::{AdminRateLimiter, retry_after_secs};
 
 use crate::api::ApiError;

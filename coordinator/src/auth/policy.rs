@@ -19,6 +19,10 @@ pub enum Scope {
     Stream,
     /// The `group` and `stream` fields of the JSON body (group creation).
     GroupAndStreamInBody,
+    /// The `group` of each item of the JSON body (`POST /v1/heartbeats`). Not checked by the
+    /// middleware: the handler checks each item with [`super::check_item_group`], and an item
+    /// out of scope is refused alone, in its own result.
+    GroupPerItemInBody,
 }
 
 /// What a route requires.
@@ -131,6 +135,12 @@ pub const ROUTES: &[RouteSpec] = &[
         "/v1/groups/{group}/leave",
         &[Role::Member],
         Scope::Group,
+    ),
+    roles(
+        "POST",
+        "/v1/heartbeats",
+        &[Role::Member],
+        Scope::GroupPerItemInBody,
     ),
     // Producers.
     roles(

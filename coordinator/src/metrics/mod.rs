@@ -37,6 +37,10 @@ const CONVERGENCE_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// Batch-size buckets of `POST /v1/heartbeats` (heartbeats per request, up to
+/// [`rsc_protocol::MAX_HEARTBEAT_BATCH`]).
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The process-wide Prometheus recorder, installed on first use. If another recorder was
@@ -50,6 +54,12 @@ pub fn prometheus() -> &'static PrometheusHandle {
             )
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("rsc_heartbeat_batch_size".into()),
+                    BATCH_SIZE_BUCKETS,
+                )
             })
             .expect("bucket lists are not empty");
         let recorder = builder.build_recorder();
@@ -130,6 +140,12 @@ pub fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
     if result == Err(ErrorCode::FencedMemberEpoch) {
         record_stale_epoch(group);
     }
+}
+
+/// Records the size of a `POST /v1/heartbeats` request that was processed (its heartbeats
+/// are counted one by one with [`record_heartbeat`]).
+pub fn record_heartbeat_batch(size: usize) {
+    metrics::histogram!("rsc_heartbeat_batch_size").record(size as f64);
 }
 
 /// Counts a heartbeat or leave refused with `FENCED_MEMBER_EPOCH`.
