@@ -36,7 +36,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
-#[command(about = "Control-plane scale: idle groups (S1), batched heartbeats (S2), 100k members (S3)")]
+#[command(
+    about = "Control-plane scale: idle groups (S1), batched heartbeats (S2), 100k members (S3)"
+)]
 struct Args {
     /// Short run for CI (well under a minute on debug binaries).
     #[arg(long)]
@@ -47,15 +49,15 @@ struct Args {
     /// S1: idle group counts [default: 1000,5000,10000; quick: 50,200].
     #[arg(long, value_delimiter = ',')]
     s1_groups: Option<Vec<usize>>,
-    /// S1: measurement window per configuration, ms [default: 10000; quick: 2000].
+    /// S1: measurement window per configuration, ms [default: 10000; quick: 1000].
     #[arg(long)]
     s1_window_ms: Option<u64>,
-    /// S2: simulated processes of 32 members [default: 32].
-    #[arg(long, default_value_t = 32)]
-    s2_processes: usize,
-    /// S2: groups the members are spread over [default: 32].
-    #[arg(long, default_value_t = 32)]
-    s2_groups: usize,
+    /// S2: simulated processes of 32 members [default: 32; quick: 16].
+    #[arg(long)]
+    s2_processes: Option<usize>,
+    /// S2: groups the members are spread over [default: 32; quick: 16].
+    #[arg(long)]
+    s2_groups: Option<usize>,
     /// S2: repetitions of each measurement [default: 5; quick: 2].
     #[arg(long)]
     s2_reps: Option<usize>,
@@ -68,7 +70,7 @@ struct Args {
     /// S3: groups [default: 10000; quick: 64].
     #[arg(long)]
     s3_groups: Option<usize>,
-    /// S3: steady window, ms [default: 60000; quick: 5000].
+    /// S3: steady window, ms [default: 60000; quick: 3000].
     #[arg(long)]
     s3_window_ms: Option<u64>,
     /// S3: heartbeat interval of the groups (session timeout: 15 intervals).
@@ -83,6 +85,10 @@ struct Args {
     /// Requests in flight (set-up, S2 and the saturation phase of S3).
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// Batches in flight while members join and converge (S2, S3): every batch carries a
+    /// member of many groups, so each in-flight batch adds a concurrent join per group.
+    #[arg(long, default_value_t = 8)]
+    setup_concurrency: usize,
     /// Groups per stream (a stream's document lists its groups: keep it small).
     #[arg(long, default_value_t = 100)]
     groups_per_stream: usize,
@@ -121,20 +127,103 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks as f64 / clk_tck())
 }
 
-/// `total_commands_processed` of one server (`INFO stats`; the call itself is counted by the
-/// next one).
-fn commands_processed(redis: &RedisServer) -> Result<u64> {
-    let info = redis.command("INFO stats")?;
-    info.lines()
+/// From `INFO stats commandstats` of one server: `total_commands_processed` (which counts the
+/// commands scripts run inside Redis too), and the script calls clients made (`EVALSHA`,
+/// `EVAL`, `FCALL`). The `INFO` call itself is counted by the next one.
+fn commands_processed(conn: &Mutex<redis::Connection>) -> Result<(u64, u64)> {
+    let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .arg("commandstats")
+        .query(&mut *conn)?;
+    let total = info
+        .lines()
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|n| n.trim().parse().ok())
-        .context("total_commands_processed")
+        .context("total_commands_processed")?;
+    let mut scripts = 0;
+    for l in info.lines() {
+        for cmd in ["evalsha", "eval", "fcall"] {
+            if let Some(rest) = l.strip_prefix(&format!("cmdstat_{cmd}:calls=")) {
+                scripts += rest
+                    .split(',')
+                    .next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Ok((total, scripts))
+}
+
+/// Commands clients send to `redis` (not those scripts run inside Redis) while `work` runs,
+/// counted with `MONITOR` on a raw connection (as P1 does).
+async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
+    redis: &RedisServer,
+    work: F,
+) -> Result<(u64, u64)> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", redis.port()))?;
+    conn.write_all(b"MONITOR\r\n")?;
+    let reader = conn.try_clone()?;
+    let lines = std::thread::spawn(move || {
+        let mut n = 0u64;
+        for line in BufReader::new(reader)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
+            // `+<time> [<db> <client>] "<COMMAND>" ...`; a script's own calls show `[0 lua]`.
+            if let Some((client, _)) = line.split_once("] ")
+                && !client.ends_with(" lua")
+            {
+                n += 1;
+            }
+        }
+        n
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let done = work.await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    conn.shutdown(std::net::Shutdown::Both)?;
+    let n = lines
+        .join()
+        .map_err(|_| anyhow::anyhow!("monitor reader panicked"))?;
+    Ok((done, n))
+}
+
+/// Sends each prepared request once, in order, 8 in flight; returns the member heartbeats
+/// answered.
+async fn send_each(http: &reqwest::Client, requests: Arc<Vec<Prepared>>) -> Result<u64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let (h, d, r) = (http.clone(), done.clone(), requests.clone());
+    for_each_concurrent(requests.len(), 8, Duration::from_secs(120), move |i| {
+        let (h, d, r) = (h.clone(), d.clone(), r.clone());
+        async move {
+            let p = &r[i];
+            let resp = h
+                .post(&p.url)
+                .header("content-type", "application/json")
+                .body(reqwest::Body::from(p.body.to_vec()))
+                .send()
+                .await?;
+            if !resp.status().is_success() {
+                bail!("{}: {}", p.url, resp.status());
+            }
+            let _ = resp.bytes().await?;
+            d.fetch_add(p.items, Ordering::Relaxed);
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(done.load(Ordering::Relaxed))
 }
 
 /// What is watched during a window.
-struct Probe<'a> {
+struct Probe {
     coordinators: Vec<u32>,
-    redis: Vec<&'a RedisServer>,
+    /// redis-server pids, and one connection to each (opened once: a connection's set-up
+    /// commands would be counted).
+    redis: Vec<(u32, Mutex<redis::Connection>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +232,7 @@ struct Snap {
     coordinators: Vec<f64>,
     redis_cpu: f64,
     commands: u64,
+    scripts: u64,
     me: f64,
 }
 
@@ -158,6 +248,8 @@ struct Usage {
     me_pct: f64,
     /// Commands Redis processed (less the probe's own `INFO` calls).
     commands: u64,
+    /// Script calls clients made.
+    scripts: u64,
 }
 
 impl Usage {
@@ -172,13 +264,28 @@ impl Usage {
     }
 }
 
-impl Probe<'_> {
+impl Probe {
+    fn new(coordinators: &[&CoordinatorProcess], redis: &[&RedisServer]) -> Result<Self> {
+        Ok(Probe {
+            coordinators: coordinators.iter().map(|c| pid(c)).collect::<Result<_>>()?,
+            redis: redis
+                .iter()
+                .map(|r| {
+                    let conn = redis::Client::open(r.url())?.get_connection()?;
+                    Ok((r.pid().context("redis pid")?, Mutex::new(conn)))
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
     fn snap(&self) -> Result<Snap> {
-        let mut commands = 0;
+        let (mut commands, mut scripts) = (0, 0);
         let mut redis_cpu = 0.0;
-        for r in &self.redis {
-            commands += commands_processed(r)?;
-            redis_cpu += cpu_seconds(r.pid().context("redis pid")?)?;
+        for (pid, conn) in &self.redis {
+            let (c, s) = commands_processed(conn)?;
+            commands += c;
+            scripts += s;
+            redis_cpu += cpu_seconds(*pid)?;
         }
         Ok(Snap {
             at: Instant::now(),
@@ -189,6 +296,7 @@ impl Probe<'_> {
                 .collect::<Result<_>>()?,
             redis_cpu,
             commands,
+            scripts,
             me: cpu_seconds(std::process::id())?,
         })
     }
@@ -207,6 +315,7 @@ impl Probe<'_> {
             redis_pct: pct(a.redis_cpu, b.redis_cpu),
             me_pct: pct(a.me, b.me),
             commands: (b.commands - a.commands).saturating_sub(self.redis.len() as u64),
+            scripts: b.scripts - a.scripts,
         }
     }
 
@@ -428,7 +537,10 @@ impl Fleet {
     }
 
     fn sim(&self, i: usize) -> Sim {
-        self.sims[i].lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.sims[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn batch_request(&self, p: usize) -> HeartbeatBatchRequest {
@@ -458,12 +570,20 @@ impl Fleet {
                         .unwrap_or_else(|p| p.into_inner())
                         .apply(resp);
                 }
-                _ => errors.push(
-                    item.error
+                _ => {
+                    let code = item
+                        .error
                         .as_ref()
                         .map(|e| e.code.as_str().to_owned())
-                        .unwrap_or_else(|| format!("status {}", item.status)),
-                ),
+                        .unwrap_or_else(|| format!("status {}", item.status));
+                    if is_lost(&code) {
+                        // As a client does: join again.
+                        let mut sim = self.sims[i].lock().unwrap_or_else(|p| p.into_inner());
+                        sim.epoch = 0;
+                        sim.owned.clear();
+                    }
+                    errors.push(code);
+                }
             }
         }
         if r.results.len() != self.processes[p].len() {
@@ -471,45 +591,6 @@ impl Fleet {
         }
         (changed, errors)
     }
-}
-
-/// Heartbeats every member through the single route until one whole round changes nothing.
-async fn converge_single(
-    http: &reqwest::Client,
-    base: &str,
-    fleet: &Arc<Fleet>,
-    concurrency: usize,
-) -> Result<usize> {
-    for round in 1..=50 {
-        let changed = Arc::new(AtomicBool::new(false));
-        let (f, c, h, b) = (fleet.clone(), changed.clone(), http.clone(), base.to_owned());
-        for_each_concurrent(fleet.sims.len(), concurrency, Duration::from_secs(300), move |i| {
-            let (f, c, h, b) = (f.clone(), c.clone(), h.clone(), b.clone());
-            async move {
-                let s = f.sim(i);
-                let url = format!("{b}/v1/groups/{}/heartbeat", s.group);
-                let r = h.post(&url).json(&s.request()).send().await?;
-                let status = r.status().as_u16();
-                if status != 200 {
-                    bail!("heartbeat of {}: {status} {}", s.id, r.text().await?);
-                }
-                let resp: HeartbeatResponse = r.json().await?;
-                if f.sims[i]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .apply(&resp)
-                {
-                    c.store(true, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-        })
-        .await?;
-        if !changed.load(Ordering::Relaxed) {
-            return Ok(round);
-        }
-    }
-    bail!("members did not converge in 50 rounds")
 }
 
 /// Sends process `p`'s batch; returns the answer, or `None` when the route does not exist.
@@ -531,6 +612,11 @@ async fn send_batch(
     }
 }
 
+/// The member is no longer in the group (expired, or fenced): it must join again.
+fn is_lost(code: &str) -> bool {
+    code == "UNKNOWN_MEMBER_ID" || code == "FENCED_MEMBER_EPOCH"
+}
+
 /// Heartbeats every process's batch (process p to `bases[p mod len]`) until one whole round
 /// changes nothing; `None` when the batch route does not exist.
 async fn converge_batched(
@@ -541,29 +627,43 @@ async fn converge_batched(
     deadline: Duration,
 ) -> Result<Option<usize>> {
     let until = Instant::now() + deadline;
+    // Item errors while joining (e.g. STORE_UNAVAILABLE under lock contention): retried in
+    // the next round, and reported.
+    let errors = Arc::new(Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
     for round in 1..=50 {
         let changed = Arc::new(AtomicBool::new(false));
         let missing = Arc::new(AtomicBool::new(false));
         let bases = Arc::new(bases.to_vec());
-        let (f, c, m, h) = (
+        let (f, c, m, h, e) = (
             fleet.clone(),
             changed.clone(),
             missing.clone(),
             http.clone(),
+            errors.clone(),
         );
         let left = until.saturating_duration_since(Instant::now());
         for_each_concurrent(fleet.processes.len(), concurrency, left, move |p| {
-            let (f, c, m, h, bases) = (f.clone(), c.clone(), m.clone(), h.clone(), bases.clone());
+            let (f, c, m, h, e, bases) = (
+                f.clone(),
+                c.clone(),
+                m.clone(),
+                h.clone(),
+                e.clone(),
+                bases.clone(),
+            );
             async move {
                 match send_batch(&h, &bases[p % bases.len()], &f, p).await? {
                     None => m.store(true, Ordering::Relaxed),
                     Some(r) => {
                         let (changed, errors) = f.apply_batch(p, &r);
-                        if !errors.is_empty() {
-                            bail!("batch of process {p} during set-up: {errors:?}");
-                        }
-                        if changed {
+                        if changed || !errors.is_empty() {
                             c.store(true, Ordering::Relaxed);
+                        }
+                        if !errors.is_empty() {
+                            let mut seen = e.lock().unwrap_or_else(|p| p.into_inner());
+                            for code in errors {
+                                *seen.entry(code).or_insert(0u64) += 1;
+                            }
                         }
                     }
                 }
@@ -575,10 +675,17 @@ async fn converge_batched(
             return Ok(None);
         }
         if !changed.load(Ordering::Relaxed) {
+            let errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+            if !errors.is_empty() {
+                println!("  item errors while joining (retried): {errors:?}");
+            }
             return Ok(Some(round));
         }
     }
-    bail!("members did not converge in 50 rounds")
+    bail!(
+        "members did not converge in 50 rounds; item errors: {:?}",
+        errors.lock().unwrap_or_else(|p| p.into_inner())
+    )
 }
 
 /// Is `POST /v1/heartbeats` served? An empty batch is refused (400) by a coordinator that
@@ -739,17 +846,20 @@ fn row(name: String, unit: &str, samples: &[f64], baseline: Option<&[f64]>, goal
 // S1: idle groups.
 
 async fn s1(args: &Args) -> Result<Vec<Row>> {
-    let levels = args
-        .s1_groups
-        .clone()
-        .unwrap_or_else(|| if args.quick { vec![50, 200] } else { vec![1000, 5000, 10000] });
-    let window = Duration::from_millis(args.pick(args.s1_window_ms, 10_000, 2_000));
+    let levels = args.s1_groups.clone().unwrap_or_else(|| {
+        if args.quick {
+            vec![50, 200]
+        } else {
+            vec![1000, 5000, 10000]
+        }
+    });
+    let window = Duration::from_millis(args.pick(args.s1_window_ms, 10_000, 1_000));
     let step = if args.quick {
-        Duration::from_millis(500)
+        Duration::from_millis(250)
     } else {
         Duration::from_secs(1)
     };
-    let settle = Duration::from_millis(if args.quick { 500 } else { 2000 });
+    let settle = Duration::from_millis(if args.quick { 300 } else { 2000 });
     let max_n = levels.iter().copied().max().unwrap_or(0);
     let streams = max_n.div_ceil(args.groups_per_stream).max(1);
     let redis = RedisServer::start().context("redis-server")?;
@@ -821,15 +931,10 @@ async fn s1(args: &Args) -> Result<Vec<Row>> {
             for _ in 1..count {
                 extra.push(start_coordinator(&cargs)?);
             }
-            let mut pids = vec![pid(&first)?];
-            for c in &extra {
-                pids.push(pid(c)?);
-            }
+            let mut running = vec![&first];
+            running.extend(extra.iter());
+            let probe = Probe::new(&running, &[&redis])?;
             tokio::time::sleep(settle).await;
-            let probe = Probe {
-                coordinators: pids,
-                redis: vec![&redis],
-            };
             let (steps, whole) = probe.watch(window, step).await?;
             let cmds: Vec<f64> = steps.iter().map(Usage::commands_per_s).collect();
             let cpu: Vec<f64> = steps.iter().map(Usage::max_coordinator_pct).collect();
@@ -847,10 +952,10 @@ async fn s1(args: &Args) -> Result<Vec<Row>> {
             if n == 0 {
                 baseline[k] = Some((cmds.clone(), cpu.clone()));
             }
-            let base_of = |pick: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| {
-                baseline[k].as_ref().map(|b| pick(b).clone())
+            let (bc, bu) = match &baseline[k] {
+                Some((c, u)) => (Some(c.clone()), Some(u.clone())),
+                None => (None, None),
             };
-            let (bc, bu) = (base_of(|b| &b.0), base_of(|b| &b.1));
             let vs = if n == 0 { "" } else { " vs 0 groups" };
             rows.push(row(
                 format!("S1 idle: Redis commands/s, {n} groups, {count} coordinator(s){vs}"),
@@ -883,6 +988,8 @@ async fn s1(args: &Args) -> Result<Vec<Row>> {
 
 async fn s2(args: &Args) -> Result<Vec<Row>> {
     let reps = args.pick(args.s2_reps, 5, 2);
+    let processes = args.pick(args.s2_processes, 32, 16);
+    let groups = args.pick(args.s2_groups, 32, 16);
     let duration = Duration::from_millis(args.pick(args.s2_duration_ms, 3000, 500));
     let redis = RedisServer::start().context("redis-server")?;
     let coordinator = start_coordinator(&coordinator_args(args, &redis.url(), false))?;
@@ -890,9 +997,9 @@ async fn s2(args: &Args) -> Result<Vec<Row>> {
     let http = http_client(args.concurrency)?;
     let fleet = Arc::new(Fleet::new(
         "s2",
-        args.s2_processes,
+        processes,
         args.batch,
-        args.s2_groups,
+        groups,
         args.groups_per_stream,
     ));
     let members = fleet.sims.len();
@@ -911,33 +1018,47 @@ async fn s2(args: &Args) -> Result<Vec<Row>> {
         args.concurrency,
     )
     .await?;
-    let rounds = converge_single(&http, &base, &fleet, args.concurrency).await?;
+    let rounds = converge_batched(
+        &http,
+        std::slice::from_ref(&base),
+        &fleet,
+        args.setup_concurrency,
+        Duration::from_secs(300),
+    )
+    .await?
+    .context("the batch route disappeared")?;
     println!(
         "S2: {} processes x {} members = {members} members over {} groups ({} shards each; a \
          process has one member in each of {} groups); set-up {:.1} s, converged in {rounds} \
          rounds",
-        args.s2_processes,
+        processes,
         args.batch,
-        args.s2_groups,
+        groups,
         fleet.shards,
-        args.batch.min(args.s2_groups),
+        args.batch.min(groups),
         t.elapsed().as_secs_f64()
     );
     let singles = Arc::new(prepared_singles(&fleet, &base));
     let batches = Arc::new(prepared_batches(&fleet, std::slice::from_ref(&base)));
-    let probe = Probe {
-        coordinators: vec![pid(&coordinator)?],
-        redis: vec![&redis],
-    };
+    let probe = Probe::new(&[&coordinator], &[&redis])?;
+    let (_, idle) = probe
+        .watch(Duration::from_secs(1), Duration::from_secs(1))
+        .await?;
     // Warm-up of both.
     closed_loop(&http, args.concurrency, duration / 2, singles.clone()).await?;
     closed_loop(&http, args.concurrency, duration / 2, batches.clone()).await?;
     let (mut single_rates, mut batch_rates) = (Vec::new(), Vec::new());
     let (mut single_cpm, mut batch_cpm) = (Vec::new(), Vec::new());
     let (mut single_cpu, mut batch_cpu) = (Vec::new(), Vec::new());
+    let (mut single_me, mut batch_me) = (Vec::new(), Vec::new());
+    let (mut single_spm, mut batch_spm) = (Vec::new(), Vec::new());
     let mut errors = 0;
     for r in 0..reps {
-        let order = if r % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         for batched in order {
             let reqs = if batched { &batches } else { &singles };
             let a = probe.snap()?;
@@ -946,24 +1067,50 @@ async fn s2(args: &Args) -> Result<Vec<Row>> {
             let u = probe.usage(&a, &b);
             errors += res.errors;
             let cpm = u.commands as f64 / res.items.max(1) as f64;
-            let (rates, cpms, cpus) = if batched {
-                (&mut batch_rates, &mut batch_cpm, &mut batch_cpu)
+            let (rates, cpms, cpus, mes, spms) = if batched {
+                (
+                    &mut batch_rates,
+                    &mut batch_cpm,
+                    &mut batch_cpu,
+                    &mut batch_me,
+                    &mut batch_spm,
+                )
             } else {
-                (&mut single_rates, &mut single_cpm, &mut single_cpu)
+                (
+                    &mut single_rates,
+                    &mut single_cpm,
+                    &mut single_cpu,
+                    &mut single_me,
+                    &mut single_spm,
+                )
             };
             rates.push(res.items_per_s);
             cpms.push(cpm);
             cpus.push(u.sum_coordinator_pct());
+            mes.push(u.me_pct);
+            spms.push(u.scripts as f64 / res.items.max(1) as f64);
         }
     }
+    // Round trips: the client commands while every member heartbeats twice, each way.
+    let twice = |v: &Arc<Vec<Prepared>>| Arc::new(v.iter().chain(v.iter()).cloned().collect());
+    let (n1, c1) = client_commands(&redis, send_each(&http, twice(&singles))).await?;
+    let (n2, c2) = client_commands(&redis, send_each(&http, twice(&batches))).await?;
+    let (single_rt, batch_rt) = (c1 as f64 / n1 as f64, c2 as f64 / n2 as f64);
     println!(
-        "S2: coordinator CPU (median) single {} %, batched {} % of a core; item errors: {errors}",
+        "S2: CPU % of a core (median): coordinator single {} / batched {}, load generator \
+         single {} / batched {}; script calls per member-heartbeat single {} / batched {}; \
+         Redis commands/s with no load (expiry sweep): {}; item errors: {errors}",
         num(summarize(&single_cpu).median),
-        num(summarize(&batch_cpu).median)
+        num(summarize(&batch_cpu).median),
+        num(summarize(&single_me).median),
+        num(summarize(&batch_me).median),
+        num(summarize(&single_spm).median),
+        num(summarize(&batch_spm).median),
+        num(idle.commands_per_s())
     );
     let label = format!(
-        "{members} members, {} groups, {} in flight",
-        args.s2_groups, args.concurrency
+        "{members} members, {groups} groups, {} in flight",
+        args.concurrency
     );
     Ok(vec![
         row(
@@ -990,6 +1137,15 @@ async fn s2(args: &Args) -> Result<Vec<Row>> {
             None,
             "-",
         ),
+        row(
+            format!(
+                "S2 client commands (round trips, MONITOR) per member-heartbeat, batched vs single ({label})"
+            ),
+            "cmds",
+            &[batch_rt],
+            Some(&[single_rt]),
+            "- (commands scripts run inside Redis excluded)",
+        ),
     ])
 }
 
@@ -998,6 +1154,7 @@ async fn s2(args: &Args) -> Result<Vec<Row>> {
 
 struct S3Result {
     label: String,
+    long_label: String,
     offered: f64,
     achieved: f64,
     p50_ms: f64,
@@ -1019,7 +1176,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
     let processes = args.pick(args.s3_processes, 3125, 20);
     let groups = args.pick(args.s3_groups, 10_000, 64);
-    let window = Duration::from_millis(args.pick(args.s3_window_ms, 60_000, 5_000));
+    let window = Duration::from_millis(args.pick(args.s3_window_ms, 60_000, 3_000));
     let interval = Duration::from_millis(args.s3_interval_ms);
     let saturate = Duration::from_millis(if args.quick { 1000 } else { 5000 });
     let t = Instant::now();
@@ -1039,7 +1196,8 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
         coords.push(start_coordinator(&cargs)?);
     }
     let bases: Vec<String> = coords.iter().map(CoordinatorProcess::url).collect();
-    let http = http_client(args.concurrency)?;
+    // Up to 1,024 batches in flight in the steady phase: keep their connections.
+    let http = http_client(256)?;
     let fleet = Arc::new(Fleet::new(
         "s3",
         processes,
@@ -1048,22 +1206,22 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
         args.groups_per_stream,
     ));
     let members = fleet.sims.len();
-    let label = format!(
-        "{processes} x {} = {members} members, {groups} groups, interval {} ms, {coordinators} \
-         coordinator(s), {}",
-        args.batch,
-        args.s3_interval_ms,
-        if cluster.is_some() {
-            "3-node Redis Cluster"
-        } else {
-            "1 redis-server"
-        }
+    let store = if cluster.is_some() {
+        "3-node Redis Cluster"
+    } else {
+        "1 redis-server"
+    };
+    let long_label = format!(
+        "{processes} processes x {} = {members} members, {groups} groups, interval {} ms, \
+         {coordinators} coordinator(s), {store}",
+        args.batch, args.s3_interval_ms,
     );
+    let label = format!("{members} members, {coordinators} coord., {store}");
     if !batch_route_available(&http, &bases[0]).await? {
         println!("S3: {NO_BATCH_ROUTE}");
         return Ok(None);
     }
-    println!("S3: {label}: setting up");
+    println!("S3: {long_label}: setting up");
     create_groups(
         &http,
         &bases,
@@ -1077,7 +1235,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
     let created = t.elapsed();
     let setup_limit = Duration::from_secs(if args.quick { 60 } else { 900 });
     let Some(rounds) =
-        converge_batched(&http, &bases, &fleet, args.concurrency, setup_limit).await?
+        converge_batched(&http, &bases, &fleet, args.setup_concurrency, setup_limit).await?
     else {
         println!("S3: {NO_BATCH_ROUTE}");
         return Ok(None);
@@ -1090,14 +1248,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
     );
 
     // Steady phase: each process sends its batch once per interval, phases spread evenly.
-    let mut pids = Vec::new();
-    for c in &coords {
-        pids.push(pid(c)?);
-    }
-    let probe = Probe {
-        coordinators: pids,
-        redis: redis_nodes,
-    };
+    let probe = Probe::new(&coords.iter().collect::<Vec<_>>(), &redis_nodes)?;
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let end = start + window;
     let in_flight = Arc::new(tokio::sync::Semaphore::new(1024));
@@ -1110,12 +1261,14 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
             let mut tick = tokio::time::interval_at(start + phase, interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let (mut lat, mut ok, mut lost, mut other) = (Vec::new(), 0u64, 0u64, 0u64);
+            let mut scheduled = 0u64;
             // At most one batch per interval within the window.
             for _ in 0..=(window.as_millis() / interval.as_millis().max(1)) {
                 let due = tick.tick().await;
                 if due >= end {
                     break;
                 }
+                scheduled += fleet.processes[p].len() as u64;
                 let Ok(_permit) = in_flight.acquire().await else {
                     break;
                 };
@@ -1125,7 +1278,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
                         let (_, errors) = fleet.apply_batch(p, &r);
                         ok += (r.results.len() - errors.len().min(r.results.len())) as u64;
                         for e in errors {
-                            if e == "UNKNOWN_MEMBER_ID" || e == "FENCED_MEMBER_EPOCH" {
+                            if is_lost(&e) {
                                 lost += 1;
                             } else {
                                 other += 1;
@@ -1135,7 +1288,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
                     _ => other += fleet.processes[p].len() as u64,
                 }
             }
-            (lat, ok, lost, other)
+            (lat, ok, lost, other, scheduled)
         }));
     }
     tokio::time::sleep_until(start).await;
@@ -1143,16 +1296,20 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
     tokio::time::sleep_until(end).await;
     let b = probe.snap()?;
     let (mut lat, mut ok, mut lost, mut other) = (Vec::new(), 0u64, 0u64, 0u64);
+    let mut scheduled = 0u64;
     for t in tasks {
-        let (l, o, x, y) = t.await?;
+        let (l, o, x, y, z) = t.await?;
         lat.extend(l);
         ok += o;
         lost += x;
         other += y;
+        scheduled += z;
     }
     lat.sort_by(f64::total_cmp);
     let usage = probe.usage(&a, &b);
-    let offered = members as f64 / interval.as_secs_f64();
+    // Offered: the heartbeats due within the window (members / interval when the window is a
+    // whole number of intervals); achieved: those answered 200.
+    let offered = scheduled as f64 / window.as_secs_f64();
     let achieved = ok as f64 / window.as_secs_f64();
 
     // Saturation: the same batches back to back, `concurrency` in flight.
@@ -1160,6 +1317,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
     let max = closed_loop(&http, args.concurrency, saturate, batches).await?;
     let result = S3Result {
         label,
+        long_label,
         offered,
         achieved,
         p50_ms: percentile(&lat, 0.5),
@@ -1174,7 +1332,7 @@ async fn s3_run(args: &Args, coordinators: usize) -> Result<Option<S3Result>> {
          {} member-heartbeats/s offered; CPU % of a core: coordinators {:?}, redis-server(s) {}, \
          load generator {}; expired/fenced items {}, other errors {}; saturation ({} in flight, \
          {saturate:?}): {} member-heartbeats/s",
-        result.label,
+        result.long_label,
         num(result.p50_ms),
         num(result.p99_ms),
         num(result.p50_ms / args.batch as f64),
@@ -1241,7 +1399,10 @@ async fn s3(args: &Args) -> Result<Vec<Row>> {
             "-",
         ));
         rows.push(row(
-            format!("S3 members expired or fenced during the window ({})", r.label),
+            format!(
+                "S3 members expired or fenced during the window ({})",
+                r.label
+            ),
             "items",
             &[r.lost as f64],
             None,
@@ -1250,8 +1411,9 @@ async fn s3(args: &Args) -> Result<Vec<Row>> {
         if let Some(o) = &one {
             rows.push(row(
                 format!(
-                    "S3 capacity: saturation member-heartbeats/s, {} vs {}",
-                    r.label, o.label
+                    "S3 capacity: saturation member-heartbeats/s, {} vs {} coordinator(s)",
+                    r.label,
+                    o.usage.coordinator_pct.len()
                 ),
                 "hb/s",
                 &[r.max_rate],
