@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark suite (issue 8, docs/BENCHMARKS.md): builds in release mode, then runs P1–P6.
+# The benchmark suite (issue 8, docs/BENCHMARKS.md): builds in release mode, then runs P1–P7 and
+# S1–S3.
 # Every binary starts its own redis-server and rsc-coordinator on free loopback ports and
 # prints its rows; at the end one table gathers them all, with the machine described.
 #
@@ -55,6 +56,8 @@ else
 fi
 run listener $quick
 run lifecycle $quick
+# S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
+run scale $quick
 
 seconds=$(( $(date +%s) - start ))
 if [ -n "$quick" ]; then
