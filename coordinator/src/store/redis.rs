@@ -203,7 +203,14 @@ struct Inner {
     /// Steady-heartbeat touches waiting to be sent, by queue: one queue on standalone Redis,
     /// one per group on a cluster (a script touches one slot only).
     touches: std::sync::Mutex<HashMap<String, TouchQueue>>,
+    /// Stream-revision reads in flight on a cluster, by stream: concurrent touch batches of
+    /// the stream's groups share one read instead of sending one each.
+    stream_reads: std::sync::Mutex<HashMap<String, StreamRead>>,
 }
+
+/// A stream-revision read that several touch batches await together.
+type StreamRead =
+    futures::future::Shared<futures::future::BoxFuture<'static, Result<Option<u64>, StoreError>>>;
 
 /// Most touches sent in one script call (bounds the script's run time).
 const MAX_TOUCH_BATCH: usize = 256;
@@ -271,6 +278,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             config,
             touches: Default::default(),
+            stream_reads: Default::default(),
         }));
         store.check_mode().await?;
         Ok(store)
@@ -386,7 +394,7 @@ impl RedisStore {
         });
         let (replies, stream_revision) = match (cluster, groups.as_slice()) {
             (true, [(_, stream)]) => {
-                let (r, s) = futures::join!(touch, self.stream_revision(stream));
+                let (r, s) = futures::join!(touch, self.shared_stream_revision(stream));
                 (r?, s?)
             }
             _ => (touch.await?, None),
@@ -408,6 +416,43 @@ impl RedisStore {
                 _ => TouchOutcome::Stale,
             })
             .collect())
+    }
+
+    /// The stream's revision, read once for all the touch batches that ask while the read is
+    /// in flight. A batch may so see a revision read a moment before it was sent: safe,
+    /// because a layout change also rewrites every group of the stream (the group revision,
+    /// checked atomically with the touch, then differs), and no assignment changes without a
+    /// group write.
+    async fn shared_stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        use futures::FutureExt;
+        let read = {
+            let mut reads = self
+                .0
+                .stream_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match reads.get(stream) {
+                Some(read) => read.clone(),
+                None => {
+                    let (this, name) = (self.clone(), stream.to_owned());
+                    let read = async move {
+                        let r = this.stream_revision(&name).await;
+                        let mut reads = this
+                            .0
+                            .stream_reads
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        reads.remove(&name);
+                        r
+                    }
+                    .boxed()
+                    .shared();
+                    reads.insert(stream.to_owned(), read.clone());
+                    read
+                }
+            }
+        };
+        read.await
     }
 
     /// Runs a deadline-index script on `group`'s bucket.
