@@ -3,7 +3,8 @@
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// A JSON client for one coordinator.
 #[derive(Debug, Clone)]
@@ -11,6 +12,9 @@ pub struct Api {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// When set, [`Api::heartbeat`] alternates between the single route and the batch route
+    /// (counting its calls here), so that a suite runs through both.
+    alternate: Option<Arc<AtomicU64>>,
 }
 
 impl Api {
@@ -20,7 +24,48 @@ impl Api {
             http: reqwest::Client::new(),
             base: base.into(),
             token: None,
+            alternate: None,
         }
+    }
+
+    /// The same client sending every other [`Api::heartbeat`] through `POST /v1/heartbeats`
+    /// (a batch of one), answered back as the single route's status and body: every suite
+    /// that heartbeats through it checks that the batch route answers exactly like the
+    /// single one.
+    pub fn alternating_heartbeats(mut self) -> Self {
+        self.alternate = Some(Arc::default());
+        self
+    }
+
+    /// One member heartbeat of `group` with request `body`, through the single route or (with
+    /// `batched`) as a batch of one, mapped back to the single route's status and body.
+    pub async fn member_heartbeat(
+        &self,
+        group: &str,
+        body: Value,
+        batched: bool,
+    ) -> Result<(StatusCode, Value), reqwest::Error> {
+        if !batched {
+            let path = format!("/v1/groups/{group}/heartbeat");
+            return self.try_call(Method::POST, &path, Some(body)).await;
+        }
+        let batch = serde_json::json!({"heartbeats": [{"group": group, "heartbeat": body}]});
+        let (status, v) = self
+            .try_call(Method::POST, "/v1/heartbeats", Some(batch))
+            .await?;
+        if status != StatusCode::OK {
+            return Ok((status, v));
+        }
+        let item = &v["results"][0];
+        let status = item["status"]
+            .as_u64()
+            .and_then(|s| StatusCode::from_u16(s as u16).ok())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = match item.get("response") {
+            Some(r) => r.clone(),
+            None => serde_json::json!({"error": item["error"].clone()}),
+        };
+        Ok((status, body))
     }
 
     /// The same client sending `Authorization: Bearer TOKEN`.
@@ -90,11 +135,14 @@ impl Api {
         epoch: i64,
         owned: &[u32],
     ) -> (StatusCode, Value) {
-        self.post(
-            &format!("/v1/groups/{group}/heartbeat"),
-            serde_json::json!({"protocol_version": 1, "member_id": member, "member_epoch": epoch, "owned_shards": owned}),
-        )
-        .await
+        let body = serde_json::json!({"protocol_version": 1, "member_id": member, "member_epoch": epoch, "owned_shards": owned});
+        let batched = self
+            .alternate
+            .as_ref()
+            .is_some_and(|n| n.fetch_add(1, Ordering::Relaxed) % 2 == 1);
+        self.member_heartbeat(group, body, batched)
+            .await
+            .expect("coordinator reachable")
     }
 }
 
@@ -172,7 +220,8 @@ impl Stack {
             }
         };
         let coordinator = start_coordinator(&store_args, extra);
-        let api = Api::new(coordinator.url());
+        // Every other heartbeat of a suite goes through the batch route.
+        let api = Api::new(coordinator.url()).alternating_heartbeats();
         Stack {
             coordinator,
             api,
