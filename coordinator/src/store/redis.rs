@@ -215,11 +215,17 @@ type StreamRead =
 /// Most touches sent in one script call (bounds the script's run time).
 const MAX_TOUCH_BATCH: usize = 256;
 
-/// Steady-heartbeat touches of one queue: at most one batch in flight; whatever arrives
-/// meanwhile goes in the next one (group commit).
+/// Most script calls of one touch queue in flight at once.
+const MAX_TOUCH_FLUSHES: usize = 4;
+
+/// Steady-heartbeat touches of one queue (group commit): whatever arrives while a batch is in
+/// flight goes in the next one. One batch is in flight at a time while the queue is short;
+/// when touches pile up (a quarter of a full batch waiting), up to [`MAX_TOUCH_FLUSHES`] go
+/// out at once, so that Redis executes one while the next is on its way.
 #[derive(Default)]
 struct TouchQueue {
-    busy: bool,
+    /// Flushing tasks running for this queue.
+    flushing: usize,
     waiting: Vec<WaitingTouch>,
 }
 
@@ -336,7 +342,10 @@ impl RedisStore {
                     return;
                 };
                 if queue.waiting.is_empty() {
-                    queues.remove(&key);
+                    queue.flushing = queue.flushing.saturating_sub(1);
+                    if queue.flushing == 0 {
+                        queues.remove(&key);
+                    }
                     return;
                 }
                 let n = queue.waiting.len().min(MAX_TOUCH_BATCH);
@@ -1123,7 +1132,13 @@ impl MetadataStore for RedisStore {
                 max_silence_ms: t.max_silence_ms,
                 reply,
             });
-            !std::mem::replace(&mut queue.busy, true)
+            let start = queue.flushing == 0
+                || (queue.flushing < MAX_TOUCH_FLUSHES
+                    && queue.waiting.len() >= MAX_TOUCH_BATCH / 4);
+            if start {
+                queue.flushing += 1;
+            }
+            start
         };
         if start {
             tokio::spawn(self.clone().flush_touches(key));
