@@ -667,16 +667,17 @@ impl Coordinator {
     /// remembered: the sweep retries it (until then the member's expiry may come late, never
     /// early).
     async fn lower_deadline(&self, doc: &GroupDoc, revision: u64) {
-        let Some(deadline) = doc.next_deadline_ms() else {
-            return;
-        };
-        if let Err(e) = self
-            .store
-            .lower_deadline(&doc.group, revision, deadline)
-            .await
-        {
-            warn!(group = %doc.group, deadline, error = %e, "could not record the group's next deadline; the sweep retries");
-            self.cache.owe_deadline(&doc.group, revision, deadline);
+        if let Some(deadline) = doc.next_deadline_ms() {
+            self.schedule(&doc.group, revision, deadline).await;
+        }
+    }
+
+    /// Brings `group`'s deadline-index entry forward to `deadline` (recorded as seen at
+    /// `revision`); on failure remembers it for the next sweep to retry.
+    async fn schedule(&self, group: &str, revision: u64, deadline: u64) {
+        if let Err(e) = self.store.lower_deadline(group, revision, deadline).await {
+            warn!(group, deadline, error = %e, "could not record the group's next deadline; the sweep retries");
+            self.cache.owe_deadline(group, revision, deadline);
         }
     }
 
@@ -877,11 +878,7 @@ impl Coordinator {
             if let Err(e) = r {
                 warn!(stream = %stream.stream, group, error = %e, "layout change not yet applied to group; the sweep retries");
                 // Due now: the sweep applies it (as would the group's next heartbeat).
-                let now = self.now();
-                if let Err(e) = self.store.lower_deadline(group, 0, now).await {
-                    debug!(group, error = %e, "could not schedule the group for the sweep");
-                    self.cache.owe_deadline(group, 0, now);
-                }
+                self.schedule(group, 0, self.now()).await;
             }
         }
     }
