@@ -139,6 +139,15 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Static membership under `id`, an identity that survives restarts (e.g. a
+    /// StatefulSet's pod name; from the environment: `RSC_STATIC_MEMBERSHIP=true` with
+    /// `POD_NAME`). See [`ClientConfig::static_membership`].
+    pub fn static_instance_id(mut self, id: impl Into<String>) -> Self {
+        self.config.instance_id = Some(id.into());
+        self.config.static_membership = true;
+        self
+    }
+
     /// Bounds a graceful shutdown (default 25 s); see [`ClientConfig::shutdown_timeout`].
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.config.shutdown_timeout = timeout;
@@ -171,10 +180,14 @@ impl ConsumerAppBuilder {
         let cfg = self.config;
         cfg.check_coordinator()?;
         let instance = cfg.instance_id.clone().ok_or_else(|| {
-            ClientError::Config(
+            ClientError::Config(if cfg.static_membership {
+                "static membership needs a stable instance id: set POD_NAME (or HOSTNAME), or \
+                 call .static_instance_id()"
+                    .into()
+            } else {
                 "no instance id for member ids: set POD_IP (or POD_NAME), or call .instance_id()"
-                    .into(),
-            )
+                    .into()
+            })
         })?;
         cfg.check_data_redis()?;
         if self.listeners.is_empty() {
@@ -271,8 +284,11 @@ impl ConsumerApp {
             .sum();
         let heartbeats = Heartbeats::for_app(coord.clone(), cfg.heartbeat_batching, member_count);
         let instance = cfg.instance_id.clone().unwrap_or_default();
+        let incarnation = cfg.static_membership.then(new_incarnation);
         let shutdown = self.handle.shutdown.clone();
         let mut members = JoinSet::new();
+        // Task id → (group, member id): names the member whose task panicked.
+        let mut names = HashMap::new();
         for l in &self.listeners {
             let metrics = WorkerMetrics::new(&l.group, &l.stream);
             let paused = self.handle.paused[&l.name].subscribe();
@@ -281,6 +297,7 @@ impl ConsumerApp {
                     group: l.group.clone(),
                     stream: l.stream.clone(),
                     member_id: format!("{instance}-{}-{i}", l.name),
+                    incarnation: incarnation.clone(),
                     listener: l.clone(),
                     redis: redis.clone(),
                     ack_conn: ack_conn.clone(),
@@ -296,8 +313,10 @@ impl ConsumerApp {
                     version: Some(env!("CARGO_PKG_VERSION").into()),
                     concurrency: Some(l.concurrency),
                 };
+                let member_id = shared.member_id.clone();
                 let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info);
-                members.spawn(member.run(shutdown.child_token()));
+                let task = members.spawn(member.run(shutdown.child_token()));
+                names.insert(task.id(), (l.group.clone(), member_id));
             }
         }
         info!(members = members.len(), coordinator = %coord.current_url(),
@@ -325,6 +344,10 @@ impl ConsumerApp {
                         timeout = ?cfg.shutdown_timeout,
                         "graceful shutdown timed out; stopping the remaining members where they are"
                     );
+                    first_error.get_or_insert(ClientError::ShutdownTimedOut {
+                        remaining: members.len(),
+                        timeout: cfg.shutdown_timeout,
+                    });
                     members.abort_all();
                     while members.join_next().await.is_some() {}
                     break;
@@ -333,16 +356,24 @@ impl ConsumerApp {
                     info!("shutdown requested: finishing in-flight messages, then leaving");
                     shutdown.cancel();
                 }
-                done = members.join_next() => match done {
+                done = members.join_next_with_id() => match done {
                     None => break,
-                    Some(Ok(Ok(()))) => {}
-                    Some(Ok(Err(e))) => {
+                    Some(Ok((_, Ok(())))) => {}
+                    Some(Ok((_, Err(e)))) => {
                         error!(error = %e, "a member stopped; shutting the app down");
                         first_error.get_or_insert(e);
                         shutdown.cancel();
                     }
                     Some(Err(e)) => {
+                        let (group, member) = names.remove(&e.id()).unwrap_or_default();
+                        let message = if e.is_panic() {
+                            crate::consumer::member::panic_text(e.into_panic().as_ref())
+                        } else {
+                            e.to_string()
+                        };
+                        let e = ClientError::Panicked { group, member, shard: None, message };
                         error!(error = %e, "a member task panicked; shutting the app down");
+                        first_error.get_or_insert(e);
                         shutdown.cancel();
                     }
                 },
@@ -351,6 +382,15 @@ impl ConsumerApp {
         info!("consumer app stopped");
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// A token unique to this run of the process (static membership): the process id and the
+/// start time, in hex.
+fn new_incarnation() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{nanos:x}", std::process::id())
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).

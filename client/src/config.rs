@@ -5,7 +5,9 @@ use crate::data::DataRedis;
 use crate::error::ClientError;
 
 /// Connection settings shared by consumers and producers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its `Debug` output hides the token and any password in the Redis URL.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Coordinator base URLs (`http://host:port`), tried in order on failure.
     pub coordinator_urls: Vec<String>,
@@ -16,8 +18,15 @@ pub struct ClientConfig {
     pub redis_cluster: bool,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
-    /// This process's identity in member ids: the pod IP, else the pod name.
+    /// This process's identity in member ids (`<instance>-<listener>-<index>`): the pod IP,
+    /// else the pod name; with [`Self::static_membership`], the pod name first.
     pub instance_id: Option<String>,
+    /// Static membership: the instance id is stable across restarts (e.g. a StatefulSet's
+    /// pod name), so a graceful shutdown leaves with epoch -2 and the member's shards wait
+    /// for it (unread) until it is back under the same id — no rebalance on a rolling
+    /// restart — or until its session times out. A second live process with the same id is
+    /// refused (`MEMBER_ID_IN_USE`).
+    pub static_membership: bool,
     /// The host (pod) name, reported to operators.
     pub host: Option<String>,
     /// How long a graceful shutdown may take (finish in-flight handlers, acknowledge, leave)
@@ -39,6 +48,7 @@ impl Default for ClientConfig {
             redis_cluster: false,
             token: None,
             instance_id: None,
+            static_membership: false,
             host: None,
             shutdown_timeout: std::time::Duration::from_secs(25),
             heartbeat_batching: true,
@@ -49,7 +59,9 @@ impl Default for ClientConfig {
 impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
     /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `RSC_HEARTBEAT_BATCHING`
-    /// (`false` turns batching off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`).
+    /// (`false` turns batching off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`),
+    /// and `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`,
+    /// else `HOSTNAME`, taking precedence over `POD_IP`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -74,7 +86,15 @@ impl ClientConfig {
         }
         cfg.token = get("RSC_TOKEN");
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
-        cfg.instance_id = get("POD_IP").or_else(|| cfg.host.clone());
+        cfg.static_membership = get("RSC_STATIC_MEMBERSHIP").is_some_and(|v| {
+            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+        });
+        cfg.instance_id = if cfg.static_membership {
+            // A static id must survive the restart: the pod name does, the pod IP does not.
+            cfg.host.clone()
+        } else {
+            get("POD_IP").or_else(|| cfg.host.clone())
+        };
         cfg
     }
 
@@ -88,6 +108,40 @@ impl ClientConfig {
         }
         Ok(())
     }
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("coordinator_urls", &self.coordinator_urls)
+            .field("redis_url", &redact_url(&self.redis_url))
+            .field("redis_cluster", &self.redis_cluster)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("instance_id", &self.instance_id)
+            .field("static_membership", &self.static_membership)
+            .field("host", &self.host)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("heartbeat_batching", &self.heartbeat_batching)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host:6379` as `redis://user:<redacted>@host:6379` (each URL of a
+/// comma-separated list).
+pub(crate) fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme + 3 => {
+                let creds = &u[scheme + 3..at];
+                let user = creds.split(':').next().unwrap_or_default();
+                let user = if creds.contains(':') { user } else { "" };
+                let sep = if user.is_empty() { "" } else { ":" };
+                format!("{}{user}{sep}<redacted>{}", &u[..scheme + 3], &u[at..])
+            }
+            _ => u.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl ClientConfig {
@@ -118,6 +172,39 @@ pub(crate) fn split_urls(s: &str) -> Vec<String> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn debug_hides_the_token_and_redis_passwords() {
+        let cfg = ClientConfig {
+            token: Some("s3cret-token".into()),
+            redis_url: "redis://app:pa55@r1:6379,redis://:pa55@r2:6379,redis://r3:6379".into(),
+            ..ClientConfig::default()
+        };
+        let shown = format!("{cfg:?}");
+        assert!(
+            !shown.contains("s3cret-token") && !shown.contains("pa55"),
+            "{shown}"
+        );
+        assert!(shown.contains("redis://app:<redacted>@r1:6379"), "{shown}");
+        assert!(shown.contains("redis://<redacted>@r2:6379"), "{shown}");
+        assert!(shown.contains("redis://r3:6379"), "{shown}");
+    }
+
+    #[test]
+    fn static_membership_takes_the_pod_name_over_the_pod_ip() {
+        let env: HashMap<&str, &str> = [
+            ("RSC_STATIC_MEMBERSHIP", "true"),
+            ("POD_NAME", "orders-2"),
+            ("POD_IP", "10.0.0.9"),
+        ]
+        .into();
+        let cfg = ClientConfig::from_lookup(|k| env.get(k).map(|v| v.to_string()));
+        assert!(cfg.static_membership);
+        assert_eq!(cfg.instance_id.as_deref(), Some("orders-2"));
+        let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
+        assert!(!cfg.static_membership);
+        assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
+    }
 
     #[test]
     fn reads_the_environment() {

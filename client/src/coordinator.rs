@@ -79,20 +79,24 @@ impl CoordinatorClient {
             .await
     }
 
-    /// A heartbeat with epoch -1: leaves the group at once (not epoch-checked).
+    /// A heartbeat with epoch -1: leaves the group at once (not epoch-checked). A static
+    /// member (with its `incarnation`) leaves with -2 instead: it keeps its shards until it is
+    /// back or its session expires.
     pub(crate) async fn leave(
         &self,
         group: &str,
         member_id: &str,
+        incarnation: Option<&str>,
         timeout: Duration,
     ) -> Result<(), CoordinatorError> {
         let req = HeartbeatRequest {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: member_id.to_owned(),
-            member_epoch: -1,
+            member_epoch: if incarnation.is_some() { -2 } else { -1 },
             owned_shards: Vec::new(),
             drained_shards: Vec::new(),
             client: None,
+            incarnation: incarnation.map(str::to_owned),
         };
         let _: serde_json::Value = self
             .send(

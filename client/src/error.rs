@@ -26,6 +26,32 @@ pub enum ClientError {
     /// A payload could not be encoded as JSON.
     #[error("payload encoding: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A member's task panicked (e.g. in an `on_assigned` / `on_revoked` callback, or a
+    /// shard worker outside the handler; a handler's own panic is a failed attempt, retried
+    /// and then dead-lettered): the app stopped.
+    #[error("member {member} of group {group} panicked{}: {message}", shard.map(|s| format!(" (shard {s})")).unwrap_or_default())]
+    Panicked {
+        /// The group.
+        group: String,
+        /// The member id.
+        member: String,
+        /// The shard whose worker panicked, if it was a worker.
+        shard: Option<u32>,
+        /// The panic message.
+        message: String,
+    },
+    /// The graceful shutdown outlived [`crate::ClientConfig::shutdown_timeout`]: the remaining
+    /// members were stopped where they were (their unacknowledged entries are handled again
+    /// by the next owner).
+    #[error(
+        "graceful shutdown timed out after {timeout:?}: {remaining} member(s) stopped where they were"
+    )]
+    ShutdownTimedOut {
+        /// Members still running at the deadline.
+        remaining: usize,
+        /// The shutdown timeout.
+        timeout: std::time::Duration,
+    },
     /// A member was refused by the coordinator in a way retrying cannot fix (bad token,
     /// missing scope, invalid request): the listener stopped.
     #[error("member {member} of group {group} stopped: {source}")]

@@ -14,6 +14,7 @@ fn req(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
         owned_shards: owned,
         drained_shards: vec![],
         client: None,
+        incarnation: None,
     }
 }
 

@@ -1200,6 +1200,12 @@ fn log_events(group: &str, events: &[GroupEvent]) {
             GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),
             GroupEvent::Rejoined(m) => info!(group, member = %m, "member rejoined with epoch 0"),
             GroupEvent::Left(m) => info!(group, member = %m, "member left"),
+            GroupEvent::SteppedAway(m) => {
+                info!(group, member = %m, "static member left for a restart: its shards wait for it")
+            }
+            GroupEvent::Resumed(m) => {
+                info!(group, member = %m, "static member returned: resumes its shards, no rebalance")
+            }
             GroupEvent::SessionExpired(m) => {
                 warn!(group, member = %m, "member expired: no heartbeat within the session timeout")
             }

@@ -160,6 +160,7 @@ fn hb(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
         owned_shards: owned,
         drained_shards: vec![],
         client: None,
+        incarnation: None,
     }
 }
 

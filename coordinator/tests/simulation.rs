@@ -244,6 +244,7 @@ impl Sim {
             owned_shards: c.owned.iter().copied().collect(),
             drained_shards: drained,
             client: None,
+            incarnation: None,
         };
         let sent = self.now;
         match self.group.heartbeat(&self.stream, &req, sent) {

@@ -36,6 +36,9 @@ pub enum ErrorCode {
     GroupNotEmpty,
     /// Join beyond the group's `max_members` (409).
     GroupMaxSizeReached,
+    /// Join of a static member whose id is held by another live process (another
+    /// `incarnation` that has not left with epoch -2 and whose session has not expired) (409).
+    MemberIdInUse,
     /// Request body over the limit (413).
     PayloadTooLarge,
     /// The heartbeat's `protocol_version` is not spoken by this coordinator (400).
@@ -56,7 +59,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in SPEC order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
@@ -71,6 +74,7 @@ impl ErrorCode {
         ErrorCode::NothingToRollback,
         ErrorCode::GroupNotEmpty,
         ErrorCode::GroupMaxSizeReached,
+        ErrorCode::MemberIdInUse,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedProtocolVersion,
         ErrorCode::RateLimited,
@@ -97,7 +101,8 @@ impl ErrorCode {
             | RollbackWindowExpired
             | NothingToRollback
             | GroupNotEmpty
-            | GroupMaxSizeReached => 409,
+            | GroupMaxSizeReached
+            | MemberIdInUse => 409,
             PayloadTooLarge => 413,
             RateLimited => 429,
             Internal => 500,
@@ -123,6 +128,7 @@ impl ErrorCode {
             NothingToRollback => "NOTHING_TO_ROLLBACK",
             GroupNotEmpty => "GROUP_NOT_EMPTY",
             GroupMaxSizeReached => "GROUP_MAX_SIZE_REACHED",
+            MemberIdInUse => "MEMBER_ID_IN_USE",
             PayloadTooLarge => "PAYLOAD_TOO_LARGE",
             UnsupportedProtocolVersion => "UNSUPPORTED_PROTOCOL_VERSION",
             RateLimited => "RATE_LIMITED",

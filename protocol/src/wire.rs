@@ -194,8 +194,10 @@ pub struct HeartbeatRequest {
         schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
     pub member_id: String,
-    /// 0 joins, -1 leaves, otherwise the epoch of the last answer received.
-    #[cfg_attr(feature = "openapi", schema(minimum = -1))]
+    /// 0 joins, -1 leaves, -2 leaves for a while (a static member's restart: it keeps its
+    /// shards until it joins again or its session expires), otherwise the epoch of the last
+    /// answer received.
+    #[cfg_attr(feature = "openapi", schema(minimum = -2))]
     pub member_epoch: i64,
     /// The shards the member owns right now.
     #[serde(default)]
@@ -210,6 +212,17 @@ pub struct HeartbeatRequest {
         deserialize_with = "client_object"
     )]
     pub client: Option<ClientInfo>,
+    /// Static membership: a token unique to this run of the process (e.g. random at start),
+    /// sent with the join (epoch 0). A member that joins with one is static: it may leave
+    /// with epoch -2 and keep its shards until it joins again under the same member id; a
+    /// join with another incarnation while the member is live and has not left with -2 is
+    /// refused with `MEMBER_ID_IN_USE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub incarnation: Option<String>,
 }
 
 /// `client` must be a JSON object (serde alone would also take an array of its fields).
@@ -427,6 +440,13 @@ pub struct MemberView {
     pub assigned_shards: Vec<u32>,
     /// Shards it was asked to revoke and still reports owning.
     pub pending_revocation: Vec<u32>,
+    /// Static members only: whether it is static (joined with an `incarnation`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_static: bool,
+    /// A static member that left with epoch -2: how long ago. Its shards stay assigned to
+    /// it, unread, until it joins again or its session expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub away_ms: Option<u64>,
 }
 
 /// One shard in a group view.
@@ -449,6 +469,21 @@ pub struct ShardView {
     /// Entries delivered but not acknowledged, where the data Redis is reachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<u64>,
+    /// Consumers of the shard's Redis consumer group that are not members of the group
+    /// (departed members not yet cleaned up), with their pending entries; read from the
+    /// data Redis in the single-group view only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_consumers: Vec<StaleConsumer>,
+}
+
+/// A consumer of a shard's Redis consumer group that is not a member of the group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StaleConsumer {
+    /// The consumer name (a departed member's id).
+    pub name: String,
+    /// Entries still pending for it: it is deleted once the shard's owner claimed them.
+    pub pending: u64,
 }
 
 /// `GET /v1/groups/{group}`: the whole state of a group.

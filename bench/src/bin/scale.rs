@@ -481,6 +481,7 @@ impl Sim {
             owned_shards: self.owned.clone(),
             drained_shards: Vec::new(),
             client: None,
+            incarnation: None,
         }
     }
 

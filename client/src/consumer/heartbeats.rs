@@ -536,6 +536,7 @@ mod tests {
             owned_shards: vec![],
             drained_shards: vec![],
             client: None,
+            incarnation: None,
         }
     }
 

@@ -94,6 +94,8 @@ pub(crate) struct MemberRuntime {
     rejoin: bool,
     shutting_down: bool,
     fatal: Option<CoordinatorError>,
+    /// A shard worker panicked (outside the handler): the member stops and `run()` fails.
+    panicked: Option<(u32, String)>,
     session: Duration,
     interval: Duration,
     start: StartPosition,
@@ -108,6 +110,9 @@ pub(crate) struct MemberRuntime {
     backoff: Backoff,
     failures: u32,
     recent_fences: VecDeque<Instant>,
+    /// Static membership: since when joins are refused because another live process holds
+    /// this member id.
+    in_use_since: Option<Instant>,
 }
 
 impl MemberRuntime {
@@ -133,6 +138,7 @@ impl MemberRuntime {
             rejoin: false,
             shutting_down: false,
             fatal: None,
+            panicked: None,
             session: Duration::from_secs(45),
             interval: Duration::from_secs(3),
             start: StartPosition::Earliest,
@@ -144,6 +150,7 @@ impl MemberRuntime {
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
             failures: 0,
             recent_fences: VecDeque::new(),
+            in_use_since: None,
         }
     }
 
@@ -176,11 +183,14 @@ impl MemberRuntime {
                     self.stop_all(StopReason::Shutdown);
                 }
                 Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
-                    let (id, panicked) = match joined {
-                        Ok((id, _)) => (id, false),
-                        Err(e) => (e.id(), true),
+                    let (id, panic) = match joined {
+                        Ok((id, _)) => (id, None),
+                        Err(e) => {
+                            let id = e.id();
+                            (id, e.try_into_panic().ok().map(|p| panic_text(p.as_ref())))
+                        }
                     };
-                    self.worker_exited(id, panicked);
+                    self.worker_exited(id, panic);
                 }
                 (sent_at, sent_epoch, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                     inflight = None;
@@ -193,6 +203,14 @@ impl MemberRuntime {
                     self.self_fence();
                 }
             }
+        }
+        if let Some((shard, message)) = self.panicked.take() {
+            return Err(ClientError::Panicked {
+                group: self.shared.group.clone(),
+                member: self.shared.member_id.clone(),
+                shard: Some(shard),
+                message,
+            });
         }
         if let Some(e) = self.fatal.take() {
             return Err(ClientError::MemberRejected {
@@ -229,6 +247,11 @@ impl MemberRuntime {
             owned_shards: owned,
             drained_shards: Vec::new(),
             client: Some(self.client_info.clone()),
+            incarnation: if self.epoch == 0 {
+                self.shared.incarnation.clone()
+            } else {
+                None
+            },
         };
         let timeout = if self.joined {
             (self.session / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
@@ -262,6 +285,7 @@ impl MemberRuntime {
                     info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
                 }
                 self.failures = 0;
+                self.in_use_since = None;
                 self.backoff.reset();
                 if sent_epoch == 0 {
                     info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
@@ -336,6 +360,22 @@ impl MemberRuntime {
                 error!(error = %e, "the group does not exist (create it with `rsc-coordinator group create`); retrying");
                 self.start_rejoin();
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
+            }
+            Some(ErrorCode::MemberIdInUse) => {
+                // Another live process holds this static id: either this pod came back after
+                // a crash (the old run's session has to run out first) or two pods share an
+                // id. Past two sessions it is the latter: stop loudly.
+                let since = *self.in_use_since.get_or_insert(now);
+                if now - since > self.session * 2 {
+                    error!(error = %e, "another live process keeps this static member id; stopping");
+                    self.fatal = Some(e);
+                    self.shutting_down = true;
+                    self.stop_all(StopReason::Shutdown);
+                    return;
+                }
+                warn!(error = %e, waited_ms = (now - since).as_millis() as u64,
+                    "static member id held by another live process: retrying until its session ends");
+                self.next_heartbeat = now + self.interval.max(Duration::from_millis(500));
             }
             Some(ErrorCode::GroupMaxSizeReached) => {
                 warn!(error = %e, "the group is full; retrying");
@@ -457,17 +497,23 @@ impl MemberRuntime {
         self.slots.insert(shard, slot);
     }
 
-    fn worker_exited(&mut self, id: Id, panicked: bool) {
+    fn worker_exited(&mut self, id: Id, panic: Option<String>) {
         let Some(shard) = self.task_shard.remove(&id) else {
             return;
         };
         let Some(slot) = self.slots.remove(&shard) else {
             return;
         };
-        if panicked {
-            error!(shard, "shard worker panicked");
-        }
         self.callback(false, vec![shard]);
+        if let Some(message) = panic {
+            // A bug outside the handler (whose panics are failed attempts): stop loudly
+            // rather than run on with a worker that may do it again.
+            error!(shard, panic = %message, "shard worker panicked; stopping the member");
+            self.panicked.get_or_insert((shard, message));
+            self.shutting_down = true;
+            self.stop_all(StopReason::Shutdown);
+            return;
+        }
         if slot.flags.refused.load(Ordering::Relaxed) {
             // Redis refused our owner token: the shard moved on. Report owning it no more, at
             // once; start it again only if the next answer still assigns it.
@@ -513,7 +559,8 @@ impl MemberRuntime {
         }
     }
 
-    /// Leaves with epoch −1 (a few attempts, on each coordinator URL in turn).
+    /// Leaves with epoch −1, or −2 for a static member (a few attempts, on each coordinator
+    /// URL in turn).
     async fn leave(&mut self) {
         if !self.joined {
             return;
@@ -522,9 +569,20 @@ impl MemberRuntime {
         for attempt in 1..=3 {
             match self
                 .coord
-                .leave(&self.shared.group, &self.shared.member_id, timeout)
+                .leave(
+                    &self.shared.group,
+                    &self.shared.member_id,
+                    self.shared.incarnation.as_deref(),
+                    timeout,
+                )
                 .await
             {
+                Ok(()) if self.shared.incarnation.is_some() => {
+                    info!(
+                        "left the group for a restart (static member): the shards wait for this id"
+                    );
+                    return;
+                }
                 Ok(()) => {
                     info!("left the group");
                     return;
@@ -579,4 +637,13 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
             Vec::new()
         }
     }
+}
+
+/// The text of a panic payload (`&str` or `String`).
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
 }

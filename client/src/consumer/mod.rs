@@ -31,6 +31,9 @@ pub(crate) struct MemberShared {
     pub(crate) group: String,
     pub(crate) stream: String,
     pub(crate) member_id: String,
+    /// Static membership: this process run's incarnation (sent with the join and the -2
+    /// leave); `None` for a dynamic member.
+    pub(crate) incarnation: Option<String>,
     pub(crate) listener: Listener,
     /// The data Redis (workers open their own connections to it).
     pub(crate) redis: DataRedis,

@@ -716,9 +716,10 @@ impl ShardWorker {
                     return Outcome::Handled;
                 }
                 Ok(Err(e)) => e,
-                Err(panic) => {
-                    HandlerError::retry(format!("handler panicked: {}", panic_text(&panic)))
-                }
+                Err(panic) => HandlerError::retry(format!(
+                    "handler panicked: {}",
+                    super::member::panic_text(panic.as_ref())
+                )),
             };
             m.failed.increment(1);
             let dead = err.action() == FailureAction::DeadLetter || attempt > settings.max_retries;
@@ -811,12 +812,4 @@ fn entry_from(
         })
         .collect();
     Entry::new(id, fields, delivery_count)
-}
-
-fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
 }

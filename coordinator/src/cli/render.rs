@@ -296,6 +296,8 @@ mod tests {
                 owned_shards: vec![0, 1],
                 assigned_shards: vec![0],
                 pending_revocation: vec![1],
+                is_static: false,
+                away_ms: None,
             }],
             shards: vec![
                 ShardView {
@@ -306,6 +308,7 @@ mod tests {
                     state: ShardState::Active,
                     lag: Some(12),
                     pending: Some(3),
+                    stale_consumers: Vec::new(),
                 },
                 ShardView {
                     shard: 1,
@@ -315,6 +318,7 @@ mod tests {
                     state: ShardState::Draining,
                     lag: None,
                     pending: None,
+                    stale_consumers: Vec::new(),
                 },
             ],
             resharding: Some(ReshardingView {

@@ -24,6 +24,11 @@ pub enum GroupEvent {
     RebalanceTimedOut(String),
     /// An operator removed a member.
     Removed(String),
+    /// A static member left with epoch -2: it keeps its shards until it returns or expires.
+    SteppedAway(String),
+    /// A static member joined again under its id (a new incarnation after a -2 leave): it
+    /// resumes its shards, no rebalance.
+    Resumed(String),
     /// A new target assignment was computed at this group epoch.
     Rebalanced(u64),
     /// A member was asked to revoke shards (first time for this revocation).
@@ -79,10 +84,13 @@ impl GroupDoc {
         }
     }
 
-    /// Whether every member is stable at the assignment epoch.
+    /// Whether every member is stable at the assignment epoch (a static member that is
+    /// away does not count: it cannot act until it returns).
     pub fn is_stable(&self) -> bool {
         self.members.values().all(|m| {
-            m.state == MemberState::Stable && m.member_epoch == self.assignment_epoch as i64
+            m.away_since_ms.is_some()
+                || (m.state == MemberState::Stable
+                    && m.member_epoch == self.assignment_epoch as i64)
         })
     }
 
@@ -151,6 +159,9 @@ impl GroupDoc {
             ));
         }
         validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
+        if let Some(incarnation) = &req.incarnation {
+            validate_name("incarnation", incarnation).map_err(EngineError::Invalid)?;
+        }
         let id = req.member_id.as_str();
         let mut events = Vec::new();
         match req.member_epoch {
@@ -166,32 +177,29 @@ impl GroupDoc {
                     ],
                 });
             }
-            0 => {
-                if let Some(m) = self.members.get_mut(id) {
-                    // The old incarnation's shards are released: the new one owns nothing.
-                    m.assigned.clear();
-                    m.granted_at.clear();
-                    m.pending_revocation.clear();
-                    m.reported.clear();
-                    m.revoke_started_ms = None;
-                    m.member_epoch = 0;
-                    m.previous_epoch = 0;
-                    events.push(GroupEvent::Rejoined(id.to_owned()));
-                } else {
-                    if let Some(max) = self.config.max_members
-                        && self.members.len() >= max as usize
-                    {
-                        return Err(EngineError::MaxSize(max));
-                    }
-                    self.members.insert(id.to_owned(), MemberDoc::new(now_ms));
-                    events.push(GroupEvent::Joined(id.to_owned()));
-                }
-                self.rebalance(stream);
-                events.push(GroupEvent::Rebalanced(self.group_epoch));
+            -2 => {
+                self.step_away(id, req.incarnation.as_deref(), now_ms)?;
+                let mut response = self.response(stream, id, -2, Vec::new());
+                response.owner_tokens.clear();
+                return Ok(HeartbeatOutcome {
+                    response,
+                    changed: true,
+                    drained: Vec::new(),
+                    events: vec![GroupEvent::SteppedAway(id.to_owned())],
+                });
             }
-            epoch if epoch < -1 => {
+            0 => {
+                let event = self.join(id, req.incarnation.as_deref(), now_ms)?;
+                let resumed = matches!(event, GroupEvent::Resumed(_));
+                events.push(event);
+                if !resumed {
+                    self.rebalance(stream);
+                    events.push(GroupEvent::Rebalanced(self.group_epoch));
+                }
+            }
+            epoch if epoch < -2 => {
                 return Err(EngineError::Invalid(format!(
-                    "member_epoch {epoch} is invalid: send 0 to join, -1 to leave, or the epoch last received"
+                    "member_epoch {epoch} is invalid: send 0 to join, -1 to leave, -2 to leave for a restart (static members), or the epoch last received"
                 )));
             }
             epoch => {
@@ -199,6 +207,14 @@ impl GroupDoc {
                     .members
                     .get(id)
                     .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
+                if m.away_since_ms.is_some() {
+                    // It left with -2: only a join (epoch 0) brings it back.
+                    return Err(EngineError::Fenced {
+                        member: id.to_owned(),
+                        sent: epoch,
+                        current: -2,
+                    });
+                }
                 let tolerated = epoch == m.previous_epoch
                     && req.owned_shards.iter().all(|s| m.assigned.contains(s));
                 if epoch != m.member_epoch && !tolerated {
@@ -305,6 +321,88 @@ impl GroupDoc {
         })
     }
 
+    /// A join (epoch 0) of `id`: a new member, a rejoin of a known one (its old incarnation's
+    /// shards are released, a rebalance follows), or a static member's return after a -2
+    /// leave (`Resumed`: it keeps its shards, no rebalance). Refuses a static member's id
+    /// held by another live incarnation.
+    fn join(
+        &mut self,
+        id: &str,
+        incarnation: Option<&str>,
+        now_ms: u64,
+    ) -> Result<GroupEvent, EngineError> {
+        let session_ms = self.config.session_timeout_ms;
+        let Some(m) = self.members.get_mut(id) else {
+            if let Some(max) = self.config.max_members
+                && self.members.len() >= max as usize
+            {
+                return Err(EngineError::MaxSize(max));
+            }
+            let mut m = MemberDoc::new(now_ms);
+            m.incarnation = incarnation.map(str::to_owned);
+            self.members.insert(id.to_owned(), m);
+            return Ok(GroupEvent::Joined(id.to_owned()));
+        };
+        let live = now_ms.saturating_sub(m.last_heartbeat_ms) <= session_ms;
+        if let (Some(new), Some(old)) = (incarnation, m.incarnation.as_deref())
+            && live
+        {
+            if m.away_since_ms.is_some() {
+                m.away_since_ms = None;
+                m.incarnation = Some(new.to_owned());
+                return Ok(GroupEvent::Resumed(id.to_owned()));
+            }
+            if new != old {
+                return Err(EngineError::MemberIdInUse(id.to_owned()));
+            }
+        }
+        // The old incarnation's shards are released: the new one owns nothing.
+        m.assigned.clear();
+        m.granted_at.clear();
+        m.pending_revocation.clear();
+        m.reported.clear();
+        m.revoke_started_ms = None;
+        m.member_epoch = 0;
+        m.previous_epoch = 0;
+        m.away_since_ms = None;
+        m.incarnation = incarnation.map(str::to_owned);
+        Ok(GroupEvent::Rejoined(id.to_owned()))
+    }
+
+    /// A static member's leave for a restart (epoch -2): it stopped reading, keeps the shards
+    /// of its target (unread) until it joins again or its session expires; what it was
+    /// revoking is released at once.
+    fn step_away(
+        &mut self,
+        id: &str,
+        incarnation: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), EngineError> {
+        let m = self
+            .members
+            .get_mut(id)
+            .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
+        let Some(held) = m.incarnation.as_deref() else {
+            return Err(EngineError::Invalid(format!(
+                "member {id} is not static (it joined without an incarnation): leave with epoch -1"
+            )));
+        };
+        if incarnation != Some(held) {
+            return Err(EngineError::MemberIdInUse(id.to_owned()));
+        }
+        m.away_since_ms = Some(now_ms);
+        m.last_heartbeat_ms = now_ms;
+        m.pending_revocation.clear();
+        m.revoke_started_ms = None;
+        m.reported.clear();
+        let target = &m.target;
+        m.assigned.retain(|s| target.contains(s));
+        let assigned = &m.assigned;
+        m.granted_at.retain(|s, _| assigned.contains(s));
+        m.state = MemberState::Stable;
+        Ok(())
+    }
+
     /// Removes a member that leaves (`POST leave` or a heartbeat with epoch -1). Epoch -1 is not
     /// checked; otherwise the current or the tolerated previous epoch is required.
     pub fn leave(
@@ -389,6 +487,13 @@ impl GroupDoc {
         let targets = assignor.assign(&specs, &shards);
         for (m, t) in self.members.values_mut().zip(targets) {
             m.target = t.into_iter().collect();
+            if m.away_since_ms.is_some() {
+                // An away static member reads nothing: what it no longer gets is free at once.
+                let target = &m.target;
+                m.assigned.retain(|s| target.contains(s));
+                let assigned = &m.assigned;
+                m.granted_at.retain(|s, _| assigned.contains(s));
+            }
         }
         self.assignment_epoch = self.group_epoch;
     }
@@ -517,6 +622,7 @@ mod tests {
             owned_shards: owned,
             drained_shards: Vec::new(),
             client: None,
+            incarnation: None,
         }
     }
 
@@ -528,6 +634,7 @@ mod tests {
             owned_shards: owned.to_vec(),
             drained_shards: vec![],
             client: None,
+            incarnation: None,
         }
     }
 

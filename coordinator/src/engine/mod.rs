@@ -137,6 +137,14 @@ pub struct MemberDoc {
     /// generation, see [`owner_token`]); kept while the shard stays with the member.
     #[serde(default)]
     pub granted_at: BTreeMap<u32, i64>,
+    /// Static membership: the incarnation (process run) that joined last; `None` for a
+    /// dynamic member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
+    /// A static member that left with epoch -2: when. It keeps its shards (unread) until it
+    /// joins again or its session expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub away_since_ms: Option<u64>,
 }
 
 impl MemberDoc {
@@ -154,6 +162,8 @@ impl MemberDoc {
             joined_ms: now_ms,
             client: None,
             granted_at: BTreeMap::new(),
+            incarnation: None,
+            away_since_ms: None,
         }
     }
 
@@ -215,6 +225,12 @@ pub enum EngineError {
     /// Join beyond `max_members`.
     #[error("the group has reached its max_members of {0}")]
     MaxSize(u32),
+    /// A static member's id is held by another live incarnation.
+    #[error(
+        "member {0} is held by another live process (another incarnation that has not left \
+         with epoch -2); it can join once that process leaves or its session expires"
+    )]
+    MemberIdInUse(String),
     /// A reshard or rollback while one runs.
     #[error("stream {0} is being resharded; wait until the reshard completes")]
     ReshardInProgress(String),
@@ -240,6 +256,7 @@ impl EngineError {
             EngineError::UnknownMember(_) => ErrorCode::UnknownMemberId,
             EngineError::Fenced { .. } => ErrorCode::FencedMemberEpoch,
             EngineError::MaxSize(_) => ErrorCode::GroupMaxSizeReached,
+            EngineError::MemberIdInUse(_) => ErrorCode::MemberIdInUse,
             EngineError::ReshardInProgress(_) => ErrorCode::ReshardInProgress,
             EngineError::NothingToRollback(_) => ErrorCode::NothingToRollback,
             EngineError::RollbackWindowExpired { .. } => ErrorCode::RollbackWindowExpired,

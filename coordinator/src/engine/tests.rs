@@ -40,6 +40,28 @@ impl World {
         owned: &[u32],
         drained: &[u32],
     ) -> Result<HeartbeatResponse, EngineError> {
+        self.hb_as(member, epoch, owned, drained, None)
+    }
+
+    /// A heartbeat of a static member's process run `incarnation`.
+    fn hb_static(
+        &mut self,
+        member: &str,
+        epoch: i64,
+        owned: &[u32],
+        incarnation: &str,
+    ) -> Result<HeartbeatResponse, EngineError> {
+        self.hb_as(member, epoch, owned, &[], Some(incarnation))
+    }
+
+    fn hb_as(
+        &mut self,
+        member: &str,
+        epoch: i64,
+        owned: &[u32],
+        drained: &[u32],
+        incarnation: Option<&str>,
+    ) -> Result<HeartbeatResponse, EngineError> {
         let before = self.group.clone();
         let req = HeartbeatRequest {
             protocol_version: 1,
@@ -48,6 +70,7 @@ impl World {
             owned_shards: owned.to_vec(),
             drained_shards: drained.to_vec(),
             client: None,
+            incarnation: incarnation.map(str::to_owned),
         };
         let r = self.group.heartbeat(&self.stream, &req, self.now);
         if r.is_err() {
@@ -184,7 +207,7 @@ fn unknown_member_and_bad_requests() {
         ErrorCode::UnknownMemberId
     );
     assert_eq!(
-        w.hb("m1", -2, &[]).unwrap_err().code(),
+        w.hb("m1", -3, &[]).unwrap_err().code(),
         ErrorCode::InvalidRequest
     );
     assert_eq!(
@@ -198,6 +221,7 @@ fn unknown_member_and_bad_requests() {
         owned_shards: vec![],
         drained_shards: vec![],
         client: None,
+        incarnation: None,
     };
     assert_eq!(
         w.group.heartbeat(&w.stream, &req, 0).unwrap_err().code(),
@@ -423,6 +447,7 @@ fn scale_down_drains_then_retires() {
         owned_shards: vec![0, 1, 2, 3],
         drained_shards: vec![2, 3, 9],
         client: None,
+        incarnation: None,
     };
     let out = w.group.heartbeat(&w.stream, &req, w.now).unwrap();
     assert_eq!(out.drained, vec![2, 3]);
@@ -498,4 +523,103 @@ fn owner_tokens_change_whenever_a_shard_changes_hands() {
     if let Some(t) = again.owner_tokens.get(&moved) {
         assert_ne!(*t, r2.owner_tokens[&moved], "a rejoin is a new grant");
     }
+}
+
+#[test]
+fn static_member_restart_keeps_its_shards_without_a_rebalance() {
+    let mut w = World::new(4);
+    let r = w.hb_static("s1", 0, &[], "run-1").unwrap();
+    assert_eq!(r.assignment, vec![0, 1, 2, 3]);
+    w.join("d2");
+    let e1 = w.group.members["s1"].member_epoch;
+    let r = w.hb_static("s1", e1, &[0, 1, 2, 3], "run-1").unwrap();
+    let r = w.hb_static("s1", r.member_epoch, &[0, 1], "run-1").unwrap();
+    let d2 = w.hb("d2", w.group.members["d2"].member_epoch, &[]).unwrap();
+    assert_eq!(
+        (r.assignment.clone(), d2.assignment),
+        (vec![0, 1], vec![2, 3])
+    );
+    let group_epoch = w.group.group_epoch;
+    let epoch = r.member_epoch;
+
+    // A graceful restart: -2 keeps the shards (unread), the group does not rebalance.
+    let away = w.hb_static("s1", -2, &[], "run-1").unwrap();
+    assert_eq!((away.member_epoch, away.assignment.len()), (-2, 0));
+    assert_eq!(w.group.group_epoch, group_epoch);
+    assert_eq!(w.group.members["s1"].assigned, [0, 1].into());
+    assert!(
+        w.group.is_stable(),
+        "an away member does not hold the group unstable"
+    );
+    // A heartbeat of the old run after -2 is fenced: only a join brings it back.
+    assert_eq!(
+        w.hb_static("s1", epoch, &[], "run-1").unwrap_err().code(),
+        ErrorCode::FencedMemberEpoch
+    );
+    // The other member keeps exactly its shards meanwhile.
+    w.now += 5_000;
+    let d2 = w
+        .hb("d2", w.group.members["d2"].member_epoch, &[2, 3])
+        .unwrap();
+    assert_eq!(d2.assignment, vec![2, 3]);
+
+    // The new run joins under the same id: same shards, same epoch, no rebalance.
+    let back = w.hb_static("s1", 0, &[], "run-2").unwrap();
+    assert_eq!((back.member_epoch, back.assignment), (epoch, vec![0, 1]));
+    assert_eq!(w.group.group_epoch, group_epoch);
+    assert_eq!(w.group.members["s1"].away_since_ms, None);
+    assert_eq!(w.group.members["s1"].incarnation.as_deref(), Some("run-2"));
+    assert!(w.group.is_stable());
+}
+
+#[test]
+fn a_static_id_held_by_a_live_process_is_refused() {
+    let mut w = World::new(2);
+    w.hb_static("s1", 0, &[], "run-1").unwrap();
+    let e = w.hb_static("s1", 0, &[], "run-2").unwrap_err();
+    assert_eq!(e.code(), ErrorCode::MemberIdInUse);
+    // -2 from another run than the one that holds the id is refused too.
+    let e = w.hb_static("s1", -2, &[], "run-2").unwrap_err();
+    assert_eq!(e.code(), ErrorCode::MemberIdInUse);
+    // The same run rejoining (e.g. after a fence) is a plain rejoin.
+    w.hb_static("s1", 0, &[], "run-1").unwrap();
+    // Once the holder's session is over (crashed, not yet swept), the new run may join.
+    w.now += SESSION + 1;
+    let r = w.hb_static("s1", 0, &[], "run-2").unwrap();
+    assert_eq!(r.assignment, vec![0, 1]);
+    // A dynamic member cannot step away.
+    w.join("d1");
+    assert_eq!(
+        w.hb("d1", -2, &[]).unwrap_err().code(),
+        ErrorCode::InvalidRequest
+    );
+}
+
+#[test]
+fn an_away_static_member_expires_after_its_session_and_its_shards_move() {
+    let mut w = World::new(2);
+    w.hb_static("s1", 0, &[], "run-1").unwrap();
+    w.join("d2");
+    let epoch = w.group.members["s1"].member_epoch;
+    w.hb_static("s1", epoch, &[0, 1], "run-1").unwrap();
+    w.hb_static("s1", -2, &[], "run-1").unwrap();
+    // A rebalance while it is away (a third member joins) frees what it no longer gets.
+    w.join("d3");
+    let s1 = &w.group.members["s1"];
+    assert!(s1.assigned.is_subset(&s1.target));
+    w.now += SESSION / 2;
+    w.hb("d2", w.group.members["d2"].member_epoch, &[]).unwrap();
+    w.hb("d3", w.group.members["d3"].member_epoch, &[]).unwrap();
+    let at = w.group.next_deadline_ms().unwrap();
+    assert!(w.group.expire(&w.stream.clone(), at - 1).is_empty());
+    let events = w.group.expire(&w.stream.clone(), at);
+    assert!(events.contains(&GroupEvent::SessionExpired("s1".into())));
+    // A return after the session is a fresh join.
+    assert!(!w.group.members.contains_key("s1"));
+    w.hb_static("s1", 0, &[], "run-2").unwrap();
+    let s1 = &w.group.members["s1"];
+    assert_eq!(
+        (s1.incarnation.as_deref(), s1.away_since_ms),
+        (Some("run-2"), None)
+    );
 }

@@ -103,6 +103,8 @@ pub fn group_view(
             owned_shards: m.reported.iter().copied().collect(),
             assigned_shards: m.assigned.iter().copied().collect(),
             pending_revocation: m.pending_revocation.iter().copied().collect(),
+            is_static: m.incarnation.is_some(),
+            away_ms: m.away_since_ms.map(|t| now_ms.saturating_sub(t)),
         })
         .collect();
     let shards = stream
@@ -119,6 +121,7 @@ pub fn group_view(
                 state,
                 lag,
                 pending,
+                stale_consumers: Vec::new(),
             })
         })
         .collect();

@@ -82,6 +82,8 @@ pub fn record_group_events(group: &str, events: &[GroupEvent]) {
             GroupEvent::Joined(_) => change(&g, "joined"),
             GroupEvent::Rejoined(_) => change(&g, "rejoined"),
             GroupEvent::Left(_) => change(&g, "left"),
+            GroupEvent::SteppedAway(_) => change(&g, "stepped_away"),
+            GroupEvent::Resumed(_) => change(&g, "resumed"),
             GroupEvent::Removed(_) => {
                 change(&g, "removed");
                 metrics::counter!("rsc_members_fenced_total", "group" => g.clone(), "reason" => "operator")
