@@ -40,6 +40,29 @@ impl Stack {
         }
     }
 
+    /// Like [`Stack::start`], with the coordinator reading the data Redis
+    /// (`--data-redis-url`: lag, pending and stale consumers in the group view).
+    #[allow(dead_code)]
+    pub(crate) fn start_with_data_redis() -> Self {
+        let redis = RedisServer::start().expect("redis-server starts");
+        let url = redis.url();
+        let coordinator = CoordinatorProcess::start(&[
+            "--store",
+            "memory",
+            "--sweep-interval-ms",
+            "20",
+            "--data-redis-url",
+            &url,
+        ])
+        .expect("coordinator starts");
+        let api = Api::new(coordinator.url());
+        Stack {
+            redis,
+            coordinator,
+            api,
+        }
+    }
+
     pub(crate) async fn create_group(
         &self,
         group: &str,
@@ -194,6 +217,21 @@ impl Consumer {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit on its own (panics past `timeout`).
+    #[allow(dead_code)]
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        match wait_for("the consumer to exit", timeout, || {
+            c.try_wait().ok().flatten()
+        }) {
+            Ok(status) => status,
+            Err(e) => {
+                let _ = c.kill();
+                panic!("{e}; log:\n{}", self.log().join("\n"));
+            }
         }
     }
 

@@ -202,6 +202,7 @@ impl CoordinatorClient {
                     status,
                     code: body.error.code,
                     message: body.error.message,
+                    retry_after_ms: body.error.retry_after_ms,
                 }),
                 Err(_) => Err(unexpected()),
             }

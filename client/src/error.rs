@@ -81,6 +81,8 @@ pub enum CoordinatorError {
         code: ErrorCode,
         /// The human-readable message.
         message: String,
+        /// When a retry may succeed, how long until then (ms), if the coordinator said.
+        retry_after_ms: Option<u64>,
     },
     /// The coordinator answered something that is not the expected JSON.
     #[error("unexpected answer (HTTP {status}) from {url}: {body}")]
@@ -118,6 +120,16 @@ impl CoordinatorError {
             CoordinatorError::Api { code, .. } => code.is_retryable(),
             CoordinatorError::Unexpected { status, .. } => *status >= 500 || *status == 429,
             CoordinatorError::Transport { .. } => true,
+        }
+    }
+
+    /// When the coordinator said a retry may succeed, how long until then.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            CoordinatorError::Api { retry_after_ms, .. } => {
+                retry_after_ms.map(std::time::Duration::from_millis)
+            }
+            _ => None,
         }
     }
 

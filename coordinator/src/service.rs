@@ -123,6 +123,14 @@ impl ServiceError {
         }
     }
 
+    /// When retrying may succeed, how long until then (ms).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ServiceError::Engine(e) => e.retry_after_ms(),
+            _ => None,
+        }
+    }
+
     fn is_conflict(&self) -> bool {
         matches!(self, ServiceError::Store(StoreError::Conflict(_)))
     }

@@ -174,6 +174,10 @@ pub struct ErrorDetail {
     pub code: ErrorCode,
     /// Human-readable explanation.
     pub message: String,
+    /// When a later retry may succeed, how long until then (ms): for `MEMBER_ID_IN_USE`,
+    /// until the holder's session runs out if it does not heartbeat again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ErrorBody {
@@ -183,6 +187,7 @@ impl ErrorBody {
             error: ErrorDetail {
                 code,
                 message: message.into(),
+                retry_after_ms: None,
             },
         }
     }

@@ -396,6 +396,7 @@ fn item_result(
             status: got.status,
             code: error.code,
             message: error.message,
+            retry_after_ms: error.retry_after_ms,
         }),
         _ => Err(unexpected(
             got.status,
@@ -569,6 +570,7 @@ mod tests {
                 status,
                 code,
                 message,
+                ..
             } => (url.clone(), *status, *code, message.clone()),
             other => panic!("not an API error: {other:?}"),
         }

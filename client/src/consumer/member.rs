@@ -76,6 +76,10 @@ impl Slot {
 type HeartbeatFuture =
     BoxFuture<'static, (Instant, i64, Result<HeartbeatResponse, CoordinatorError>)>;
 
+/// Slack past the moment a refused static member's holder would expire, before the holder
+/// is taken for a live duplicate (clock and network delays between coordinator and member).
+const IN_USE_MARGIN: Duration = Duration::from_secs(1);
+
 /// One member of a group: `<instance>-<listener>-<index>`.
 pub(crate) struct MemberRuntime {
     shared: Arc<MemberShared>,
@@ -110,9 +114,10 @@ pub(crate) struct MemberRuntime {
     backoff: Backoff,
     failures: u32,
     recent_fences: VecDeque<Instant>,
-    /// Static membership: since when joins are refused because another live process holds
-    /// this member id.
-    in_use_since: Option<Instant>,
+    /// Static membership: joins are refused because another process holds this member id;
+    /// by this time its session would have run out had it stopped heartbeating (a crashed
+    /// predecessor). Refused past it, the holder is alive: a duplicate id.
+    in_use_until: Option<Instant>,
 }
 
 impl MemberRuntime {
@@ -150,7 +155,7 @@ impl MemberRuntime {
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
             failures: 0,
             recent_fences: VecDeque::new(),
-            in_use_since: None,
+            in_use_until: None,
         }
     }
 
@@ -285,7 +290,7 @@ impl MemberRuntime {
                     info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
                 }
                 self.failures = 0;
-                self.in_use_since = None;
+                self.in_use_until = None;
                 self.backoff.reset();
                 if sent_epoch == 0 {
                     info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
@@ -362,20 +367,24 @@ impl MemberRuntime {
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
             }
             Some(ErrorCode::MemberIdInUse) => {
-                // Another live process holds this static id: either this pod came back after
-                // a crash (the old run's session has to run out first) or two pods share an
-                // id. Past two sessions it is the latter: stop loudly.
-                let since = *self.in_use_since.get_or_insert(now);
-                if now - since > self.session * 2 {
+                // Another process holds this static id: either this pod came back after a
+                // crash (the old run's session has to run out first: the coordinator says
+                // when) or two live pods share an id (the holder keeps heartbeating, so the
+                // refusals outlast the first session end): then stop loudly.
+                let wait = e.retry_after().unwrap_or(self.interval);
+                let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
+                if now > until {
                     error!(error = %e, "another live process keeps this static member id; stopping");
                     self.fatal = Some(e);
                     self.shutting_down = true;
                     self.stop_all(StopReason::Shutdown);
                     return;
                 }
-                warn!(error = %e, waited_ms = (now - since).as_millis() as u64,
-                    "static member id held by another live process: retrying until its session ends");
-                self.next_heartbeat = now + self.interval.max(Duration::from_millis(500));
+                warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
+                    "static member id held by another process: retrying when its session runs out");
+                self.next_heartbeat = now
+                    + (wait + Duration::from_millis(20))
+                        .clamp(Duration::from_millis(100), Duration::from_secs(5));
             }
             Some(ErrorCode::GroupMaxSizeReached) => {
                 warn!(error = %e, "the group is full; retrying");

@@ -17,6 +17,7 @@ pub(crate) mod backoff;
 pub(crate) mod drain;
 pub(crate) mod fence;
 pub(crate) mod heartbeats;
+pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod worker;

@@ -156,6 +156,7 @@ impl ShardWorker {
         if !self.claim_pending(&mut conn, &mut backoff).await {
             return;
         }
+        self.clean_consumers(&mut conn).await;
         loop {
             let switched = if self.flags.token().is_some() {
                 self.read_guarded(&mut conn, &mut backoff).await
@@ -308,6 +309,26 @@ impl ShardWorker {
                     }
                 }
             }
+        }
+    }
+
+    /// After the takeover claim: deletes the shard's other consumers that hold no pending
+    /// entry (departed members; see [`super::hygiene`]). A failure is only logged: the next
+    /// takeover tries again.
+    async fn clean_consumers(&self, conn: &mut NodeConn) {
+        let o = &self.origin;
+        match super::hygiene::clean_shard(conn, &o.shard_key, &o.group, &o.member_id).await {
+            Ok(done) => {
+                if !done.deleted.is_empty() {
+                    info!(deleted = ?done.deleted, "deleted departed consumers of the shard");
+                    metrics::counter!("rsc_client_consumers_deleted_total", "group" => o.group.clone())
+                        .increment(done.deleted.len() as u64);
+                }
+                if !done.kept.is_empty() {
+                    info!(kept = ?done.kept, "departed consumers still hold pending entries: kept for a later cleanup");
+                }
+            }
+            Err(e) => debug!(error = %e, "could not clean up the shard's consumers"),
         }
     }
 

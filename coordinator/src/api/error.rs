@@ -17,6 +17,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     /// The explanation.
     pub message: String,
+    /// When a retry may succeed, how long until then (ms); also sent as `Retry-After`.
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -25,6 +27,7 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            retry_after_ms: None,
         }
     }
 
@@ -34,13 +37,17 @@ impl ApiError {
         ErrorDetail {
             code: self.code,
             message: self.message,
+            retry_after_ms: self.retry_after_ms,
         }
     }
 }
 
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
-        ApiError::new(e.code(), e.to_string())
+        ApiError {
+            retry_after_ms: e.retry_after_ms(),
+            ..ApiError::new(e.code(), e.to_string())
+        }
     }
 }
 
@@ -76,10 +83,23 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(code = %self.code, message = %self.message, "request failed");
         }
-        let mut response =
-            (status, axum::Json(ErrorBody::new(self.code, self.message))).into_response();
+        let retry_after = self.retry_after_ms;
+        let code = self.code;
+        let mut response = (
+            status,
+            axum::Json(ErrorBody {
+                error: self.into_detail(),
+            }),
+        )
+            .into_response();
+        if let Some(ms) = retry_after {
+            // Whole seconds, rounded up (RFC 9110); the body carries the milliseconds.
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, ms.div_ceil(1000).into());
+        }
         // For the audit log and metrics, which see only the response.
-        response.extensions_mut().insert(self.code);
+        response.extensions_mut().insert(code);
         response
     }
 }

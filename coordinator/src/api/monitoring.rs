@@ -11,7 +11,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    AuditEntry, AuditList, ErrorCode, GroupList, GroupView, StreamList, StreamView,
+    AuditEntry, AuditList, ErrorCode, GroupList, GroupView, StaleConsumer, StreamList, StreamView,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -53,6 +53,38 @@ async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView) -> GroupView {
     view
 }
 
+/// Fills each shard's `stale_consumers` (consumers of the shard's Redis consumer group that
+/// are not members of the group) from the data Redis, when configured. Single-group view
+/// only: one `XINFO CONSUMERS` per shard.
+async fn with_stale_consumers(lag: Option<&LagProbe>, mut view: GroupView) -> GroupView {
+    let Some(probe) = lag else {
+        return view;
+    };
+    let keys: Vec<(u32, String)> = view
+        .shards
+        .iter()
+        .map(|s| (s.shard, s.key.clone()))
+        .collect();
+    let consumers = probe.group_consumers(&view.group, &keys).await;
+    let members: std::collections::HashSet<&str> =
+        view.members.iter().map(|m| m.member_id.as_str()).collect();
+    let mut stale = std::collections::HashMap::new();
+    for (shard, list) in consumers {
+        let list: Vec<StaleConsumer> = list
+            .into_iter()
+            .filter(|(name, _)| !members.contains(name.as_str()))
+            .map(|(name, pending)| StaleConsumer { name, pending })
+            .collect();
+        stale.insert(shard, list);
+    }
+    for s in &mut view.shards {
+        if let Some(list) = stale.remove(&s.shard) {
+            s.stale_consumers = list;
+        }
+    }
+    view
+}
+
 /// Every group the token's group scope covers.
 #[utoipa::path(
     get, path = "/v1/groups", tag = "monitoring",
@@ -83,7 +115,8 @@ async fn describe_group(
     Path(group): Path<String>,
 ) -> Result<Json<GroupView>, ApiError> {
     let view = s.coordinator.describe_group(&group).await?;
-    Ok(Json(with_lag(s.lag.as_deref(), view).await))
+    let view = with_lag(s.lag.as_deref(), view).await;
+    Ok(Json(with_stale_consumers(s.lag.as_deref(), view).await))
 }
 
 /// Every stream the token's stream scope covers.

@@ -51,6 +51,7 @@ pub(super) fn group(g: &GroupView) -> String {
         "STATE",
         "LAG",
         "PENDING",
+        "STALE CONSUMERS",
     ]);
     for s in &g.shards {
         let moving = s.target_owner != s.current_owner && s.current_owner.is_some();
@@ -72,6 +73,7 @@ pub(super) fn group(g: &GroupView) -> String {
             state,
             or_dash(s.lag),
             or_dash(s.pending),
+            stale_consumers(&s.stale_consumers),
         ]);
     }
     out.push('\n');
@@ -96,7 +98,11 @@ pub(super) fn group(g: &GroupView) -> String {
         members.row([
             m.member_id.clone(),
             m.member_epoch.to_string(),
-            wire_name(&m.state),
+            match (m.away_ms, m.is_static) {
+                (Some(away), _) => format!("away:{}", duration_ms(away)),
+                (None, true) => format!("{}:static", wire_name(&m.state)),
+                (None, false) => wire_name(&m.state),
+            },
             shard_ranges(&m.assigned_shards),
             shard_ranges(&m.target_shards),
             shard_ranges(&m.pending_revocation),
@@ -106,6 +112,15 @@ pub(super) fn group(g: &GroupView) -> String {
     }
     out.push_str(&members.to_string());
     out
+}
+
+/// `2 (5 pending)`: departed members' consumers still in a shard's Redis consumer group.
+fn stale_consumers(list: &[rsc_protocol::StaleConsumer]) -> String {
+    if list.is_empty() {
+        return "-".into();
+    }
+    let pending: u64 = list.iter().map(|c| c.pending).sum();
+    format!("{}({pending}-pending)", list.len())
 }
 
 /// `group list`: one row per group.
@@ -308,7 +323,10 @@ mod tests {
                     state: ShardState::Active,
                     lag: Some(12),
                     pending: Some(3),
-                    stale_consumers: Vec::new(),
+                    stale_consumers: vec![rsc_protocol::StaleConsumer {
+                        name: "gone-0".into(),
+                        pending: 2,
+                    }],
                 },
                 ShardView {
                     shard: 1,
@@ -342,6 +360,8 @@ mod tests {
     fn describe_shows_owners_states_and_members() {
         let text = group(&view());
         assert!(text.contains("Reshard of orders 2 -> 1: draining, 0 of 1 shards retired"));
+        let shard_0 = text.lines().find(|l| l.starts_with("0 ")).unwrap();
+        assert!(shard_0.ends_with("1(2-pending)"), "{shard_0}");
         let shard_line = text.lines().find(|l| l.starts_with("1 ")).unwrap();
         let cells: Vec<_> = shard_line.split_whitespace().collect();
         assert_eq!(
@@ -353,6 +373,7 @@ mod tests {
                 "m2",
                 "draining,",
                 "revoking",
+                "-",
                 "-",
                 "-"
             ]

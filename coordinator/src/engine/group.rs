@@ -353,7 +353,10 @@ impl GroupDoc {
                 return Ok(GroupEvent::Resumed(id.to_owned()));
             }
             if new != old {
-                return Err(EngineError::MemberIdInUse(id.to_owned()));
+                return Err(EngineError::MemberIdInUse {
+                    member: id.to_owned(),
+                    retry_after_ms: (m.last_heartbeat_ms + session_ms + 1).saturating_sub(now_ms),
+                });
             }
         }
         // The old incarnation's shards are released: the new one owns nothing.
@@ -388,7 +391,11 @@ impl GroupDoc {
             )));
         };
         if incarnation != Some(held) {
-            return Err(EngineError::MemberIdInUse(id.to_owned()));
+            return Err(EngineError::MemberIdInUse {
+                member: id.to_owned(),
+                retry_after_ms: (m.last_heartbeat_ms + self.config.session_timeout_ms + 1)
+                    .saturating_sub(now_ms),
+            });
         }
         m.away_since_ms = Some(now_ms);
         m.last_heartbeat_ms = now_ms;

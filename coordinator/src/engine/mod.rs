@@ -227,10 +227,16 @@ pub enum EngineError {
     MaxSize(u32),
     /// A static member's id is held by another live incarnation.
     #[error(
-        "member {0} is held by another live process (another incarnation that has not left \
-         with epoch -2); it can join once that process leaves or its session expires"
+        "member {member} is held by another live process (another incarnation that has not \
+         left with epoch -2); it can join once that process leaves or its session expires \
+         (in {retry_after_ms} ms unless it heartbeats)"
     )]
-    MemberIdInUse(String),
+    MemberIdInUse {
+        /// The member id.
+        member: String,
+        /// Until the holder's session runs out, if it does not heartbeat again (ms).
+        retry_after_ms: u64,
+    },
     /// A reshard or rollback while one runs.
     #[error("stream {0} is being resharded; wait until the reshard completes")]
     ReshardInProgress(String),
@@ -248,6 +254,14 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// When retrying may succeed, how long until then (ms).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            EngineError::MemberIdInUse { retry_after_ms, .. } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
+
     /// The SPEC error code for this refusal.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -256,7 +270,7 @@ impl EngineError {
             EngineError::UnknownMember(_) => ErrorCode::UnknownMemberId,
             EngineError::Fenced { .. } => ErrorCode::FencedMemberEpoch,
             EngineError::MaxSize(_) => ErrorCode::GroupMaxSizeReached,
-            EngineError::MemberIdInUse(_) => ErrorCode::MemberIdInUse,
+            EngineError::MemberIdInUse { .. } => ErrorCode::MemberIdInUse,
             EngineError::ReshardInProgress(_) => ErrorCode::ReshardInProgress,
             EngineError::NothingToRollback(_) => ErrorCode::NothingToRollback,
             EngineError::RollbackWindowExpired { .. } => ErrorCode::RollbackWindowExpired,

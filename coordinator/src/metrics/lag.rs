@@ -8,7 +8,7 @@
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
 
 use crate::redis_conn::{Conn, LazyRedis};
-use redis::streams::StreamInfoGroupsReply;
+use redis::streams::{StreamInfoConsumersReply, StreamInfoGroupsReply};
 use std::collections::HashMap;
 use std::time::Duration;
 use tracing::debug;
@@ -105,6 +105,75 @@ impl LagProbe {
         }
         out
     }
+}
+
+impl LagProbe {
+    /// The consumers (name, pending entries) of `group`'s Redis consumer group on each
+    /// `(shard, key)` (`XINFO CONSUMERS`). Shards it could not read are missing.
+    pub async fn group_consumers(
+        &self,
+        group: &str,
+        keys: &[(u32, String)],
+    ) -> HashMap<u32, Vec<(String, u64)>> {
+        let mut out = HashMap::new();
+        let Some(mut conn) = self.connection().await else {
+            return out;
+        };
+        for chunk in keys.chunks(PIPELINE_CHUNK) {
+            let replies =
+                match tokio::time::timeout(self.timeout, read_consumers(&mut conn, group, chunk))
+                    .await
+                {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => {
+                        debug!(group, error = %e, "XINFO CONSUMERS failed; consumers not reported");
+                        return out;
+                    }
+                    Err(_) => {
+                        debug!(group, "XINFO CONSUMERS timed out; consumers not reported");
+                        return out;
+                    }
+                };
+            for ((shard, _), reply) in chunk.iter().zip(replies) {
+                let Ok(reply) = reply else { continue };
+                let list = reply
+                    .consumers
+                    .into_iter()
+                    .map(|c| (c.name, c.pending as u64))
+                    .collect();
+                out.insert(*shard, list);
+            }
+        }
+        out
+    }
+}
+
+/// `XINFO CONSUMERS` of `group` on each key, in key order (see [`read`]).
+async fn read_consumers(
+    conn: &mut Conn,
+    group: &str,
+    chunk: &[(u32, String)],
+) -> redis::RedisResult<Vec<redis::RedisResult<StreamInfoConsumersReply>>> {
+    if conn.is_cluster() {
+        let reads = chunk.iter().map(|(_, key)| {
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("XINFO")
+                    .arg("CONSUMERS")
+                    .arg(key)
+                    .arg(group)
+                    .query_async::<StreamInfoConsumersReply>(&mut conn)
+                    .await
+            }
+        });
+        return Ok(futures::future::join_all(reads).await);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (_, key) in chunk {
+        pipe.cmd("XINFO").arg("CONSUMERS").arg(key).arg(group);
+    }
+    pipe.query_async(conn).await
 }
 
 /// `XINFO GROUPS` of each key, in key order; a failed key (e.g. missing) is an `Err` in

@@ -3,13 +3,15 @@
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
 //!   --concurrency N --pod-ip IP [--token T] [--handle-ms N] [--fail-rate F] [--record-stream KEY]
-//!   [--max-retries N] [--retry-backoff-ms N] [--health-listen ADDR]
+//!   [--max-retries N] [--retry-backoff-ms N] [--health-listen ADDR] [--static-id ID]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
 //! `<stream>:dlq`). With `--record-stream`, every successful handling adds one entry to KEY
 //! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
-//! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0.
+//! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0 (with `--static-id`
+//! the pod leaves for a restart: its shards wait for it). A crash of the app (a panic, a
+//! refusal by the coordinator, a shutdown past its deadline) exits non-zero.
 //! With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
 //! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on.
 
@@ -50,6 +52,11 @@ struct Args {
     /// The pod's IP: member ids are `<pod_ip>-<group>-<index>`.
     #[arg(long, env = "POD_IP")]
     pod_ip: String,
+    /// Static membership under this id (e.g. a StatefulSet's pod name): member ids become
+    /// `<id>-<group>-<index>`; a SIGTERM leaves for a restart (the shards wait, unread, for
+    /// this id until the session timeout) and a second live pod with the same id is refused.
+    #[arg(long, env = "RSC_STATIC_ID")]
+    static_id: Option<String>,
     /// Bearer token for the coordinator.
     #[arg(long, env = "RSC_TOKEN")]
     token: Option<String>,
@@ -194,6 +201,9 @@ async fn main() -> anyhow::Result<()> {
         .redis_cluster(args.redis_cluster)
         .instance_id(&args.pod_ip)
         .listener(listener);
+    if let Some(id) = &args.static_id {
+        builder = builder.static_instance_id(id);
+    }
     if let Some(t) = &args.token {
         builder = builder.token(t);
     }

@@ -1,0 +1,347 @@
+//! Consumer lifecycle on real processes: departed members' Redis consumers are cleaned up,
+//! static members survive a rolling restart without moving shards, and a second process
+//! claiming a live static id is refused and exits non-zero.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`.
+
+#[allow(dead_code)]
+mod pods;
+
+use pods::{
+    Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms, spawn_producer,
+    xlen,
+};
+use redis::streams::StreamInfoConsumersReply;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+const GROUP: &str = "g";
+const STREAM: &str = "orders";
+const RECORD: &str = "handled";
+
+/// The consumers (name, pending) of the group on every shard of the stream.
+fn consumers(con: &mut redis::Connection, shards: u32) -> BTreeMap<u32, Vec<(String, usize)>> {
+    (0..shards)
+        .map(|s| {
+            let key = rsc_protocol::routing::shard_key(STREAM, s);
+            let info: StreamInfoConsumersReply = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(&key)
+                .arg(GROUP)
+                .query(con)
+                .unwrap_or_default();
+            let list = info
+                .consumers
+                .into_iter()
+                .map(|c| (c.name, c.pending))
+                .collect();
+            (s, list)
+        })
+        .collect()
+}
+
+/// Every `(key, seq)` the producer wrote was handled at least once.
+fn assert_none_lost(records: &[Handled], count: u64) {
+    let seen: BTreeSet<u64> = records.iter().map(|r| r.seq).collect();
+    let missing: Vec<u64> = (0..count).filter(|s| !seen.contains(s)).take(10).collect();
+    assert!(
+        missing.is_empty(),
+        "entries never handled, e.g. {missing:?}"
+    );
+}
+
+async fn wait_handled(stack: &Stack, count: u64) -> Vec<Handled> {
+    let mut con = stack.redis();
+    eventually("every entry handled", 90, || {
+        let records = handled(&mut con, RECORD);
+        let distinct: BTreeSet<u64> = records.iter().map(|r| r.seq).collect();
+        (distinct.len() as u64 >= count).then_some(records)
+    })
+    .await
+}
+
+/// 50 pods join, read, and are killed with SIGKILL under new pod ids (as a Deployment's
+/// pods are) while a producer writes: each shard's consumers end at its live owner, at
+/// most one more being cleaned, and nothing is lost.
+#[tokio::test]
+async fn killed_pods_leave_no_consumers_behind_and_nothing_is_lost() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 8;
+    const PODS: usize = 50;
+    let stack = Stack::start_with_data_redis();
+    stack.create_group(GROUP, STREAM, SHARDS, 1000, 200).await;
+    let member_args = [
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--record-stream",
+        RECORD,
+    ];
+    let _stable = Consumer::start(&stack, "127.0.0.20", &member_args);
+    stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    let count = 3_000;
+    let producer = spawn_producer(&stack, STREAM, count, 64, Some(100));
+    let mut con = stack.redis();
+
+    // Two churning pods at a time: start the next, wait until it has read a shard (its
+    // consumer exists in Redis), then kill the previous one.
+    let mut previous: Option<Consumer> = None;
+    let started = now_ms();
+    for i in 0..PODS {
+        let ip = format!("127.0.1.{}", i + 1);
+        let pod = Consumer::start(&stack, &ip, &member_args);
+        let name = format!("{ip}-{GROUP}-0");
+        eventually(&format!("pod {ip} reading a shard"), 30, || {
+            consumers(&mut con, SHARDS)
+                .values()
+                .any(|cs| cs.iter().any(|(n, _)| *n == name))
+                .then_some(())
+        })
+        .await;
+        if let Some(mut p) = previous.take() {
+            p.kill9();
+        }
+        previous = Some(pod);
+    }
+    if let Some(mut p) = previous.take() {
+        p.kill9();
+    }
+    let churn_ms = now_ms() - started;
+    finish_producer(producer, count);
+    stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    let records = wait_handled(&stack, count).await;
+    assert_none_lost(&records, count);
+
+    let live = format!("127.0.0.20-{GROUP}-0");
+    // The last takeovers ran: every shard is back with the stable pod, which cleaned up.
+    let end = eventually("departed consumers cleaned up", 30, || {
+        let c = consumers(&mut con, SHARDS);
+        c.values().all(|cs| cs.len() <= 2).then_some(c)
+    })
+    .await;
+    let ghosts: usize = end
+        .values()
+        .map(|cs| cs.iter().filter(|(n, _)| *n != live).count())
+        .sum();
+    let with_pending: Vec<_> = end
+        .values()
+        .flatten()
+        .filter(|(n, p)| *n != live && *p > 0)
+        .collect();
+    eprintln!(
+        "{PODS} pods killed and replaced in {churn_ms} ms: {ghosts} departed consumers left \
+         over {SHARDS} shards (without cleanup: up to {} per shard); per shard: {end:?}",
+        PODS + 1
+    );
+    assert!(
+        with_pending.is_empty(),
+        "every departed consumer's entries were claimed: {with_pending:?}"
+    );
+    for (shard, cs) in &end {
+        assert!(
+            cs.len() <= 2,
+            "shard {shard}: {} consumers for 1 live member: {cs:?}",
+            cs.len()
+        );
+    }
+    // The group view shows what is left, per shard.
+    let view = stack.group(GROUP).await;
+    let stale: usize = view["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stale_consumers"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(stale, ghosts, "{view:#}");
+}
+
+/// How many times a shard's handler changed member, from the record stream (in handling
+/// order per shard).
+fn hand_overs(records: &[Handled]) -> usize {
+    let mut by_shard: HashMap<u32, Vec<&Handled>> = HashMap::new();
+    for r in records {
+        by_shard.entry(r.shard).or_default().push(r);
+    }
+    by_shard
+        .values_mut()
+        .map(|rs| {
+            rs.sort_by_key(|r| (r.started_ms, r.entry_id.clone()));
+            rs.windows(2).filter(|w| w[0].member != w[1].member).count()
+        })
+        .sum()
+}
+
+/// A rolling restart of three pods (SIGTERM, then the pod back under its identity), while a
+/// producer writes. Returns the hand-overs between members seen in the record stream and,
+/// per restart, how long the restarted pod's shards went unhandled.
+async fn rolling_restart(static_ids: bool) -> (usize, Vec<u64>) {
+    const SHARDS: u32 = 12;
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 6000, 300).await;
+    let pod_args = |i: usize, generation: usize| -> (String, Vec<String>) {
+        let mut args: Vec<String> = [
+            "--group",
+            GROUP,
+            "--stream",
+            STREAM,
+            "--record-stream",
+            RECORD,
+        ]
+        .map(String::from)
+        .to_vec();
+        // A Deployment's replacement pod gets a new IP; a StatefulSet's keeps its name.
+        let ip = format!("127.0.{}.{}", 2 + generation, 10 + i);
+        if static_ids {
+            args.extend(["--static-id".into(), format!("orders-{i}")]);
+        }
+        (ip, args)
+    };
+    let start = |i: usize, generation: usize| {
+        let (ip, args) = pod_args(i, generation);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Consumer::start(&stack, &ip, &args)
+    };
+    let member_of = |i: usize, generation: usize| {
+        if static_ids {
+            format!("orders-{i}-{GROUP}-0")
+        } else {
+            format!("{}-{GROUP}-0", pod_args(i, generation).0)
+        }
+    };
+    let mut pods: Vec<Consumer> = (0..3).map(|i| start(i, 0)).collect();
+    stack.wait_stable(GROUP, 3, SHARDS as usize).await;
+    let count = 4_000;
+    let producer = spawn_producer(&stack, STREAM, count, 48, Some(400));
+    let mut con = stack.redis();
+    eventually("the producer under way", 30, || {
+        (xlen(&mut con, RECORD) >= 200).then_some(())
+    })
+    .await;
+    let mut restarts = Vec::new();
+    for i in 0..3 {
+        let t0 = now_ms();
+        let status = pods[i].terminate();
+        assert!(status.success(), "SIGTERM exits 0, got {status}");
+        pods[i] = start(i, 1);
+        let member = member_of(i, 1);
+        // Back: the restarted pod handles entries again.
+        eventually(&format!("{member} handling again"), 30, || {
+            handled(&mut con, RECORD)
+                .iter()
+                .any(|r| r.member == member && r.started_ms >= t0)
+                .then_some(())
+        })
+        .await;
+        stack.wait_stable(GROUP, 3, SHARDS as usize).await;
+        restarts.push(t0);
+    }
+    finish_producer(producer, count);
+    let records = wait_handled(&stack, count).await;
+    assert_none_lost(&records, count);
+    // Unhandled time of each restarted pod's shards: from the SIGTERM to the first entry
+    // handled on each of them afterwards, worst shard.
+    let unread: Vec<u64> = restarts
+        .iter()
+        .enumerate()
+        .map(|(i, t0)| {
+            let before = member_of(i, 0);
+            let shards: BTreeSet<u32> = records
+                .iter()
+                .filter(|r| r.member == before)
+                .map(|r| r.shard)
+                .collect();
+            shards
+                .iter()
+                .filter_map(|s| {
+                    records
+                        .iter()
+                        .filter(|r| r.shard == *s && r.started_ms >= *t0)
+                        .map(|r| r.started_ms - t0)
+                        .min()
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    (hand_overs(&records), unread)
+}
+
+/// A StatefulSet-style rolling restart of static pods moves no shard between members; the
+/// same restart of dynamic pods (today's behaviour) is printed beside it as the baseline.
+#[tokio::test]
+async fn rolling_restart_of_static_pods_moves_no_shards() {
+    let _serial = SERIAL.lock().await;
+    let (dynamic_moves, dynamic_unread) = rolling_restart(false).await;
+    let (static_moves, static_unread) = rolling_restart(true).await;
+    eprintln!(
+        "rolling restart of 3 pods, 12 shards: hand-overs between members static {static_moves} \
+         vs dynamic {dynamic_moves}; worst unread time per restart (ms) static \
+         {static_unread:?} vs dynamic {dynamic_unread:?}"
+    );
+    assert_eq!(static_moves, 0, "a static rolling restart moves no shard");
+    assert!(
+        dynamic_moves > 0,
+        "the dynamic baseline moves shards (else the test measures nothing)"
+    );
+}
+
+/// A second live process claiming a static id is refused, reads nothing, and exits non-zero;
+/// after the holder crashes, a process with the id joins once the holder's session ran out.
+#[tokio::test]
+async fn a_duplicate_static_id_is_refused_and_exits_non_zero() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 4;
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 1500, 200).await;
+    let args = ["--group", GROUP, "--stream", STREAM, "--static-id", "dup"];
+    let member = format!("dup-{GROUP}-0");
+    let mut holder = Consumer::start(&stack, "127.0.0.31", &args);
+    let view = stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    let epoch = view["members"][0]["member_epoch"].clone();
+
+    let mut duplicate = Consumer::start(&stack, "127.0.0.32", &args);
+    eventually("the duplicate refused", 20, || {
+        duplicate
+            .log()
+            .iter()
+            .any(|l| l.contains("MEMBER_ID_IN_USE"))
+            .then_some(())
+    })
+    .await;
+    let status = duplicate.wait_exit(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "a process refused its static id must exit non-zero, got {status}"
+    );
+    // The holder kept its member, epoch and every shard throughout.
+    let view = stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    assert_eq!(view["members"][0]["member_id"], member.as_str());
+    assert_eq!(view["members"][0]["member_epoch"], epoch);
+    assert!(view["members"][0]["is_static"].as_bool().unwrap_or(false));
+
+    // The holder crashes; its replacement is refused until the old session ran out, then
+    // joins on its own.
+    holder.kill9();
+    let crashed = now_ms();
+    let replacement = Consumer::start(&stack, "127.0.0.33", &args);
+    eventually("the replacement joined", 30, || {
+        replacement
+            .log()
+            .iter()
+            .any(|l| l.contains("joined the group"))
+            .then_some(())
+    })
+    .await;
+    let waited = now_ms() - crashed;
+    let refused = replacement
+        .log()
+        .iter()
+        .any(|l| l.contains("MEMBER_ID_IN_USE"));
+    eprintln!(
+        "replacement of a crashed static pod joined {waited} ms after the crash (refused while \
+         the old session ran: {refused})"
+    );
+    let view = stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    assert_eq!(view["members"][0]["member_id"], member.as_str());
+}
