@@ -12,6 +12,7 @@ store_suite!(
     second_member_waits_for_revocation,
     fencing_and_unknown_members,
     leave_frees_shards_at_once,
+    static_member_steps_away_and_resumes,
     silent_member_is_expired_by_the_sweep,
     admin_group_lifecycle,
     reshard_and_rollback_errors,
@@ -244,6 +245,104 @@ async fn leave_frees_shards_at_once(backend: Backend) {
     );
     let (_, view) = api.get("/v1/groups/g").await;
     assert_eq!(view["members"], json!([]));
+}
+
+async fn static_member_steps_away_and_resumes(backend: Backend) {
+    let stack = Stack::start(backend, &[]);
+    let api = &stack.api;
+    create(api, "g", "s", 4, json!({"session_timeout_ms": 30000})).await;
+    let hb = |epoch: i64, owned: &[u32], incarnation: Option<&str>| {
+        let mut body = json!({"protocol_version": 1, "member_id": "pod-0", "member_epoch": epoch,
+            "owned_shards": owned});
+        if let Some(i) = incarnation {
+            body["incarnation"] = json!(i);
+        }
+        body
+    };
+    let (s, r) = api
+        .member_heartbeat("g", hb(0, &[], Some("run-1")), false)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let epoch = r["member_epoch"].as_i64().unwrap();
+    api.member_heartbeat("g", hb(epoch, &[0, 1, 2, 3], None), false)
+        .await
+        .unwrap();
+    // Another process claiming the id while the first is live: refused, with when to retry,
+    // on the single route (body and Retry-After) and in a batch item alike.
+    for batched in [false, true] {
+        let (s, body) = api
+            .member_heartbeat("g", hb(0, &[], Some("run-2")), batched)
+            .await
+            .unwrap();
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "MEMBER_ID_IN_USE"),
+            "{body}"
+        );
+        let after = body["error"]["retry_after_ms"]
+            .as_u64()
+            .expect("retry_after_ms");
+        assert!(after > 20_000 && after <= 30_001, "{after}");
+    }
+    let raw = reqwest::Client::new()
+        .post(format!("{}/v1/groups/g/heartbeat", api.base()))
+        .json(&hb(0, &[], Some("run-2")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.headers()["retry-after"], "30");
+    // A dynamic member cannot step away; an unknown incarnation cannot make it step away.
+    api.heartbeat("g", "dyn", 0, &[]).await;
+    let body = json!({"protocol_version": 1, "member_id": "dyn", "member_epoch": -2});
+    let (s, body) = api.member_heartbeat("g", body, false).await.unwrap();
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::BAD_REQUEST, "INVALID_REQUEST")
+    );
+    let (_, view) = api.get("/v1/groups/g").await;
+    let group_epoch = view["group_epoch"].clone();
+    // The restart: -2 keeps the shards with the member; the group does not rebalance.
+    let (s, r) = api
+        .member_heartbeat("g", hb(-2, &[], Some("run-1")), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        (s, r["member_epoch"].as_i64()),
+        (StatusCode::OK, Some(-2)),
+        "{r}"
+    );
+    let (_, view) = api.get("/v1/groups/g").await;
+    let pod = view["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["member_id"] == "pod-0")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (pod["is_static"].as_bool(), pod["away_ms"].is_u64()),
+        (Some(true), true),
+        "{pod}"
+    );
+    assert_eq!(view["group_epoch"], group_epoch);
+    // The new run resumes at once with its shards and epoch.
+    let (s, r) = api
+        .member_heartbeat("g", hb(0, &[], Some("run-2")), true)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{r}");
+    // (At the assignment epoch: "dyn" joined before the restart.)
+    assert_eq!(r["member_epoch"], view["assignment_epoch"]);
+    let target: Vec<u64> = pod["target_shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(shards(&r), target);
+    let (_, view) = api.get("/v1/groups/g").await;
+    assert_eq!(view["group_epoch"], group_epoch);
 }
 
 async fn silent_member_is_expired_by_the_sweep(backend: Backend) {

@@ -819,3 +819,80 @@ async fn graceful_shutdown_is_bounded_when_redis_is_gone() {
     assert!(result.is_ok(), "the app task ends cleanly");
     assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_callback_makes_run_fail_naming_the_member() {
+    let stack = Stack::start();
+    stack.create_group("s", 2, 3000, 100).await;
+    let seen: Seen = Arc::default();
+    let listener = recording_listener("s", &seen).on_assigned(|r| {
+        panic!("on_assigned bug on shards {:?}", r.shards);
+    });
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("a")
+        .listener(listener)
+        .build()
+        .unwrap();
+    let (_handle, join) = spawn_app(app);
+    let result = tokio::time::timeout(Duration::from_secs(20), join)
+        .await
+        .expect("run_until returns")
+        .expect("the app task itself does not panic");
+    match result {
+        Err(rsc_client::ClientError::Panicked {
+            member, message, ..
+        }) => {
+            assert_eq!(member, "a-g-0");
+            assert!(message.contains("on_assigned bug"), "{message}");
+        }
+        other => panic!("expected a Panicked error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_past_its_deadline_is_an_error() {
+    let stack = Stack::start();
+    stack.create_group("s", 1, 3000, 100).await;
+    let (started_tx, started_rx) = watch::channel(false);
+    let listener = Listener::new("g", "s", move |_msg: Message<Raw>| {
+        let started = started_tx.clone();
+        async move {
+            started.send_replace(true);
+            // A handler that never finishes.
+            std::future::pending::<()>().await;
+            Ok::<(), HandlerError>(())
+        }
+    })
+    .block_timeout(Duration::from_millis(200));
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("a")
+        .shutdown_timeout(Duration::from_millis(500))
+        .listener(listener)
+        .build()
+        .unwrap();
+    let (handle, join) = spawn_app(app);
+    stack
+        .producer()
+        .publish_record("s", Record::raw("stuck").key("k"))
+        .await
+        .unwrap();
+    eventually("the handler running", Duration::from_secs(10), || {
+        started_rx.borrow().then_some(())
+    })
+    .await;
+    handle.shutdown();
+    let result = tokio::time::timeout(Duration::from_secs(20), join)
+        .await
+        .expect("run_until returns")
+        .expect("the app task itself does not panic");
+    match result {
+        Err(rsc_client::ClientError::ShutdownTimedOut { remaining, .. }) => {
+            assert_eq!(remaining, 1)
+        }
+        other => panic!("expected ShutdownTimedOut, got {other:?}"),
+    }
+}
