@@ -3,6 +3,7 @@
 
 use crate::data::DataRedis;
 use crate::error::ClientError;
+use rsc_protocol::redact::{redact_opt, redact_url};
 
 /// Connection settings shared by consumers and producers.
 ///
@@ -116,7 +117,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("redis_url", &redact_url(&self.redis_url))
             .field("redis_cluster", &self.redis_cluster)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token", &redact_opt(&self.token))
             .field("instance_id", &self.instance_id)
             .field("static_membership", &self.static_membership)
             .field("host", &self.host)
@@ -124,24 +125,6 @@ impl std::fmt::Debug for ClientConfig {
             .field("heartbeat_batching", &self.heartbeat_batching)
             .finish()
     }
-}
-
-/// `redis://user:secret@host:6379` as `redis://user:<redacted>@host:6379` (each URL of a
-/// comma-separated list).
-pub(crate) fn redact_url(urls: &str) -> String {
-    urls.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme + 3 => {
-                let creds = &u[scheme + 3..at];
-                let user = creds.split(':').next().unwrap_or_default();
-                let user = if creds.contains(':') { user } else { "" };
-                let sep = if user.is_empty() { "" } else { ":" };
-                format!("{}{user}{sep}<redacted>{}", &u[..scheme + 3], &u[at..])
-            }
-            _ => u.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 impl ClientConfig {

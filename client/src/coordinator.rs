@@ -18,12 +18,21 @@ pub(crate) struct CoordinatorClient {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     http: reqwest::Client,
     urls: Vec<String>,
     current: AtomicUsize,
     token: Option<String>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorClient")
+            .field("urls", &self.urls)
+            .field("current", &self.current)
+            .field("token", &rsc_protocol::redact::redact_opt(&self.token))
+            .finish_non_exhaustive()
+    }
 }
 
 impl CoordinatorClient {

@@ -57,6 +57,10 @@ impl<H: Handler<T>, T: Payload> ErasedHandler for Typed<H, T> {
         origin: Arc<Origin>,
         attempt: u32,
     ) -> BoxFuture<'static, Result<(), HandlerError>> {
+        if let Some(why) = &entry.malformed {
+            let err = HandlerError::dead_letter(format!("entry {} is malformed: {why}", entry.id));
+            return Box::pin(async move { Err(err) });
+        }
         let bytes = entry.field("payload").unwrap_or_default();
         match T::decode(bytes) {
             Ok(payload) => Box::pin(

@@ -44,6 +44,9 @@ pub(crate) struct Entry {
     pub(crate) headers: Headers,
     /// How many times Redis delivered it (1 for a first read).
     pub(crate) delivery_count: u64,
+    /// Why the entry cannot be handled (a field value that is not a string): dead-lettered
+    /// at once with this reason.
+    pub(crate) malformed: Option<String>,
 }
 
 impl Entry {
@@ -63,6 +66,7 @@ impl Entry {
             key,
             headers,
             delivery_count,
+            malformed: None,
         }
     }
 

@@ -896,3 +896,76 @@ async fn a_shutdown_past_its_deadline_is_an_error() {
         other => panic!("expected ShutdownTimedOut, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_keep_the_entry_field_order() {
+    let stack = Stack::start();
+    stack.create_group("s", 1, 3000, 100).await;
+    let mut con = stack.redis_con();
+    // An entry written by another producer, fields in its own order, payload not JSON.
+    let _: String = redis::cmd("XADD")
+        .arg("s:0")
+        .arg("*")
+        .arg(
+            &[
+                "zeta", "1", "payload", "not json", "alpha", "2", "key", "k", "mid", "3",
+            ][..],
+        )
+        .query(&mut con)
+        .unwrap();
+    #[derive(Debug, serde::Deserialize)]
+    struct Order {
+        #[allow(dead_code)]
+        id: u64,
+    }
+    let listener = Listener::new("g", "s", |_msg: Message<Order>| async {
+        Ok::<(), HandlerError>(())
+    })
+    .block_timeout(Duration::from_millis(200));
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("a")
+        .listener(listener)
+        .build()
+        .unwrap();
+    let (handle, join) = spawn_app(app);
+    let fields = eventually("the dead letter", Duration::from_secs(10), || {
+        let raw: redis::Value = redis::cmd("XRANGE")
+            .arg("s:dlq")
+            .arg("-")
+            .arg("+")
+            .query(&mut con)
+            .ok()?;
+        flat_field_names(raw)
+    })
+    .await;
+    // The undecodable payload was dead-lettered at once (one attempt), fields in order.
+    assert_eq!(
+        &fields[..5],
+        ["zeta", "payload", "alpha", "key", "mid"],
+        "{fields:?}"
+    );
+    assert!(fields.contains(&"error".to_owned()));
+    handle.shutdown();
+    join.await.unwrap().unwrap();
+}
+
+/// The field names of the first entry of an `XRANGE` reply, in order.
+fn flat_field_names(raw: redis::Value) -> Option<Vec<String>> {
+    let redis::Value::Array(entries) = raw else {
+        return None;
+    };
+    let redis::Value::Array(entry) = entries.into_iter().next()? else {
+        return None;
+    };
+    let redis::Value::Array(flat) = entry.into_iter().nth(1)? else {
+        return None;
+    };
+    Some(
+        flat.into_iter()
+            .step_by(2)
+            .map(|v| redis::from_redis_value::<String>(v).unwrap_or_default())
+            .collect(),
+    )
+}

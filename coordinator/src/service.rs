@@ -844,7 +844,12 @@ impl Coordinator {
             })
             .await?;
         self.fan_out(&doc).await;
-        Ok(stream_view(&doc, revision, self.config.rollback_window_ms))
+        Ok(stream_view(
+            &doc,
+            revision,
+            self.config.rollback_window_ms,
+            self.now(),
+        ))
     }
 
     /// Records drained shards of `group` in the stream; retires shards every group drained.
@@ -1091,6 +1096,7 @@ impl Coordinator {
             &v.doc,
             v.revision,
             self.config.rollback_window_ms,
+            self.now(),
         ))
     }
 
@@ -1103,6 +1109,7 @@ impl Coordinator {
                     &v.doc,
                     v.revision,
                     self.config.rollback_window_ms,
+                    self.now(),
                 ));
             }
         }

@@ -17,6 +17,7 @@
 
 pub mod error;
 pub mod names;
+pub mod redact;
 pub mod routing;
 pub mod wire;
 

@@ -550,8 +550,13 @@ pub struct StreamView {
     pub resharding: Option<ReshardingView>,
     /// The latest reshard (running or complete), if any.
     pub last_reshard: Option<ReshardingView>,
-    /// Until when (Unix ms) `rollback` is accepted, if it is.
+    /// Until when (Unix ms) a `rollback` of the latest reshard is accepted, once it completed
+    /// (`null` while it runs, or when there is nothing to roll back).
     pub rollback_until_ms: Option<u64>,
+    /// Whether a `rollback` would be accepted now (a reshard runs, or completed within the
+    /// rollback window).
+    #[serde(default)]
+    pub rollback_allowed: bool,
     /// Retired shards whose keys are still kept in the data Redis (they are deleted once
     /// the latest reshard is past its rollback window, when the coordinator knows the data
     /// Redis).

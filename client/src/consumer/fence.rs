@@ -17,10 +17,11 @@
 //! The owner key shares the shard key's cluster slot (hash tag), so each transaction or
 //! script touches one slot.
 
+use super::reply::{OrderedClaim, OrderedId, OrderedRead};
 use crate::data::NodeConn;
 use crate::message::Origin;
 use redis::aio::ConnectionLike;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamRangeReply, StreamReadReply};
+use redis::streams::StreamRangeReply;
 use redis::{RedisError, Script, Value};
 use std::sync::LazyLock;
 
@@ -37,7 +38,7 @@ pub(crate) enum Read {
     /// The token is not the shard's any more.
     Fenced,
     /// Entries (pending for this member now).
-    Entries(Vec<StreamId>),
+    Entries(Vec<OrderedId>),
     /// Nothing; the stream's last entry id, to wake on (`XREAD BLOCK … <id>`).
     Idle(String),
 }
@@ -184,8 +185,8 @@ impl Guard {
             if let Some(e) = server_error(&read) {
                 return Err(e); // e.g. NOGROUP
             }
-            let read: Option<StreamReadReply> = redis::from_redis_value(read)?;
-            let entries: Vec<StreamId> = read
+            let read: Option<OrderedRead> = redis::from_redis_value(read)?;
+            let entries: Vec<OrderedId> = read
                 .into_iter()
                 .flat_map(|r| r.keys)
                 .flat_map(|k| k.ids)
@@ -234,7 +235,7 @@ pub(crate) async fn claim(
     token: &str,
     cursor: &str,
     count: usize,
-) -> Result<Option<StreamAutoClaimReply>, RedisError> {
+) -> Result<Option<OrderedClaim>, RedisError> {
     let reply: Vec<Value> = CLAIM
         .key(owner_key(origin))
         .key(&origin.shard_key)

@@ -20,6 +20,7 @@ pub(crate) mod heartbeats;
 pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
+pub(crate) mod reply;
 pub(crate) mod worker;
 
 use crate::data::{DataRedis, SharedConn};

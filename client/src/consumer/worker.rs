@@ -18,12 +18,13 @@
 use super::MemberShared;
 use super::backoff::{Backoff, retry_delay};
 use super::fence;
+use super::reply::{OrderedClaim, OrderedRead};
 use crate::data::NodeConn;
 use crate::handler::{FailureAction, HandlerError};
 use crate::listener::AckMode;
 use crate::message::{Entry, Origin};
 use futures::FutureExt;
-use redis::streams::{StreamAutoClaimReply, StreamInfoGroupsReply, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use redis::{RedisError, Value};
 use rsc_protocol::StartPosition;
 use std::panic::AssertUnwindSafe;
@@ -245,7 +246,7 @@ impl ShardWorker {
             if !self.wait_unpaused().await {
                 return false;
             }
-            let reply: Result<StreamAutoClaimReply, RedisError> = match self.flags.token() {
+            let reply: Result<OrderedClaim, RedisError> = match self.flags.token() {
                 Some(token) => {
                     match fence::claim(conn, &self.origin, &token, &cursor, CLAIM_COUNT).await {
                         Ok(Some(r)) => Ok(r),
@@ -439,7 +440,7 @@ impl ShardWorker {
             let acks = std::mem::take(&mut self.acks);
             let read = async {
                 if acks.is_empty() {
-                    cmd.query_async::<Option<StreamReadReply>>(conn).await
+                    cmd.query_async::<Option<OrderedRead>>(conn).await
                 } else {
                     let mut pipe = redis::pipe();
                     pipe.cmd("XACK")
@@ -448,7 +449,7 @@ impl ShardWorker {
                         .arg(&acks)
                         .ignore();
                     pipe.add_command(cmd.clone());
-                    pipe.query_async::<(Option<StreamReadReply>,)>(conn)
+                    pipe.query_async::<(Option<OrderedRead>,)>(conn)
                         .await
                         .map(|(r,)| r)
                 }
@@ -820,17 +821,28 @@ impl ShardWorker {
     }
 }
 
-fn entry_from(
-    id: String,
-    map: std::collections::HashMap<String, Value>,
-    delivery_count: u64,
-) -> Entry {
+/// An entry as read, fields in Redis's order. A value that is not a string (Redis stream
+/// values always are; anything else means a broken reply or proxy) makes the entry malformed:
+/// it is dead-lettered with the reason rather than handled with an empty value.
+fn entry_from(id: String, map: Vec<(String, Value)>, delivery_count: u64) -> Entry {
+    let mut malformed = None;
     let fields = map
         .into_iter()
         .map(|(k, v)| {
-            let bytes = redis::from_redis_value::<Vec<u8>>(v).unwrap_or_default();
+            let bytes = match v {
+                Value::BulkString(b) => b,
+                Value::SimpleString(s) => s.into_bytes(),
+                other => {
+                    malformed.get_or_insert_with(|| {
+                        format!("field {k:?} is not a string but {other:?}")
+                    });
+                    Vec::new()
+                }
+            };
             (k, bytes)
         })
         .collect();
-    Entry::new(id, fields, delivery_count)
+    let mut entry = Entry::new(id, fields, delivery_count);
+    entry.malformed = malformed;
+    entry
 }

@@ -81,11 +81,20 @@ pub struct Fetched<T> {
 }
 
 /// A client for one coordinator.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: Url,
     token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base.as_str())
+            .field("token", &rsc_protocol::redact::redact_opt(&self.token))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {

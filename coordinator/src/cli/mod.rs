@@ -54,8 +54,9 @@ pub enum OutputFormat {
     Json,
 }
 
-/// Options every operator command takes (before or after the sub-command).
-#[derive(Debug, Clone, Args)]
+/// Options every operator command takes (before or after the sub-command). `Debug` hides
+/// the token.
+#[derive(Clone, Args)]
 pub struct ClientOptions {
     /// Base URL of the coordinator.
     #[arg(
@@ -72,6 +73,16 @@ pub struct ClientOptions {
     /// Output format: human tables, or the API's JSON for scripts.
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("coordinator", &self.coordinator)
+            .field("token", &rsc_protocol::redact::redact_opt(&self.token))
+            .field("output", &self.output)
+            .finish()
+    }
 }
 
 /// The operator sub-commands of `rsc-coordinator`.

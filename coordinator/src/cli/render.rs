@@ -250,11 +250,11 @@ pub(super) fn reshard_progress(r: &ReshardingView) -> (u64, u64) {
 }
 
 fn rollback_window(s: &StreamView, now_ms: u64) -> String {
-    match s.rollback_until_ms {
-        None => "-".into(),
-        Some(u64::MAX) => "allowed (reshard running)".into(),
-        Some(until) if until < now_ms => "window closed".into(),
-        Some(until) => format!("allowed for {}", duration_ms(until - now_ms)),
+    match (s.rollback_until_ms, s.rollback_allowed) {
+        (None, true) => "allowed (reshard running)".into(),
+        (None, false) => "-".into(),
+        (Some(until), _) if until < now_ms => "window closed".into(),
+        (Some(until), _) => format!("allowed for {}", duration_ms(until - now_ms)),
     }
 }
 

@@ -98,14 +98,23 @@ impl StreamDoc {
             .filter(|r| r.completed_ms.is_none())
     }
 
-    /// Until when a rollback is accepted, if it is.
+    /// Until when a rollback of the latest reshard is accepted, once it completed (while it
+    /// runs a rollback is accepted, with no end yet).
     pub fn rollback_until_ms(&self, window_ms: u64) -> Option<u64> {
         match &self.last_reshard {
-            Some(r) if !r.rollback => Some(match r.completed_ms {
-                Some(done) => done.saturating_add(window_ms),
-                None => u64::MAX,
-            }),
+            Some(r) if !r.rollback => r.completed_ms.map(|done| done.saturating_add(window_ms)),
             _ => None,
+        }
+    }
+
+    /// Whether a rollback would be accepted at `now_ms`: a reshard (not a rollback) runs, or
+    /// completed within the window.
+    pub fn rollback_allowed(&self, window_ms: u64, now_ms: u64) -> bool {
+        match &self.last_reshard {
+            Some(r) if !r.rollback => r
+                .completed_ms
+                .is_none_or(|done| now_ms <= done.saturating_add(window_ms)),
+            _ => false,
         }
     }
 
@@ -353,13 +362,21 @@ mod tests {
             s.rollback(0, 10),
             Err(EngineError::NothingToRollback(_))
         ));
+        assert!(!s.rollback_allowed(10, 0));
         s.reshard(5, 100).unwrap();
         assert_eq!(s.rollback_until_ms(10), Some(110));
+        assert!(s.rollback_allowed(10, 110) && !s.rollback_allowed(10, 111));
         assert!(matches!(
             s.rollback(111, 10),
             Err(EngineError::RollbackWindowExpired { until_ms: 110, .. })
         ));
         s.rollback(110, 10).unwrap();
+        // A running scale-down: allowed, with no end yet (no sentinel number on the wire).
+        let mut s = stream_with_groups(4, &["a"]);
+        s.reshard(2, 100).unwrap();
+        assert!(s.running_reshard().is_some());
+        assert_eq!(s.rollback_until_ms(10), None);
+        assert!(s.rollback_allowed(10, u64::MAX));
     }
 
     #[test]

@@ -52,7 +52,12 @@ pub fn routing_view(stream: &StreamDoc) -> RoutingResponse {
 }
 
 /// The stream view.
-pub fn stream_view(stream: &StreamDoc, revision: u64, rollback_window_ms: u64) -> StreamView {
+pub fn stream_view(
+    stream: &StreamDoc,
+    revision: u64,
+    rollback_window_ms: u64,
+    now_ms: u64,
+) -> StreamView {
     StreamView {
         stream: stream.stream.clone(),
         shard_count: stream.shard_count,
@@ -67,6 +72,7 @@ pub fn stream_view(stream: &StreamDoc, revision: u64, rollback_window_ms: u64) -
             .as_ref()
             .map(|r| reshard_view(stream, r)),
         rollback_until_ms: stream.rollback_until_ms(rollback_window_ms),
+        rollback_allowed: stream.rollback_allowed(rollback_window_ms, now_ms),
         retired_shards: stream.retired.iter().copied().collect(),
         revision,
     }

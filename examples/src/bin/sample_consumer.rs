@@ -24,7 +24,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, Parser)]
+/// (No `Debug`: the arguments hold the token and the Redis URL's password.)
+#[derive(Parser)]
 #[command(
     name = "sample-consumer",
     version,

@@ -11,7 +11,8 @@ use clap::Parser;
 use rsc_client::producer::{Producer, Record};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Parser)]
+/// (No `Debug`: the arguments hold the token and the Redis URL's password.)
+#[derive(Parser)]
 #[command(
     name = "sample-producer",
     version,
