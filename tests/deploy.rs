@@ -218,6 +218,28 @@ fn coordinator_manifest_matches_the_binary_and_graceful_shutdown() {
 }
 
 #[test]
+fn statefulset_manifest_gives_each_pod_a_static_id_from_its_name() {
+    let docs = manifest("sample-consumer-statefulset.yaml");
+    let set = find(&docs, "StatefulSet", "rsc-sample-consumer");
+    let c = container(set);
+    let a = args(c);
+    assert_flags_exist(&a, "sample-consumer", &[]);
+    // The static id is the pod's name, which a StatefulSet keeps across restarts; the flag
+    // it feeds exists on the binary.
+    assert_eq!(
+        env(c, "RSC_STATIC_ID")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_flags_exist(&["--static-id".to_owned()], "sample-consumer", &[]);
+    let labels = &set["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in set["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "selector label {k} on the pod template");
+    }
+    let health = arg(&a, "--health-listen");
+    assert_probes(c, port_of(health));
+}
+
+#[test]
 fn consumer_manifest_matches_the_binary_and_graceful_shutdown() {
     let docs = manifest("sample-consumer.yaml");
     let deploy = find(&docs, "Deployment", "rsc-sample-consumer");
