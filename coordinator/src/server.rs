@@ -136,6 +136,10 @@ pub async fn serve(
     if let Some(f) = fencing {
         coordinator = coordinator.with_fencing(f);
     }
+    if let Some(r) = data_redis(FENCING_TIMEOUT)? {
+        coordinator =
+            coordinator.with_sealer(Arc::new(crate::fencing::Sealer::new(r, FENCING_TIMEOUT)));
+    }
     let cleaner = data_redis(DELETE_TIMEOUT)?.map(|redis| {
         let cleaner = RetiredKeyCleaner {
             redis,

@@ -21,7 +21,7 @@ use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
     stream_view,
 };
-use crate::fencing::OwnerTokens;
+use crate::fencing::{OwnerTokens, Sealer};
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
@@ -232,6 +232,7 @@ pub struct Coordinator {
     config: ServiceConfig,
     cache: Arc<DocCache>,
     fencing: Option<Arc<OwnerTokens>>,
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Coordinator {
@@ -247,7 +248,21 @@ impl Coordinator {
             cache: Arc::new(DocCache::new(config.cache_idle)),
             config,
             fencing: None,
+            sealer: None,
         }
+    }
+
+    /// Fences producers and records seal positions in the data Redis at every routing-epoch
+    /// switch, before the reshard request is answered (ordered resharding, issue 16).
+    /// Without it, reshards keep at-least-once but not per-key order.
+    pub fn with_sealer(mut self, sealer: Arc<Sealer>) -> Self {
+        self.sealer = Some(sealer);
+        self
+    }
+
+    /// The sealer, when the coordinator knows the data Redis.
+    pub fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.as_ref()
     }
 
     /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
@@ -832,7 +847,9 @@ impl Coordinator {
                     .lock(&LockResource::Stream(stream.to_owned()))
                     .await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                let before = doc.clone();
                 f(&mut doc, self.now())?;
+                self.seal_switch(&before, &mut doc).await?;
                 let revision = self.store.put_stream(&doc, revision).await?;
                 info!(
                     stream,
@@ -850,6 +867,42 @@ impl Coordinator {
             self.config.rollback_window_ms,
             self.now(),
         ))
+    }
+
+    /// Ordered resharding (issue 16): when `doc` switched the routing epoch from `before`,
+    /// moves every affected shard's epoch marker in the data Redis and records the seals in
+    /// the reshard record. Called under the stream lock, before the document is written and
+    /// the request answered. A failure undoes the markers and fails the request (503).
+    async fn seal_switch(&self, before: &StreamDoc, doc: &mut StreamDoc) -> Result<()> {
+        let Some(sealer) = &self.sealer else {
+            return Ok(());
+        };
+        if doc.routing_epoch == before.routing_epoch {
+            return Ok(());
+        }
+        let shards = doc.shards_to_seal(before);
+        let started = std::time::Instant::now();
+        match sealer
+            .seal(&doc.stream, doc.routing_epoch, before.shard_count, &shards)
+            .await
+        {
+            Ok(seals) => {
+                metrics::histogram!("rsc_seal_seconds").record(started.elapsed().as_secs_f64());
+                info!(stream = %doc.stream, routing_epoch = doc.routing_epoch, shards = shards.len(),
+                    "shards sealed: stale producers are refused from now on");
+                if let Some(r) = doc.last_reshard.as_mut() {
+                    r.seals = seals;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                warn!(stream = %doc.stream, error = %e, "could not seal the shards; the reshard is not made");
+                sealer.unseal(&doc.stream, doc.routing_epoch, &shards).await;
+                Err(ServiceError::Store(StoreError::Unavailable(format!(
+                    "{e} (the reshard was not made; retry it)"
+                ))))
+            }
+        }
     }
 
     /// Records drained shards of `group` in the stream; retires shards every group drained.
