@@ -728,6 +728,7 @@ impl Coordinator {
             } else {
                 FencingMode::Lease
             }),
+            ordering: req.ordering.unwrap_or_default(),
         };
         self.check_fencing(req.fencing)?;
         config.validate()?;

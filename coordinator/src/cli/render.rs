@@ -295,6 +295,8 @@ mod tests {
             max_members: None,
             assignor: "sticky".into(),
             fencing: rsc_protocol::FencingMode::Lease,
+            ordering: rsc_protocol::OrderingMode::Key,
+            waiting_on_parents: Vec::new(),
             group_epoch: 4,
             assignment_epoch: 4,
             members: vec![MemberView {

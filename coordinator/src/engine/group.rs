@@ -467,6 +467,9 @@ impl GroupDoc {
         if let Some(v) = patch.fencing {
             cfg.fencing = v;
         }
+        if let Some(v) = patch.ordering {
+            cfg.ordering = v;
+        }
         cfg.validate()?;
         if cfg == self.config {
             return Ok(false);
@@ -592,6 +595,7 @@ impl GroupDoc {
             routing_epoch: stream.routing_epoch,
             start: self.config.start,
             owner_tokens: self.owner_tokens(member_id),
+            ordering: self.config.ordering,
         }
     }
 

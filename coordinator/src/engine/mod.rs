@@ -41,6 +41,9 @@ pub struct GroupConfig {
     /// Data-path fencing (documents written before fencing existed read as `lease`).
     #[serde(default = "lease")]
     pub fencing: FencingMode,
+    /// Ordering through reshards (issue 16; older documents read as `key`).
+    #[serde(default)]
+    pub ordering: rsc_protocol::OrderingMode,
 }
 
 fn lease() -> FencingMode {
@@ -57,6 +60,7 @@ impl Default for GroupConfig {
             max_members: None,
             assignor: crate::assignor::DEFAULT.to_owned(),
             fencing: FencingMode::Lease,
+            ordering: rsc_protocol::OrderingMode::Key,
         }
     }
 }

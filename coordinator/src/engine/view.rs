@@ -149,6 +149,8 @@ pub fn group_view(
         max_members: group.config.max_members,
         assignor: group.config.assignor.clone(),
         fencing: group.config.fencing,
+        ordering: group.config.ordering,
+        waiting_on_parents: Vec::new(),
         group_epoch: group.group_epoch,
         assignment_epoch: group.assignment_epoch,
         members,
