@@ -275,6 +275,24 @@ async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) 
     // The group view shows which parents the moved keys wait for.
     let g = stack.group(GROUP).await;
     assert_eq!(g["ordering"], ordering, "{g}");
+    // The stream shows the seals of the switch, the group which parents its moved keys wait
+    // for and how far each is from its seal.
+    let seals = v["resharding"]["seals"].as_object().map_or(0, |m| m.len());
+    assert_eq!(seals, 8, "every shard of the old layout is sealed: {v}");
+    if ordering == "key" {
+        let waiting = g["waiting_on_parents"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !waiting.is_empty(),
+            "the backlog of the draining shards is waited for: {g}"
+        );
+        assert!(
+            waiting.iter().all(|p| p["parent"].as_u64().unwrap() >= 3),
+            "{g}"
+        );
+    }
     // A pod dies in the middle of the drain (its held and pending entries go to others).
     tokio::time::sleep(Duration::from_millis(700)).await;
     pods[2].kill9();
@@ -305,6 +323,15 @@ async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) 
         records.len()
     );
     assert_eq!(lost, 0);
+    if ordering == "key" {
+        let g = stack.group(GROUP).await;
+        assert!(
+            g["waiting_on_parents"]
+                .as_array()
+                .is_none_or(|a| a.is_empty()),
+            "{g}"
+        );
+    }
 
     // The stale producer's writes after each answer went to the shard of the layout then
     // current, although its own routing was only refreshed by refusals.

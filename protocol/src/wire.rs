@@ -426,6 +426,14 @@ pub struct ReshardingView {
     /// Shards still draining, with the groups that drained each and those still draining it.
     #[serde(default)]
     pub draining: Vec<DrainingShardView>,
+    /// The routing epoch it switched to (issue 16; absent in answers of older coordinators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_epoch: Option<u64>,
+    /// Ordered resharding (issue 16): per shard sealed at the switch, the last entry id
+    /// written under the previous epoch (shard index as the key). Absent when the
+    /// coordinator has no data Redis (no fence, no per-key order through the reshard).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub seals: std::collections::BTreeMap<u32, String>,
 }
 
 /// One draining shard's progress.

@@ -30,6 +30,8 @@ fn reshard_view(stream: &StreamDoc, r: &ReshardRecord) -> ReshardingView {
                 waiting_groups: stream.groups.difference(drained).cloned().collect(),
             })
             .collect(),
+        routing_epoch: (r.epoch > 0).then_some(r.epoch),
+        seals: r.seals.clone(),
     }
 }
 
