@@ -359,23 +359,21 @@ impl Producer {
             let shard = routing.shard_for(records[i].key.as_deref().map(str::as_bytes), seqs[i]);
             by_shard.entry(shard).or_default().push(i);
         }
-        let calls: Vec<(u32, Vec<usize>, redis::Cmd)> = by_shard
-            .into_iter()
-            .map(|(shard, idx)| {
-                let key = &routing.shard_keys[shard as usize];
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(self.inner.guarded.get_hash())
-                    .arg(2)
-                    .arg(key)
-                    .arg(rsc_protocol::routing::epoch_key(key))
-                    .arg(routing.routing_epoch);
-                for &i in &idx {
-                    records[i].guarded_args(&mut cmd);
-                }
-                (shard, idx, cmd)
-            })
-            .collect();
-        let answers = match self.run_calls(&calls).await {
+        let calls: Vec<(u32, Vec<usize>)> = by_shard.into_iter().collect();
+        let build = |shard: u32, idx: &[usize]| {
+            let key = &routing.shard_keys[shard as usize];
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.inner.guarded.get_hash())
+                .arg(2)
+                .arg(key)
+                .arg(rsc_protocol::routing::epoch_key(key))
+                .arg(routing.routing_epoch);
+            for &i in idx {
+                records[i].guarded_args(&mut cmd);
+            }
+            cmd
+        };
+        let answers = match self.run_calls(&calls, &build).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 // First use on this Redis (or after a restart): nothing ran; load and resend.
                 self.inner
@@ -383,13 +381,13 @@ impl Producer {
                     .prepare_invoke()
                     .load_async(&mut self.inner.conn.clone())
                     .await?;
-                self.run_calls(&calls).await?
+                self.run_calls(&calls, &build).await?
             }
             r => r?,
         };
         let mut written = Vec::new();
         let mut refused = Vec::new();
-        for ((shard, idx, _), answer) in calls.into_iter().zip(answers) {
+        for ((shard, idx), answer) in calls.into_iter().zip(answers) {
             match answer {
                 redis::Value::Int(marker) => {
                     refused.extend(idx.into_iter().map(|i| (i, marker.max(0) as u64)));
@@ -413,22 +411,27 @@ impl Producer {
         Ok((written, refused))
     }
 
-    /// Sends the script calls: one pipeline on a standalone Redis; one call per shard, all
-    /// at once, on a cluster (each routed to its slot).
+    /// Sends the script calls: one pipeline on a standalone Redis (one command without
+    /// one); one call per shard, all at once, on a cluster (each routed to its slot).
     async fn run_calls(
         &self,
-        calls: &[(u32, Vec<usize>, redis::Cmd)],
+        calls: &[(u32, Vec<usize>)],
+        build: &(impl Fn(u32, &[usize]) -> redis::Cmd + Sync),
     ) -> redis::RedisResult<Vec<redis::Value>> {
         if self.inner.cluster {
-            let sends = calls.iter().map(|(_, _, cmd)| {
+            let sends = calls.iter().map(|(shard, idx)| {
+                let cmd = build(*shard, idx);
                 let mut conn = self.inner.conn.clone();
                 async move { cmd.query_async::<redis::Value>(&mut conn).await }
             });
             futures::future::try_join_all(sends).await
+        } else if let [(shard, idx)] = calls {
+            let cmd = build(*shard, idx);
+            Ok(vec![cmd.query_async(&mut self.inner.conn.clone()).await?])
         } else {
             let mut pipe = redis::pipe();
-            for (_, _, cmd) in calls {
-                pipe.add_command(cmd.clone());
+            for (shard, idx) in calls {
+                pipe.add_command(build(*shard, idx));
             }
             pipe.query_async(&mut self.inner.conn.clone()).await
         }

@@ -6,13 +6,16 @@
 -- ordering came in). Otherwise nothing is written and the marker's epoch is returned (an
 -- integer): the producer refreshes its routing and writes again on the right shard.
 -- Returns the ids of the entries written, in order.
-local m = redis.call('GET', KEYS[2])
+local call = redis.call
+local m = call('GET', KEYS[2])
 if m and m ~= ARGV[1] then return tonumber(m) end
-local ids = {}
-local i = 2
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, i + 1, i + 2 * n))
-  i = i + 1 + 2 * n
+local key, argv = KEYS[1], ARGV
+local ids, k = {}, 0
+local i, last = 2, #argv
+while i <= last do
+  local n2 = 2 * tonumber(argv[i])
+  k = k + 1
+  ids[k] = call('XADD', key, '*', unpack(argv, i + 1, i + n2))
+  i = i + 1 + n2
 end
 return ids
