@@ -48,7 +48,8 @@ const LAG_EVERY: Duration = Duration::from_secs(5);
 /// worker reads no more of the shard until held entries are released.
 pub(crate) const MAX_HELD: usize = 10_000;
 /// Ordered resharding: how often held keys' parents are checked (and the longest a read
-/// blocks while entries are held).
+/// blocks while entries are held). Polling: a wake-up when a parent reaches its seal (e.g.
+/// through the coordinator's wake-up channel, once it is on main) would let this grow.
 const HOLD_POLL: Duration = Duration::from_millis(20);
 
 /// Ordered resharding state of one shard worker (issue 16).
