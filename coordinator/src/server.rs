@@ -44,6 +44,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
             let store = RedisStore::open(RedisStoreConfig {
                 urls: cfg.redis_urls.clone(),
                 cluster: cfg.redis_cluster,
+                sentinel: cfg.redis_sentinel.clone(),
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 ..RedisStoreConfig::default()
@@ -75,7 +76,7 @@ pub async fn serve(
             None
         }
     };
-    if let Some(urls) = &cfg.data_redis_urls {
+    if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
         let settings = data_settings(FENCING_TIMEOUT);
         redis_conn::check_mode(
             &urls[0],
@@ -96,15 +97,19 @@ pub async fn serve(
         cfg.data_redis_urls
             .as_deref()
             .map(|urls| {
-                LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)).map_err(
-                    |e| match e {
-                        redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
-                            "--data-redis-url lists several servers: that is only valid with \
+                match &cfg.data_redis_sentinel {
+                    Some(target) => {
+                        LazyRedis::open_sentinel(target, &urls[0], &data_settings(timeout))
+                    }
+                    None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
+                }
+                .map_err(|e| match e {
+                    redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
+                        "--data-redis-url lists several servers: that is only valid with \
                              --data-redis-cluster"
-                        ),
-                        e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
-                    },
-                )
+                    ),
+                    e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
+                })
             })
             .transpose()
     };
