@@ -16,6 +16,7 @@
 
 mod http;
 mod lag;
+pub mod scaling;
 pub mod state;
 mod store;
 
