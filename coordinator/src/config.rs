@@ -118,6 +118,11 @@ pub struct ServeArgs {
     /// How often the expiry sweep runs, in ms [default: 250].
     #[arg(long, env = "RSC_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
+    /// How often each group's lag and handling rate are sampled for the history
+    /// (`GET /v1/groups/{group}/history`, the dashboard chart), in ms [default: 5000]. Only
+    /// with a data Redis.
+    #[arg(long, env = "RSC_HISTORY_INTERVAL_MS")]
+    pub history_interval_ms: Option<u64>,
     /// How long a deleted group's revision tombstone is kept before it is collected, in ms
     /// [default: 3600000].
     #[arg(long, env = "RSC_TOMBSTONE_RETENTION_MS")]
@@ -166,6 +171,8 @@ pub struct ServeConfig {
     pub retired_key_delay_ms: u64,
     /// Expiry sweep period.
     pub sweep_interval_ms: u64,
+    /// Lag history sampling period.
+    pub history_interval_ms: u64,
     /// Retention of deleted groups' revision tombstones.
     pub tombstone_retention_ms: u64,
     /// Body limit.
@@ -268,6 +275,10 @@ impl ServeArgs {
                 .sweep_interval_ms
                 .or(file.sweep_interval_ms)
                 .unwrap_or(250),
+            history_interval_ms: self
+                .history_interval_ms
+                .or(file.history_interval_ms)
+                .unwrap_or(crate::metrics::DEFAULT_HISTORY_INTERVAL.as_millis() as u64),
             tombstone_retention_ms: self
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
@@ -301,6 +312,12 @@ impl ServeArgs {
             return Err(ConfigError::Invalid(format!(
                 "sweep-interval-ms is {}; it must be within 10..=60000",
                 cfg.sweep_interval_ms
+            )));
+        }
+        if !(100..=60_000).contains(&cfg.history_interval_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "history-interval-ms is {}; it must be within 100..=60000",
+                cfg.history_interval_ms
             )));
         }
         if !(100..=30 * 24 * 3_600_000).contains(&cfg.tombstone_retention_ms) {

@@ -113,7 +113,12 @@ pub async fn serve(
             })
             .transpose()
     };
-    let lag = data_redis(LAG_TIMEOUT)?.map(|r| Arc::new(LagProbe::new(r, LAG_TIMEOUT)));
+    let lag = data_redis(LAG_TIMEOUT)?.map(|r| {
+        Arc::new(
+            LagProbe::new(r, LAG_TIMEOUT)
+                .with_history_interval(Duration::from_millis(cfg.history_interval_ms)),
+        )
+    });
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // Store latency and errors around any store; audited writes' revisions around that.
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
@@ -159,6 +164,10 @@ pub async fn serve(
         Duration::from_millis(cfg.sweep_interval_ms),
         format!("{addr}-{:08x}", rand::random::<u32>()),
     ));
+    let history = lag.clone().map(|probe| {
+        let coordinator = coordinator.clone();
+        tokio::spawn(async move { probe.history().run(coordinator, &probe).await })
+    });
     let upkeep = tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
@@ -180,6 +189,9 @@ pub async fn serve(
         .await;
     sweeper.abort();
     upkeep.abort();
+    if let Some(h) = history {
+        h.abort();
+    }
     if let Some(c) = cleaner {
         c.abort();
     }

@@ -570,6 +570,34 @@ pub struct ScalingView {
     pub max_replicas: u32,
 }
 
+/// One sample of a group's [`GroupHistory`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HistorySample {
+    /// When it was taken (Unix ms, coordinator clock).
+    pub t_ms: u64,
+    /// Lag summed over the group's shards (`null` when the data Redis did not answer).
+    pub lag: Option<u64>,
+    /// Pending entries summed over the group's shards.
+    pub pending: Option<u64>,
+    /// Entries handled (delivered and acknowledged) per second since the previous sample
+    /// (`null` for the first sample, or when Redis cannot tell).
+    pub handled_per_s: Option<f64>,
+}
+
+/// `GET /v1/groups/{group}/history`: the group's lag and handling rate over the last
+/// minutes, sampled by this coordinator from the data Redis (empty without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupHistory {
+    /// Group id.
+    pub group: String,
+    /// Time between samples.
+    pub interval_ms: u64,
+    /// Oldest first.
+    pub samples: Vec<HistorySample>,
+}
+
 /// `GET /v1/streams/{stream}`: a stream's layout and reshard state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -158,6 +158,7 @@ pub const ROUTES: &[RouteSpec] = &[
         Scope::Group,
     ),
     roles("GET", "/v1/groups/{group}/scaling", VIEWER, Scope::Group),
+    roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
     roles("GET", "/v1/audit", VIEWER, Scope::None),
