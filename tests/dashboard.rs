@@ -282,15 +282,18 @@ async fn dashboard_grid_shows_the_real_owners() {
     eprintln!("dashboard screenshot: {}", shot.display());
 }
 
-/// The `data-points` of the lag chart in a dumped DOM: `[t_ms, lag, handled_per_s]`.
-fn chart_points(dom: &str) -> Option<Vec<(u64, Option<u64>, Option<f64>)>> {
+/// One point of the lag chart: `[t_ms, lag, handled_per_s]`.
+type ChartPoint = (u64, Option<u64>, Option<f64>);
+
+/// The `data-points` of the lag chart in a dumped DOM.
+fn chart_points(dom: &str) -> Option<Vec<ChartPoint>> {
     let i = dom.find("id=\"lag-chart\"")?;
     let start = dom[..i].rfind('<')?;
     let end = dom[i..].find('>')? + i;
     let raw = attr(&dom[start..end], "data-points")?
         .replace("&quot;", "\"")
         .replace("&amp;", "&");
-    let v: Vec<(u64, Option<u64>, Option<f64>)> = serde_json::from_str(&raw).ok()?;
+    let v: Vec<ChartPoint> = serde_json::from_str(&raw).ok()?;
     Some(v)
 }
 
