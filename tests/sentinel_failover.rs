@@ -8,7 +8,9 @@
 //! its members: the store outage (longer than the session timeout here) extends the sessions
 //! instead of expiring every member.
 //!
-//! Also scrapes a consumer pod's and the producer's `/metrics`.
+//! Also scrapes a consumer pod's and the producer's `/metrics`, and checks that a connection to
+//! a master demoted by a manual failover (alive, answering `READONLY`) is dropped for the new
+//! master.
 
 use rsc_e2e::Api;
 use rsc_testkit::{
@@ -484,4 +486,121 @@ async fn master_killed_under_load_with_and_without_wait() {
         runs[1].acked_lost, 0,
         "with WAIT 1 no acknowledged entry may be lost"
     );
+}
+
+/// `SENTINEL FAILOVER` demotes a live master: the connection made to it answers `READONLY`
+/// (or is closed by the server), is dropped, and the next command goes to the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_is_left_for_the_new_one() {
+    let deployment = SentinelDeployment::start(1, 3).expect("sentinel deployment starts");
+    let first = deployment.master_port().expect("a master");
+    let redis = rsc_sentinel::SentinelRedis::open(rsc_sentinel::SentinelConfig {
+        sentinels: rsc_sentinel::parse_addrs(&deployment.sentinel_addrs()).expect("addrs"),
+        master_name: SENTINEL_MASTER.into(),
+        sentinel_username: None,
+        sentinel_password: None,
+        master: redis::RedisConnectionInfo::default(),
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+    })
+    .expect("settings");
+    let set = |conn: &mut rsc_sentinel::SentinelConn, v: u32| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("SET")
+                .arg("k")
+                .arg(v)
+                .query_async::<()>(&mut conn)
+                .await
+        }
+    };
+    let mut conn = redis.get().await.expect("connected");
+    set(&mut conn, 1).await.expect("written to the master");
+    assert_eq!(redis.lookups(), 1);
+    // What a shard worker's own connection is made from.
+    let (generation, info) = redis.master().await.expect("the master's address");
+
+    // A manual failover: the old master stays up, as a replica.
+    let sentinel_port: u16 = deployment
+        .sentinel_addrs()
+        .split(',')
+        .next()
+        .and_then(|a| a.rsplit(':').next()?.parse().ok())
+        .expect("a sentinel port");
+    let mut s = redis_on(sentinel_port);
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SENTINEL_MASTER)
+        .query(&mut s)
+        .expect("SENTINEL FAILOVER");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let promoted = loop {
+        if let Some(p) = deployment.master_port().filter(|&p| p != first) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The old master turns replica: wait until it says so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut redis_on(first))
+            .expect("old master alive");
+        if info.contains("role:slave") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old master was not demoted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A connection made from the stale address now reaches a replica: `READONLY`. Reported,
+    // it makes the next look-up ask the sentinels.
+    let mut stale = redis::Client::open(info)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the old master is alive");
+    let e = redis::cmd("SET")
+        .arg("k")
+        .arg(9)
+        .query_async::<()>(&mut stale)
+        .await
+        .expect_err("a replica refuses writes");
+    assert_eq!(
+        e.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+        "{e}"
+    );
+    assert!(rsc_sentinel::is_failover_error(&e));
+    redis.report(generation, &e);
+    let (_, now) = redis.master().await.expect("looked up again");
+    assert_eq!(
+        now.addr().to_string(),
+        format!("127.0.0.1:{promoted}"),
+        "the sentinels' new master"
+    );
+    assert_eq!(redis.lookups(), 2);
+
+    // The connection the client held was closed by the demotion: it fails once, then writes
+    // land on the new master.
+    let old = set(&mut conn, 2).await;
+    let err = old.expect_err("a write on the demoted master must fail");
+    eprintln!("write on the demoted master: {err}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = redis.get().await.expect("re-resolved");
+        if set(&mut c, 3).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never wrote to the new master");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(redis.lookups() >= 2, "the master was looked up again");
+    let v: u32 = redis::cmd("GET")
+        .arg("k")
+        .query(&mut redis_on(promoted))
+        .expect("GET");
+    assert_eq!(v, 3, "the write went to the promoted master");
 }
