@@ -284,4 +284,42 @@ mod tests {
         cfg.redis_url = " , ".into();
         assert!(cfg.check_data_redis().is_err());
     }
+
+    #[test]
+    fn sentinel_settings_from_the_environment_are_checked() {
+        let env = [
+            ("RSC_REDIS_SENTINEL", "s1:26379, s2:26379"),
+            ("RSC_REDIS_SENTINEL_MASTER", "rsc"),
+            ("RSC_REDIS_SENTINEL_PASSWORD", "pw"),
+        ];
+        let cfg = ClientConfig::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        let s = cfg.sentinel().unwrap().expect("sentinel settings");
+        assert_eq!(s.addrs.len(), 2);
+        assert_eq!(
+            (s.master.as_str(), s.password.as_deref()),
+            ("rsc", Some("pw"))
+        );
+        assert!(cfg.check_data_redis().is_ok());
+
+        let no_master = ClientConfig {
+            redis_sentinel_master: None,
+            ..cfg.clone()
+        };
+        let err = no_master.check_data_redis().unwrap_err().to_string();
+        assert!(err.contains("RSC_REDIS_SENTINEL_MASTER"), "{err}");
+        let with_cluster = ClientConfig {
+            redis_cluster: true,
+            ..cfg.clone()
+        };
+        assert!(with_cluster.check_data_redis().is_err());
+        let bad = ClientConfig {
+            redis_sentinel: Some("no-port".into()),
+            ..cfg
+        };
+        assert!(bad.check_data_redis().is_err());
+    }
 }
