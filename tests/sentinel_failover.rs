@@ -3,10 +3,11 @@
 //! `sample-consumer` pods, a `sample-producer` writing continuously; the master is killed
 //! with SIGKILL mid-run. Measured and printed: how long until heartbeats succeed again, until
 //! consumption resumes, entries the producer was told were published that are gone, and
-//! duplicates — once with asynchronous replication and once with the producer waiting for a
-//! replica (`WAIT 1`), where no acknowledged entry may be lost. In both runs the group keeps
-//! its members: the store outage (longer than the session timeout here) extends the sessions
-//! instead of expiring every member.
+//! duplicates — with asynchronous replication, then with the replicas cut off 300 ms before the
+//! kill (replication lag: the master acknowledged entries no replica has) without and with the
+//! producer waiting for a replica (`WAIT 1`), where no acknowledged entry may be lost. In every
+//! run the group keeps its members: the store outage (longer than the session timeout here)
+//! extends the sessions instead of expiring every member.
 //!
 //! Also scrapes a consumer pod's and the producer's `/metrics`, and checks that a connection to
 //! a master demoted by a manual failover (alive, answering `READONLY`) is dropped for the new
@@ -14,7 +15,7 @@
 
 use rsc_e2e::Api;
 use rsc_testkit::{
-    CoordinatorProcess, SENTINEL_MASTER, SentinelDeployment, binary_path, free_port,
+    CoordinatorProcess, SENTINEL_MASTER, SentinelDeployment, Signal, binary_path, free_port, signal,
 };
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap};
@@ -33,6 +34,8 @@ const HEARTBEAT_MS: u64 = 400;
 const RATE: u64 = 400;
 const COUNT: u64 = 6_000;
 const RECORD: &str = "handled";
+/// Simulated replication lag at the moment of the kill.
+const LAG: Duration = Duration::from_millis(300);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -185,7 +188,15 @@ async fn probe(api: Api, stop: tokio::sync::watch::Receiver<bool>) -> Vec<u64> {
     ok
 }
 
-async fn scenario(label: &'static str, wait_replicas: Option<u32>) -> Figures {
+/// One run: the master is killed mid-run; with `replica_lag`, the replicas are frozen
+/// (SIGSTOP) and their replication links cut that long before the kill, and thawed right after
+/// it — replication that lags by that much, as across a slow network — so that the master
+/// acknowledges writes no replica has.
+async fn scenario(
+    label: &'static str,
+    wait_replicas: Option<u32>,
+    replica_lag: Option<Duration>,
+) -> Figures {
     let deployment = SentinelDeployment::start(2, 3).expect("sentinel deployment starts");
     let sentinels = deployment.sentinel_addrs();
     let first_master = deployment.master_port().expect("a master");
@@ -314,8 +325,29 @@ async fn scenario(label: &'static str, wait_replicas: Option<u32>) -> Figures {
         }
     }
     let mut deployment = deployment;
+    let replicas: Vec<u32> = deployment.servers[1..]
+        .iter()
+        .filter_map(|r| r.pid())
+        .collect();
+    if let Some(lag) = replica_lag {
+        // Frozen replicas still receive into their sockets' buffers: cut their links too, so
+        // that what the master acknowledges from now on reaches no replica.
+        for &pid in &replicas {
+            signal(pid, Signal::SIGSTOP).expect("SIGSTOP");
+        }
+        let killed = deployment.servers[0]
+            .command("CLIENT KILL TYPE replica")
+            .expect("CLIENT KILL");
+        assert!(killed.starts_with(':'), "{killed}");
+        tokio::time::sleep(lag).await;
+    }
     let killed_ms = now_ms();
     deployment.servers[0].kill();
+    if replica_lag.is_some() {
+        for &pid in &replicas {
+            signal(pid, Signal::SIGCONT).expect("SIGCONT");
+        }
+    }
 
     // The sentinels promote a replica.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -422,8 +454,9 @@ async fn scenario(label: &'static str, wait_replicas: Option<u32>) -> Figures {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn master_killed_under_load_with_and_without_wait() {
     let runs = [
-        scenario("async replication", None).await,
-        scenario("producer WAIT 1", Some(1)).await,
+        scenario("async replication", None, None).await,
+        scenario("async, replicas 300 ms behind", None, Some(LAG)).await,
+        scenario("WAIT 1, replicas 300 ms behind", Some(1), Some(LAG)).await,
     ];
     println!(
         "\n| run | promoted (ms) | store outage seen (s) | heartbeats back (ms) | consumption back (ms) | acked | acked lost | duplicates | members kept | members expired |"
@@ -482,8 +515,13 @@ async fn master_killed_under_load_with_and_without_wait() {
             f.label
         );
     }
+    assert!(
+        runs[1].acked_lost > 0,
+        "replicas 300 ms behind must lose acknowledged entries without WAIT (else this run \
+         proves nothing about the WAIT option)"
+    );
     assert_eq!(
-        runs[1].acked_lost, 0,
+        runs[2].acked_lost, 0,
         "with WAIT 1 no acknowledged entry may be lost"
     );
 }
