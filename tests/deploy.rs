@@ -297,6 +297,27 @@ fn consumer_manifest_matches_the_binary_and_graceful_shutdown() {
     assert!(grace >= handle_s + 10, "grace {grace} s");
 }
 
+#[test]
+fn producer_manifest_matches_the_binary_and_is_scrape_ready() {
+    let docs = manifest("sample-producer.yaml");
+    let deploy = find(&docs, "Deployment", "rsc-sample-producer");
+    assert_deployment_basics(deploy, "rsc-sample-producer");
+    let c = container(deploy);
+    let a = args(c);
+    assert_flags_exist(&a, "sample-producer", &[]);
+    let health = arg(&a, "--health-listen");
+    assert!(health.starts_with("0.0.0.0:"));
+    assert_probes(c, port_of(health));
+    let ann = &deploy["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/scrape"], "true");
+    assert_eq!(ann["prometheus.io/path"], "/metrics");
+    assert_eq!(
+        ann["prometheus.io/port"].as_str().and_then(|p| p.parse::<u64>().ok()),
+        Some(port_of(health))
+    );
+    assert!(env(c, "RSC_TOKEN")["valueFrom"]["secretKeyRef"]["name"].is_string());
+}
+
 // ---- the sample consumer's probe endpoints ------------------------------------------------------
 
 /// A running `sample-consumer` whose log is kept for failure messages. Killed when dropped.
