@@ -312,7 +312,9 @@ fn producer_manifest_matches_the_binary_and_is_scrape_ready() {
     assert_eq!(ann["prometheus.io/scrape"], "true");
     assert_eq!(ann["prometheus.io/path"], "/metrics");
     assert_eq!(
-        ann["prometheus.io/port"].as_str().and_then(|p| p.parse::<u64>().ok()),
+        ann["prometheus.io/port"]
+            .as_str()
+            .and_then(|p| p.parse::<u64>().ok()),
         Some(port_of(health))
     );
     assert!(env(c, "RSC_TOKEN")["valueFrom"]["secretKeyRef"]["name"].is_string());
