@@ -75,6 +75,7 @@ mod tests {
             state,
             lag,
             pending,
+            stale_consumers: vec![],
         }
     }
 
@@ -94,6 +95,8 @@ mod tests {
             owned_shards: target.to_vec(),
             assigned_shards: target.to_vec(),
             pending_revocation: vec![],
+            is_static: false,
+            away_ms: None,
         }
     }
 
