@@ -5,6 +5,7 @@
 
 use crate::redis_conn::SentinelTarget;
 use clap::{Args, ValueEnum};
+use rsc_protocol::redact::{redact_opt, redact_url};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,7 +34,8 @@ pub enum LogFormat {
 }
 
 /// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+/// (`Debug` hides passwords: the Redis URLs' and the sentinels'.)
+#[derive(Clone, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings (kebab-case keys, e.g. `listen = "…"`).
@@ -136,7 +138,8 @@ pub struct ServeArgs {
 }
 
 /// Fully resolved serve settings.
-#[derive(Debug, Clone)]
+/// (`Debug` hides the Redis URLs' passwords.)
+#[derive(Clone)]
 pub struct ServeConfig {
     /// Listen address.
     pub listen: SocketAddr,
@@ -179,6 +182,90 @@ pub struct ServeConfig {
     pub body_limit: usize,
     /// Log format.
     pub log_format: LogFormat,
+}
+
+impl std::fmt::Debug for ServeArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeArgs")
+            .field("config", &self.config)
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("acl", &self.acl)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_password",
+                &redact_opt(&self.redis_sentinel_password),
+            )
+            .field("key_prefix", &self.key_prefix)
+            .field("allow_anonymous", &self.allow_anonymous)
+            .field("admin_rate", &self.admin_rate)
+            .field("admin_burst", &self.admin_burst)
+            .field(
+                "data_redis_url",
+                &self.data_redis_url.as_deref().map(redact_url),
+            )
+            .field("data_redis_cluster", &self.data_redis_cluster)
+            .field("data_redis_sentinel", &self.data_redis_sentinel)
+            .field(
+                "data_redis_sentinel_master",
+                &self.data_redis_sentinel_master,
+            )
+            .field(
+                "data_redis_sentinel_password",
+                &redact_opt(&self.data_redis_sentinel_password),
+            )
+            .field("rollback_window_ms", &self.rollback_window_ms)
+            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
+            .field("sweep_interval_ms", &self.sweep_interval_ms)
+            .field("history_interval_ms", &self.history_interval_ms)
+            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
+            .field("body_limit", &self.body_limit)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("acl", &self.acl)
+            .field(
+                "redis_urls",
+                &self
+                    .redis_urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("key_prefix", &self.key_prefix)
+            .field("allow_anonymous", &self.allow_anonymous)
+            .field("admin_rate", &self.admin_rate)
+            .field("admin_burst", &self.admin_burst)
+            .field(
+                "data_redis_urls",
+                &self
+                    .data_redis_urls
+                    .as_ref()
+                    .map(|us| us.iter().map(|u| redact_url(u)).collect::<Vec<_>>()),
+            )
+            .field("data_redis_cluster", &self.data_redis_cluster)
+            .field("data_redis_sentinel", &self.data_redis_sentinel)
+            .field("rollback_window_ms", &self.rollback_window_ms)
+            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
+            .field("sweep_interval_ms", &self.sweep_interval_ms)
+            .field("history_interval_ms", &self.history_interval_ms)
+            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
+            .field("body_limit", &self.body_limit)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
 }
 
 /// A configuration error.
@@ -558,5 +645,24 @@ mod tests {
         ));
         let f = std::fs::File::create(&path).unwrap();
         (path, f)
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_redis_and_sentinel_passwords() {
+        let args = ServeArgs {
+            redis_url: Some("redis://app:pw-store@r:6379".into()),
+            data_redis_url: Some("redis://:pw-data@d:6379".into()),
+            redis_sentinel_password: Some("pw-sentinel".into()),
+            data_redis_sentinel_password: Some("pw-data-sentinel".into()),
+            ..ServeArgs::default()
+        };
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("redis://app:<redacted>@r:6379"), "{shown}");
     }
 }
