@@ -53,3 +53,4 @@ pub mod retired;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod wake;

@@ -9,6 +9,7 @@ use crate::metrics::{self, InstrumentedStore, LagProbe};
 use crate::redis_conn::{self, ConnSettings, LazyRedis};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
+use crate::wake::{WakeHub, WakeLimits};
 use crate::store::{
     DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
 };
@@ -53,6 +54,27 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
             Arc::new(store)
         }
     })
+}
+
+/// The wake-up hub the configuration asks for: in process for the memory store, linked to
+/// the other replicas through Redis pub/sub for the Redis store; `None` when turned off
+/// (`--wake-max-channels 0`).
+fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
+    if cfg.wake_max_channels == 0 {
+        info!("wake-up channels are turned off: members learn of changes at their heartbeats");
+        return Ok(None);
+    }
+    let limits = WakeLimits {
+        max_channels: cfg.wake_max_channels,
+        idle_timeout: Duration::from_millis(cfg.wake_idle_timeout_ms),
+        ..WakeLimits::default()
+    };
+    Ok(Some(match cfg.store {
+        StoreKind::Memory => WakeHub::local(limits),
+        StoreKind::Redis => {
+            WakeHub::with_redis(limits, &cfg.redis_urls, cfg.redis_cluster, &cfg.key_prefix)?
+        }
+    }))
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and returns.
@@ -136,6 +158,10 @@ pub async fn serve(
     if let Some(f) = fencing {
         coordinator = coordinator.with_fencing(f);
     }
+    let wakes = build_wakeups(&cfg)?;
+    if let Some(hub) = &wakes {
+        coordinator = coordinator.with_wakeups(hub.clone());
+    }
     let cleaner = data_redis(DELETE_TIMEOUT)?.map(|redis| {
         let cleaner = RetiredKeyCleaner {
             redis,
@@ -170,6 +196,13 @@ pub async fn serve(
         cfg.body_limit,
     );
     info!(store = ?cfg.store, "listening on {addr}");
+    // Open wake-up streams would hold a graceful shutdown up: they end first.
+    let shutdown = async move {
+        shutdown.await;
+        if let Some(hub) = &wakes {
+            hub.close_all();
+        }
+    };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
