@@ -9,10 +9,10 @@ use crate::metrics::{self, InstrumentedStore, LagProbe};
 use crate::redis_conn::{self, ConnSettings, LazyRedis};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
-use crate::wake::{WakeHub, WakeLimits};
 use crate::store::{
     DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
 };
+use crate::wake::{WakeHub, WakeLimits};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;

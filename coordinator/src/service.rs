@@ -22,10 +22,10 @@ use crate::engine::{
     routing_view, stream_view,
 };
 use crate::fencing::OwnerTokens;
-use crate::wake::WakeHub;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
+use crate::wake::WakeHub;
 use futures::StreamExt;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{

@@ -335,13 +335,8 @@ impl Channel {
             if *self.closing.borrow() {
                 return Next::Close;
             }
-            let taken = std::mem::take(
-                &mut *self
-                    .inbox
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            );
+            let taken =
+                std::mem::take(&mut *self.inbox.pending.lock().unwrap_or_else(|p| p.into_inner()));
             if !taken.is_empty() {
                 ::metrics::counter!("rsc_wakeups_sent_total").increment(taken.len() as u64);
                 return Next::Wake(
