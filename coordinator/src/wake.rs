@@ -142,8 +142,27 @@ impl WakeHub {
         self.closing.send_replace(true);
     }
 
-    /// Opens a channel for `members` (names already checked).
-    pub fn open(self: &Arc<Self>, members: Vec<WakeMember>) -> Result<Channel, ChannelLimit> {
+    /// Opens a channel for `members` (names already checked). With Redis, returns once this
+    /// coordinator is subscribed to the channel's groups (at most 2 s), so that a change
+    /// decided elsewhere right after the channel is ready reaches it.
+    pub async fn open(self: &Arc<Self>, members: Vec<WakeMember>) -> Result<Channel, ChannelLimit> {
+        let (channel, subscribed) = self.register(members)?;
+        if !subscribed.is_empty() {
+            let all = futures::future::join_all(subscribed);
+            if tokio::time::timeout(Duration::from_secs(2), all)
+                .await
+                .is_err()
+            {
+                debug!("wake-up subscription not confirmed within 2 s; the channel opens anyway");
+            }
+        }
+        Ok(channel)
+    }
+
+    fn register(
+        self: &Arc<Self>,
+        members: Vec<WakeMember>,
+    ) -> Result<(Channel, Vec<tokio::sync::oneshot::Receiver<()>>), ChannelLimit> {
         let max = self.limits.max_channels;
         if self
             .open
@@ -176,18 +195,27 @@ impl WakeHub {
                 }
             }
         }
+        let mut subscribed = Vec::new();
         if let Some(bus) = &self.bus {
             for g in first {
-                let _ = bus.commands.send(BusCommand::Subscribe(g));
+                let (done, wait) = tokio::sync::oneshot::channel();
+                if bus
+                    .commands
+                    .send(BusCommand::Subscribe(g, Some(done)))
+                    .is_ok()
+                {
+                    subscribed.push(wait);
+                }
             }
         }
-        Ok(Channel {
+        let channel = Channel {
             hub: self.clone(),
             inbox,
             members,
             groups,
             closing: self.closing.subscribe(),
-        })
+        };
+        Ok((channel, subscribed))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -385,7 +413,8 @@ pub fn wake_channel(prefix: &str, group: &str) -> String {
 
 #[derive(Debug)]
 enum BusCommand {
-    Subscribe(String),
+    /// Subscribe to a group's channel; signal when Redis confirmed it.
+    Subscribe(String, Option<tokio::sync::oneshot::Sender<()>>),
     Unsubscribe(String),
 }
 
@@ -452,7 +481,13 @@ async fn subscriber(
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
                     let r = match cmd {
-                        BusCommand::Subscribe(g) => sink.subscribe(wake_channel(&prefix, &g)).await,
+                        BusCommand::Subscribe(g, done) => {
+                            let r = sink.subscribe(wake_channel(&prefix, &g)).await;
+                            if let (Ok(()), Some(done)) = (&r, done) {
+                                let _ = done.send(());
+                            }
+                            r
+                        }
                         BusCommand::Unsubscribe(g) => sink.unsubscribe(wake_channel(&prefix, &g)).await,
                     };
                     if let Err(e) = r {
@@ -497,8 +532,8 @@ mod tests {
     #[tokio::test]
     async fn a_wake_reaches_the_channels_covering_the_member_only() {
         let hub = WakeHub::local(WakeLimits::default());
-        let mut a = hub.open(vec![wm("g", "a"), wm("h", "a")]).unwrap();
-        let mut b = hub.open(vec![wm("g", "b")]).unwrap();
+        let mut a = hub.open(vec![wm("g", "a"), wm("h", "a")]).await.unwrap();
+        let mut b = hub.open(vec![wm("g", "b")]).await.unwrap();
         hub.wake("g", vec!["a".into(), "x".into()]);
         match a.next().await {
             Next::Wake(e) => assert_eq!(
@@ -522,7 +557,7 @@ mod tests {
     #[tokio::test]
     async fn wake_ups_coalesce_until_written_and_none_is_lost() {
         let hub = WakeHub::local(WakeLimits::default());
-        let mut a = hub.open(vec![wm("g", "a"), wm("g", "b")]).unwrap();
+        let mut a = hub.open(vec![wm("g", "a"), wm("g", "b")]).await.unwrap();
         hub.wake("g", vec!["a".into()]);
         hub.wake("g", vec!["a".into(), "b".into()]);
         let Next::Wake(e) = a.next().await else {
@@ -537,8 +572,8 @@ mod tests {
             max_channels: 1,
             ..WakeLimits::default()
         });
-        let mut a = hub.open(vec![wm("g", "a")]).unwrap();
-        assert!(hub.open(vec![wm("g", "b")]).is_err());
+        let mut a = hub.open(vec![wm("g", "a")]).await.unwrap();
+        assert!(hub.open(vec![wm("g", "b")]).await.is_err());
         hub.close_all();
         assert!(matches!(a.next().await, Next::Close));
     }
@@ -549,7 +584,7 @@ mod tests {
             idle_timeout: Duration::from_millis(50),
             ..WakeLimits::default()
         });
-        let mut a = hub.open(vec![wm("g", "a")]).unwrap();
+        let mut a = hub.open(vec![wm("g", "a")]).await.unwrap();
         assert!(matches!(a.next().await, Next::Close));
     }
 }

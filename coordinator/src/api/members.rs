@@ -228,7 +228,7 @@ async fn wakeups(
             .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e))?;
         check_item_group(&principal, &m.group)?;
     }
-    let channel = match hub.open(req.members) {
+    let channel = match hub.open(req.members).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(open = hub.open_channels(), "wake-up channel refused: {e}");
