@@ -550,7 +550,7 @@ mod tests {
         assert_eq!(hub.open_channels(), 2);
         drop(a);
         assert_eq!(hub.open_channels(), 1);
-        assert!(hub.lock().members.get(&("g".into(), "a".into())).is_none());
+        assert!(!hub.lock().members.contains_key(&("g".into(), "a".into())));
         assert_eq!(hub.lock().groups.get("g"), Some(&1));
     }
 
