@@ -148,6 +148,7 @@ impl CoordinatorClient {
                     status,
                     code: body.error.code,
                     message: body.error.message,
+                    retry_after_ms: body.error.retry_after_ms,
                 },
                 Err(_) => CoordinatorError::Unexpected {
                     url: url.clone(),

@@ -105,6 +105,7 @@ mod tests {
             owned_shards: owned.to_vec(),
             drained_shards: Vec::new(),
             client: None,
+            incarnation: None,
         }
     }
 
