@@ -89,6 +89,7 @@ async fn run(
             return;
         }
         let (url, opened) = coord.open_wake_channel(&req).await;
+        let opened_at = tokio::time::Instant::now();
         let ended = match opened {
             Ok(resp) => {
                 metrics::gauge!("rsc_client_wake_channel_open").increment(1.0);
@@ -100,9 +101,14 @@ async fn run(
             Err(e) => Ended::Failed(e),
         };
         let wait = match ended {
-            Ended::Closed => {
+            Ended::Closed if opened_at.elapsed() >= Duration::from_millis(500) => {
                 debug!(%url, "the coordinator closed the wake-up channel; reopening");
                 Duration::ZERO
+            }
+            Ended::Closed => {
+                // Closed as soon as opened (a coordinator shutting down): not in a tight loop.
+                debug!(%url, "the coordinator closed the wake-up channel at once; reopening after a backoff");
+                backoff.next_delay()
             }
             Ended::Broken(why) => {
                 info!(%url, why, "wake-up channel lost; reopening (members heartbeat on their interval meanwhile)");
