@@ -132,6 +132,15 @@ pub struct ServeArgs {
     /// Request body limit in bytes [default: 65536].
     #[arg(long, env = "RSC_BODY_LIMIT")]
     pub body_limit: Option<usize>,
+    /// Most wake-up channels (`POST /v1/wakeups`) open at once; one more is refused with
+    /// 429 RATE_LIMITED and its members heartbeat as usual; 0 turns the route off
+    /// [default: 20000].
+    #[arg(long, env = "RSC_WAKE_MAX_CHANNELS")]
+    pub wake_max_channels: Option<usize>,
+    /// A wake-up channel that carried no wake-up for this long is closed (the client reopens
+    /// it), in ms [default: 300000].
+    #[arg(long, env = "RSC_WAKE_IDLE_TIMEOUT_MS")]
+    pub wake_idle_timeout_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -180,6 +189,10 @@ pub struct ServeConfig {
     pub tombstone_retention_ms: u64,
     /// Body limit.
     pub body_limit: usize,
+    /// Most open wake-up channels (0: the route is off).
+    pub wake_max_channels: usize,
+    /// Idle timeout of a wake-up channel.
+    pub wake_idle_timeout_ms: u64,
     /// Log format.
     pub log_format: LogFormat,
 }
@@ -374,6 +387,14 @@ impl ServeArgs {
                 .body_limit
                 .or(file.body_limit)
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
+            wake_max_channels: self
+                .wake_max_channels
+                .or(file.wake_max_channels)
+                .unwrap_or(20_000),
+            wake_idle_timeout_ms: self
+                .wake_idle_timeout_ms
+                .or(file.wake_idle_timeout_ms)
+                .unwrap_or(300_000),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
         };
         let mut cfg = cfg;
@@ -456,6 +477,12 @@ impl ServeArgs {
             return Err(ConfigError::Invalid(
                 "--data-redis-sentinel and --data-redis-cluster exclude each other".into(),
             ));
+        }
+        if !(1_000..=24 * 3_600_000).contains(&cfg.wake_idle_timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "wake-idle-timeout-ms is {}; it must be within 1000..=86400000",
+                cfg.wake_idle_timeout_ms
+            )));
         }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(

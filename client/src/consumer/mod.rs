@@ -21,6 +21,7 @@ pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod reply;
+pub(crate) mod wake;
 pub(crate) mod worker;
 
 use crate::data::{DataRedis, SharedConn};
