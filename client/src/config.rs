@@ -17,6 +17,15 @@ pub struct ClientConfig {
     pub redis_url: String,
     /// The data Redis is a Redis Cluster.
     pub redis_cluster: bool,
+    /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`,
+    /// comma-separated) instead of [`Self::redis_url`]'s host, whose user name, password and
+    /// database number still apply. Needs [`Self::redis_sentinel_master`]. After a failover
+    /// (or when a connection answers `READONLY`) the client asks the sentinels again.
+    pub redis_sentinel: Option<String>,
+    /// The name the sentinels monitor the data Redis master under.
+    pub redis_sentinel_master: Option<String>,
+    /// Password of the sentinels, if they require one.
+    pub redis_sentinel_password: Option<String>,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
     /// This process's identity in member ids (`<instance>-<listener>-<index>`): the pod IP,
@@ -39,6 +48,11 @@ pub struct ClientConfig {
     /// batched on `POST /v1/heartbeats` (default on; falls back to the single-member route
     /// on a coordinator without it). Off: one request per member heartbeat.
     pub heartbeat_batching: bool,
+    /// Whether a consumer app opens a wake-up channel (`POST /v1/wakeups`, one per process)
+    /// so that its members heartbeat as soon as the coordinator changes what they must do,
+    /// rather than at their next interval (default on; a coordinator without the route, or
+    /// a dropped channel, leaves the members on their heartbeat interval).
+    pub wake_channel: bool,
 }
 
 impl Default for ClientConfig {
@@ -47,22 +61,28 @@ impl Default for ClientConfig {
             coordinator_urls: Vec::new(),
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
+            redis_sentinel: None,
+            redis_sentinel_master: None,
+            redis_sentinel_password: None,
             token: None,
             instance_id: None,
             static_membership: false,
             host: None,
             shutdown_timeout: std::time::Duration::from_secs(25),
             heartbeat_batching: true,
+            wake_channel: true,
         }
     }
 }
 
 impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
-    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `RSC_HEARTBEAT_BATCHING`
-    /// (`false` turns batching off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`),
-    /// and `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`,
-    /// else `HOSTNAME`, taking precedence over `POD_IP`).
+    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_REDIS_SENTINEL`,
+    /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_TOKEN`,
+    /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
+    /// the wake-up channel off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
+    /// `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`, else
+    /// `HOSTNAME`, taking precedence over `POD_IP`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -79,8 +99,17 @@ impl ClientConfig {
         cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         });
+        cfg.redis_sentinel = get("RSC_REDIS_SENTINEL");
+        cfg.redis_sentinel_master = get("RSC_REDIS_SENTINEL_MASTER");
+        cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD");
         if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
             cfg.heartbeat_batching = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
+        }
+        if let Some(v) = get("RSC_WAKE_CHANNEL") {
+            cfg.wake_channel = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "false" | "no" | "off"
             );
@@ -117,6 +146,12 @@ impl std::fmt::Debug for ClientConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("redis_url", &redact_url(&self.redis_url))
             .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_password",
+                &redact_opt(&self.redis_sentinel_password),
+            )
             .field("token", &redact_opt(&self.token))
             .field("instance_id", &self.instance_id)
             .field("static_membership", &self.static_membership)
@@ -130,15 +165,47 @@ impl std::fmt::Debug for ClientConfig {
 impl ClientConfig {
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
+        self.sentinel()?;
         DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
             .map_err(ClientError::Config)
+    }
+
+    /// The sentinel settings, when the data Redis is found through Redis Sentinel.
+    pub(crate) fn sentinel(&self) -> Result<Option<crate::data::Sentinel>, ClientError> {
+        match (&self.redis_sentinel, &self.redis_sentinel_master) {
+            (None, None) => Ok(None),
+            (Some(addrs), Some(master)) if !master.trim().is_empty() => {
+                if self.redis_cluster {
+                    return Err(ClientError::Config(
+                        "RSC_REDIS_SENTINEL and RSC_REDIS_CLUSTER exclude each other".into(),
+                    ));
+                }
+                Ok(Some(crate::data::Sentinel {
+                    addrs: rsc_sentinel::parse_addrs(addrs)
+                        .map_err(|e| ClientError::Config(format!("RSC_REDIS_SENTINEL: {e}")))?,
+                    master: master.trim().to_owned(),
+                    password: self.redis_sentinel_password.clone(),
+                }))
+            }
+            (Some(_), _) => Err(ClientError::Config(
+                "RSC_REDIS_SENTINEL needs RSC_REDIS_SENTINEL_MASTER (the master's name)".into(),
+            )),
+            (None, Some(_)) => Err(ClientError::Config(
+                "RSC_REDIS_SENTINEL_MASTER needs RSC_REDIS_SENTINEL (the sentinel addresses)"
+                    .into(),
+            )),
+        }
     }
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
     /// runtime.
     pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
-        DataRedis::open(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(ClientError::Config)
+        DataRedis::open(
+            &split_urls(&self.redis_url),
+            self.redis_cluster,
+            self.sentinel()?,
+        )
+        .map_err(ClientError::Config)
     }
 }
 
@@ -209,6 +276,9 @@ mod tests {
         let off =
             ClientConfig::from_lookup(|k| (k == "RSC_HEARTBEAT_BATCHING").then(|| "false".into()));
         assert!(!off.heartbeat_batching);
+        assert!(off.wake_channel);
+        let off = ClientConfig::from_lookup(|k| (k == "RSC_WAKE_CHANNEL").then(|| "off".into()));
+        assert!(!off.wake_channel);
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());
@@ -229,5 +299,43 @@ mod tests {
         assert!(cfg.check_data_redis().is_err());
         cfg.redis_url = " , ".into();
         assert!(cfg.check_data_redis().is_err());
+    }
+
+    #[test]
+    fn sentinel_settings_from_the_environment_are_checked() {
+        let env = [
+            ("RSC_REDIS_SENTINEL", "s1:26379, s2:26379"),
+            ("RSC_REDIS_SENTINEL_MASTER", "rsc"),
+            ("RSC_REDIS_SENTINEL_PASSWORD", "pw"),
+        ];
+        let cfg = ClientConfig::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        let s = cfg.sentinel().unwrap().expect("sentinel settings");
+        assert_eq!(s.addrs.len(), 2);
+        assert_eq!(
+            (s.master.as_str(), s.password.as_deref()),
+            ("rsc", Some("pw"))
+        );
+        assert!(cfg.check_data_redis().is_ok());
+
+        let no_master = ClientConfig {
+            redis_sentinel_master: None,
+            ..cfg.clone()
+        };
+        let err = no_master.check_data_redis().unwrap_err().to_string();
+        assert!(err.contains("RSC_REDIS_SENTINEL_MASTER"), "{err}");
+        let with_cluster = ClientConfig {
+            redis_cluster: true,
+            ..cfg.clone()
+        };
+        assert!(with_cluster.check_data_redis().is_err());
+        let bad = ClientConfig {
+            redis_sentinel: Some("no-port".into()),
+            ..cfg
+        };
+        assert!(bad.check_data_redis().is_err());
     }
 }

@@ -34,6 +34,16 @@ pub enum ClientError {
         /// The epoch marker of the shard that refused.
         shard_epoch: u64,
     },
+    /// The entries were written to the master, but fewer replicas than the producer's
+    /// [`crate::producer::ProducerBuilder::wait_for_replicas`] confirmed them in time: a
+    /// failover now could lose them. Publishing again may write them twice.
+    #[error("written, but only {acked} of {wanted} replicas confirmed in time")]
+    NotReplicated {
+        /// Replicas that confirmed (the fewest over the batch's pipelines).
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// A call to the coordinator failed.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),

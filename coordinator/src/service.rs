@@ -18,13 +18,15 @@
 
 use crate::clock::Clock;
 use crate::engine::{
-    EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
-    stream_view,
+    EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, members_to_wake,
+    routing_view, stream_view,
 };
 use crate::fencing::{OwnerTokens, Sealer};
+use crate::outage::StoreOutages;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
+use crate::wake::WakeHub;
 use futures::StreamExt;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
@@ -233,6 +235,9 @@ pub struct Coordinator {
     cache: Arc<DocCache>,
     fencing: Option<Arc<OwnerTokens>>,
     sealer: Option<Arc<Sealer>>,
+    /// Store outages seen, so that one does not expire the members it kept silent.
+    outages: Arc<Mutex<StoreOutages>>,
+    wakes: Option<Arc<WakeHub>>,
 }
 
 impl Coordinator {
@@ -249,6 +254,8 @@ impl Coordinator {
             config,
             fencing: None,
             sealer: None,
+            outages: Arc::default(),
+            wakes: None,
         }
     }
 
@@ -263,6 +270,73 @@ impl Coordinator {
     /// The sealer, when the coordinator knows the data Redis.
     pub fn sealer(&self) -> Option<&Arc<Sealer>> {
         self.sealer.as_ref()
+    }
+
+    /// The store answered at `now`: closes an outage if calls were failing.
+    fn store_ok(&self, now: u64) {
+        let closed = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ok(now);
+        if let Some(c) = closed {
+            info!(
+                outage_ms = c.length_ms,
+                "metadata store reachable again: sessions are extended by the outage's length \
+                 for one session timeout"
+            );
+            ::metrics::counter!("rsc_store_outages_total").increment(1);
+            ::metrics::gauge!("rsc_store_last_outage_seconds").set(c.length_ms as f64 / 1000.0);
+        }
+    }
+
+    /// The store could not be reached.
+    fn store_failed(&self) {
+        self.outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failed();
+    }
+
+    /// The time expiry is judged at, for a group with `session_timeout_ms`: `now` set back
+    /// by a recent store outage (see [`crate::outage`]). Called after the store answered.
+    fn expiry_now(&self, now: u64, session_timeout_ms: u64) -> u64 {
+        self.store_ok(now);
+        let shift = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shift_ms(now, session_timeout_ms);
+        now.saturating_sub(shift)
+    }
+
+    /// Wakes the members a write concerns through `hub` (the wake-up channels); without it
+    /// members learn of changes at their next heartbeat.
+    pub fn with_wakeups(mut self, hub: Arc<WakeHub>) -> Self {
+        self.wakes = Some(hub);
+        self
+    }
+
+    /// The wake-up hub, if any.
+    pub fn wakeups(&self) -> Option<&Arc<WakeHub>> {
+        self.wakes.as_ref()
+    }
+
+    /// After a write of `group` succeeded: wakes the members it concerns (all of them when
+    /// `after` is `None`: deleted), except `requester`, which gets its answer directly.
+    fn wake(
+        &self,
+        group: &str,
+        before: Option<&GroupDoc>,
+        after: Option<&GroupDoc>,
+        requester: Option<&str>,
+    ) {
+        let Some(hub) = &self.wakes else { return };
+        let mut members = members_to_wake(before, after);
+        if let Some(r) = requester {
+            members.retain(|m| m != r);
+        }
+        hub.wake(group, members);
     }
 
     /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
@@ -464,11 +538,13 @@ impl Coordinator {
                 let Versioned { revision, mut doc } = self.load_group(group).await?;
                 let stream = self.load_stream(&doc.stream).await?;
                 let now = self.now();
+                let before = self.wakes.as_ref().map(|_| doc.clone());
                 let mut dirty = doc.sync_layout(&stream.doc);
                 if dirty {
                     crate::metrics::record_rebalance(group);
                 }
-                let (mut events, expired) = expire(&mut doc, &stream.doc, now);
+                let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+                let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
                 dirty |= !events.is_empty();
                 let outcome = match doc.heartbeat(&stream.doc, req, now) {
                     Ok(out) => out,
@@ -483,6 +559,7 @@ impl Coordinator {
                             let revision =
                                 self.store.put_group_live(&doc, revision, &change).await?;
                             self.lower_deadline(&doc, revision).await;
+                            self.wake(group, before.as_ref(), Some(&doc), Some(&req.member_id));
                             log_events(group, &events);
                             self.cache.put_group(revision, doc);
                         }
@@ -502,6 +579,7 @@ impl Coordinator {
                     };
                     let revision = self.store.put_group_live(&doc, revision, &change).await?;
                     self.lower_deadline(&doc, revision).await;
+                    self.wake(group, before.as_ref(), Some(&doc), Some(&req.member_id));
                     revision
                 } else {
                     if let Some((member, now)) = &touch {
@@ -564,7 +642,12 @@ impl Coordinator {
             stream_revision: s.revision,
             member: &req.member_id,
             now_ms: self.now(),
-            max_silence_ms: g.doc.config.session_timeout_ms,
+            max_silence_ms: g.doc.config.session_timeout_ms
+                + self
+                    .outages
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .shift_ms(self.now(), g.doc.config.session_timeout_ms),
         };
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write within one heartbeat, at the same time as the touch (two round trips
@@ -659,7 +742,8 @@ impl Coordinator {
             if doc.sync_layout(&stream.doc) {
                 crate::metrics::record_rebalance(group);
             }
-            let (mut events, expired) = expire(&mut doc, &stream.doc, now);
+            let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+            let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
             events.extend(f(&mut doc, &stream.doc, now)?);
             track_convergence(&mut doc, now);
             let next_deadline_ms = doc.next_deadline_ms();
@@ -672,6 +756,7 @@ impl Coordinator {
                 };
                 at = self.store.put_group_live(&doc, revision, &change).await?;
                 self.lower_deadline(&doc, at).await;
+                self.wake(group, Some(&before), Some(&doc), None);
                 self.cache.put_group(at, doc);
             }
             self.cache.put_stream(stream);
@@ -807,6 +892,7 @@ impl Coordinator {
                 }
                 self.store.delete_group(group, revision).await?;
                 self.cache.forget_group(group);
+                self.wake(group, Some(&doc), None, None);
                 let mut s = stream.doc;
                 let layout_changed = s.remove_group(group, now);
                 self.store.put_stream(&s, stream.revision).await?;
@@ -967,10 +1053,22 @@ impl Coordinator {
         }
         self.cache.evict_idle();
         let now = self.now();
-        let due = self
+        let due = match self
             .store
             .claim_due(buckets, now, self.config.claim_ms, self.config.sweep_batch)
-            .await?;
+            .await
+        {
+            Ok(due) => {
+                self.store_ok(now);
+                due
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Unavailable(_)) {
+                    self.store_failed();
+                }
+                return Err(e.into());
+            }
+        };
         if due.is_empty() {
             return Ok(0);
         }
@@ -1019,7 +1117,9 @@ impl Coordinator {
             Err(ServiceError::StreamNotFound(_)) => false,
             Err(e) => return Err(e),
         };
-        let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now);
+        // After a store outage, deadlines are judged on a clock set back by its length.
+        let judged = self.expiry_now(now, v.doc.config.session_timeout_ms);
+        let due = v.doc.next_deadline_ms().is_some_and(|t| t <= judged);
         let (removed, revision, deadline) = if due || layout_stale {
             let m = match self
                 .mutate_group_at(group, |_doc, _stream, _now| Ok(Vec::new()))
@@ -1045,6 +1145,7 @@ impl Coordinator {
         } else {
             (0, v.revision, v.doc.next_deadline_ms())
         };
+        let deadline = deadline.map(|t| t + (now - judged));
         let set = self.store.reschedule(group, revision, deadline).await?;
         debug!(group, due, layout_stale, ?deadline, set, "swept");
         Ok(removed)

@@ -211,6 +211,51 @@ pub struct BatchedHeartbeatResult {
     pub error: Option<crate::ErrorDetail>,
 }
 
+/// Most members one wake-up channel (`POST /v1/wakeups`) may cover; a larger list is
+/// refused with `400 INVALID_REQUEST` (open several channels).
+pub const MAX_WAKE_MEMBERS: usize = 1000;
+
+/// `POST /v1/wakeups` body: the members of one process whose wake-ups the channel carries
+/// (a compatible v1 addition). The answer is a `text/event-stream` of [`WakeEvent`]s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WakeChannelRequest {
+    /// The members (1 to [`MAX_WAKE_MEMBERS`]).
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
+    pub members: Vec<WakeMember>,
+}
+
+/// One member of a [`WakeChannelRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WakeMember {
+    /// The member's group.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub group: String,
+    /// The member id.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub member_id: String,
+}
+
+/// The `data` of one `event: wake` of a wake-up channel: "the group changed in a way this
+/// member must act on: heartbeat now". A hint only: the heartbeat's answer is the authority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WakeEvent {
+    /// The member's group.
+    pub group: String,
+    /// The member to wake.
+    pub member_id: String,
+}
+
 /// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -606,6 +651,72 @@ pub struct ParentProgress {
 pub struct GroupList {
     /// Every group, by id.
     pub groups: Vec<GroupView>,
+}
+
+/// `GET /v1/groups/{group}/scaling`: the autoscaling signal of a group, shaped for KEDA's
+/// `metrics-api` scaler (`valueLocation: backlog`, or `lag`) and matching the
+/// `rsc_group_*` scaling gauges of `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScalingView {
+    /// Group id.
+    pub group: String,
+    /// Stream it reads.
+    pub stream: String,
+    /// Entries not yet delivered to the group, summed over the shards that reported
+    /// (`null` when none did, e.g. without a data Redis).
+    pub lag: Option<u64>,
+    /// Entries delivered and not yet acknowledged, summed over the shards that reported.
+    pub pending: Option<u64>,
+    /// `lag + pending`: the work waiting for the group.
+    pub backlog: Option<u64>,
+    /// Shards the group reads (active and draining).
+    pub shards: u32,
+    /// Shards whose lag was read; below `shards` the sums are partial.
+    pub shards_reporting: u32,
+    /// Active shards (in the routing layout).
+    pub active_shards: u32,
+    /// Members of the group.
+    pub members: u32,
+    /// Members with no shard in the target assignment: members beyond the shard count sit
+    /// idle.
+    pub idle_members: u32,
+    /// Members per consumer process used for `max_replicas` (the `concurrency` query
+    /// parameter, else the largest concurrency the members report, else 1).
+    pub concurrency: u32,
+    /// Consumer processes with a member of the group (distinct pod IP or host).
+    pub processes: u32,
+    /// Most consumer processes worth running: `ceil(active_shards / concurrency)`. More
+    /// only add idle members; to scale further, reshard.
+    pub max_replicas: u32,
+}
+
+/// One sample of a group's [`GroupHistory`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HistorySample {
+    /// When it was taken (Unix ms, coordinator clock).
+    pub t_ms: u64,
+    /// Lag summed over the group's shards (`null` when the data Redis did not answer).
+    pub lag: Option<u64>,
+    /// Pending entries summed over the group's shards.
+    pub pending: Option<u64>,
+    /// Entries handled (delivered and acknowledged) per second since the previous sample
+    /// (`null` for the first sample, or when Redis cannot tell).
+    pub handled_per_s: Option<f64>,
+}
+
+/// `GET /v1/groups/{group}/history`: the group's lag and handling rate over the last
+/// minutes, sampled by this coordinator from the data Redis (empty without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupHistory {
+    /// Group id.
+    pub group: String,
+    /// Time between samples.
+    pub interval_ms: u64,
+    /// Oldest first.
+    pub samples: Vec<HistorySample>,
 }
 
 /// `GET /v1/streams/{stream}`: a stream's layout and reshard state.

@@ -24,6 +24,7 @@ pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod order;
 pub(crate) mod reply;
+pub(crate) mod wake;
 pub(crate) mod worker;
 
 use crate::data::{DataRedis, SharedConn};

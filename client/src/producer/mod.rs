@@ -147,6 +147,8 @@ struct Inner {
     round_robin: AtomicU64,
     guarded: redis::Script,
     stale_budget: Duration,
+    /// `WAIT` after each pipeline: (replicas, timeout).
+    wait: Option<(u32, Duration)>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -161,6 +163,7 @@ pub struct ProducerBuilder {
     config: ClientConfig,
     refresh_every: Duration,
     stale_budget: Duration,
+    wait: Option<(u32, Duration)>,
 }
 
 impl ProducerBuilder {
@@ -182,9 +185,35 @@ impl ProducerBuilder {
         self
     }
 
+    /// Finds the data Redis master through Redis Sentinel: `sentinels` is `HOST:PORT`,
+    /// comma-separated, `master` the monitored name (default: `RSC_REDIS_SENTINEL`,
+    /// `RSC_REDIS_SENTINEL_MASTER`); see [`ClientConfig::redis_sentinel`].
+    pub fn redis_sentinel(
+        mut self,
+        sentinels: impl Into<String>,
+        master: impl Into<String>,
+    ) -> Self {
+        self.config.redis_sentinel = Some(sentinels.into());
+        self.config.redis_sentinel_master = Some(master.into());
+        self
+    }
+
     /// The bearer token for the coordinator.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.config.token = Some(token.into());
+        self
+    }
+
+    /// Durability: after writing, a publish waits until `replicas` replicas have the entries
+    /// (`WAIT replicas timeout`, on the same pipeline) and fails with
+    /// [`ClientError::NotReplicated`] when fewer confirm within `timeout`. With it, an entry
+    /// reported published survives a failover to any replica that confirmed it (Redis
+    /// replication is otherwise asynchronous: a master killed before its replicas read the
+    /// entry loses it). Cost: each publish waits one replication round trip (about the
+    /// replicas' network latency; a lagging replica makes publishes wait up to `timeout`).
+    /// Default: off (`RSC_PUBLISH_WAIT_REPLICAS`, `RSC_PUBLISH_WAIT_TIMEOUT_MS`).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some((replicas, timeout));
         self
     }
 
@@ -215,6 +244,7 @@ impl ProducerBuilder {
                 round_robin: AtomicU64::new(0),
                 guarded: redis::Script::new(rsc_protocol::routing::GUARDED_XADD_LUA),
                 stale_budget: self.stale_budget,
+                wait: self.wait,
             }),
         })
     }
@@ -224,10 +254,21 @@ impl Producer {
     /// A builder, starting from the environment (`RSC_COORDINATOR_URL`, `RSC_REDIS_URL`,
     /// `RSC_TOKEN`).
     pub fn builder() -> ProducerBuilder {
+        let env = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
         ProducerBuilder {
             config: ClientConfig::from_env(),
             refresh_every: Duration::from_secs(1),
             stale_budget: Duration::from_secs(10),
+            wait: env("RSC_PUBLISH_WAIT_REPLICAS")
+                .filter(|&n| n > 0)
+                .map(|n| {
+                    let ms = env("RSC_PUBLISH_WAIT_TIMEOUT_MS").unwrap_or(1_000);
+                    (n as u32, Duration::from_millis(ms))
+                }),
         }
     }
 
@@ -284,7 +325,7 @@ impl Producer {
         let mut delay = Duration::from_millis(2);
         loop {
             let sent = self.send_guarded(&routing, &records, &seqs, &todo).await;
-            let (written, refused) = match sent {
+            let (written, refused, acked) = match sent {
                 Ok(r) => r,
                 Err(e) => {
                     self.inner.routes.mark_stale(stream);
@@ -293,6 +334,14 @@ impl Producer {
                     return Err(e.into());
                 }
             };
+            if let Some((wanted, _)) = self.inner.wait
+                && acked < wanted
+                && !written.is_empty()
+            {
+                metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
+                    .increment(written.len() as u64);
+                return Err(ClientError::NotReplicated { acked, wanted });
+            }
             metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
                 .increment(written.len() as u64);
             for (i, p) in written {
@@ -345,7 +394,8 @@ impl Producer {
 
     /// Writes the records `todo` (indices, in order) under `routing`: one guarded script call
     /// per shard, in one pipeline (standalone) or concurrently (cluster). Returns the records
-    /// written with where they went, and those refused with the shard's epoch marker.
+    /// written with where they went, those refused with the shard's epoch marker, and how
+    /// many replicas confirmed (`WAIT`).
     #[allow(clippy::type_complexity)]
     async fn send_guarded(
         &self,
@@ -353,7 +403,7 @@ impl Producer {
         records: &[Record],
         seqs: &[u64],
         todo: &[usize],
-    ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>)> {
+    ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>, u32)> {
         let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for &i in todo {
             let shard = routing.shard_for(records[i].key.as_deref().map(str::as_bytes), seqs[i]);
@@ -373,7 +423,7 @@ impl Producer {
             }
             cmd
         };
-        let answers = match self.run_calls(&calls, &build).await {
+        let (answers, acked) = match self.run_calls(&calls, &build).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 // First use on this Redis (or after a restart): nothing ran; load and resend.
                 self.inner
@@ -408,32 +458,63 @@ impl Producer {
                 }
             }
         }
-        Ok((written, refused))
+        Ok((written, refused, acked))
     }
 
     /// Sends the script calls: one pipeline on a standalone Redis (one command without
-    /// one); one call per shard, all at once, on a cluster (each routed to its slot).
+    /// one); one call per shard, all at once, on a cluster (each routed to its slot). With
+    /// [`ProducerBuilder::wait_for_replicas`], `WAIT` ends each pipeline. Returns the
+    /// answers and how many replicas confirmed (the fewest; `u32::MAX` without `WAIT`).
     async fn run_calls(
         &self,
         calls: &[(u32, Vec<usize>)],
         build: &(impl Fn(u32, &[usize]) -> redis::Cmd + Sync),
-    ) -> redis::RedisResult<Vec<redis::Value>> {
+    ) -> redis::RedisResult<(Vec<redis::Value>, u32)> {
+        let wait = self.inner.wait;
+        let send = |mut pipe: redis::Pipeline| {
+            let mut conn = self.inner.conn.clone();
+            async move {
+                if let Some((replicas, timeout)) = wait {
+                    pipe.cmd("WAIT")
+                        .arg(replicas)
+                        .arg(timeout.as_millis() as u64);
+                }
+                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                let acked = match wait {
+                    None => u32::MAX,
+                    Some(_) => match values.pop() {
+                        Some(redis::Value::Int(n)) => n.max(0) as u32,
+                        _ => 0,
+                    },
+                };
+                Ok::<_, redis::RedisError>((values, acked))
+            }
+        };
         if self.inner.cluster {
             let sends = calls.iter().map(|(shard, idx)| {
-                let cmd = build(*shard, idx);
-                let mut conn = self.inner.conn.clone();
-                async move { cmd.query_async::<redis::Value>(&mut conn).await }
+                let mut pipe = redis::pipe();
+                pipe.add_command(build(*shard, idx));
+                send(pipe)
             });
-            futures::future::try_join_all(sends).await
-        } else if let [(shard, idx)] = calls {
+            let mut out = Vec::with_capacity(calls.len());
+            let mut fewest = u32::MAX;
+            for (mut values, acked) in futures::future::try_join_all(sends).await? {
+                fewest = fewest.min(acked);
+                out.append(&mut values);
+            }
+            Ok((out, fewest))
+        } else if let ([(shard, idx)], None) = (calls, wait) {
             let cmd = build(*shard, idx);
-            Ok(vec![cmd.query_async(&mut self.inner.conn.clone()).await?])
+            Ok((
+                vec![cmd.query_async(&mut self.inner.conn.clone()).await?],
+                u32::MAX,
+            ))
         } else {
             let mut pipe = redis::pipe();
             for (shard, idx) in calls {
                 pipe.add_command(build(*shard, idx));
             }
-            pipe.query_async(&mut self.inner.conn.clone()).await
+            send(pipe).await
         }
     }
 
@@ -453,14 +534,14 @@ impl Producer {
                 routing.shard_for(r.key.as_deref().map(str::as_bytes), seq)
             })
             .collect();
-        let ids: Vec<String> = if self.inner.cluster {
+        let (ids, _acked) = if self.inner.cluster {
             self.xadd_per_shard(&routing, &shards, records).await?
         } else {
             let mut pipe = redis::pipe();
             for (record, &shard) in records.iter().zip(&shards) {
                 record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            pipe.query_async(&mut self.inner.conn.clone()).await?
+            self.send(pipe).await?
         };
         Ok(shards
             .into_iter()
@@ -476,7 +557,7 @@ impl Producer {
         routing: &Routing,
         shards: &[u32],
         records: &[Record],
-    ) -> redis::RedisResult<Vec<String>> {
+    ) -> redis::RedisResult<(Vec<String>, u32)> {
         let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, &shard) in shards.iter().enumerate() {
             by_shard.entry(shard).or_default().push(i);
@@ -486,19 +567,41 @@ impl Producer {
             for &i in &idx {
                 records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            let mut conn = self.inner.conn.clone();
             async move {
-                let ids: Vec<String> = pipe.query_async(&mut conn).await?;
-                Ok::<_, redis::RedisError>(idx.into_iter().zip(ids))
+                let (ids, acked) = self.send(pipe).await?;
+                Ok::<_, redis::RedisError>((idx.into_iter().zip(ids), acked))
             }
         });
         let mut out = vec![String::new(); shards.len()];
-        for part in futures::future::try_join_all(sends).await? {
+        let mut fewest = u32::MAX;
+        for (part, acked) in futures::future::try_join_all(sends).await? {
+            fewest = fewest.min(acked);
             for (i, id) in part {
                 out[i] = id;
             }
         }
-        Ok(out)
+        Ok((out, fewest))
+    }
+
+    /// Sends a pipeline of `XADD`s, with `WAIT` at its end when the producer waits for
+    /// replicas: the entry ids, and how many replicas confirmed (`u32::MAX` without `WAIT`).
+    async fn send(&self, mut pipe: redis::Pipeline) -> redis::RedisResult<(Vec<String>, u32)> {
+        let mut conn = self.inner.conn.clone();
+        match self.inner.wait {
+            None => Ok((pipe.query_async(&mut conn).await?, u32::MAX)),
+            Some((replicas, timeout)) => {
+                pipe.cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout.as_millis() as u64);
+                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                let acked = match values.pop() {
+                    Some(redis::Value::Int(n)) => n.max(0) as u32,
+                    _ => 0,
+                };
+                let ids = redis::from_redis_value(redis::Value::Array(values))?;
+                Ok((ids, acked))
+            }
+        }
     }
 
     /// The routing the producer uses now for `stream` (fetched if unknown).

@@ -19,9 +19,10 @@ pub enum Scope {
     Stream,
     /// The `group` and `stream` fields of the JSON body (group creation).
     GroupAndStreamInBody,
-    /// The `group` of each item of the JSON body (`POST /v1/heartbeats`). Not checked by the
-    /// middleware: the handler checks each item with [`super::check_item_group`], and an item
-    /// out of scope is refused alone, in its own result.
+    /// The `group` of each item of the JSON body (`POST /v1/heartbeats`, `POST /v1/wakeups`).
+    /// Not checked by the middleware: the handler checks each item with
+    /// [`super::check_item_group`]; a heartbeat out of scope is refused alone, in its own
+    /// result; a wake-up channel with one is refused whole.
     GroupPerItemInBody,
 }
 
@@ -142,6 +143,12 @@ pub const ROUTES: &[RouteSpec] = &[
         &[Role::Member],
         Scope::GroupPerItemInBody,
     ),
+    roles(
+        "POST",
+        "/v1/wakeups",
+        &[Role::Member],
+        Scope::GroupPerItemInBody,
+    ),
     // Producers.
     roles(
         "GET",
@@ -157,6 +164,8 @@ pub const ROUTES: &[RouteSpec] = &[
         &[Role::Viewer, Role::Member],
         Scope::Group,
     ),
+    roles("GET", "/v1/groups/{group}/scaling", VIEWER, Scope::Group),
+    roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
     roles("GET", "/v1/audit", VIEWER, Scope::None),
