@@ -7,6 +7,7 @@ use crate::consumer::{MemberShared, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
 use crate::listener::Listener;
+use crate::state::DataMap;
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
 use std::collections::HashMap;
@@ -85,20 +86,19 @@ impl AppHandle {
     }
 }
 
-/// Builds a [`ConsumerApp`]: connection settings and listeners.
+/// Builds a [`ConsumerApp`]: connection settings, listeners, and the state their handlers
+/// share.
 #[derive(Debug, Default)]
 pub struct ConsumerAppBuilder {
     config: ClientConfig,
     listeners: Vec<Listener>,
+    data: DataMap,
 }
 
 impl ConsumerAppBuilder {
     /// Starts from the environment ([`ClientConfig::from_env`]).
     pub fn from_env() -> Self {
-        ConsumerAppBuilder {
-            config: ClientConfig::from_env(),
-            listeners: Vec::new(),
-        }
+        Self::with_config(ClientConfig::from_env())
     }
 
     /// Starts from a configuration.
@@ -106,6 +106,7 @@ impl ConsumerAppBuilder {
         ConsumerAppBuilder {
             config,
             listeners: Vec::new(),
+            data: DataMap::default(),
         }
     }
 
@@ -163,6 +164,20 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Provides a value to every handler that takes a [`crate::Data<T>`] argument of its type
+    /// (one value per type: a second call for the same type replaces the first). Call it once
+    /// per type: a pool, a configuration, a client.
+    pub fn data<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.data.insert(Arc::new(value));
+        self
+    }
+
+    /// As [`Self::data`], for a value already behind an `Arc`.
+    pub fn data_arc<T: Send + Sync + 'static>(mut self, value: Arc<T>) -> Self {
+        self.data.insert(value);
+        self
+    }
+
     /// Adds a listener.
     pub fn listener(mut self, listener: Listener) -> Self {
         self.listeners.push(listener);
@@ -198,7 +213,16 @@ impl ConsumerAppBuilder {
             ));
         }
         let mut paused = HashMap::new();
-        for l in &self.listeners {
+        let data = Arc::new(self.data);
+        let mut listeners = self.listeners;
+        for l in &mut listeners {
+            if let Some(missing) = l.handler.requires().into_iter().find(|k| !data.contains(k)) {
+                return Err(ClientError::MissingData {
+                    listener: l.name.clone(),
+                    type_name: missing.name,
+                });
+            }
+            l.handler = l.handler.bind(data.clone());
             let check = |kind: &str, v: &str| validate_name(kind, v).map_err(ClientError::Config);
             check("group", &l.group)?;
             check("stream", &l.stream)?;
@@ -225,7 +249,7 @@ impl ConsumerAppBuilder {
         }
         Ok(ConsumerApp {
             config: cfg,
-            listeners: self.listeners,
+            listeners,
             handle: AppHandle {
                 shutdown: CancellationToken::new(),
                 paused: Arc::new(paused),

@@ -10,6 +10,18 @@ pub enum ClientError {
     /// The configuration is incomplete or invalid; the message says what to set.
     #[error("configuration: {0}")]
     Config(String),
+    /// A listener's handler asks for a [`crate::Data`] type the app was never given
+    /// ([`crate::ConsumerAppBuilder::data`]).
+    #[error(
+        "listener {listener}: its handler takes Data<{type_name}>, but the app was given no \
+         {type_name}: add .data(value) to the ConsumerApp builder"
+    )]
+    MissingData {
+        /// The listener's name.
+        listener: String,
+        /// The missing type.
+        type_name: &'static str,
+    },
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

@@ -78,13 +78,17 @@ mod handler;
 mod listener;
 mod message;
 pub mod producer;
+mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
 pub use config::ClientConfig;
 pub use error::{ClientError, CoordinatorError};
-pub use handler::{BoxError, FailureAction, Handler, HandlerError};
+pub use handler::{
+    BatchError, BatchHandler, BoxError, FailureAction, Handler, HandlerError, IntoBatchError,
+};
 pub use listener::{AckMode, Listener, Rebalance};
-pub use message::{Acker, Headers, Message, Payload, Raw};
+pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
+pub use state::Data;
 
 /// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run
 /// for every message of `stream` that its consumer `group` gives this process.
@@ -130,8 +134,8 @@ pub use rsc_macros::stream_listener;
 pub mod prelude {
     pub use crate::producer::{Producer, Record};
     pub use crate::{
-        AckMode, ClientError, ConsumerApp, FailureAction, HandlerError, Listener, Message, Raw,
-        stream_listener,
+        AckMode, Batch, BatchError, ClientError, ConsumerApp, Data, FailureAction, HandlerError,
+        Listener, Message, Raw, stream_listener,
     };
 }
 

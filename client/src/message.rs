@@ -131,10 +131,14 @@ impl<T> Message<T> {
     /// A message outside any stream, for unit tests of handlers: shard 0 of stream `test`,
     /// group `test`, entry id `0-1`; [`Message::ack`] does nothing.
     pub fn test(payload: T) -> Self {
+        Self::test_with_id(payload, "0-1".into())
+    }
+
+    fn test_with_id(payload: T, id: String) -> Self {
         Message {
             payload,
             entry: Arc::new(Entry {
-                id: "0-1".into(),
+                id,
                 delivery_count: 1,
                 ..Entry::default()
             }),
@@ -227,6 +231,78 @@ impl<T> Message<T> {
     /// after the handler succeeds; with [`crate::AckMode::Manual`] the handler must.
     pub async fn ack(&self) -> Result<(), ClientError> {
         self.acker().ack().await
+    }
+}
+
+/// The messages a batch listener receives at once: up to its maximum batch size, from one
+/// shard, in stream order.
+///
+/// Iterate over it (`for msg in &batch`), or take the messages with
+/// [`Batch::into_messages`]. With [`crate::AckMode::Auto`] the runtime acknowledges every
+/// message the handler did not name as failed, after it returns.
+#[derive(Debug)]
+pub struct Batch<T> {
+    messages: Vec<Message<T>>,
+}
+
+impl<T> Batch<T> {
+    pub(crate) fn new(messages: Vec<Message<T>>) -> Self {
+        Batch { messages }
+    }
+
+    /// A batch outside any stream, for unit tests of batch handlers: the payloads as
+    /// [`Message::test`] messages with entry ids `0-1`, `0-2`, ….
+    pub fn test(payloads: Vec<T>) -> Self {
+        Batch {
+            messages: payloads
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| Message::test_with_id(p, format!("0-{}", i + 1)))
+                .collect(),
+        }
+    }
+
+    /// How many messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether the batch is empty (never, for a batch the runtime hands over).
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The messages.
+    pub fn messages(&self) -> &[Message<T>] {
+        &self.messages
+    }
+
+    /// The messages, by value.
+    pub fn into_messages(self) -> Vec<Message<T>> {
+        self.messages
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Message<T>> {
+        self.messages.iter()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Batch<T> {
+    type Item = &'a Message<T>;
+    type IntoIter = std::slice::Iter<'a, Message<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.iter()
+    }
+}
+
+impl<T> IntoIterator for Batch<T> {
+    type Item = Message<T>;
+    type IntoIter = std::vec::IntoIter<Message<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.into_iter()
     }
 }
 
