@@ -3,7 +3,7 @@
 use crate::config::{ClientConfig, split_urls};
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
-use crate::consumer::{MemberShared, WorkerMetrics};
+use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
 use crate::listener::Listener;
@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -49,7 +48,7 @@ pub struct ConsumerApp {
 #[derive(Debug, Clone)]
 pub struct AppHandle {
     shutdown: CancellationToken,
-    paused: Arc<HashMap<String, watch::Sender<bool>>>,
+    paused: Arc<HashMap<String, Arc<PauseState>>>,
 }
 
 impl AppHandle {
@@ -58,26 +57,36 @@ impl AppHandle {
         self.shutdown.cancel();
     }
 
-    /// Stops handling new messages of a listener (by name); its members keep their shards
-    /// and keep heartbeating. Returns `false` for an unknown listener.
+    /// Stops handling new messages of a listener (by name), in this process only; its
+    /// members keep their shards and keep heartbeating. Returns `false` for an unknown
+    /// listener. To pause a group everywhere, durably, use the coordinator's group pause
+    /// (`rsc-coordinator group pause G`).
     pub fn pause(&self, listener: &str) -> bool {
         self.set_paused(listener, true)
     }
 
-    /// Resumes a paused listener. Returns `false` for an unknown listener.
+    /// Resumes a listener paused with [`Self::pause`] (a group paused by an operator stays
+    /// paused). Returns `false` for an unknown listener.
     pub fn resume(&self, listener: &str) -> bool {
         self.set_paused(listener, false)
     }
 
-    /// Whether a listener is paused (`None` if unknown).
+    /// Whether a listener is paused, by [`Self::pause`] or by an operator's pause of its
+    /// group (`None` if unknown).
     pub fn is_paused(&self, listener: &str) -> Option<bool> {
-        self.paused.get(listener).map(|s| *s.borrow())
+        self.paused.get(listener).map(|s| s.is_paused())
+    }
+
+    /// Whether a listener's group is paused by an operator (as the last heartbeat answer
+    /// said; `None` if the listener is unknown).
+    pub fn is_group_paused(&self, listener: &str) -> Option<bool> {
+        self.paused.get(listener).map(|s| s.by_group())
     }
 
     fn set_paused(&self, listener: &str, on: bool) -> bool {
         match self.paused.get(listener) {
             Some(s) => {
-                s.send_replace(on);
+                s.set_by_app(on);
                 info!(listener, paused = on, "listener pause state changed");
                 true
             }
@@ -237,7 +246,7 @@ impl ConsumerAppBuilder {
                 )));
             }
             if paused
-                .insert(l.name.clone(), watch::channel(false).0)
+                .insert(l.name.clone(), Arc::new(PauseState::new()))
                 .is_some()
             {
                 return Err(ClientError::Config(format!(
@@ -315,7 +324,8 @@ impl ConsumerApp {
         let mut names = HashMap::new();
         for l in &self.listeners {
             let metrics = WorkerMetrics::new(&l.group, &l.stream);
-            let paused = self.handle.paused[&l.name].subscribe();
+            let pause = self.handle.paused[&l.name].clone();
+            let paused = pause.subscribe();
             for i in 0..l.concurrency {
                 let shared = Arc::new(MemberShared {
                     group: l.group.clone(),
@@ -326,6 +336,7 @@ impl ConsumerApp {
                     redis: redis.clone(),
                     ack_conn: ack_conn.clone(),
                     paused: paused.clone(),
+                    pause: pause.clone(),
                     metrics: metrics.clone(),
                     lease_until: std::sync::Mutex::new(None),
                 });
