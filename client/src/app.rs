@@ -231,7 +231,7 @@ impl ConsumerAppBuilder {
                     type_name: missing.name,
                 });
             }
-            l.handler = l.handler.bind(data.clone());
+            l.handler = l.handler.bind(data.clone(), l.codec);
             let check = |kind: &str, v: &str| validate_name(kind, v).map_err(ClientError::Config);
             check("group", &l.group)?;
             check("stream", &l.stream)?;

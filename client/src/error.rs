@@ -38,6 +38,14 @@ pub enum ClientError {
     /// A payload could not be encoded as JSON.
     #[error("payload encoding: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A payload could not be encoded with a codec (see [`crate::codec`]).
+    #[error("payload encoding as {content_type}: {source}")]
+    Codec {
+        /// The codec's content type.
+        content_type: &'static str,
+        /// The codec's error.
+        source: crate::BoxError,
+    },
     /// A member's task panicked (e.g. in an `on_assigned` / `on_revoked` callback, or a
     /// shard worker outside the handler; a handler's own panic is a failed attempt, retried
     /// and then dead-lettered): the app stopped.

@@ -69,6 +69,7 @@
 #![deny(missing_docs)]
 
 mod app;
+pub mod codec;
 mod config;
 mod consumer;
 mod coordinator;

@@ -1,5 +1,6 @@
 //! A listener: a handler bound to a consumer group and a stream, with its settings.
 
+use crate::codec::{CONTENT_TYPE_FIELD, CodecSpec};
 use crate::handler::{BatchError, BatchHandler, Handler, HandlerError};
 use crate::message::{Batch, Entry, Message, Origin, Payload};
 use crate::state::{DataKey, DataMap};
@@ -37,18 +38,29 @@ pub struct Rebalance {
 type Callback = Arc<dyn Fn(&Rebalance) + Send + Sync>;
 
 /// Decodes an entry's payload for a handler; a failure is a dead-letter verdict with the reason.
-fn decode<T: Payload>(entry: &Entry) -> Result<T, HandlerError> {
+fn decode<T: Payload>(entry: &Entry, codec: &CodecSpec) -> Result<T, HandlerError> {
     if let Some(why) = &entry.malformed {
         return Err(HandlerError::dead_letter(format!(
             "entry {} is malformed: {why}",
             entry.id
         )));
     }
+    if !T::ANY_CONTENT_TYPE
+        && let Some(ct) = entry.field(CONTENT_TYPE_FIELD)
+        && ct != codec.content_type.as_bytes()
+    {
+        return Err(HandlerError::dead_letter(format!(
+            "content type mismatch: the entry is {}, the listener decodes {}",
+            String::from_utf8_lossy(ct),
+            codec.content_type
+        )));
+    }
     let bytes = entry.field("payload").unwrap_or_default();
-    T::decode(bytes).map_err(|e| {
+    T::decode_with(bytes, codec).map_err(|e| {
         HandlerError::dead_letter(format!(
-            "payload does not decode as {}: {e}",
-            std::any::type_name::<T>()
+            "payload does not decode as {} ({}): {e}",
+            std::any::type_name::<T>(),
+            codec.content_type
         ))
     })
 }
@@ -59,7 +71,7 @@ pub(crate) trait ErasedHandler: Send + Sync {
     fn requires(&self) -> Vec<DataKey>;
 
     /// The same handler, reading its [`crate::Data`] arguments from `data`.
-    fn bind(&self, data: Arc<DataMap>) -> Arc<dyn ErasedHandler>;
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedHandler>;
 
     fn call(
         &self,
@@ -72,6 +84,7 @@ pub(crate) trait ErasedHandler: Send + Sync {
 struct Typed<H, T, A> {
     handler: Arc<H>,
     data: Arc<DataMap>,
+    codec: CodecSpec,
     _payload: std::marker::PhantomData<fn() -> (T, A)>,
 }
 
@@ -80,10 +93,11 @@ impl<H: Handler<T, A>, T: Payload, A: 'static> ErasedHandler for Typed<H, T, A> 
         H::requires()
     }
 
-    fn bind(&self, data: Arc<DataMap>) -> Arc<dyn ErasedHandler> {
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedHandler> {
         Arc::new(Typed::<H, T, A> {
             handler: self.handler.clone(),
             data,
+            codec,
             _payload: std::marker::PhantomData,
         })
     }
@@ -94,7 +108,7 @@ impl<H: Handler<T, A>, T: Payload, A: 'static> ErasedHandler for Typed<H, T, A> 
         origin: Arc<Origin>,
         attempt: u32,
     ) -> BoxFuture<'static, Result<(), HandlerError>> {
-        match decode::<T>(&entry) {
+        match decode::<T>(&entry, &self.codec) {
             Ok(payload) => self
                 .handler
                 .call(Message::new(payload, entry, origin, attempt), &self.data),
@@ -107,7 +121,7 @@ impl<H: Handler<T, A>, T: Payload, A: 'static> ErasedHandler for Typed<H, T, A> 
 pub(crate) trait ErasedBatch: Send + Sync {
     fn requires(&self) -> Vec<DataKey>;
 
-    fn bind(&self, data: Arc<DataMap>) -> Arc<dyn ErasedBatch>;
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedBatch>;
 
     /// Decodes the entries (with their attempt numbers): those that do not decode come back
     /// with their verdict (by index); the others go to the handler, if any are left.
@@ -125,6 +139,7 @@ pub(crate) trait ErasedBatch: Send + Sync {
 struct TypedBatch<H, T, A> {
     handler: Arc<H>,
     data: Arc<DataMap>,
+    codec: CodecSpec,
     _payload: std::marker::PhantomData<fn() -> (T, A)>,
 }
 
@@ -133,10 +148,11 @@ impl<H: BatchHandler<T, A>, T: Payload, A: 'static> ErasedBatch for TypedBatch<H
         H::requires()
     }
 
-    fn bind(&self, data: Arc<DataMap>) -> Arc<dyn ErasedBatch> {
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedBatch> {
         Arc::new(TypedBatch::<H, T, A> {
             handler: self.handler.clone(),
             data,
+            codec,
             _payload: std::marker::PhantomData,
         })
     }
@@ -152,7 +168,7 @@ impl<H: BatchHandler<T, A>, T: Payload, A: 'static> ErasedBatch for TypedBatch<H
         let mut failed = Vec::new();
         let mut messages = Vec::with_capacity(entries.len());
         for (i, (entry, attempt)) in entries.iter().enumerate() {
-            match decode::<T>(entry) {
+            match decode::<T>(entry, &self.codec) {
                 Ok(p) => messages.push(Message::new(p, entry.clone(), origin.clone(), *attempt)),
                 Err(e) => failed.push((i, e)),
             }
@@ -178,10 +194,10 @@ impl HandlerKind {
         }
     }
 
-    pub(crate) fn bind(&self, data: Arc<DataMap>) -> HandlerKind {
+    pub(crate) fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> HandlerKind {
         match self {
-            HandlerKind::Single(h) => HandlerKind::Single(h.bind(data)),
-            HandlerKind::Batch(h) => HandlerKind::Batch(h.bind(data)),
+            HandlerKind::Single(h) => HandlerKind::Single(h.bind(data, codec)),
+            HandlerKind::Batch(h) => HandlerKind::Batch(h.bind(data, codec)),
         }
     }
 
@@ -278,6 +294,8 @@ pub struct Listener {
     pub(crate) concurrency: u32,
     pub(crate) settings: Settings,
     pub(crate) handler: HandlerKind,
+    /// How payloads are decoded (default JSON).
+    pub(crate) codec: CodecSpec,
     pub(crate) on_assigned: Option<Callback>,
     pub(crate) on_revoked: Option<Callback>,
 }
@@ -290,6 +308,7 @@ impl fmt::Debug for Listener {
             .field("stream", &self.stream)
             .field("concurrency", &self.concurrency)
             .field("settings", &self.settings)
+            .field("codec", &self.codec)
             .finish_non_exhaustive()
     }
 }
@@ -310,6 +329,7 @@ impl Listener {
             HandlerKind::Single(Arc::new(Typed::<H, T, A> {
                 handler: Arc::new(handler),
                 data: Arc::default(),
+                codec: CodecSpec::JSON,
                 _payload: std::marker::PhantomData,
             })),
         )
@@ -349,6 +369,7 @@ impl Listener {
             HandlerKind::Batch(Arc::new(TypedBatch::<H, T, A> {
                 handler: Arc::new(handler),
                 data: Arc::default(),
+                codec: CodecSpec::JSON,
                 _payload: std::marker::PhantomData,
             })),
         )
@@ -362,6 +383,7 @@ impl Listener {
             concurrency: 1,
             settings: Settings::default(),
             handler,
+            codec: CodecSpec::JSON,
             on_assigned: None,
             on_revoked: None,
         }
@@ -381,6 +403,23 @@ impl Listener {
     /// single-message listener.
     pub fn linger(mut self, linger: Duration) -> Self {
         self.settings.linger = linger;
+        self
+    }
+
+    /// The payload format (default [`crate::codec::Json`]): payloads are decoded with `C`,
+    /// and an entry whose `content_type` field names another format is dead-lettered with
+    /// the reason (entries without the field are decoded with `C`). A `Message<Raw>`
+    /// handler takes any content type.
+    ///
+    /// ```
+    /// use rsc_client::codec::Json;
+    /// use rsc_client::prelude::*;
+    ///
+    /// async fn on_order(msg: Message<serde_json::Value>) -> Result<(), HandlerError> { Ok(()) }
+    /// let listener = Listener::new("billing", "orders", on_order).codec::<Json>();
+    /// ```
+    pub fn codec<C: crate::codec::Codec>(mut self) -> Self {
+        self.codec = CodecSpec::of::<C>();
         self
     }
 

@@ -1,5 +1,7 @@
 //! The message a listener receives: its decoded payload and where it came from.
 
+use crate::codec::Codec as _;
+use crate::codec::CodecSpec;
 use crate::error::ClientError;
 use crate::handler::BoxError;
 use serde::de::DeserializeOwned;
@@ -12,16 +14,33 @@ pub type Headers = BTreeMap<String, String>;
 
 /// How a payload type is made from the entry's `payload` field.
 ///
-/// Every `serde::Deserialize` type is decoded from JSON; [`Raw`] takes the bytes as sent.
-/// A payload that does not decode is dead-lettered at once (retrying cannot fix it).
+/// Every `serde::Deserialize` type is decoded with the listener's codec (JSON unless
+/// [`crate::Listener::codec`] says otherwise); [`Raw`] takes the bytes as sent, whatever
+/// their content type. A payload that does not decode is dead-lettered at once (retrying
+/// cannot fix it).
 pub trait Payload: Sized + Send + 'static {
-    /// Decodes the `payload` field.
+    /// Whether any content type is accepted (the bytes are not decoded): `true` for [`Raw`].
+    const ANY_CONTENT_TYPE: bool = false;
+
+    /// Decodes the `payload` field (as JSON, for a `serde::Deserialize` type).
     fn decode(bytes: &[u8]) -> Result<Self, BoxError>;
+
+    /// Decodes the `payload` field with the listener's codec (by default: ignores it and
+    /// calls [`Payload::decode`]).
+    #[doc(hidden)]
+    fn decode_with(bytes: &[u8], codec: &CodecSpec) -> Result<Self, BoxError> {
+        let _ = codec;
+        Self::decode(bytes)
+    }
 }
 
 impl<T: DeserializeOwned + Send + 'static> Payload for T {
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
         serde_json::from_slice(bytes).map_err(Into::into)
+    }
+
+    fn decode_with(bytes: &[u8], codec: &CodecSpec) -> Result<Self, BoxError> {
+        codec.decode(bytes)
     }
 }
 
@@ -30,6 +49,8 @@ impl<T: DeserializeOwned + Send + 'static> Payload for T {
 pub struct Raw(pub Vec<u8>);
 
 impl Payload for Raw {
+    const ANY_CONTENT_TYPE: bool = true;
+
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
         Ok(Raw(bytes.to_vec()))
     }
@@ -196,6 +217,15 @@ impl<T> Message<T> {
     /// The entry's routing `key`, if it has one.
     pub fn key(&self) -> Option<&str> {
         self.entry.key.as_deref()
+    }
+
+    /// The payload's content type: the entry's `content_type` field, or
+    /// `application/json` when it has none (see [`crate::codec`]).
+    pub fn content_type(&self) -> &str {
+        self.entry
+            .field(crate::codec::CONTENT_TYPE_FIELD)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .unwrap_or(crate::codec::Json::CONTENT_TYPE)
     }
 
     /// The entry's `headers`.

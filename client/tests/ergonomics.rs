@@ -338,3 +338,153 @@ async fn the_macro_declares_batch_listeners_with_state() {
     handle.shutdown();
     join.await.unwrap().unwrap();
 }
+
+/// A codec of the test's own: JSON, hex-encoded (any `Codec` works with any listener).
+struct HexJson;
+
+impl rsc_client::codec::Codec for HexJson {
+    const CONTENT_TYPE: &'static str = "application/x-hex-json";
+
+    fn encode<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, rsc_client::BoxError> {
+        let json = serde_json::to_vec(value)?;
+        Ok(json
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+            .into_bytes())
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, rsc_client::BoxError> {
+        let text = std::str::from_utf8(bytes)?;
+        let json = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(text.get(i..i + 2).unwrap_or("zz"), 16))
+            .collect::<Result<Vec<u8>, _>>()?;
+        Ok(serde_json::from_slice(&json)?)
+    }
+}
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Order {
+    id: u64,
+    lines: Vec<String>,
+}
+
+/// A producer with codec `C` and a record encoded with it; a listener of `C` handles both,
+/// a JSON listener of another group on the same stream dead-letters both with the reason,
+/// and a `Raw` listener takes them as they are.
+async fn codec_round_trip<C: rsc_client::codec::Codec>() {
+    let stack = Stack::start();
+    for g in ["typed", "json", "raw"] {
+        stack.create_group(g, "s", 1).await;
+    }
+    let seen: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+    let raw_types: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (s1, s2) = (seen.clone(), raw_types.clone());
+    let app = stack
+        .app()
+        .listener(
+            Listener::new("typed", "s", move |msg: Message<Order>| {
+                let seen = s1.clone();
+                async move {
+                    let ct = msg.content_type().to_owned();
+                    seen.lock().unwrap().push((msg.payload().id, ct));
+                    Ok::<(), HandlerError>(())
+                }
+            })
+            .codec::<C>()
+            .block_timeout(Duration::from_millis(200)),
+        )
+        .listener(
+            Listener::new("json", "s", |_msg: Message<Order>| async {
+                Ok::<(), HandlerError>(())
+            })
+            .block_timeout(Duration::from_millis(200)),
+        )
+        .listener(
+            Listener::new("raw", "s", move |msg: Message<Raw>| {
+                let types = s2.clone();
+                async move {
+                    types.lock().unwrap().push(msg.content_type().to_owned());
+                    Ok::<(), HandlerError>(())
+                }
+            })
+            .block_timeout(Duration::from_millis(200)),
+        )
+        .build()
+        .unwrap();
+    let handle = app.handle();
+    let join = tokio::spawn(app.run_until(std::future::pending()));
+    let producer = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .codec::<C>()
+        .build()
+        .unwrap();
+    let order = |id| Order {
+        id,
+        lines: vec!["apple".into(), "pear".into()],
+    };
+    producer.publish("s", Some("k"), &order(1)).await.unwrap();
+    producer
+        .publish_record("s", Record::encode::<C, _>(&order(2)).unwrap().key("k"))
+        .await
+        .unwrap();
+    let mut con = stack.redis_con();
+    eventually(
+        "both handled and both refused",
+        Duration::from_secs(15),
+        || (seen.lock().unwrap().len() == 2 && xlen(&mut con, "s:dlq") == 2).then_some(()),
+    )
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, C::CONTENT_TYPE.to_owned()),
+            (2, C::CONTENT_TYPE.to_owned())
+        ]
+    );
+    let r: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg("s:dlq")
+        .arg("-")
+        .arg("+")
+        .query(&mut con)
+        .unwrap();
+    for e in &r.ids {
+        let group: String = e.get("group").unwrap();
+        let error: String = e.get("error").unwrap();
+        let ct: String = e.get("content_type").unwrap();
+        assert_eq!(group, "json");
+        assert_eq!(ct, C::CONTENT_TYPE);
+        assert!(
+            error.contains("content type mismatch")
+                && error.contains(C::CONTENT_TYPE)
+                && error.contains("application/json"),
+            "{error}"
+        );
+    }
+    eventually("the raw listener saw both", Duration::from_secs(10), || {
+        (raw_types.lock().unwrap().len() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        raw_types
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|t| t == C::CONTENT_TYPE)
+    );
+    handle.shutdown();
+    join.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_of_ones_own_is_chosen_per_listener_and_producer() {
+    codec_round_trip::<HexJson>().await;
+}
+
+#[cfg(feature = "msgpack")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msgpack_is_chosen_per_listener_and_producer() {
+    codec_round_trip::<rsc_client::codec::MsgPack>().await;
+}

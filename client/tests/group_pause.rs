@@ -180,6 +180,20 @@ async fn an_operator_pause_holds_every_member_through_rebalances_and_restarts() 
         "{metrics}"
     );
 
+    // Audited.
+    let audit: Value = reqwest::get(format!("{url}/v1/audit"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pause = audit["entries"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["action"] == "group.pause"))
+        .unwrap_or_else(|| panic!("no group.pause in the audit log: {audit}"));
+    assert_eq!(pause["result"]["status"], 200, "{pause}");
+    assert_eq!(pause["target"]["group"], "g", "{pause}");
+
     // A member restarts and a third app joins: rebalances, still paused.
     b.handle.shutdown();
     b.join.await.unwrap().unwrap();
