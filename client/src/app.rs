@@ -5,7 +5,7 @@ use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
-use crate::error::ClientError;
+use crate::error::{ClientError, ConfigError};
 use crate::listener::Listener;
 use crate::state::DataMap;
 use rsc_protocol::ClientInfo;
@@ -203,36 +203,32 @@ impl ConsumerAppBuilder {
     pub fn build(self) -> Result<ConsumerApp, ClientError> {
         let cfg = self.config;
         cfg.check_coordinator()?;
-        let instance = cfg.instance_id.clone().ok_or_else(|| {
-            ClientError::Config(if cfg.static_membership {
-                "static membership needs a stable instance id: set POD_NAME (or HOSTNAME), or \
-                 call .static_instance_id()"
-                    .into()
-            } else {
-                "no instance id for member ids: set POD_IP (or POD_NAME), or call .instance_id()"
-                    .into()
-            })
+        let instance = cfg.instance_id.clone().ok_or(ConfigError::NoInstanceId {
+            static_membership: cfg.static_membership,
         })?;
         cfg.check_data_redis()?;
         if self.listeners.is_empty() {
-            return Err(ClientError::Config(
-                "no listeners: annotate an async fn with #[stream_listener] or add one with \
-                 .listener()"
-                    .into(),
-            ));
+            return Err(ConfigError::NoListeners.into());
         }
         let mut paused = HashMap::new();
         let data = Arc::new(self.data);
         let mut listeners = self.listeners;
         for l in &mut listeners {
             if let Some(missing) = l.handler.requires().into_iter().find(|k| !data.contains(k)) {
-                return Err(ClientError::MissingData {
+                return Err(ConfigError::MissingData {
                     listener: l.name.clone(),
                     type_name: missing.name,
-                });
+                }
+                .into());
             }
             l.handler = l.handler.bind(data.clone(), l.codec);
-            let check = |kind: &str, v: &str| validate_name(kind, v).map_err(ClientError::Config);
+            let check = |kind: &'static str, v: &str| {
+                validate_name(kind, v).map_err(|reason| ConfigError::InvalidName {
+                    listener: l.name.clone(),
+                    kind,
+                    reason,
+                })
+            };
             check("group", &l.group)?;
             check("stream", &l.stream)?;
             check(
@@ -240,20 +236,13 @@ impl ConsumerAppBuilder {
                 &format!("{instance}-{}-{}", l.name, l.concurrency.max(1) - 1),
             )?;
             if l.concurrency == 0 {
-                return Err(ClientError::Config(format!(
-                    "listener {}: concurrency must be at least 1",
-                    l.name
-                )));
+                return Err(ConfigError::ZeroConcurrency(l.name.clone()).into());
             }
             if paused
                 .insert(l.name.clone(), Arc::new(PauseState::new()))
                 .is_some()
             {
-                return Err(ClientError::Config(format!(
-                    "two listeners are named {:?}: give one a distinct name \
-                     (#[stream_listener(name = \"…\")] or .name())",
-                    l.name
-                )));
+                return Err(ConfigError::DuplicateListener(l.name.clone()).into());
             }
         }
         Ok(ConsumerApp {

@@ -75,6 +75,9 @@ impl Codec for MsgPack {
     }
 }
 
+type ToValue = fn(&[u8]) -> Result<serde_json::Value, BoxError>;
+type FromValue = fn(&serde_json::Value) -> Result<Vec<u8>, BoxError>;
+
 /// A codec chosen at run time (per listener or producer), with the payload type erased:
 /// JSON decodes straight into the payload type; another codec goes through a
 /// `serde_json::Value` (one extra step, so that any codec works with any listener). Not
@@ -83,8 +86,8 @@ impl Codec for MsgPack {
 pub struct CodecSpec {
     pub(crate) content_type: &'static str,
     /// `None` for JSON.
-    pub(crate) to_value: Option<fn(&[u8]) -> Result<serde_json::Value, BoxError>>,
-    pub(crate) from_value: Option<fn(&serde_json::Value) -> Result<Vec<u8>, BoxError>>,
+    pub(crate) to_value: Option<ToValue>,
+    pub(crate) from_value: Option<FromValue>,
 }
 
 impl std::fmt::Debug for CodecSpec {

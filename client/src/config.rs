@@ -2,7 +2,7 @@
 //! set by hand.
 
 use crate::data::DataRedis;
-use crate::error::ClientError;
+use crate::error::{ClientError, ConfigError};
 use rsc_protocol::redact::{redact_opt, redact_url};
 
 /// Connection settings shared by consumers and producers.
@@ -101,11 +101,7 @@ impl ClientConfig {
 
     pub(crate) fn check_coordinator(&self) -> Result<(), ClientError> {
         if self.coordinator_urls.is_empty() {
-            return Err(ClientError::Config(
-                "no coordinator URL: set RSC_COORDINATOR_URL (comma-separated for failover) \
-                 or call .coordinator(url)"
-                    .into(),
-            ));
+            return Err(ConfigError::NoCoordinator.into());
         }
         Ok(())
     }
@@ -131,14 +127,14 @@ impl ClientConfig {
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
         DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(ClientError::Config)
+            .map_err(|e| ConfigError::DataRedis(e).into())
     }
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
     /// runtime.
     pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
         DataRedis::open(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(ClientError::Config)
+            .map_err(|e| ConfigError::DataRedis(e).into())
     }
 }
 

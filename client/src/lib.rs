@@ -83,7 +83,7 @@ mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
 pub use config::ClientConfig;
-pub use error::{ClientError, CoordinatorError};
+pub use error::{ClientError, ConfigError, CoordinatorError};
 pub use handler::{
     BatchError, BatchHandler, BoxError, FailureAction, Handler, HandlerError, IntoBatchError,
 };

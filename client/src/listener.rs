@@ -11,6 +11,7 @@ use std::time::Duration;
 
 /// When entries are acknowledged (`XACK`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AckMode {
     /// The runtime acknowledges an entry after its handler succeeded (or after it was
     /// dead-lettered). The default.
@@ -24,6 +25,7 @@ pub enum AckMode {
 
 /// Which shards a member was given or gave up, passed to rebalance callbacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Rebalance {
     /// The consumer group.
     pub group: String,

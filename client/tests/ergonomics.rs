@@ -6,7 +6,7 @@
 
 use rsc_client::prelude::*;
 use rsc_client::producer::Record;
-use rsc_client::{ClientError, Data};
+use rsc_client::{ClientError, ConfigError, Data};
 use rsc_testkit::{CoordinatorProcess, RedisServer};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -132,10 +132,10 @@ async fn build_names_the_listener_and_the_missing_type() {
         .err()
         .expect("a missing Data<Config> is refused at build()");
     match &err {
-        ClientError::MissingData {
+        ClientError::Config(ConfigError::MissingData {
             listener,
             type_name,
-        } => {
+        }) => {
             assert_eq!(listener, "counting");
             assert!(type_name.ends_with("::Config"), "{type_name}");
         }
