@@ -78,6 +78,7 @@ mod error;
 mod handler;
 mod listener;
 mod message;
+mod otel;
 pub mod producer;
 mod state;
 
@@ -114,7 +115,12 @@ pub use state::Data;
 ///
 /// Keys: `group` and `stream` (required), `concurrency` (members in this process, default 1),
 /// `name` (used in member ids, default the group), `ack` (`"auto"` default, or `"manual"`),
-/// `max_retries` (default 3).
+/// `max_retries` (default 3), `batch` (a batch listener taking a [`Batch<T>`], at most this
+/// many messages per call) and `linger_ms` (a batch listener's wait for a fuller batch).
+///
+/// After the message (or batch), the function may take up to four [`Data<T>`] arguments:
+/// state given to the app with [`ConsumerAppBuilder::data`]. It may return any
+/// `Result<(), E>` whose `E` converts into a [`HandlerError`] (e.g. `anyhow::Result<()>`).
 ///
 /// The function stays an ordinary function (call it in tests with [`Message::test`]). The
 /// attribute adds a registration that [`ConsumerApp::from_env`] (or

@@ -730,6 +730,7 @@ impl ShardWorker {
         let mut attempt = 1u32;
         loop {
             let span = info_span!("message", entry_id = %entry.id, attempt);
+            crate::otel::continue_trace(&span, entry);
             let started = Instant::now();
             let call =
                 self.shared

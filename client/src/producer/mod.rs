@@ -268,9 +268,11 @@ impl Producer {
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
         let routing = self.inner.routes.get(stream).await?;
+        let trace = crate::otel::current();
         let mut shards = Vec::new();
         let mut records_of: Vec<Record> = Vec::new();
-        for record in records {
+        for mut record in records {
+            crate::otel::inject(&mut record.headers, &trace);
             let seq = if record.key.is_none() {
                 self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
             } else {

@@ -126,6 +126,7 @@ impl ShardWorker {
                 first_id = %pending[0].0.id,
                 attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
             );
+            crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
             let started = Instant::now();
             let (decode_failed, call) = handler.call(&pending, &self.origin);
             let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
