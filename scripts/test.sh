@@ -26,6 +26,10 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   echo "== installing redis-server (apt-get)"
   apt_install redis-server redis-tools
 fi
+if ! command -v redis-sentinel >/dev/null; then
+  echo "== installing redis-sentinel (apt-get; the Sentinel failover test runs sentinels)"
+  apt_install redis-sentinel
+fi
 if [ -z "${RSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
   echo "== installing chromium (apt-get; the dashboard test drives it headless)"
   apt_install chromium

@@ -129,6 +129,19 @@ fn rows() -> Vec<Row> {
             "/v1/groups/g1",
             [200, 200, 403, 200, 401, 401, 403, 403, 403, 200],
         ),
+        // The autoscaling signal and the lag history: viewers only, in their group scope.
+        row(
+            Method::GET,
+            "/v1/groups/{group}/scaling",
+            "/v1/groups/g1/scaling",
+            [200, 403, 403, 200, 401, 401, 403, 403, 403, 200],
+        ),
+        row(
+            Method::GET,
+            "/v1/groups/{group}/history",
+            "/v1/groups/g1/history",
+            [200, 403, 403, 200, 401, 401, 403, 403, 403, 200],
+        ),
         row(
             Method::GET,
             "/v1/streams",

@@ -209,7 +209,17 @@ async fn group_lifecycle_tables_and_json() {
     assert_eq!(
         cells(lines[header]),
         [
-            "SHARD", "KEY", "CURRENT", "OWNER", "TARGET", "OWNER", "STATE", "LAG", "PENDING"
+            "SHARD",
+            "KEY",
+            "CURRENT",
+            "OWNER",
+            "TARGET",
+            "OWNER",
+            "STATE",
+            "LAG",
+            "PENDING",
+            "STALE",
+            "CONSUMERS"
         ]
     );
     for (i, shard) in view["shards"].as_array().unwrap().iter().enumerate() {
@@ -222,6 +232,7 @@ async fn group_lifecycle_tables_and_json() {
                 owner,
                 owner,
                 "active",
+                "-",
                 "-",
                 "-"
             ]

@@ -281,3 +281,142 @@ async fn dashboard_grid_shows_the_real_owners() {
     );
     eprintln!("dashboard screenshot: {}", shot.display());
 }
+
+/// One point of the lag chart: `[t_ms, lag, handled_per_s]`.
+type ChartPoint = (u64, Option<u64>, Option<f64>);
+
+/// The `data-points` of the lag chart in a dumped DOM.
+fn chart_points(dom: &str) -> Option<Vec<ChartPoint>> {
+    let i = dom.find("id=\"lag-chart\"")?;
+    let start = dom[..i].rfind('<')?;
+    let end = dom[i..].find('>')? + i;
+    let raw = attr(&dom[start..end], "data-points")?
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&");
+    let v: Vec<ChartPoint> = serde_json::from_str(&raw).ok()?;
+    Some(v)
+}
+
+/// The chart of the selected group's lag and handled/s over time draws what
+/// `GET /v1/groups/{group}/history` reports, sampled from a real data Redis while entries are
+/// added and consumed.
+#[tokio::test]
+async fn dashboard_chart_shows_the_history_the_api_reports() {
+    let data = rsc_testkit::RedisServer::start().expect("redis");
+    let stack = Stack::start(
+        Backend::Memory,
+        &[
+            "--data-redis-url",
+            &data.url(),
+            "--history-interval-ms",
+            "200",
+        ],
+    );
+    let api = &stack.api;
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "billing", "stream": "orders", "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let (_, routing) = api.get("/v1/streams/orders/routing").await;
+    let keys: Vec<String> = serde_json::from_value(routing["shard_keys"].clone()).unwrap();
+    let mut con = redis::Client::open(data.url())
+        .and_then(|c| c.get_connection())
+        .expect("redis");
+    for key in &keys {
+        let _: () = redis::cmd("XGROUP")
+            .arg(&["CREATE", key.as_str(), "billing", "0", "MKSTREAM"][..])
+            .query(&mut con)
+            .unwrap();
+        for n in 0..100 {
+            let _: String = redis::cmd("XADD")
+                .arg(key)
+                .arg("*")
+                .arg("n")
+                .arg(n)
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+    let history = || async {
+        let (s, h) = api.get("/v1/groups/billing/history").await;
+        assert_eq!(s, StatusCode::OK, "{h}");
+        h["samples"].as_array().cloned().unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !history().await.iter().any(|s| s["lag"] == 200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sample of the backlog"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Handle 60 entries of shard 0 (read and acknowledged): the lag drops, a rate shows.
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg(
+            &[
+                "GROUP",
+                "billing",
+                "c",
+                "COUNT",
+                "60",
+                "STREAMS",
+                keys[0].as_str(),
+                ">",
+            ][..],
+        )
+        .query(&mut con)
+        .unwrap();
+    let ids: Vec<String> = read.keys[0].ids.iter().map(|i| i.id.clone()).collect();
+    let _: u64 = redis::cmd("XACK")
+        .arg(&keys[0])
+        .arg("billing")
+        .arg(&ids)
+        .query(&mut con)
+        .unwrap();
+    while !history().await.iter().any(|s| s["lag"] == 140) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sample after handling"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let page = format!("{}/#group=billing", stack.coordinator.url());
+    let mut points = None;
+    for _ in 0..3 {
+        let dom = run_chromium(&page, &["--dump-dom".to_owned()]);
+        points = chart_points(&dom);
+        if points.as_ref().is_some_and(|p| p.len() >= 3) {
+            break;
+        }
+    }
+    let points = points.expect("the page draws the lag chart");
+    assert!(points.len() >= 3, "{points:?}");
+    // Every point drawn is a sample the API reports (the page read it a moment earlier).
+    let truth = history().await;
+    for (t, lag, rate) in &points {
+        let s = truth
+            .iter()
+            .find(|s| s["t_ms"].as_u64() == Some(*t))
+            .unwrap_or_else(|| panic!("chart point at {t} is not in the API's history"));
+        assert_eq!(s["lag"].as_u64(), *lag, "lag at {t}");
+        assert_eq!(s["handled_per_s"].as_f64(), *rate, "handled/s at {t}");
+    }
+    assert!(
+        points.iter().any(|p| p.1 == Some(200)),
+        "the backlog is drawn"
+    );
+    assert!(points.iter().any(|p| p.1 == Some(140)), "the drop is drawn");
+    assert!(
+        points.iter().any(|p| p.2.is_some_and(|r| r > 0.0)),
+        "a handling rate is drawn: {points:?}"
+    );
+    let shot = artifacts_dir().join("dashboard-chart.png");
+    let _ = std::fs::remove_file(&shot);
+    run_chromium(&page, &[format!("--screenshot={}", shot.display())]);
+    assert!(std::fs::read(&shot).is_ok_and(|png| png.starts_with(b"\x89PNG")));
+    eprintln!("dashboard chart screenshot: {}", shot.display());
+}

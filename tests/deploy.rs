@@ -265,6 +265,17 @@ fn consumer_manifest_matches_the_binary_and_graceful_shutdown() {
     assert!(health.starts_with("0.0.0.0:"));
     assert_probes(c, port_of(health));
 
+    // Scrape-ready: the client's metrics are served on the health port.
+    let ann = &deploy["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/scrape"], "true");
+    assert_eq!(ann["prometheus.io/path"], "/metrics");
+    assert_eq!(
+        ann["prometheus.io/port"]
+            .as_str()
+            .and_then(|p| p.parse::<u64>().ok()),
+        Some(port_of(health))
+    );
+
     // It talks to the coordinator Service of coordinator.yaml.
     let coord = find(&manifest("coordinator.yaml"), "Service", "rsc-coordinator").clone();
     assert_eq!(
@@ -284,6 +295,29 @@ fn consumer_manifest_matches_the_binary_and_graceful_shutdown() {
         .as_u64()
         .expect("terminationGracePeriodSeconds");
     assert!(grace >= handle_s + 10, "grace {grace} s");
+}
+
+#[test]
+fn producer_manifest_matches_the_binary_and_is_scrape_ready() {
+    let docs = manifest("sample-producer.yaml");
+    let deploy = find(&docs, "Deployment", "rsc-sample-producer");
+    assert_deployment_basics(deploy, "rsc-sample-producer");
+    let c = container(deploy);
+    let a = args(c);
+    assert_flags_exist(&a, "sample-producer", &[]);
+    let health = arg(&a, "--health-listen");
+    assert!(health.starts_with("0.0.0.0:"));
+    assert_probes(c, port_of(health));
+    let ann = &deploy["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/scrape"], "true");
+    assert_eq!(ann["prometheus.io/path"], "/metrics");
+    assert_eq!(
+        ann["prometheus.io/port"]
+            .as_str()
+            .and_then(|p| p.parse::<u64>().ok()),
+        Some(port_of(health))
+    );
+    assert!(env(c, "RSC_TOKEN")["valueFrom"]["secretKeyRef"]["name"].is_string());
 }
 
 // ---- the sample consumer's probe endpoints ------------------------------------------------------
@@ -450,6 +484,28 @@ async fn sample_consumer_probes_follow_redis_and_shutdown() {
             pod.log()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The pod's metrics can be scraped on the same port (Prometheus text format).
+    let metrics = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("/metrics answers");
+    assert_eq!(metrics.status().as_u16(), 200);
+    assert!(
+        metrics
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/plain")),
+        "Prometheus text format"
+    );
+    let text = metrics.text().await.expect("body");
+    for name in ["rsc_client_heartbeats_total", "rsc_client_owned_shards"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} missing from /metrics:\n{text}"
+        );
     }
     signal(pod.child.id(), Signal::SIGTERM).expect("SIGTERM");
     let leaving = wait_health(&http, &pod, &readyz, "not ready once SIGTERM", |s, b| {

@@ -636,7 +636,7 @@ async fn request_validation_errors(backend: Backend) {
     );
     create(api, "g", "s", 1, json!({})).await;
     let bad_heartbeats = [
-        json!({"protocol_version": 1, "member_id": "m", "member_epoch": -2}),
+        json!({"protocol_version": 1, "member_id": "m", "member_epoch": -3}),
         json!({"protocol_version": 1, "member_id": "has space", "member_epoch": 0}),
         json!({"protocol_version": 1, "member_id": "m", "member_epoch": 0, "owned_shards": [-1]}),
         json!({"protocol_version": 1, "member_id": "m", "member_epoch": 0, "extra": true}),

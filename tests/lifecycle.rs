@@ -219,11 +219,11 @@ async fn rolling_restart(static_ids: bool) -> (usize, Vec<u64>) {
     })
     .await;
     let mut restarts = Vec::new();
-    for i in 0..3 {
+    for (i, pod) in pods.iter_mut().enumerate() {
         let t0 = now_ms();
-        let status = pods[i].terminate();
+        let status = pod.terminate();
         assert!(status.success(), "SIGTERM exits 0, got {status}");
-        pods[i] = start(i, 1);
+        *pod = start(i, 1);
         let member = member_of(i, 1);
         // Back: the restarted pod handles entries again.
         eventually(&format!("{member} handling again"), 30, || {

@@ -137,6 +137,19 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Finds the data Redis master through Redis Sentinel: `sentinels` is `HOST:PORT`,
+    /// comma-separated, `master` the monitored name (default: `RSC_REDIS_SENTINEL`,
+    /// `RSC_REDIS_SENTINEL_MASTER`); see [`ClientConfig::redis_sentinel`].
+    pub fn redis_sentinel(
+        mut self,
+        sentinels: impl Into<String>,
+        master: impl Into<String>,
+    ) -> Self {
+        self.config.redis_sentinel = Some(sentinels.into());
+        self.config.redis_sentinel_master = Some(master.into());
+        self
+    }
+
     /// The bearer token for the coordinator.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.config.token = Some(token.into());

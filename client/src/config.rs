@@ -17,6 +17,15 @@ pub struct ClientConfig {
     pub redis_url: String,
     /// The data Redis is a Redis Cluster.
     pub redis_cluster: bool,
+    /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`,
+    /// comma-separated) instead of [`Self::redis_url`]'s host, whose user name, password and
+    /// database number still apply. Needs [`Self::redis_sentinel_master`]. After a failover
+    /// (or when a connection answers `READONLY`) the client asks the sentinels again.
+    pub redis_sentinel: Option<String>,
+    /// The name the sentinels monitor the data Redis master under.
+    pub redis_sentinel_master: Option<String>,
+    /// Password of the sentinels, if they require one.
+    pub redis_sentinel_password: Option<String>,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
     /// This process's identity in member ids (`<instance>-<listener>-<index>`): the pod IP,
@@ -47,6 +56,9 @@ impl Default for ClientConfig {
             coordinator_urls: Vec::new(),
             redis_url: "redis://127.0.0.1:6379".into(),
             redis_cluster: false,
+            redis_sentinel: None,
+            redis_sentinel_master: None,
+            redis_sentinel_password: None,
             token: None,
             instance_id: None,
             static_membership: false,
@@ -59,10 +71,11 @@ impl Default for ClientConfig {
 
 impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
-    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_TOKEN`, `RSC_HEARTBEAT_BATCHING`
-    /// (`false` turns batching off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`),
-    /// and `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`,
-    /// else `HOSTNAME`, taking precedence over `POD_IP`).
+    /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_REDIS_SENTINEL`,
+    /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_TOKEN`,
+    /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `POD_IP` and `POD_NAME` (falling
+    /// back to `HOSTNAME`), and `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the
+    /// instance id is `POD_NAME`, else `HOSTNAME`, taking precedence over `POD_IP`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -79,6 +92,9 @@ impl ClientConfig {
         cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         });
+        cfg.redis_sentinel = get("RSC_REDIS_SENTINEL");
+        cfg.redis_sentinel_master = get("RSC_REDIS_SENTINEL_MASTER");
+        cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD");
         if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
             cfg.heartbeat_batching = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
@@ -113,6 +129,12 @@ impl std::fmt::Debug for ClientConfig {
             .field("coordinator_urls", &self.coordinator_urls)
             .field("redis_url", &redact_url(&self.redis_url))
             .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_password",
+                &redact_opt(&self.redis_sentinel_password),
+            )
             .field("token", &redact_opt(&self.token))
             .field("instance_id", &self.instance_id)
             .field("static_membership", &self.static_membership)
@@ -126,15 +148,50 @@ impl std::fmt::Debug for ClientConfig {
 impl ClientConfig {
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
+        self.sentinel()?;
         DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
             .map_err(|e| ConfigError::DataRedis(e).into())
+    }
+
+    /// The sentinel settings, when the data Redis is found through Redis Sentinel.
+    pub(crate) fn sentinel(&self) -> Result<Option<crate::data::Sentinel>, ClientError> {
+        match (&self.redis_sentinel, &self.redis_sentinel_master) {
+            (None, None) => Ok(None),
+            (Some(addrs), Some(master)) if !master.trim().is_empty() => {
+                if self.redis_cluster {
+                    return Err(ConfigError::Sentinel(
+                        "RSC_REDIS_SENTINEL and RSC_REDIS_CLUSTER exclude each other".into(),
+                    )
+                    .into());
+                }
+                Ok(Some(crate::data::Sentinel {
+                    addrs: rsc_sentinel::parse_addrs(addrs)
+                        .map_err(|e| ConfigError::Sentinel(format!("RSC_REDIS_SENTINEL: {e}")))?,
+                    master: master.trim().to_owned(),
+                    password: self.redis_sentinel_password.clone(),
+                }))
+            }
+            (Some(_), _) => Err(ConfigError::Sentinel(
+                "RSC_REDIS_SENTINEL needs RSC_REDIS_SENTINEL_MASTER (the master's name)".into(),
+            )
+            .into()),
+            (None, Some(_)) => Err(ConfigError::Sentinel(
+                "RSC_REDIS_SENTINEL_MASTER needs RSC_REDIS_SENTINEL (the sentinel addresses)"
+                    .into(),
+            )
+            .into()),
+        }
     }
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
     /// runtime.
     pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
-        DataRedis::open(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(|e| ConfigError::DataRedis(e).into())
+        DataRedis::open(
+            &split_urls(&self.redis_url),
+            self.redis_cluster,
+            self.sentinel()?,
+        )
+        .map_err(|e| ConfigError::DataRedis(e).into())
     }
 }
 
@@ -225,5 +282,43 @@ mod tests {
         assert!(cfg.check_data_redis().is_err());
         cfg.redis_url = " , ".into();
         assert!(cfg.check_data_redis().is_err());
+    }
+
+    #[test]
+    fn sentinel_settings_from_the_environment_are_checked() {
+        let env = [
+            ("RSC_REDIS_SENTINEL", "s1:26379, s2:26379"),
+            ("RSC_REDIS_SENTINEL_MASTER", "rsc"),
+            ("RSC_REDIS_SENTINEL_PASSWORD", "pw"),
+        ];
+        let cfg = ClientConfig::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        let s = cfg.sentinel().unwrap().expect("sentinel settings");
+        assert_eq!(s.addrs.len(), 2);
+        assert_eq!(
+            (s.master.as_str(), s.password.as_deref()),
+            ("rsc", Some("pw"))
+        );
+        assert!(cfg.check_data_redis().is_ok());
+
+        let no_master = ClientConfig {
+            redis_sentinel_master: None,
+            ..cfg.clone()
+        };
+        let err = no_master.check_data_redis().unwrap_err().to_string();
+        assert!(err.contains("RSC_REDIS_SENTINEL_MASTER"), "{err}");
+        let with_cluster = ClientConfig {
+            redis_cluster: true,
+            ..cfg.clone()
+        };
+        assert!(with_cluster.check_data_redis().is_err());
+        let bad = ClientConfig {
+            redis_sentinel: Some("no-port".into()),
+            ..cfg
+        };
+        assert!(bad.check_data_redis().is_err());
     }
 }

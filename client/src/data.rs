@@ -1,4 +1,4 @@
-//! The data Redis: one server, or a Redis Cluster.
+//! The data Redis: one server, a Redis Cluster, or a master found through Redis Sentinel.
 //!
 //! Two kinds of connection:
 //!
@@ -12,6 +12,10 @@
 //!   `MOVED` redirections (slot migrations, failovers), falls back to the seed nodes when its
 //!   node is gone, and numbers its connections ([`NodeConn::generation`]) so that a caller
 //!   knows when a `WATCH` was lost with a connection.
+//!
+//! Behind Redis Sentinel both kinds connect to the master the sentinels name; a connection
+//! error or a `READONLY` answer (the node was demoted) drops the connection, and the next
+//! command asks the sentinels again ([`rsc_sentinel`]).
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -22,6 +26,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
     Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+use rsc_sentinel::{SentinelConfig, SentinelRedis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -39,6 +44,25 @@ pub(crate) struct DataRedis(Arc<Inner>);
 struct Inner {
     seeds: Vec<ConnectionInfo>,
     shared: SharedConn,
+    sentinel: Option<SentinelRedis>,
+}
+
+/// Where the sentinels are (see [`crate::ClientConfig::redis_sentinel`]).
+#[derive(Clone)]
+pub(crate) struct Sentinel {
+    pub(crate) addrs: Vec<(String, u16)>,
+    pub(crate) master: String,
+    pub(crate) password: Option<String>,
+}
+
+impl std::fmt::Debug for Sentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is not printed.
+        f.debug_struct("Sentinel")
+            .field("addrs", &self.addrs)
+            .field("master", &self.master)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for DataRedis {
@@ -46,6 +70,7 @@ impl std::fmt::Debug for DataRedis {
         // Connection infos may hold a password: print the mode only.
         f.debug_struct("DataRedis")
             .field("cluster", &matches!(self.0.shared, SharedConn::Cluster(_)))
+            .field("sentinel", &self.0.sentinel.is_some())
             .field("seeds", &self.0.seeds.len())
             .finish()
     }
@@ -78,8 +103,29 @@ impl DataRedis {
     }
 
     /// Checks the URLs (see [`Self::check`]); connects on first use. Needs a Tokio runtime.
-    pub(crate) fn open(urls: &[String], cluster: bool) -> Result<Self, String> {
+    pub(crate) fn open(
+        urls: &[String],
+        cluster: bool,
+        sentinel: Option<Sentinel>,
+    ) -> Result<Self, String> {
         let seeds = Self::seeds(urls, cluster)?;
+        if let Some(s) = sentinel {
+            let redis = SentinelRedis::open(SentinelConfig {
+                sentinels: s.addrs,
+                master_name: s.master,
+                sentinel_username: None,
+                sentinel_password: s.password,
+                master: seeds[0].redis_settings().clone(),
+                connect_timeout: CONNECT_TIMEOUT,
+                response_timeout: RESPONSE_TIMEOUT,
+            })
+            .map_err(|e| e.to_string())?;
+            return Ok(DataRedis(Arc::new(Inner {
+                seeds,
+                shared: SharedConn::Sentinel(redis.clone()),
+                sentinel: Some(redis),
+            })));
+        }
         let shared = if cluster {
             let client = ClusterClient::builder(seeds.clone())
                 .connection_timeout(CONNECT_TIMEOUT)
@@ -102,7 +148,11 @@ impl DataRedis {
                     .map_err(|e| format!("invalid Redis URL {:?}: {e}", urls[0]))?,
             )
         };
-        Ok(DataRedis(Arc::new(Inner { seeds, shared })))
+        Ok(DataRedis(Arc::new(Inner {
+            seeds,
+            shared,
+            sentinel: None,
+        })))
     }
 
     /// Whether the data Redis is a cluster.
@@ -124,6 +174,7 @@ impl DataRedis {
             seed: 0,
             conn: None,
             generation: 0,
+            master: 0,
             response_timeout,
         }
     }
@@ -137,6 +188,8 @@ pub(crate) enum SharedConn {
     Single(ConnectionManager),
     /// A Redis Cluster.
     Cluster(Arc<LazyCluster>),
+    /// The master Redis Sentinel names.
+    Sentinel(SentinelRedis),
 }
 
 /// A cluster connection made on first use (a cluster connection needs a node that answers;
@@ -160,6 +213,7 @@ impl std::fmt::Debug for SharedConn {
         f.write_str(match self {
             SharedConn::Single(_) => "SharedConn::Single",
             SharedConn::Cluster(_) => "SharedConn::Cluster",
+            SharedConn::Sentinel(_) => "SharedConn::Sentinel",
         })
     }
 }
@@ -170,6 +224,10 @@ impl ConnectionLike for SharedConn {
             SharedConn::Single(c) => c.req_packed_command(cmd),
             SharedConn::Cluster(lazy) => Box::pin(async move {
                 let mut c = lazy.get().await?;
+                c.req_packed_command(cmd).await
+            }),
+            SharedConn::Sentinel(s) => Box::pin(async move {
+                let mut c = s.get().await?;
                 c.req_packed_command(cmd).await
             }),
         }
@@ -187,6 +245,10 @@ impl ConnectionLike for SharedConn {
                 let mut c = lazy.get().await?;
                 c.req_packed_commands(pipeline, offset, count).await
             }),
+            SharedConn::Sentinel(s) => Box::pin(async move {
+                let mut c = s.get().await?;
+                c.req_packed_commands(pipeline, offset, count).await
+            }),
         }
     }
 
@@ -194,6 +256,7 @@ impl ConnectionLike for SharedConn {
         match self {
             SharedConn::Single(c) => c.get_db(),
             SharedConn::Cluster(_) => 0,
+            SharedConn::Sentinel(s) => s.config().master.db(),
         }
     }
 }
@@ -208,6 +271,8 @@ pub(crate) struct NodeConn {
     conn: Option<MultiplexedConnection>,
     /// Incremented by every new connection.
     generation: u64,
+    /// Behind sentinels: the master look-up the connection was made to.
+    master: u64,
     response_timeout: Duration,
 }
 
@@ -227,7 +292,14 @@ impl NodeConn {
 
     async fn connection(&mut self) -> RedisResult<&mut MultiplexedConnection> {
         if self.conn.is_none() {
-            let target = self.target();
+            let target = match &self.redis.0.sentinel {
+                Some(s) => {
+                    let (master, info) = s.master().await?;
+                    self.master = master;
+                    info
+                }
+                None => self.target(),
+            };
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(self.response_timeout));
@@ -242,6 +314,9 @@ impl NodeConn {
                     self.conn = Some(c);
                 }
                 Err(e) => {
+                    if let Some(s) = &self.redis.0.sentinel {
+                        s.report(self.master, &e);
+                    }
                     // The node may be gone (failover): start again from the next seed, which
                     // redirects to the slot's new owner.
                     self.node = None;
@@ -258,6 +333,13 @@ impl NodeConn {
     /// After an error: follow a `MOVED`; drop the connection on anything that is not a
     /// server's error reply (its state, e.g. a `WATCH`, and any reply in flight are unknown).
     fn after_error(&mut self, e: &RedisError) {
+        if let Some(s) = &self.redis.0.sentinel {
+            s.report(self.master, e);
+            if rsc_sentinel::is_failover_error(e) {
+                self.conn = None;
+                return;
+            }
+        }
         if let Some((addr, slot)) = moved(e) {
             self.redirect(addr, slot);
         } else if !matches!(e.kind(), ErrorKind::Server(_)) {
@@ -306,7 +388,12 @@ impl NodeConn {
         match r {
             Ok(values) => {
                 let redirect = values.iter().find_map(|v| match v {
-                    Value::ServerError(se) if se.kind() == Some(ServerErrorKind::Moved) => {
+                    Value::ServerError(se)
+                        if matches!(
+                            se.kind(),
+                            Some(ServerErrorKind::Moved) | Some(ServerErrorKind::ReadOnly)
+                        ) =>
+                    {
                         Some(RedisError::from(se.clone()))
                     }
                     _ => None,
@@ -337,7 +424,12 @@ impl ConnectionLike for NodeConn {
                 // A server's error reply comes back as a value (redis-rs turns it into an
                 // error later): a MOVED is one too.
                 let r = match self.connection().await?.req_packed_command(cmd).await {
-                    Ok(Value::ServerError(se)) if se.kind() == Some(ServerErrorKind::Moved) => {
+                    Ok(Value::ServerError(se))
+                        if matches!(
+                            se.kind(),
+                            Some(ServerErrorKind::Moved) | Some(ServerErrorKind::ReadOnly)
+                        ) =>
+                    {
                         Err(RedisError::from(se))
                     }
                     r => r,

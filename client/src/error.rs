@@ -20,6 +20,16 @@ pub enum ClientError {
         /// The shard key.
         shard_key: String,
     },
+    /// The entries were written to the master, but fewer replicas than the producer's
+    /// [`crate::producer::ProducerBuilder::wait_for_replicas`] confirmed them in time: a
+    /// failover now could lose them. Publishing again may write them twice.
+    #[error("written, but only {acked} of {wanted} replicas confirmed in time")]
+    NotReplicated {
+        /// Replicas that confirmed (the fewest over the batch's pipelines).
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// A call to the coordinator failed.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
@@ -99,6 +109,9 @@ pub enum ConfigError {
     /// The data Redis URL(s) are invalid.
     #[error("{0}")]
     DataRedis(String),
+    /// The Redis Sentinel settings are incomplete or invalid.
+    #[error("{0}")]
+    Sentinel(String),
     /// The app has no listener.
     #[error(
         "no listeners: annotate an async fn with #[stream_listener] or add one with .listener()"

@@ -3,6 +3,7 @@
 //! Precedence: command-line flag, then environment variable, then `--config` file, then the
 //! default.
 
+use crate::redis_conn::SentinelTarget;
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -58,6 +59,18 @@ pub struct ServeArgs {
     #[arg(long, env = "RSC_REDIS_CLUSTER")]
     #[serde(default)]
     pub redis_cluster: bool,
+    /// Find the store's Redis master through these Redis Sentinels (`HOST:PORT`, separated
+    /// by commas) instead of `--redis-url`'s host; needs `--redis-sentinel-master`. The URL's
+    /// user name, password and database number still apply to the master. After a failover
+    /// the coordinator finds the new master by itself.
+    #[arg(long, env = "RSC_REDIS_SENTINEL")]
+    pub redis_sentinel: Option<String>,
+    /// The master name the sentinels monitor (`sentinel monitor NAME …`).
+    #[arg(long, env = "RSC_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+    /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
+    #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub redis_sentinel_password: Option<String>,
     /// Prefix of every Redis key [default: rsc]; characters A-Z a-z 0-9 . _ : -
     #[arg(long, env = "RSC_KEY_PREFIX")]
     pub key_prefix: Option<String>,
@@ -83,6 +96,17 @@ pub struct ServeArgs {
     #[arg(long, env = "RSC_DATA_REDIS_CLUSTER")]
     #[serde(default)]
     pub data_redis_cluster: bool,
+    /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`, separated by
+    /// commas); needs `--data-redis-sentinel-master`. `--data-redis-url` is then optional
+    /// (its user name, password and database number apply to the master).
+    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL")]
+    pub data_redis_sentinel: Option<String>,
+    /// The data Redis master name the sentinels monitor.
+    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_MASTER")]
+    pub data_redis_sentinel_master: Option<String>,
+    /// Password of the data Redis's sentinels, if any.
+    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub data_redis_sentinel_password: Option<String>,
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
@@ -94,6 +118,11 @@ pub struct ServeArgs {
     /// How often the expiry sweep runs, in ms [default: 250].
     #[arg(long, env = "RSC_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
+    /// How often each group's lag and handling rate are sampled for the history
+    /// (`GET /v1/groups/{group}/history`, the dashboard chart), in ms [default: 5000]. Only
+    /// with a data Redis.
+    #[arg(long, env = "RSC_HISTORY_INTERVAL_MS")]
+    pub history_interval_ms: Option<u64>,
     /// How long a deleted group's revision tombstone is kept before it is collected, in ms
     /// [default: 3600000].
     #[arg(long, env = "RSC_TOMBSTONE_RETENTION_MS")]
@@ -119,6 +148,8 @@ pub struct ServeConfig {
     pub redis_urls: Vec<String>,
     /// Redis Cluster mode.
     pub redis_cluster: bool,
+    /// The store's master is found through these sentinels.
+    pub redis_sentinel: Option<SentinelTarget>,
     /// Key prefix.
     pub key_prefix: String,
     /// Allow non-loopback binding without an ACL.
@@ -131,12 +162,17 @@ pub struct ServeConfig {
     pub data_redis_urls: Option<Vec<String>>,
     /// The data Redis is a Redis Cluster.
     pub data_redis_cluster: bool,
+    /// The data Redis master is found through these sentinels (`data_redis_urls` then only
+    /// carries credentials).
+    pub data_redis_sentinel: Option<SentinelTarget>,
     /// Rollback window.
     pub rollback_window_ms: u64,
     /// Delay before retired shard keys are deleted from the data Redis.
     pub retired_key_delay_ms: u64,
     /// Expiry sweep period.
     pub sweep_interval_ms: u64,
+    /// Lag history sampling period.
+    pub history_interval_ms: u64,
     /// Retention of deleted groups' revision tombstones.
     pub tombstone_retention_ms: u64,
     /// Body limit.
@@ -185,6 +221,27 @@ impl ServeArgs {
             }
             None => ServeArgs::default(),
         };
+        let redis_sentinel = sentinel_target(
+            "redis-sentinel",
+            self.redis_sentinel.or(file.redis_sentinel),
+            self.redis_sentinel_master.or(file.redis_sentinel_master),
+            self.redis_sentinel_password
+                .or(file.redis_sentinel_password),
+        )?;
+        let data_redis_sentinel = sentinel_target(
+            "data-redis-sentinel",
+            self.data_redis_sentinel.or(file.data_redis_sentinel),
+            self.data_redis_sentinel_master
+                .or(file.data_redis_sentinel_master),
+            self.data_redis_sentinel_password
+                .or(file.data_redis_sentinel_password),
+        )?;
+        let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
+            // Behind sentinels the URL only carries credentials: none by default.
+            data_redis_sentinel
+                .as_ref()
+                .map(|_| "redis://sentinel-master/".to_owned())
+        });
         let cfg = ServeConfig {
             listen: self
                 .listen
@@ -198,6 +255,7 @@ impl ServeArgs {
                 .map(|urls| split_urls(&urls))
                 .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
             redis_cluster: self.redis_cluster || file.redis_cluster,
+            redis_sentinel,
             key_prefix: self
                 .key_prefix
                 .or(file.key_prefix)
@@ -205,11 +263,9 @@ impl ServeArgs {
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
-            data_redis_urls: self
-                .data_redis_url
-                .or(file.data_redis_url)
-                .map(|urls| split_urls(&urls)),
+            data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
+            data_redis_sentinel,
             rollback_window_ms: self
                 .rollback_window_ms
                 .or(file.rollback_window_ms)
@@ -219,6 +275,10 @@ impl ServeArgs {
                 .sweep_interval_ms
                 .or(file.sweep_interval_ms)
                 .unwrap_or(250),
+            history_interval_ms: self
+                .history_interval_ms
+                .or(file.history_interval_ms)
+                .unwrap_or(crate::metrics::DEFAULT_HISTORY_INTERVAL.as_millis() as u64),
             tombstone_retention_ms: self
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
@@ -252,6 +312,12 @@ impl ServeArgs {
             return Err(ConfigError::Invalid(format!(
                 "sweep-interval-ms is {}; it must be within 10..=60000",
                 cfg.sweep_interval_ms
+            )));
+        }
+        if !(100..=60_000).contains(&cfg.history_interval_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "history-interval-ms is {}; it must be within 100..=60000",
+                cfg.history_interval_ms
             )));
         }
         if !(100..=30 * 24 * 3_600_000).contains(&cfg.tombstone_retention_ms) {
@@ -292,12 +358,50 @@ impl ServeArgs {
             }
             _ => {}
         }
+        if cfg.redis_sentinel.is_some() && cfg.redis_cluster {
+            return Err(ConfigError::Invalid(
+                "--redis-sentinel and --redis-cluster exclude each other (a cluster fails \
+                 over by itself)"
+                    .into(),
+            ));
+        }
+        if cfg.data_redis_sentinel.is_some() && cfg.data_redis_cluster {
+            return Err(ConfigError::Invalid(
+                "--data-redis-sentinel and --data-redis-cluster exclude each other".into(),
+            ));
+        }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(
                 "body-limit must be at least 1024".into(),
             ));
         }
         Ok(cfg)
+    }
+}
+
+/// The sentinel settings of one Redis (`flag` names them in errors): none, or addresses and
+/// a master name together.
+fn sentinel_target(
+    flag: &str,
+    addrs: Option<String>,
+    master: Option<String>,
+    password: Option<String>,
+) -> Result<Option<SentinelTarget>, ConfigError> {
+    match (addrs, master) {
+        (None, None) if password.is_none() => Ok(None),
+        (Some(addrs), Some(master)) if !master.trim().is_empty() => Ok(Some(SentinelTarget {
+            sentinels: rsc_sentinel::parse_addrs(&addrs)
+                .map_err(|e| ConfigError::Invalid(format!("--{flag}: {e}")))?,
+            master_name: master.trim().to_owned(),
+            username: None,
+            password,
+        })),
+        (Some(_), _) => Err(ConfigError::Invalid(format!(
+            "--{flag} needs --{flag}-master (the name the sentinels monitor the master under)"
+        ))),
+        _ => Err(ConfigError::Invalid(format!(
+            "--{flag}-master and --{flag}-password need --{flag} (the sentinel addresses)"
+        ))),
     }
 }
 
@@ -400,6 +504,50 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(zero.resolve().is_err());
+    }
+
+    #[test]
+    fn sentinel_settings_need_addresses_and_a_master_name() {
+        let cfg = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379, 127.0.0.1:26380".into()),
+            redis_sentinel_master: Some("rsc".into()),
+            data_redis_sentinel: Some("127.0.0.1:26381".into()),
+            data_redis_sentinel_master: Some("data".into()),
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .unwrap();
+        let s = cfg.redis_sentinel.unwrap();
+        assert_eq!((s.sentinels.len(), s.master_name.as_str()), (2, "rsc"));
+        assert_eq!(cfg.data_redis_sentinel.unwrap().master_name, "data");
+        assert!(
+            cfg.data_redis_urls.is_some(),
+            "a data Redis behind sentinels is enabled without a URL"
+        );
+        let no_master = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            no_master
+                .resolve()
+                .unwrap_err()
+                .to_string()
+                .contains("--redis-sentinel-master")
+        );
+        let bad = ServeArgs {
+            redis_sentinel: Some("nohost".into()),
+            redis_sentinel_master: Some("m".into()),
+            ..ServeArgs::default()
+        };
+        assert!(bad.resolve().is_err());
+        let both = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            redis_cluster: true,
+            ..ServeArgs::default()
+        };
+        assert!(both.resolve().is_err());
     }
 
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {

@@ -48,6 +48,7 @@ pub mod dashboard;
 pub mod engine;
 pub mod fencing;
 pub mod metrics;
+pub mod outage;
 pub mod redis_conn;
 pub mod retired;
 pub mod server;

@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the coordinator server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     #[command(flatten)]
     Operator(OperatorCommand),
 }
@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let cfg = args.resolve()?;
+            let cfg = (*args).resolve()?;
             init_logging(cfg.log_format);
             // Once logging is up, a fatal error is a log event too (one JSON object with
             // `--log-format json`), not a bare line on stderr.

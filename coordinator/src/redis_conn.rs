@@ -7,12 +7,16 @@
 //! [`Conn`], which implements [`ConnectionLike`] over either kind of connection. On a
 //! cluster, every command is routed to the node that owns its key's slot (MOVED/ASK
 //! handled), multi-key `DEL`/`UNLINK` are split per slot, and a pipeline must stay within
-//! one slot: callers that touch several slots send one command per key instead.
+//! one slot: callers that touch several slots send one command per key instead. Behind
+//! Redis Sentinel ([`LazyRedis::open_sentinel`]) the master is looked up through the
+//! sentinels, and a connection to a master that died or was demoted (`READONLY`) is dropped
+//! and the new master looked up on next use.
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use rsc_sentinel::{SentinelConfig, SentinelConn, SentinelRedis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -42,6 +46,32 @@ pub enum OpenError {
     /// A URL or a cluster setting is malformed.
     #[error("invalid Redis URL or settings: {0}")]
     Invalid(#[source] RedisError),
+    /// The sentinel settings are wrong.
+    #[error("invalid Redis Sentinel settings: {0}")]
+    Sentinel(#[from] rsc_sentinel::SentinelError),
+}
+
+/// A master found through Redis Sentinel: the sentinels, the master's name and the
+/// credentials of the sentinels (the master's own come from the Redis URL).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// Sentinel addresses.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the master under.
+    pub master_name: String,
+    /// User name for the sentinels.
+    pub username: Option<String>,
+    /// Password for the sentinels.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("sentinels", &self.sentinels)
+            .field("master_name", &self.master_name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One connection handle, standalone or cluster (both multiplex and are cheap to clone).
@@ -51,6 +81,8 @@ pub enum Conn {
     Single(ConnectionManager),
     /// A Redis Cluster (routes by slot, follows MOVED/ASK).
     Cluster(ClusterConnection),
+    /// The master named by Redis Sentinel.
+    Sentinel(SentinelConn),
 }
 
 impl Conn {
@@ -65,6 +97,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -77,6 +110,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -84,6 +118,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -95,6 +130,8 @@ enum Backend {
         client: Box<ClusterClient>,
         conn: OnceCell<ClusterConnection>,
     },
+    /// Looks the master up through the sentinels on first use and after a failover.
+    Sentinel(SentinelRedis),
 }
 
 /// A lazily connected standalone Redis or Redis Cluster; cheap to clone (one shared
@@ -156,6 +193,31 @@ impl LazyRedis {
         Ok(LazyRedis(Arc::new(backend)))
     }
 
+    /// A handle for the master that `target`'s sentinels name; `master_url`'s user name,
+    /// password and database number are used on the master (its host is not). Connects on
+    /// first use; fails only on wrong settings.
+    pub fn open_sentinel(
+        target: &SentinelTarget,
+        master_url: &str,
+        settings: &ConnSettings,
+    ) -> Result<Self, OpenError> {
+        let master = master_url
+            .into_connection_info()
+            .map_err(OpenError::Invalid)?
+            .redis_settings()
+            .clone();
+        let redis = SentinelRedis::open(SentinelConfig {
+            sentinels: target.sentinels.clone(),
+            master_name: target.master_name.clone(),
+            sentinel_username: target.username.clone(),
+            sentinel_password: target.password.clone(),
+            master,
+            connect_timeout: settings.connect_timeout,
+            response_timeout: settings.response_timeout,
+        })?;
+        Ok(LazyRedis(Arc::new(Backend::Sentinel(redis))))
+    }
+
     /// Whether this talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(*self.0, Backend::Cluster { .. })
@@ -170,6 +232,8 @@ impl LazyRedis {
                 .get_or_try_init(|| client.get_async_connection())
                 .await
                 .map(|c| Conn::Cluster(c.clone())),
+            // Boxed: the look-up future is large and would nest into every caller.
+            Backend::Sentinel(s) => Box::pin(s.get()).await.map(Conn::Sentinel),
         }
     }
 }

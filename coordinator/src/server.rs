@@ -44,6 +44,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
             let store = RedisStore::open(RedisStoreConfig {
                 urls: cfg.redis_urls.clone(),
                 cluster: cfg.redis_cluster,
+                sentinel: cfg.redis_sentinel.clone(),
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 ..RedisStoreConfig::default()
@@ -75,7 +76,7 @@ pub async fn serve(
             None
         }
     };
-    if let Some(urls) = &cfg.data_redis_urls {
+    if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
         let settings = data_settings(FENCING_TIMEOUT);
         redis_conn::check_mode(
             &urls[0],
@@ -96,19 +97,28 @@ pub async fn serve(
         cfg.data_redis_urls
             .as_deref()
             .map(|urls| {
-                LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)).map_err(
-                    |e| match e {
-                        redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
-                            "--data-redis-url lists several servers: that is only valid with \
+                match &cfg.data_redis_sentinel {
+                    Some(target) => {
+                        LazyRedis::open_sentinel(target, &urls[0], &data_settings(timeout))
+                    }
+                    None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
+                }
+                .map_err(|e| match e {
+                    redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
+                        "--data-redis-url lists several servers: that is only valid with \
                              --data-redis-cluster"
-                        ),
-                        e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
-                    },
-                )
+                    ),
+                    e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
+                })
             })
             .transpose()
     };
-    let lag = data_redis(LAG_TIMEOUT)?.map(|r| Arc::new(LagProbe::new(r, LAG_TIMEOUT)));
+    let lag = data_redis(LAG_TIMEOUT)?.map(|r| {
+        Arc::new(
+            LagProbe::new(r, LAG_TIMEOUT)
+                .with_history_interval(Duration::from_millis(cfg.history_interval_ms)),
+        )
+    });
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // Store latency and errors around any store; audited writes' revisions around that.
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
@@ -154,6 +164,10 @@ pub async fn serve(
         Duration::from_millis(cfg.sweep_interval_ms),
         format!("{addr}-{:08x}", rand::random::<u32>()),
     ));
+    let history = lag.clone().map(|probe| {
+        let coordinator = coordinator.clone();
+        tokio::spawn(async move { probe.history().run(coordinator, &probe).await })
+    });
     let upkeep = tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
@@ -175,6 +189,9 @@ pub async fn serve(
         .await;
     sweeper.abort();
     upkeep.abort();
+    if let Some(h) = history {
+        h.abort();
+    }
     if let Some(c) = cleaner {
         c.abort();
     }
@@ -232,24 +249,31 @@ async fn sweep_loop(coordinator: Coordinator, every: Duration, id: String) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or Ctrl-C. The SIGTERM handler is installed when this is called (not
+/// when the future is first polled): a SIGTERM that arrives right after `listening on` is
+/// logged, before the server polls the future, still starts a graceful shutdown instead of
+/// killing the process. Call it within a Tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => info!("Ctrl-C received; shutting down"),
+            _ = term => info!("SIGTERM received; shutting down"),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => info!("Ctrl-C received; shutting down"),
-        _ = term => info!("SIGTERM received; shutting down"),
     }
 }

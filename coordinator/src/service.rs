@@ -22,6 +22,7 @@ use crate::engine::{
     stream_view,
 };
 use crate::fencing::OwnerTokens;
+use crate::outage::StoreOutages;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
@@ -232,6 +233,8 @@ pub struct Coordinator {
     config: ServiceConfig,
     cache: Arc<DocCache>,
     fencing: Option<Arc<OwnerTokens>>,
+    /// Store outages seen, so that one does not expire the members it kept silent.
+    outages: Arc<Mutex<StoreOutages>>,
 }
 
 impl Coordinator {
@@ -247,7 +250,46 @@ impl Coordinator {
             cache: Arc::new(DocCache::new(config.cache_idle)),
             config,
             fencing: None,
+            outages: Arc::default(),
         }
+    }
+
+    /// The store answered at `now`: closes an outage if calls were failing.
+    fn store_ok(&self, now: u64) {
+        let closed = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ok(now);
+        if let Some(c) = closed {
+            info!(
+                outage_ms = c.length_ms,
+                "metadata store reachable again: sessions are extended by the outage's length \
+                 for one session timeout"
+            );
+            ::metrics::counter!("rsc_store_outages_total").increment(1);
+            ::metrics::gauge!("rsc_store_last_outage_seconds").set(c.length_ms as f64 / 1000.0);
+        }
+    }
+
+    /// The store could not be reached.
+    fn store_failed(&self) {
+        self.outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failed();
+    }
+
+    /// The time expiry is judged at, for a group with `session_timeout_ms`: `now` set back
+    /// by a recent store outage (see [`crate::outage`]). Called after the store answered.
+    fn expiry_now(&self, now: u64, session_timeout_ms: u64) -> u64 {
+        self.store_ok(now);
+        let shift = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shift_ms(now, session_timeout_ms);
+        now.saturating_sub(shift)
     }
 
     /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
@@ -453,7 +495,8 @@ impl Coordinator {
                 if dirty {
                     crate::metrics::record_rebalance(group);
                 }
-                let (mut events, expired) = expire(&mut doc, &stream.doc, now);
+                let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+                let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
                 dirty |= !events.is_empty();
                 let outcome = match doc.heartbeat(&stream.doc, req, now) {
                     Ok(out) => out,
@@ -549,7 +592,12 @@ impl Coordinator {
             stream_revision: s.revision,
             member: &req.member_id,
             now_ms: self.now(),
-            max_silence_ms: g.doc.config.session_timeout_ms,
+            max_silence_ms: g.doc.config.session_timeout_ms
+                + self
+                    .outages
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .shift_ms(self.now(), g.doc.config.session_timeout_ms),
         };
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write within one heartbeat, at the same time as the touch (two round trips
@@ -618,7 +666,7 @@ impl Coordinator {
         self.describe_group(group).await
     }
 
-    /// Pauses or resumes a group (admin; PROTOCOL §12): durable in the group document, so it
+    /// Pauses or resumes a group (admin; PROTOCOL §13): durable in the group document, so it
     /// outlives rebalances, member restarts and coordinator restarts.
     #[tracing::instrument(skip(self))]
     pub async fn set_group_paused(&self, group: &str, paused: bool) -> Result<GroupView> {
@@ -660,7 +708,8 @@ impl Coordinator {
             if doc.sync_layout(&stream.doc) {
                 crate::metrics::record_rebalance(group);
             }
-            let (mut events, expired) = expire(&mut doc, &stream.doc, now);
+            let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+            let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
             events.extend(f(&mut doc, &stream.doc, now)?);
             track_convergence(&mut doc, now);
             let next_deadline_ms = doc.next_deadline_ms();
@@ -930,10 +979,22 @@ impl Coordinator {
         }
         self.cache.evict_idle();
         let now = self.now();
-        let due = self
+        let due = match self
             .store
             .claim_due(buckets, now, self.config.claim_ms, self.config.sweep_batch)
-            .await?;
+            .await
+        {
+            Ok(due) => {
+                self.store_ok(now);
+                due
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Unavailable(_)) {
+                    self.store_failed();
+                }
+                return Err(e.into());
+            }
+        };
         if due.is_empty() {
             return Ok(0);
         }
@@ -982,7 +1043,9 @@ impl Coordinator {
             Err(ServiceError::StreamNotFound(_)) => false,
             Err(e) => return Err(e),
         };
-        let due = v.doc.next_deadline_ms().is_some_and(|t| t <= now);
+        // After a store outage, deadlines are judged on a clock set back by its length.
+        let judged = self.expiry_now(now, v.doc.config.session_timeout_ms);
+        let due = v.doc.next_deadline_ms().is_some_and(|t| t <= judged);
         let (removed, revision, deadline) = if due || layout_stale {
             let m = match self
                 .mutate_group_at(group, |_doc, _stream, _now| Ok(Vec::new()))
@@ -1008,6 +1071,7 @@ impl Coordinator {
         } else {
             (0, v.revision, v.doc.next_deadline_ms())
         };
+        let deadline = deadline.map(|t| t + (now - judged));
         let set = self.store.reschedule(group, revision, deadline).await?;
         debug!(group, due, layout_stale, ?deadline, set, "swept");
         Ok(removed)

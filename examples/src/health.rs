@@ -4,6 +4,9 @@
 //! - `GET /readyz` — readiness: `200 {"status":"ready"}` when the data Redis answers `PING` and
 //!   a coordinator answers its own `/readyz`; `503` with the reason otherwise, and from the
 //!   moment a graceful shutdown starts (the pod finishes its in-flight messages and leaves).
+//! - `GET /metrics` — the client's metrics (`rsc_client_*`) in the Prometheus text format,
+//!   when a recorder was installed ([`Health::metrics`]); scrape it with the pod annotations
+//!   `prometheus.io/scrape: "true"`, `prometheus.io/port`, `prometheus.io/path: /metrics`.
 //!
 //! Every check has a short timeout, so a probe never hangs on a dead dependency.
 
@@ -32,6 +35,9 @@ struct Inner {
     coordinators: Vec<String>,
     /// The data Redis's nodes (one, or a cluster's seeds): ready when one answers.
     redis: Vec<redis::Client>,
+    /// Behind Redis Sentinel: the master the sentinels name (instead of `redis`).
+    sentinel: Option<rsc_sentinel::SentinelRedis>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     http: reqwest::Client,
     shutting_down: AtomicBool,
 }
@@ -54,10 +60,28 @@ impl Health {
                     .filter(|u| !u.is_empty())
                     .map(redis::Client::open)
                     .collect::<Result<_, _>>()?,
+                sentinel: None,
+                metrics: None,
                 http: reqwest::Client::builder().timeout(CHECK_TIMEOUT).build()?,
                 shutting_down: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Checks the data Redis master through these sentinels instead of the URL's host.
+    pub fn sentinel(mut self, redis: rsc_sentinel::SentinelRedis) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.sentinel = Some(redis);
+        }
+        self
+    }
+
+    /// Serves `/metrics` from this Prometheus recorder ([`crate::install_metrics`]).
+    pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = Some(handle);
+        }
+        self
     }
 
     /// From now on `/readyz` answers 503: the pod is shutting down.
@@ -74,6 +98,7 @@ impl Health {
         let app = Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
             .with_state(self);
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -101,6 +126,12 @@ impl Health {
 
     async fn ping_redis(&self) -> anyhow::Result<()> {
         let ping = async {
+            if let Some(s) = &self.inner.sentinel {
+                let mut conn = s.get().await?;
+                let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+                anyhow::ensure!(pong == "PONG", "PING answered {pong:?}");
+                return Ok(());
+            }
             let mut last = anyhow::anyhow!("no Redis URL");
             for node in &self.inner.redis {
                 let answer = async {
@@ -124,6 +155,22 @@ impl Health {
 
 async fn healthz() -> Response {
     (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response()
+}
+
+async fn metrics(State(health): State<Health>) -> Response {
+    match &health.inner.metrics {
+        Some(h) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4")],
+            h.render(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no metrics recorder in this process\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn readyz(State(health): State<Health>) -> Response {

@@ -8,6 +8,39 @@
 
 pub mod health;
 
+use std::time::Duration;
+
+/// The data Redis master found through Redis Sentinel (`sentinels`: `HOST:PORT`,
+/// comma-separated; `redis_url`'s credentials and database apply to the master), for the
+/// sample pods' own commands beside the client's.
+pub fn sentinel(
+    sentinels: &str,
+    master: &str,
+    redis_url: &str,
+    password: Option<String>,
+) -> anyhow::Result<rsc_sentinel::SentinelRedis> {
+    let master_settings = redis::IntoConnectionInfo::into_connection_info(redis_url)?
+        .redis_settings()
+        .clone();
+    Ok(rsc_sentinel::SentinelRedis::open(
+        rsc_sentinel::SentinelConfig {
+            sentinels: rsc_sentinel::parse_addrs(sentinels)?,
+            master_name: master.to_owned(),
+            sentinel_username: None,
+            sentinel_password: password,
+            master: master_settings,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+        },
+    )?)
+}
+
+/// Installs the Prometheus recorder for the client's metrics (`rsc_client_*`) and returns
+/// the handle that renders them (served at `/metrics` by [`health::Health::serve`]).
+pub fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    Ok(metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?)
+}
+
 /// Sets up logging to stderr: `RSC_LOG` (default `info`), as text.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RSC_LOG")

@@ -264,7 +264,7 @@ pub struct HeartbeatResponse {
     /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
     /// keeps its shards and keeps heartbeating, finishes the messages in flight, and fetches
     /// nothing new until an answer says otherwise. Absent (false) when not paused: a v1
-    /// addition (PROTOCOL §12).
+    /// addition (PROTOCOL §13).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
 }
@@ -517,7 +517,7 @@ pub struct GroupView {
     /// Data-path fencing mode.
     pub fencing: FencingMode,
     /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
-    /// A v1 addition (PROTOCOL §12); absent means not paused.
+    /// A v1 addition (PROTOCOL §13); absent means not paused.
     #[serde(default)]
     pub paused: bool,
     /// When the group was paused (Unix ms), while it is.
@@ -543,6 +543,72 @@ pub struct GroupView {
 pub struct GroupList {
     /// Every group, by id.
     pub groups: Vec<GroupView>,
+}
+
+/// `GET /v1/groups/{group}/scaling`: the autoscaling signal of a group, shaped for KEDA's
+/// `metrics-api` scaler (`valueLocation: backlog`, or `lag`) and matching the
+/// `rsc_group_*` scaling gauges of `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScalingView {
+    /// Group id.
+    pub group: String,
+    /// Stream it reads.
+    pub stream: String,
+    /// Entries not yet delivered to the group, summed over the shards that reported
+    /// (`null` when none did, e.g. without a data Redis).
+    pub lag: Option<u64>,
+    /// Entries delivered and not yet acknowledged, summed over the shards that reported.
+    pub pending: Option<u64>,
+    /// `lag + pending`: the work waiting for the group.
+    pub backlog: Option<u64>,
+    /// Shards the group reads (active and draining).
+    pub shards: u32,
+    /// Shards whose lag was read; below `shards` the sums are partial.
+    pub shards_reporting: u32,
+    /// Active shards (in the routing layout).
+    pub active_shards: u32,
+    /// Members of the group.
+    pub members: u32,
+    /// Members with no shard in the target assignment: members beyond the shard count sit
+    /// idle.
+    pub idle_members: u32,
+    /// Members per consumer process used for `max_replicas` (the `concurrency` query
+    /// parameter, else the largest concurrency the members report, else 1).
+    pub concurrency: u32,
+    /// Consumer processes with a member of the group (distinct pod IP or host).
+    pub processes: u32,
+    /// Most consumer processes worth running: `ceil(active_shards / concurrency)`. More
+    /// only add idle members; to scale further, reshard.
+    pub max_replicas: u32,
+}
+
+/// One sample of a group's [`GroupHistory`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HistorySample {
+    /// When it was taken (Unix ms, coordinator clock).
+    pub t_ms: u64,
+    /// Lag summed over the group's shards (`null` when the data Redis did not answer).
+    pub lag: Option<u64>,
+    /// Pending entries summed over the group's shards.
+    pub pending: Option<u64>,
+    /// Entries handled (delivered and acknowledged) per second since the previous sample
+    /// (`null` for the first sample, or when Redis cannot tell).
+    pub handled_per_s: Option<f64>,
+}
+
+/// `GET /v1/groups/{group}/history`: the group's lag and handling rate over the last
+/// minutes, sampled by this coordinator from the data Redis (empty without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupHistory {
+    /// Group id.
+    pub group: String,
+    /// Time between samples.
+    pub interval_ms: u64,
+    /// Oldest first.
+    pub samples: Vec<HistorySample>,
 }
 
 /// `GET /v1/streams/{stream}`: a stream's layout and reshard state.

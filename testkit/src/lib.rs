@@ -16,10 +16,12 @@
 mod cluster;
 mod coordinator;
 mod redis;
+mod sentinel;
 
 pub use cluster::{CLUSTER_NODES, RedisCluster};
 pub use coordinator::{CoordinatorProcess, binary_path};
 pub use redis::{RedisOptions, RedisServer};
+pub use sentinel::{SENTINEL_MASTER, SentinelDeployment};
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};

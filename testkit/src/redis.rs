@@ -190,7 +190,7 @@ fn ping(host: &str, port: u16) -> bool {
     raw_command(host, port, "PING").is_ok_and(|r| r.starts_with("+PONG"))
 }
 
-fn raw_command(host: &str, port: u16, line: &str) -> io::Result<String> {
+pub(crate) fn raw_command(host: &str, port: u16, line: &str) -> io::Result<String> {
     let mut s = TcpStream::connect((host, port))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.write_all(format!("{line}\r\n").as_bytes())?;

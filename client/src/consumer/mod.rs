@@ -56,7 +56,7 @@ pub(crate) struct MemberShared {
 }
 
 /// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's
-/// pause of its group (PROTOCOL §12, carried in every heartbeat answer). Workers watch the
+/// pause of its group (PROTOCOL §13, carried in every heartbeat answer). Workers watch the
 /// effective value (either one).
 #[derive(Debug)]
 pub(crate) struct PauseState {

@@ -145,6 +145,8 @@ struct Inner {
     round_robin: AtomicU64,
     /// How [`Producer::publish`] encodes payloads.
     codec: CodecSpec,
+    /// `WAIT` after each pipeline: (replicas, timeout).
+    wait: Option<(u32, Duration)>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -159,6 +161,7 @@ pub struct ProducerBuilder {
     config: ClientConfig,
     refresh_every: Duration,
     codec: CodecSpec,
+    wait: Option<(u32, Duration)>,
 }
 
 impl ProducerBuilder {
@@ -180,9 +183,35 @@ impl ProducerBuilder {
         self
     }
 
+    /// Finds the data Redis master through Redis Sentinel: `sentinels` is `HOST:PORT`,
+    /// comma-separated, `master` the monitored name (default: `RSC_REDIS_SENTINEL`,
+    /// `RSC_REDIS_SENTINEL_MASTER`); see [`ClientConfig::redis_sentinel`].
+    pub fn redis_sentinel(
+        mut self,
+        sentinels: impl Into<String>,
+        master: impl Into<String>,
+    ) -> Self {
+        self.config.redis_sentinel = Some(sentinels.into());
+        self.config.redis_sentinel_master = Some(master.into());
+        self
+    }
+
     /// The bearer token for the coordinator.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.config.token = Some(token.into());
+        self
+    }
+
+    /// Durability: after writing, a publish waits until `replicas` replicas have the entries
+    /// (`WAIT replicas timeout`, on the same pipeline) and fails with
+    /// [`ClientError::NotReplicated`] when fewer confirm within `timeout`. With it, an entry
+    /// reported published survives a failover to any replica that confirmed it (Redis
+    /// replication is otherwise asynchronous: a master killed before its replicas read the
+    /// entry loses it). Cost: each publish waits one replication round trip (about the
+    /// replicas' network latency; a lagging replica makes publishes wait up to `timeout`).
+    /// Default: off (`RSC_PUBLISH_WAIT_REPLICAS`, `RSC_PUBLISH_WAIT_TIMEOUT_MS`).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some((replicas, timeout));
         self
     }
 
@@ -211,6 +240,7 @@ impl ProducerBuilder {
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 codec: self.codec,
+                wait: self.wait,
             }),
         })
     }
@@ -220,10 +250,21 @@ impl Producer {
     /// A builder, starting from the environment (`RSC_COORDINATOR_URL`, `RSC_REDIS_URL`,
     /// `RSC_TOKEN`).
     pub fn builder() -> ProducerBuilder {
+        let env = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
         ProducerBuilder {
             config: ClientConfig::from_env(),
             refresh_every: Duration::from_secs(1),
             codec: CodecSpec::JSON,
+            wait: env("RSC_PUBLISH_WAIT_REPLICAS")
+                .filter(|&n| n > 0)
+                .map(|n| {
+                    let ms = env("RSC_PUBLISH_WAIT_TIMEOUT_MS").unwrap_or(1_000);
+                    (n as u32, Duration::from_millis(ms))
+                }),
         }
     }
 
@@ -291,10 +332,19 @@ impl Producer {
             for (record, &shard) in records_of.iter().zip(&shards) {
                 record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            pipe.query_async(&mut self.inner.conn.clone()).await
+            self.send(pipe).await
         };
         let ids: Vec<String> = match sent {
-            Ok(ids) => ids,
+            Ok((ids, acked)) => {
+                if let Some((wanted, _)) = self.inner.wait
+                    && acked < wanted
+                {
+                    metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
+                        .increment(ids.len() as u64);
+                    return Err(ClientError::NotReplicated { acked, wanted });
+                }
+                ids
+            }
             Err(e) => {
                 self.inner.routes.mark_stale(stream);
                 metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
@@ -318,7 +368,7 @@ impl Producer {
         routing: &Routing,
         shards: &[u32],
         records: &[Record],
-    ) -> redis::RedisResult<Vec<String>> {
+    ) -> redis::RedisResult<(Vec<String>, u32)> {
         let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, &shard) in shards.iter().enumerate() {
             by_shard.entry(shard).or_default().push(i);
@@ -328,19 +378,41 @@ impl Producer {
             for &i in &idx {
                 records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            let mut conn = self.inner.conn.clone();
             async move {
-                let ids: Vec<String> = pipe.query_async(&mut conn).await?;
-                Ok::<_, redis::RedisError>(idx.into_iter().zip(ids))
+                let (ids, acked) = self.send(pipe).await?;
+                Ok::<_, redis::RedisError>((idx.into_iter().zip(ids), acked))
             }
         });
         let mut out = vec![String::new(); shards.len()];
-        for part in futures::future::try_join_all(sends).await? {
+        let mut fewest = u32::MAX;
+        for (part, acked) in futures::future::try_join_all(sends).await? {
+            fewest = fewest.min(acked);
             for (i, id) in part {
                 out[i] = id;
             }
         }
-        Ok(out)
+        Ok((out, fewest))
+    }
+
+    /// Sends a pipeline of `XADD`s, with `WAIT` at its end when the producer waits for
+    /// replicas: the entry ids, and how many replicas confirmed (`u32::MAX` without `WAIT`).
+    async fn send(&self, mut pipe: redis::Pipeline) -> redis::RedisResult<(Vec<String>, u32)> {
+        let mut conn = self.inner.conn.clone();
+        match self.inner.wait {
+            None => Ok((pipe.query_async(&mut conn).await?, u32::MAX)),
+            Some((replicas, timeout)) => {
+                pipe.cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout.as_millis() as u64);
+                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                let acked = match values.pop() {
+                    Some(redis::Value::Int(n)) => n.max(0) as u32,
+                    _ => 0,
+                };
+                let ids = redis::from_redis_value(redis::Value::Array(values))?;
+                Ok((ids, acked))
+            }
+        }
     }
 
     /// The routing the producer uses now for `stream` (fetched if unknown).

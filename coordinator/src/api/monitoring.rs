@@ -11,7 +11,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    AuditEntry, AuditList, ErrorCode, GroupList, GroupView, StaleConsumer, StreamList, StreamView,
+    AuditEntry, AuditList, ErrorCode, GroupHistory, GroupList, GroupView, ScalingView,
+    StaleConsumer, StreamList, StreamView,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -26,6 +27,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_groups))
         .routes(routes!(describe_group))
+        .routes(routes!(group_scaling))
+        .routes(routes!(group_history))
         .routes(routes!(list_streams))
         .routes(routes!(describe_stream))
         .routes(routes!(audit))
@@ -117,6 +120,68 @@ async fn describe_group(
     let view = s.coordinator.describe_group(&group).await?;
     let view = with_lag(s.lag.as_deref(), view).await;
     Ok(Json(with_stale_consumers(s.lag.as_deref(), view).await))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ScalingQuery {
+    /// Members per consumer process, for `max_replicas` (1..=1024; default: the largest
+    /// concurrency the members report, else 1).
+    #[param(minimum = 1, maximum = 1024)]
+    concurrency: Option<u32>,
+}
+
+/// The group's autoscaling signal: lag and pending entries summed over its shards, shards,
+/// members, and the most consumer processes worth running. Shaped for KEDA's `metrics-api`
+/// scaler (`valueLocation: backlog`); the same numbers as the `rsc_group_*` gauges.
+#[utoipa::path(
+    get, path = "/v1/groups/{group}/scaling", tag = "monitoring",
+    params(
+        ("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"),
+        ScalingQuery,
+    ),
+    responses((status = 200, description = "The group's scaling signal", body = ScalingView))
+)]
+async fn group_scaling(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+    Query(q): Query<ScalingQuery>,
+) -> Result<Json<ScalingView>, ApiError> {
+    if let Some(c) = q.concurrency
+        && !(1..=1024).contains(&c)
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("concurrency is {c}; it must be within 1..=1024"),
+        ));
+    }
+    let view = s.coordinator.describe_group(&group).await?;
+    let view = with_lag(s.lag.as_deref(), view).await;
+    Ok(Json(metrics::scaling::scaling(&view, q.concurrency)))
+}
+
+/// The group's lag, pending entries and handled entries per second over the last 10
+/// minutes, sampled by this coordinator from the data Redis (no samples without one).
+#[utoipa::path(
+    get, path = "/v1/groups/{group}/history", tag = "monitoring",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    responses((status = 200, description = "The group's recent lag and handling rate", body = GroupHistory))
+)]
+async fn group_history(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+) -> Result<Json<GroupHistory>, ApiError> {
+    // 404 for a group that does not exist.
+    s.coordinator.describe_group(&group).await?;
+    Ok(Json(match s.lag.as_deref() {
+        Some(probe) => probe.history().get(&group),
+        None => GroupHistory {
+            group,
+            interval_ms: metrics::DEFAULT_HISTORY_INTERVAL.as_millis() as u64,
+            samples: Vec::new(),
+        },
+    }))
 }
 
 /// Every stream the token's stream scope covers.

@@ -169,6 +169,8 @@ pub const ROUTES: &[RouteSpec] = &[
         &[Role::Viewer, Role::Member],
         Scope::Group,
     ),
+    roles("GET", "/v1/groups/{group}/scaling", VIEWER, Scope::Group),
+    roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
     roles("GET", "/v1/audit", VIEWER, Scope::None),

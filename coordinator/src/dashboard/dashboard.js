@@ -229,6 +229,65 @@ function renderMembers(g) {
     el('tbody', {}, ...rows))));
 }
 
+// ---- lag over time ------------------------------------------------------------------------
+
+// The SVG namespace, taken from an <svg> the HTML parser made (static markup, no data).
+const SVG_NS = (() => { const t = document.createElement('template'); t.innerHTML = '<svg></svg>'; return t.content.firstChild.namespaceURI; })();
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function fmt(n) {
+  if (n >= 1e6) return (n / 1e6).toFixed(1) + 'M';
+  if (n >= 1e3) return (n / 1e3).toFixed(1) + 'k';
+  return String(Math.round(n * 10) / 10);
+}
+
+// Lag (left scale) and handled/s (right scale) of the selected group from
+// GET /v1/groups/{group}/history: two polylines, no library.
+function renderChart(h) {
+  const box = $('chart');
+  const samples = (h && h.samples) || [];
+  if (!samples.length) {
+    box.replaceChildren(el('div', { class: 'empty-note', id: 'chart-empty' },
+      h ? 'No samples yet (the coordinator samples lag from its data Redis every ' + ago(h.interval_ms) + ').' : 'History unavailable.'));
+    return;
+  }
+  const W = 600, H = 160, L = 44, R = 44, T = 8, B = 18;
+  const t0 = samples[0].t_ms, t1 = Math.max(samples[samples.length - 1].t_ms, t0 + 1);
+  const maxLag = Math.max(1, ...samples.map(s => s.lag || 0));
+  const maxRate = Math.max(1, ...samples.map(s => s.handled_per_s || 0));
+  const x = t => L + (W - L - R) * (t - t0) / (t1 - t0);
+  const y = (v, max) => T + (H - T - B) * (1 - v / max);
+  const line = (key, max) => samples.filter(s => s[key] != null)
+    .map(s => x(s.t_ms).toFixed(1) + ',' + y(s[key], max).toFixed(1)).join(' ');
+  const last = samples[samples.length - 1];
+  const chart = svg('svg', {
+    id: 'lag-chart', viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none', role: 'img',
+    'aria-label': 'lag and handled per second over the last ' + ago(t1 - t0),
+    'data-samples': samples.length,
+    'data-points': JSON.stringify(samples.map(s => [s.t_ms, s.lag, s.handled_per_s])),
+  });
+  chart.append(
+    svg('line', { class: 'axis', x1: L, y1: H - B, x2: W - R, y2: H - B }),
+    svg('line', { class: 'axis', x1: L, y1: T, x2: L, y2: H - B }),
+    svg('line', { class: 'axis', x1: W - R, y1: T, x2: W - R, y2: H - B }),
+    svg('text', { x: L - 4, y: T + 10, 'text-anchor': 'end' }, fmt(maxLag)),
+    svg('text', { x: L - 4, y: H - B, 'text-anchor': 'end' }, '0'),
+    svg('text', { x: W - R + 4, y: T + 10 }, fmt(maxRate) + '/s'),
+    svg('text', { x: L, y: H - 4 }, '−' + ago(t1 - t0)),
+    svg('text', { x: W - R, y: H - 4, 'text-anchor': 'end' }, 'now'),
+    svg('polyline', { class: 'lagpath', points: line('lag', maxLag) }),
+    svg('polyline', { class: 'ratepath', points: line('handled_per_s', maxRate) }),
+  );
+  box.replaceChildren(chart, el('div', { class: 'muted', id: 'chart-now' },
+    'now: lag ' + (last.lag == null ? '–' : last.lag) + ' · pending ' + (last.pending == null ? '–' : last.pending) +
+    ' · handled ' + (last.handled_per_s == null ? '–' : fmt(last.handled_per_s) + '/s')));
+}
+
 // ---- streams and resharding ---------------------------------------------------------------
 
 function reshardBlock(s, r) {
@@ -351,12 +410,15 @@ async function poll(now) {
     if (!state.selected || !list.some(g => g.group === state.selected)) {
       state.selected = list.length ? list[0].group : null;
     }
-    const [detail, audit] = await Promise.all([
-      state.selected ? api('/v1/groups/' + encodeURIComponent(state.selected)) : Promise.resolve(null),
+    const sel = state.selected ? encodeURIComponent(state.selected) : null;
+    const [detail, audit, history] = await Promise.all([
+      sel ? api('/v1/groups/' + sel) : Promise.resolve(null),
       api('/v1/audit?limit=20').catch(() => null),
+      sel ? api('/v1/groups/' + sel + '/history').catch(() => null) : Promise.resolve(null),
     ]);
     renderGroups(list);
     renderGroup(detail && detail.ok ? detail.body : (list.find(g => g.group === state.selected) || null));
+    renderChart(history && history.ok ? history.body : null);
     renderStreams(streams.body.streams || []);
     renderAudit(audit);
     state.lastOk = Date.now();

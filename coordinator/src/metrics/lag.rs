@@ -7,11 +7,15 @@
 //! a timeout; an unreachable Redis, a missing shard key or a shard whose Redis consumer
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
 
+use super::history::History;
 use crate::redis_conn::{Conn, LazyRedis};
 use redis::streams::{StreamInfoConsumersReply, StreamInfoGroupsReply};
 use std::collections::HashMap;
 use std::time::Duration;
 use tracing::debug;
+
+/// How often the lag history is sampled by default.
+pub const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Keys asked per pipeline round trip (per batch of concurrent commands on a cluster).
 const PIPELINE_CHUNK: usize = 512;
@@ -24,12 +28,16 @@ pub struct ShardStats {
     pub lag: Option<u64>,
     /// Entries delivered and not yet acknowledged.
     pub pending: Option<u64>,
+    /// The group's read counter (`entries-read`): entries delivered so far.
+    pub entries_read: Option<u64>,
 }
 
-/// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster).
+/// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster), and
+/// the short history of what it sampled ([`super::history`]).
 pub struct LagProbe {
     redis: LazyRedis,
     timeout: Duration,
+    history: History,
 }
 
 impl std::fmt::Debug for LagProbe {
@@ -46,7 +54,22 @@ impl LagProbe {
     /// A probe reading the data Redis `redis` (connected on first use); each read is
     /// abandoned past `timeout`.
     pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
-        LagProbe { redis, timeout }
+        LagProbe {
+            redis,
+            timeout,
+            history: History::new(DEFAULT_HISTORY_INTERVAL),
+        }
+    }
+
+    /// Samples the history every `interval` instead of the default 5 s.
+    pub fn with_history_interval(mut self, interval: Duration) -> Self {
+        self.history = History::new(interval);
+        self
+    }
+
+    /// The lag history (sampled by [`History::run`]).
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     async fn connection(&self) -> Option<Conn> {
@@ -98,6 +121,9 @@ impl LagProbe {
                         ShardStats {
                             lag: g.lag.map(|l| l as u64),
                             pending: Some(g.pending as u64),
+                            // Redis answers nil before the group's first read; the lag is
+                            // then known only when nothing was read (it is the whole stream).
+                            entries_read: g.entries_read.map(|n| n as u64).or(g.lag.map(|_| 0)),
                         },
                     );
                 }

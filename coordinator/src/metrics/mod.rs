@@ -14,13 +14,15 @@
 //! `_total` on counters; labels are bounded (`group`, `stream`, `shard`, route templates,
 //! error codes — never member ids or raw paths).
 
+pub mod history;
 mod http;
 mod lag;
+pub mod scaling;
 pub mod state;
 mod store;
 
 pub use http::track_http;
-pub use lag::{LagProbe, ShardStats};
+pub use lag::{DEFAULT_HISTORY_INTERVAL, LagProbe, ShardStats};
 pub use store::InstrumentedStore;
 
 use crate::engine::GroupEvent;

@@ -146,7 +146,7 @@ async fn collect(
             continue;
         };
         let doc = &g.doc;
-        let view = group_view(doc, &stream.doc, g.revision, now_ms, &HashMap::new());
+        let mut view = group_view(doc, &stream.doc, g.revision, now_ms, &HashMap::new());
         let group = name.as_str();
         for (state, label) in [
             (MemberState::Stable, "stable"),
@@ -242,6 +242,12 @@ async fn collect(
                 .map(|s| (s.shard, s.key.clone()))
                 .collect();
             let stats = probe.group_stats(group, &keys).await;
+            for s in &mut view.shards {
+                if let Some(st) = stats.get(&s.shard) {
+                    s.lag = st.lag;
+                    s.pending = st.pending;
+                }
+            }
             for s in &view.shards {
                 let Some(st) = stats.get(&s.shard) else {
                     continue;
@@ -275,8 +281,75 @@ async fn collect(
                 }
             }
         }
+        scaling_gauges(f, &super::scaling::scaling(&view, None));
     }
     Ok(())
+}
+
+/// The autoscaling signal of one group (the same numbers as `GET /v1/groups/{group}/scaling`
+/// without a `concurrency` parameter).
+fn scaling_gauges(f: &mut Families, s: &rsc_protocol::ScalingView) {
+    let labels = [("group", s.group.as_str()), ("stream", s.stream.as_str())];
+    if let Some(lag) = s.lag {
+        f.gauge(
+            "rsc_group_lag_entries",
+            "Entries not yet delivered to a group, summed over its shards (the autoscaling signal).",
+            &labels,
+            lag as f64,
+        );
+    }
+    if let Some(p) = s.pending {
+        f.gauge(
+            "rsc_group_pending_entries",
+            "Entries delivered to a group and not yet acknowledged, summed over its shards.",
+            &labels,
+            p as f64,
+        );
+    }
+    if let Some(b) = s.backlog {
+        f.gauge(
+            "rsc_group_backlog_entries",
+            "Lag plus pending entries of a group: the work waiting for it.",
+            &labels,
+            b as f64,
+        );
+    }
+    f.gauge(
+        "rsc_group_shards_reporting",
+        "Shards of a group whose lag was read from the data Redis (below the shard count the sums are partial).",
+        &labels,
+        f64::from(s.shards_reporting),
+    );
+    f.gauge(
+        "rsc_group_active_shards",
+        "Active shards of the stream a group reads: the most members that can do work.",
+        &labels,
+        f64::from(s.active_shards),
+    );
+    f.gauge(
+        "rsc_group_member_count",
+        "Members of a group.",
+        &labels,
+        f64::from(s.members),
+    );
+    f.gauge(
+        "rsc_group_idle_members",
+        "Members of a group with no shard in the target assignment (beyond the shard count).",
+        &labels,
+        f64::from(s.idle_members),
+    );
+    f.gauge(
+        "rsc_group_processes",
+        "Consumer processes (distinct pods) with a member in a group.",
+        &labels,
+        f64::from(s.processes),
+    );
+    f.gauge(
+        "rsc_group_max_replicas",
+        "Most consumer processes worth running for a group: ceil(active shards / members per process); reshard to go further.",
+        &labels,
+        f64::from(s.max_replicas),
+    );
 }
 
 #[cfg(test)]

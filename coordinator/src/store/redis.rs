@@ -61,6 +61,9 @@ pub struct RedisStoreConfig {
     pub urls: Vec<String>,
     /// Talk Redis Cluster (slot routing, MOVED/ASK) rather than to one server.
     pub cluster: bool,
+    /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
+    /// credentials and database).
+    pub sentinel: Option<crate::redis_conn::SentinelTarget>,
     /// Prefix of every key (SPEC §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
@@ -96,6 +99,7 @@ impl Default for RedisStoreConfig {
         RedisStoreConfig {
             urls: vec!["redis://127.0.0.1:6379".into()],
             cluster: false,
+            sentinel: None,
             key_prefix: "rsc".into(),
             connect_timeout: Duration::from_millis(1000),
             response_timeout: Duration::from_millis(1000),
@@ -252,6 +256,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("urls", &self.0.config.urls)
             .field("cluster", &self.0.config.cluster)
+            .field("sentinel", &self.0.config.sentinel)
             .field("key_prefix", &self.0.keys.prefix)
             .finish()
     }
@@ -267,15 +272,17 @@ impl RedisStore {
     /// the store is returned anyway and connects on first use.
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
         validate_key_prefix(&config.key_prefix).map_err(StoreError::Unavailable)?;
-        let redis = LazyRedis::open(&config.urls, config.cluster, &config.settings()).map_err(
-            |e| match e {
-                OpenError::SeveralUrls => StoreError::Unavailable(
-                    "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)"
-                        .into(),
-                ),
-                e => StoreError::Unavailable(e.to_string()),
-            },
-        )?;
+        let redis = match &config.sentinel {
+            Some(target) => LazyRedis::open_sentinel(target, &config.urls[0], &config.settings()),
+            None => LazyRedis::open(&config.urls, config.cluster, &config.settings()),
+        }
+        .map_err(|e| match e {
+            OpenError::SeveralUrls => StoreError::Unavailable(
+                "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)".into(),
+            ),
+            e => StoreError::Unavailable(e.to_string()),
+        })?;
+        let sentinel = config.sentinel.is_some();
         let store = RedisStore(Arc::new(Inner {
             redis,
             keys: Keys {
@@ -286,7 +293,10 @@ impl RedisStore {
             touches: Default::default(),
             stream_reads: Default::default(),
         }));
-        store.check_mode().await?;
+        if !sentinel {
+            // Behind sentinels the master is checked when it is looked up (`ROLE`).
+            store.check_mode().await?;
+        }
         Ok(store)
     }
 

@@ -13,7 +13,10 @@
 //! the pod leaves for a restart: its shards wait for it). A crash of the app (a panic, a
 //! refusal by the coordinator, a shutdown past its deadline) exits non-zero.
 //! With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
-//! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on.
+//! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on; `/metrics` serves the
+//! client's metrics in the Prometheus format. With `--redis-sentinel` (and
+//! `--redis-sentinel-master`) the data Redis master is found through Redis Sentinel
+//! (`RSC_REDIS_SENTINEL_PASSWORD` for the sentinels' password).
 
 use anyhow::Context;
 use clap::Parser;
@@ -41,6 +44,12 @@ struct Args {
     /// The data Redis is a Redis Cluster.
     #[arg(long)]
     redis_cluster: bool,
+    /// Find the data Redis master through these sentinels (`HOST:PORT`, comma-separated).
+    #[arg(long, env = "RSC_REDIS_SENTINEL", requires = "redis_sentinel_master")]
+    redis_sentinel: Option<String>,
+    /// The master name the sentinels monitor.
+    #[arg(long, env = "RSC_REDIS_SENTINEL_MASTER")]
+    redis_sentinel_master: Option<String>,
     /// The consumer group (must exist).
     #[arg(long)]
     group: String,
@@ -76,7 +85,8 @@ struct Args {
     /// First retry delay in ms (doubles per retry, capped at 10 s).
     #[arg(long, default_value_t = 200)]
     retry_backoff_ms: u64,
-    /// Serve `/healthz` and `/readyz` (Kubernetes probes) on this address, e.g. `0.0.0.0:8080`.
+    /// Serve `/healthz`, `/readyz` (Kubernetes probes) and `/metrics` (Prometheus) on this
+    /// address, e.g. `0.0.0.0:8080`.
     #[arg(long, env = "RSC_HEALTH_LISTEN")]
     health_listen: Option<SocketAddr>,
 }
@@ -99,10 +109,18 @@ struct Pod {
 enum RecordConn {
     Single(redis::aio::ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
+    Sentinel(rsc_sentinel::SentinelRedis),
 }
 
 impl RecordConn {
-    async fn open(url: &str, cluster: bool) -> anyhow::Result<Self> {
+    async fn open(
+        url: &str,
+        cluster: bool,
+        sentinel: Option<&rsc_sentinel::SentinelRedis>,
+    ) -> anyhow::Result<Self> {
+        if let Some(s) = sentinel {
+            return Ok(RecordConn::Sentinel(s.clone()));
+        }
         if cluster {
             let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
             let client = redis::cluster::ClusterClient::new(seeds).context("--redis-url")?;
@@ -122,6 +140,7 @@ impl RecordConn {
         match self {
             RecordConn::Single(c) => cmd.query_async(&mut c.clone()).await,
             RecordConn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            RecordConn::Sentinel(s) => cmd.query_async(&mut s.get().await?).await,
         }
     }
 }
@@ -173,10 +192,20 @@ async fn main() -> anyhow::Result<()> {
         (0.0..=1.0).contains(&args.fail_rate),
         "--fail-rate must be within 0..=1"
     );
+    let metrics = rsc_examples::install_metrics()?;
+    let sentinel = match (&args.redis_sentinel, &args.redis_sentinel_master) {
+        (Some(addrs), Some(master)) => Some(rsc_examples::sentinel(
+            addrs,
+            master,
+            &args.redis_url,
+            std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
+        )?),
+        _ => None,
+    };
     let record = match &args.record_stream {
         Some(key) => Some((
             key.clone(),
-            RecordConn::open(&args.redis_url, args.redis_cluster).await?,
+            RecordConn::open(&args.redis_url, args.redis_cluster, sentinel.as_ref()).await?,
         )),
         None => None,
     };
@@ -208,13 +237,19 @@ async fn main() -> anyhow::Result<()> {
     if let Some(t) = &args.token {
         builder = builder.token(t);
     }
+    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
+        builder = builder.redis_sentinel(addrs, master);
+    }
     let app = builder.build()?;
     tracing::info!(members = ?app.member_ids(), "sample consumer starting");
     let Some(addr) = args.health_listen else {
         app.run().await?;
         return Ok(());
     };
-    let health = Health::new(&args.coordinator, &args.redis_url)?;
+    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
+    if let Some(s) = sentinel {
+        health = health.sentinel(s);
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--health-listen {addr}"))?;

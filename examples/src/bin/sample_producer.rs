@@ -2,13 +2,20 @@
 //!
 //! ```text
 //! sample-producer --coordinator URL --redis-url URL --stream S --count N --keys K
-//!   [--rate R] [--token T]
+//!   [--rate R] [--token T] [--redis-sentinel HOST:PORT,… --redis-sentinel-master NAME]
+//!   [--wait-replicas N [--wait-timeout-ms MS]] [--batch N] [--health-listen ADDR]
 //! ```
 //! Entry fields: `payload` (JSON `{"seq": …, "key": …}`), `key` (`k{seq % K}`), `seq`
-//! (0..N-1). Prints `published N` at the end.
+//! (0..N-1). Prints `published N` at the end. With `--acked-log FILE`, appends
+//! `FIRST_SEQ END_SEQ UNIX_MS` for every batch the moment Redis confirmed it (what the
+//! producer was told is published). With `--health-listen`, serves `/healthz`, `/readyz`
+//! and `/metrics` (the client's metrics in the Prometheus format) for the pod's probes and
+//! scraping; it then keeps serving after the last message until SIGTERM.
 
+use anyhow::Context;
 use clap::Parser;
 use rsc_client::producer::{Producer, Record};
+use rsc_examples::health::Health;
 use std::time::{Duration, Instant};
 
 /// (No `Debug`: the arguments hold the token and the Redis URL's password.)
@@ -28,6 +35,28 @@ struct Args {
     /// The data Redis is a Redis Cluster.
     #[arg(long)]
     redis_cluster: bool,
+    /// Find the data Redis master through these sentinels (`HOST:PORT`, comma-separated).
+    #[arg(long, env = "RSC_REDIS_SENTINEL", requires = "redis_sentinel_master")]
+    redis_sentinel: Option<String>,
+    /// The master name the sentinels monitor.
+    #[arg(long, env = "RSC_REDIS_SENTINEL_MASTER")]
+    redis_sentinel_master: Option<String>,
+    /// Durability: each batch waits until this many replicas have it (`WAIT`); a batch not
+    /// confirmed in time is published again.
+    #[arg(long, env = "RSC_PUBLISH_WAIT_REPLICAS")]
+    wait_replicas: Option<u32>,
+    /// How long a batch waits for its replicas, in ms.
+    #[arg(long, env = "RSC_PUBLISH_WAIT_TIMEOUT_MS", default_value_t = 1000)]
+    wait_timeout_ms: u64,
+    /// Messages per batch (one pipeline).
+    #[arg(long, default_value_t = 500)]
+    batch: u64,
+    /// Append `FIRST END UNIX_MS` per confirmed batch to this file.
+    #[arg(long)]
+    acked_log: Option<std::path::PathBuf>,
+    /// Serve `/healthz`, `/readyz` and `/metrics` on this address, e.g. `0.0.0.0:8080`.
+    #[arg(long, env = "RSC_HEALTH_LISTEN")]
+    health_listen: Option<std::net::SocketAddr>,
     /// The stream.
     #[arg(long)]
     stream: String,
@@ -44,8 +73,6 @@ struct Args {
     #[arg(long, env = "RSC_TOKEN")]
     token: Option<String>,
 }
-
-const BATCH: u64 = 500;
 
 /// How long a batch is retried while Redis is unreachable before the producer gives up.
 const RETRY_FOR: Duration = Duration::from_secs(60);
@@ -81,6 +108,7 @@ fn record(seq: u64, keys: u64) -> anyhow::Result<Record> {
 async fn main() -> anyhow::Result<()> {
     rsc_examples::init_logging();
     let args = Args::parse();
+    let metrics = rsc_examples::install_metrics()?;
     let mut builder = Producer::builder()
         .coordinator(&args.coordinator)
         .redis_url(&args.redis_url)
@@ -88,7 +116,45 @@ async fn main() -> anyhow::Result<()> {
     if let Some(t) = &args.token {
         builder = builder.token(t);
     }
+    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
+        builder = builder.redis_sentinel(addrs, master);
+    }
+    if let Some(n) = args.wait_replicas {
+        builder = builder.wait_for_replicas(n, Duration::from_millis(args.wait_timeout_ms));
+    }
     let producer = builder.build()?;
+    let health = match args.health_listen {
+        Some(addr) => {
+            let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
+            if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master)
+            {
+                health = health.sentinel(rsc_examples::sentinel(
+                    addrs,
+                    master,
+                    &args.redis_url,
+                    std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
+                )?);
+            }
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--health-listen {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoints listening");
+            Some(tokio::spawn(health.serve(listener, async {
+                rsc_client::shutdown_signal().await;
+            })))
+        }
+        None => None,
+    };
+    let mut acked = match &args.acked_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("--acked-log {}", path.display()))?,
+        ),
+        None => None,
+    };
     let started = Instant::now();
     let mut next = 0u64;
     while next < args.count {
@@ -103,13 +169,21 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         }
-        let end = due.min(next + BATCH);
+        let end = due.min(next + args.batch.max(1));
         let batch = (next..end)
             .map(|seq| record(seq, args.keys))
             .collect::<anyhow::Result<Vec<_>>>()?;
         publish_retrying(&producer, &args.stream, batch).await?;
+        if let Some(f) = acked.as_mut() {
+            use std::io::Write;
+            writeln!(f, "{next} {end} {}", rsc_examples::unix_ms())?;
+        }
         next = end;
     }
     println!("published {}", args.count);
+    if let Some(server) = health {
+        // Keep serving metrics and probes until the pod is stopped.
+        server.await??;
+    }
     Ok(())
 }

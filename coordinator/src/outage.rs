@@ -1,0 +1,142 @@
+//! Store outages must not expire members: while the metadata store is unreachable (a Redis
+//! failover, a network cut), no heartbeat can be recorded, so every member's silence grows
+//! through no fault of its own. Without care, the first sweep after the outage would expire
+//! every member whose session ran out during it — a mass expiry and a full rebalance of every
+//! group.
+//!
+//! [`StoreOutages`] is the pure record of what this coordinator saw: the last time a store
+//! call succeeded, whether calls have been failing since, and after recovery the outage's
+//! length. Expiry decisions then use a clock set back by that length
+//! ([`StoreOutages::shift_ms`]) until every member has had a full session after the outage
+//! to heartbeat again: a member's session is, in effect, extended by the outage. A member
+//! that was silent before the outage still expires, late by at most the outage's length.
+//!
+//! The outage is measured conservatively, from the last success before the failures to the
+//! first success after them (a failed call may have started well before it failed).
+
+/// Outages closer together than this add up (a flapping store).
+const MERGE_WINDOW_MS: u64 = 60_000;
+
+/// The last outage's credit: its length and when it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutageCredit {
+    /// How long the store was unreachable, in ms (several close outages summed).
+    pub length_ms: u64,
+    /// When this coordinator saw the store answer again.
+    pub ended_ms: u64,
+}
+
+/// What this coordinator saw of the store's availability (see the module docs). No I/O, the
+/// time is passed in.
+#[derive(Debug, Default, Clone)]
+pub struct StoreOutages {
+    last_ok_ms: Option<u64>,
+    failing: bool,
+    credit: Option<OutageCredit>,
+}
+
+impl StoreOutages {
+    /// A store call succeeded at `now_ms`. The first success after failures closes the
+    /// outage; returns it when it did.
+    pub fn ok(&mut self, now_ms: u64) -> Option<OutageCredit> {
+        let mut closed = None;
+        if self.failing {
+            self.failing = false;
+            if let Some(start) = self.last_ok_ms {
+                let mut length_ms = now_ms.saturating_sub(start);
+                if let Some(prev) = self.credit
+                    && start <= prev.ended_ms + MERGE_WINDOW_MS
+                {
+                    length_ms += prev.length_ms;
+                }
+                let credit = OutageCredit {
+                    length_ms,
+                    ended_ms: now_ms,
+                };
+                self.credit = Some(credit);
+                closed = Some(credit);
+            }
+        }
+        self.last_ok_ms = Some(self.last_ok_ms.map_or(now_ms, |t| t.max(now_ms)));
+        closed
+    }
+
+    /// A store call failed (the store was unreachable).
+    pub fn failed(&mut self) {
+        self.failing = true;
+    }
+
+    /// Whether calls have been failing since the last success.
+    pub fn failing(&self) -> bool {
+        self.failing
+    }
+
+    /// How far back to set the clock for expiry decisions at `now_ms` in a group whose
+    /// session timeout is `session_timeout_ms`: the outage's length until every member had a
+    /// full session after it, then 0.
+    pub fn shift_ms(&self, now_ms: u64, session_timeout_ms: u64) -> u64 {
+        match self.credit {
+            Some(c) if now_ms <= c.ended_ms + session_timeout_ms => c.length_ms,
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_outage_no_shift() {
+        let mut o = StoreOutages::default();
+        assert_eq!(o.ok(1_000), None);
+        assert_eq!(o.ok(2_000), None);
+        assert_eq!(o.shift_ms(2_000, 10_000), 0);
+    }
+
+    #[test]
+    fn an_outage_extends_sessions_by_its_length_for_one_session() {
+        let mut o = StoreOutages::default();
+        o.ok(1_000);
+        o.failed();
+        o.failed();
+        assert!(o.failing());
+        // Measured from the last success, not from the first failure.
+        let credit = o.ok(9_000).unwrap();
+        assert_eq!(credit.length_ms, 8_000);
+        assert_eq!(o.shift_ms(9_000, 5_000), 8_000);
+        assert_eq!(o.shift_ms(14_000, 5_000), 8_000);
+        assert_eq!(
+            o.shift_ms(14_001, 5_000),
+            0,
+            "every member had a session to come back"
+        );
+        // A member last heard at 500 with a 5 s session, seen at 9 000: silent 8 500 ms, but
+        // 8 000 of them were the outage: it is judged at 1 000 and stays.
+        let judged_at = 9_000 - o.shift_ms(9_000, 5_000);
+        assert!(judged_at - 500 <= 5_000);
+    }
+
+    #[test]
+    fn failures_before_any_success_give_no_credit() {
+        // A coordinator started during the outage knows no start: members it has never seen
+        // heartbeat are judged by their recorded heartbeats.
+        let mut o = StoreOutages::default();
+        o.failed();
+        assert_eq!(o.ok(5_000), None);
+        assert_eq!(o.shift_ms(5_000, 10_000), 0);
+    }
+
+    #[test]
+    fn close_outages_add_up_and_distant_ones_do_not() {
+        let mut o = StoreOutages::default();
+        o.ok(0);
+        o.failed();
+        o.ok(2_000);
+        o.failed();
+        assert_eq!(o.ok(5_000).unwrap().length_ms, 2_000 + 3_000);
+        o.ok(200_000);
+        o.failed();
+        assert_eq!(o.ok(201_000).unwrap().length_ms, 1_000);
+    }
+}

@@ -1,0 +1,412 @@
+//! A Redis connection that finds its master through Redis Sentinel, shared by the
+//! coordinator (metadata store, data Redis) and the client (consumers, producers).
+//!
+//! [`SentinelRedis`] asks the sentinels for the master of a named service (redis-rs's
+//! [`redis::sentinel`] support: `SENTINEL MASTERS`, then `ROLE` on the candidate, so a node
+//! that no longer considers itself master is never used), connects one multiplexed
+//! connection to it and hands out cheap [`SentinelConn`] clones of it. A command that fails
+//! in a way that says the master is gone or was demoted — a connection error, a timeout, or a
+//! `READONLY` reply from a node that became a replica — drops that connection; the next
+//! command asks the sentinels again. Nothing is retried here: the failed command returns its
+//! error, and the caller's own retry (a heartbeat, a worker's next read) lands on the new
+//! master once the sentinels have promoted one.
+//!
+//! Connections that need their own socket (blocking reads, `WATCH`) take the master's address
+//! from [`SentinelRedis::master`] and report a failure with [`SentinelRedis::report`].
+
+#![deny(missing_docs)]
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError,
+    RedisFuture, RedisResult, ServerErrorKind, Value,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Where the sentinels are and how to reach the master they name.
+#[derive(Clone)]
+pub struct SentinelConfig {
+    /// Sentinel addresses (host, port); at least one.
+    pub sentinels: Vec<(String, u16)>,
+    /// The monitored master's name (`sentinel monitor NAME …`).
+    pub master_name: String,
+    /// User name for the sentinels (`AUTH`), if they require one.
+    pub sentinel_username: Option<String>,
+    /// Password for the sentinels, if they require one.
+    pub sentinel_password: Option<String>,
+    /// User name, password and database number for the master.
+    pub master: redis::RedisConnectionInfo,
+    /// Time to connect to a sentinel or the master.
+    pub connect_timeout: Duration,
+    /// Time to wait for one reply of the master.
+    pub response_timeout: Duration,
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Passwords are not printed.
+        f.debug_struct("SentinelConfig")
+            .field("sentinels", &self.sentinels)
+            .field("master_name", &self.master_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Wrong sentinel settings (nothing is connected when these are found).
+#[derive(Debug, thiserror::Error)]
+pub enum SentinelError {
+    /// No sentinel address.
+    #[error("no sentinel address given")]
+    NoSentinel,
+    /// An address is not `HOST:PORT`.
+    #[error("invalid sentinel address {0:?}: expected HOST:PORT")]
+    BadAddress(String),
+    /// No master name.
+    #[error("the sentinel master name is empty")]
+    NoMasterName,
+    /// redis-rs refused the settings.
+    #[error("invalid sentinel settings: {0}")]
+    Invalid(#[source] RedisError),
+}
+
+/// Parses `HOST:PORT[,HOST:PORT…]` (spaces around commas allowed, `[v6]:port` accepted).
+pub fn parse_addrs(list: &str) -> Result<Vec<(String, u16)>, SentinelError> {
+    let addrs = list
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            let (host, port) = a
+                .rsplit_once(':')
+                .ok_or_else(|| SentinelError::BadAddress(a.to_owned()))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| SentinelError::BadAddress(a.to_owned()))?;
+            if host.is_empty() || port == 0 {
+                return Err(SentinelError::BadAddress(a.to_owned()));
+            }
+            Ok((host.to_owned(), port))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if addrs.is_empty() {
+        return Err(SentinelError::NoSentinel);
+    }
+    Ok(addrs)
+}
+
+/// Whether `e` says the connection's master is gone or no longer master: the connection is
+/// dropped and the master looked up again.
+pub fn is_failover_error(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly)
+                | ErrorKind::Server(ServerErrorKind::MasterDown)
+        )
+}
+
+fn is_failover_reply(v: &Value) -> bool {
+    matches!(v, Value::ServerError(se)
+        if matches!(se.kind(), Some(ServerErrorKind::ReadOnly) | Some(ServerErrorKind::MasterDown)))
+}
+
+struct Current {
+    generation: u64,
+    info: ConnectionInfo,
+    conn: MultiplexedConnection,
+}
+
+struct Inner {
+    config: SentinelConfig,
+    /// Serialises look-ups (one at a time; the others then find the fresh connection).
+    client: tokio::sync::Mutex<SentinelClient>,
+    current: Mutex<Option<Current>>,
+    generation: AtomicU64,
+    lookups: AtomicU64,
+}
+
+/// A master found through the sentinels; connects on first use, cheap to clone.
+#[derive(Clone)]
+pub struct SentinelRedis(Arc<Inner>);
+
+impl std::fmt::Debug for SentinelRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelRedis")
+            .field("config", &self.0.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelRedis {
+    /// A handle for `config`; fails only on wrong settings (nothing is connected yet).
+    pub fn open(config: SentinelConfig) -> Result<Self, SentinelError> {
+        if config.sentinels.is_empty() {
+            return Err(SentinelError::NoSentinel);
+        }
+        if config.master_name.trim().is_empty() {
+            return Err(SentinelError::NoMasterName);
+        }
+        let mut builder = SentinelClientBuilder::new(
+            config
+                .sentinels
+                .iter()
+                .map(|(h, p)| ConnectionAddr::Tcp(h.clone(), *p)),
+            config.master_name.clone(),
+            SentinelServerType::Master,
+        )
+        .map_err(SentinelError::Invalid)?
+        .set_client_to_redis_db(config.master.db());
+        if let Some(u) = config.master.username() {
+            builder = builder.set_client_to_redis_username(u);
+        }
+        if let Some(p) = config.master.password() {
+            builder = builder.set_client_to_redis_password(p);
+        }
+        if let Some(u) = &config.sentinel_username {
+            builder = builder.set_client_to_sentinel_username(u);
+        }
+        if let Some(p) = &config.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(p);
+        }
+        let client = builder.build().map_err(SentinelError::Invalid)?;
+        Ok(SentinelRedis(Arc::new(Inner {
+            config,
+            client: tokio::sync::Mutex::new(client),
+            current: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+        })))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SentinelConfig {
+        &self.0.config
+    }
+
+    /// How many times the master was looked up through the sentinels (1 after the first
+    /// connection, one more after each failover seen).
+    pub fn lookups(&self) -> u64 {
+        self.0.lookups.load(Ordering::Relaxed)
+    }
+
+    fn cached(&self) -> Option<(u64, ConnectionInfo, MultiplexedConnection)> {
+        let g = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref()
+            .map(|c| (c.generation, c.info.clone(), c.conn.clone()))
+    }
+
+    /// The current master connection, looked up through the sentinels when there is none.
+    pub async fn get(&self) -> RedisResult<SentinelConn> {
+        let (generation, _, conn) = self.resolve().await?;
+        Ok(SentinelConn {
+            owner: self.clone(),
+            generation,
+            conn,
+        })
+    }
+
+    /// The current master's address and connection number, looked up when unknown; for a
+    /// caller that opens its own connection to it (report its failures with
+    /// [`Self::report`]).
+    pub async fn master(&self) -> RedisResult<(u64, ConnectionInfo)> {
+        let (generation, info, _) = self.resolve().await?;
+        Ok((generation, info))
+    }
+
+    /// Reports that a command on connection `generation` failed with `e`: when `e` says the
+    /// master is gone or demoted, the next use looks the master up again.
+    pub fn report(&self, generation: u64, e: &RedisError) {
+        if is_failover_error(e) {
+            self.forget(generation, e);
+        }
+    }
+
+    fn forget(&self, generation: u64, why: &dyn std::fmt::Display) {
+        let mut g = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_some_and(|c| c.generation == generation) {
+            warn!(
+                master = %self.0.config.master_name,
+                error = %why,
+                "Redis master lost or demoted: asking the sentinels again on next use"
+            );
+            *g = None;
+        }
+    }
+
+    async fn resolve(&self) -> RedisResult<(u64, ConnectionInfo, MultiplexedConnection)> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let mut client = self.0.client.lock().await;
+        // Another task may have looked it up while this one waited.
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let cfg = &self.0.config;
+        // Bounded: each sentinel and the candidate master get a connect timeout.
+        let bound = cfg.connect_timeout * (cfg.sentinels.len() as u32 + 2);
+        let lookup = async {
+            let master = client.async_get_client().await?;
+            let info = master.get_connection_info().clone();
+            let conn = master
+                .get_multiplexed_async_connection_with_config(
+                    &AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(cfg.connect_timeout))
+                        .set_response_timeout(Some(cfg.response_timeout)),
+                )
+                .await?;
+            Ok::<_, RedisError>((info, conn))
+        };
+        let (info, conn) = match tokio::time::timeout(bound, lookup).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(RedisError::from((
+                    ErrorKind::Io,
+                    "timed out asking the sentinels for the master",
+                )));
+            }
+        };
+        self.0.lookups.fetch_add(1, Ordering::Relaxed);
+        let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        info!(master = %cfg.master_name, addr = %info.addr(), generation, "Redis master found through the sentinels");
+        *self.0.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Current {
+            generation,
+            info: info.clone(),
+            conn: conn.clone(),
+        });
+        Ok((generation, info, conn))
+    }
+}
+
+/// One use of the master connection of a [`SentinelRedis`] (a multiplexed connection: clones
+/// share one socket). A failure that says the master is gone or demoted makes the next
+/// [`SentinelRedis::get`] look the master up again.
+#[derive(Clone)]
+pub struct SentinelConn {
+    owner: SentinelRedis,
+    generation: u64,
+    conn: MultiplexedConnection,
+}
+
+impl SentinelConn {
+    fn check(&self, r: &RedisResult<Value>) {
+        match r {
+            Err(e) => self.owner.report(self.generation, e),
+            Ok(v) if is_failover_reply(v) => self.owner.forget(self.generation, &"READONLY reply"),
+            Ok(_) => {}
+        }
+    }
+}
+
+impl ConnectionLike for SentinelConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let r = self.conn.req_packed_command(cmd).await;
+            self.check(&r);
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let r = self.conn.req_packed_commands(pipeline, offset, count).await;
+            match &r {
+                Err(e) => self.owner.report(self.generation, e),
+                Ok(values) if values.iter().any(is_failover_reply) => {
+                    self.owner.forget(self.generation, &"READONLY reply")
+                }
+                Ok(_) => {}
+            }
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.owner.0.config.master.db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_addrs("a:1, b:26379 ,").unwrap(),
+            vec![("a".to_owned(), 1), ("b".to_owned(), 26379)]
+        );
+        assert_eq!(parse_addrs("[::1]:5").unwrap(), vec![("::1".to_owned(), 5)]);
+        assert!(matches!(parse_addrs(" , "), Err(SentinelError::NoSentinel)));
+        assert!(matches!(
+            parse_addrs("a"),
+            Err(SentinelError::BadAddress(_))
+        ));
+        assert!(matches!(
+            parse_addrs("a:x"),
+            Err(SentinelError::BadAddress(_))
+        ));
+        assert!(matches!(
+            parse_addrs(":1"),
+            Err(SentinelError::BadAddress(_))
+        ));
+    }
+
+    #[test]
+    fn readonly_and_connection_errors_trigger_a_new_lookup() {
+        let ro = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(is_failover_error(&ro));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(is_failover_error(&io));
+        let wrong = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "WRONGTYPE",
+        ));
+        assert!(!is_failover_error(&wrong));
+    }
+
+    #[test]
+    fn settings_are_checked_without_connecting() {
+        let cfg = SentinelConfig {
+            sentinels: vec![("127.0.0.1".into(), 1)],
+            master_name: "m".into(),
+            sentinel_username: None,
+            sentinel_password: Some("secret".into()),
+            master: redis::RedisConnectionInfo::default(),
+            connect_timeout: Duration::from_millis(100),
+            response_timeout: Duration::from_millis(100),
+        };
+        let r = SentinelRedis::open(cfg.clone()).unwrap();
+        assert!(!format!("{r:?}").contains("secret"));
+        assert!(matches!(
+            SentinelRedis::open(SentinelConfig {
+                master_name: " ".into(),
+                ..cfg.clone()
+            }),
+            Err(SentinelError::NoMasterName)
+        ));
+        assert!(matches!(
+            SentinelRedis::open(SentinelConfig {
+                sentinels: vec![],
+                ..cfg
+            }),
+            Err(SentinelError::NoSentinel)
+        ));
+    }
+}

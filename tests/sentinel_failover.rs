@@ -1,0 +1,644 @@
+//! Redis Sentinel failover with real processes: 1 master + 2 replicas + 3 sentinels on
+//! loopback, a coordinator on the Redis store (and data Redis) through the sentinels, 3
+//! `sample-consumer` pods, a `sample-producer` writing continuously; the master is killed
+//! with SIGKILL mid-run. Measured and printed: how long until heartbeats succeed again, until
+//! consumption resumes, entries the producer was told were published that are gone, and
+//! duplicates — with asynchronous replication, then with the replicas cut off 300 ms before the
+//! kill (replication lag: the master acknowledged entries no replica has) without and with the
+//! producer waiting for a replica (`WAIT 1`), where no acknowledged entry may be lost. In every
+//! run the group keeps its members: the store outage (longer than the session timeout here)
+//! extends the sessions instead of expiring every member.
+//!
+//! Also scrapes a consumer pod's and the producer's `/metrics`, and checks that a connection to
+//! a master demoted by a manual failover (alive, answering `READONLY`) is dropped for the new
+//! master.
+
+use rsc_e2e::Api;
+use rsc_testkit::{
+    CoordinatorProcess, SENTINEL_MASTER, SentinelDeployment, Signal, binary_path, free_port, signal,
+};
+use serde_json::json;
+use std::collections::{BTreeSet, HashMap};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const STREAM: &str = "orders";
+const GROUP: &str = "billing";
+const SHARDS: u32 = 6;
+const PODS: usize = 3;
+const CONCURRENCY: u32 = 2;
+/// Shorter than the outage a failover causes: without the outage credit every member would
+/// expire.
+const SESSION_MS: u64 = 2_000;
+const HEARTBEAT_MS: u64 = 400;
+const RATE: u64 = 400;
+const COUNT: u64 = 6_000;
+const RECORD: &str = "handled";
+/// Simulated replication lag at the moment of the kill.
+const LAG: Duration = Duration::from_millis(300);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Kills the child when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Figures {
+    label: &'static str,
+    promoted_ms: u64,
+    store_outage_s: f64,
+    heartbeats_back_ms: u64,
+    consumption_back_ms: u64,
+    acked: usize,
+    acked_lost: usize,
+    duplicates: usize,
+    members_before: BTreeSet<String>,
+    members_after: BTreeSet<String>,
+    expired: f64,
+    pod_metrics_ok: bool,
+    producer_metrics_ok: bool,
+}
+
+fn redis_on(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("redis connection")
+}
+
+/// Every value of `field` in a stream (XRANGE, paged).
+fn stream_field(con: &mut redis::Connection, key: &str, field: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut start = "-".to_owned();
+    loop {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(key)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(5000)
+            .query(con)
+            .expect("XRANGE");
+        let n = reply.ids.len();
+        for id in reply.ids {
+            start = format!("({}", id.id);
+            if let Some(v) = id.map.get(field) {
+                out.push(redis::from_redis_value_ref::<String>(v).unwrap_or_default());
+            }
+        }
+        if n < 5000 {
+            return out;
+        }
+    }
+}
+
+/// Handled entries: (seq, finished_ms).
+fn handled(con: &mut redis::Connection) -> Vec<(u64, u64)> {
+    let seqs = stream_field(con, RECORD, "seq");
+    let done = stream_field(con, RECORD, "finished_ms");
+    seqs.iter()
+        .zip(&done)
+        .filter_map(|(s, f)| Some((s.parse().ok()?, f.parse().ok()?)))
+        .collect()
+}
+
+async fn members(api: &Api) -> Option<BTreeSet<String>> {
+    let (s, g) = api
+        .try_call(reqwest::Method::GET, &format!("/v1/groups/{GROUP}"), None)
+        .await
+        .ok()?;
+    if !s.is_success() {
+        return None;
+    }
+    Some(
+        g["members"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["member_id"].as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+async fn scrape(port: u16, needle: &str) -> bool {
+    match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+        Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| t.contains(needle)),
+        _ => false,
+    }
+}
+
+async fn metric(api: &Api, name: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", api.base()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Heartbeats one probe member every 100 ms until `stop`; returns the times of the
+/// successful ones.
+async fn probe(api: Api, stop: tokio::sync::watch::Receiver<bool>) -> Vec<u64> {
+    let mut ok = Vec::new();
+    let mut epoch = 0i64;
+    let mut owned: Vec<u32> = Vec::new();
+    while !*stop.borrow() {
+        let body = json!({"protocol_version": 1, "member_id": "probe-0",
+            "member_epoch": epoch, "owned_shards": owned});
+        match api
+            .try_call(
+                reqwest::Method::POST,
+                "/v1/groups/probe/heartbeat",
+                Some(body),
+            )
+            .await
+        {
+            Ok((s, r)) if s.is_success() => {
+                ok.push(now_ms());
+                epoch = r["member_epoch"].as_i64().unwrap_or(epoch);
+                owned = r["assignment"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_u64().map(|v| v as u32))
+                    .collect();
+            }
+            Ok((s, _)) if s.is_client_error() => {
+                // Forgotten (expired): rejoin like a client would.
+                epoch = 0;
+                owned.clear();
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ok
+}
+
+/// One run: the master is killed mid-run; with `replica_lag`, the replicas are frozen
+/// (SIGSTOP) and their replication links cut that long before the kill, and thawed right after
+/// it — replication that lags by that much, as across a slow network — so that the master
+/// acknowledges writes no replica has.
+async fn scenario(
+    label: &'static str,
+    wait_replicas: Option<u32>,
+    replica_lag: Option<Duration>,
+) -> Figures {
+    let deployment = SentinelDeployment::start(2, 3).expect("sentinel deployment starts");
+    let sentinels = deployment.sentinel_addrs();
+    let first_master = deployment.master_port().expect("a master");
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "redis",
+        "--redis-sentinel",
+        &sentinels,
+        "--redis-sentinel-master",
+        SENTINEL_MASTER,
+        "--data-redis-sentinel",
+        &sentinels,
+        "--data-redis-sentinel-master",
+        SENTINEL_MASTER,
+        "--sweep-interval-ms",
+        "100",
+    ])
+    .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let (s, b) = api
+        .post(
+            "/v1/groups",
+            json!({"group": GROUP, "stream": STREAM, "shard_count": SHARDS,
+                "session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": HEARTBEAT_MS}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{b}");
+    let (s, b) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "probe", "stream": "probe-stream", "shard_count": 1,
+                "session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": HEARTBEAT_MS}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{b}");
+
+    let echo = std::env::var_os("RSC_TEST_ECHO").is_some();
+    let stderr = || {
+        if echo {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        }
+    };
+    let metrics_port = free_port().expect("port");
+    let pods: Vec<Proc> = (0..PODS)
+        .map(|i| {
+            let mut cmd = Command::new(binary_path("sample-consumer").expect("built"));
+            cmd.args(["--coordinator", &coordinator.url()])
+                .args(["--redis-url", "redis://127.0.0.1:1"])
+                .args(["--redis-sentinel", &sentinels])
+                .args(["--redis-sentinel-master", SENTINEL_MASTER])
+                .args(["--group", GROUP, "--stream", STREAM])
+                .args(["--concurrency", &CONCURRENCY.to_string()])
+                .args(["--pod-ip", &format!("10.0.0.{}", i + 1)])
+                .args(["--record-stream", RECORD]);
+            if i == 0 {
+                cmd.args(["--health-listen", &format!("127.0.0.1:{metrics_port}")]);
+            }
+            Proc(
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(stderr())
+                    .spawn()
+                    .expect("sample-consumer starts"),
+            )
+        })
+        .collect();
+    // Stable: every member owns its shards.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let members_before = loop {
+        let (_, g) = api.get(&format!("/v1/groups/{GROUP}")).await;
+        let ms = g["members"].as_array().cloned().unwrap_or_default();
+        let owned: usize = ms
+            .iter()
+            .map(|m| m["owned_shards"].as_array().map_or(0, Vec::len))
+            .sum();
+        if ms.len() == PODS * CONCURRENCY as usize && owned == SHARDS as usize {
+            break ms
+                .iter()
+                .filter_map(|m| m["member_id"].as_str().map(str::to_owned))
+                .collect::<BTreeSet<_>>();
+        }
+        assert!(Instant::now() < deadline, "group never stable: {g:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    let acked_log = tempfile::NamedTempFile::new().expect("temp file");
+    let producer_port = free_port().expect("port");
+    let mut producer = Command::new(binary_path("sample-producer").expect("built"));
+    producer
+        .args(["--coordinator", &coordinator.url()])
+        .args(["--redis-url", "redis://127.0.0.1:1"])
+        .args(["--redis-sentinel", &sentinels])
+        .args(["--redis-sentinel-master", SENTINEL_MASTER])
+        .args(["--stream", STREAM, "--count", &COUNT.to_string()])
+        .args(["--keys", "50", "--rate", &RATE.to_string(), "--batch", "20"])
+        .args(["--acked-log", &acked_log.path().display().to_string()])
+        .args(["--health-listen", &format!("127.0.0.1:{producer_port}")]);
+    if let Some(n) = wait_replicas {
+        producer.args([
+            "--wait-replicas",
+            &n.to_string(),
+            "--wait-timeout-ms",
+            "500",
+        ]);
+    }
+    let producer = Proc(
+        producer
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr())
+            .spawn()
+            .expect("sample-producer starts"),
+    );
+    let (stop_probe, stopped) = tokio::sync::watch::channel(false);
+    let prober = tokio::spawn(probe(api.clone(), stopped));
+
+    // Let it run, then kill the master.
+    {
+        let mut con = redis_on(first_master);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while handled(&mut con).len() < 1_000 {
+            assert!(Instant::now() < deadline, "consumption never started");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut deployment = deployment;
+    let replicas: Vec<u32> = deployment.servers[1..]
+        .iter()
+        .filter_map(|r| r.pid())
+        .collect();
+    if let Some(lag) = replica_lag {
+        // Frozen replicas still receive into their sockets' buffers: cut their links too, so
+        // that what the master acknowledges from now on reaches no replica.
+        for &pid in &replicas {
+            signal(pid, Signal::SIGSTOP).expect("SIGSTOP");
+        }
+        let killed = deployment.servers[0]
+            .command("CLIENT KILL TYPE replica")
+            .expect("CLIENT KILL");
+        assert!(killed.starts_with(':'), "{killed}");
+        tokio::time::sleep(lag).await;
+    }
+    let killed_ms = now_ms();
+    deployment.servers[0].kill();
+    if replica_lag.is_some() {
+        for &pid in &replicas {
+            signal(pid, Signal::SIGCONT).expect("SIGCONT");
+        }
+    }
+
+    // The sentinels promote a replica.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let new_master = loop {
+        if let Some(p) = deployment.master_port().filter(|&p| p != first_master) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no replica was promoted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let promoted_ms = now_ms() - killed_ms;
+
+    // Producer finishes; every entry that is in the stream gets handled.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let acked: BTreeSet<u64> = loop {
+        let text = std::fs::read_to_string(acked_log.path()).unwrap_or_default();
+        let acked: BTreeSet<u64> = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split(' ').map(|v| v.parse::<u64>().ok());
+                Some((it.next()??, it.next()??))
+            })
+            .flat_map(|(a, b)| a..b)
+            .collect();
+        if acked.len() as u64 == COUNT {
+            break acked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the producer did not finish: {} of {COUNT} acknowledged",
+            acked.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (_, routing) = api.get(&format!("/v1/streams/{STREAM}/routing")).await;
+    let keys: Vec<String> = routing["shard_keys"]
+        .as_array()
+        .expect("shard keys")
+        .iter()
+        .filter_map(|k| k.as_str().map(str::to_owned))
+        .collect();
+    let mut con = redis_on(new_master);
+    let in_stream: BTreeSet<u64> = keys
+        .iter()
+        .flat_map(|k| stream_field(&mut con, k, "seq"))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let records = loop {
+        let records = handled(&mut con);
+        let seen: BTreeSet<u64> = records.iter().map(|r| r.0).collect();
+        if in_stream.is_subset(&seen) {
+            break records;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "entries in the stream were never handled: {} of {}",
+            in_stream.difference(&seen).count(),
+            in_stream.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    stop_probe.send(true).expect("probe runs");
+    let beats = prober.await.expect("probe");
+    let heartbeats_back_ms = beats
+        .iter()
+        .find(|&&t| t > killed_ms + 50)
+        .map_or(u64::MAX, |t| t - killed_ms);
+    let consumption_back_ms = records
+        .iter()
+        .map(|r| r.1)
+        .filter(|&t| t > killed_ms)
+        .min()
+        .map_or(u64::MAX, |t| t - killed_ms);
+    let mut per_seq: HashMap<u64, usize> = HashMap::new();
+    for r in &records {
+        *per_seq.entry(r.0).or_default() += 1;
+    }
+    let duplicates = per_seq.values().map(|n| n - 1).sum();
+    let members_after = members(&api).await.unwrap_or_default();
+    let pod_metrics_ok = scrape(metrics_port, "rsc_client_").await;
+    let producer_metrics_ok = scrape(producer_port, "rsc_client_published_total").await;
+    let store_outage_s = metric(&api, "rsc_store_last_outage_seconds").await;
+    let expired = metric(&api, "rsc_members_expired_total").await;
+    drop(producer);
+    drop(pods);
+    Figures {
+        label,
+        promoted_ms,
+        store_outage_s,
+        heartbeats_back_ms,
+        consumption_back_ms,
+        acked: acked.len(),
+        acked_lost: acked.difference(&in_stream).count(),
+        duplicates,
+        members_before,
+        members_after,
+        expired,
+        pod_metrics_ok,
+        producer_metrics_ok,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed_under_load_with_and_without_wait() {
+    let runs = [
+        scenario("async replication", None, None).await,
+        scenario("async, replicas 300 ms behind", None, Some(LAG)).await,
+        scenario("WAIT 1, replicas 300 ms behind", Some(1), Some(LAG)).await,
+    ];
+    println!(
+        "\n| run | promoted (ms) | store outage seen (s) | heartbeats back (ms) | consumption back (ms) | acked | acked lost | duplicates | members kept | members expired |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for f in &runs {
+        println!(
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {}/{} | {} |",
+            f.label,
+            f.promoted_ms,
+            f.store_outage_s,
+            f.heartbeats_back_ms,
+            f.consumption_back_ms,
+            f.acked,
+            f.acked_lost,
+            f.duplicates,
+            f.members_after.intersection(&f.members_before).count(),
+            f.members_before.len(),
+            f.expired as u64
+        );
+    }
+    for f in &runs {
+        assert_eq!(
+            f.members_after, f.members_before,
+            "{}: the group lost or replaced members across the failover",
+            f.label
+        );
+        assert_eq!(
+            f.expired, 0.0,
+            "{}: the store outage expired members (they could not heartbeat)",
+            f.label
+        );
+        assert!(
+            f.heartbeats_back_ms < 30_000,
+            "{}: heartbeats never came back",
+            f.label
+        );
+        assert!(
+            f.consumption_back_ms < 30_000,
+            "{}: consumption never resumed",
+            f.label
+        );
+        assert!(
+            f.pod_metrics_ok,
+            "{}: a pod's /metrics was not scrapeable",
+            f.label
+        );
+        assert!(
+            f.producer_metrics_ok,
+            "{}: the producer's /metrics was not scrapeable",
+            f.label
+        );
+        assert!(
+            f.store_outage_s > 0.0,
+            "{}: the coordinator did not see the store outage",
+            f.label
+        );
+    }
+    assert!(
+        runs[1].acked_lost > 0,
+        "replicas 300 ms behind must lose acknowledged entries without WAIT (else this run \
+         proves nothing about the WAIT option)"
+    );
+    assert_eq!(
+        runs[2].acked_lost, 0,
+        "with WAIT 1 no acknowledged entry may be lost"
+    );
+}
+
+/// `SENTINEL FAILOVER` demotes a live master: the connection made to it answers `READONLY`
+/// (or is closed by the server), is dropped, and the next command goes to the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_master_is_left_for_the_new_one() {
+    let deployment = SentinelDeployment::start(1, 3).expect("sentinel deployment starts");
+    let first = deployment.master_port().expect("a master");
+    let redis = rsc_sentinel::SentinelRedis::open(rsc_sentinel::SentinelConfig {
+        sentinels: rsc_sentinel::parse_addrs(&deployment.sentinel_addrs()).expect("addrs"),
+        master_name: SENTINEL_MASTER.into(),
+        sentinel_username: None,
+        sentinel_password: None,
+        master: redis::RedisConnectionInfo::default(),
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+    })
+    .expect("settings");
+    let set = |conn: &mut rsc_sentinel::SentinelConn, v: u32| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("SET")
+                .arg("k")
+                .arg(v)
+                .query_async::<()>(&mut conn)
+                .await
+        }
+    };
+    let mut conn = redis.get().await.expect("connected");
+    set(&mut conn, 1).await.expect("written to the master");
+    assert_eq!(redis.lookups(), 1);
+    // What a shard worker's own connection is made from.
+    let (generation, info) = redis.master().await.expect("the master's address");
+
+    // A manual failover: the old master stays up, as a replica.
+    let sentinel_port: u16 = deployment
+        .sentinel_addrs()
+        .split(',')
+        .next()
+        .and_then(|a| a.rsplit(':').next()?.parse().ok())
+        .expect("a sentinel port");
+    let mut s = redis_on(sentinel_port);
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SENTINEL_MASTER)
+        .query(&mut s)
+        .expect("SENTINEL FAILOVER");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let promoted = loop {
+        if let Some(p) = deployment.master_port().filter(|&p| p != first) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The old master turns replica: wait until it says so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut redis_on(first))
+            .expect("old master alive");
+        if info.contains("role:slave") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old master was not demoted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A connection made from the stale address now reaches a replica: `READONLY`. Reported,
+    // it makes the next look-up ask the sentinels.
+    let mut stale = redis::Client::open(info)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the old master is alive");
+    let e = redis::cmd("SET")
+        .arg("k")
+        .arg(9)
+        .query_async::<()>(&mut stale)
+        .await
+        .expect_err("a replica refuses writes");
+    assert_eq!(
+        e.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+        "{e}"
+    );
+    assert!(rsc_sentinel::is_failover_error(&e));
+    redis.report(generation, &e);
+    let (_, now) = redis.master().await.expect("looked up again");
+    assert_eq!(
+        now.addr().to_string(),
+        format!("127.0.0.1:{promoted}"),
+        "the sentinels' new master"
+    );
+    assert_eq!(redis.lookups(), 2);
+
+    // The connection the client held was closed by the demotion: it fails once, then writes
+    // land on the new master.
+    let old = set(&mut conn, 2).await;
+    let err = old.expect_err("a write on the demoted master must fail");
+    eprintln!("write on the demoted master: {err}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = redis.get().await.expect("re-resolved");
+        if set(&mut c, 3).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never wrote to the new master");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(redis.lookups() >= 2, "the master was looked up again");
+    let v: u32 = redis::cmd("GET")
+        .arg("k")
+        .query(&mut redis_on(promoted))
+        .expect("GET");
+    assert_eq!(v, 3, "the write went to the promoted master");
+}
