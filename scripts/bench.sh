@@ -56,6 +56,8 @@ else
 fi
 run listener $quick
 run lifecycle $quick
+# P5' cost: 10,000 open wake-up channels (RSS, heartbeat p99, Redis commands per heartbeat).
+run wake $quick
 # S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
 run scale $quick
 

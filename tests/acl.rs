@@ -109,6 +109,15 @@ fn rows() -> Vec<Row> {
             "/v1/heartbeats",
             [200, 200, 403, 403, 401, 401, 200, 200, 403, 403],
         ),
+        // Wake-up channel: role member (or admin); every item's group in scope, else the
+        // whole channel is refused. (The stack closes an idle channel after 1 s, so that a
+        // 200 stream ends.)
+        row(
+            Method::POST,
+            "/v1/wakeups",
+            "/v1/wakeups",
+            [200, 200, 403, 403, 401, 401, 403, 403, 403, 403],
+        ),
         // Producers (and viewers): the stream in scope.
         row(
             Method::GET,
@@ -187,6 +196,9 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
         ("POST", "/v1/heartbeats") => Some(json!({"heartbeats": [{"group": "g1", "heartbeat": {
             "protocol_version": 1, "member_id": format!("m-batch-{who}"), "member_epoch": 0
         }}]})),
+        ("POST", "/v1/wakeups") => {
+            Some(json!({"members": [{"group": "g1", "member_id": format!("m-{who}")}]}))
+        }
         ("POST", "/v1/groups/{group}/leave") => {
             let id = format!("m-{who}");
             let epoch = epochs.get(&id).copied().unwrap_or(1);
@@ -198,7 +210,7 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
 
 #[tokio::test]
 async fn every_role_on_every_route() {
-    let stack = Secured::start(&["--admin-burst", "100"]);
+    let stack = Secured::start(&["--admin-burst", "100", "--wake-idle-timeout-ms", "1000"]);
     let admin = stack.api("admin");
     // Fixtures: g1 and g-del on s1 (2 shards), member m-rm in g1.
     for g in ["g1", "g-del"] {

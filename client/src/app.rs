@@ -200,6 +200,14 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Whether the app opens a wake-up channel so that its members act on group changes at
+    /// once rather than at their next heartbeat (default: on, unless
+    /// `RSC_WAKE_CHANNEL=false`); see [`ClientConfig::wake_channel`].
+    pub fn wake_channel(mut self, on: bool) -> Self {
+        self.config.wake_channel = on;
+        self
+    }
+
     /// Adds a listener.
     pub fn listener(mut self, listener: Listener) -> Self {
         self.listeners.push(listener);
@@ -321,6 +329,25 @@ impl ConsumerApp {
         let instance = cfg.instance_id.clone().unwrap_or_default();
         let incarnation = cfg.static_membership.then(new_incarnation);
         let shutdown = self.handle.shutdown.clone();
+        // One wake-up channel for every member of the app; it ends with the app.
+        let wake_stop = CancellationToken::new();
+        let _wake_stop = wake_stop.clone().drop_guard();
+        let wake_signals = if cfg.wake_channel {
+            let all = self
+                .listeners
+                .iter()
+                .flat_map(|l| {
+                    let instance = &instance;
+                    (0..l.concurrency).map(move |i| rsc_protocol::WakeMember {
+                        group: l.group.clone(),
+                        member_id: format!("{instance}-{}-{i}", l.name),
+                    })
+                })
+                .collect();
+            crate::consumer::wake::spawn(coord.clone(), all, wake_stop)
+        } else {
+            Default::default()
+        };
         let mut members = JoinSet::new();
         // Task id → (group, member id): names the member whose task panicked.
         let mut names = HashMap::new();
@@ -351,7 +378,11 @@ impl ConsumerApp {
                     concurrency: Some(l.concurrency),
                 };
                 let member_id = shared.member_id.clone();
-                let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info);
+                let signal = wake_signals
+                    .get(&(shared.group.clone(), shared.member_id.clone()))
+                    .cloned();
+                let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info)
+                    .with_wake(signal);
                 let task = members.spawn(member.run(shutdown.child_token()));
                 names.insert(task.id(), (l.group.clone(), member_id));
             }

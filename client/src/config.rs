@@ -48,6 +48,11 @@ pub struct ClientConfig {
     /// batched on `POST /v1/heartbeats` (default on; falls back to the single-member route
     /// on a coordinator without it). Off: one request per member heartbeat.
     pub heartbeat_batching: bool,
+    /// Whether a consumer app opens a wake-up channel (`POST /v1/wakeups`, one per process)
+    /// so that its members heartbeat as soon as the coordinator changes what they must do,
+    /// rather than at their next interval (default on; a coordinator without the route, or
+    /// a dropped channel, leaves the members on their heartbeat interval).
+    pub wake_channel: bool,
 }
 
 impl Default for ClientConfig {
@@ -65,6 +70,7 @@ impl Default for ClientConfig {
             host: None,
             shutdown_timeout: std::time::Duration::from_secs(25),
             heartbeat_batching: true,
+            wake_channel: true,
         }
     }
 }
@@ -73,9 +79,10 @@ impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
     /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_REDIS_SENTINEL`,
     /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_TOKEN`,
-    /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `POD_IP` and `POD_NAME` (falling
-    /// back to `HOSTNAME`), and `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the
-    /// instance id is `POD_NAME`, else `HOSTNAME`, taking precedence over `POD_IP`).
+    /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
+    /// the wake-up channel off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
+    /// `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`, else
+    /// `HOSTNAME`, taking precedence over `POD_IP`).
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -97,6 +104,12 @@ impl ClientConfig {
         cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD");
         if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
             cfg.heartbeat_batching = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
+        }
+        if let Some(v) = get("RSC_WAKE_CHANNEL") {
+            cfg.wake_channel = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "false" | "no" | "off"
             );
@@ -262,6 +275,9 @@ mod tests {
         let off =
             ClientConfig::from_lookup(|k| (k == "RSC_HEARTBEAT_BATCHING").then(|| "false".into()));
         assert!(!off.heartbeat_batching);
+        assert!(off.wake_channel);
+        let off = ClientConfig::from_lookup(|k| (k == "RSC_WAKE_CHANNEL").then(|| "off".into()));
+        assert!(!off.wake_channel);
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());

@@ -3,7 +3,7 @@
 use crate::error::CoordinatorError;
 use rsc_protocol::{
     ErrorBody, HeartbeatBatchRequest, HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse,
-    RoutingResponse,
+    RoutingResponse, WakeChannelRequest,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -116,6 +116,61 @@ impl CoordinatorClient {
             )
             .await?;
         Ok(())
+    }
+
+    /// `POST /v1/wakeups`: opens a wake-up channel on the current coordinator (moving to
+    /// the next URL after a transport error or a 5xx, as every request does). Returns the
+    /// URL and the streaming response (status 200); no overall timeout, only the connect one.
+    pub(crate) async fn open_wake_channel(
+        &self,
+        req: &WakeChannelRequest,
+    ) -> (String, Result<reqwest::Response, CoordinatorError>) {
+        let index = self.inner.current.load(Ordering::Relaxed) % self.inner.urls.len();
+        let url = self.inner.urls[index].clone();
+        let mut r = self.inner.http.post(format!("{url}/v1/wakeups")).json(req);
+        if let Some(t) = &self.inner.token {
+            r = r.bearer_auth(t);
+        }
+        let result = async {
+            let transport = |source| CoordinatorError::Transport {
+                url: url.clone(),
+                source: Arc::new(source),
+            };
+            let resp = r.send().await.map_err(transport)?;
+            let status = resp.status().as_u16();
+            if status == 200 {
+                return Ok(resp);
+            }
+            let bytes = resp.bytes().await.map_err(transport)?;
+            Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(body) => CoordinatorError::Api {
+                    url: url.clone(),
+                    status,
+                    code: body.error.code,
+                    message: body.error.message,
+                    retry_after_ms: body.error.retry_after_ms,
+                },
+                Err(_) => CoordinatorError::Unexpected {
+                    url: url.clone(),
+                    status,
+                    body: String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned(),
+                },
+            })
+        }
+        .await;
+        if let Err(e) = &result
+            && e.suggests_failover()
+            && self.inner.urls.len() > 1
+        {
+            let next = (index + 1) % self.inner.urls.len();
+            let _ = self.inner.current.compare_exchange(
+                index,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        (url, result)
     }
 
     /// `GET /v1/streams/{stream}/routing`.

@@ -5,6 +5,7 @@
 
 use crate::redis_conn::SentinelTarget;
 use clap::{Args, ValueEnum};
+use rsc_protocol::redact::{redact_opt, redact_url};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,7 +34,8 @@ pub enum LogFormat {
 }
 
 /// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+/// (`Debug` hides passwords: the Redis URLs' and the sentinels'.)
+#[derive(Clone, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings (kebab-case keys, e.g. `listen = "…"`).
@@ -130,13 +132,23 @@ pub struct ServeArgs {
     /// Request body limit in bytes [default: 65536].
     #[arg(long, env = "RSC_BODY_LIMIT")]
     pub body_limit: Option<usize>,
+    /// Most wake-up channels (`POST /v1/wakeups`) open at once; one more is refused with
+    /// 429 RATE_LIMITED and its members heartbeat as usual; 0 turns the route off
+    /// [default: 20000].
+    #[arg(long, env = "RSC_WAKE_MAX_CHANNELS")]
+    pub wake_max_channels: Option<usize>,
+    /// A wake-up channel that carried no wake-up for this long is closed (the client reopens
+    /// it), in ms [default: 300000].
+    #[arg(long, env = "RSC_WAKE_IDLE_TIMEOUT_MS")]
+    pub wake_idle_timeout_ms: Option<u64>,
     /// Log format [default: text].
     #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
 }
 
 /// Fully resolved serve settings.
-#[derive(Debug, Clone)]
+/// (`Debug` hides the Redis URLs' passwords.)
+#[derive(Clone)]
 pub struct ServeConfig {
     /// Listen address.
     pub listen: SocketAddr,
@@ -177,8 +189,96 @@ pub struct ServeConfig {
     pub tombstone_retention_ms: u64,
     /// Body limit.
     pub body_limit: usize,
+    /// Most open wake-up channels (0: the route is off).
+    pub wake_max_channels: usize,
+    /// Idle timeout of a wake-up channel.
+    pub wake_idle_timeout_ms: u64,
     /// Log format.
     pub log_format: LogFormat,
+}
+
+impl std::fmt::Debug for ServeArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeArgs")
+            .field("config", &self.config)
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("acl", &self.acl)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_password",
+                &redact_opt(&self.redis_sentinel_password),
+            )
+            .field("key_prefix", &self.key_prefix)
+            .field("allow_anonymous", &self.allow_anonymous)
+            .field("admin_rate", &self.admin_rate)
+            .field("admin_burst", &self.admin_burst)
+            .field(
+                "data_redis_url",
+                &self.data_redis_url.as_deref().map(redact_url),
+            )
+            .field("data_redis_cluster", &self.data_redis_cluster)
+            .field("data_redis_sentinel", &self.data_redis_sentinel)
+            .field(
+                "data_redis_sentinel_master",
+                &self.data_redis_sentinel_master,
+            )
+            .field(
+                "data_redis_sentinel_password",
+                &redact_opt(&self.data_redis_sentinel_password),
+            )
+            .field("rollback_window_ms", &self.rollback_window_ms)
+            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
+            .field("sweep_interval_ms", &self.sweep_interval_ms)
+            .field("history_interval_ms", &self.history_interval_ms)
+            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
+            .field("body_limit", &self.body_limit)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("listen", &self.listen)
+            .field("store", &self.store)
+            .field("acl", &self.acl)
+            .field(
+                "redis_urls",
+                &self
+                    .redis_urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field("key_prefix", &self.key_prefix)
+            .field("allow_anonymous", &self.allow_anonymous)
+            .field("admin_rate", &self.admin_rate)
+            .field("admin_burst", &self.admin_burst)
+            .field(
+                "data_redis_urls",
+                &self
+                    .data_redis_urls
+                    .as_ref()
+                    .map(|us| us.iter().map(|u| redact_url(u)).collect::<Vec<_>>()),
+            )
+            .field("data_redis_cluster", &self.data_redis_cluster)
+            .field("data_redis_sentinel", &self.data_redis_sentinel)
+            .field("rollback_window_ms", &self.rollback_window_ms)
+            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
+            .field("sweep_interval_ms", &self.sweep_interval_ms)
+            .field("history_interval_ms", &self.history_interval_ms)
+            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
+            .field("body_limit", &self.body_limit)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
 }
 
 /// A configuration error.
@@ -287,6 +387,14 @@ impl ServeArgs {
                 .body_limit
                 .or(file.body_limit)
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
+            wake_max_channels: self
+                .wake_max_channels
+                .or(file.wake_max_channels)
+                .unwrap_or(20_000),
+            wake_idle_timeout_ms: self
+                .wake_idle_timeout_ms
+                .or(file.wake_idle_timeout_ms)
+                .unwrap_or(300_000),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
         };
         let mut cfg = cfg;
@@ -369,6 +477,12 @@ impl ServeArgs {
             return Err(ConfigError::Invalid(
                 "--data-redis-sentinel and --data-redis-cluster exclude each other".into(),
             ));
+        }
+        if !(1_000..=24 * 3_600_000).contains(&cfg.wake_idle_timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "wake-idle-timeout-ms is {}; it must be within 1000..=86400000",
+                cfg.wake_idle_timeout_ms
+            )));
         }
         if cfg.body_limit < 1024 {
             return Err(ConfigError::Invalid(
@@ -558,5 +672,24 @@ mod tests {
         ));
         let f = std::fs::File::create(&path).unwrap();
         (path, f)
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_redis_and_sentinel_passwords() {
+        let args = ServeArgs {
+            redis_url: Some("redis://app:pw-store@r:6379".into()),
+            data_redis_url: Some("redis://:pw-data@d:6379".into()),
+            redis_sentinel_password: Some("pw-sentinel".into()),
+            data_redis_sentinel_password: Some("pw-data-sentinel".into()),
+            ..ServeArgs::default()
+        };
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("redis://app:<redacted>@r:6379"), "{shown}");
     }
 }

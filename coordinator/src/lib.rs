@@ -30,6 +30,7 @@
 //!     owned_shards: vec![],
 //!     drained_shards: vec![],
 //!     client: None,
+//!     incarnation: None,
 //! };
 //! let out = group.heartbeat(&stream, &join, 1_000).unwrap();
 //! assert_eq!(out.response.assignment, vec![0, 1, 2, 3]);
@@ -54,3 +55,4 @@ pub mod retired;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod wake;

@@ -18,14 +18,15 @@
 
 use crate::clock::Clock;
 use crate::engine::{
-    EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, routing_view,
-    stream_view,
+    EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, members_to_wake,
+    routing_view, stream_view,
 };
 use crate::fencing::OwnerTokens;
 use crate::outage::StoreOutages;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
+use crate::wake::WakeHub;
 use futures::StreamExt;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
@@ -235,6 +236,7 @@ pub struct Coordinator {
     fencing: Option<Arc<OwnerTokens>>,
     /// Store outages seen, so that one does not expire the members it kept silent.
     outages: Arc<Mutex<StoreOutages>>,
+    wakes: Option<Arc<WakeHub>>,
 }
 
 impl Coordinator {
@@ -251,6 +253,7 @@ impl Coordinator {
             config,
             fencing: None,
             outages: Arc::default(),
+            wakes: None,
         }
     }
 
@@ -290,6 +293,35 @@ impl Coordinator {
             .unwrap_or_else(|p| p.into_inner())
             .shift_ms(now, session_timeout_ms);
         now.saturating_sub(shift)
+    }
+
+    /// Wakes the members a write concerns through `hub` (the wake-up channels); without it
+    /// members learn of changes at their next heartbeat.
+    pub fn with_wakeups(mut self, hub: Arc<WakeHub>) -> Self {
+        self.wakes = Some(hub);
+        self
+    }
+
+    /// The wake-up hub, if any.
+    pub fn wakeups(&self) -> Option<&Arc<WakeHub>> {
+        self.wakes.as_ref()
+    }
+
+    /// After a write of `group` succeeded: wakes the members it concerns (all of them when
+    /// `after` is `None`: deleted), except `requester`, which gets its answer directly.
+    fn wake(
+        &self,
+        group: &str,
+        before: Option<&GroupDoc>,
+        after: Option<&GroupDoc>,
+        requester: Option<&str>,
+    ) {
+        let Some(hub) = &self.wakes else { return };
+        let mut members = members_to_wake(before, after);
+        if let Some(r) = requester {
+            members.retain(|m| m != r);
+        }
+        hub.wake(group, members);
     }
 
     /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
@@ -491,6 +523,7 @@ impl Coordinator {
                 let Versioned { revision, mut doc } = self.load_group(group).await?;
                 let stream = self.load_stream(&doc.stream).await?;
                 let now = self.now();
+                let before = self.wakes.as_ref().map(|_| doc.clone());
                 let mut dirty = doc.sync_layout(&stream.doc);
                 if dirty {
                     crate::metrics::record_rebalance(group);
@@ -511,6 +544,7 @@ impl Coordinator {
                             let revision =
                                 self.store.put_group_live(&doc, revision, &change).await?;
                             self.lower_deadline(&doc, revision).await;
+                            self.wake(group, before.as_ref(), Some(&doc), Some(&req.member_id));
                             log_events(group, &events);
                             self.cache.put_group(revision, doc);
                         }
@@ -530,6 +564,7 @@ impl Coordinator {
                     };
                     let revision = self.store.put_group_live(&doc, revision, &change).await?;
                     self.lower_deadline(&doc, revision).await;
+                    self.wake(group, before.as_ref(), Some(&doc), Some(&req.member_id));
                     revision
                 } else {
                     if let Some((member, now)) = &touch {
@@ -666,7 +701,7 @@ impl Coordinator {
         self.describe_group(group).await
     }
 
-    /// Pauses or resumes a group (admin; PROTOCOL §13): durable in the group document, so it
+    /// Pauses or resumes a group (admin; PROTOCOL §14): durable in the group document, so it
     /// outlives rebalances, member restarts and coordinator restarts.
     #[tracing::instrument(skip(self))]
     pub async fn set_group_paused(&self, group: &str, paused: bool) -> Result<GroupView> {
@@ -722,6 +757,7 @@ impl Coordinator {
                 };
                 at = self.store.put_group_live(&doc, revision, &change).await?;
                 self.lower_deadline(&doc, at).await;
+                self.wake(group, Some(&before), Some(&doc), None);
                 self.cache.put_group(at, doc);
             }
             self.cache.put_stream(stream);
@@ -857,6 +893,7 @@ impl Coordinator {
                 }
                 self.store.delete_group(group, revision).await?;
                 self.cache.forget_group(group);
+                self.wake(group, Some(&doc), None, None);
                 let mut s = stream.doc;
                 let layout_changed = s.remove_group(group, now);
                 self.store.put_stream(&s, stream.revision).await?;

@@ -180,6 +180,51 @@ pub struct BatchedHeartbeatResult {
     pub error: Option<crate::ErrorDetail>,
 }
 
+/// Most members one wake-up channel (`POST /v1/wakeups`) may cover; a larger list is
+/// refused with `400 INVALID_REQUEST` (open several channels).
+pub const MAX_WAKE_MEMBERS: usize = 1000;
+
+/// `POST /v1/wakeups` body: the members of one process whose wake-ups the channel carries
+/// (a compatible v1 addition). The answer is a `text/event-stream` of [`WakeEvent`]s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WakeChannelRequest {
+    /// The members (1 to [`MAX_WAKE_MEMBERS`]).
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
+    pub members: Vec<WakeMember>,
+}
+
+/// One member of a [`WakeChannelRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WakeMember {
+    /// The member's group.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub group: String,
+    /// The member id.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub member_id: String,
+}
+
+/// The `data` of one `event: wake` of a wake-up channel: "the group changed in a way this
+/// member must act on: heartbeat now". A hint only: the heartbeat's answer is the authority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WakeEvent {
+    /// The member's group.
+    pub group: String,
+    /// The member to wake.
+    pub member_id: String,
+}
+
 /// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -264,7 +309,7 @@ pub struct HeartbeatResponse {
     /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
     /// keeps its shards and keeps heartbeating, finishes the messages in flight, and fetches
     /// nothing new until an answer says otherwise. Absent (false) when not paused: a v1
-    /// addition (PROTOCOL §13).
+    /// addition (PROTOCOL §14).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
 }
@@ -517,7 +562,7 @@ pub struct GroupView {
     /// Data-path fencing mode.
     pub fencing: FencingMode,
     /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
-    /// A v1 addition (PROTOCOL §13); absent means not paused.
+    /// A v1 addition (PROTOCOL §14); absent means not paused.
     #[serde(default)]
     pub paused: bool,
     /// When the group was paused (Unix ms), while it is.

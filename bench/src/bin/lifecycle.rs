@@ -10,6 +10,14 @@
 //! - reshard: a group of 10 members on 100 shards, `POST reshard {shard_count: 1000}` → stable
 //!   with all 1,000 shards owned (Kafka's KIP-848 figure: 5 s).
 //!
+//! P5' (sub-heartbeat convergence through the wake-up channel, `POST /v1/wakeups`): 12 shards,
+//! heartbeat 2 s (`--prime-heartbeat-ms`), on 1 and on 3 coordinators sharing the Redis store
+//! (pod i talks to coordinator i mod n, so the coordinator that decides a join or a leave is
+//! never the one holding the other pods' channels): a third pod joins → stable, and a pod
+//! leaves gracefully → stable, in heartbeat intervals. Baseline: the same with the pods'
+//! wake-up channel turned off (members learn at their heartbeats, as before), same run. Each
+//! change starts at a pseudo-random phase of the heartbeat interval.
+//!
 //! "Stable" is read from `GET /v1/groups/{group}`: state `stable`, the expected members, each
 //! owning exactly what it is assigned, all shards owned, no reshard running.
 //!
@@ -44,6 +52,15 @@ struct Args {
     /// Session timeout of the groups, ms.
     #[arg(long, default_value_t = 3000)]
     session_ms: u64,
+    /// Heartbeat interval of the P5' groups, ms.
+    #[arg(long, default_value_t = 2000)]
+    prime_heartbeat_ms: u64,
+    /// Only the P5' rows.
+    #[arg(long)]
+    only_prime: bool,
+    /// Skip the P5' rows.
+    #[arg(long)]
+    skip_prime: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +77,9 @@ enum MemberCmd {
         stream: String,
         #[arg(long)]
         instance: String,
+        /// Without the wake-up channel.
+        #[arg(long)]
+        no_wake: bool,
     },
 }
 
@@ -92,15 +112,28 @@ impl Bench {
         stream: &str,
         instance: &str,
     ) -> Result<()> {
+        self.spawn_on(&self.base, true, members, group, stream, instance)
+    }
+
+    fn spawn_on(
+        &self,
+        coordinator: &str,
+        wake: bool,
+        members: &mut Members,
+        group: &str,
+        stream: &str,
+        instance: &str,
+    ) -> Result<()> {
         let child = Command::new(std::env::current_exe()?)
             .args([
                 "member",
                 "--coordinator",
-                &self.base,
+                coordinator,
                 "--redis",
                 &self.redis_url,
             ])
             .args(["--group", group, "--stream", stream, "--instance", instance])
+            .args(if wake { &[][..] } else { &["--no-wake"][..] })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -110,13 +143,25 @@ impl Bench {
     }
 
     async fn create(&self, group: &str, stream: &str, shards: u32) -> Result<()> {
+        self.create_with(group, stream, shards, self.heartbeat_ms, self.session_ms)
+            .await
+    }
+
+    async fn create_with(
+        &self,
+        group: &str,
+        stream: &str,
+        shards: u32,
+        heartbeat_ms: u64,
+        session_ms: u64,
+    ) -> Result<()> {
         let r = self
             .http
             .post(format!("{}/v1/groups", self.base))
             .json(&json!({
                 "group": group, "stream": stream, "shard_count": shards,
-                "heartbeat_interval_ms": self.heartbeat_ms,
-                "session_timeout_ms": self.session_ms,
+                "heartbeat_interval_ms": heartbeat_ms,
+                "session_timeout_ms": session_ms,
             }))
             .send()
             .await?;
@@ -173,6 +218,7 @@ async fn run_member(
     group: String,
     stream: String,
     instance: String,
+    wake: bool,
 ) -> Result<()> {
     let listener = Listener::new(&group, &stream, |msg: Message<Raw>| async move {
         std::hint::black_box(msg.payload());
@@ -183,6 +229,7 @@ async fn run_member(
         .redis_url(redis)
         .instance_id(instance)
         .shutdown_timeout(Duration::from_secs(5))
+        .wake_channel(wake)
         .listener(listener)
         .build()?;
     app.run().await?;
@@ -198,9 +245,10 @@ async fn main() -> Result<()> {
         group,
         stream,
         instance,
+        no_wake,
     }) = args.member
     {
-        return run_member(coordinator, redis, group, stream, instance).await;
+        return run_member(coordinator, redis, group, stream, instance, !no_wake).await;
     }
     let reps = if args.quick { 1 } else { args.reps.max(1) };
     let redis = RedisServer::start().context("redis-server")?;
@@ -222,7 +270,8 @@ async fn main() -> Result<()> {
     };
     let settle = Duration::from_secs(30);
     let (mut join, mut kill, mut leave, mut reshard) = (vec![], vec![], vec![], vec![]);
-    for rep in 0..reps {
+    let p5_reps = if args.only_prime { 0 } else { reps };
+    for rep in 0..p5_reps {
         let (g, s) = (format!("life-{rep}"), format!("life-{rep}"));
         b.create(&g, &s, 8).await?;
         let mut members = Members::default();
@@ -267,42 +316,136 @@ async fn main() -> Result<()> {
             join[rep], kill[rep], leave[rep], reshard[rep]
         );
     }
+    let mut rows = Vec::new();
+    if !args.skip_prime {
+        let extra: Vec<CoordinatorProcess> = (0..2)
+            .map(|_| {
+                CoordinatorProcess::start(&[
+                    "--store",
+                    "redis",
+                    "--redis-url",
+                    &redis.url(),
+                    "--key-prefix",
+                    "bench",
+                ])
+            })
+            .collect::<std::io::Result<_>>()
+            .context("more coordinators")?;
+        let all: Vec<String> = std::iter::once(b.base.clone())
+            .chain(extra.iter().map(CoordinatorProcess::url))
+            .collect();
+        let hb = args.prime_heartbeat_ms;
+        for n in [1usize, 3] {
+            let urls = &all[..n];
+            let mut got = [vec![], vec![], vec![], vec![]]; // join on, leave on, join off, leave off
+            for rep in 0..reps {
+                for (i, wake) in [true, false].into_iter().enumerate() {
+                    let (j, l) =
+                        prime_rep(&b, urls, wake, hb, &format!("p5p-{n}-{wake}-{rep}")).await?;
+                    got[2 * i].push(j);
+                    got[2 * i + 1].push(l);
+                    eprintln!(
+                        "P5' rep {rep}, {n} coordinator(s), wake {wake}: join {j:.2}, leave {l:.2} intervals"
+                    );
+                }
+            }
+            let place = if n == 1 {
+                "1 coordinator".to_owned()
+            } else {
+                format!("{n} coordinators, pods spread")
+            };
+            rows.push(Row {
+                name: format!("P5' join -> settled, wake-up channel vs none ({place}, 12 shards, interval {hb} ms)"),
+                unit: "intervals".into(),
+                value: summarize(&got[0]),
+                baseline: Some(summarize(&got[2])),
+                goal: "<= 0.3 interval".into(),
+            });
+            rows.push(Row {
+                name: format!("P5' graceful leave -> settled, wake-up channel vs none ({place})"),
+                unit: "intervals".into(),
+                value: summarize(&got[1]),
+                baseline: Some(summarize(&got[3])),
+                goal: "<= 0.3 interval".into(),
+            });
+        }
+    }
+    if args.only_prime {
+        emit(&rows)?;
+        return Ok(());
+    }
     let hb = args.heartbeat_ms;
     let budget_kill = args.session_ms as f64 / hb as f64 + 1.0;
-    emit(&[
-        Row {
-            name: format!(
-                "P5 join -> group stable (3rd member process, 8 shards, interval {hb} ms)"
-            ),
-            unit: "intervals".into(),
-            value: summarize(&join),
-            baseline: None,
-            goal: "<= 2 intervals".into(),
-        },
-        Row {
-            name: format!(
-                "P5 kill -9 -> shards resumed (session {} ms)",
-                args.session_ms
-            ),
-            unit: "intervals".into(),
-            value: summarize(&kill),
-            baseline: None,
-            goal: format!("<= {budget_kill:.0} intervals (session timeout + 1)"),
-        },
-        Row {
-            name: "P5 graceful leave (SIGTERM) -> shards resumed".into(),
-            unit: "intervals".into(),
-            value: summarize(&leave),
-            baseline: None,
-            goal: "<= 1 interval".into(),
-        },
-        Row {
-            name: format!("P5 reshard 100 -> 1000 shards, 10 members -> stable (interval {hb} ms)"),
-            unit: "ms".into(),
-            value: summarize(&reshard),
-            baseline: None,
-            goal: "<= 5000 ms (KIP-848)".into(),
-        },
-    ])?;
+    rows.splice(
+        0..0,
+        [
+            Row {
+                name: format!(
+                    "P5 join -> group stable (3rd member process, 8 shards, interval {hb} ms)"
+                ),
+                unit: "intervals".into(),
+                value: summarize(&join),
+                baseline: None,
+                goal: "<= 2 intervals".into(),
+            },
+            Row {
+                name: format!(
+                    "P5 kill -9 -> shards resumed (session {} ms)",
+                    args.session_ms
+                ),
+                unit: "intervals".into(),
+                value: summarize(&kill),
+                baseline: None,
+                goal: format!("<= {budget_kill:.0} intervals (session timeout + 1)"),
+            },
+            Row {
+                name: "P5 graceful leave (SIGTERM) -> shards resumed".into(),
+                unit: "intervals".into(),
+                value: summarize(&leave),
+                baseline: None,
+                goal: "<= 1 interval".into(),
+            },
+            Row {
+                name: format!(
+                    "P5 reshard 100 -> 1000 shards, 10 members -> stable (interval {hb} ms)"
+                ),
+                unit: "ms".into(),
+                value: summarize(&reshard),
+                baseline: None,
+                goal: "<= 5000 ms (KIP-848)".into(),
+            },
+        ],
+    );
+    emit(&rows)?;
     Ok(())
+}
+
+/// A pseudo-random delay within `interval_ms` (so a change lands at any phase of the pods'
+/// heartbeats).
+fn random_phase(interval_ms: u64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    Duration::from_millis(nanos % interval_ms.max(1))
+}
+
+/// One P5' repetition: two pods stable, a third joins, then the second leaves (SIGTERM).
+/// Returns (join, leave) in intervals.
+async fn prime_rep(b: &Bench, urls: &[String], wake: bool, hb: u64, g: &str) -> Result<(f64, f64)> {
+    let settle = Duration::from_secs(30);
+    b.create_with(g, g, 12, hb, hb * 5).await?;
+    let mut members = Members::default();
+    b.spawn_on(&urls[0], wake, &mut members, g, g, "a")?;
+    b.spawn_on(&urls[1 % urls.len()], wake, &mut members, g, g, "b")?;
+    b.stable(g, 2, 12, Instant::now(), settle).await?;
+    tokio::time::sleep(random_phase(hb)).await;
+    let t = Instant::now();
+    b.spawn_on(&urls[2 % urls.len()], wake, &mut members, g, g, "c")?;
+    let join = b.stable(g, 3, 12, t, settle).await?;
+    tokio::time::sleep(random_phase(hb)).await;
+    let t = Instant::now();
+    signal(members.0[1].id(), Signal::SIGTERM)?;
+    let leave = b.stable(g, 2, 12, t, settle).await?;
+    let iv = |d: Duration| d.as_secs_f64() * 1000.0 / hb as f64;
+    Ok((iv(join), iv(leave)))
 }

@@ -118,6 +118,9 @@ pub(crate) struct MemberRuntime {
     /// by this time its session would have run out had it stopped heartbeating (a crashed
     /// predecessor). Refused past it, the holder is alive: a duplicate id.
     in_use_until: Option<Instant>,
+    /// Signalled by the app's wake-up channel: the coordinator changed what this member must
+    /// do; heartbeat now rather than at the interval.
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl MemberRuntime {
@@ -156,7 +159,14 @@ impl MemberRuntime {
             failures: 0,
             recent_fences: VecDeque::new(),
             in_use_until: None,
+            wake: None,
         }
+    }
+
+    /// Heartbeats at once whenever `signal` is notified (the wake-up channel).
+    pub(crate) fn with_wake(mut self, signal: Option<Arc<tokio::sync::Notify>>) -> Self {
+        self.wake = signal;
+        self
     }
 
     /// Runs until `shutdown` is cancelled (then leaves the group) or a fatal refusal.
@@ -168,6 +178,7 @@ impl MemberRuntime {
 
     async fn run_inner(mut self, shutdown: CancellationToken) -> Result<(), ClientError> {
         let mut inflight: Option<HeartbeatFuture> = None;
+        let wake = self.wake.clone();
         loop {
             if self.shutting_down && self.slots.is_empty() && inflight.is_none() {
                 break;
@@ -206,6 +217,15 @@ impl MemberRuntime {
                 }
                 _ = tokio::time::sleep_until(fence_at.unwrap_or_else(Instant::now)), if fence_at.is_some() => {
                     self.self_fence();
+                }
+                _ = async { wake.as_ref().expect("guarded").notified().await }, if wake.is_some() && self.joined && !self.shutting_down => {
+                    debug!("woken by the coordinator: heartbeat now");
+                    if inflight.is_some() {
+                        // The answer in flight may predate the change: ask again after it.
+                        self.report_now = true;
+                    } else {
+                        self.next_heartbeat = Instant::now();
+                    }
                 }
             }
         }

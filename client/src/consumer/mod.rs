@@ -21,6 +21,7 @@ pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod reply;
+pub(crate) mod wake;
 pub(crate) mod worker;
 
 use crate::data::{DataRedis, SharedConn};
@@ -56,7 +57,7 @@ pub(crate) struct MemberShared {
 }
 
 /// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's
-/// pause of its group (PROTOCOL §13, carried in every heartbeat answer). Workers watch the
+/// pause of its group (PROTOCOL §14, carried in every heartbeat answer). Workers watch the
 /// effective value (either one).
 #[derive(Debug)]
 pub(crate) struct PauseState {

@@ -5,10 +5,18 @@ use super::error::{ApiError, Json, Path};
 use crate::auth::{Principal, check_item_group};
 use crate::metrics;
 use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::http::header::RETRY_AFTER;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest, HeartbeatBatchResponse,
     HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse, MAX_HEARTBEAT_BATCH,
+    MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent,
 };
+use std::convert::Infallible;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -18,6 +26,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(heartbeat))
         .routes(routes!(heartbeat_batch))
         .routes(routes!(leave))
+        .routes(routes!(wakeups))
 }
 
 /// Heartbeat: join (epoch 0), stay (current epoch) or leave (epoch -1); answers the
@@ -165,4 +174,92 @@ async fn leave(
         metrics::record_stale_epoch(&group);
     }
     Ok(Json(r?))
+}
+
+/// Wake-up channel: a server-sent event stream that tells the listed members "your
+/// assignment changed: heartbeat now" as soon as any coordinator replica writes a change they
+/// must act on (new shards, shards to revoke, a shard released by its previous owner, a
+/// reshard, removal, group deletion). One channel per process covers all its members. A
+/// wake-up is a hint: the heartbeat stays the authority and the liveness signal, and a
+/// member without a channel works as before, learning at its next heartbeat.
+///
+/// The stream starts with `event: ready` (`data: {"members": N}`), then carries
+/// `event: wake` with `data: {"group": G, "member_id": M}`, and a keep-alive comment every
+/// 15 s. The coordinator ends it after its idle timeout without a wake-up
+/// (`--wake-idle-timeout-ms`) or when it shuts down: reopen it. Every item's `group` must be
+/// in the token's scope (else `403 FORBIDDEN` for the whole request). Past the coordinator's
+/// channel limit (`--wake-max-channels`): `429 RATE_LIMITED` with `Retry-After`; a
+/// coordinator without the route (older, or the limit set to 0) answers `404 NOT_FOUND`.
+#[utoipa::path(
+    post, path = "/v1/wakeups", tag = "members",
+    request_body = WakeChannelRequest,
+    responses(
+        (status = 200, description = "A text/event-stream of `ready`, then `wake` events (data: WakeEvent)", body = WakeEvent, content_type = "text/event-stream"),
+        (status = 400, description = "INVALID_REQUEST: malformed body, bad name, or not 1 to 1000 members", body = rsc_protocol::ErrorBody),
+        (status = 404, description = "NOT_FOUND: wake-up channels are turned off on this coordinator", body = rsc_protocol::ErrorBody),
+        (status = 429, description = "RATE_LIMITED: the coordinator holds its maximum of open channels; retry after Retry-After seconds (heartbeats work meanwhile)", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn wakeups(
+    State(s): State<AppState>,
+    principal: Principal,
+    Json(req): Json<WakeChannelRequest>,
+) -> Result<Response, ApiError> {
+    let Some(hub) = s.coordinator.wakeups().cloned() else {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            "wake-up channels are turned off on this coordinator (--wake-max-channels 0): \
+             members learn of changes at their heartbeats",
+        ));
+    };
+    let n = req.members.len();
+    if n == 0 || n > MAX_WAKE_MEMBERS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "a wake-up channel covers 1 to {MAX_WAKE_MEMBERS} members (MAX_WAKE_MEMBERS), \
+                 not {n}; open several channels"
+            ),
+        ));
+    }
+    for m in &req.members {
+        validate_name("group", &m.group)
+            .and_then(|()| validate_name("member", &m.member_id))
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e))?;
+        check_item_group(&principal, &m.group)?;
+    }
+    let channel = match hub.open(req.members).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(open = hub.open_channels(), "wake-up channel refused: {e}");
+            let mut r = ApiError::new(ErrorCode::RateLimited, e.to_string()).into_response();
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("30"));
+            return Ok(r);
+        }
+    };
+    tracing::debug!(members = n, "wake-up channel opened");
+    let ready = Event::default()
+        .event("ready")
+        .data(format!("{{\"members\":{n}}}"));
+    let wakes = futures::stream::unfold(channel, |mut ch| async move {
+        match ch.next().await {
+            crate::wake::Next::Wake(events) => Some((events, ch)),
+            crate::wake::Next::Close => None,
+        }
+    })
+    .flat_map(|events: Vec<WakeEvent>| {
+        futures::stream::iter(events.into_iter().map(|e| {
+            Ok::<_, Infallible>(
+                Event::default()
+                    .event("wake")
+                    .json_data(&e)
+                    .unwrap_or_else(|_| Event::default().event("wake")),
+            )
+        }))
+    });
+    let stream = futures::stream::once(async move { Ok::<_, Infallible>(ready) }).chain(wakes);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(hub.limits().keep_alive))
+        .into_response())
 }

@@ -188,8 +188,8 @@ pub(super) fn document_access(doc: &mut OpenApi) {
                     "the token's `groups` and `streams` scopes must cover the body's `group` and `stream`"
                 }
                 Scope::GroupPerItemInBody => {
-                    "the token's `groups` scope must cover each item's `group`, checked per item: \
-                     an item out of scope gets its own result with status 403 and is not processed"
+                    "the token's `groups` scope must cover each item's `group`, checked per item \
+                     (the description says what an item out of scope gets)"
                 }
             };
             let note = format!("Requires role {needs}; {scope_text}.");

@@ -19,9 +19,10 @@ pub enum Scope {
     Stream,
     /// The `group` and `stream` fields of the JSON body (group creation).
     GroupAndStreamInBody,
-    /// The `group` of each item of the JSON body (`POST /v1/heartbeats`). Not checked by the
-    /// middleware: the handler checks each item with [`super::check_item_group`], and an item
-    /// out of scope is refused alone, in its own result.
+    /// The `group` of each item of the JSON body (`POST /v1/heartbeats`, `POST /v1/wakeups`).
+    /// Not checked by the middleware: the handler checks each item with
+    /// [`super::check_item_group`]; a heartbeat out of scope is refused alone, in its own
+    /// result; a wake-up channel with one is refused whole.
     GroupPerItemInBody,
 }
 
@@ -151,6 +152,12 @@ pub const ROUTES: &[RouteSpec] = &[
     roles(
         "POST",
         "/v1/heartbeats",
+        &[Role::Member],
+        Scope::GroupPerItemInBody,
+    ),
+    roles(
+        "POST",
+        "/v1/wakeups",
         &[Role::Member],
         Scope::GroupPerItemInBody,
     ),

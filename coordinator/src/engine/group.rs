@@ -476,7 +476,7 @@ impl GroupDoc {
         Ok(true)
     }
 
-    /// Pauses (`true`) or resumes the group (an operator's durable pause, PROTOCOL §13).
+    /// Pauses (`true`) or resumes the group (an operator's durable pause, PROTOCOL §14).
     /// Membership and assignment are untouched (no epoch bump, no rebalance): members learn
     /// it from their next heartbeat answer. Returns whether anything changed.
     pub fn set_paused(&mut self, paused: bool, now_ms: u64) -> bool {

@@ -9,10 +9,12 @@
 mod group;
 mod stream;
 mod view;
+mod wake;
 
 pub use group::{GroupEvent, HeartbeatOutcome};
 pub use stream::{ReshardRecord, StreamDoc, validate_shard_count};
 pub use view::{group_view, routing_view, stream_view};
+pub use wake::{members_to_wake, settled};
 
 use rsc_protocol::{ClientInfo, ErrorCode, FencingMode, MemberState, StartPosition};
 use serde::{Deserialize, Serialize};

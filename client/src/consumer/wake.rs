@@ -1,0 +1,242 @@
+//! The wake-up channel of a consumer app: one `POST /v1/wakeups` server-sent event stream
+//! for all the app's members, so that a member heartbeats as soon as the coordinator has
+//! changed what it must do (shards to take, to revoke, released by their previous owner, a
+//! reshard, its removal) instead of at its next interval.
+//!
+//! A wake-up is only a hint: the member heartbeats, and the answer decides. Nothing depends
+//! on the channel: while it is down (coordinator restart, an older coordinator without the
+//! route, the coordinator's channel limit) the members learn of changes at their heartbeat
+//! interval, as before. The task reconnects with jittered backoff; after the coordinator's
+//! idle close it reconnects at once; it retries a coordinator without the route after
+//! [`REPROBE_AFTER`].
+
+use super::backoff::Backoff;
+use crate::coordinator::CoordinatorClient;
+use crate::error::CoordinatorError;
+use rsc_protocol::{ErrorCode, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent, WakeMember};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// After a coordinator answered `404` (no wake-up route: an older version, or turned off),
+/// how long before the route is tried again.
+pub(crate) const REPROBE_AFTER: Duration = Duration::from_secs(300);
+/// No byte on an open channel for this long (the coordinator sends a keep-alive every 15 s):
+/// the connection is taken for dead and reopened.
+const SILENCE: Duration = Duration::from_secs(45);
+/// Members per channel: a body of this many names stays well under the default body limit.
+const MEMBERS_PER_CHANNEL: usize = 250;
+
+/// The wake-up signal of each member, by (group, member id).
+pub(crate) type WakeSignals = HashMap<(String, String), Arc<Notify>>;
+
+/// Spawns the channel task(s) for `members` (one channel per [`MEMBERS_PER_CHANNEL`]);
+/// returns each member's signal. The tasks end when `stop` is cancelled.
+pub(crate) fn spawn(
+    coord: CoordinatorClient,
+    members: Vec<WakeMember>,
+    stop: CancellationToken,
+) -> WakeSignals {
+    let signals: WakeSignals = members
+        .iter()
+        .map(|m| {
+            (
+                (m.group.clone(), m.member_id.clone()),
+                Arc::new(Notify::new()),
+            )
+        })
+        .collect();
+    let signals_shared = Arc::new(signals.clone());
+    for chunk in members.chunks(MEMBERS_PER_CHANNEL.min(MAX_WAKE_MEMBERS)) {
+        let req = WakeChannelRequest {
+            members: chunk.to_vec(),
+        };
+        let task = run(coord.clone(), req, signals_shared.clone(), stop.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = task => {}
+            }
+        });
+    }
+    signals
+}
+
+/// How one channel connection ended.
+enum Ended {
+    /// The coordinator closed it (idle timeout, shutdown): reopen at once.
+    Closed,
+    /// Failed: reopen after a backoff.
+    Failed(CoordinatorError),
+    /// The connection went silent or broke mid-stream.
+    Broken(String),
+}
+
+async fn run(
+    coord: CoordinatorClient,
+    req: WakeChannelRequest,
+    signals: Arc<WakeSignals>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut announced_missing = false;
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let (url, opened) = coord.open_wake_channel(&req).await;
+        let opened_at = tokio::time::Instant::now();
+        let ended = match opened {
+            Ok(resp) => {
+                metrics::gauge!("rsc_client_wake_channel_open").increment(1.0);
+                debug!(%url, members = req.members.len(), "wake-up channel open");
+                let ended = read(resp, &signals, &mut backoff).await;
+                metrics::gauge!("rsc_client_wake_channel_open").decrement(1.0);
+                ended
+            }
+            Err(e) => Ended::Failed(e),
+        };
+        let wait = match ended {
+            Ended::Closed if opened_at.elapsed() >= Duration::from_millis(500) => {
+                debug!(%url, "the coordinator closed the wake-up channel; reopening");
+                Duration::ZERO
+            }
+            Ended::Closed => {
+                // Closed as soon as opened (a coordinator shutting down): not in a tight loop.
+                debug!(%url, "the coordinator closed the wake-up channel at once; reopening after a backoff");
+                backoff.next_delay()
+            }
+            Ended::Broken(why) => {
+                info!(%url, why, "wake-up channel lost; reopening (members heartbeat on their interval meanwhile)");
+                backoff.next_delay()
+            }
+            Ended::Failed(CoordinatorError::Api {
+                status: 404,
+                code: ErrorCode::NotFound,
+                ..
+            }) => {
+                if !announced_missing {
+                    announced_missing = true;
+                    info!(%url, retry_in = ?REPROBE_AFTER, "the coordinator has no wake-up channel (an older version, or turned off): \
+                        members learn of changes at their heartbeat interval");
+                }
+                REPROBE_AFTER
+            }
+            Ended::Failed(e @ CoordinatorError::Api { status: 429, .. }) => {
+                warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
+                Duration::from_secs(30) + backoff.next_delay()
+            }
+            Ended::Failed(
+                e @ CoordinatorError::Api {
+                    status: 400..=499, ..
+                },
+            ) => {
+                warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
+                REPROBE_AFTER
+            }
+            Ended::Failed(e) => {
+                debug!(%url, error = %e, "wake-up channel could not be opened; retrying");
+                backoff.next_delay()
+            }
+        };
+        if !wait.is_zero() {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+/// Reads one open channel until it ends, waking the members it names.
+async fn read(mut resp: reqwest::Response, signals: &WakeSignals, backoff: &mut Backoff) -> Ended {
+    let mut parser = SseParser::default();
+    loop {
+        let chunk = match tokio::time::timeout(SILENCE, resp.chunk()).await {
+            Err(_) => return Ended::Broken(format!("no keep-alive for {SILENCE:?}")),
+            Ok(Err(e)) => return Ended::Broken(e.to_string()),
+            Ok(Ok(None)) => return Ended::Closed,
+            Ok(Ok(Some(c))) => c,
+        };
+        for (event, data) in parser.push(&chunk) {
+            match event.as_str() {
+                "ready" => backoff.reset(),
+                "wake" => match serde_json::from_str::<WakeEvent>(&data) {
+                    Ok(w) => {
+                        if let Some(n) = signals.get(&(w.group.clone(), w.member_id.clone())) {
+                            metrics::counter!("rsc_client_wakeups_total", "group" => w.group.clone())
+                                .increment(1);
+                            debug!(group = %w.group, member = %w.member_id, "woken: heartbeat now");
+                            n.notify_one();
+                        }
+                    }
+                    Err(e) => debug!(error = %e, data, "unreadable wake-up event ignored"),
+                },
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A minimal `text/event-stream` parser: complete events as (event name, data).
+#[derive(Debug, Default)]
+struct SseParser {
+    buf: String,
+}
+
+impl SseParser {
+    fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+        self.buf.push_str(&String::from_utf8_lossy(bytes));
+        if self.buf.contains('\r') {
+            self.buf = self.buf.replace("\r\n", "\n");
+        }
+        let mut out = Vec::new();
+        while let Some(end) = self.buf.find("\n\n") {
+            let block: String = self.buf.drain(..end + 2).collect();
+            let mut event = String::from("message");
+            let mut data = Vec::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                }
+            }
+            if !data.is_empty() || event != "message" {
+                out.push((event, data.join("\n")));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parser_splits_events_across_chunks_and_skips_comments() {
+        let mut p = SseParser::default();
+        assert!(p.push(b"event: ready\ndata: {\"members\":2}\n").is_empty());
+        let got =
+            p.push(b"\n:\n\nevent: wake\ndata: {\"group\":\"g\",\"member_id\":\"m\"}\n\nevent: wa");
+        assert_eq!(
+            got,
+            vec![
+                ("ready".to_owned(), "{\"members\":2}".to_owned()),
+                (
+                    "wake".to_owned(),
+                    "{\"group\":\"g\",\"member_id\":\"m\"}".to_owned()
+                ),
+            ]
+        );
+        assert_eq!(
+            p.push(b"ke\r\ndata: x\r\n\r\n"),
+            vec![("wake".to_owned(), "x".to_owned())]
+        );
+    }
+}
