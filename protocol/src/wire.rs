@@ -306,6 +306,12 @@ pub struct HeartbeatResponse {
     /// mode (an addition to SPEC §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
+    /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
+    /// keeps its shards and keeps heartbeating, finishes the messages in flight, and fetches
+    /// nothing new until an answer says otherwise. Absent (false) when not paused: a v1
+    /// addition (PROTOCOL §14).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// `POST /v1/groups/{group}/leave` body.
@@ -555,6 +561,13 @@ pub struct GroupView {
     pub assignor: String,
     /// Data-path fencing mode.
     pub fencing: FencingMode,
+    /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
+    /// A v1 addition (PROTOCOL §14); absent means not paused.
+    #[serde(default)]
+    pub paused: bool,
+    /// When the group was paused (Unix ms), while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since_ms: Option<u64>,
     /// Bumped on every change of membership, layout or config.
     pub group_epoch: u64,
     /// The group epoch the target was computed for.

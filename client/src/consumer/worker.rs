@@ -34,6 +34,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+mod batch;
+
 /// How many pending entries one `XAUTOCLAIM` takes over.
 const CLAIM_COUNT: usize = 100;
 /// How often the shard's lag gauge is refreshed.
@@ -639,6 +641,10 @@ impl ShardWorker {
         entries: Vec<Entry>,
         flush: bool,
     ) -> bool {
+        if let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler {
+            let h = h.clone();
+            return self.handle_batches(conn, entries, flush, h).await;
+        }
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
         let mut complete = true;
         for entry in entries {
@@ -724,6 +730,7 @@ impl ShardWorker {
         let mut attempt = 1u32;
         loop {
             let span = info_span!("message", entry_id = %entry.id, attempt);
+            crate::otel::continue_trace(&span, entry);
             let started = Instant::now();
             let call =
                 self.shared

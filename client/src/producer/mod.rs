@@ -8,6 +8,7 @@ mod routing;
 
 pub use routing::Routing;
 
+use crate::codec::{CONTENT_TYPE_FIELD, Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
 use crate::coordinator::CoordinatorClient;
 use crate::data::{DataRedis, SharedConn};
@@ -26,12 +27,35 @@ pub struct Record {
     payload: Vec<u8>,
     headers: BTreeMap<String, String>,
     fields: Vec<(String, Vec<u8>)>,
+    content_type: Option<String>,
 }
 
 impl Record {
     /// A record whose payload is `value` as JSON.
     pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, ClientError> {
         Ok(Record::raw(serde_json::to_vec(value)?))
+    }
+
+    /// A record whose payload is `value` encoded with codec `C`, its content type recorded in
+    /// the entry's `content_type` field (none for JSON, the default; see [`crate::codec`]).
+    pub fn encode<C: Codec, T: Serialize + ?Sized>(value: &T) -> Result<Self, ClientError> {
+        let payload = C::encode(value).map_err(|source| ClientError::Codec {
+            content_type: C::CONTENT_TYPE,
+            source,
+        })?;
+        let record = Record::raw(payload);
+        Ok(if C::CONTENT_TYPE == Json::CONTENT_TYPE {
+            record
+        } else {
+            record.content_type(C::CONTENT_TYPE)
+        })
+    }
+
+    /// Records the payload's content type in the entry's `content_type` field (e.g.
+    /// `application/octet-stream` for raw bytes; listeners of another format refuse it).
+    pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = Some(content_type.into());
+        self
     }
 
     /// A record with these payload bytes.
@@ -69,6 +93,9 @@ impl Record {
             .arg(&self.payload);
         if let Some(k) = &self.key {
             pipe.arg("key").arg(k);
+        }
+        if let Some(ct) = &self.content_type {
+            pipe.arg(CONTENT_TYPE_FIELD).arg(ct);
         }
         if !self.headers.is_empty() {
             pipe.arg("headers")
@@ -116,6 +143,8 @@ struct Inner {
     cluster: bool,
     routes: Arc<RoutingCache>,
     round_robin: AtomicU64,
+    /// How [`Producer::publish`] encodes payloads.
+    codec: CodecSpec,
     /// `WAIT` after each pipeline: (replicas, timeout).
     wait: Option<(u32, Duration)>,
 }
@@ -131,6 +160,7 @@ impl std::fmt::Debug for Producer {
 pub struct ProducerBuilder {
     config: ClientConfig,
     refresh_every: Duration,
+    codec: CodecSpec,
     wait: Option<(u32, Duration)>,
 }
 
@@ -191,6 +221,13 @@ impl ProducerBuilder {
         self
     }
 
+    /// How [`Producer::publish`] encodes payloads (default [`Json`]); a codec other than JSON
+    /// records its content type in each entry's `content_type` field.
+    pub fn codec<C: Codec>(mut self) -> Self {
+        self.codec = CodecSpec::of::<C>();
+        self
+    }
+
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
         self.config.check_coordinator()?;
@@ -202,6 +239,7 @@ impl ProducerBuilder {
                 cluster: redis.is_cluster(),
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
+                codec: self.codec,
                 wait: self.wait,
             }),
         })
@@ -220,6 +258,7 @@ impl Producer {
         ProducerBuilder {
             config: ClientConfig::from_env(),
             refresh_every: Duration::from_secs(1),
+            codec: CodecSpec::JSON,
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
                 .map(|n| {
@@ -229,14 +268,24 @@ impl Producer {
         }
     }
 
-    /// Publishes `payload` as JSON, routed by `key` (round-robin without one).
+    /// Publishes `payload` with the producer's codec (JSON unless
+    /// [`ProducerBuilder::codec`] says otherwise), routed by `key` (round-robin without one).
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         stream: &str,
         key: Option<&str>,
         payload: &T,
     ) -> Result<Published, ClientError> {
-        let mut record = Record::json(payload)?;
+        let codec = &self.inner.codec;
+        let mut record = if codec.is_json() {
+            Record::json(payload)?
+        } else {
+            Record::raw(codec.encode(payload).map_err(|source| ClientError::Codec {
+                content_type: codec.content_type,
+                source,
+            })?)
+            .content_type(codec.content_type)
+        };
         record.key = key.map(str::to_owned);
         self.publish_record(stream, record).await
     }
@@ -260,9 +309,11 @@ impl Producer {
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
         let routing = self.inner.routes.get(stream).await?;
+        let trace = crate::otel::current();
         let mut shards = Vec::new();
         let mut records_of: Vec<Record> = Vec::new();
-        for record in records {
+        for mut record in records {
+            crate::otel::inject(&mut record.headers, &trace);
             let seq = if record.key.is_none() {
                 self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
             } else {

@@ -43,6 +43,11 @@ pub struct GroupConfig {
     /// Data-path fencing (documents written before fencing existed read as `lease`).
     #[serde(default = "lease")]
     pub fencing: FencingMode,
+    /// Paused by an operator since this time (Unix ms): members keep their shards and fetch
+    /// nothing new (documents written before pausing existed read as not paused). Not part of
+    /// the assignment: pausing and resuming do not bump the group epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since_ms: Option<u64>,
 }
 
 fn lease() -> FencingMode {
@@ -59,6 +64,7 @@ impl Default for GroupConfig {
             max_members: None,
             assignor: crate::assignor::DEFAULT.to_owned(),
             fencing: FencingMode::Lease,
+            paused_since_ms: None,
         }
     }
 }

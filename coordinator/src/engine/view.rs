@@ -149,6 +149,8 @@ pub fn group_view(
         max_members: group.config.max_members,
         assignor: group.config.assignor.clone(),
         fencing: group.config.fencing,
+        paused: group.config.paused_since_ms.is_some(),
+        paused_since_ms: group.config.paused_since_ms,
         group_epoch: group.group_epoch,
         assignment_epoch: group.assignment_epoch,
         members,
