@@ -59,6 +59,18 @@ fn rows() -> Vec<Row> {
             ADMIN_ONLY(204),
         ),
         row(
+            Method::POST,
+            "/v1/groups/{group}/pause",
+            "/v1/groups/g1/pause",
+            ADMIN_ONLY(200),
+        ),
+        row(
+            Method::POST,
+            "/v1/groups/{group}/resume",
+            "/v1/groups/g1/resume",
+            ADMIN_ONLY(200),
+        ),
+        row(
             Method::DELETE,
             "/v1/groups/{group}/members/{member}",
             "/v1/groups/g1/members/m-rm",

@@ -211,6 +211,10 @@ async fn dashboard_grid_shows_the_real_owners() {
         "the scenario must have a pending revocation: {truth}"
     );
 
+    // An operator's pause changes no ownership; the page shows it.
+    let (s, body) = api.post("/v1/groups/billing/pause", json!(null)).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
     // Render it.
     let page = format!("{url}/#group=billing");
     let mut dom = String::new();
@@ -254,6 +258,10 @@ async fn dashboard_grid_shows_the_real_owners() {
     assert!(
         dom.contains("id=\"group-name\">billing<"),
         "the selected group is shown"
+    );
+    assert!(
+        dom.contains("id=\"group-paused\""),
+        "the paused group shows its badge"
     );
     for m in ["m1", "m2", "m3"] {
         assert!(

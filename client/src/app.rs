@@ -3,17 +3,17 @@
 use crate::config::{ClientConfig, split_urls};
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
-use crate::consumer::{MemberShared, WorkerMetrics};
+use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
-use crate::error::ClientError;
+use crate::error::{ClientError, ConfigError};
 use crate::listener::Listener;
+use crate::state::DataMap;
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -48,7 +48,7 @@ pub struct ConsumerApp {
 #[derive(Debug, Clone)]
 pub struct AppHandle {
     shutdown: CancellationToken,
-    paused: Arc<HashMap<String, watch::Sender<bool>>>,
+    paused: Arc<HashMap<String, Arc<PauseState>>>,
 }
 
 impl AppHandle {
@@ -57,26 +57,36 @@ impl AppHandle {
         self.shutdown.cancel();
     }
 
-    /// Stops handling new messages of a listener (by name); its members keep their shards
-    /// and keep heartbeating. Returns `false` for an unknown listener.
+    /// Stops handling new messages of a listener (by name), in this process only; its
+    /// members keep their shards and keep heartbeating. Returns `false` for an unknown
+    /// listener. To pause a group everywhere, durably, use the coordinator's group pause
+    /// (`rsc-coordinator group pause G`).
     pub fn pause(&self, listener: &str) -> bool {
         self.set_paused(listener, true)
     }
 
-    /// Resumes a paused listener. Returns `false` for an unknown listener.
+    /// Resumes a listener paused with [`Self::pause`] (a group paused by an operator stays
+    /// paused). Returns `false` for an unknown listener.
     pub fn resume(&self, listener: &str) -> bool {
         self.set_paused(listener, false)
     }
 
-    /// Whether a listener is paused (`None` if unknown).
+    /// Whether a listener is paused, by [`Self::pause`] or by an operator's pause of its
+    /// group (`None` if unknown).
     pub fn is_paused(&self, listener: &str) -> Option<bool> {
-        self.paused.get(listener).map(|s| *s.borrow())
+        self.paused.get(listener).map(|s| s.is_paused())
+    }
+
+    /// Whether a listener's group is paused by an operator (as the last heartbeat answer
+    /// said; `None` if the listener is unknown).
+    pub fn is_group_paused(&self, listener: &str) -> Option<bool> {
+        self.paused.get(listener).map(|s| s.by_group())
     }
 
     fn set_paused(&self, listener: &str, on: bool) -> bool {
         match self.paused.get(listener) {
             Some(s) => {
-                s.send_replace(on);
+                s.set_by_app(on);
                 info!(listener, paused = on, "listener pause state changed");
                 true
             }
@@ -85,20 +95,19 @@ impl AppHandle {
     }
 }
 
-/// Builds a [`ConsumerApp`]: connection settings and listeners.
+/// Builds a [`ConsumerApp`]: connection settings, listeners, and the state their handlers
+/// share.
 #[derive(Debug, Default)]
 pub struct ConsumerAppBuilder {
     config: ClientConfig,
     listeners: Vec<Listener>,
+    data: DataMap,
 }
 
 impl ConsumerAppBuilder {
     /// Starts from the environment ([`ClientConfig::from_env`]).
     pub fn from_env() -> Self {
-        ConsumerAppBuilder {
-            config: ClientConfig::from_env(),
-            listeners: Vec::new(),
-        }
+        Self::with_config(ClientConfig::from_env())
     }
 
     /// Starts from a configuration.
@@ -106,6 +115,7 @@ impl ConsumerAppBuilder {
         ConsumerAppBuilder {
             config,
             listeners: Vec::new(),
+            data: DataMap::default(),
         }
     }
 
@@ -176,6 +186,20 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Provides a value to every handler that takes a [`crate::Data<T>`] argument of its type
+    /// (one value per type: a second call for the same type replaces the first). Call it once
+    /// per type: a pool, a configuration, a client.
+    pub fn data<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.data.insert(Arc::new(value));
+        self
+    }
+
+    /// As [`Self::data`], for a value already behind an `Arc`.
+    pub fn data_arc<T: Send + Sync + 'static>(mut self, value: Arc<T>) -> Self {
+        self.data.insert(value);
+        self
+    }
+
     /// Whether the app opens a wake-up channel so that its members act on group changes at
     /// once rather than at their next heartbeat (default: on, unless
     /// `RSC_WAKE_CHANNEL=false`); see [`ClientConfig::wake_channel`].
@@ -200,27 +224,32 @@ impl ConsumerAppBuilder {
     pub fn build(self) -> Result<ConsumerApp, ClientError> {
         let cfg = self.config;
         cfg.check_coordinator()?;
-        let instance = cfg.instance_id.clone().ok_or_else(|| {
-            ClientError::Config(if cfg.static_membership {
-                "static membership needs a stable instance id: set POD_NAME (or HOSTNAME), or \
-                 call .static_instance_id()"
-                    .into()
-            } else {
-                "no instance id for member ids: set POD_IP (or POD_NAME), or call .instance_id()"
-                    .into()
-            })
+        let instance = cfg.instance_id.clone().ok_or(ConfigError::NoInstanceId {
+            static_membership: cfg.static_membership,
         })?;
         cfg.check_data_redis()?;
         if self.listeners.is_empty() {
-            return Err(ClientError::Config(
-                "no listeners: annotate an async fn with #[stream_listener] or add one with \
-                 .listener()"
-                    .into(),
-            ));
+            return Err(ConfigError::NoListeners.into());
         }
         let mut paused = HashMap::new();
-        for l in &self.listeners {
-            let check = |kind: &str, v: &str| validate_name(kind, v).map_err(ClientError::Config);
+        let data = Arc::new(self.data);
+        let mut listeners = self.listeners;
+        for l in &mut listeners {
+            if let Some(missing) = l.handler.requires().into_iter().find(|k| !data.contains(k)) {
+                return Err(ConfigError::MissingData {
+                    listener: l.name.clone(),
+                    type_name: missing.name,
+                }
+                .into());
+            }
+            l.handler = l.handler.bind(data.clone(), l.codec);
+            let check = |kind: &'static str, v: &str| {
+                validate_name(kind, v).map_err(|reason| ConfigError::InvalidName {
+                    listener: l.name.clone(),
+                    kind,
+                    reason,
+                })
+            };
             check("group", &l.group)?;
             check("stream", &l.stream)?;
             check(
@@ -228,25 +257,18 @@ impl ConsumerAppBuilder {
                 &format!("{instance}-{}-{}", l.name, l.concurrency.max(1) - 1),
             )?;
             if l.concurrency == 0 {
-                return Err(ClientError::Config(format!(
-                    "listener {}: concurrency must be at least 1",
-                    l.name
-                )));
+                return Err(ConfigError::ZeroConcurrency(l.name.clone()).into());
             }
             if paused
-                .insert(l.name.clone(), watch::channel(false).0)
+                .insert(l.name.clone(), Arc::new(PauseState::new()))
                 .is_some()
             {
-                return Err(ClientError::Config(format!(
-                    "two listeners are named {:?}: give one a distinct name \
-                     (#[stream_listener(name = \"…\")] or .name())",
-                    l.name
-                )));
+                return Err(ConfigError::DuplicateListener(l.name.clone()).into());
             }
         }
         Ok(ConsumerApp {
             config: cfg,
-            listeners: self.listeners,
+            listeners,
             handle: AppHandle {
                 shutdown: CancellationToken::new(),
                 paused: Arc::new(paused),
@@ -331,7 +353,8 @@ impl ConsumerApp {
         let mut names = HashMap::new();
         for l in &self.listeners {
             let metrics = WorkerMetrics::new(&l.group, &l.stream);
-            let paused = self.handle.paused[&l.name].subscribe();
+            let pause = self.handle.paused[&l.name].clone();
+            let paused = pause.subscribe();
             for i in 0..l.concurrency {
                 let shared = Arc::new(MemberShared {
                     group: l.group.clone(),
@@ -342,6 +365,7 @@ impl ConsumerApp {
                     redis: redis.clone(),
                     ack_conn: ack_conn.clone(),
                     paused: paused.clone(),
+                    pause: pause.clone(),
                     metrics: metrics.clone(),
                     lease_until: std::sync::Mutex::new(None),
                     ordered: std::sync::atomic::AtomicBool::new(true),

@@ -2,7 +2,7 @@
 //! set by hand.
 
 use crate::data::DataRedis;
-use crate::error::ClientError;
+use crate::error::{ClientError, ConfigError};
 use rsc_protocol::redact::{redact_opt, redact_url};
 
 /// Connection settings shared by consumers and producers.
@@ -130,11 +130,7 @@ impl ClientConfig {
 
     pub(crate) fn check_coordinator(&self) -> Result<(), ClientError> {
         if self.coordinator_urls.is_empty() {
-            return Err(ClientError::Config(
-                "no coordinator URL: set RSC_COORDINATOR_URL (comma-separated for failover) \
-                 or call .coordinator(url)"
-                    .into(),
-            ));
+            return Err(ConfigError::NoCoordinator.into());
         }
         Ok(())
     }
@@ -167,7 +163,7 @@ impl ClientConfig {
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
         self.sentinel()?;
         DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(ClientError::Config)
+            .map_err(|e| ConfigError::DataRedis(e).into())
     }
 
     /// The sentinel settings, when the data Redis is found through Redis Sentinel.
@@ -176,24 +172,27 @@ impl ClientConfig {
             (None, None) => Ok(None),
             (Some(addrs), Some(master)) if !master.trim().is_empty() => {
                 if self.redis_cluster {
-                    return Err(ClientError::Config(
+                    return Err(ConfigError::Sentinel(
                         "RSC_REDIS_SENTINEL and RSC_REDIS_CLUSTER exclude each other".into(),
-                    ));
+                    )
+                    .into());
                 }
                 Ok(Some(crate::data::Sentinel {
                     addrs: rsc_sentinel::parse_addrs(addrs)
-                        .map_err(|e| ClientError::Config(format!("RSC_REDIS_SENTINEL: {e}")))?,
+                        .map_err(|e| ConfigError::Sentinel(format!("RSC_REDIS_SENTINEL: {e}")))?,
                     master: master.trim().to_owned(),
                     password: self.redis_sentinel_password.clone(),
                 }))
             }
-            (Some(_), _) => Err(ClientError::Config(
+            (Some(_), _) => Err(ConfigError::Sentinel(
                 "RSC_REDIS_SENTINEL needs RSC_REDIS_SENTINEL_MASTER (the master's name)".into(),
-            )),
-            (None, Some(_)) => Err(ClientError::Config(
+            )
+            .into()),
+            (None, Some(_)) => Err(ConfigError::Sentinel(
                 "RSC_REDIS_SENTINEL_MASTER needs RSC_REDIS_SENTINEL (the sentinel addresses)"
                     .into(),
-            )),
+            )
+            .into()),
         }
     }
 
@@ -205,7 +204,7 @@ impl ClientConfig {
             self.redis_cluster,
             self.sentinel()?,
         )
-        .map_err(ClientError::Config)
+        .map_err(|e| ConfigError::DataRedis(e).into())
     }
 }
 

@@ -7,9 +7,9 @@ use rsc_protocol::ErrorCode;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
-    /// The configuration is incomplete or invalid; the message says what to set.
+    /// The configuration is incomplete or invalid: which setting, and what to do.
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -50,6 +50,14 @@ pub enum ClientError {
     /// A payload could not be encoded as JSON.
     #[error("payload encoding: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A payload could not be encoded with a codec (see [`crate::codec`]).
+    #[error("payload encoding as {content_type}: {source}")]
+    Codec {
+        /// The codec's content type.
+        content_type: &'static str,
+        /// The codec's error.
+        source: crate::BoxError,
+    },
     /// A member's task panicked (e.g. in an `on_assigned` / `on_revoked` callback, or a
     /// shard worker outside the handler; a handler's own panic is a failed attempt, retried
     /// and then dead-lettered): the app stopped.
@@ -86,6 +94,83 @@ pub enum ClientError {
         member: String,
         /// What the coordinator answered.
         source: CoordinatorError,
+    },
+}
+
+/// What is wrong with a configuration (of a [`crate::ConsumerApp`], a
+/// [`crate::producer::Producer`], or a stream's routing). Match on the variant rather than
+/// on the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No coordinator URL.
+    #[error(
+        "no coordinator URL: set RSC_COORDINATOR_URL (comma-separated for failover) or call \
+         .coordinator(url)"
+    )]
+    NoCoordinator,
+    /// No instance id for member ids.
+    #[error("{}", if *static_membership {
+        "static membership needs a stable instance id: set POD_NAME (or HOSTNAME), or call \
+         .static_instance_id()"
+    } else {
+        "no instance id for member ids: set POD_IP (or POD_NAME), or call .instance_id()"
+    })]
+    NoInstanceId {
+        /// Whether static membership was asked for.
+        static_membership: bool,
+    },
+    /// The data Redis URL(s) are invalid.
+    #[error("{0}")]
+    DataRedis(String),
+    /// The Redis Sentinel settings are incomplete or invalid.
+    #[error("{0}")]
+    Sentinel(String),
+    /// The app has no listener.
+    #[error(
+        "no listeners: annotate an async fn with #[stream_listener] or add one with .listener()"
+    )]
+    NoListeners,
+    /// Two listeners have one name.
+    #[error(
+        "two listeners are named {0:?}: give one a distinct name \
+         (#[stream_listener(name = \"…\")] or .name())"
+    )]
+    DuplicateListener(String),
+    /// A listener's concurrency is 0.
+    #[error("listener {0}: concurrency must be at least 1")]
+    ZeroConcurrency(String),
+    /// A group, stream or member id is not a valid name (SPEC §1).
+    #[error("listener {listener}: {reason}")]
+    InvalidName {
+        /// The listener.
+        listener: String,
+        /// `group`, `stream` or `member`.
+        kind: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A listener's handler asks for a [`crate::Data`] type the app was never given
+    /// ([`crate::ConsumerAppBuilder::data`]).
+    #[error(
+        "listener {listener}: its handler takes Data<{type_name}>, but the app was given no \
+         {type_name}: add .data(value) to the ConsumerApp builder"
+    )]
+    MissingData {
+        /// The listener's name.
+        listener: String,
+        /// The missing type.
+        type_name: &'static str,
+    },
+    /// A stream routes with a hash this client does not know.
+    #[error("stream {stream} routes with {hash:?}; this client only knows {known}")]
+    UnknownHash {
+        /// The stream.
+        stream: String,
+        /// The hash its routing names.
+        hash: String,
+        /// The hash this client implements.
+        known: &'static str,
     },
 }
 

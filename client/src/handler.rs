@@ -1,6 +1,8 @@
 //! What a listener function returns, and the trait that turns an `async fn` into a handler.
 
-use crate::message::{Message, Payload};
+use crate::message::{Batch, Message, Payload};
+use crate::state::{Data, DataKey, DataMap};
+use futures::future::BoxFuture;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -22,7 +24,9 @@ pub enum FailureAction {
 
 /// The error a listener returns: the cause, and what the runtime should do about it.
 ///
-/// `?` on any `std::error::Error` gives a [`FailureAction::Retry`]. Say otherwise with
+/// `?` on any `std::error::Error` (or an `anyhow::Error`, a `String`) gives a
+/// [`FailureAction::Retry`]; a handler may also return `Result<(), E>` for any such `E`, e.g.
+/// `anyhow::Result<()>`. Say otherwise with
 /// [`HandlerError::dead_letter`] (a poison message) or [`HandlerError::retry_after`] (a
 /// dependency asked to wait).
 ///
@@ -77,13 +81,23 @@ impl HandlerError {
         self.action
     }
 
+    /// The same verdict and message, for each message of a batch that failed as a whole.
+    pub(crate) fn duplicate(&self) -> HandlerError {
+        HandlerError {
+            action: self.action,
+            error: self.error.to_string().into(),
+        }
+    }
+
     /// The cause.
     pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.error
     }
 }
 
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+/// Any error that converts into a boxed error converts into a retried [`HandlerError`]: every
+/// `std::error::Error`, `anyhow::Error`, `String` and `&str`.
+impl<E: Into<BoxError>> From<E> for HandlerError {
     fn from(e: E) -> Self {
         HandlerError::retry(e)
     }
@@ -104,31 +118,236 @@ impl fmt::Display for HandlerError {
     }
 }
 
-/// An `async fn(Message<T>) -> Result<(), HandlerError>`: what a listener runs per message.
+/// The verdicts of a batch handler that failed: one for the whole batch, or one per message.
 ///
-/// Implemented for every such function and closure; you do not implement it yourself.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a listener handler",
-    label = "expected an `async fn(Message<T>) -> Result<(), HandlerError>`",
-    note = "T is the payload type: a `serde::Deserialize` type, or `Raw` for the bytes as sent"
-)]
-pub trait Handler<T>: Send + Sync + 'static {
-    /// The future the handler returns.
-    type Future: Future<Output = Result<(), HandlerError>> + Send + 'static;
-
-    /// Handles one message.
-    fn call(&self, msg: Message<T>) -> Self::Future;
+/// `?` in a batch handler fails the whole batch with a [`HandlerError`] (every message is
+/// retried, or dead-lettered, individually). To fail some messages only, name them: the
+/// others are acknowledged.
+///
+/// ```
+/// use rsc_client::prelude::*;
+///
+/// async fn on_orders(batch: Batch<u64>) -> Result<(), BatchError> {
+///     let mut failed = BatchError::new();
+///     for msg in &batch {
+///         if *msg.payload() == 0 {
+///             failed = failed.message(msg, HandlerError::dead_letter("zero"));
+///         }
+///     }
+///     failed.into_result()
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let err = on_orders(Batch::test(vec![1, 0, 2])).await.unwrap_err();
+/// assert_eq!(err.failed_messages(), 1);
+/// # }
+/// ```
+pub struct BatchError {
+    pub(crate) all: Option<HandlerError>,
+    pub(crate) each: Vec<(String, HandlerError)>,
 }
 
-impl<F, Fut, T> Handler<T> for F
-where
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    T: Payload,
-{
-    type Future = Fut;
+impl BatchError {
+    /// No failure yet: add some with [`Self::message`].
+    pub fn new() -> Self {
+        BatchError {
+            all: None,
+            each: Vec::new(),
+        }
+    }
 
-    fn call(&self, msg: Message<T>) -> Fut {
-        self(msg)
+    /// The whole batch failed with `error`.
+    pub fn all(error: HandlerError) -> Self {
+        BatchError {
+            all: Some(error),
+            each: Vec::new(),
+        }
+    }
+
+    /// `msg` failed with `error` (the batch's other messages succeeded unless named too).
+    pub fn message<T>(self, msg: &Message<T>, error: HandlerError) -> Self {
+        self.entry(msg.id(), error)
+    }
+
+    /// The message with entry id `id` failed with `error`.
+    pub fn entry(mut self, id: impl Into<String>, error: HandlerError) -> Self {
+        self.each.push((id.into(), error));
+        self
+    }
+
+    /// How many messages were named as failed.
+    pub fn failed_messages(&self) -> usize {
+        self.each.len()
+    }
+
+    /// `Ok(())` when no message was named and the batch did not fail, else `Err(self)`.
+    pub fn into_result(self) -> Result<(), BatchError> {
+        if self.all.is_none() && self.each.is_empty() {
+            Ok(())
+        } else {
+            Err(self)
+        }
     }
 }
+
+impl Default for BatchError {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<HandlerError> for BatchError {
+    fn from(e: HandlerError) -> Self {
+        BatchError::all(e)
+    }
+}
+
+impl fmt::Debug for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchError")
+            .field("all", &self.all)
+            .field("each", &self.each)
+            .finish()
+    }
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.all {
+            Some(e) => write!(f, "the batch failed: {e}"),
+            None => write!(f, "{} message(s) of the batch failed", self.each.len()),
+        }
+    }
+}
+
+/// An `async fn(Message<T>, Data<A>…) -> Result<(), E>`: what a listener runs per message.
+///
+/// Implemented for every such function and closure (with up to four [`Data`] arguments, `E`
+/// any error that converts into a [`HandlerError`]); you do not implement it yourself.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a listener handler",
+    label = "expected an `async fn(Message<T>, Data<A>…) -> Result<(), HandlerError>`",
+    note = "T is the payload type: a `serde::Deserialize` type, or `Raw` for the bytes as sent; \
+            the optional further arguments are `Data<A>` values given to the app with `.data()`"
+)]
+pub trait Handler<T, Args>: Send + Sync + 'static {
+    /// The [`Data`] types the handler asks for.
+    #[doc(hidden)]
+    fn requires() -> Vec<DataKey>;
+
+    /// Handles one message.
+    #[doc(hidden)]
+    fn call(&self, msg: Message<T>, data: &DataMap)
+    -> BoxFuture<'static, Result<(), HandlerError>>;
+}
+
+/// An `async fn(Batch<T>, Data<A>…) -> Result<(), E>`: what a batch listener runs per batch.
+///
+/// `E` is [`BatchError`] (verdicts per message) or anything that converts into a
+/// [`HandlerError`] (one verdict for the batch). Implemented for every such function and
+/// closure; you do not implement it yourself.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a batch listener handler",
+    label = "expected an `async fn(Batch<T>, Data<A>…) -> Result<(), BatchError>`",
+    note = "T is the payload type; the optional further arguments are `Data<A>` values given \
+            to the app with `.data()`"
+)]
+pub trait BatchHandler<T, Args>: Send + Sync + 'static {
+    /// The [`Data`] types the handler asks for.
+    #[doc(hidden)]
+    fn requires() -> Vec<DataKey>;
+
+    /// Handles one batch.
+    #[doc(hidden)]
+    fn call(&self, batch: Batch<T>, data: &DataMap) -> BoxFuture<'static, Result<(), BatchError>>;
+}
+
+/// What a batch handler's error may be: [`BatchError`], or anything that converts into a
+/// [`HandlerError`] (a verdict for the whole batch).
+pub trait IntoBatchError {
+    /// The verdicts.
+    fn into_batch_error(self) -> BatchError;
+}
+
+impl IntoBatchError for BatchError {
+    fn into_batch_error(self) -> BatchError {
+        self
+    }
+}
+
+impl<E: Into<HandlerError>> IntoBatchError for E {
+    fn into_batch_error(self) -> BatchError {
+        BatchError::all(self.into())
+    }
+}
+
+fn missing<T, R: Send + 'static>(wrap: fn(HandlerError) -> R) -> BoxFuture<'static, Result<(), R>> {
+    // build() refuses a listener whose data is missing: this is only reached by a listener
+    // that was never built into an app.
+    let err = HandlerError::dead_letter(format!(
+        "no Data<{}> was given to the app (ConsumerAppBuilder::data)",
+        std::any::type_name::<T>()
+    ));
+    let err = wrap(err);
+    Box::pin(async move { Err(err) })
+}
+
+macro_rules! handler_impls {
+    ($($d:ident),*) => {
+        #[allow(non_snake_case, unused_variables)]
+        impl<F, Fut, T, E, $($d,)*> Handler<T, ($(Data<$d>,)*)> for F
+        where
+            F: Fn(Message<T> $(, Data<$d>)*) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = Result<(), E>> + Send + 'static,
+            E: Into<HandlerError>,
+            T: Payload,
+            $($d: Send + Sync + 'static,)*
+        {
+            fn requires() -> Vec<DataKey> {
+                vec![$(DataKey::of::<$d>()),*]
+            }
+
+            fn call(
+                &self,
+                msg: Message<T>,
+                data: &DataMap,
+            ) -> BoxFuture<'static, Result<(), HandlerError>> {
+                $(let Some($d) = data.get::<$d>() else { return missing::<$d, _>(|e| e) };)*
+                let fut = self(msg $(, $d)*);
+                Box::pin(async move { fut.await.map_err(Into::into) })
+            }
+        }
+
+        #[allow(non_snake_case, unused_variables)]
+        impl<F, Fut, T, E, $($d,)*> BatchHandler<T, ($(Data<$d>,)*)> for F
+        where
+            F: Fn(Batch<T> $(, Data<$d>)*) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = Result<(), E>> + Send + 'static,
+            E: IntoBatchError,
+            T: Payload,
+            $($d: Send + Sync + 'static,)*
+        {
+            fn requires() -> Vec<DataKey> {
+                vec![$(DataKey::of::<$d>()),*]
+            }
+
+            fn call(
+                &self,
+                batch: Batch<T>,
+                data: &DataMap,
+            ) -> BoxFuture<'static, Result<(), BatchError>> {
+                $(let Some($d) = data.get::<$d>() else {
+                    return missing::<$d, _>(BatchError::all)
+                };)*
+                let fut = self(batch $(, $d)*);
+                Box::pin(async move { fut.await.map_err(IntoBatchError::into_batch_error) })
+            }
+        }
+    };
+}
+
+handler_impls!();
+handler_impls!(A1);
+handler_impls!(A1, A2);
+handler_impls!(A1, A2, A3);
+handler_impls!(A1, A2, A3, A4);

@@ -69,6 +69,7 @@
 #![deny(missing_docs)]
 
 mod app;
+pub mod codec;
 mod config;
 mod consumer;
 mod coordinator;
@@ -77,14 +78,19 @@ mod error;
 mod handler;
 mod listener;
 mod message;
+mod otel;
 pub mod producer;
+mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
 pub use config::ClientConfig;
-pub use error::{ClientError, CoordinatorError};
-pub use handler::{BoxError, FailureAction, Handler, HandlerError};
+pub use error::{ClientError, ConfigError, CoordinatorError};
+pub use handler::{
+    BatchError, BatchHandler, BoxError, FailureAction, Handler, HandlerError, IntoBatchError,
+};
 pub use listener::{AckMode, Listener, Rebalance};
-pub use message::{Acker, Headers, Message, Payload, Raw};
+pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
+pub use state::Data;
 
 /// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run
 /// for every message of `stream` that its consumer `group` gives this process.
@@ -109,7 +115,12 @@ pub use message::{Acker, Headers, Message, Payload, Raw};
 ///
 /// Keys: `group` and `stream` (required), `concurrency` (members in this process, default 1),
 /// `name` (used in member ids, default the group), `ack` (`"auto"` default, or `"manual"`),
-/// `max_retries` (default 3).
+/// `max_retries` (default 3), `batch` (a batch listener taking a [`Batch<T>`], at most this
+/// many messages per call) and `linger_ms` (a batch listener's wait for a fuller batch).
+///
+/// After the message (or batch), the function may take up to four [`Data<T>`] arguments:
+/// state given to the app with [`ConsumerAppBuilder::data`]. It may return any
+/// `Result<(), E>` whose `E` converts into a [`HandlerError`] (e.g. `anyhow::Result<()>`).
 ///
 /// The function stays an ordinary function (call it in tests with [`Message::test`]). The
 /// attribute adds a registration that [`ConsumerApp::from_env`] (or
@@ -130,8 +141,8 @@ pub use rsc_macros::stream_listener;
 pub mod prelude {
     pub use crate::producer::{Producer, Record};
     pub use crate::{
-        AckMode, ClientError, ConsumerApp, FailureAction, HandlerError, Listener, Message, Raw,
-        stream_listener,
+        AckMode, Batch, BatchError, ClientError, ConsumerApp, Data, FailureAction, HandlerError,
+        Listener, Message, Raw, stream_listener,
     };
 }
 

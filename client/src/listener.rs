@@ -1,7 +1,9 @@
 //! A listener: a handler bound to a consumer group and a stream, with its settings.
 
-use crate::handler::{Handler, HandlerError};
-use crate::message::{Entry, Message, Origin, Payload};
+use crate::codec::{CONTENT_TYPE_FIELD, CodecSpec};
+use crate::handler::{BatchError, BatchHandler, Handler, HandlerError};
+use crate::message::{Batch, Entry, Message, Origin, Payload};
+use crate::state::{DataKey, DataMap};
 use futures::future::BoxFuture;
 use std::fmt;
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::time::Duration;
 
 /// When entries are acknowledged (`XACK`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AckMode {
     /// The runtime acknowledges an entry after its handler succeeded (or after it was
     /// dead-lettered). The default.
@@ -22,6 +25,7 @@ pub enum AckMode {
 
 /// Which shards a member was given or gave up, passed to rebalance callbacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Rebalance {
     /// The consumer group.
     pub group: String,
@@ -35,8 +39,42 @@ pub struct Rebalance {
 
 type Callback = Arc<dyn Fn(&Rebalance) + Send + Sync>;
 
+/// Decodes an entry's payload for a handler; a failure is a dead-letter verdict with the reason.
+fn decode<T: Payload>(entry: &Entry, codec: &CodecSpec) -> Result<T, HandlerError> {
+    if let Some(why) = &entry.malformed {
+        return Err(HandlerError::dead_letter(format!(
+            "entry {} is malformed: {why}",
+            entry.id
+        )));
+    }
+    if !T::ANY_CONTENT_TYPE
+        && let Some(ct) = entry.field(CONTENT_TYPE_FIELD)
+        && ct != codec.content_type.as_bytes()
+    {
+        return Err(HandlerError::dead_letter(format!(
+            "content type mismatch: the entry is {}, the listener decodes {}",
+            String::from_utf8_lossy(ct),
+            codec.content_type
+        )));
+    }
+    let bytes = entry.field("payload").unwrap_or_default();
+    T::decode_with(bytes, codec).map_err(|e| {
+        HandlerError::dead_letter(format!(
+            "payload does not decode as {} ({}): {e}",
+            std::any::type_name::<T>(),
+            codec.content_type
+        ))
+    })
+}
+
 /// The handler with its payload type erased: decodes the entry, then calls the function.
 pub(crate) trait ErasedHandler: Send + Sync {
+    /// The [`crate::Data`] types the handler asks for.
+    fn requires(&self) -> Vec<DataKey>;
+
+    /// The same handler, reading its [`crate::Data`] arguments from `data`.
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedHandler>;
+
     fn call(
         &self,
         entry: Arc<Entry>,
@@ -45,34 +83,150 @@ pub(crate) trait ErasedHandler: Send + Sync {
     ) -> BoxFuture<'static, Result<(), HandlerError>>;
 }
 
-struct Typed<H, T> {
-    handler: H,
-    _payload: std::marker::PhantomData<fn() -> T>,
+struct Typed<H, T, A> {
+    handler: Arc<H>,
+    data: Arc<DataMap>,
+    codec: CodecSpec,
+    _payload: std::marker::PhantomData<fn() -> (T, A)>,
 }
 
-impl<H: Handler<T>, T: Payload> ErasedHandler for Typed<H, T> {
+impl<H: Handler<T, A>, T: Payload, A: 'static> ErasedHandler for Typed<H, T, A> {
+    fn requires(&self) -> Vec<DataKey> {
+        H::requires()
+    }
+
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedHandler> {
+        Arc::new(Typed::<H, T, A> {
+            handler: self.handler.clone(),
+            data,
+            codec,
+            _payload: std::marker::PhantomData,
+        })
+    }
+
     fn call(
         &self,
         entry: Arc<Entry>,
         origin: Arc<Origin>,
         attempt: u32,
     ) -> BoxFuture<'static, Result<(), HandlerError>> {
-        if let Some(why) = &entry.malformed {
-            let err = HandlerError::dead_letter(format!("entry {} is malformed: {why}", entry.id));
-            return Box::pin(async move { Err(err) });
+        match decode::<T>(&entry, &self.codec) {
+            Ok(payload) => self
+                .handler
+                .call(Message::new(payload, entry, origin, attempt), &self.data),
+            Err(err) => Box::pin(async move { Err(err) }),
         }
-        let bytes = entry.field("payload").unwrap_or_default();
-        match T::decode(bytes) {
-            Ok(payload) => Box::pin(
-                self.handler
-                    .call(Message::new(payload, entry, origin, attempt)),
-            ),
-            Err(e) => {
-                let err = HandlerError::dead_letter(format!(
-                    "payload does not decode as {}: {e}",
-                    std::any::type_name::<T>()
-                ));
-                Box::pin(async move { Err(err) })
+    }
+}
+
+/// A batch handler with its payload type erased.
+pub(crate) trait ErasedBatch: Send + Sync {
+    fn requires(&self) -> Vec<DataKey>;
+
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedBatch>;
+
+    /// Decodes the entries (with their attempt numbers): those that do not decode come back
+    /// with their verdict (by index); the others go to the handler, if any are left.
+    #[allow(clippy::type_complexity)]
+    fn call(
+        &self,
+        entries: &[(Arc<Entry>, u32)],
+        origin: &Arc<Origin>,
+    ) -> (
+        Vec<(usize, HandlerError)>,
+        Option<BoxFuture<'static, Result<(), BatchError>>>,
+    );
+}
+
+struct TypedBatch<H, T, A> {
+    handler: Arc<H>,
+    data: Arc<DataMap>,
+    codec: CodecSpec,
+    _payload: std::marker::PhantomData<fn() -> (T, A)>,
+}
+
+impl<H: BatchHandler<T, A>, T: Payload, A: 'static> ErasedBatch for TypedBatch<H, T, A> {
+    fn requires(&self) -> Vec<DataKey> {
+        H::requires()
+    }
+
+    fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> Arc<dyn ErasedBatch> {
+        Arc::new(TypedBatch::<H, T, A> {
+            handler: self.handler.clone(),
+            data,
+            codec,
+            _payload: std::marker::PhantomData,
+        })
+    }
+
+    fn call(
+        &self,
+        entries: &[(Arc<Entry>, u32)],
+        origin: &Arc<Origin>,
+    ) -> (
+        Vec<(usize, HandlerError)>,
+        Option<BoxFuture<'static, Result<(), BatchError>>>,
+    ) {
+        let mut failed = Vec::new();
+        let mut messages = Vec::with_capacity(entries.len());
+        for (i, (entry, attempt)) in entries.iter().enumerate() {
+            match decode::<T>(entry, &self.codec) {
+                Ok(p) => messages.push(Message::new(p, entry.clone(), origin.clone(), *attempt)),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        let call =
+            (!messages.is_empty()).then(|| self.handler.call(Batch::new(messages), &self.data));
+        (failed, call)
+    }
+}
+
+/// A listener's handler: one message at a time, or batches.
+#[derive(Clone)]
+pub(crate) enum HandlerKind {
+    Single(Arc<dyn ErasedHandler>),
+    Batch(Arc<dyn ErasedBatch>),
+}
+
+impl HandlerKind {
+    pub(crate) fn requires(&self) -> Vec<DataKey> {
+        match self {
+            HandlerKind::Single(h) => h.requires(),
+            HandlerKind::Batch(h) => h.requires(),
+        }
+    }
+
+    pub(crate) fn bind(&self, data: Arc<DataMap>, codec: CodecSpec) -> HandlerKind {
+        match self {
+            HandlerKind::Single(h) => HandlerKind::Single(h.bind(data, codec)),
+            HandlerKind::Batch(h) => HandlerKind::Batch(h.bind(data, codec)),
+        }
+    }
+
+    /// The single-message handler (the worker only calls it on such a listener).
+    pub(crate) fn call(
+        &self,
+        entry: Arc<Entry>,
+        origin: Arc<Origin>,
+        attempt: u32,
+    ) -> BoxFuture<'static, Result<(), HandlerError>> {
+        match self {
+            HandlerKind::Single(h) => h.call(entry, origin, attempt),
+            HandlerKind::Batch(h) => {
+                let (mut failed, call) = h.call(&[(entry, attempt)], &origin);
+                match (failed.pop(), call) {
+                    (Some((_, e)), _) => Box::pin(async move { Err(e) }),
+                    (None, Some(call)) => Box::pin(async move {
+                        call.await.map_err(|mut e| match e.all.take() {
+                            Some(all) => all,
+                            None => e.each.pop().map_or_else(
+                                || HandlerError::retry("the batch failed"),
+                                |(_, err)| err,
+                            ),
+                        })
+                    }),
+                    (None, None) => Box::pin(async { Ok(()) }),
+                }
             }
         }
     }
@@ -88,6 +242,11 @@ pub(crate) struct Settings {
     pub(crate) batch_size: usize,
     pub(crate) block: Duration,
     pub(crate) drain_grace: Duration,
+    /// Batch listeners: the most messages one call handles.
+    pub(crate) max_batch: usize,
+    /// Batch listeners: how long to wait for more entries after a read that returned fewer
+    /// than `max_batch`.
+    pub(crate) linger: Duration,
 }
 
 impl Default for Settings {
@@ -100,6 +259,8 @@ impl Default for Settings {
             batch_size: 64,
             block: Duration::from_secs(2),
             drain_grace: Duration::from_secs(3),
+            max_batch: 64,
+            linger: Duration::ZERO,
         }
     }
 }
@@ -134,7 +295,9 @@ pub struct Listener {
     pub(crate) stream: String,
     pub(crate) concurrency: u32,
     pub(crate) settings: Settings,
-    pub(crate) handler: Arc<dyn ErasedHandler>,
+    pub(crate) handler: HandlerKind,
+    /// How payloads are decoded (default JSON).
+    pub(crate) codec: CodecSpec,
     pub(crate) on_assigned: Option<Callback>,
     pub(crate) on_revoked: Option<Callback>,
 }
@@ -147,31 +310,124 @@ impl fmt::Debug for Listener {
             .field("stream", &self.stream)
             .field("concurrency", &self.concurrency)
             .field("settings", &self.settings)
+            .field("codec", &self.codec)
             .finish_non_exhaustive()
     }
 }
 
 impl Listener {
     /// A listener of `group` on `stream` that runs `handler` for each message.
-    pub fn new<T: Payload, H: Handler<T>>(
+    ///
+    /// The handler takes the [`Message`], then any number (up to four) of
+    /// [`crate::Data`] arguments provided with [`crate::ConsumerAppBuilder::data`].
+    pub fn new<T: Payload, A: 'static, H: Handler<T, A>>(
         group: impl Into<String>,
         stream: impl Into<String>,
         handler: H,
     ) -> Self {
-        let group = group.into();
+        Self::with_handler(
+            group.into(),
+            stream.into(),
+            HandlerKind::Single(Arc::new(Typed::<H, T, A> {
+                handler: Arc::new(handler),
+                data: Arc::default(),
+                codec: CodecSpec::JSON,
+                _payload: std::marker::PhantomData,
+            })),
+        )
+    }
+
+    /// A batch listener of `group` on `stream`: `handler` receives up to
+    /// [`Self::max_batch`] messages of one shard at once (default 64), as a
+    /// [`crate::Batch`].
+    ///
+    /// The handler returns one verdict for the batch (`Result<(), HandlerError>`, or `?`),
+    /// or one per message ([`BatchError::message`]). Messages that succeeded are acknowledged
+    /// after the handler returns; failed ones are retried (as a smaller batch) with the
+    /// listener's backoff, then dead-lettered one by one. A payload that does not decode is
+    /// dead-lettered without reaching the handler.
+    ///
+    /// ```
+    /// use rsc_client::prelude::*;
+    /// use std::time::Duration;
+    ///
+    /// async fn store(batch: Batch<serde_json::Value>) -> Result<(), HandlerError> {
+    ///     println!("{} rows in one INSERT", batch.len());
+    ///     Ok(())
+    /// }
+    ///
+    /// let listener = Listener::batch("warehouse", "orders", store)
+    ///     .max_batch(100)
+    ///     .linger(Duration::from_millis(20));
+    /// ```
+    pub fn batch<T: Payload, A: 'static, H: BatchHandler<T, A>>(
+        group: impl Into<String>,
+        stream: impl Into<String>,
+        handler: H,
+    ) -> Self {
+        Self::with_handler(
+            group.into(),
+            stream.into(),
+            HandlerKind::Batch(Arc::new(TypedBatch::<H, T, A> {
+                handler: Arc::new(handler),
+                data: Arc::default(),
+                codec: CodecSpec::JSON,
+                _payload: std::marker::PhantomData,
+            })),
+        )
+    }
+
+    fn with_handler(group: String, stream: String, handler: HandlerKind) -> Self {
         Listener {
             name: group.clone(),
             group,
-            stream: stream.into(),
+            stream,
             concurrency: 1,
             settings: Settings::default(),
-            handler: Arc::new(Typed {
-                handler,
-                _payload: std::marker::PhantomData,
-            }),
+            handler,
+            codec: CodecSpec::JSON,
             on_assigned: None,
             on_revoked: None,
         }
+    }
+
+    /// Batch listeners: the most messages one call of the handler receives (default 64;
+    /// also the read's `COUNT`). Ignored by a single-message listener.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.settings.max_batch = n.max(1);
+        self.settings.batch_size = n.max(1);
+        self
+    }
+
+    /// Batch listeners: after a read that returned fewer than [`Self::max_batch`] entries,
+    /// wait up to this long for more before calling the handler (default 0: hand over what
+    /// the read returned). Bounds the latency a fuller batch costs. Ignored by a
+    /// single-message listener.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.settings.linger = linger;
+        self
+    }
+
+    /// The payload format (default [`crate::codec::Json`]): payloads are decoded with `C`,
+    /// and an entry whose `content_type` field names another format is dead-lettered with
+    /// the reason (entries without the field are decoded with `C`). A `Message<Raw>`
+    /// handler takes any content type.
+    ///
+    /// ```
+    /// use rsc_client::codec::Json;
+    /// use rsc_client::prelude::*;
+    ///
+    /// async fn on_order(msg: Message<serde_json::Value>) -> Result<(), HandlerError> { Ok(()) }
+    /// let listener = Listener::new("billing", "orders", on_order).codec::<Json>();
+    /// ```
+    pub fn codec<C: crate::codec::Codec>(mut self) -> Self {
+        self.codec = CodecSpec::of::<C>();
+        self
+    }
+
+    /// Whether this is a batch listener ([`Self::batch`]).
+    pub fn is_batch(&self) -> bool {
+        matches!(self.handler, HandlerKind::Batch(_))
     }
 
     /// The name used in member ids (default: the group id). Two listeners of one app need

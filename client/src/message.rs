@@ -1,5 +1,7 @@
 //! The message a listener receives: its decoded payload and where it came from.
 
+use crate::codec::Codec as _;
+use crate::codec::CodecSpec;
 use crate::error::ClientError;
 use crate::handler::BoxError;
 use serde::de::DeserializeOwned;
@@ -12,16 +14,33 @@ pub type Headers = BTreeMap<String, String>;
 
 /// How a payload type is made from the entry's `payload` field.
 ///
-/// Every `serde::Deserialize` type is decoded from JSON; [`Raw`] takes the bytes as sent.
-/// A payload that does not decode is dead-lettered at once (retrying cannot fix it).
+/// Every `serde::Deserialize` type is decoded with the listener's codec (JSON unless
+/// [`crate::Listener::codec`] says otherwise); [`Raw`] takes the bytes as sent, whatever
+/// their content type. A payload that does not decode is dead-lettered at once (retrying
+/// cannot fix it).
 pub trait Payload: Sized + Send + 'static {
-    /// Decodes the `payload` field.
+    /// Whether any content type is accepted (the bytes are not decoded): `true` for [`Raw`].
+    const ANY_CONTENT_TYPE: bool = false;
+
+    /// Decodes the `payload` field (as JSON, for a `serde::Deserialize` type).
     fn decode(bytes: &[u8]) -> Result<Self, BoxError>;
+
+    /// Decodes the `payload` field with the listener's codec (by default: ignores it and
+    /// calls [`Payload::decode`]).
+    #[doc(hidden)]
+    fn decode_with(bytes: &[u8], codec: &CodecSpec) -> Result<Self, BoxError> {
+        let _ = codec;
+        Self::decode(bytes)
+    }
 }
 
 impl<T: DeserializeOwned + Send + 'static> Payload for T {
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
         serde_json::from_slice(bytes).map_err(Into::into)
+    }
+
+    fn decode_with(bytes: &[u8], codec: &CodecSpec) -> Result<Self, BoxError> {
+        codec.decode(bytes)
     }
 }
 
@@ -30,6 +49,8 @@ impl<T: DeserializeOwned + Send + 'static> Payload for T {
 pub struct Raw(pub Vec<u8>);
 
 impl Payload for Raw {
+    const ANY_CONTENT_TYPE: bool = true;
+
     fn decode(bytes: &[u8]) -> Result<Self, BoxError> {
         Ok(Raw(bytes.to_vec()))
     }
@@ -131,10 +152,14 @@ impl<T> Message<T> {
     /// A message outside any stream, for unit tests of handlers: shard 0 of stream `test`,
     /// group `test`, entry id `0-1`; [`Message::ack`] does nothing.
     pub fn test(payload: T) -> Self {
+        Self::test_with_id(payload, "0-1".into())
+    }
+
+    fn test_with_id(payload: T, id: String) -> Self {
         Message {
             payload,
             entry: Arc::new(Entry {
-                id: "0-1".into(),
+                id,
                 delivery_count: 1,
                 ..Entry::default()
             }),
@@ -194,6 +219,15 @@ impl<T> Message<T> {
         self.entry.key.as_deref()
     }
 
+    /// The payload's content type: the entry's `content_type` field, or
+    /// `application/json` when it has none (see [`crate::codec`]).
+    pub fn content_type(&self) -> &str {
+        self.entry
+            .field(crate::codec::CONTENT_TYPE_FIELD)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .unwrap_or(crate::codec::Json::CONTENT_TYPE)
+    }
+
     /// The entry's `headers`.
     pub fn headers(&self) -> &Headers {
         &self.entry.headers
@@ -227,6 +261,78 @@ impl<T> Message<T> {
     /// after the handler succeeds; with [`crate::AckMode::Manual`] the handler must.
     pub async fn ack(&self) -> Result<(), ClientError> {
         self.acker().ack().await
+    }
+}
+
+/// The messages a batch listener receives at once: up to its maximum batch size, from one
+/// shard, in stream order.
+///
+/// Iterate over it (`for msg in &batch`), or take the messages with
+/// [`Batch::into_messages`]. With [`crate::AckMode::Auto`] the runtime acknowledges every
+/// message the handler did not name as failed, after it returns.
+#[derive(Debug)]
+pub struct Batch<T> {
+    messages: Vec<Message<T>>,
+}
+
+impl<T> Batch<T> {
+    pub(crate) fn new(messages: Vec<Message<T>>) -> Self {
+        Batch { messages }
+    }
+
+    /// A batch outside any stream, for unit tests of batch handlers: the payloads as
+    /// [`Message::test`] messages with entry ids `0-1`, `0-2`, ….
+    pub fn test(payloads: Vec<T>) -> Self {
+        Batch {
+            messages: payloads
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| Message::test_with_id(p, format!("0-{}", i + 1)))
+                .collect(),
+        }
+    }
+
+    /// How many messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether the batch is empty (never, for a batch the runtime hands over).
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The messages.
+    pub fn messages(&self) -> &[Message<T>] {
+        &self.messages
+    }
+
+    /// The messages, by value.
+    pub fn into_messages(self) -> Vec<Message<T>> {
+        self.messages
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Message<T>> {
+        self.messages.iter()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Batch<T> {
+    type Item = &'a Message<T>;
+    type IntoIter = std::slice::Iter<'a, Message<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.iter()
+    }
+}
+
+impl<T> IntoIterator for Batch<T> {
+    type Item = Message<T>;
+    type IntoIter = std::vec::IntoIter<Message<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.into_iter()
     }
 }
 

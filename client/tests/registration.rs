@@ -2,7 +2,7 @@
 //! configuration is checked before anything runs.
 
 use rsc_client::prelude::*;
-use rsc_client::{ClientError, ConsumerAppBuilder};
+use rsc_client::{ClientError, ConfigError, ConsumerAppBuilder};
 
 #[derive(Debug, serde::Deserialize)]
 struct Order {
@@ -55,28 +55,40 @@ async fn annotated_functions_stay_plain_functions() {
 #[test]
 fn misconfiguration_is_reported_before_running() {
     let err = |b: ConsumerAppBuilder| match b.build() {
-        Err(ClientError::Config(m)) => m,
+        Err(ClientError::Config(e)) => e,
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("built"),
     };
-    assert!(
-        err(ConsumerAppBuilder::with_config(Default::default()).instance_id("x"))
-            .contains("RSC_COORDINATOR_URL")
+    // Typed: tests match the variant, not the message (the message says what to set).
+    let e = err(ConsumerAppBuilder::with_config(Default::default()).instance_id("x"));
+    assert_eq!(e, ConfigError::NoCoordinator);
+    assert!(e.to_string().contains("RSC_COORDINATOR_URL"));
+    let e = err(ConsumerAppBuilder::with_config(Default::default()).coordinator("http://c"));
+    assert_eq!(
+        e,
+        ConfigError::NoInstanceId {
+            static_membership: false
+        }
     );
-    assert!(
-        err(ConsumerAppBuilder::with_config(Default::default()).coordinator("http://c"))
-            .contains("POD_IP")
-    );
-    assert!(err(builder()).contains("no listeners"));
+    assert!(e.to_string().contains("POD_IP"));
+    assert_eq!(err(builder()), ConfigError::NoListeners);
     let twice = builder()
         .listener(Listener::new("g", "s", on_order))
         .listener(Listener::new("g", "t", on_order));
-    assert!(err(twice).contains("two listeners are named \"g\""));
-    assert!(err(builder().listener(Listener::new("bad group", "s", on_order))).contains("group"));
+    assert_eq!(err(twice), ConfigError::DuplicateListener("g".into()));
+    assert!(matches!(
+        err(builder().listener(Listener::new("bad group", "s", on_order))),
+        ConfigError::InvalidName { kind: "group", .. }
+    ));
+    assert_eq!(
+        err(builder().listener(Listener::new("g", "s", on_order).concurrency(0))),
+        ConfigError::ZeroConcurrency("g".into())
+    );
+    let e = err(builder()
+        .redis_url("nonsense://")
+        .listener(Listener::new("g", "s", on_order)));
     assert!(
-        err(builder()
-            .redis_url("nonsense://")
-            .listener(Listener::new("g", "s", on_order)))
-        .contains("Redis URL")
+        matches!(&e, ConfigError::DataRedis(m) if m.contains("Redis URL")),
+        "{e}"
     );
 }

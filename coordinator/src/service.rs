@@ -716,6 +716,22 @@ impl Coordinator {
         self.describe_group(group).await
     }
 
+    /// Pauses or resumes a group (admin; PROTOCOL §14): durable in the group document, so it
+    /// outlives rebalances, member restarts and coordinator restarts.
+    #[tracing::instrument(skip(self))]
+    pub async fn set_group_paused(&self, group: &str, paused: bool) -> Result<GroupView> {
+        check_name("group", group)?;
+        self.mutate_group(group, |doc, _stream, now| {
+            if doc.set_paused(paused, now) {
+                tracing::info!(group, paused, "group pause changed");
+            }
+            Ok(Vec::new())
+        })
+        .await?;
+        crate::metrics::record_group_paused(group, paused);
+        self.describe_group(group).await
+    }
+
     /// Lock, load, apply `f`, write if the document changed, log. Returns what happened.
     async fn mutate_group<F>(&self, group: &str, f: F) -> Result<Vec<GroupEvent>>
     where
@@ -814,6 +830,7 @@ impl Coordinator {
                 FencingMode::Lease
             }),
             ordering: req.ordering.unwrap_or_default(),
+            paused_since_ms: None,
         };
         self.check_fencing(req.fencing)?;
         config.validate()?;

@@ -340,6 +340,12 @@ pub struct HeartbeatResponse {
     /// The group's ordering through reshards (issue 16; absent means `key`).
     #[serde(default, skip_serializing_if = "OrderingMode::is_key")]
     pub ordering: OrderingMode,
+    /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
+    /// keeps its shards and keeps heartbeating, finishes the messages in flight, and fetches
+    /// nothing new until an answer says otherwise. Absent (false) when not paused: a v1
+    /// addition (PROTOCOL §14).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// `POST /v1/groups/{group}/leave` body.
@@ -610,6 +616,13 @@ pub struct GroupView {
     /// group is from its seal (issue 16). Empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_on_parents: Vec<ParentProgress>,
+    /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
+    /// A v1 addition (PROTOCOL §14); absent means not paused.
+    #[serde(default)]
+    pub paused: bool,
+    /// When the group was paused (Unix ms), while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since_ms: Option<u64>,
     /// Bumped on every change of membership, layout or config.
     pub group_epoch: u64,
     /// The group epoch the target was computed for.

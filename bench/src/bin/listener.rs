@@ -9,6 +9,12 @@
 //!   on the same pre-filled stream, in alternating order. Goal: ratio ≥ 0.9. Beside the rate,
 //!   the Redis server's CPU time per 1,000 messages of each (`INFO cpu`), which the machine's
 //!   other load does not move.
+//! - **batch listener** (P10): a handler that makes one Redis round trip per call (`INCRBY`
+//!   on a counter, through a `Data<T>` connection) as a batch listener (`Listener::batch`,
+//!   `max_batch` = COUNT) against the same handler as a single-message listener and against
+//!   a hand-written `XREADGROUP` + `INCRBY` + `XACK` loop per shard, on one pre-filled stream,
+//!   same run, rotating which goes first. Goal: batch ≥ 1.5× the single-message listener.
+//!   `--only batch` runs this section alone.
 //! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
 //!   pipeline of the same XADDs. Goal: ratio ≥ 0.95 (P4, the unfenced path) and, with the
 //!   routing-epoch fence of ordered resharding (one guarded script call per shard on a stream
@@ -23,7 +29,7 @@ use clap::Parser;
 use redis::AsyncCommands;
 use rsc_bench::{Row, emit, summarize};
 use rsc_client::producer::{Producer, Record};
-use rsc_client::{ConsumerApp, HandlerError, Listener, Message, Raw};
+use rsc_client::{Batch, ConsumerApp, Data, HandlerError, Listener, Message, Raw};
 use rsc_protocol::routing::shard_key;
 use rsc_testkit::{CoordinatorProcess, RedisServer};
 use std::sync::Arc;
@@ -52,6 +58,221 @@ struct Args {
     /// Records per publish pipeline.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// Run one section only (`batch`: the batch listener comparison, P10).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// What the P10 handlers share: a connection for their one round trip per call, and the
+/// count of messages handled.
+struct Work {
+    con: redis::aio::MultiplexedConnection,
+    handled: AtomicU64,
+    n: u64,
+    done: Notify,
+}
+
+impl Work {
+    fn count(&self, k: u64) {
+        if self.handled.fetch_add(k, Ordering::Relaxed) + k >= self.n {
+            self.done.notify_one();
+        }
+    }
+}
+
+async fn work_one(msg: Message<Raw>, work: Data<Work>) -> Result<(), HandlerError> {
+    std::hint::black_box(msg.payload());
+    let _: i64 = work.con.clone().incr("p10:work", 1).await?;
+    work.count(1);
+    Ok(())
+}
+
+async fn work_batch(batch: Batch<Raw>, work: Data<Work>) -> Result<(), HandlerError> {
+    std::hint::black_box(batch.messages());
+    let k = batch.len() as u64;
+    let _: i64 = work.con.clone().incr("p10:work", k).await?;
+    work.count(k);
+    Ok(())
+}
+
+/// A `ConsumerApp` with one member running the P10 handler (batch or single) until `n`
+/// messages were handled; msgs/s.
+#[allow(clippy::too_many_arguments)]
+async fn work_consume(
+    client: &redis::Client,
+    redis_url: &str,
+    coordinator: &str,
+    stream: &str,
+    group: &str,
+    n: u64,
+    count: usize,
+    batch: bool,
+) -> anyhow::Result<f64> {
+    let work = Arc::new(Work {
+        con: client.get_multiplexed_async_connection().await?,
+        handled: AtomicU64::new(0),
+        n,
+        done: Notify::new(),
+    });
+    let listener = if batch {
+        Listener::batch(group, stream, work_batch).max_batch(count)
+    } else {
+        Listener::new(group, stream, work_one).batch_size(count)
+    };
+    let app = ConsumerApp::builder()
+        .coordinator(coordinator)
+        .redis_url(redis_url)
+        .instance_id("bench")
+        .data_arc(work.clone())
+        .listener(listener)
+        .build()?;
+    let handle = app.handle();
+    let started = Instant::now();
+    let run = tokio::spawn(app.run_until(std::future::pending()));
+    work.done.notified().await;
+    let elapsed = started.elapsed();
+    handle.shutdown();
+    run.await??;
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+/// One task per shard: XREADGROUP COUNT c, one INCRBY (the handler's round trip), XACK,
+/// until `n` entries in total; msgs/s.
+async fn raw_work_consume(
+    client: &redis::Client,
+    stream: &str,
+    group: &str,
+    shards: u32,
+    n: u64,
+    count: usize,
+) -> anyhow::Result<f64> {
+    let total = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..shards {
+        let key = shard_key(stream, s);
+        let mut con = client.get_multiplexed_async_connection().await?;
+        let mut work = client.get_multiplexed_async_connection().await?;
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut con)
+            .await;
+        if let Err(e) = r {
+            anyhow::ensure!(e.code() == Some("BUSYGROUP"), "{e}");
+        }
+        let (group, total) = (group.to_owned(), total.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = redis::streams::StreamReadOptions::default()
+                .group(&group, "raw")
+                .count(count)
+                .block(100);
+            loop {
+                let reply: Option<redis::streams::StreamReadReply> =
+                    con.xread_options(&[&key], &[">"], &opts).await?;
+                let ids: Vec<String> = reply
+                    .into_iter()
+                    .flat_map(|r| r.keys)
+                    .flat_map(|k| k.ids)
+                    .map(|i| i.id)
+                    .collect();
+                if ids.is_empty() {
+                    if total.load(Ordering::Relaxed) >= n {
+                        return Ok::<(), redis::RedisError>(());
+                    }
+                    continue;
+                }
+                let _: i64 = work.incr("p10:work", ids.len()).await?;
+                let _: i64 = con.xack(&key, &group, &ids).await?;
+                total.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut elapsed = None;
+    while elapsed.is_none() {
+        if total.load(Ordering::Relaxed) >= n {
+            elapsed = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(n as f64 / elapsed.unwrap_or_default().as_secs_f64())
+}
+
+/// P10: batch listener, single-message listener and hand-written loop on one pre-filled
+/// stream, each `reps` times, rotating the order; (batch, single, raw) msgs/s.
+#[allow(clippy::too_many_arguments)]
+async fn batch_section(
+    http: &reqwest::Client,
+    client: &redis::Client,
+    redis_url: &str,
+    con: &mut redis::aio::MultiplexedConnection,
+    url: &str,
+    args: &Args,
+    n: u64,
+    reps: usize,
+) -> anyhow::Result<Vec<Row>> {
+    let (mut batch, mut single, mut raw) = (vec![], vec![], vec![]);
+    for rep in 0..reps {
+        let stream = format!("p10-{rep}");
+        raw_publish(con, &stream, args.shards, n, 500).await?;
+        for turn in 0..3 {
+            match (rep + turn) % 3 {
+                0 => {
+                    let g = format!("p10b-{rep}");
+                    create_group(http, url, &g, &stream, args.shards, "lease").await?;
+                    batch.push(
+                        work_consume(client, redis_url, url, &stream, &g, n, args.count, true)
+                            .await?,
+                    );
+                }
+                1 => {
+                    let g = format!("p10s-{rep}");
+                    create_group(http, url, &g, &stream, args.shards, "lease").await?;
+                    single.push(
+                        work_consume(client, redis_url, url, &stream, &g, n, args.count, false)
+                            .await?,
+                    );
+                }
+                _ => {
+                    let g = format!("p10r-{rep}");
+                    raw.push(
+                        raw_work_consume(client, &stream, &g, args.shards, n, args.count).await?,
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "rep {rep}: batch listener {:.0}, single-message listener {:.0}, hand-written loop {:.0} msgs/s",
+            batch[rep], single[rep], raw[rep]
+        );
+        let _: () = redis::cmd("FLUSHALL").query_async(con).await?;
+    }
+    let what = format!(
+        "({} shards, batch/COUNT {}, one INCRBY per handler call, {n} msgs)",
+        args.shards, args.count
+    );
+    Ok(vec![
+        Row {
+            name: format!("P10 batch listener {what} vs single-message listener"),
+            unit: "msgs/s".into(),
+            value: summarize(&batch),
+            baseline: Some(summarize(&single)),
+            goal: "ratio >= 1.5 (baseline: the same handler as a single-message listener)".into(),
+        },
+        Row {
+            name: "P10 batch listener vs hand-written XREADGROUP + INCRBY + XACK loop".into(),
+            unit: "msgs/s".into(),
+            value: summarize(&batch),
+            baseline: Some(summarize(&raw)),
+            goal: "- (baseline: redis-rs loop per shard, one INCRBY per read)".into(),
+        },
+    ])
 }
 
 const PAYLOAD: &str = r#"{"order":12345,"customer":"c-42","total_cents":1999}"#;
@@ -329,6 +550,15 @@ async fn main() -> anyhow::Result<()> {
         .coordinator(&url)
         .redis_url(redis.url())
         .build()?;
+    if args.only.as_deref() == Some("batch") {
+        let rows =
+            batch_section(&http, &client, &redis.url(), &mut con, &url, &args, n, reps).await?;
+        emit(&rows)?;
+        return Ok(());
+    }
+    if let Some(other) = args.only.as_deref() {
+        anyhow::bail!("--only {other}: the only section that runs alone is `batch`");
+    }
 
     let mut limit = vec![];
     let mut pub_fenced = vec![];
@@ -453,7 +683,7 @@ async fn main() -> anyhow::Result<()> {
         limit.push(tokio::task::spawn_blocking(move || redis_benchmark_xadd(port, n, 4)).await??);
         let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await?;
     }
-    let rows = vec![
+    let mut rows = vec![
         Row {
             name: format!(
                 "P3 listener consume ({} shards, COUNT {}, {n} msgs) vs redis-rs loop",
@@ -516,6 +746,7 @@ async fn main() -> anyhow::Result<()> {
             goal: "-".into(),
         },
     ];
+    rows.extend(batch_section(&http, &client, &redis.url(), &mut con, &url, &args, n, reps).await?);
     emit(&rows)?;
     Ok(())
 }

@@ -450,6 +450,7 @@ mod tests {
             ));
         }
         Ok(HeartbeatResponse {
+            paused: false,
             member_id: req.member_id.clone(),
             member_epoch: req.member_epoch + 1,
             heartbeat_interval_ms: 100,

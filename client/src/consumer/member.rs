@@ -330,6 +330,13 @@ impl MemberRuntime {
                     info!("heartbeat succeeded again: resuming");
                     self.fenced = false;
                 }
+                if self.shared.pause.set_by_group(resp.paused) {
+                    info!(
+                        paused = resp.paused,
+                        "group {} by an operator",
+                        if resp.paused { "paused" } else { "resumed" }
+                    );
+                }
                 self.assignment = resp.assignment.into_iter().collect();
                 self.tokens = resp.owner_tokens;
                 self.shared.ordered.store(

@@ -30,6 +30,7 @@ pub(crate) mod worker;
 use crate::data::{DataRedis, SharedConn};
 use crate::listener::Listener;
 use metrics::{Counter, Gauge, Histogram};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 
 /// What every shard worker of one member shares.
@@ -46,8 +47,11 @@ pub(crate) struct MemberShared {
     /// The shared connection: manual acknowledgements, dead letters, drain checks (never
     /// blocked by a read).
     pub(crate) ack_conn: SharedConn,
-    /// `true` while the listener is paused.
+    /// `true` while the listener is paused (by the app's handle or by the group's operator
+    /// pause): the effective value of `pause`.
     pub(crate) paused: watch::Receiver<bool>,
+    /// The listener's pause switches (shared by its members).
+    pub(crate) pause: std::sync::Arc<PauseState>,
     pub(crate) metrics: WorkerMetrics,
     /// When the member's lease runs out (set by the member on every successful heartbeat):
     /// a worker starts no further entry past it, even before the member's self-fence timer
@@ -56,6 +60,65 @@ pub(crate) struct MemberShared {
     /// The group's ordering through reshards is `key` (from the heartbeat answer; `true`
     /// until the first answer says otherwise).
     pub(crate) ordered: std::sync::atomic::AtomicBool,
+}
+
+/// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's
+/// pause of its group (PROTOCOL §14, carried in every heartbeat answer). Workers watch the
+/// effective value (either one).
+#[derive(Debug)]
+pub(crate) struct PauseState {
+    by_app: AtomicBool,
+    by_group: AtomicBool,
+    effective: watch::Sender<bool>,
+}
+
+impl PauseState {
+    pub(crate) fn new() -> Self {
+        PauseState {
+            by_app: AtomicBool::new(false),
+            by_group: AtomicBool::new(false),
+            effective: watch::channel(false).0,
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+        self.effective.subscribe()
+    }
+
+    pub(crate) fn by_app(&self) -> bool {
+        self.by_app.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn by_group(&self) -> bool {
+        self.by_group.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.effective.borrow()
+    }
+
+    /// Sets the app's switch; `true` when it changed.
+    pub(crate) fn set_by_app(&self, on: bool) -> bool {
+        let changed = self.by_app.swap(on, Ordering::SeqCst) != on;
+        self.publish();
+        changed
+    }
+
+    /// Sets the group's switch (from a heartbeat answer); `true` when it changed.
+    pub(crate) fn set_by_group(&self, on: bool) -> bool {
+        let changed = self.by_group.swap(on, Ordering::SeqCst) != on;
+        self.publish();
+        changed
+    }
+
+    /// Recomputes the effective value under the channel's lock, so that concurrent setters
+    /// cannot leave a stale value behind.
+    fn publish(&self) {
+        self.effective.send_if_modified(|v| {
+            let now = self.by_app() || self.by_group();
+            std::mem::replace(v, now) != now
+        });
+    }
 }
 
 impl MemberShared {

@@ -40,6 +40,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+mod batch;
+
 /// How many pending entries one `XAUTOCLAIM` takes over.
 const CLAIM_COUNT: usize = 100;
 /// How often the shard's lag gauge is refreshed.
@@ -851,6 +853,13 @@ impl ShardWorker {
         let Some(entries) = self.admit(entries).await else {
             return false;
         };
+        if !self.shared.ordered.load(Ordering::Relaxed)
+            && let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler
+        {
+            // Ordering none: batches may linger for company (reads past `admit`).
+            let h = h.clone();
+            return self.handle_batches(conn, entries, flush, h).await;
+        }
         let mut complete = self.run_entries(conn, entries).await;
         if complete {
             self.order.checked = None;
@@ -863,8 +872,13 @@ impl ShardWorker {
     }
 
     /// Handles entries in order; `false` when stopped before the end (the rest stays
-    /// pending for the next owner).
+    /// pending for the next owner). A batch listener gets them as batches, without
+    /// lingering (an entry read while lingering would bypass the ordering check).
     async fn run_entries(&mut self, conn: &mut NodeConn, entries: Vec<Entry>) -> bool {
+        if let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler {
+            let h = h.clone();
+            return self.handle_batches(conn, entries, true, h).await;
+        }
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
         let mut complete = true;
         for entry in entries {
@@ -947,6 +961,7 @@ impl ShardWorker {
         let mut attempt = 1u32;
         loop {
             let span = info_span!("message", entry_id = %entry.id, attempt);
+            crate::otel::continue_trace(&span, entry);
             let started = Instant::now();
             let call =
                 self.shared

@@ -17,6 +17,7 @@ mod routing;
 
 pub use routing::Routing;
 
+use crate::codec::{CONTENT_TYPE_FIELD, Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
 use crate::coordinator::CoordinatorClient;
 use crate::data::{DataRedis, SharedConn};
@@ -36,12 +37,35 @@ pub struct Record {
     payload: Vec<u8>,
     headers: BTreeMap<String, String>,
     fields: Vec<(String, Vec<u8>)>,
+    content_type: Option<String>,
 }
 
 impl Record {
     /// A record whose payload is `value` as JSON.
     pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<Self, ClientError> {
         Ok(Record::raw(serde_json::to_vec(value)?))
+    }
+
+    /// A record whose payload is `value` encoded with codec `C`, its content type recorded in
+    /// the entry's `content_type` field (none for JSON, the default; see [`crate::codec`]).
+    pub fn encode<C: Codec, T: Serialize + ?Sized>(value: &T) -> Result<Self, ClientError> {
+        let payload = C::encode(value).map_err(|source| ClientError::Codec {
+            content_type: C::CONTENT_TYPE,
+            source,
+        })?;
+        let record = Record::raw(payload);
+        Ok(if C::CONTENT_TYPE == Json::CONTENT_TYPE {
+            record
+        } else {
+            record.content_type(C::CONTENT_TYPE)
+        })
+    }
+
+    /// Records the payload's content type in the entry's `content_type` field (e.g.
+    /// `application/octet-stream` for raw bytes; listeners of another format refuse it).
+    pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = Some(content_type.into());
+        self
     }
 
     /// A record with these payload bytes.
@@ -99,6 +123,9 @@ impl Record {
         if let Some(k) = &self.key {
             pipe.arg("key").arg(k);
         }
+        if let Some(ct) = &self.content_type {
+            pipe.arg(CONTENT_TYPE_FIELD).arg(ct);
+        }
         if !self.headers.is_empty() {
             pipe.arg("headers")
                 .arg(serde_json::to_string(&self.headers).unwrap_or_default());
@@ -147,6 +174,8 @@ struct Inner {
     round_robin: AtomicU64,
     guarded: redis::Script,
     stale_budget: Duration,
+    /// How [`Producer::publish`] encodes payloads.
+    codec: CodecSpec,
     /// `WAIT` after each pipeline: (replicas, timeout).
     wait: Option<(u32, Duration)>,
 }
@@ -163,6 +192,7 @@ pub struct ProducerBuilder {
     config: ClientConfig,
     refresh_every: Duration,
     stale_budget: Duration,
+    codec: CodecSpec,
     wait: Option<(u32, Duration)>,
 }
 
@@ -231,6 +261,13 @@ impl ProducerBuilder {
         self
     }
 
+    /// How [`Producer::publish`] encodes payloads (default [`Json`]); a codec other than JSON
+    /// records its content type in each entry's `content_type` field.
+    pub fn codec<C: Codec>(mut self) -> Self {
+        self.codec = CodecSpec::of::<C>();
+        self
+    }
+
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
         self.config.check_coordinator()?;
@@ -244,6 +281,7 @@ impl ProducerBuilder {
                 round_robin: AtomicU64::new(0),
                 guarded: redis::Script::new(rsc_protocol::routing::GUARDED_XADD_LUA),
                 stale_budget: self.stale_budget,
+                codec: self.codec,
                 wait: self.wait,
             }),
         })
@@ -263,6 +301,7 @@ impl Producer {
             config: ClientConfig::from_env(),
             refresh_every: Duration::from_secs(1),
             stale_budget: Duration::from_secs(10),
+            codec: CodecSpec::JSON,
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
                 .map(|n| {
@@ -272,14 +311,24 @@ impl Producer {
         }
     }
 
-    /// Publishes `payload` as JSON, routed by `key` (round-robin without one).
+    /// Publishes `payload` with the producer's codec (JSON unless
+    /// [`ProducerBuilder::codec`] says otherwise), routed by `key` (round-robin without one).
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         stream: &str,
         key: Option<&str>,
         payload: &T,
     ) -> Result<Published, ClientError> {
-        let mut record = Record::json(payload)?;
+        let codec = &self.inner.codec;
+        let mut record = if codec.is_json() {
+            Record::json(payload)?
+        } else {
+            Record::raw(codec.encode(payload).map_err(|source| ClientError::Codec {
+                content_type: codec.content_type,
+                source,
+            })?)
+            .content_type(codec.content_type)
+        };
         record.key = key.map(str::to_owned);
         self.publish_record(stream, record).await
     }
@@ -304,7 +353,11 @@ impl Producer {
         stream: &str,
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
-        let records: Vec<Record> = records.into_iter().collect();
+        let trace = crate::otel::current();
+        let mut records: Vec<Record> = records.into_iter().collect();
+        for record in &mut records {
+            crate::otel::inject(&mut record.headers, &trace);
+        }
         if records.is_empty() {
             return Ok(Vec::new());
         }

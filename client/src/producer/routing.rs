@@ -35,10 +35,12 @@ pub struct Routing {
 impl Routing {
     fn from_response(r: RoutingResponse) -> Result<Self, ClientError> {
         if r.hash != HASH_NAME {
-            return Err(ClientError::Config(format!(
-                "stream {} routes with {:?}; this client only knows {HASH_NAME}",
-                r.stream, r.hash
-            )));
+            return Err(crate::error::ConfigError::UnknownHash {
+                stream: r.stream,
+                hash: r.hash,
+                known: HASH_NAME,
+            }
+            .into());
         }
         let shard_keys = if r.shard_keys.len() == r.shard_count as usize {
             r.shard_keys

@@ -16,6 +16,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_group))
         .routes(routes!(patch_group, delete_group))
         .routes(routes!(remove_member))
+        .routes(routes!(pause_group))
+        .routes(routes!(resume_group))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
 }
@@ -54,6 +56,38 @@ async fn patch_group(
     Json(req): Json<PatchGroupRequest>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.patch_group(&group, &req).await?))
+}
+
+/// Pause a group: every member, in every process, stops fetching within one heartbeat,
+/// finishes the messages in flight, and keeps its shards and its session. Durable: it stays
+/// paused through rebalances, member restarts and coordinator restarts, until resumed.
+#[utoipa::path(
+    post, path = "/v1/groups/{group}/pause", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    responses(
+        (status = 200, description = "The group, paused (pausing a paused group changes nothing)", body = GroupView),
+    )
+)]
+async fn pause_group(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+) -> Result<Json<GroupView>, ApiError> {
+    Ok(Json(s.coordinator.set_group_paused(&group, true).await?))
+}
+
+/// Resume a paused group: members fetch again from their next heartbeat answer.
+#[utoipa::path(
+    post, path = "/v1/groups/{group}/resume", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    responses(
+        (status = 200, description = "The group, running (resuming a running group changes nothing)", body = GroupView),
+    )
+)]
+async fn resume_group(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+) -> Result<Json<GroupView>, ApiError> {
+    Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

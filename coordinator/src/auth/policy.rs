@@ -107,6 +107,18 @@ pub const ROUTES: &[RouteSpec] = &[
     admin("PATCH", "/v1/groups/{group}", "group.update", Scope::Group),
     admin("DELETE", "/v1/groups/{group}", "group.delete", Scope::Group),
     admin(
+        "POST",
+        "/v1/groups/{group}/pause",
+        "group.pause",
+        Scope::Group,
+    ),
+    admin(
+        "POST",
+        "/v1/groups/{group}/resume",
+        "group.resume",
+        Scope::Group,
+    ),
+    admin(
         "DELETE",
         "/v1/groups/{group}/members/{member}",
         "member.remove",

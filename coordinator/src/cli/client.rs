@@ -231,6 +231,17 @@ impl Client {
         self.send(Method::DELETE, url, None::<&()>).await.map(drop)
     }
 
+    /// `POST /v1/groups/{group}/pause` (`paused`) or `/resume`.
+    pub async fn set_group_paused(
+        &self,
+        group: &str,
+        paused: bool,
+    ) -> Result<Fetched<GroupView>, ClientError> {
+        let action = if paused { "pause" } else { "resume" };
+        self.json(Method::POST, &["v1", "groups", group, action], None::<&()>)
+            .await
+    }
+
     /// `DELETE /v1/groups/{group}/members/{member}`.
     pub async fn remove_member(&self, group: &str, member: &str) -> Result<(), ClientError> {
         self.no_content(Method::DELETE, &["v1", "groups", group, "members", member])

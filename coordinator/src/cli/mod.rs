@@ -117,6 +117,17 @@ enum GroupCommand {
     },
     /// List every group.
     List,
+    /// Pause a group: every member stops fetching within one heartbeat and keeps its shards;
+    /// durable until `resume` (survives rebalances and restarts).
+    Pause {
+        /// Group id.
+        group: String,
+    },
+    /// Resume a paused group.
+    Resume {
+        /// Group id.
+        group: String,
+    },
     /// Delete a group.
     Delete {
         /// Group id.
@@ -406,6 +417,8 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
                 emit(&render::group_list(&f.view.groups));
             }
         }
+        GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
+        GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
@@ -414,6 +427,23 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
                 emit(&format!("Deleted group {group}."));
             }
         }
+    }
+    Ok(())
+}
+
+/// `group pause` / `group resume`.
+async fn set_paused(c: &Client, group: &str, paused: bool, json_out: bool) -> Result<(), CliError> {
+    let f = c.set_group_paused(group, paused).await?;
+    if json_out {
+        emit_json(&f.json);
+    } else if paused {
+        emit(&format!(
+            "Paused group {group}: its members stop fetching within one heartbeat ({}) and \
+             keep their shards, until `group resume {group}`.",
+            table::duration_ms(f.view.heartbeat_interval_ms)
+        ));
+    } else {
+        emit(&format!("Resumed group {group}."));
     }
     Ok(())
 }

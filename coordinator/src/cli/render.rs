@@ -6,6 +6,15 @@ use std::fmt::Write as _;
 
 /// `group describe`: a summary row, the reshard line, the shard table and the member table,
 /// in the spirit of `kafka-consumer-groups --describe`.
+/// A group's state, with `(paused)` while an operator has paused it.
+fn group_state(g: &GroupView) -> String {
+    if g.paused {
+        format!("{} (paused)", wire_name(&g.state))
+    } else {
+        wire_name(&g.state)
+    }
+}
+
 pub(super) fn group(g: &GroupView) -> String {
     let mut out = String::new();
     let mut summary = Table::new([
@@ -20,7 +29,7 @@ pub(super) fn group(g: &GroupView) -> String {
     summary.row([
         g.group.clone(),
         g.stream.clone(),
-        wire_name(&g.state),
+        group_state(g),
         g.group_epoch.to_string(),
         g.assignment_epoch.to_string(),
         g.members.len().to_string(),
@@ -171,7 +180,7 @@ pub(super) fn group_list(groups: &[GroupView]) -> String {
         t.row([
             g.group.clone(),
             g.stream.clone(),
-            wire_name(&g.state),
+            group_state(g),
             g.members.len().to_string(),
             g.shards.len().to_string(),
             g.group_epoch.to_string(),
@@ -327,6 +336,8 @@ mod tests {
             fencing: rsc_protocol::FencingMode::Lease,
             ordering: rsc_protocol::OrderingMode::Key,
             waiting_on_parents: Vec::new(),
+            paused: false,
+            paused_since_ms: None,
             group_epoch: 4,
             assignment_epoch: 4,
             members: vec![MemberView {

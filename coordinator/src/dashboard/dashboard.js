@@ -120,7 +120,7 @@ function renderGroups(groups) {
     'data-group': g.group,
     onclick: () => { state.selected = g.group; location.hash = 'group=' + encodeURIComponent(g.group); poll(true); },
   },
-  el('div', { class: 'name' }, el('span', {}, g.group), badge(g.state)),
+  el('div', { class: 'name' }, el('span', {}, g.group), badge(g.state), g.paused ? badge('paused') : null),
   el('div', { class: 'sub' }, 'stream ' + g.stream + ' · ' + plural(g.members.length, 'member') + ' · ' + plural(g.shards.length, 'shard')))));
 }
 
@@ -134,7 +134,8 @@ function renderGroup(g) {
     $('members').replaceChildren();
     return;
   }
-  $('group-title').replaceChildren('Group ', el('span', { class: 'mono', id: 'group-name' }, g.group), ' ', badge(g.state));
+  $('group-title').replaceChildren('Group ', el('span', { class: 'mono', id: 'group-name' }, g.group), ' ', badge(g.state),
+    ...(g.paused ? [' ', el('span', { class: 'badge paused', id: 'group-paused', title: 'paused by an operator since ' + new Date(g.paused_since_ms).toISOString() + ': members keep their shards and fetch nothing new' }, 'paused')] : []));
   $('group-facts').replaceChildren(
     fact('stream', g.stream),
     fact('group epoch', g.group_epoch),

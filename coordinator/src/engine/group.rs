@@ -479,6 +479,23 @@ impl GroupDoc {
         Ok(true)
     }
 
+    /// Pauses (`true`) or resumes the group (an operator's durable pause, PROTOCOL §14).
+    /// Membership and assignment are untouched (no epoch bump, no rebalance): members learn
+    /// it from their next heartbeat answer. Returns whether anything changed.
+    pub fn set_paused(&mut self, paused: bool, now_ms: u64) -> bool {
+        match (paused, self.config.paused_since_ms) {
+            (true, None) => {
+                self.config.paused_since_ms = Some(now_ms);
+                true
+            }
+            (false, Some(_)) => {
+                self.config.paused_since_ms = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Bumps the group epoch and recomputes the target assignment, eagerly (SPEC §5.2).
     fn rebalance(&mut self, stream: &StreamDoc) {
         self.group_epoch += 1;
@@ -596,6 +613,7 @@ impl GroupDoc {
             start: self.config.start,
             owner_tokens: self.owner_tokens(member_id),
             ordering: self.config.ordering,
+            paused: self.config.paused_since_ms.is_some(),
         }
     }
 

@@ -46,6 +46,11 @@ pub struct GroupConfig {
     /// Ordering through reshards (issue 16; older documents read as `key`).
     #[serde(default)]
     pub ordering: rsc_protocol::OrderingMode,
+    /// Paused by an operator since this time (Unix ms): members keep their shards and fetch
+    /// nothing new (documents written before pausing existed read as not paused). Not part of
+    /// the assignment: pausing and resuming do not bump the group epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since_ms: Option<u64>,
 }
 
 fn lease() -> FencingMode {
@@ -63,6 +68,7 @@ impl Default for GroupConfig {
             assignor: crate::assignor::DEFAULT.to_owned(),
             fencing: FencingMode::Lease,
             ordering: rsc_protocol::OrderingMode::Key,
+            paused_since_ms: None,
         }
     }
 }

@@ -623,3 +623,52 @@ fn an_away_static_member_expires_after_its_session_and_its_shards_move() {
         (Some("run-2"), None)
     );
 }
+
+#[test]
+fn a_paused_group_says_so_in_every_answer_and_keeps_its_assignment() {
+    let mut w = World::new(4);
+    let r = w.join("m1");
+    assert!(!r.paused);
+    let r = w.hb("m1", r.member_epoch, &r.assignment).unwrap();
+    let epoch = w.group.group_epoch;
+    assert!(w.group.set_paused(true, 5_000));
+    assert!(
+        !w.group.set_paused(true, 6_000),
+        "pausing twice changes nothing"
+    );
+    assert_eq!(w.group.config.paused_since_ms, Some(5_000));
+    assert_eq!(w.group.group_epoch, epoch, "a pause is no rebalance");
+    // The steady fast path and the full path both carry it.
+    let req = HeartbeatRequest {
+        protocol_version: 1,
+        member_id: "m1".into(),
+        member_epoch: r.member_epoch,
+        owned_shards: r.assignment.clone(),
+        drained_shards: vec![],
+        client: None,
+        incarnation: None,
+    };
+    assert!(w.group.steady_heartbeat(&w.stream, &req).unwrap().paused);
+    let same = w.hb("m1", r.member_epoch, &r.assignment).unwrap();
+    assert!(same.paused);
+    assert_eq!(same.assignment, r.assignment);
+    // Through a rebalance: the joining member is told at once.
+    let r2 = w.join("m2");
+    assert!(r2.paused);
+    assert!(
+        w.hb("m1", same.member_epoch, &same.assignment)
+            .unwrap()
+            .paused
+    );
+    assert!(w.group.set_paused(false, 7_000));
+    assert_eq!(w.group.config.paused_since_ms, None);
+    assert!(!w.hb("m2", r2.member_epoch, &r2.assignment).unwrap().paused);
+    // Documents written before pausing existed read as not paused.
+    let mut json = serde_json::to_value(&w.group).unwrap();
+    json["config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("paused_since_ms");
+    let old: GroupDoc = serde_json::from_value(json).unwrap();
+    assert_eq!(old.config.paused_since_ms, None);
+}

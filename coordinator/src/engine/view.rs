@@ -153,6 +153,8 @@ pub fn group_view(
         fencing: group.config.fencing,
         ordering: group.config.ordering,
         waiting_on_parents: Vec::new(),
+        paused: group.config.paused_since_ms.is_some(),
+        paused_since_ms: group.config.paused_since_ms,
         group_epoch: group.group_epoch,
         assignment_epoch: group.assignment_epoch,
         members,

@@ -13,7 +13,9 @@
 //!   its target wants was held by another member before the write and is free after it
 //!   (the previous owner released it);
 //! - on deletion (`after` is `None`) every member is woken (its heartbeat learns
-//!   `GROUP_NOT_FOUND`).
+//!   `GROUP_NOT_FOUND`);
+//! - when an operator pauses or resumes the group, every member is woken (its next answer
+//!   carries the new `paused`, PROTOCOL §14).
 //!
 //! A member that is not settled but whose situation this write did not change is not woken
 //! again: it was woken by the write that unsettled it, or is waiting for a shard someone
@@ -62,7 +64,14 @@ pub fn members_to_wake(before: Option<&GroupDoc>, after: Option<&GroupDoc>) -> V
         );
     }
     let new_epoch = before.is_none_or(|b| b.assignment_epoch != after.assignment_epoch);
+    let pause_changed = before.is_some_and(|b| {
+        b.config.paused_since_ms.is_some() != after.config.paused_since_ms.is_some()
+    });
     for (id, m) in &after.members {
+        if pause_changed {
+            wake.insert(id.clone());
+            continue;
+        }
         if settled(after, m) {
             continue;
         }
@@ -221,5 +230,18 @@ mod tests {
         // An unrelated change: a's client facts (the document changes, nobody's record does).
         doc.members.get_mut("a").unwrap().reported.clear();
         assert!(members_to_wake(Some(&before), Some(&doc)).is_empty());
+    }
+
+    #[test]
+    fn a_pause_or_resume_wakes_every_member() {
+        let (mut doc, _stream) = two_stable_members();
+        let before = doc.clone();
+        assert!(doc.set_paused(true, NOW));
+        assert_eq!(members_to_wake(Some(&before), Some(&doc)), ["a", "b"]);
+        let paused = doc.clone();
+        assert!(!doc.set_paused(true, NOW + 1));
+        assert!(members_to_wake(Some(&paused), Some(&doc)).is_empty());
+        assert!(doc.set_paused(false, NOW + 2));
+        assert_eq!(members_to_wake(Some(&paused), Some(&doc)), ["a", "b"]);
     }
 }

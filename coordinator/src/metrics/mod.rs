@@ -113,6 +113,14 @@ fn change(group: &str, change: &'static str) {
         .increment(1);
 }
 
+/// Counts an operator's pause or resume of a group (`action` = `pause` or `resume`); the
+/// current state is the `rsc_group_paused` gauge.
+pub fn record_group_paused(group: &str, paused: bool) {
+    let action = if paused { "pause" } else { "resume" };
+    metrics::counter!("rsc_group_pause_changes_total", "group" => group.to_owned(), "action" => action)
+        .increment(1);
+}
+
 /// Counts one recomputation of a group's target assignment.
 pub fn record_rebalance(group: &str) {
     metrics::counter!("rsc_rebalances_total", "group" => group.to_owned()).increment(1);

@@ -181,6 +181,16 @@ async fn collect(
             );
         }
         f.gauge(
+            "rsc_group_paused",
+            "1 while an operator has paused the group (its members fetch nothing new), else 0.",
+            &[("group", group)],
+            if doc.config.paused_since_ms.is_some() {
+                1.0
+            } else {
+                0.0
+            },
+        );
+        f.gauge(
             "rsc_group_epoch",
             "Group epoch (bumped on every membership, layout or config change).",
             &[("group", group)],

@@ -18,15 +18,22 @@ struct Order {
     total_cents: u64,
 }
 
+/// State every handler shares (a database pool, a client, a configuration): given once with
+/// `.data(...)`, received as a `Data<T>` argument.
+struct Billing {
+    /// Orders above this are refused.
+    max_cents: u64,
+}
+
 /// Runs for each message of `orders` that group `billing` gives this process, two members
 /// (`concurrency = 2`) at a time, in order within each shard.
 #[stream_listener(group = "billing", stream = "orders", concurrency = 2)]
-async fn on_order(msg: Message<Order>) -> Result<(), HandlerError> {
+async fn on_order(msg: Message<Order>, billing: Data<Billing>) -> Result<(), HandlerError> {
     let order = msg.payload();
-    if order.total_cents == 0 {
+    if order.total_cents == 0 || order.total_cents > billing.max_cents {
         // Retrying cannot fix this: straight to `orders:dlq`, then acknowledged.
         return Err(HandlerError::dead_letter(format!(
-            "order {} is empty",
+            "order {} is empty or over the limit",
             order.id
         )));
     }
@@ -38,6 +45,13 @@ async fn on_order(msg: Message<Order>) -> Result<(), HandlerError> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     rsc_examples::init_logging();
-    ConsumerApp::from_env()?.run().await?;
+    ConsumerApp::builder()
+        .data(Billing {
+            max_cents: 1_000_000,
+        })
+        .registered_listeners()
+        .build()?
+        .run()
+        .await?;
     Ok(())
 }

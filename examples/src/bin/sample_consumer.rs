@@ -24,7 +24,6 @@ use rsc_client::prelude::*;
 use rsc_examples::health::Health;
 use rsc_examples::unix_ms;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// (No `Debug`: the arguments hold the token and the Redis URL's password.)
@@ -209,15 +208,15 @@ async fn main() -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let pod = Arc::new(Pod {
+    let pod = Pod {
         handle: Duration::from_millis(args.handle_ms),
         fail_rate: args.fail_rate,
         record,
-    });
-    let handler = move |msg: Message<Sample>| {
-        let pod = pod.clone();
-        async move { pod.handle(msg).await }
     };
+    /// The handler: the pod's settings arrive as shared state (`Data<Pod>`).
+    async fn handler(msg: Message<Sample>, pod: Data<Pod>) -> Result<(), HandlerError> {
+        pod.handle(msg).await
+    }
     let listener = Listener::new(args.group.clone(), args.stream.clone(), handler)
         .concurrency(args.concurrency)
         .max_retries(args.max_retries)
@@ -230,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
         .redis_url(&args.redis_url)
         .redis_cluster(args.redis_cluster)
         .instance_id(&args.pod_ip)
+        .data(pod)
         .listener(listener);
     if let Some(id) = &args.static_id {
         builder = builder.static_instance_id(id);

@@ -22,7 +22,7 @@ pub(crate) fn stream_listener(args: TokenStream, item: TokenStream) -> TokenStre
         }
     };
     let parsed = parser::ListenerArgs::parse(args).and_then(|a| {
-        let handler = parser::check_handler(&func)?;
+        let handler = parser::check_handler(&func, a.batch.is_some())?;
         Ok((a, handler))
     });
     match parsed {

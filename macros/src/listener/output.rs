@@ -24,13 +24,24 @@ pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler)
         Some(Ack::Auto) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Auto))),
         None => {}
     }
+    let ctor = if let Some(n) = args.batch {
+        let n = n as usize;
+        chain.extend(quote!(.max_batch(#n)));
+        if let Some(ms) = args.linger_ms {
+            let ms = u64::from(ms);
+            chain.extend(quote!(.linger(::std::time::Duration::from_millis(#ms))));
+        }
+        quote!(batch)
+    } else {
+        quote!(new)
+    };
     quote! {
         #func
 
         #[doc(hidden)]
         const _: () = {
             fn __rsc_build_listener() -> ::rsc_client::Listener {
-                ::rsc_client::Listener::new(#group, #stream, #ident) #chain
+                ::rsc_client::Listener::#ctor(#group, #stream, #ident) #chain
             }
             ::rsc_client::__private::inventory::submit! {
                 ::rsc_client::__private::Registration::new(__rsc_build_listener)

@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, FnArg, Lit, MetaNameValue, Token};
 
 /// The keys the attribute accepts, for error messages.
-const KEYS: &str = "group, stream, concurrency, name, ack, max_retries";
+const KEYS: &str = "group, stream, concurrency, name, ack, max_retries, batch, linger_ms";
 
 /// How the runtime acknowledges entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,10 @@ pub(crate) struct ListenerArgs {
     pub(crate) name: Option<String>,
     pub(crate) ack: Option<Ack>,
     pub(crate) max_retries: Option<u32>,
+    /// A batch listener: the most messages per call.
+    pub(crate) batch: Option<u32>,
+    /// A batch listener's linger, in milliseconds.
+    pub(crate) linger_ms: Option<u32>,
 }
 
 /// What the expansion needs to know about the function.
@@ -55,6 +59,8 @@ impl ListenerArgs {
             name: None,
             ack: None,
             max_retries: None,
+            batch: None,
+            linger_ms: None,
         };
         for pair in &pairs {
             let key = pair
@@ -100,6 +106,21 @@ impl ListenerArgs {
                     dup(out.max_retries.is_some())?;
                     out.max_retries = Some(int_value(&pair.value, "max_retries")?);
                 }
+                "batch" => {
+                    dup(out.batch.is_some())?;
+                    let n = int_value(&pair.value, "batch")?;
+                    if n == 0 {
+                        return Err(syn::Error::new(
+                            pair.value.span(),
+                            "`batch` (the most messages per call) must be at least 1",
+                        ));
+                    }
+                    out.batch = Some(n);
+                }
+                "linger_ms" => {
+                    dup(out.linger_ms.is_some())?;
+                    out.linger_ms = Some(int_value(&pair.value, "linger_ms")?);
+                }
                 "ack" => {
                     dup(out.ack.is_some())?;
                     out.ack = Some(match str_value(&pair.value, "ack")?.as_str() {
@@ -120,6 +141,12 @@ impl ListenerArgs {
                     ));
                 }
             }
+        }
+        if out.linger_ms.is_some() && out.batch.is_none() {
+            return Err(syn::Error::new(
+                args.span(),
+                "`linger_ms` only applies to a batch listener: add `batch = N`",
+            ));
         }
         out.group = group.ok_or_else(|| missing("group", &args))?;
         out.stream = stream.ok_or_else(|| missing("stream", &args))?;
@@ -182,52 +209,95 @@ fn name_value(value: &Expr, key: &str) -> syn::Result<String> {
     }
 }
 
-/// Checks that the function is `async fn NAME(arg: Message<T>) -> R` with no generics and no
-/// receiver. The return type itself is checked by the compiler against `HandlerError`.
-pub(crate) fn check_handler(func: &syn::ItemFn) -> syn::Result<Handler> {
+/// Checks that the function is `async fn NAME(arg: Message<T>, state: Data<A>…) -> R` (with
+/// `batch`: `Batch<T>` first) with no generics and no receiver. The return type itself is
+/// checked by the compiler against `HandlerError`.
+pub(crate) fn check_handler(func: &syn::ItemFn, batch: bool) -> syn::Result<Handler> {
     let sig = &func.sig;
+    let (first, shape) = if batch {
+        (
+            "Batch",
+            "async fn on_batch(batch: Batch<T>) -> Result<(), BatchError>",
+        )
+    } else {
+        (
+            "Message",
+            "async fn on_message(msg: Message<T>) -> Result<(), HandlerError>",
+        )
+    };
     if sig.asyncness.is_none() {
         return Err(syn::Error::new(
             sig.fn_token.span(),
-            "#[stream_listener] requires an `async fn`: \
-             write `async fn on_message(msg: Message<T>) -> Result<(), HandlerError>`",
+            format!("#[stream_listener] requires an `async fn`: write `{shape}`"),
         ));
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         return Err(syn::Error::new(
             sig.generics.span(),
-            "a listener cannot be generic: name the payload type, e.g. `Message<Order>`",
+            format!("a listener cannot be generic: name the payload type, e.g. `{first}<Order>`"),
         ));
     }
-    if sig.inputs.len() != 1 {
+    if sig.inputs.is_empty() {
         return Err(syn::Error::new(
-            sig.inputs
-                .span()
-                .join(sig.ident.span())
-                .unwrap_or(sig.ident.span()),
-            "a listener takes exactly one argument, `msg: Message<T>`",
+            sig.paren_token.span.join(),
+            format!(
+                "a listener takes a `{first}<T>` argument, then optionally `Data<A>` arguments: \
+                 `{shape}`"
+            ),
         ));
     }
-    let arg = match &sig.inputs[0] {
-        FnArg::Receiver(r) => {
+    if sig.inputs.len() > 5 {
+        return Err(syn::Error::new(
+            sig.inputs.span(),
+            "a listener takes at most four `Data<A>` arguments after the message: group state \
+             in a struct",
+        ));
+    }
+    for (i, input) in sig.inputs.iter().enumerate() {
+        let arg = match input {
+            FnArg::Receiver(r) => {
+                return Err(syn::Error::new(
+                    r.span(),
+                    format!("a listener is a free function, not a method: `{shape}`"),
+                ));
+            }
+            FnArg::Typed(t) => t,
+        };
+        if i == 0 {
+            if !is_generic_type(&arg.ty, first) {
+                let hint = if batch {
+                    "with `batch = N` the listener's first argument must be `Batch<T>`, where \
+                     T is the payload type"
+                        .to_owned()
+                } else if is_generic_type(&arg.ty, "Batch") {
+                    "a `Batch<T>` argument needs a batch listener: add `batch = N` (the most \
+                     messages per call)"
+                        .to_owned()
+                } else {
+                    "the listener's argument must be `Message<T>`, where T is a \
+                     `serde::Deserialize` payload type or `Raw` for the bytes as sent"
+                        .to_owned()
+                };
+                return Err(syn::Error::new(arg.ty.span(), hint));
+            }
+        } else if !is_generic_type(&arg.ty, "Data") {
             return Err(syn::Error::new(
-                r.span(),
-                "a listener is a free function, not a method: it takes `msg: Message<T>`",
+                arg.ty.span(),
+                format!(
+                    "after the `{first}<T>` a listener only takes `Data<A>` arguments (state \
+                     given to the app with `.data(value)`)"
+                ),
             ));
         }
-        FnArg::Typed(t) => t,
-    };
-    if !is_message_type(&arg.ty) {
-        return Err(syn::Error::new(
-            arg.ty.span(),
-            "the listener's argument must be `Message<T>`, where T is a `serde::Deserialize` \
-             payload type or `Raw` for the bytes as sent",
-        ));
     }
     if let syn::ReturnType::Default = sig.output {
         return Err(syn::Error::new(
             sig.paren_token.span.close(),
-            "a listener returns `Result<(), HandlerError>`",
+            if batch {
+                "a batch listener returns `Result<(), BatchError>` or `Result<(), HandlerError>`"
+            } else {
+                "a listener returns `Result<(), HandlerError>`"
+            },
         ));
     }
     Ok(Handler {
@@ -235,7 +305,7 @@ pub(crate) fn check_handler(func: &syn::ItemFn) -> syn::Result<Handler> {
     })
 }
 
-fn is_message_type(ty: &syn::Type) -> bool {
+fn is_generic_type(ty: &syn::Type, name: &str) -> bool {
     let syn::Type::Path(p) = ty else {
         return false;
     };
@@ -245,7 +315,7 @@ fn is_message_type(ty: &syn::Type) -> bool {
     let Some(last) = p.path.segments.last() else {
         return false;
     };
-    last.ident == "Message"
+    last.ident == name
         && matches!(&last.arguments, syn::PathArguments::AngleBracketed(a) if a.args.len() == 1)
 }
 
@@ -262,9 +332,12 @@ mod tests {
             concurrency = 4,
             name = "n",
             ack = "manual",
-            max_retries = 7
+            max_retries = 7,
+            batch = 100,
+            linger_ms = 20
         ))
         .unwrap();
+        assert_eq!((a.batch, a.linger_ms), (Some(100), Some(20)));
         assert_eq!((a.group.as_str(), a.stream.as_str()), ("g", "s"));
         assert_eq!(a.concurrency, Some(4));
         assert_eq!(a.name.as_deref(), Some("n"));
@@ -292,6 +365,11 @@ mod tests {
             ),
             (quote!(group = "g", stream = "s", ack = "later"), "`ack` is"),
             (quote!(group, stream = "s"), "key = value"),
+            (quote!(group = "g", stream = "s", batch = 0), "at least 1"),
+            (
+                quote!(group = "g", stream = "s", linger_ms = 5),
+                "only applies to a batch",
+            ),
         ] {
             let err = ListenerArgs::parse(args).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
@@ -305,7 +383,23 @@ mod tests {
                 Ok(())
             }
         );
-        assert_eq!(check_handler(&ok).unwrap().ident, "f");
+        assert_eq!(check_handler(&ok, false).unwrap().ident, "f");
+        let with_data: syn::ItemFn = syn::parse_quote!(
+            async fn f(m: Message<Order>, db: Data<Pool>) -> Result<(), HandlerError> {
+                Ok(())
+            }
+        );
+        assert!(check_handler(&with_data, false).is_ok());
+        let batch: syn::ItemFn = syn::parse_quote!(
+            async fn f(b: Batch<Order>, db: Data<Pool>) -> Result<(), BatchError> {
+                Ok(())
+            }
+        );
+        assert!(check_handler(&batch, true).is_ok());
+        let err = check_handler(&batch, false).unwrap_err().to_string();
+        assert!(err.contains("add `batch = N`"), "{err}");
+        let err = check_handler(&ok, true).unwrap_err().to_string();
+        assert!(err.contains("must be `Batch<T>`"), "{err}");
         for (f, needle) in [
             (
                 syn::parse_quote!(
@@ -323,7 +417,13 @@ mod tests {
                 syn::parse_quote!(
                     async fn f() -> R {}
                 ),
-                "exactly one argument",
+                "takes a `Message<T>` argument",
+            ),
+            (
+                syn::parse_quote!(
+                    async fn f(m: Message<X>, n: u32) -> R {}
+                ),
+                "only takes `Data<A>`",
             ),
             (
                 syn::parse_quote!(
@@ -339,7 +439,7 @@ mod tests {
             ),
         ] {
             let f: syn::ItemFn = f;
-            let err = check_handler(&f).unwrap_err().to_string();
+            let err = check_handler(&f, false).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
         }
     }

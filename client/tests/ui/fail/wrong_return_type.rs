@@ -1,7 +1,7 @@
 use rsc_client::prelude::*;
 
 #[stream_listener(group = "billing", stream = "orders")]
-async fn on_order(msg: Message<String>) -> Result<(), String> {
+async fn on_order(msg: Message<String>) -> Result<(), u32> {
     let _ = msg;
     Ok(())
 }
