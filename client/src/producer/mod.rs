@@ -94,15 +94,20 @@ impl Record {
         self
     }
 
-    /// Appends `<n> <field> <value> …` (the guarded script's encoding of one entry).
+    /// Appends `<n> <field> <value> …` (the guarded script's encoding of one entry: the
+    /// same fields, in the same order, as [`Record::xadd`]).
     fn guarded_args(&self, cmd: &mut redis::Cmd) {
         let n = 1
             + usize::from(self.key.is_some())
+            + usize::from(self.content_type.is_some())
             + usize::from(!self.headers.is_empty())
             + self.fields.len();
         cmd.arg(n).arg("payload").arg(&self.payload);
         if let Some(k) = &self.key {
             cmd.arg("key").arg(k);
+        }
+        if let Some(ct) = &self.content_type {
+            cmd.arg(CONTENT_TYPE_FIELD).arg(ct);
         }
         if !self.headers.is_empty() {
             cmd.arg("headers")
