@@ -368,6 +368,7 @@ impl ConsumerApp {
                     pause: pause.clone(),
                     metrics: metrics.clone(),
                     lease_until: std::sync::Mutex::new(None),
+                    ordered: std::sync::atomic::AtomicBool::new(true),
                 });
                 let info = ClientInfo {
                     pod_ip: std::env::var("POD_IP")

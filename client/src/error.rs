@@ -20,6 +20,20 @@ pub enum ClientError {
         /// The shard key.
         shard_key: String,
     },
+    /// Ordered resharding (issue 16): the shard refused the write because the producer's
+    /// routing epoch is stale, and no newer routing came within the producer's retry budget
+    /// (coordinator unreachable?). Nothing of the refused records was written.
+    #[error(
+        "stream {stream}: the write was refused for routing epoch {routing_epoch} (shard at epoch {shard_epoch}) and no newer routing came within the retry budget"
+    )]
+    StaleRouting {
+        /// The stream.
+        stream: String,
+        /// The routing epoch the producer wrote with.
+        routing_epoch: u64,
+        /// The epoch marker of the shard that refused.
+        shard_epoch: u64,
+    },
     /// The entries were written to the master, but fewer replicas than the producer's
     /// [`crate::producer::ProducerBuilder::wait_for_replicas`] confirmed them in time: a
     /// failover now could lose them. Publishing again may write them twice.

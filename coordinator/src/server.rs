@@ -168,6 +168,10 @@ pub async fn serve(
     if let Some(f) = fencing {
         coordinator = coordinator.with_fencing(f);
     }
+    if let Some(r) = data_redis(FENCING_TIMEOUT)? {
+        coordinator =
+            coordinator.with_sealer(Arc::new(crate::fencing::Sealer::new(r, FENCING_TIMEOUT)));
+    }
     let wakes = build_wakeups(&cfg)?;
     if let Some(hub) = &wakes {
         coordinator = coordinator.with_wakeups(hub.clone());

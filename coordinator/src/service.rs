@@ -21,7 +21,7 @@ use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, members_to_wake,
     routing_view, stream_view,
 };
-use crate::fencing::OwnerTokens;
+use crate::fencing::{OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
 use crate::store::{
     LivenessChange, LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
@@ -234,6 +234,7 @@ pub struct Coordinator {
     config: ServiceConfig,
     cache: Arc<DocCache>,
     fencing: Option<Arc<OwnerTokens>>,
+    sealer: Option<Arc<Sealer>>,
     /// Store outages seen, so that one does not expire the members it kept silent.
     outages: Arc<Mutex<StoreOutages>>,
     wakes: Option<Arc<WakeHub>>,
@@ -252,9 +253,23 @@ impl Coordinator {
             cache: Arc::new(DocCache::new(config.cache_idle)),
             config,
             fencing: None,
+            sealer: None,
             outages: Arc::default(),
             wakes: None,
         }
+    }
+
+    /// Fences producers and records seal positions in the data Redis at every routing-epoch
+    /// switch, before the reshard request is answered (ordered resharding, issue 16).
+    /// Without it, reshards keep at-least-once but not per-key order.
+    pub fn with_sealer(mut self, sealer: Arc<Sealer>) -> Self {
+        self.sealer = Some(sealer);
+        self
+    }
+
+    /// The sealer, when the coordinator knows the data Redis.
+    pub fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.as_ref()
     }
 
     /// The store answered at `now`: closes an outage if calls were failing.
@@ -814,6 +829,7 @@ impl Coordinator {
             } else {
                 FencingMode::Lease
             }),
+            ordering: req.ordering.unwrap_or_default(),
             paused_since_ms: None,
         };
         self.check_fencing(req.fencing)?;
@@ -935,7 +951,9 @@ impl Coordinator {
                     .lock(&LockResource::Stream(stream.to_owned()))
                     .await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                let before = doc.clone();
                 f(&mut doc, self.now())?;
+                self.seal_switch(&before, &mut doc).await?;
                 let revision = self.store.put_stream(&doc, revision).await?;
                 info!(
                     stream,
@@ -953,6 +971,42 @@ impl Coordinator {
             self.config.rollback_window_ms,
             self.now(),
         ))
+    }
+
+    /// Ordered resharding (issue 16): when `doc` switched the routing epoch from `before`,
+    /// moves every affected shard's epoch marker in the data Redis and records the seals in
+    /// the reshard record. Called under the stream lock, before the document is written and
+    /// the request answered. A failure undoes the markers and fails the request (503).
+    async fn seal_switch(&self, before: &StreamDoc, doc: &mut StreamDoc) -> Result<()> {
+        let Some(sealer) = &self.sealer else {
+            return Ok(());
+        };
+        if doc.routing_epoch == before.routing_epoch {
+            return Ok(());
+        }
+        let shards = doc.shards_to_seal(before);
+        let started = std::time::Instant::now();
+        match sealer
+            .seal(&doc.stream, doc.routing_epoch, before.shard_count, &shards)
+            .await
+        {
+            Ok(seals) => {
+                metrics::histogram!("rsc_seal_seconds").record(started.elapsed().as_secs_f64());
+                info!(stream = %doc.stream, routing_epoch = doc.routing_epoch, shards = shards.len(),
+                    "shards sealed: stale producers are refused from now on");
+                if let Some(r) = doc.last_reshard.as_mut() {
+                    r.seals = seals;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                warn!(stream = %doc.stream, error = %e, "could not seal the shards; the reshard is not made");
+                sealer.unseal(&doc.stream, doc.routing_epoch, &shards).await;
+                Err(ServiceError::Store(StoreError::Unavailable(format!(
+                    "{e} (the reshard was not made; retry it)"
+                ))))
+            }
+        }
     }
 
     /// Records drained shards of `group` in the stream; retires shards every group drained.
@@ -1184,13 +1238,56 @@ impl Coordinator {
         check_name("group", group)?;
         let v = self.load_group(group).await?;
         let stream = self.load_stream(&v.doc.stream).await?;
-        Ok(group_view(
-            &v.doc,
-            &stream.doc,
-            v.revision,
-            self.now(),
-            &HashMap::new(),
-        ))
+        let mut view = group_view(&v.doc, &stream.doc, v.revision, self.now(), &HashMap::new());
+        if v.doc.config.ordering == rsc_protocol::OrderingMode::Key {
+            view.waiting_on_parents = self.parent_progress(group, &stream.doc).await;
+        }
+        Ok(view)
+    }
+
+    /// Ordered resharding (issue 16): for the latest switch of `stream`, each parent shard
+    /// the group has not yet drained up to its seal, with how far it is (from the data
+    /// Redis; empty without one or when every parent reached its seal). Children are the
+    /// shards the parent's moved keys can have gone to: the new shards of a scale-up, the
+    /// remaining ones of a scale-down.
+    async fn parent_progress(
+        &self,
+        group: &str,
+        stream: &StreamDoc,
+    ) -> Vec<rsc_protocol::ParentProgress> {
+        let (Some(sealer), Some(r)) = (&self.sealer, &stream.last_reshard) else {
+            return Vec::new();
+        };
+        let (parents, children): (Vec<u32>, Vec<u32>) = if r.to > r.from {
+            ((0..r.from).collect(), (r.from..r.to).collect())
+        } else {
+            ((r.to..r.from).collect(), (0..r.to).collect())
+        };
+        let calls = parents.iter().filter_map(|&p| {
+            let seal = r.seals.get(&p)?.clone();
+            Some(async move {
+                let progress = sealer
+                    .progress(&stream.stream, p, group, &seal, 10_000)
+                    .await;
+                (p, seal, progress)
+            })
+        });
+        let mut out = Vec::new();
+        for (parent, seal, progress) in futures::future::join_all(calls).await {
+            match progress {
+                Ok(pr) if pr.reached() => {}
+                Ok(pr) => out.push(rsc_protocol::ParentProgress {
+                    parent,
+                    routing_epoch: r.epoch,
+                    seal,
+                    children: children.clone(),
+                    undelivered: pr.undelivered,
+                    pending: pr.pending,
+                }),
+                Err(e) => debug!(group, parent, error = %e, "parent progress not read"),
+            }
+        }
+        out
     }
 
     /// Every group's view.

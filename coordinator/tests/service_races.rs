@@ -176,6 +176,7 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
         max_members: None,
         assignor: None,
         fencing: None,
+        ordering: None,
     })
     .await
     .unwrap();
@@ -305,6 +306,7 @@ async fn create_delete_cycles_leave_the_memory_store_as_it_was() {
         max_members: None,
         assignor: None,
         fencing: None,
+        ordering: None,
     };
     c.create_group(&create("base")).await.unwrap();
     c.heartbeat("base", &hb("m", 0, vec![])).await.unwrap();

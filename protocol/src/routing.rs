@@ -54,6 +54,60 @@ pub fn owner_key(shard_key: &str, group: &str) -> String {
     format!("{{{shard_key}}}:owner:{group}")
 }
 
+/// The routing-epoch marker of a shard (ordered resharding, issue 16):
+/// `{<shard key>}:epoch`, in the shard's Redis Cluster slot. It holds the routing epoch the
+/// shard was last fenced at; a guarded `XADD` made under another epoch is refused.
+pub fn epoch_key(shard_key: &str) -> String {
+    format!("{{{shard_key}}}:epoch")
+}
+
+/// The seal positions of a shard (ordered resharding, issue 16): `{<shard key>}:seals`, a
+/// hash in the shard's slot. Field: the routing epoch a switch started; value:
+/// `<last entry id under the previous epoch>/<shard count of the previous epoch>`.
+pub fn seals_key(shard_key: &str) -> String {
+    format!("{{{shard_key}}}:seals")
+}
+
+/// The producer's guarded `XADD` script: refuses a write whose routing epoch is not the
+/// shard's epoch marker (see the script's header for keys and arguments).
+pub const GUARDED_XADD_LUA: &str = include_str!("lua/guarded_xadd.lua");
+
+/// The script measuring how far a group is from a seal on one shard: `{undelivered,
+/// pending}` entries up to the seal (see the script's header).
+pub const SEAL_PROGRESS_LUA: &str = include_str!("lua/seal_progress.lua");
+
+/// One seal: the last entry id a shard received under the epoch before a switch, and that
+/// epoch's shard count (so anyone can compute a key's shard before the switch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seal {
+    /// The last entry id of the shard written before the switch (`0-0`: none).
+    pub id: String,
+    /// The stream's shard count before the switch.
+    pub from_count: u32,
+}
+
+impl Seal {
+    /// Parses the `<id>/<count>` value of a seals hash field.
+    pub fn parse(value: &str) -> Option<Seal> {
+        let (id, count) = value.split_once('/')?;
+        Some(Seal {
+            id: id.to_owned(),
+            from_count: count.parse().ok()?,
+        })
+    }
+
+    /// The `<id>/<count>` form stored in the seals hash.
+    pub fn encode(&self) -> String {
+        format!("{}/{}", self.id, self.from_count)
+    }
+}
+
+/// A stream entry id `<ms>-<seq>` as a comparable pair (`<ms>` alone means `<ms>-0`).
+pub fn parse_entry_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +142,19 @@ mod tests {
     #[test]
     fn owner_key_shares_the_shard_slot() {
         assert_eq!(owner_key("orders:3", "billing"), "{orders:3}:owner:billing");
+        assert_eq!(epoch_key("orders:3"), "{orders:3}:epoch");
+        assert_eq!(seals_key("orders:3"), "{orders:3}:seals");
+    }
+
+    #[test]
+    fn seals_round_trip() {
+        let s = Seal::parse("1700-3/4").unwrap();
+        assert_eq!((s.id.as_str(), s.from_count), ("1700-3", 4));
+        assert_eq!(s.encode(), "1700-3/4");
+        assert!(Seal::parse("1700-3").is_none());
+        assert_eq!(parse_entry_id("10-2"), Some((10, 2)));
+        assert_eq!(parse_entry_id("10"), Some((10, 0)));
+        assert!(parse_entry_id("x-1").is_none());
+        assert!(parse_entry_id("10-0") > parse_entry_id("9-5"));
     }
 }

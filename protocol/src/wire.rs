@@ -44,6 +44,37 @@ pub enum FencingMode {
     Lease,
 }
 
+/// Per-key ordering through reshards (issue 16), per group. `key` (the default): a key's
+/// entries written after a reshard are handled only after its entries in its previous shard
+/// up to that shard's seal were handled and acknowledged by the group; keys that did not
+/// move are never delayed. `none`: no waiting (at-least-once, per-key order only between
+/// reshards).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum OrderingMode {
+    /// Parent shard first, per key.
+    #[default]
+    Key,
+    /// No waiting after a reshard.
+    None,
+}
+
+impl OrderingMode {
+    /// `key` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderingMode::Key => "key",
+            OrderingMode::None => "none",
+        }
+    }
+
+    /// Whether it is the default (`key`): omitted on the wire.
+    pub fn is_key(&self) -> bool {
+        *self == OrderingMode::Key
+    }
+}
+
 impl FencingMode {
     /// `strict` or `lease`.
     pub fn as_str(self) -> &'static str {
@@ -306,6 +337,9 @@ pub struct HeartbeatResponse {
     /// mode (an addition to SPEC §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
+    /// The group's ordering through reshards (issue 16; absent means `key`).
+    #[serde(default, skip_serializing_if = "OrderingMode::is_key")]
+    pub ordering: OrderingMode,
     /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
     /// keeps its shards and keeps heartbeating, finishes the messages in flight, and fetches
     /// nothing new until an answer says otherwise. Absent (false) when not paused: a v1
@@ -383,6 +417,9 @@ pub struct CreateGroupRequest {
     /// `lease` (the default otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingMode>,
+    /// Ordering through reshards: `key` (default) or `none` (issue 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingMode>,
 }
 
 /// `PATCH /v1/groups/{group}` body: the settings to change.
@@ -405,6 +442,9 @@ pub struct PatchGroupRequest {
     /// New data-path fencing mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingMode>,
+    /// Ordering through reshards: `key` (default) or `none` (issue 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingMode>,
 }
 
 /// `POST /v1/streams/{stream}/reshard` body.
@@ -437,6 +477,14 @@ pub struct ReshardingView {
     /// Shards still draining, with the groups that drained each and those still draining it.
     #[serde(default)]
     pub draining: Vec<DrainingShardView>,
+    /// The routing epoch it switched to (issue 16; absent in answers of older coordinators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_epoch: Option<u64>,
+    /// Ordered resharding (issue 16): per shard sealed at the switch, the last entry id
+    /// written under the previous epoch (shard index as the key). Absent when the
+    /// coordinator has no data Redis (no fence, no per-key order through the reshard).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub seals: std::collections::BTreeMap<u32, String>,
 }
 
 /// One draining shard's progress.
@@ -561,6 +609,13 @@ pub struct GroupView {
     pub assignor: String,
     /// Data-path fencing mode.
     pub fencing: FencingMode,
+    /// Ordering through reshards (issue 16).
+    #[serde(default)]
+    pub ordering: OrderingMode,
+    /// Ordering `key`, while a reshard's moved keys wait: each parent shard with how far the
+    /// group is from its seal (issue 16). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_on_parents: Vec<ParentProgress>,
     /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
     /// A v1 addition (PROTOCOL §14); absent means not paused.
     #[serde(default)]
@@ -580,6 +635,27 @@ pub struct GroupView {
     pub resharding: Option<ReshardingView>,
     /// Document revision in the store.
     pub revision: u64,
+}
+
+/// How far a group is from a parent shard's seal (ordered resharding, issue 16): the keys
+/// that moved out of `parent` at the switch to `routing_epoch` wait until both counts are 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ParentProgress {
+    /// The parent shard (the moved keys' shard before the switch).
+    pub parent: u32,
+    /// The routing epoch the switch started.
+    pub routing_epoch: u64,
+    /// The parent's seal: its last entry id written before the switch.
+    pub seal: String,
+    /// The shards its moved keys went to (they hold those keys' new entries until the
+    /// parent reached its seal).
+    pub children: Vec<u32>,
+    /// Entries up to the seal not yet delivered to the group (counted up to 10,000; -1: the
+    /// group has no consumer group on the parent yet).
+    pub undelivered: i64,
+    /// Entries up to the seal delivered and not yet acknowledged (counted up to 10,000).
+    pub pending: i64,
 }
 
 /// `GET /v1/groups` answer.

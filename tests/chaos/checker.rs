@@ -12,8 +12,10 @@
 //!   handler was in flight, whose handler finished after SIGCONT while the shard's new owner
 //!   was already handling (`stale_inflight`). Every other overlap is a violation;
 //! - **order**: per key, the first handlings of its seqs, in order of `started_ms`, have
-//!   increasing seqs, except around a fault window (a reshard moves keys between shards; a
-//!   failover hands pending entries over).
+//!   increasing seqs, except around a fault window that hands entries over outside the
+//!   protocol (a SIGSTOPped member finishing late, a Redis restart). Reshards and rollbacks
+//!   excuse nothing since issue 16 (ordered resharding: a moved key's new entries wait for
+//!   its old shard up to the seal).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -339,7 +341,12 @@ pub(crate) fn check(records: &[Handled], faults: &[Fault], cfg: CheckConfig) -> 
         }
     }
 
-    // Per-key order of first handlings.
+    // Per-key order of first handlings; reshards and rollbacks keep per-key order (issue 16).
+    let order_faults: Vec<Fault> = faults
+        .iter()
+        .filter(|f| !matches!(f.kind, FaultKind::Reshard | FaultKind::Rollback))
+        .cloned()
+        .collect();
     let mut firsts: HashMap<&str, Vec<&Handled>> = HashMap::new();
     for hs in by_seq.values() {
         if let Some(h) = hs.iter().min_by_key(|h| (h.started_ms, h.finished_ms)) {
@@ -354,7 +361,9 @@ pub(crate) fn check(records: &[Handled], faults: &[Fault], cfg: CheckConfig) -> 
         for h in hs {
             match max {
                 Some(m) if h.seq < m.seq => {
-                    if explaining(faults, m.started_ms, h.finished_ms, cfg.aftermath_ms).is_some() {
+                    if explaining(&order_faults, m.started_ms, h.finished_ms, cfg.aftermath_ms)
+                        .is_some()
+                    {
                         report.order_explained += 1;
                     } else {
                         report.order_violations.push((key.to_owned(), h.seq, m.seq));
@@ -478,8 +487,23 @@ mod tests {
         let inverted = [h(2, 0, "a-g-0", 100, 110), h(0, 1, "b-g-0", 5_000, 5_010)];
         let r = check(&inverted, &[], cfg(3));
         assert_eq!(r.order_violations, vec![("k0".into(), 0, 2)]);
-        let r = check(&inverted, &[fault(FaultKind::Reshard, "s", 50, 50)], cfg(3));
+        let r = check(
+            &inverted,
+            &[fault(FaultKind::KillPod, "127.0.0.1", 50, 50)],
+            cfg(3),
+        );
         assert!(r.order_violations.is_empty());
         assert_eq!(r.order_explained, 1);
+    }
+
+    /// Ordered resharding (issue 16): a reshard or a rollback no longer excuses an inversion.
+    #[test]
+    fn reshards_and_rollbacks_do_not_excuse_order_inversions() {
+        let inverted = [h(2, 0, "a-g-0", 100, 110), h(0, 1, "b-g-0", 150, 160)];
+        for kind in [FaultKind::Reshard, FaultKind::Rollback] {
+            let r = check(&inverted, &[fault(kind, "s", 50, 50)], cfg(3));
+            assert_eq!(r.order_violations, vec![("k0".into(), 0, 2)], "{kind}");
+            assert_eq!(r.order_explained, 0);
+        }
     }
 }

@@ -212,6 +212,9 @@ impl World {
             "chaos",
             "--sweep-interval-ms",
             "100",
+            // The data Redis too: reshards seal the shards (ordered resharding, issue 16).
+            "--data-redis-url",
+            &redis.url(),
         ]
         .map(String::from)
         .to_vec();

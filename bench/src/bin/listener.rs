@@ -16,7 +16,9 @@
 //!   same run, rotating which goes first. Goal: batch ≥ 1.5× the single-message listener.
 //!   `--only batch` runs this section alone.
 //! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
-//!   pipeline of the same XADDs. Goal: ratio ≥ 0.95.
+//!   pipeline of the same XADDs. Goal: ratio ≥ 0.95 (P4, the unfenced path) and, with the
+//!   routing-epoch fence of ordered resharding (one guarded script call per shard on a stream
+//!   resharded once, so every shard has its epoch marker), ratio ≥ 0.9 (P8).
 //!
 //! ```text
 //! cargo build --release --bins && cargo run --release -p rsc-bench --bin listener [-- --quick]
@@ -346,6 +348,28 @@ async fn routed_publish(
     Ok(started.elapsed())
 }
 
+/// `Producer::publish_batch_unfenced` (routing by key, pipelined XADD without the epoch
+/// fence) of the same messages; returns the time taken.
+async fn unfenced_publish(
+    producer: &Producer,
+    stream: &str,
+    n: u64,
+    batch: usize,
+) -> anyhow::Result<Duration> {
+    producer.routing(stream).await?;
+    let started = Instant::now();
+    let mut i = 0u64;
+    while i < n {
+        let end = (i + batch as u64).min(n);
+        let records: Vec<Record> = (i..end)
+            .map(|j| Record::raw(PAYLOAD).key(format!("k{}", j % 1000)))
+            .collect();
+        producer.publish_batch_unfenced(stream, &records).await?;
+        i = end;
+    }
+    Ok(started.elapsed())
+}
+
 /// One task per shard: XREADGROUP COUNT c, XACK, until `n` entries in total; msgs/s.
 async fn raw_consume(
     client: &redis::Client,
@@ -537,6 +561,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let mut limit = vec![];
+    let mut pub_fenced = vec![];
     let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut con_lease, mut cpu_lease, mut cpu_strict) = (vec![], vec![], vec![]);
@@ -552,21 +577,56 @@ async fn main() -> anyhow::Result<()> {
             "lease",
         )
         .await?;
-        // Interleaved in ten chunks, alternating which goes first, so that the machine's
-        // noise (and Redis's growing memory) falls on both alike.
-        let (mut raw_t, mut routed_t) = (Duration::ZERO, Duration::ZERO);
+        // P8: the guarded stream is resharded once (to `shards` from one fewer), so every
+        // shard carries its epoch marker and each write is checked against it.
+        let fenced_s = format!("pub-fenced-{rep}");
+        let fenced_from = args.shards.saturating_sub(1).max(1);
+        create_group(
+            &http,
+            &url,
+            &format!("fg-{rep}"),
+            &fenced_s,
+            fenced_from,
+            "lease",
+        )
+        .await?;
+        if fenced_from != args.shards {
+            let r = http
+                .post(format!("{url}/v1/streams/{fenced_s}/reshard"))
+                .json(&serde_json::json!({"shard_count": args.shards}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status().is_success(), "reshard: {}", r.text().await?);
+            let marker: Option<u64> = con
+                .get(rsc_protocol::routing::epoch_key(&shard_key(&fenced_s, 0)))
+                .await?;
+            anyhow::ensure!(marker == Some(2), "no epoch marker after the reshard");
+        }
+        // Interleaved in ten chunks, rotating which goes first, so that the machine's
+        // noise (and Redis's growing memory) falls on all alike.
+        let (mut raw_t, mut routed_t, mut fenced_t) =
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let chunk = (n / 10).max(1);
         for c in 0..10 {
-            if c % 2 == 0 {
-                raw_t += raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
-                routed_t += routed_publish(&producer, &routed_s, chunk, args.batch).await?;
-            } else {
-                routed_t += routed_publish(&producer, &routed_s, chunk, args.batch).await?;
-                raw_t += raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
+            for k in 0..3 {
+                match (c + k) % 3 {
+                    0 => {
+                        raw_t +=
+                            raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?
+                    }
+                    1 => {
+                        routed_t +=
+                            unfenced_publish(&producer, &routed_s, chunk, args.batch).await?
+                    }
+                    _ => {
+                        fenced_t += routed_publish(&producer, &fenced_s, chunk, args.batch).await?
+                    }
+                }
             }
         }
         pub_raw.push((chunk * 10) as f64 / raw_t.as_secs_f64());
         pub_routed.push((chunk * 10) as f64 / routed_t.as_secs_f64());
+        pub_fenced.push((chunk * 10) as f64 / fenced_t.as_secs_f64());
 
         // Consume: one pre-filled stream, read by two groups (baseline first, then listener).
         let stream = format!("con-{rep}");
@@ -606,8 +666,9 @@ async fn main() -> anyhow::Result<()> {
         cpu_strict.push(strict.1);
         cpu_lease.push(lease.1);
         eprintln!(
-            "rep {rep}: publish routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0}; \
+            "rep {rep}: publish fenced {:.0} routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0}; \
              strict fencing {:.0} lease {:.0} msgs/s, Redis CPU {:.1} / {:.1} ms per 1k",
+            pub_fenced[rep],
             pub_routed[rep],
             pub_raw[rep],
             con_listener[rep],
@@ -651,11 +712,24 @@ async fn main() -> anyhow::Result<()> {
             goal: "- (INFO cpu of the Redis server, same stream, same run)".into(),
         },
         Row {
-            name: format!("routed publish_batch (batch {}, {n} msgs)", args.batch),
+            name: format!(
+                "P4 routed publish_batch, unfenced (batch {}, {n} msgs)",
+                args.batch
+            ),
             unit: "msgs/s".into(),
             value: summarize(&pub_routed),
             baseline: Some(summarize(&pub_raw)),
             goal: "ratio >= 0.95 (baseline: raw pipelined XADD)".into(),
+        },
+        Row {
+            name: format!(
+                "P8 routed, epoch-guarded publish_batch (batch {}, {n} msgs)",
+                args.batch
+            ),
+            unit: "msgs/s".into(),
+            value: summarize(&pub_fenced),
+            baseline: Some(summarize(&pub_raw)),
+            goal: "ratio >= 0.9 (baseline: raw pipelined XADD, same run)".into(),
         },
         Row {
             name: "P3 listener consume vs redis-benchmark XADD (physical limit)".into(),

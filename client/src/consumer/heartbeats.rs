@@ -461,6 +461,7 @@ mod tests {
             routing_epoch: 1,
             start: StartPosition::Earliest,
             owner_tokens: BTreeMap::new(),
+            ordering: Default::default(),
         })
     }
 

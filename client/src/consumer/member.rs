@@ -339,6 +339,10 @@ impl MemberRuntime {
                 }
                 self.assignment = resp.assignment.into_iter().collect();
                 self.tokens = resp.owner_tokens;
+                self.shared.ordered.store(
+                    resp.ordering == rsc_protocol::OrderingMode::Key,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 for (shard, slot) in &self.slots {
                     // No tokens at all: lease fencing. A shard being revoked is not in the
                     // answer: it keeps its token (still its own) while it finishes.

@@ -12,6 +12,8 @@
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
 //! - [`fence`]: strict fencing: the guarded read (a `WATCH`ed transaction), takeover and
 //!   acknowledgement scripts.
+//! - [`order`]: per-key order through reshards (issue 16): which entries wait for their
+//!   key's parent shard, held aside in order and released once the parent reached its seal.
 
 pub(crate) mod backoff;
 pub(crate) mod drain;
@@ -20,6 +22,7 @@ pub(crate) mod heartbeats;
 pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
+pub(crate) mod order;
 pub(crate) mod reply;
 pub(crate) mod wake;
 pub(crate) mod worker;
@@ -54,6 +57,9 @@ pub(crate) struct MemberShared {
     /// a worker starts no further entry past it, even before the member's self-fence timer
     /// has stopped it (e.g. right after the process was paused).
     pub(crate) lease_until: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The group's ordering through reshards is `key` (from the heartbeat answer; `true`
+    /// until the first answer says otherwise).
+    pub(crate) ordered: std::sync::atomic::AtomicBool,
 }
 
 /// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's

@@ -11,13 +11,18 @@
 //! pending until the next takeover.
 //!
 //! Entries are handled one at a time, in stream order, so the order of one key's messages is
-//! kept within a shard. A stop request (revocation, self-fence, shutdown) lets the handler in
+//! kept within a shard. Through reshards (ordering `key`, issue 16), an entry whose key moved
+//! to this shard at a routing-epoch switch is held aside, with its key's later entries, until
+//! the group handled and acknowledged the key's old shard up to its seal (see
+//! [`super::order`]); at most [`MAX_HELD`] entries are held, past which the worker stops
+//! reading the shard until releases make room. A stop request (revocation, self-fence, shutdown) lets the handler in
 //! flight finish; acknowledgements of what succeeded are sent; entries fetched but not started
 //! stay pending for the next owner.
 
 use super::MemberShared;
 use super::backoff::{Backoff, retry_delay};
 use super::fence;
+use super::order::{Gate, HoldQueue, SealBook};
 use super::reply::{OrderedClaim, OrderedRead};
 use crate::data::NodeConn;
 use crate::handler::{FailureAction, HandlerError};
@@ -27,6 +32,7 @@ use futures::FutureExt;
 use redis::streams::StreamInfoGroupsReply;
 use redis::{RedisError, Value};
 use rsc_protocol::StartPosition;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +46,29 @@ mod batch;
 const CLAIM_COUNT: usize = 100;
 /// How often the shard's lag gauge is refreshed.
 const LAG_EVERY: Duration = Duration::from_secs(5);
+/// Ordered resharding: at most this many entries are held aside per shard; past it the
+/// worker reads no more of the shard until held entries are released.
+pub(crate) const MAX_HELD: usize = 10_000;
+/// Ordered resharding: how often held keys' parents are checked (and the longest a read
+/// blocks while entries are held). Polling: a wake-up when a parent reaches its seal (e.g.
+/// through the coordinator's wake-up channel, once it is on main) would let this grow.
+const HOLD_POLL: Duration = Duration::from_millis(20);
+
+/// Ordered resharding state of one shard worker (issue 16).
+struct OrderState {
+    /// This shard's seals.
+    book: SealBook,
+    /// Entries held until their key's parent reached its seal.
+    hold: HoldQueue<Entry>,
+    /// Seal ids of the parents waited for.
+    parent_seals: HashMap<Gate, String>,
+    /// When each gate first held an entry (for the hold-time histogram).
+    held_since: HashMap<Gate, Instant>,
+    /// When the parents were last checked.
+    checked: Option<Instant>,
+    progress: redis::Script,
+    held_gauge: metrics::Gauge,
+}
 
 /// Flags the member and its worker share for one shard.
 #[derive(Debug, Default)]
@@ -95,6 +124,8 @@ pub(crate) struct ShardWorker {
     /// Read this member's own pending entries after this id before new ones (set after a
     /// read whose reply may have been lost).
     pending_from: Option<String>,
+    /// Ordered resharding: held entries and seals.
+    order: OrderState,
 }
 
 enum Outcome {
@@ -124,6 +155,9 @@ impl ShardWorker {
             fence: Some(flags.clone()),
         });
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
+        let held_gauge = metrics::gauge!("rsc_client_order_held_entries",
+            "group" => shared.group.clone(), "stream" => shared.stream.clone(),
+            "shard" => shard.to_string());
         ShardWorker {
             shared,
             origin,
@@ -134,6 +168,15 @@ impl ShardWorker {
             lag_at: None,
             acks: Vec::new(),
             pending_from: None,
+            order: OrderState {
+                book: SealBook::default(),
+                hold: HoldQueue::default(),
+                parent_seals: HashMap::new(),
+                held_since: HashMap::new(),
+                checked: None,
+                progress: redis::Script::new(rsc_protocol::routing::SEAL_PROGRESS_LUA),
+                held_gauge,
+            },
         }
     }
 
@@ -416,16 +459,16 @@ impl ShardWorker {
     /// Reads and handles new entries until stopped.
     /// `true` when the group switched to strict fencing (continue with [`Self::read_guarded`]).
     async fn read_new(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
-        let settings = &self.shared.listener.settings;
-        let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
+        let count = self.shared.listener.settings.batch_size;
         loop {
             if self.flags.token().is_some() {
                 // Switched to strict fencing: acknowledgements and reads go guarded from now.
                 return true;
             }
-            if !self.ready_to_read(conn).await {
+            if !self.ready_to_read(conn).await || !self.make_room(conn).await {
                 return false;
             }
+            let block_ms = self.block_ms();
             let from = self.read_from();
             let mut cmd = redis::cmd("XREADGROUP");
             cmd.arg("GROUP")
@@ -508,13 +551,13 @@ impl ShardWorker {
     /// idle shards do not poll.
     /// `true` when the group switched to lease fencing (continue with [`Self::read_new`]).
     async fn read_guarded(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
-        let settings = &self.shared.listener.settings;
-        let (count, block_ms) = (settings.batch_size, settings.block.as_millis() as u64);
+        let count = self.shared.listener.settings.batch_size;
         let mut guard = fence::Guard::new(&self.origin);
         loop {
-            if !self.ready_to_read(conn).await {
+            if !self.ready_to_read(conn).await || !self.make_room(conn).await {
                 return false;
             }
+            let block_ms = self.block_ms();
             let Some(token) = self.flags.token() else {
                 // Switched to lease fencing: no token to present any more.
                 return true;
@@ -635,15 +678,206 @@ impl ShardWorker {
     /// Acknowledgements are sent in one `XACK` per batch: at the end when `flush` is set (or
     /// when stopped), otherwise with the next read; and early before anything that may wait
     /// (a pause, a retry delay), so that a handled entry is not left pending for long.
+    /// How long a read blocks: the listener's setting, or [`HOLD_POLL`] while entries are
+    /// held (their parents are checked between reads).
+    fn block_ms(&self) -> u64 {
+        let block = self.shared.listener.settings.block;
+        let block = if self.order.hold.is_empty() {
+            block
+        } else {
+            block.min(HOLD_POLL)
+        };
+        block.as_millis().max(1) as u64
+    }
+
+    /// Before a read: releases held entries whose parents reached their seals; while
+    /// [`MAX_HELD`] entries are held, reads nothing more and waits for releases. `false`
+    /// when stopped.
+    async fn make_room(&mut self, conn: &mut NodeConn) -> bool {
+        loop {
+            if !self.release_held(conn).await {
+                return false;
+            }
+            if self.order.hold.len() < MAX_HELD {
+                return true;
+            }
+            if !self.pause_for(HOLD_POLL).await {
+                return false;
+            }
+        }
+    }
+
+    /// Ordering `key`: sorts a batch read in stream order into entries to handle now and
+    /// entries held for their key's parent. Reads this shard's seals again first when an
+    /// entry with a key lies past every known seal (a switch may have happened since).
+    /// `None` when stopped.
+    async fn admit(&mut self, entries: Vec<Entry>) -> Option<Vec<Entry>> {
+        if !self.shared.ordered.load(Ordering::Relaxed) {
+            return Some(entries);
+        }
+        let stale = entries
+            .iter()
+            .any(|e| e.key.is_some() && !self.order.book.covers(&e.id));
+        if stale {
+            let key = rsc_protocol::routing::seals_key(&self.origin.shard_key);
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+            loop {
+                let mut c = self.shared.ack_conn.clone();
+                let r: Result<Vec<(String, String)>, RedisError> =
+                    redis::cmd("HGETALL").arg(&key).query_async(&mut c).await;
+                match r {
+                    Ok(fields) => {
+                        self.order.book = SealBook::from_hash(fields);
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "could not read the shard's seals; retrying");
+                        if !self.pause_for(backoff.next_delay()).await {
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+        if self.order.book.is_empty() && self.order.hold.is_empty() {
+            return Some(entries);
+        }
+        let shard = self.origin.shard;
+        let mut ready = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let gate = entry
+                .key
+                .as_deref()
+                .and_then(|k| self.order.book.gate_for(shard, &entry.id, k.as_bytes()));
+            let id = entry.id.clone();
+            let key = entry.key.clone();
+            if let Some(g) = gate.filter(|g| !self.order.hold.is_released(g)) {
+                self.order.held_since.entry(g).or_insert_with(Instant::now);
+            }
+            if let Some(e) = self.order.hold.admit(&id, key.as_deref(), gate, entry) {
+                ready.push(e);
+            }
+        }
+        self.order.held_gauge.set(self.order.hold.len() as f64);
+        Some(ready)
+    }
+
+    /// Checks the parents the held keys wait for (at most every [`HOLD_POLL`]) and handles
+    /// the entries of those that reached their seals. `false` when stopped.
+    async fn release_held(&mut self, conn: &mut NodeConn) -> bool {
+        loop {
+            if self.order.hold.is_empty() {
+                return true;
+            }
+            if self.order.checked.is_some_and(|t| t.elapsed() < HOLD_POLL) {
+                return true;
+            }
+            self.order.checked = Some(Instant::now());
+            let ordered = self.shared.ordered.load(Ordering::Relaxed);
+            let mut freed = Vec::new();
+            for gate in self.order.hold.waiting_for() {
+                if ordered && !self.parent_reached_seal(gate).await {
+                    continue;
+                }
+                if let Some(t) = self.order.held_since.remove(&gate) {
+                    metrics::histogram!("rsc_client_order_hold_seconds",
+                        "group" => self.origin.group.clone(), "stream" => self.origin.stream.clone())
+                    .record(t.elapsed().as_secs_f64());
+                    info!(
+                        parent = gate.parent,
+                        routing_epoch = gate.epoch,
+                        held_ms = t.elapsed().as_millis() as u64,
+                        "parent shard reached its seal: releasing its moved keys"
+                    );
+                }
+                freed.extend(self.order.hold.release(gate));
+            }
+            self.order.held_gauge.set(self.order.hold.len() as f64);
+            if freed.is_empty() {
+                return true;
+            }
+            self.order.checked = None;
+            if !self.run_entries(conn, freed).await {
+                return false;
+            }
+            // The acknowledgements of released entries may open gates of other shards.
+            self.flush_acks(conn).await;
+        }
+    }
+
+    /// Whether the group handled and acknowledged every entry of `gate.parent` up to its
+    /// seal of the switch to `gate.epoch` (exact: the group's last-delivered id and pending
+    /// entries list on the parent, one script call). Errors count as "not yet".
+    async fn parent_reached_seal(&mut self, gate: Gate) -> bool {
+        let parent_key = rsc_protocol::routing::shard_key(&self.origin.stream, gate.parent);
+        let mut c = self.shared.ack_conn.clone();
+        let seal = match self.order.parent_seals.get(&gate) {
+            Some(s) => s.clone(),
+            None => {
+                let v: Result<Option<String>, RedisError> = redis::cmd("HGET")
+                    .arg(rsc_protocol::routing::seals_key(&parent_key))
+                    .arg(gate.epoch)
+                    .query_async(&mut c)
+                    .await;
+                match v
+                    .ok()
+                    .flatten()
+                    .as_deref()
+                    .and_then(rsc_protocol::routing::Seal::parse)
+                {
+                    Some(seal) => {
+                        self.order.parent_seals.insert(gate, seal.id.clone());
+                        seal.id
+                    }
+                    None => return false,
+                }
+            }
+        };
+        let mut call = self.order.progress.key(&parent_key);
+        call.arg(&self.origin.group).arg(&seal).arg(1);
+        match call.invoke_async::<(i64, i64)>(&mut c).await {
+            Ok((undelivered, pending)) => undelivered == 0 && pending == 0,
+            Err(e) => {
+                debug!(error = %e, parent = gate.parent, "parent progress check failed");
+                false
+            }
+        }
+    }
+
     async fn handle_batch(
         &mut self,
         conn: &mut NodeConn,
         entries: Vec<Entry>,
         flush: bool,
     ) -> bool {
-        if let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler {
+        let Some(entries) = self.admit(entries).await else {
+            return false;
+        };
+        if !self.shared.ordered.load(Ordering::Relaxed)
+            && let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler
+        {
+            // Ordering none: batches may linger for company (reads past `admit`).
             let h = h.clone();
             return self.handle_batches(conn, entries, flush, h).await;
+        }
+        let mut complete = self.run_entries(conn, entries).await;
+        if complete {
+            self.order.checked = None;
+            complete = self.release_held(conn).await;
+        }
+        if flush || !complete {
+            self.flush_acks(conn).await;
+        }
+        complete
+    }
+
+    /// Handles entries in order; `false` when stopped before the end (the rest stays
+    /// pending for the next owner). A batch listener gets them as batches, without
+    /// lingering (an entry read while lingering would bypass the ordering check).
+    async fn run_entries(&mut self, conn: &mut NodeConn, entries: Vec<Entry>) -> bool {
+        if let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler {
+            let h = h.clone();
+            return self.handle_batches(conn, entries, true, h).await;
         }
         let auto = self.shared.listener.settings.ack_mode == AckMode::Auto;
         let mut complete = true;
@@ -669,9 +903,6 @@ impl ShardWorker {
                     break;
                 }
             }
-        }
-        if flush || !complete {
-            self.flush_acks(conn).await;
         }
         complete
     }

@@ -3,6 +3,15 @@
 //! The routing (shard count, routing epoch) comes from the coordinator and is cached; it is
 //! refreshed in the background once older than the refresh interval (default 1 s), so a
 //! reshard reaches producers within about that long, and again after a failed write.
+//!
+//! Every write is fenced by the routing epoch (ordered resharding, issue 16): the `XADD`s of
+//! one shard go through one script call that compares the producer's routing epoch with the
+//! shard's epoch marker `{<shard key>}:epoch`, which the coordinator moves at every reshard
+//! before answering it. A refused write (stale routing) writes nothing; the producer fetches
+//! the routing again and writes the refused records to their shards under the new epoch, in
+//! their order, transparently to the caller. Past [`ProducerBuilder::stale_retry_budget`]
+//! without a routing the markers accept (coordinator unreachable), the publish fails with
+//! [`ClientError::StaleRouting`] rather than write into a sealed or retired shard.
 
 mod routing;
 
@@ -18,7 +27,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
 
 /// One message to publish: payload, optional key, headers and extra fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -84,6 +94,30 @@ impl Record {
         self
     }
 
+    /// Appends `<n> <field> <value> …` (the guarded script's encoding of one entry: the
+    /// same fields, in the same order, as [`Record::xadd`]).
+    fn guarded_args(&self, cmd: &mut redis::Cmd) {
+        let n = 1
+            + usize::from(self.key.is_some())
+            + usize::from(self.content_type.is_some())
+            + usize::from(!self.headers.is_empty())
+            + self.fields.len();
+        cmd.arg(n).arg("payload").arg(&self.payload);
+        if let Some(k) = &self.key {
+            cmd.arg("key").arg(k);
+        }
+        if let Some(ct) = &self.content_type {
+            cmd.arg(CONTENT_TYPE_FIELD).arg(ct);
+        }
+        if !self.headers.is_empty() {
+            cmd.arg("headers")
+                .arg(serde_json::to_string(&self.headers).unwrap_or_default());
+        }
+        for (n, v) in &self.fields {
+            cmd.arg(n).arg(v);
+        }
+    }
+
     /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
     fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str) {
         pipe.cmd("XADD")
@@ -143,6 +177,8 @@ struct Inner {
     cluster: bool,
     routes: Arc<RoutingCache>,
     round_robin: AtomicU64,
+    guarded: redis::Script,
+    stale_budget: Duration,
     /// How [`Producer::publish`] encodes payloads.
     codec: CodecSpec,
     /// `WAIT` after each pipeline: (replicas, timeout).
@@ -160,6 +196,7 @@ impl std::fmt::Debug for Producer {
 pub struct ProducerBuilder {
     config: ClientConfig,
     refresh_every: Duration,
+    stale_budget: Duration,
     codec: CodecSpec,
     wait: Option<(u32, Duration)>,
 }
@@ -221,6 +258,14 @@ impl ProducerBuilder {
         self
     }
 
+    /// How long a publish keeps retrying records refused for a stale routing epoch (fetching
+    /// the routing again between tries) before it fails with [`ClientError::StaleRouting`]
+    /// (default 10 s).
+    pub fn stale_retry_budget(mut self, budget: Duration) -> Self {
+        self.stale_budget = budget;
+        self
+    }
+
     /// How [`Producer::publish`] encodes payloads (default [`Json`]); a codec other than JSON
     /// records its content type in each entry's `content_type` field.
     pub fn codec<C: Codec>(mut self) -> Self {
@@ -239,6 +284,8 @@ impl ProducerBuilder {
                 cluster: redis.is_cluster(),
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
+                guarded: redis::Script::new(rsc_protocol::routing::GUARDED_XADD_LUA),
+                stale_budget: self.stale_budget,
                 codec: self.codec,
                 wait: self.wait,
             }),
@@ -258,6 +305,7 @@ impl Producer {
         ProducerBuilder {
             config: ClientConfig::from_env(),
             refresh_every: Duration::from_secs(1),
+            stale_budget: Duration::from_secs(10),
             codec: CodecSpec::JSON,
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
@@ -301,59 +349,258 @@ impl Producer {
     }
 
     /// Publishes records in one pipeline (one round trip), each to its shard; on a Redis
-    /// Cluster, one pipeline per shard, sent at once. Returns where each went, in order.
-    /// Per-key order is kept within the batch.
+    /// Cluster, one script call per shard, sent at once. Returns where each went, in order.
+    /// Per-key order is kept within the batch and across a reshard: the writes of one shard
+    /// are fenced by the routing epoch, and records refused for a stale epoch are written
+    /// again, in order, on their shard under the new routing.
     pub async fn publish_batch(
         &self,
         stream: &str,
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
-        let routing = self.inner.routes.get(stream).await?;
         let trace = crate::otel::current();
-        let mut shards = Vec::new();
-        let mut records_of: Vec<Record> = Vec::new();
-        for mut record in records {
+        let mut records: Vec<Record> = records.into_iter().collect();
+        for record in &mut records {
             crate::otel::inject(&mut record.headers, &trace);
-            let seq = if record.key.is_none() {
-                self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
-            } else {
-                0
-            };
-            shards.push(routing.shard_for(record.key.as_deref().map(str::as_bytes), seq));
-            records_of.push(record);
         }
-        if shards.is_empty() {
+        if records.is_empty() {
             return Ok(Vec::new());
         }
-        let sent = if self.inner.cluster {
-            self.xadd_per_shard(&routing, &shards, &records_of).await
+        let seqs: Vec<u64> = records
+            .iter()
+            .map(|r| {
+                if r.key.is_none() {
+                    self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let mut routing = self.inner.routes.get(stream).await?;
+        let mut out: Vec<Option<Published>> = vec![None; records.len()];
+        let mut todo: Vec<usize> = (0..records.len()).collect();
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(2);
+        loop {
+            let sent = self.send_guarded(&routing, &records, &seqs, &todo).await;
+            let (written, refused, acked) = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    self.inner.routes.mark_stale(stream);
+                    metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
+                        .increment(1);
+                    return Err(e.into());
+                }
+            };
+            if let Some((wanted, _)) = self.inner.wait
+                && acked < wanted
+                && !written.is_empty()
+            {
+                metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
+                    .increment(written.len() as u64);
+                return Err(ClientError::NotReplicated { acked, wanted });
+            }
+            metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
+                .increment(written.len() as u64);
+            for (i, p) in written {
+                out[i] = Some(p);
+            }
+            let Some(marker) = refused.iter().map(|&(_, m)| m).max() else {
+                break;
+            };
+            todo = refused.into_iter().map(|(i, _)| i).collect();
+            metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
+                .increment(todo.len() as u64);
+            // Refresh until the coordinator answers with the markers' epoch (it moves them
+            // before it answers the reshard, so the answer follows at once).
+            loop {
+                if started.elapsed() >= self.inner.stale_budget {
+                    warn!(
+                        stream,
+                        routing_epoch = routing.routing_epoch,
+                        marker,
+                        records = todo.len(),
+                        "publish refused for a stale routing epoch and no newer routing within the retry budget"
+                    );
+                    return Err(ClientError::StaleRouting {
+                        stream: stream.to_owned(),
+                        routing_epoch: routing.routing_epoch,
+                        shard_epoch: marker,
+                    });
+                }
+                match self.inner.routes.fetch(stream).await {
+                    Ok(r) if r.routing_epoch != routing.routing_epoch => {
+                        debug!(
+                            stream,
+                            from = routing.routing_epoch,
+                            to = r.routing_epoch,
+                            records = todo.len(),
+                            "writing refused records again under the new routing"
+                        );
+                        routing = r;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => debug!(stream, error = %e, "routing refresh failed"),
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(200));
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Writes the records `todo` (indices, in order) under `routing`: one guarded script call
+    /// per shard, in one pipeline (standalone) or concurrently (cluster). Returns the records
+    /// written with where they went, those refused with the shard's epoch marker, and how
+    /// many replicas confirmed (`WAIT`).
+    #[allow(clippy::type_complexity)]
+    async fn send_guarded(
+        &self,
+        routing: &Routing,
+        records: &[Record],
+        seqs: &[u64],
+        todo: &[usize],
+    ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>, u32)> {
+        let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &i in todo {
+            let shard = routing.shard_for(records[i].key.as_deref().map(str::as_bytes), seqs[i]);
+            by_shard.entry(shard).or_default().push(i);
+        }
+        let calls: Vec<(u32, Vec<usize>)> = by_shard.into_iter().collect();
+        let build = |shard: u32, idx: &[usize]| {
+            let key = &routing.shard_keys[shard as usize];
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.inner.guarded.get_hash())
+                .arg(2)
+                .arg(key)
+                .arg(rsc_protocol::routing::epoch_key(key))
+                .arg(routing.routing_epoch);
+            for &i in idx {
+                records[i].guarded_args(&mut cmd);
+            }
+            cmd
+        };
+        let (answers, acked) = match self.run_calls(&calls, &build).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                // First use on this Redis (or after a restart): nothing ran; load and resend.
+                self.inner
+                    .guarded
+                    .prepare_invoke()
+                    .load_async(&mut self.inner.conn.clone())
+                    .await?;
+                self.run_calls(&calls, &build).await?
+            }
+            r => r?,
+        };
+        let mut written = Vec::new();
+        let mut refused = Vec::new();
+        for ((shard, idx), answer) in calls.into_iter().zip(answers) {
+            match answer {
+                redis::Value::Int(marker) => {
+                    refused.extend(idx.into_iter().map(|i| (i, marker.max(0) as u64)));
+                }
+                other => {
+                    let ids: Vec<String> = redis::from_redis_value(other)?;
+                    if ids.len() != idx.len() {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::UnexpectedReturnType,
+                            "guarded XADD returned another number of ids",
+                        )));
+                    }
+                    written.extend(
+                        idx.into_iter()
+                            .zip(ids)
+                            .map(|(i, id)| (i, Published { shard, id })),
+                    );
+                }
+            }
+        }
+        Ok((written, refused, acked))
+    }
+
+    /// Sends the script calls: one pipeline on a standalone Redis (one command without
+    /// one); one call per shard, all at once, on a cluster (each routed to its slot). With
+    /// [`ProducerBuilder::wait_for_replicas`], `WAIT` ends each pipeline. Returns the
+    /// answers and how many replicas confirmed (the fewest; `u32::MAX` without `WAIT`).
+    async fn run_calls(
+        &self,
+        calls: &[(u32, Vec<usize>)],
+        build: &(impl Fn(u32, &[usize]) -> redis::Cmd + Sync),
+    ) -> redis::RedisResult<(Vec<redis::Value>, u32)> {
+        let wait = self.inner.wait;
+        let send = |mut pipe: redis::Pipeline| {
+            let mut conn = self.inner.conn.clone();
+            async move {
+                if let Some((replicas, timeout)) = wait {
+                    pipe.cmd("WAIT")
+                        .arg(replicas)
+                        .arg(timeout.as_millis() as u64);
+                }
+                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                let acked = match wait {
+                    None => u32::MAX,
+                    Some(_) => match values.pop() {
+                        Some(redis::Value::Int(n)) => n.max(0) as u32,
+                        _ => 0,
+                    },
+                };
+                Ok::<_, redis::RedisError>((values, acked))
+            }
+        };
+        if self.inner.cluster {
+            let sends = calls.iter().map(|(shard, idx)| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(build(*shard, idx));
+                send(pipe)
+            });
+            let mut out = Vec::with_capacity(calls.len());
+            let mut fewest = u32::MAX;
+            for (mut values, acked) in futures::future::try_join_all(sends).await? {
+                fewest = fewest.min(acked);
+                out.append(&mut values);
+            }
+            Ok((out, fewest))
+        } else if let ([(shard, idx)], None) = (calls, wait) {
+            let cmd = build(*shard, idx);
+            Ok((
+                vec![cmd.query_async(&mut self.inner.conn.clone()).await?],
+                u32::MAX,
+            ))
         } else {
             let mut pipe = redis::pipe();
-            for (record, &shard) in records_of.iter().zip(&shards) {
+            for (shard, idx) in calls {
+                pipe.add_command(build(*shard, idx));
+            }
+            send(pipe).await
+        }
+    }
+
+    /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key
+    /// order safe across a reshard).
+    #[doc(hidden)]
+    pub async fn publish_batch_unfenced(
+        &self,
+        stream: &str,
+        records: &[Record],
+    ) -> Result<Vec<Published>, ClientError> {
+        let routing = self.inner.routes.get(stream).await?;
+        let shards: Vec<u32> = records
+            .iter()
+            .map(|r| {
+                let seq = self.inner.round_robin.fetch_add(1, Ordering::Relaxed);
+                routing.shard_for(r.key.as_deref().map(str::as_bytes), seq)
+            })
+            .collect();
+        let (ids, _acked) = if self.inner.cluster {
+            self.xadd_per_shard(&routing, &shards, records).await?
+        } else {
+            let mut pipe = redis::pipe();
+            for (record, &shard) in records.iter().zip(&shards) {
                 record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            self.send(pipe).await
+            self.send(pipe).await?
         };
-        let ids: Vec<String> = match sent {
-            Ok((ids, acked)) => {
-                if let Some((wanted, _)) = self.inner.wait
-                    && acked < wanted
-                {
-                    metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
-                        .increment(ids.len() as u64);
-                    return Err(ClientError::NotReplicated { acked, wanted });
-                }
-                ids
-            }
-            Err(e) => {
-                self.inner.routes.mark_stale(stream);
-                metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
-                    .increment(1);
-                return Err(e.into());
-            }
-        };
-        metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
-            .increment(ids.len() as u64);
         Ok(shards
             .into_iter()
             .zip(ids)

@@ -169,6 +169,26 @@ struct CreateArgs {
     /// Data-path fencing [coordinator default: strict with a data Redis, else lease].
     #[arg(long, value_enum)]
     fencing: Option<FencingArg>,
+    /// Per-key ordering through reshards [coordinator default: key].
+    #[arg(long, value_enum)]
+    ordering: Option<OrderingArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OrderingArg {
+    /// A moved key's new entries wait until its old shard is drained up to the seal.
+    Key,
+    /// No waiting after a reshard (per-key order only between reshards).
+    None,
+}
+
+impl From<OrderingArg> for rsc_protocol::OrderingMode {
+    fn from(o: OrderingArg) -> Self {
+        match o {
+            OrderingArg::Key => rsc_protocol::OrderingMode::Key,
+            OrderingArg::None => rsc_protocol::OrderingMode::None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -366,6 +386,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
                 max_members: args.max_members,
                 assignor: args.assignor,
                 fencing: args.fencing.map(Into::into),
+                ordering: args.ordering.map(Into::into),
             };
             let f = c.create_group(&req).await?;
             if json_out {

@@ -51,6 +51,36 @@ pub(super) fn group(g: &GroupView) -> String {
     if let Some(r) = &g.resharding {
         let _ = writeln!(out, "\n{}", reshard_line(&g.stream, r));
     }
+    if !g.waiting_on_parents.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nOrdering {}: moved keys wait for their parent shards",
+            wire_name(&g.ordering)
+        );
+        let mut w = Table::new([
+            "PARENT",
+            "EPOCH",
+            "SEAL",
+            "UNDELIVERED",
+            "PENDING",
+            "CHILDREN",
+        ]);
+        for p in &g.waiting_on_parents {
+            w.row([
+                p.parent.to_string(),
+                p.routing_epoch.to_string(),
+                p.seal.clone(),
+                p.undelivered.to_string(),
+                p.pending.to_string(),
+                p.children
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ]);
+        }
+        out.push_str(&w.to_string());
+    }
 
     let mut shards = Table::new([
         "SHARD",
@@ -304,6 +334,8 @@ mod tests {
             max_members: None,
             assignor: "sticky".into(),
             fencing: rsc_protocol::FencingMode::Lease,
+            ordering: rsc_protocol::OrderingMode::Key,
+            waiting_on_parents: Vec::new(),
             paused: false,
             paused_since_ms: None,
             group_epoch: 4,
@@ -362,6 +394,8 @@ mod tests {
                     drained_groups: vec![],
                     waiting_groups: vec!["billing".into()],
                 }],
+                routing_epoch: Some(3),
+                seals: Default::default(),
             }),
             revision: 9,
         }

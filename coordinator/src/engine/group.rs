@@ -467,6 +467,9 @@ impl GroupDoc {
         if let Some(v) = patch.fencing {
             cfg.fencing = v;
         }
+        if let Some(v) = patch.ordering {
+            cfg.ordering = v;
+        }
         cfg.validate()?;
         if cfg == self.config {
             return Ok(false);
@@ -609,6 +612,7 @@ impl GroupDoc {
             routing_epoch: stream.routing_epoch,
             start: self.config.start,
             owner_tokens: self.owner_tokens(member_id),
+            ordering: self.config.ordering,
             paused: self.config.paused_since_ms.is_some(),
         }
     }

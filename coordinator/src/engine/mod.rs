@@ -43,6 +43,9 @@ pub struct GroupConfig {
     /// Data-path fencing (documents written before fencing existed read as `lease`).
     #[serde(default = "lease")]
     pub fencing: FencingMode,
+    /// Ordering through reshards (issue 16; older documents read as `key`).
+    #[serde(default)]
+    pub ordering: rsc_protocol::OrderingMode,
     /// Paused by an operator since this time (Unix ms): members keep their shards and fetch
     /// nothing new (documents written before pausing existed read as not paused). Not part of
     /// the assignment: pausing and resuming do not bump the group epoch.
@@ -64,6 +67,7 @@ impl Default for GroupConfig {
             max_members: None,
             assignor: crate::assignor::DEFAULT.to_owned(),
             fencing: FencingMode::Lease,
+            ordering: rsc_protocol::OrderingMode::Key,
             paused_since_ms: None,
         }
     }

@@ -18,6 +18,14 @@ pub struct ReshardRecord {
     pub started_ms: u64,
     /// When its last draining shard retired (at once for a scale-up).
     pub completed_ms: Option<u64>,
+    /// The routing epoch it switched to (0 in documents written before issue 16).
+    #[serde(default)]
+    pub epoch: u64,
+    /// Ordered resharding (issue 16): per shard of the layout before the switch (and every
+    /// shard sealed with them), the last entry id written under the previous epoch. Empty
+    /// when the coordinator has no data Redis.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seals: BTreeMap<u32, String>,
 }
 
 /// The stream document: layout, routing epoch and reshard state (SPEC §2).
@@ -166,6 +174,17 @@ impl StreamDoc {
         Ok(())
     }
 
+    /// The shards to seal at the switch this document just made from `before`: every shard
+    /// of the old and the new layout and every draining one (a retired shard revived by the
+    /// switch included), sorted.
+    pub fn shards_to_seal(&self, before: &StreamDoc) -> Vec<u32> {
+        let top = self.shard_count.max(before.shard_count);
+        let mut out: BTreeSet<u32> = (0..top).collect();
+        out.extend(before.draining.keys().copied());
+        out.extend(self.draining.keys().copied());
+        out.into_iter().collect()
+    }
+
     /// Records that `group` drained `shards`; retires shards every group drained.
     /// Returns whether the layout changed.
     pub fn mark_drained(&mut self, group: &str, shards: &[u32], now_ms: u64) -> bool {
@@ -236,6 +255,8 @@ impl StreamDoc {
             rollback,
             started_ms: now_ms,
             completed_ms: None,
+            epoch: self.routing_epoch,
+            seals: BTreeMap::new(),
         });
         self.retire_drained(now_ms);
         if self.draining.is_empty()
@@ -289,6 +310,26 @@ mod tests {
         assert_eq!(s.assignable_shards(), (0..8).collect::<Vec<_>>());
         assert_eq!(s.last_reshard.as_ref().unwrap().completed_ms, Some(10));
         assert!(s.running_reshard().is_none());
+        assert_eq!(s.last_reshard.as_ref().unwrap().epoch, 2);
+    }
+
+    #[test]
+    fn seals_cover_old_new_and_draining_shards() {
+        let mut s = stream_with_groups(8, &["g"]);
+        s.reshard(3, 0).unwrap();
+        let before = s.clone();
+        s.rollback(1, 1000).unwrap();
+        assert_eq!(s.shards_to_seal(&before), (0..8).collect::<Vec<_>>());
+        let mut s = stream_with_groups(8, &["g"]);
+        s.reshard(2, 0).unwrap();
+        s.mark_drained("g", &[2, 3, 4, 5, 6], 1);
+        let before = s.clone();
+        s.reshard(4, 2).ok();
+        // Shard 7 still drains: a second reshard waits; a rollback seals it too.
+        assert!(s.running_reshard().is_some());
+        let mut r = before.clone();
+        r.rollback(3, 1000).unwrap();
+        assert_eq!(r.shards_to_seal(&before), (0..8).collect::<Vec<_>>());
     }
 
     #[test]

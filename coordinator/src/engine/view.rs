@@ -30,6 +30,8 @@ fn reshard_view(stream: &StreamDoc, r: &ReshardRecord) -> ReshardingView {
                 waiting_groups: stream.groups.difference(drained).cloned().collect(),
             })
             .collect(),
+        routing_epoch: (r.epoch > 0).then_some(r.epoch),
+        seals: r.seals.clone(),
     }
 }
 
@@ -149,6 +151,8 @@ pub fn group_view(
         max_members: group.config.max_members,
         assignor: group.config.assignor.clone(),
         fencing: group.config.fencing,
+        ordering: group.config.ordering,
+        waiting_on_parents: Vec::new(),
         paused: group.config.paused_since_ms.is_some(),
         paused_since_ms: group.config.paused_since_ms,
         group_epoch: group.group_epoch,

@@ -15,6 +15,10 @@
 //! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
 //! shard back to its previous owner.
 
+mod seals;
+
+pub use seals::{SealProgress, Sealer};
+
 use crate::redis_conn::{Conn, LazyRedis};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,7 +44,7 @@ impl std::fmt::Debug for OwnerTokens {
 /// Why tokens could not be written.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("owner tokens not written to the data Redis: {0}")]
-pub struct FencingError(String);
+pub struct FencingError(pub(crate) String);
 
 /// What one assertion did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
