@@ -50,8 +50,11 @@ groups = ["*"]
 streams = ["*"]
 ACL
 
+# A wake-up channel is an endless event stream: with a 1 s idle timeout each one ends soon
+# after its `ready` event, so that schemathesis can check it and move on.
 "$BIN" serve --listen 127.0.0.1:0 --store memory --acl "$WORK/acl.toml" \
-    --admin-rate 100000 --admin-burst 100000 >"$WORK/coordinator.log" 2>&1 &
+    --admin-rate 100000 --admin-burst 100000 --wake-idle-timeout-ms 1000 \
+    >"$WORK/coordinator.log" 2>&1 &
 COORD_PID=$!
 ADDR=""
 for _ in $(seq 1 100); do

@@ -245,6 +245,38 @@ pub struct WakeMember {
     pub member_id: String,
 }
 
+/// The `data` of the first event of a wake-up channel, `event: ready`: the channel is
+/// subscribed and covers `members` members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReadyEvent {
+    /// How many members the channel covers.
+    pub members: u64,
+}
+
+/// One event of a wake-up channel as it travels in the `text/event-stream` (the OpenAPI
+/// document's schema of the stream's items): its name, and its data, the JSON text of a
+/// [`ReadyEvent`] (`ready`, first) or a [`WakeEvent`] (`wake`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WakeChannelEvent {
+    /// `ready` or `wake`.
+    pub event: WakeEventName,
+    /// The event's data (JSON text).
+    pub data: String,
+}
+
+/// The name of a wake-up channel event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum WakeEventName {
+    /// The channel is subscribed ([`ReadyEvent`]).
+    Ready,
+    /// A member must heartbeat now ([`WakeEvent`]).
+    Wake,
+}
+
 /// The `data` of one `event: wake` of a wake-up channel: "the group changed in a way this
 /// member must act on: heartbeat now". A hint only: the heartbeat's answer is the authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

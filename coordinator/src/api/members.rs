@@ -194,7 +194,7 @@ async fn leave(
     post, path = "/v1/wakeups", tag = "members",
     request_body = WakeChannelRequest,
     responses(
-        (status = 200, description = "A text/event-stream of `ready`, then `wake` events (data: WakeEvent)", body = WakeEvent, content_type = "text/event-stream"),
+        (status = 200, description = "A text/event-stream of `ready`, then `wake` events (data: WakeChannelEvent)", body = rsc_protocol::WakeChannelEvent, content_type = "text/event-stream"),
         (status = 400, description = "INVALID_REQUEST: malformed body, bad name, or not 1 to 1000 members", body = rsc_protocol::ErrorBody),
         (status = 404, description = "NOT_FOUND: wake-up channels are turned off on this coordinator", body = rsc_protocol::ErrorBody),
         (status = 429, description = "RATE_LIMITED: the coordinator holds its maximum of open channels; retry after Retry-After seconds (heartbeats work meanwhile)", body = rsc_protocol::ErrorBody),
@@ -241,7 +241,8 @@ async fn wakeups(
     tracing::debug!(members = n, "wake-up channel opened");
     let ready = Event::default()
         .event("ready")
-        .data(format!("{{\"members\":{n}}}"));
+        .json_data(rsc_protocol::ReadyEvent { members: n as u64 })
+        .unwrap_or_else(|_| Event::default().event("ready"));
     let wakes = futures::stream::unfold(channel, |mut ch| async move {
         match ch.next().await {
             crate::wake::Next::Wake(events) => Some((events, ch)),
