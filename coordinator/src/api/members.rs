@@ -1,8 +1,9 @@
 //! Member routes (role `member`): heartbeat, batched heartbeats and leave.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path};
+use super::extract::{Json, Path};
 use crate::auth::{Principal, check_item_group};
+use crate::http_error::ApiError;
 use crate::metrics;
 use axum::extract::State;
 use axum::http::HeaderValue;
