@@ -436,7 +436,7 @@ impl ConsumerApp {
                     Some(Err(e)) => {
                         let (group, member) = names.remove(&e.id()).unwrap_or_default();
                         let message = if e.is_panic() {
-                            crate::consumer::member::panic_text(e.into_panic().as_ref())
+                            crate::handler::panic_text(e.into_panic().as_ref())
                         } else {
                             e.to_string()
                         };

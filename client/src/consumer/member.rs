@@ -26,6 +26,7 @@ use super::lease::Lease;
 use super::worker::{ShardFlags, ShardWorker};
 use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, CoordinatorError};
+use crate::handler::panic_text;
 use crate::listener::Rebalance;
 use futures::future::BoxFuture;
 use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, StartPosition};
@@ -677,13 +678,4 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
             Vec::new()
         }
     }
-}
-
-/// The text of a panic payload (`&str` or `String`).
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
 }

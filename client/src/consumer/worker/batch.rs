@@ -150,10 +150,7 @@ impl ShardWorker {
                         }
                         e.all
                     }
-                    Err(panic) => Some(HandlerError::retry(format!(
-                        "handler panicked: {}",
-                        crate::consumer::member::panic_text(panic.as_ref())
-                    ))),
+                    Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
                 };
                 if let Some(all) = all {
                     for v in verdicts.iter_mut().filter(|v| v.is_none()) {
