@@ -430,68 +430,89 @@ impl MemberRuntime {
     ) {
         let now = Instant::now();
         match result {
-            Ok(resp) => {
-                metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => "ok").increment(1);
-                if self.failures > 0 {
-                    info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
-                }
-                self.failures = 0;
-                self.in_use_until = None;
-                self.backoff.reset();
-                if sent_epoch == 0 {
-                    info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
-                }
-                self.phase.answered();
-                self.epoch = resp.member_epoch;
-                let session = Duration::from_millis(resp.session_timeout_ms);
-                self.session = Some(session);
-                self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
-                self.start = resp.start;
-                self.shard_count = resp.shard_count;
-                let resumed = self.lease.renewed(sent_at.into_std(), session);
-                if let Ok(mut d) = self.shared.lease_until.lock() {
-                    *d = self.lease.deadline();
-                }
-                if resumed {
-                    info!("heartbeat succeeded again: resuming");
-                }
-                if self.shared.pause.set_by_group(resp.paused) {
-                    info!(
-                        paused = resp.paused,
-                        "group {} by an operator",
-                        if resp.paused { "paused" } else { "resumed" }
-                    );
-                }
-                self.assignment = resp.assignment.into_iter().collect();
-                self.tokens = resp.owner_tokens;
-                self.shared.ordered.store(
-                    resp.ordering == rsc_protocol::OrderingMode::Key,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                for (shard, slot) in &self.slots {
-                    // No tokens at all: lease fencing. A shard being revoked is not in the
-                    // answer: it keeps its token (still its own) while it finishes.
-                    if self.tokens.is_empty() || self.tokens.contains_key(shard) {
-                        slot.flags.set_token(self.tokens.get(shard).cloned());
-                    }
-                }
-                self.refused.clear();
-                self.reconcile();
-                self.next_heartbeat = if self.report_now {
-                    // A revocation finished while this heartbeat was in flight.
-                    now
-                } else {
-                    // Batched: on the process-wide grid, with the other members.
-                    self.heartbeats
-                        .next_periodic(sent_at, self.interval)
-                        .max(now)
-                };
-            }
+            Ok(resp) => self.accepted(sent_at, sent_epoch, resp, now),
             Err(e) => self.failed(e, now),
         }
         metrics::gauge!("rsc_client_owned_shards", "group" => self.shared.group.clone(),
             "member" => self.shared.member_id.clone())
         .set(self.slots.len() as f64);
+    }
+
+    /// A successful heartbeat: the member's epoch, the group's terms and the lease, the
+    /// operator's pause, then the assignment (revoke before assign) and the next heartbeat.
+    fn accepted(
+        &mut self,
+        sent_at: Instant,
+        sent_epoch: i64,
+        resp: HeartbeatResponse,
+        now: Instant,
+    ) {
+        metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => "ok").increment(1);
+        if self.failures > 0 {
+            info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
+        }
+        self.failures = 0;
+        self.in_use_until = None;
+        self.backoff.reset();
+        if sent_epoch == 0 {
+            info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
+        }
+        self.phase.answered();
+        self.renew(sent_at, &resp);
+        if self.shared.pause.set_by_group(resp.paused) {
+            info!(
+                paused = resp.paused,
+                "group {} by an operator",
+                if resp.paused { "paused" } else { "resumed" }
+            );
+        }
+        self.assignment = resp.assignment.into_iter().collect();
+        self.tokens = resp.owner_tokens;
+        self.shared.ordered.store(
+            resp.ordering == rsc_protocol::OrderingMode::Key,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.hand_out_tokens();
+        self.refused.clear();
+        self.reconcile();
+        self.next_heartbeat = if self.report_now {
+            // A revocation finished while this heartbeat was in flight.
+            now
+        } else {
+            // Batched: on the process-wide grid, with the other members.
+            self.heartbeats
+                .next_periodic(sent_at, self.interval)
+                .max(now)
+        };
+    }
+
+    /// Takes the group's terms from an answer, and renews the lease from the sending of the
+    /// heartbeat it answers.
+    fn renew(&mut self, sent_at: Instant, resp: &HeartbeatResponse) {
+        self.epoch = resp.member_epoch;
+        let session = Duration::from_millis(resp.session_timeout_ms);
+        self.session = Some(session);
+        self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
+        self.start = resp.start;
+        self.shard_count = resp.shard_count;
+        let resumed = self.lease.renewed(sent_at.into_std(), session);
+        if let Ok(mut d) = self.shared.lease_until.lock() {
+            *d = self.lease.deadline();
+        }
+        if resumed {
+            info!("heartbeat succeeded again: resuming");
+        }
+    }
+
+    /// Strict fencing: gives each worker its shard's owner token from the last answer.
+    fn hand_out_tokens(&self) {
+        for (shard, slot) in &self.slots {
+            // No tokens at all: lease fencing. A shard being revoked is not in the answer:
+            // it keeps its token (still its own) while it finishes.
+            if self.tokens.is_empty() || self.tokens.contains_key(shard) {
+                slot.flags.set_token(self.tokens.get(shard).cloned());
+            }
+        }
     }
 
     fn failed(&mut self, e: CoordinatorError, now: Instant) {
@@ -502,18 +523,7 @@ impl MemberRuntime {
                 warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
                 metrics::counter!("rsc_client_rejoins_total", "group" => self.shared.group.clone())
                     .increment(1);
-                self.recent_fences.push_back(now);
-                while self
-                    .recent_fences
-                    .front()
-                    .is_some_and(|t| now - *t > Duration::from_secs(60))
-                {
-                    self.recent_fences.pop_front();
-                }
-                if self.recent_fences.len() >= 3 {
-                    error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
-                        (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
-                }
+                self.note_fence(now);
                 self.start_rejoin();
                 self.next_heartbeat = now;
             }
@@ -522,25 +532,7 @@ impl MemberRuntime {
                 self.start_rejoin();
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
             }
-            Some(ErrorCode::MemberIdInUse) => {
-                // Another process holds this static id: either this pod came back after a
-                // crash (the old run's session has to run out first: the coordinator says
-                // when) or two live pods share an id (the holder keeps heartbeating, so the
-                // refusals outlast the first session end): then stop loudly.
-                let wait = e.retry_after().unwrap_or(self.interval);
-                let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
-                if now > until {
-                    error!(error = %e, "another live process keeps this static member id; stopping");
-                    self.phase.rejected(e);
-                    self.stop_all(StopReason::Shutdown);
-                    return;
-                }
-                warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
-                    "static member id held by another process: retrying when its session runs out");
-                self.next_heartbeat = now
-                    + (wait + Duration::from_millis(20))
-                        .clamp(Duration::from_millis(100), Duration::from_secs(5));
-            }
+            Some(ErrorCode::MemberIdInUse) => self.id_in_use(e, now),
             Some(ErrorCode::GroupMaxSizeReached) => {
                 warn!(error = %e, "the group is full; retrying");
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
@@ -562,6 +554,43 @@ impl MemberRuntime {
                 self.stop_all(StopReason::Shutdown);
             }
         }
+    }
+
+    /// A rejoin forced by the coordinator: several within a minute hint at a member id
+    /// shared by two processes.
+    fn note_fence(&mut self, now: Instant) {
+        self.recent_fences.push_back(now);
+        while self
+            .recent_fences
+            .front()
+            .is_some_and(|t| now - *t > Duration::from_secs(60))
+        {
+            self.recent_fences.pop_front();
+        }
+        if self.recent_fences.len() >= 3 {
+            error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
+                (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
+        }
+    }
+
+    /// `MEMBER_ID_IN_USE`: another process holds this static id. Either this pod came back
+    /// after a crash (the old run's session has to run out first: the coordinator says when)
+    /// or two live pods share an id (the holder keeps heartbeating, so the refusals outlast
+    /// the first session end): then stop loudly.
+    fn id_in_use(&mut self, e: CoordinatorError, now: Instant) {
+        let wait = e.retry_after().unwrap_or(self.interval);
+        let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
+        if now > until {
+            error!(error = %e, "another live process keeps this static member id; stopping");
+            self.phase.rejected(e);
+            self.stop_all(StopReason::Shutdown);
+            return;
+        }
+        warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
+            "static member id held by another process: retrying when its session runs out");
+        self.next_heartbeat = now
+            + (wait + Duration::from_millis(20))
+                .clamp(Duration::from_millis(100), Duration::from_secs(5));
     }
 
     /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins

@@ -4,7 +4,7 @@
 use super::{ShardWorker, entry_from};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::fence;
-use crate::consumer::reply::OrderedClaim;
+use crate::consumer::reply::{OrderedClaim, OrderedId};
 use crate::data::NodeConn;
 use crate::message::Entry;
 use redis::RedisError;
@@ -65,46 +65,14 @@ impl ShardWorker {
             if !self.wait_unpaused().await {
                 return false;
             }
-            let reply: Result<OrderedClaim, RedisError> = match self.flags.token() {
-                Some(token) => {
-                    match fence::claim(conn, &self.origin, &token, &cursor, CLAIM_COUNT).await {
-                        Ok(Some(r)) => Ok(r),
-                        Ok(None) => {
-                            self.flags.refuse("claim");
-                            return false;
-                        }
-                        Err(e) => Err(e),
-                    }
+            match self.claim(conn, &cursor).await {
+                Ok(None) => {
+                    self.flags.refuse("claim");
+                    return false;
                 }
-                None => {
-                    redis::cmd("XAUTOCLAIM")
-                        .arg(&self.origin.shard_key)
-                        .arg(&self.origin.group)
-                        .arg(&self.origin.member_id)
-                        .arg(0)
-                        .arg(&cursor)
-                        .arg("COUNT")
-                        .arg(CLAIM_COUNT)
-                        .query_async(conn)
-                        .await
-                }
-            };
-            match reply {
-                Ok(reply) => {
+                Ok(Some(reply)) => {
                     backoff.reset();
-                    let ids: Vec<String> = reply.claimed.iter().map(|s| s.id.clone()).collect();
-                    let counts = self.delivery_counts(conn, &ids).await;
-                    let entries: Vec<Entry> = reply
-                        .claimed
-                        .into_iter()
-                        .map(|s| {
-                            let n = counts
-                                .iter()
-                                .find(|(id, _)| *id == s.id)
-                                .map_or(1, |(_, n)| *n);
-                            entry_from(s.id, s.map, n)
-                        })
-                        .collect();
+                    let entries = self.claimed_entries(conn, reply.claimed).await;
                     claimed_total += entries.len();
                     if !entries.is_empty() && !self.handle_batch(conn, entries, true).await {
                         return false;
@@ -130,6 +98,45 @@ impl ShardWorker {
                 }
             }
         }
+    }
+
+    /// One `XAUTOCLAIM … 0 <cursor> COUNT <n>` (through the fence with an owner token);
+    /// `None` when Redis refused the token.
+    async fn claim(
+        &self,
+        conn: &mut NodeConn,
+        cursor: &str,
+    ) -> Result<Option<OrderedClaim>, RedisError> {
+        if let Some(token) = self.flags.token() {
+            return fence::claim(conn, &self.origin, &token, cursor, CLAIM_COUNT).await;
+        }
+        redis::cmd("XAUTOCLAIM")
+            .arg(&self.origin.shard_key)
+            .arg(&self.origin.group)
+            .arg(&self.origin.member_id)
+            .arg(0)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(CLAIM_COUNT)
+            .query_async(conn)
+            .await
+            .map(Some)
+    }
+
+    /// The claimed entries, with Redis's delivery counts.
+    async fn claimed_entries(&self, conn: &mut NodeConn, claimed: Vec<OrderedId>) -> Vec<Entry> {
+        let ids: Vec<String> = claimed.iter().map(|s| s.id.clone()).collect();
+        let counts = self.delivery_counts(conn, &ids).await;
+        claimed
+            .into_iter()
+            .map(|s| {
+                let n = counts
+                    .iter()
+                    .find(|(id, _)| *id == s.id)
+                    .map_or(1, |(_, n)| *n);
+                entry_from(s.id, s.map, n)
+            })
+            .collect()
     }
 
     /// After the takeover claim: deletes the shard's other consumers that hold no pending
