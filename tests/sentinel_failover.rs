@@ -532,8 +532,8 @@ async fn master_killed_under_load_with_and_without_wait() {
 async fn a_demoted_master_is_left_for_the_new_one() {
     let deployment = SentinelDeployment::start(1, 3).expect("sentinel deployment starts");
     let first = deployment.master_port().expect("a master");
-    let redis = rsc_sentinel::SentinelRedis::open(rsc_sentinel::SentinelConfig {
-        sentinels: rsc_sentinel::parse_addrs(&deployment.sentinel_addrs()).expect("addrs"),
+    let redis = rsc_redis::sentinel::SentinelRedis::open(rsc_redis::sentinel::SentinelConfig {
+        sentinels: rsc_redis::sentinel::parse_addrs(&deployment.sentinel_addrs()).expect("addrs"),
         master_name: SENTINEL_MASTER.into(),
         sentinel_username: None,
         sentinel_password: None,
@@ -542,7 +542,7 @@ async fn a_demoted_master_is_left_for_the_new_one() {
         response_timeout: Duration::from_secs(2),
     })
     .expect("settings");
-    let set = |conn: &mut rsc_sentinel::SentinelConn, v: u32| {
+    let set = |conn: &mut rsc_redis::sentinel::SentinelConn, v: u32| {
         let mut conn = conn.clone();
         async move {
             redis::cmd("SET")
@@ -611,7 +611,7 @@ async fn a_demoted_master_is_left_for_the_new_one() {
         redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
         "{e}"
     );
-    assert!(rsc_sentinel::is_failover_error(&e));
+    assert!(rsc_redis::sentinel::is_failover_error(&e));
     redis.report(generation, &e);
     let (_, now) = redis.master().await.expect("looked up again");
     assert_eq!(

@@ -178,7 +178,7 @@ impl ClientConfig {
                     .into());
                 }
                 Ok(Some(crate::data::Sentinel {
-                    addrs: rsc_sentinel::parse_addrs(addrs)
+                    addrs: rsc_redis::sentinel::parse_addrs(addrs)
                         .map_err(|e| ConfigError::Sentinel(format!("RSC_REDIS_SENTINEL: {e}")))?,
                     master: master.trim().to_owned(),
                     password: self.redis_sentinel_password.clone(),

@@ -15,7 +15,7 @@
 //!
 //! Behind Redis Sentinel both kinds connect to the master the sentinels name; a connection
 //! error or a `READONLY` answer (the node was demoted) drops the connection, and the next
-//! command asks the sentinels again ([`rsc_sentinel`]).
+//! command asks the sentinels again ([`rsc_redis::sentinel`]).
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -26,7 +26,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
     Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
-use rsc_sentinel::{SentinelConfig, SentinelRedis};
+use rsc_redis::sentinel::{SentinelConfig, SentinelRedis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -335,7 +335,7 @@ impl NodeConn {
     fn after_error(&mut self, e: &RedisError) {
         if let Some(s) = &self.redis.0.sentinel {
             s.report(self.master, e);
-            if rsc_sentinel::is_failover_error(e) {
+            if rsc_redis::sentinel::is_failover_error(e) {
                 self.conn = None;
                 return;
             }

@@ -504,7 +504,7 @@ fn sentinel_target(
     match (addrs, master) {
         (None, None) if password.is_none() => Ok(None),
         (Some(addrs), Some(master)) if !master.trim().is_empty() => Ok(Some(SentinelTarget {
-            sentinels: rsc_sentinel::parse_addrs(&addrs)
+            sentinels: rsc_redis::sentinel::parse_addrs(&addrs)
                 .map_err(|e| ConfigError::Invalid(format!("--{flag}: {e}")))?,
             master_name: master.trim().to_owned(),
             username: None,

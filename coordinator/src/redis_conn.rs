@@ -16,7 +16,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
-use rsc_sentinel::{SentinelConfig, SentinelConn, SentinelRedis};
+use rsc_redis::sentinel::{SentinelConfig, SentinelConn, SentinelRedis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -48,7 +48,7 @@ pub enum OpenError {
     Invalid(#[source] RedisError),
     /// The sentinel settings are wrong.
     #[error("invalid Redis Sentinel settings: {0}")]
-    Sentinel(#[from] rsc_sentinel::SentinelError),
+    Sentinel(#[from] rsc_redis::sentinel::SentinelError),
 }
 
 /// A master found through Redis Sentinel: the sentinels, the master's name and the

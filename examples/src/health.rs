@@ -36,7 +36,7 @@ struct Inner {
     /// The data Redis's nodes (one, or a cluster's seeds): ready when one answers.
     redis: Vec<redis::Client>,
     /// Behind Redis Sentinel: the master the sentinels name (instead of `redis`).
-    sentinel: Option<rsc_sentinel::SentinelRedis>,
+    sentinel: Option<rsc_redis::sentinel::SentinelRedis>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     http: reqwest::Client,
     shutting_down: AtomicBool,
@@ -69,7 +69,7 @@ impl Health {
     }
 
     /// Checks the data Redis master through these sentinels instead of the URL's host.
-    pub fn sentinel(mut self, redis: rsc_sentinel::SentinelRedis) -> Self {
+    pub fn sentinel(mut self, redis: rsc_redis::sentinel::SentinelRedis) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.sentinel = Some(redis);
         }

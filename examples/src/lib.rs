@@ -18,13 +18,13 @@ pub fn sentinel(
     master: &str,
     redis_url: &str,
     password: Option<String>,
-) -> anyhow::Result<rsc_sentinel::SentinelRedis> {
+) -> anyhow::Result<rsc_redis::sentinel::SentinelRedis> {
     let master_settings = redis::IntoConnectionInfo::into_connection_info(redis_url)?
         .redis_settings()
         .clone();
-    Ok(rsc_sentinel::SentinelRedis::open(
-        rsc_sentinel::SentinelConfig {
-            sentinels: rsc_sentinel::parse_addrs(sentinels)?,
+    Ok(rsc_redis::sentinel::SentinelRedis::open(
+        rsc_redis::sentinel::SentinelConfig {
+            sentinels: rsc_redis::sentinel::parse_addrs(sentinels)?,
             master_name: master.to_owned(),
             sentinel_username: None,
             sentinel_password: password,

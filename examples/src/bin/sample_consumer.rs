@@ -108,14 +108,14 @@ struct Pod {
 enum RecordConn {
     Single(redis::aio::ConnectionManager),
     Cluster(redis::cluster_async::ClusterConnection),
-    Sentinel(rsc_sentinel::SentinelRedis),
+    Sentinel(rsc_redis::sentinel::SentinelRedis),
 }
 
 impl RecordConn {
     async fn open(
         url: &str,
         cluster: bool,
-        sentinel: Option<&rsc_sentinel::SentinelRedis>,
+        sentinel: Option<&rsc_redis::sentinel::SentinelRedis>,
     ) -> anyhow::Result<Self> {
         if let Some(s) = sentinel {
             return Ok(RecordConn::Sentinel(s.clone()));

@@ -1,5 +1,4 @@
-//! A Redis connection that finds its master through Redis Sentinel, shared by the
-//! coordinator (metadata store, data Redis) and the client (consumers, producers).
+//! A Redis connection that finds its master through Redis Sentinel.
 //!
 //! [`SentinelRedis`] asks the sentinels for the master of a named service (redis-rs's
 //! [`redis::sentinel`] support: `SENTINEL MASTERS`, then `ROLE` on the candidate, so a node
@@ -13,8 +12,6 @@
 //!
 //! Connections that need their own socket (blocking reads, `WATCH`) take the master's address
 //! from [`SentinelRedis::master`] and report a failure with [`SentinelRedis::report`].
-
-#![deny(missing_docs)]
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
