@@ -219,7 +219,7 @@ impl Pod {
     /// The pod's handling settings, and its connection to the record stream if it has one.
     async fn new(
         args: &Args,
-        sentinel: Option<&rsc_sentinel::SentinelRedis>,
+        sentinel: Option<&rsc_redis::sentinel::SentinelRedis>,
     ) -> anyhow::Result<Self> {
         let record = match &args.record_stream {
             Some(key) => Some((
