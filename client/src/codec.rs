@@ -27,7 +27,7 @@ use serde::de::DeserializeOwned;
 pub const CONTENT_TYPE_FIELD: &str = "content_type";
 
 /// A payload format. Implement it for a format of your own; [`Json`] and (feature
-/// `msgpack`) [`MsgPack`] come with the crate.
+/// `msgpack`) `MsgPack` come with the crate.
 pub trait Codec: Send + Sync + 'static {
     /// The content type recorded in the entry's `content_type` field (e.g.
     /// `application/msgpack`).
