@@ -19,8 +19,10 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod entry;
 pub mod error;
 pub mod names;
+pub mod owner;
 pub mod redact;
 pub mod routing;
 pub mod wire;
