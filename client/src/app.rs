@@ -4,7 +4,6 @@ use crate::config::{ClientConfig, split_urls};
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
-use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, ConfigError};
 use crate::listener::Listener;
 use crate::state::DataMap;
@@ -319,7 +318,7 @@ impl ConsumerApp {
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
         let ack_conn = redis.shared();
-        let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
+        let coord = cfg.coordinator()?;
         let member_count: u64 = self
             .listeners
             .iter()
