@@ -3,6 +3,9 @@
 
 pub use rsc_api::{CoordinatorError, ErrorKind as CoordinatorErrorKind};
 
+/// A boxed error: what a [`crate::HandlerError`] carries and a codec returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// An error of the client framework (configuration, Redis, coordinator, encoding).
 ///
 /// Classify it with [`is_timeout`](Self::is_timeout) and [`is_retriable`](Self::is_retriable)
@@ -60,7 +63,7 @@ pub enum ClientError {
         /// The codec's content type.
         content_type: &'static str,
         /// The codec's error.
-        source: crate::BoxError,
+        source: BoxError,
     },
     /// A member's task panicked (e.g. in an `on_assigned` / `on_revoked` callback, or a
     /// shard worker outside the handler; a handler's own panic is a failed attempt, retried
