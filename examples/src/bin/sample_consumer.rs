@@ -201,18 +201,43 @@ async fn main() -> anyhow::Result<()> {
         )?),
         _ => None,
     };
-    let record = match &args.record_stream {
-        Some(key) => Some((
-            key.clone(),
-            RecordConn::open(&args.redis_url, args.redis_cluster, sentinel.as_ref()).await?,
-        )),
-        None => None,
+    let pod = Pod::new(&args, sentinel.as_ref()).await?;
+    let app = consumer_app(&args, pod)?;
+    tracing::info!(members = ?app.member_ids(), "sample consumer starting");
+    let Some(addr) = args.health_listen else {
+        app.run().await?;
+        return Ok(());
     };
-    let pod = Pod {
-        handle: Duration::from_millis(args.handle_ms),
-        fail_rate: args.fail_rate,
-        record,
-    };
+    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
+    if let Some(s) = sentinel {
+        health = health.sentinel(s);
+    }
+    run_with_health(app, health, addr).await
+}
+
+impl Pod {
+    /// The pod's handling settings, and its connection to the record stream if it has one.
+    async fn new(
+        args: &Args,
+        sentinel: Option<&rsc_redis::sentinel::SentinelRedis>,
+    ) -> anyhow::Result<Self> {
+        let record = match &args.record_stream {
+            Some(key) => Some((
+                key.clone(),
+                RecordConn::open(&args.redis_url, args.redis_cluster, sentinel).await?,
+            )),
+            None => None,
+        };
+        Ok(Pod {
+            handle: Duration::from_millis(args.handle_ms),
+            fail_rate: args.fail_rate,
+            record,
+        })
+    }
+}
+
+/// The consumer app: one listener of `--group` on `--stream`, the pod as shared state.
+fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
     /// The handler: the pod's settings arrive as shared state (`Data<Pod>`).
     async fn handler(msg: Message<Sample>, pod: Data<Pod>) -> Result<(), HandlerError> {
         pod.handle(msg).await
@@ -240,16 +265,12 @@ async fn main() -> anyhow::Result<()> {
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
         builder = builder.redis_sentinel(addrs, master);
     }
-    let app = builder.build()?;
-    tracing::info!(members = ?app.member_ids(), "sample consumer starting");
-    let Some(addr) = args.health_listen else {
-        app.run().await?;
-        return Ok(());
-    };
-    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-    if let Some(s) = sentinel {
-        health = health.sentinel(s);
-    }
+    Ok(builder.build()?)
+}
+
+/// Runs the app with the health endpoints on `addr`: they report shutting down as soon as
+/// the signal arrives, and stop once the app has.
+async fn run_with_health(app: ConsumerApp, health: Health, addr: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--health-listen {addr}"))?;
