@@ -3,6 +3,7 @@
 
 use crate::data::DataRedis;
 use crate::error::{ClientError, ConfigError};
+use rsc_api::CoordinatorClient;
 use rsc_protocol::redact::{redact_opt, redact_url};
 
 /// Connection settings shared by consumers and producers.
@@ -133,6 +134,17 @@ impl ClientConfig {
             return Err(ConfigError::NoCoordinator.into());
         }
         Ok(())
+    }
+
+    /// The HTTP client of the configured coordinators (a URL that is not `http`/`https` is
+    /// [`crate::CoordinatorError::InvalidUrl`]).
+    pub(crate) fn coordinator(&self) -> Result<CoordinatorClient, ClientError> {
+        self.check_coordinator()?;
+        Ok(
+            CoordinatorClient::builder(self.coordinator_urls.iter().cloned())
+                .token(self.token.clone())
+                .build()?,
+        )
     }
 }
 

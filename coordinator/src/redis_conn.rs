@@ -85,6 +85,16 @@ pub enum Conn {
     Sentinel(SentinelConn),
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+            Conn::Sentinel(_) => "Conn::Sentinel",
+        })
+    }
+}
+
 impl Conn {
     /// Whether this talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {

@@ -17,21 +17,21 @@ tokio::task_local! {
 
 /// The document writes made while a future runs in [`RevisionLog::scope`].
 #[derive(Debug, Clone, Default)]
-pub struct RevisionLog(Arc<Mutex<Vec<RevisionChange>>>);
+pub(crate) struct RevisionLog(Arc<Mutex<Vec<RevisionChange>>>);
 
 impl RevisionLog {
     /// An empty log.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Runs `f`; writes through a [`RevisionRecordingStore`] inside it are recorded here.
-    pub async fn scope<F: Future>(&self, f: F) -> F::Output {
+    pub(crate) async fn scope<F: Future>(&self, f: F) -> F::Output {
         REVISIONS.scope(self.0.clone(), f).await
     }
 
     /// The writes recorded so far, in order.
-    pub fn take(&self) -> Vec<RevisionChange> {
+    pub(crate) fn take(&self) -> Vec<RevisionChange> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -52,13 +52,13 @@ fn record(document: String, before: u64, after: u64) {
 /// A [`MetadataStore`] decorator that reports successful document writes to the current
 /// [`RevisionLog`] scope, if any. Everything else passes through unchanged.
 #[derive(Debug)]
-pub struct RevisionRecordingStore {
+pub(crate) struct RevisionRecordingStore {
     inner: Arc<dyn MetadataStore>,
 }
 
 impl RevisionRecordingStore {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn MetadataStore>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn MetadataStore>) -> Self {
         RevisionRecordingStore { inner }
     }
 }

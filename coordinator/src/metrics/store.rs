@@ -15,13 +15,13 @@ use std::time::Instant;
 /// Wraps any store: `rsc_store_operation_duration_seconds{operation}` and
 /// `rsc_store_errors_total{operation,error}` (`unavailable`, `conflict`, `corrupt`).
 #[derive(Debug)]
-pub struct InstrumentedStore {
+pub(crate) struct InstrumentedStore {
     inner: Arc<dyn MetadataStore>,
 }
 
 impl InstrumentedStore {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn MetadataStore>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn MetadataStore>) -> Self {
         InstrumentedStore { inner }
     }
 }
