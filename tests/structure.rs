@@ -7,7 +7,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The library crates whose module graph and function lengths are checked.
-const CRATES: &[&str] = &["protocol", "redis", "api-client", "coordinator", "client", "macros"];
+const CRATES: &[&str] = &[
+    "protocol",
+    "redis",
+    "api-client",
+    "coordinator",
+    "client",
+    "macros",
+];
 
 /// The longest function allowed in library code, in lines (signature to closing brace).
 const MAX_FN_LINES: usize = 80;
@@ -201,7 +208,10 @@ fn the_cycle_finder_finds_a_circle() {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.iter().map(|s| s.to_string()).collect()))
     .collect();
-    assert_eq!(cycles(&graph), vec![vec!["api".to_owned(), "auth".to_owned()]]);
+    assert_eq!(
+        cycles(&graph),
+        vec![vec!["api".to_owned(), "auth".to_owned()]]
+    );
     assert_eq!(
         crate_refs("use crate::{api::ApiError, auth::{a, b}, engine};\nlet x = crate::wake::X;"),
         ["api", "auth", "engine", "wake"]
@@ -237,7 +247,10 @@ fn long_functions(file: &Path, text: &str) -> Vec<(usize, String)> {
         let Some(len) = lines[i..].iter().position(|l| *l == closing) else {
             continue;
         };
-        if lines[i..=i + len].iter().any(|l| l.ends_with(';') && *l == lines[i]) {
+        if lines[i..=i + len]
+            .iter()
+            .any(|l| l.ends_with(';') && *l == lines[i])
+        {
             continue; // a declaration without a body
         }
         if len + 1 > MAX_FN_LINES {
@@ -270,4 +283,14 @@ fn no_library_function_over_80_lines() {
         found.is_empty(),
         "functions over {MAX_FN_LINES} lines: {found:#?}"
     );
+}
+
+#[test]
+fn the_length_check_finds_a_long_function() {
+    let body = "    let x = 1;\n".repeat(MAX_FN_LINES - 1);
+    let text = format!("pub async fn long() {{\n{body}}}\n\nfn short() {{\n}}\n");
+    let found = long_functions(Path::new("x.rs"), &text);
+    assert_eq!(found, vec![(MAX_FN_LINES + 1, "x.rs:1 long".to_owned())]);
+    let tests_only = format!("#[cfg(test)]\nmod tests {{\n    fn long() {{\n{body}    }}\n}}\n");
+    assert!(long_functions(Path::new("x.rs"), &tests_only).is_empty());
 }
