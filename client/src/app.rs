@@ -318,7 +318,7 @@ impl ConsumerApp {
     ) -> Result<(), ClientError> {
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
-        let ack_conn = redis.shared();
+        let ack_conn = redis.clone();
         let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
         let member_count: u64 = self
             .listeners

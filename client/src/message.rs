@@ -121,7 +121,7 @@ pub(crate) struct Origin {
     pub(crate) shard_key: String,
     pub(crate) member_id: String,
     /// Where manual acknowledgements go (`None` in [`Message::test`] messages).
-    pub(crate) ack_conn: Option<crate::data::SharedConn>,
+    pub(crate) ack_conn: Option<rsc_redis::LazyRedis>,
     /// The shard's fencing state (owner token), for guarded manual acknowledgements.
     pub(crate) fence: Option<Arc<crate::consumer::worker::ShardFlags>>,
 }

@@ -50,7 +50,6 @@ pub mod engine;
 pub mod fencing;
 pub mod metrics;
 pub mod outage;
-pub mod redis_conn;
 pub mod retired;
 pub mod server;
 pub mod service;

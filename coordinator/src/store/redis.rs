@@ -41,11 +41,11 @@ use super::{
     SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
-use crate::redis_conn::{Conn, ConnSettings, LazyRedis, OpenError};
 use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
+use rsc_redis::{Conn, ConnSettings, LazyRedis, OpenError, Reconnect};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ pub struct RedisStoreConfig {
     pub cluster: bool,
     /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
     /// credentials and database).
-    pub sentinel: Option<crate::redis_conn::SentinelTarget>,
+    pub sentinel: Option<rsc_redis::sentinel::SentinelTarget>,
     /// Prefix of every key (SPEC §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
@@ -90,6 +90,7 @@ impl RedisStoreConfig {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             operation_timeout: self.operation_timeout,
+            reconnect: Reconnect::Quick,
         }
     }
 }
@@ -304,14 +305,14 @@ impl RedisStore {
     /// first server answers; logs and carries on when it does not.
     async fn check_mode(&self) -> Result<(), StoreError> {
         let config = &self.0.config;
-        crate::redis_conn::check_mode(
+        rsc_redis::check_mode(
             &config.urls[0],
             config.cluster,
             "--redis-cluster",
             &config.settings(),
         )
         .await
-        .map_err(StoreError::Unavailable)
+        .map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
