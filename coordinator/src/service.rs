@@ -3,7 +3,7 @@
 //! Every mutation runs as: take the document's lock, read it with its revision, let the
 //! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
 //! expired under a slow replica) reruns the whole cycle a bounded number of times and then
-//! answers [`ServiceError::Store`] with [`StoreError::Conflict`] (`503 STORE_CONFLICT`).
+//! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
 //! Locks are taken stream first, then one group.
 //!
 //! A steady-state heartbeat (nothing to change, SPEC §5.1) skips all of that: the coordinator
@@ -115,7 +115,7 @@ impl ServiceError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ServiceError::Engine(e) => e.code(),
-            ServiceError::Store(StoreError::Conflict(_)) => ErrorCode::StoreConflict,
+            ServiceError::Store(e) if e.is_conflict() => ErrorCode::StoreConflict,
             ServiceError::Store(_) => ErrorCode::StoreUnavailable,
             ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
             ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
@@ -134,7 +134,7 @@ impl ServiceError {
     }
 
     fn is_conflict(&self) -> bool {
-        matches!(self, ServiceError::Store(StoreError::Conflict(_)))
+        matches!(self, ServiceError::Store(e) if e.is_conflict())
     }
 }
 
@@ -371,7 +371,7 @@ impl Coordinator {
         fencing
             .assert(&doc.group, &doc.stream, &response.owner_tokens)
             .await
-            .map_err(|e| ServiceError::Store(StoreError::Unavailable(e.to_string())))?;
+            .map_err(|e| ServiceError::Store(StoreError::unavailable(e.to_string())))?;
         Ok(())
     }
 
@@ -514,7 +514,7 @@ impl Coordinator {
             .map(|r| {
                 r.unwrap_or_else(|| {
                     // Unreachable: every item without an answer went through the second pass.
-                    Err(StoreError::Conflict("heartbeat left unanswered; retry".into()).into())
+                    Err(StoreError::conflict("heartbeat left unanswered; retry".into()).into())
                 })
             })
             .collect()
@@ -589,7 +589,7 @@ impl Coordinator {
                             .touch_if(group, revision, member, *now, None)
                             .await?;
                         if t != TouchOutcome::Touched {
-                            return Err(StoreError::Conflict(format!(
+                            return Err(StoreError::conflict(format!(
                                 "group {group} changed while a heartbeat was answered"
                             ))
                             .into());
@@ -1002,7 +1002,7 @@ impl Coordinator {
             Err(e) => {
                 warn!(stream = %doc.stream, error = %e, "could not seal the shards; the reshard is not made");
                 sealer.unseal(&doc.stream, doc.routing_epoch, &shards).await;
-                Err(ServiceError::Store(StoreError::Unavailable(format!(
+                Err(ServiceError::Store(StoreError::unavailable(format!(
                     "{e} (the reshard was not made; retry it)"
                 ))))
             }
@@ -1080,7 +1080,7 @@ impl Coordinator {
                 due
             }
             Err(e) => {
-                if matches!(e, StoreError::Unavailable(_)) {
+                if e.is_unavailable() {
                     self.store_failed();
                 }
                 return Err(e.into());

@@ -12,7 +12,7 @@
 
 mod recorder;
 
-pub use recorder::{RevisionLog, RevisionRecordingStore};
+pub use recorder::{RevisionLog, RevisionRecorder, RevisionRecordingStore};
 
 use crate::clock::Clock;
 use crate::store::MetadataStore;

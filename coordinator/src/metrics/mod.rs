@@ -23,7 +23,7 @@ mod store;
 
 pub use http::track_http;
 pub use lag::{DEFAULT_HISTORY_INTERVAL, LagProbe, ShardStats};
-pub use store::InstrumentedStore;
+pub use store::{InstrumentedStore, StoreMetrics};
 
 use crate::engine::GroupEvent;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
