@@ -6,6 +6,7 @@
 //! Build the coordinator first: `cargo build -p rsc-coordinator --bin rsc-coordinator`.
 
 use rsc_client::{ConsumerApp, HandlerError, Listener, Message, Raw};
+use rsc_e2e::metric_sum;
 use rsc_testkit::{CoordinatorProcess, RedisServer};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -14,26 +15,6 @@ const BATCH_ROUTE: &str = "/v1/heartbeats";
 const SINGLE_ROUTE: &str = "/v1/groups/{group}/heartbeat";
 const MEMBERS: usize = 8;
 const SHARDS: usize = 16;
-
-/// The sum of every sample of `metric` whose labels include all of `labels`.
-fn metric_sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name_labels, value) = l.rsplit_once(' ')?;
-            let (name, rest) = match name_labels.split_once('{') {
-                Some((n, r)) => (n, r),
-                None => (name_labels, ""),
-            };
-            (name == metric
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
-            .then(|| value.parse::<f64>().ok())
-            .flatten()
-        })
-        .sum()
-}
 
 /// What the coordinator counted so far.
 #[derive(Debug, Clone, Copy)]

@@ -11,22 +11,6 @@ use std::time::{Duration, Instant};
 
 const SESSION_MS: u64 = 1_500;
 
-/// Sums the samples of `metric` whose labels contain `filter`, in a coordinator's `/metrics`.
-async fn metric(api: &Api, metric: &str, filter: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", api.base()))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
-        .filter(|l| {
-            l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']) && l.contains(filter)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Waits (bounded) until `check` holds.
 async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
 where
@@ -70,14 +54,14 @@ async fn three_coordinators_expire_each_member_exactly_once() {
         until(
             "three live coordinators",
             Duration::from_secs(10),
-            || async { metric(api, "rsc_coordinators_live", "").await == 3.0 },
+            || async { api.metric("rsc_coordinators_live", &[]).await == 3.0 },
         )
         .await;
     }
     until("the buckets divided", Duration::from_secs(10), || async {
         let mut sum = 0.0;
         for api in &apis {
-            sum += metric(api, "rsc_sweep_buckets", "").await;
+            sum += api.metric("rsc_sweep_buckets", &[]).await;
         }
         sum == 16.0
     })
@@ -100,7 +84,12 @@ async fn three_coordinators_expire_each_member_exactly_once() {
     .await;
     let mut expired = 0.0;
     for api in &apis {
-        expired += metric(api, "rsc_members_expired_total", "session_timeout").await;
+        expired += api
+            .metric(
+                "rsc_members_expired_total",
+                &[("reason", "session_timeout")],
+            )
+            .await;
     }
     assert_eq!(expired, GROUPS as f64, "each member expired exactly once");
 }
@@ -115,11 +104,11 @@ async fn a_killed_coordinator_s_deadlines_are_taken_over() {
     let doomed_api = Api::new(doomed.url());
     for api in [&stack.api, &doomed_api] {
         until("two live coordinators", Duration::from_secs(10), || async {
-            metric(api, "rsc_coordinators_live", "").await == 2.0
+            api.metric("rsc_coordinators_live", &[]).await == 2.0
         })
         .await;
     }
-    assert_eq!(metric(&doomed_api, "rsc_sweep_buckets", "").await, 8.0);
+    assert_eq!(doomed_api.metric("rsc_sweep_buckets", &[]).await, 8.0);
     const GROUPS: usize = 16;
     for i in 0..GROUPS {
         create_group(&stack.api, &format!("k{i}"), "s").await;
@@ -151,13 +140,18 @@ async fn a_killed_coordinator_s_deadlines_are_taken_over() {
         "expired after {took:?}"
     );
     assert_eq!(
-        metric(&survivor, "rsc_members_expired_total", "session_timeout").await,
+        survivor
+            .metric(
+                "rsc_members_expired_total",
+                &[("reason", "session_timeout")]
+            )
+            .await,
         GROUPS as f64
     );
     until(
         "the survivor sweeps every bucket",
         Duration::from_secs(10),
-        || async { metric(&survivor, "rsc_sweep_buckets", "").await == 16.0 },
+        || async { survivor.metric("rsc_sweep_buckets", &[]).await == 16.0 },
     )
     .await;
 }

@@ -9,7 +9,9 @@
 #[allow(dead_code)]
 mod pods;
 
-use pods::{Consumer, SERIAL, Stack, eventually, finish_producer, handled, spawn_producer};
+use pods::{
+    Consumer, SERIAL, Stack, eventually, eventually_async, finish_producer, handled, spawn_producer,
+};
 use rsc_e2e::Api;
 use rsc_testkit::{CoordinatorProcess, RedisServer, Signal, signal};
 use serde_json::{Value, json};
@@ -170,16 +172,14 @@ async fn a_member_paused_past_its_session_can_neither_read_nor_ack() {
     // A wakes up with a handler in flight: its acknowledgement and any read are refused.
     let woken_ms = pods::now_ms();
     signal(a.pid(), Signal::SIGCONT).expect("SIGCONT");
-    let refused = eventually("A's data-path refusal", 10, || {
-        a.log()
-            .into_iter()
-            .find(|l| l.contains("owner token refused by Redis"))
+    let labels = [("group", GROUP)];
+    eventually_async("A's data-path refusal", 10, || async {
+        let n = a
+            .metric("rsc_client_fencing_refusals_total", &labels)
+            .await?;
+        (n > 0.0).then_some(())
     })
     .await;
-    assert!(
-        refused.contains("op=") || refused.contains("op"),
-        "{refused}"
-    );
     let (pending, lag) = group_numbers(&mut con);
     assert_eq!(
         (pending, lag),
@@ -263,7 +263,10 @@ async fn a_member_cut_off_from_the_coordinator_stops_and_loses_nothing() {
         );
     }
     assert!(
-        a.log().iter().any(|l| l.contains("self-fence")),
+        a.metric("rsc_client_self_fenced_total", &[("group", GROUP)])
+            .await
+            .expect("A's metrics")
+            >= 1.0,
         "A stopped on its lease"
     );
 }
@@ -423,8 +426,13 @@ async fn strict_groups_rebalance_without_refusals_or_losses() {
     })
     .await;
     for pod in [&a, &b] {
-        assert!(
-            !pod.log().iter().any(|l| l.contains("owner token refused")),
+        let refusals = pod
+            .metric("rsc_client_fencing_refusals_total", &[])
+            .await
+            .expect("the pod's metrics");
+        assert_eq!(
+            refusals,
+            0.0,
             "a rightful owner was refused: {:#?}",
             pod.log()
         );

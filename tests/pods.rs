@@ -143,6 +143,8 @@ pub(crate) struct Consumer {
     child: Option<Child>,
     pub(crate) pod_ip: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// Where the pod serves `/healthz`, `/readyz` and `/metrics` (`http://IP:PORT`).
+    health: String,
 }
 
 impl Consumer {
@@ -157,6 +159,18 @@ impl Consumer {
         pod_ip: &str,
         extra: &[&str],
     ) -> Self {
+        // Every pod serves its probes and metrics on its own address (tests read its
+        // counters instead of its log), unless the test chose the address itself.
+        let health = match extra.iter().position(|a| *a == "--health-listen") {
+            Some(i) => extra[i + 1].to_owned(),
+            None => {
+                let port = std::net::TcpListener::bind((pod_ip, 0))
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port on the pod's address")
+                    .port();
+                format!("{pod_ip}:{port}")
+            }
+        };
         let mut child = Command::new(binary_path("sample-consumer").expect("built"))
             .args([
                 "--coordinator",
@@ -166,6 +180,12 @@ impl Consumer {
             ])
             .args(["--pod-ip", pod_ip])
             .args(extra)
+            .args(
+                (!extra.contains(&"--health-listen"))
+                    .then(|| ["--health-listen".to_owned(), health.clone()])
+                    .into_iter()
+                    .flatten(),
+            )
             .env(
                 "RSC_LOG",
                 std::env::var("RSC_LOG").unwrap_or_else(|_| "info".into()),
@@ -192,7 +212,20 @@ impl Consumer {
             child: Some(child),
             pod_ip: pod_ip.to_owned(),
             log,
+            health: format!("http://{health}"),
         }
+    }
+
+    /// The sum of the samples of the pod's client metric `metric` whose labels include all
+    /// of `labels`, from its `/metrics` (0 when the counter was never incremented); `None`
+    /// while the pod does not answer.
+    #[allow(dead_code)]
+    pub(crate) async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let r = reqwest::get(format!("{}/metrics", self.health))
+            .await
+            .ok()?;
+        let text = r.error_for_status().ok()?.text().await.ok()?;
+        Some(rsc_e2e::metric_sum(&text, metric, labels))
     }
 
     /// Member ids of this pod: `<pod_ip>-<group>-<index>`.
@@ -373,6 +406,26 @@ pub(crate) fn xlen(con: &mut redis::Connection, key: &str) -> u64 {
 }
 
 /// Waits until `cond` holds, polling every 100 ms, or panics after `secs`.
+/// Like [`eventually`], with an asynchronous condition (e.g. a pod's metric).
+#[allow(dead_code)]
+pub(crate) async fn eventually_async<T, F, Fut>(what: &str, secs: u64, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub(crate) async fn eventually<T>(what: &str, secs: u64, mut cond: impl FnMut() -> Option<T>) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {

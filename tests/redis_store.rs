@@ -248,6 +248,22 @@ async fn call_retrying(
     }
 }
 
+/// Polls the group view (every 10 ms, at most 20 s) until `done` holds; returns that view.
+async fn wait_view(world: &World, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = group_view(world).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn group_view(world: &World) -> Value {
     let (s, v) = call_retrying(world, Method::GET, &format!("/v1/groups/{GROUP}"), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -481,9 +497,13 @@ async fn coordinator_killed_mid_rebalance_and_restarted() {
     )
     .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    // Kill it mid-rebalance: once the group is seen reconciling (members still revoking or
+    // waiting for shards), not after a guessed delay.
+    let mid = wait_view(&world, "the group reconciling", |v| {
+        v["state"] == "reconciling"
+    })
+    .await;
     victim.kill();
-    let mid = group_view(&world).await;
     assert!(mid["revision"].as_u64() > before["revision"].as_u64());
 
     let view = wait_converged(&world, &members.iter().collect::<Vec<_>>(), 18).await;
@@ -495,8 +515,18 @@ async fn coordinator_killed_mid_rebalance_and_restarted() {
     assert_eq!(s, StatusCode::OK);
     assert!(again["revision"].as_u64() >= view["revision"].as_u64());
     assert_eq!(member_ids(&again).len(), 6);
-    // And the group stays healthy with it back in the rotation.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // And the group stays healthy with it back in the rotation: converged again after the
+    // members' heartbeats went through it (its request counter moved).
+    let restarted_api = Api::new(restarted.url());
+    let served = restarted_api.metric("rsc_heartbeats_total", &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while restarted_api.metric("rsc_heartbeats_total", &[]).await <= served {
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat reached the restarted coordinator"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     wait_converged(&world, &members.iter().collect::<Vec<_>>(), 18).await;
     world.stop.store(true, Ordering::SeqCst);
     for m in members {
@@ -553,10 +583,18 @@ async fn redis_restarted_with_aof_mid_rebalance() {
     }
     // Rebalance: two members join; Redis is killed while they wait for shards.
     members.extend((2..4).map(|i| Member::spawn(&world, &format!("m{i}"))));
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let before = group_view(&world).await;
+    let before = wait_view(&world, "the new members joined", |v| {
+        member_ids(v).len() == 4
+    })
+    .await;
+    let noticed = world.unavailable.load(Ordering::SeqCst);
     redis.kill();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Down until the members notice (heartbeats answered 503), then back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while world.unavailable.load(Ordering::SeqCst) == noticed {
+        assert!(Instant::now() < deadline, "the outage is not noticed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     redis.restart().unwrap();
 
     let view = wait_converged(&world, &members.iter().collect::<Vec<_>>(), 8).await;
@@ -721,16 +759,26 @@ async fn exactly_one_coordinator_expires_each_silent_member() {
         assert!(Instant::now() < deadline, "not expired: {view}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let logs: Vec<String> = std::iter::once(&stack.coordinator)
+    // Counted once per expiry by the coordinator that committed it: summed over the three,
+    // each silent member exactly once (a double expiry would count twice).
+    let apis: Vec<Api> = std::iter::once(&stack.coordinator)
         .chain(&others)
-        .flat_map(CoordinatorProcess::log)
-        .filter(|l| l.contains("member expired"))
+        .map(|c| Api::new(c.url()))
         .collect();
-    for m in &silent {
-        let n = logs.iter().filter(|l| l.contains(m.as_str())).count();
-        assert_eq!(n, 1, "{m} expired {n} times: {logs:#?}");
-    }
+    let labels = [("group", GROUP), ("reason", "session_timeout")];
+    let want = silent.len() as f64;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let expired = loop {
+        let mut expired = 0.0;
+        for api in &apis {
+            expired += api.metric("rsc_members_expired_total", &labels).await;
+        }
+        if expired >= want || Instant::now() > deadline {
+            break expired;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(expired, want, "expiries summed over the coordinators");
     // And it is gone for every coordinator.
     for c in &others {
         let (s, v) = Api::new(c.url()).heartbeat(GROUP, &silent[0], 1, &[]).await;

@@ -16,7 +16,7 @@ use rsc_testkit::{CoordinatorProcess, RedisServer};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 const GROUP: &str = "g";
@@ -179,6 +179,7 @@ fn spawn_loop_producer(
     stream: &'static str,
     tag: &'static str,
     stop: Arc<AtomicBool>,
+    published: Arc<AtomicU64>,
 ) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut n = 0u64;
@@ -196,6 +197,7 @@ fn spawn_loop_producer(
                 .await
                 .expect("publish");
             n += 4;
+            published.store(n, Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         n
@@ -239,11 +241,26 @@ async fn reshard_and_rollback_under_continuous_production() {
         .build()
         .expect("producer");
     let stop = Arc::new(AtomicBool::new(false));
-    let fresh_task = spawn_loop_producer(fresh, STREAM, "fresh", stop.clone());
+    let published = Arc::new(AtomicU64::new(0));
+    let fresh_task = spawn_loop_producer(fresh, STREAM, "fresh", stop.clone(), published.clone());
     let sample = spawn_producer(&stack, STREAM, 3000, KEYS, Some(200));
     let mut switches = Vec::new();
-    // Long enough for both producers to cover every key in the first layout.
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    // Until both producers covered every key in the first layout (each cycles through the
+    // KEYS keys): the in-test one wrote KEYS entries, and the shards hold KEYS more.
+    eventually("both producers covered every key", 60, || {
+        let fresh = published.load(Ordering::Relaxed);
+        let total: u64 = (0..8)
+            .map(|s| {
+                redis::cmd("XLEN")
+                    .arg(format!("{STREAM}:{s}"))
+                    .query::<u64>(&mut con)
+            })
+            .sum::<redis::RedisResult<u64>>()
+            .expect("XLEN");
+        // (+4: a batch of the in-test producer may be written but not counted yet.)
+        (fresh >= KEYS && total >= fresh + 4 + KEYS).then_some(())
+    })
+    .await;
 
     // 8 → 16: a scale-up completes at once; every member group sees 16 assignable shards.
     switches.push(reshard(&stack, STREAM, 16, 8).await);
@@ -406,8 +423,18 @@ async fn reshard_and_rollback_under_continuous_production() {
         "{body}"
     );
 
-    // Long enough after the switch for the in-test producer to cover every key again.
-    tokio::time::sleep(Duration::from_millis(REFRESH_MS + SWITCH_SLACK_MS + 3000)).await;
+    // Long enough after the switch for the in-test producer to cover every key again once
+    // its routing was refreshed (the check below allows the old layout until then).
+    let refreshed_ms = switches.last().expect("switches").after_ms + REFRESH_MS + SWITCH_SLACK_MS;
+    eventually("the producer's routing refreshed", 30, || {
+        (now_ms() > refreshed_ms).then_some(())
+    })
+    .await;
+    let since = published.load(Ordering::Relaxed);
+    eventually("every key written again on the new layout", 60, || {
+        (published.load(Ordering::Relaxed) >= since + KEYS).then_some(())
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let fresh_written = fresh_task.await.expect("producer task");
     finish_producer(sample, 3000);
@@ -818,10 +845,13 @@ async fn retired_keys_are_deleted_from_a_redis_cluster() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        coordinator
-            .log()
-            .iter()
-            .all(|l| !l.contains("could not delete retired shard keys")),
-        "no failed pass"
+        api.metric("rsc_retired_keys_deleted_total", &[]).await >= 2.0,
+        "the deletions are counted"
+    );
+    assert_eq!(
+        api.metric("rsc_retired_key_delete_errors_total", &[]).await,
+        0.0,
+        "no failed pass: {:?}",
+        coordinator.log()
     );
 }

@@ -136,19 +136,6 @@ async fn scrape(port: u16, needle: &str) -> bool {
     }
 }
 
-async fn metric(api: &Api, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", api.base()))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Heartbeats one probe member every 100 ms until `stop`; returns the times of the
 /// successful ones.
 async fn probe(api: Api, stop: tokio::sync::watch::Receiver<bool>) -> Vec<u64> {
@@ -430,8 +417,8 @@ async fn scenario(
     let members_after = members(&api).await.unwrap_or_default();
     let pod_metrics_ok = scrape(metrics_port, "rsc_client_").await;
     let producer_metrics_ok = scrape(producer_port, "rsc_client_published_total").await;
-    let store_outage_s = metric(&api, "rsc_store_last_outage_seconds").await;
-    let expired = metric(&api, "rsc_members_expired_total").await;
+    let store_outage_s = api.metric("rsc_store_last_outage_seconds", &[]).await;
+    let expired = api.metric("rsc_members_expired_total", &[]).await;
     drop(producer);
     drop(pods);
     Figures {

@@ -49,6 +49,20 @@ impl Stack {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
+    /// The successful heartbeats the coordinator answered so far (its `/metrics`).
+    async fn heartbeats_ok(&self) -> f64 {
+        let url = format!("{}/metrics", self.coordinator.url());
+        let text = self.http.get(url).send().await.expect("metrics");
+        let text = text.text().await.expect("metrics body");
+        rsc_testkit::metric_sum(&text, "rsc_heartbeats_total", &[("result", "ok")])
+    }
+
+    /// The members of group `g` in the coordinator's view.
+    async fn member_count(&self) -> usize {
+        let (_, v) = self.call(reqwest::Method::GET, "/v1/groups/g", None).await;
+        v["members"].as_array().map_or(0, Vec::len)
+    }
+
     async fn create_group(&self, stream: &str, shards: u32, session_ms: u64, heartbeat_ms: u64) {
         let (s, b) = self
             .call(
@@ -210,12 +224,26 @@ async fn self_fences_when_the_coordinator_is_unreachable_and_rejoins_after() {
         "m1 handled only after {:?}",
         cut_at.elapsed()
     );
+    let heard = stack.heartbeats_ok().await;
     proxy.set_cut(false);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Back in touch: a heartbeat went through the restored proxy (the lease restarts).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stack.heartbeats_ok().await <= heard {
+        assert!(Instant::now() < deadline, "no heartbeat after the outage");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // A long outage: past the lease the member stops handling (self-fence) ...
     proxy.set_cut(true);
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    // The coordinator expires it after its 1.5 s session; its 1.2 s lease ran out before.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stack.member_count().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off member was never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     producer
         .publish_record("s", Record::raw("m2").key("a"))
         .await

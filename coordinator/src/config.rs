@@ -308,7 +308,15 @@ pub enum ConfigError {
 impl ServeArgs {
     /// Merges flags/env over the `--config` file over defaults, and checks the result.
     pub fn resolve(self) -> Result<ServeConfig, ConfigError> {
-        let file = match &self.config {
+        let file = self.read_file()?;
+        let cfg = self.merge(file)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The `--config` file's settings (all unset without one).
+    fn read_file(&self) -> Result<ServeArgs, ConfigError> {
+        Ok(match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
@@ -320,7 +328,11 @@ impl ServeArgs {
                 })?
             }
             None => ServeArgs::default(),
-        };
+        })
+    }
+
+    /// These settings over `file`'s over the defaults (checking the sentinel settings).
+    fn merge(self, file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let redis_sentinel = sentinel_target(
             "redis-sentinel",
             self.redis_sentinel.or(file.redis_sentinel),
@@ -342,7 +354,11 @@ impl ServeArgs {
                 .as_ref()
                 .map(|_| "redis://sentinel-master/".to_owned())
         });
-        let cfg = ServeConfig {
+        let rollback_window_ms = self
+            .rollback_window_ms
+            .or(file.rollback_window_ms)
+            .unwrap_or(15 * 60 * 1000);
+        Ok(ServeConfig {
             listen: self
                 .listen
                 .or(file.listen)
@@ -366,11 +382,11 @@ impl ServeArgs {
             data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
-            rollback_window_ms: self
-                .rollback_window_ms
-                .or(file.rollback_window_ms)
-                .unwrap_or(15 * 60 * 1000),
-            retired_key_delay_ms: 0,
+            rollback_window_ms,
+            retired_key_delay_ms: self
+                .retired_key_delay_ms
+                .or(file.retired_key_delay_ms)
+                .unwrap_or(rollback_window_ms),
             sweep_interval_ms: self
                 .sweep_interval_ms
                 .or(file.sweep_interval_ms)
@@ -396,100 +412,107 @@ impl ServeArgs {
                 .or(file.wake_idle_timeout_ms)
                 .unwrap_or(300_000),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
-        };
-        let mut cfg = cfg;
-        cfg.retired_key_delay_ms = self
-            .retired_key_delay_ms
-            .or(file.retired_key_delay_ms)
-            .unwrap_or(cfg.rollback_window_ms);
-        if cfg.retired_key_delay_ms < cfg.rollback_window_ms {
+        })
+    }
+}
+
+impl ServeConfig {
+    /// Checks the merged settings: ranges, and combinations that cannot work.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.retired_key_delay_ms < self.rollback_window_ms {
             return Err(ConfigError::Invalid(format!(
                 "retired-key-delay-ms is {}; it must not be shorter than the rollback window \
                  ({} ms): a rollback within the window needs the keys",
-                cfg.retired_key_delay_ms, cfg.rollback_window_ms
+                self.retired_key_delay_ms, self.rollback_window_ms
             )));
         }
-        if cfg.acl.is_none() && !cfg.listen.ip().is_loopback() && !cfg.allow_anonymous {
+        if self.acl.is_none() && !self.listen.ip().is_loopback() && !self.allow_anonymous {
             return Err(ConfigError::Invalid(format!(
                 "refusing to serve {} without an ACL: bind a loopback address, or pass \
                  --allow-anonymous to serve every client without authentication",
-                cfg.listen
+                self.listen
             )));
         }
-        if !(10..=60_000).contains(&cfg.sweep_interval_ms) {
+        if !(10..=60_000).contains(&self.sweep_interval_ms) {
             return Err(ConfigError::Invalid(format!(
                 "sweep-interval-ms is {}; it must be within 10..=60000",
-                cfg.sweep_interval_ms
+                self.sweep_interval_ms
             )));
         }
-        if !(100..=60_000).contains(&cfg.history_interval_ms) {
+        if !(100..=60_000).contains(&self.history_interval_ms) {
             return Err(ConfigError::Invalid(format!(
                 "history-interval-ms is {}; it must be within 100..=60000",
-                cfg.history_interval_ms
+                self.history_interval_ms
             )));
         }
-        if !(100..=30 * 24 * 3_600_000).contains(&cfg.tombstone_retention_ms) {
+        if !(100..=30 * 24 * 3_600_000).contains(&self.tombstone_retention_ms) {
             return Err(ConfigError::Invalid(format!(
                 "tombstone-retention-ms is {}; it must be within 100..=2592000000 (30 days)",
-                cfg.tombstone_retention_ms
+                self.tombstone_retention_ms
             )));
         }
-        if cfg.admin_rate == 0 || cfg.admin_burst == 0 {
+        if self.admin_rate == 0 || self.admin_burst == 0 {
             return Err(ConfigError::Invalid(
                 "admin-rate and admin-burst must be at least 1".into(),
             ));
         }
-        crate::store::validate_key_prefix(&cfg.key_prefix).map_err(ConfigError::Invalid)?;
-        if cfg.redis_urls.is_empty() {
+        crate::store::validate_key_prefix(&self.key_prefix).map_err(ConfigError::Invalid)?;
+        self.validate_redis()?;
+        if !(1_000..=24 * 3_600_000).contains(&self.wake_idle_timeout_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "wake-idle-timeout-ms is {}; it must be within 1000..=86400000",
+                self.wake_idle_timeout_ms
+            )));
+        }
+        if self.body_limit < 1024 {
+            return Err(ConfigError::Invalid(
+                "body-limit must be at least 1024".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the metadata and data Redis settings: URLs, cluster and sentinel together.
+    fn validate_redis(&self) -> Result<(), ConfigError> {
+        if self.redis_urls.is_empty() {
             return Err(ConfigError::Invalid("redis-url is empty".into()));
         }
-        if cfg.redis_urls.len() > 1 && !cfg.redis_cluster {
+        if self.redis_urls.len() > 1 && !self.redis_cluster {
             return Err(ConfigError::Invalid(
                 "redis-url lists several servers: that is only valid with --redis-cluster".into(),
             ));
         }
-        match &cfg.data_redis_urls {
+        match &self.data_redis_urls {
             Some(urls) if urls.is_empty() => {
                 return Err(ConfigError::Invalid("data-redis-url is empty".into()));
             }
-            Some(urls) if urls.len() > 1 && !cfg.data_redis_cluster => {
+            Some(urls) if urls.len() > 1 && !self.data_redis_cluster => {
                 return Err(ConfigError::Invalid(
                     "data-redis-url lists several servers: that is only valid with \
                      --data-redis-cluster"
                         .into(),
                 ));
             }
-            None if cfg.data_redis_cluster => {
+            None if self.data_redis_cluster => {
                 return Err(ConfigError::Invalid(
                     "--data-redis-cluster needs --data-redis-url (the cluster's seed nodes)".into(),
                 ));
             }
             _ => {}
         }
-        if cfg.redis_sentinel.is_some() && cfg.redis_cluster {
+        if self.redis_sentinel.is_some() && self.redis_cluster {
             return Err(ConfigError::Invalid(
                 "--redis-sentinel and --redis-cluster exclude each other (a cluster fails \
                  over by itself)"
                     .into(),
             ));
         }
-        if cfg.data_redis_sentinel.is_some() && cfg.data_redis_cluster {
+        if self.data_redis_sentinel.is_some() && self.data_redis_cluster {
             return Err(ConfigError::Invalid(
                 "--data-redis-sentinel and --data-redis-cluster exclude each other".into(),
             ));
         }
-        if !(1_000..=24 * 3_600_000).contains(&cfg.wake_idle_timeout_ms) {
-            return Err(ConfigError::Invalid(format!(
-                "wake-idle-timeout-ms is {}; it must be within 1000..=86400000",
-                cfg.wake_idle_timeout_ms
-            )));
-        }
-        if cfg.body_limit < 1024 {
-            return Err(ConfigError::Invalid(
-                "body-limit must be at least 1024".into(),
-            ));
-        }
-        Ok(cfg)
+        Ok(())
     }
 }
 

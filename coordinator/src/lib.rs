@@ -48,6 +48,7 @@ pub mod config;
 pub mod dashboard;
 pub mod engine;
 pub mod fencing;
+pub mod http_error;
 pub mod metrics;
 pub mod outage;
 pub mod retired;

@@ -197,7 +197,11 @@ pub async fn serve(
     ));
     let history = lag.clone().map(|probe| {
         let coordinator = coordinator.clone();
-        tokio::spawn(async move { probe.history().run(coordinator, &probe).await })
+        tokio::spawn(async move {
+            let c = &coordinator;
+            let list = move || async move { c.list_groups().await.ok() };
+            probe.history().run(list, || c.now_ms(), &probe).await
+        })
     });
     let upkeep = tokio::spawn(async {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -3,7 +3,9 @@
 
 use rsc_coordinator::clock::ManualClock;
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
-use rsc_coordinator::store::{Layered, MemoryStore, StoreError, StoreLayer, buckets_of};
+use rsc_coordinator::store::{
+    Layered, MemoryStore, MetadataStore, StoreError, StoreLayer, buckets_of,
+};
 use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
 use std::future::Future;
 use std::sync::Arc;

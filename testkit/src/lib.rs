@@ -62,3 +62,19 @@ pub fn signal(pid: u32, sig: nix::sys::signal::Signal) -> io::Result<()> {
 }
 
 pub use nix::sys::signal::Signal;
+
+/// The sum of every sample of `metric` in the Prometheus text `text` whose labels include all
+/// of `labels` (exact name match: `x_total` does not match `x_total_bucket`).
+pub fn metric_sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, rest) = name_labels.split_once('{').unwrap_or((name_labels, ""));
+            let labelled = labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+            (name == metric && labelled).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}

@@ -144,7 +144,24 @@ impl Api {
             .await
             .expect("coordinator reachable")
     }
+
+    /// The sum of the samples of `metric` whose labels include all of `labels`, in this
+    /// coordinator's `/metrics` (0 when there is none).
+    pub async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_sum(&scrape(&self.base).await, metric, labels)
+    }
 }
+
+/// The Prometheus text a `/metrics` route at `base` serves (panics when it does not answer).
+pub async fn scrape(base: &str) -> String {
+    let r = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap_or_else(|e| panic!("{base}/metrics: {e}"));
+    assert!(r.status().is_success(), "{base}/metrics: {}", r.status());
+    r.text().await.expect("metrics body")
+}
+
+pub use rsc_testkit::metric_sum;
 
 /// The `error.code` of an error body.
 pub fn code(body: &Value) -> &str {

@@ -2,7 +2,8 @@
 //! members, reshard, rollback.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path, Query};
+use super::extract::{Json, Path, Query};
+use crate::http_error::ApiError;
 use axum::extract::State;
 use axum::http::StatusCode;
 use rsc_protocol::{CreateGroupRequest, GroupView, PatchGroupRequest, ReshardRequest, StreamView};

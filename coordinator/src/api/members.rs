@@ -1,8 +1,9 @@
 //! Member routes (role `member`): heartbeat, batched heartbeats and leave.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path};
+use super::extract::{Json, Path};
 use crate::auth::{Principal, check_item_group};
+use crate::http_error::ApiError;
 use crate::metrics;
 use axum::extract::State;
 use axum::http::HeaderValue;
@@ -12,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{
-    BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest, HeartbeatBatchResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse, MAX_HEARTBEAT_BATCH,
-    MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent,
+    BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest,
+    HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse,
+    MAX_HEARTBEAT_BATCH, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent,
 };
 use std::convert::Infallible;
 use tracing::Instrument;
@@ -69,15 +70,7 @@ async fn heartbeat_batch(
     Json(req): Json<HeartbeatBatchRequest>,
 ) -> Result<Json<HeartbeatBatchResponse>, ApiError> {
     let n = req.heartbeats.len();
-    if n == 0 || n > MAX_HEARTBEAT_BATCH {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "a heartbeat batch carries 1 to {MAX_HEARTBEAT_BATCH} heartbeats \
-                 (MAX_HEARTBEAT_BATCH), not {n}; split larger batches"
-            ),
-        ));
-    }
+    check_batch_size(n)?;
     let span = tracing::debug_span!("heartbeat_batch", items = n);
     async move {
         metrics::record_heartbeat_batch(n);
@@ -95,8 +88,7 @@ async fn heartbeat_batch(
             .map(|(h, _)| (h.group.as_str(), &h.heartbeat))
             .collect();
         let mut answers = s.coordinator.heartbeat_batch(&admitted).await.into_iter();
-        let mut server_errors = 0usize;
-        let results = req
+        let results: Vec<BatchedHeartbeatResult> = req
             .heartbeats
             .into_iter()
             .zip(scoped)
@@ -114,31 +106,10 @@ async fn heartbeat_batch(
                     );
                     r.map_err(ApiError::from)
                 });
-                let member_id = h.heartbeat.member_id;
-                match outcome {
-                    Ok(response) => BatchedHeartbeatResult {
-                        group: h.group,
-                        member_id,
-                        status: 200,
-                        response: Some(response),
-                        error: None,
-                    },
-                    Err(e) => {
-                        let status = e.code.http_status();
-                        if status >= 500 {
-                            server_errors += 1;
-                        }
-                        BatchedHeartbeatResult {
-                            group: h.group,
-                            member_id,
-                            status,
-                            response: None,
-                            error: Some(e.into_detail()),
-                        }
-                    }
-                }
+                batch_result(h, outcome)
             })
             .collect();
+        let server_errors = results.iter().filter(|r| r.status >= 500).count();
         if server_errors > 0 {
             tracing::warn!(
                 items = n,
@@ -150,6 +121,39 @@ async fn heartbeat_batch(
     }
     .instrument(span)
     .await
+}
+
+/// Refuses a batch of `n` heartbeats unless 1 ≤ `n` ≤ [`MAX_HEARTBEAT_BATCH`].
+fn check_batch_size(n: usize) -> Result<(), ApiError> {
+    if n == 0 || n > MAX_HEARTBEAT_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "a heartbeat batch carries 1 to {MAX_HEARTBEAT_BATCH} heartbeats \
+                 (MAX_HEARTBEAT_BATCH), not {n}; split larger batches"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One item's result in a batch answer: its answer, or the single route's error status with
+/// the error.
+fn batch_result(
+    h: BatchedHeartbeat,
+    outcome: Result<HeartbeatResponse, ApiError>,
+) -> BatchedHeartbeatResult {
+    let (status, response, error) = match outcome {
+        Ok(response) => (200, Some(response), None),
+        Err(e) => (e.code.http_status(), None, Some(e.into_detail())),
+    };
+    BatchedHeartbeatResult {
+        group: h.group,
+        member_id: h.heartbeat.member_id,
+        status,
+        response,
+        error,
+    }
 }
 
 /// Leave the group at once; the member's shards are freed without waiting.

@@ -7,13 +7,14 @@
 //! [`crate::auth::enforce`] from [`crate::auth::policy::ROUTES`].
 
 mod admin;
-mod error;
+mod extract;
 mod members;
 mod monitoring;
 mod openapi;
 mod producers;
 
-pub use error::{ApiError, Json, Path, Query};
+pub use crate::http_error::ApiError;
+pub use extract::{Json, Path, Query};
 pub use monitoring::HealthStatus;
 pub use openapi::BEARER;
 

@@ -2,8 +2,9 @@
 //! Prometheus metrics, and unauthenticated health checks.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path, Query};
+use super::extract::{Json, Path, Query};
 use crate::auth::Principal;
+use crate::http_error::ApiError;
 use crate::metrics::{self, LagProbe};
 use crate::store::{AUDIT_RETAINED, AuditFilter};
 use axum::extract::State;

@@ -1,7 +1,8 @@
 //! Producer routes (role `producer`): routing metadata.
 
 use super::AppState;
-use super::error::{ApiError, Json, Path};
+use super::extract::{Json, Path};
+use crate::http_error::ApiError;
 use axum::extract::State;
 use rsc_protocol::RoutingResponse;
 use utoipa_axum::router::OpenApiRouter;

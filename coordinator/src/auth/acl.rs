@@ -119,14 +119,14 @@ impl Principal {
 /// Handlers take the principal the access middleware authenticated. Fails closed (403)
 /// if the middleware did not run for the route.
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Principal {
-    type Rejection = crate::api::ApiError;
+    type Rejection = crate::http_error::ApiError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Principal>().cloned().ok_or_else(|| {
-            crate::api::ApiError::new(
+            crate::http_error::ApiError::new(
                 rsc_protocol::ErrorCode::Forbidden,
                 "no authenticated principal for this route",
             )

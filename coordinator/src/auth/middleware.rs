@@ -3,8 +3,8 @@
 
 use super::policy::{self, Access, Lookup, Scope};
 use super::{ANONYMOUS, Principal, Role, Security, retry_after_secs};
-use crate::api::ApiError;
 use crate::audit::RevisionLog;
+use crate::http_error::ApiError;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::HeaderValue;

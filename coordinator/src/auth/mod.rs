@@ -18,8 +18,8 @@ pub use glob::Glob;
 pub use middleware::{check_item_group, enforce};
 pub use rate_limit::{AdminRateLimiter, retry_after_secs};
 
-use crate::api::ApiError;
 use crate::audit::Auditor;
+use crate::http_error::ApiError;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use rsc_protocol::ErrorCode;

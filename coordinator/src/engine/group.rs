@@ -147,86 +147,127 @@ impl GroupDoc {
     }
 
     /// Handles one heartbeat (SPEC §5). On error the document is left unchanged.
+    ///
+    /// The steps: validate the request; by its epoch, leave (-1), step away (-2), join or
+    /// rejoin (0), or check the member is not fenced (its current or tolerated previous
+    /// epoch); then reconcile what it owns with its target (revoke before assign) and answer.
     pub fn heartbeat(
         &mut self,
         stream: &StreamDoc,
         req: &HeartbeatRequest,
         now_ms: u64,
     ) -> Result<HeartbeatOutcome, EngineError> {
-        if req.protocol_version != PROTOCOL_VERSION {
-            return Err(EngineError::UnsupportedProtocolVersion(
-                req.protocol_version,
-            ));
-        }
-        validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
-        if let Some(incarnation) = &req.incarnation {
-            validate_name("incarnation", incarnation).map_err(EngineError::Invalid)?;
-        }
+        validate_heartbeat(req)?;
         let id = req.member_id.as_str();
-        let mut events = Vec::new();
-        match req.member_epoch {
-            -1 => {
-                self.leave(stream, id, -1)?;
-                return Ok(HeartbeatOutcome {
-                    response: self.response(stream, id, -1, Vec::new()),
-                    changed: true,
-                    drained: Vec::new(),
-                    events: vec![
-                        GroupEvent::Left(id.to_owned()),
-                        GroupEvent::Rebalanced(self.group_epoch),
-                    ],
-                });
-            }
-            -2 => {
-                self.step_away(id, req.incarnation.as_deref(), now_ms)?;
-                let mut response = self.response(stream, id, -2, Vec::new());
-                response.owner_tokens.clear();
-                return Ok(HeartbeatOutcome {
-                    response,
-                    changed: true,
-                    drained: Vec::new(),
-                    events: vec![GroupEvent::SteppedAway(id.to_owned())],
-                });
-            }
-            0 => {
-                let event = self.join(id, req.incarnation.as_deref(), now_ms)?;
-                let resumed = matches!(event, GroupEvent::Resumed(_));
-                events.push(event);
-                if !resumed {
-                    self.rebalance(stream);
-                    events.push(GroupEvent::Rebalanced(self.group_epoch));
-                }
-            }
+        let events = match req.member_epoch {
+            -1 => return self.heartbeat_leave(stream, id),
+            -2 => return self.heartbeat_step_away(stream, id, req, now_ms),
+            0 => self.heartbeat_join(stream, id, req, now_ms)?,
             epoch if epoch < -2 => {
                 return Err(EngineError::Invalid(format!(
                     "member_epoch {epoch} is invalid: send 0 to join, -1 to leave, -2 to leave for a restart (static members), or the epoch last received"
                 )));
             }
             epoch => {
-                let m = self
-                    .members
-                    .get(id)
-                    .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
-                if m.away_since_ms.is_some() {
-                    // It left with -2: only a join (epoch 0) brings it back.
-                    return Err(EngineError::Fenced {
-                        member: id.to_owned(),
-                        sent: epoch,
-                        current: -2,
-                    });
-                }
-                let tolerated = epoch == m.previous_epoch
-                    && req.owned_shards.iter().all(|s| m.assigned.contains(s));
-                if epoch != m.member_epoch && !tolerated {
-                    return Err(EngineError::Fenced {
-                        member: id.to_owned(),
-                        sent: epoch,
-                        current: m.member_epoch,
-                    });
-                }
+                self.check_fenced(id, epoch, &req.owned_shards)?;
+                Vec::new()
             }
-        }
+        };
+        Ok(self.heartbeat_reconcile(stream, req, now_ms, events))
+    }
 
+    /// A heartbeat with epoch -1: the member leaves.
+    fn heartbeat_leave(
+        &mut self,
+        stream: &StreamDoc,
+        id: &str,
+    ) -> Result<HeartbeatOutcome, EngineError> {
+        self.leave(stream, id, -1)?;
+        Ok(HeartbeatOutcome {
+            response: self.response(stream, id, -1, Vec::new()),
+            changed: true,
+            drained: Vec::new(),
+            events: vec![
+                GroupEvent::Left(id.to_owned()),
+                GroupEvent::Rebalanced(self.group_epoch),
+            ],
+        })
+    }
+
+    /// A heartbeat with epoch -2: a static member leaves for a restart, keeping its shards.
+    fn heartbeat_step_away(
+        &mut self,
+        stream: &StreamDoc,
+        id: &str,
+        req: &HeartbeatRequest,
+        now_ms: u64,
+    ) -> Result<HeartbeatOutcome, EngineError> {
+        self.step_away(id, req.incarnation.as_deref(), now_ms)?;
+        let mut response = self.response(stream, id, -2, Vec::new());
+        response.owner_tokens.clear();
+        Ok(HeartbeatOutcome {
+            response,
+            changed: true,
+            drained: Vec::new(),
+            events: vec![GroupEvent::SteppedAway(id.to_owned())],
+        })
+    }
+
+    /// A heartbeat with epoch 0: the member joins or rejoins (rebalancing the group), or a
+    /// static member resumes (no rebalance). Returns what happened.
+    fn heartbeat_join(
+        &mut self,
+        stream: &StreamDoc,
+        id: &str,
+        req: &HeartbeatRequest,
+        now_ms: u64,
+    ) -> Result<Vec<GroupEvent>, EngineError> {
+        let event = self.join(id, req.incarnation.as_deref(), now_ms)?;
+        let resumed = matches!(event, GroupEvent::Resumed(_));
+        let mut events = vec![event];
+        if !resumed {
+            self.rebalance(stream);
+            events.push(GroupEvent::Rebalanced(self.group_epoch));
+        }
+        Ok(events)
+    }
+
+    /// The fencing check of a member heartbeating at `epoch`: it must be known, not away
+    /// (only a join brings back a member that left with -2), and at its current epoch, or at
+    /// its previous one while owning nothing outside its assignment.
+    fn check_fenced(&self, id: &str, epoch: i64, owned: &[u32]) -> Result<(), EngineError> {
+        let m = self
+            .members
+            .get(id)
+            .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
+        if m.away_since_ms.is_some() {
+            return Err(EngineError::Fenced {
+                member: id.to_owned(),
+                sent: epoch,
+                current: -2,
+            });
+        }
+        let tolerated = epoch == m.previous_epoch && owned.iter().all(|s| m.assigned.contains(s));
+        if epoch != m.member_epoch && !tolerated {
+            return Err(EngineError::Fenced {
+                member: id.to_owned(),
+                sent: epoch,
+                current: m.member_epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// After the join or the fencing check: records the heartbeat, reconciles what the
+    /// member reports owning with its target (revoke before assign), and answers.
+    fn heartbeat_reconcile(
+        &mut self,
+        stream: &StreamDoc,
+        req: &HeartbeatRequest,
+        now_ms: u64,
+        mut events: Vec<GroupEvent>,
+    ) -> HeartbeatOutcome {
+        let id = req.member_id.as_str();
         let reported: BTreeSet<u32> = if req.member_epoch == 0 {
             BTreeSet::new()
         } else {
@@ -252,8 +293,20 @@ impl GroupDoc {
                     ..b
                 } != *m
             });
-        let drained = req
-            .drained_shards
+        let drained = self.newly_drained(stream, m, &req.drained_shards);
+        let assignment = m.assigned.iter().copied().collect();
+        HeartbeatOutcome {
+            response: self.response(stream, id, m.member_epoch, assignment),
+            changed,
+            drained,
+            events,
+        }
+    }
+
+    /// Of the shards member `m` reports drained, the draining ones it holds that the stream
+    /// has not yet recorded as drained by this group (sorted, without duplicates).
+    fn newly_drained(&self, stream: &StreamDoc, m: &MemberDoc, reported: &[u32]) -> Vec<u32> {
+        reported
             .iter()
             .copied()
             .filter(|s| {
@@ -265,14 +318,7 @@ impl GroupDoc {
             })
             .collect::<BTreeSet<u32>>()
             .into_iter()
-            .collect();
-        let assignment = m.assigned.iter().copied().collect();
-        Ok(HeartbeatOutcome {
-            response: self.response(stream, id, m.member_epoch, assignment),
-            changed,
-            drained,
-            events,
-        })
+            .collect()
     }
 
     /// The answer to a steady-state heartbeat, computed without changing the document.
@@ -633,6 +679,20 @@ impl GroupDoc {
             })
             .collect()
     }
+}
+
+/// The request-level checks of a heartbeat: protocol version, member and incarnation names.
+fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
+    if req.protocol_version != PROTOCOL_VERSION {
+        return Err(EngineError::UnsupportedProtocolVersion(
+            req.protocol_version,
+        ));
+    }
+    validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
+    if let Some(incarnation) = &req.incarnation {
+        validate_name("incarnation", incarnation).map_err(EngineError::Invalid)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

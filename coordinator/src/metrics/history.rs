@@ -8,9 +8,9 @@
 //! coordinator keeps its own history in memory: a restarted coordinator starts a new one.
 
 use super::lag::LagProbe;
-use crate::service::Coordinator;
-use rsc_protocol::{GroupHistory, HistorySample};
+use rsc_protocol::{GroupHistory, GroupView, HistorySample};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -108,13 +108,19 @@ impl History {
         }
     }
 
-    /// Samples every group every interval, forever (spawn it).
-    pub async fn run(&self, coordinator: Coordinator, probe: &LagProbe) {
+    /// Samples every group every interval, forever (spawn it). `list_groups` answers the
+    /// groups' views (`None` when they cannot be read: that tick is skipped); `now_ms` tells
+    /// the coordinator's time each sample is recorded at.
+    pub async fn run<L, Fut>(&self, list_groups: L, now_ms: impl Fn() -> u64, probe: &LagProbe)
+    where
+        L: Fn() -> Fut,
+        Fut: Future<Output = Option<Vec<GroupView>>>,
+    {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Ok(groups) = coordinator.list_groups().await else {
+            let Some(groups) = list_groups().await else {
                 continue;
             };
             let live: HashSet<String> = groups.iter().map(|g| g.group.clone()).collect();
@@ -134,7 +140,7 @@ impl History {
                         .map(|s| Some(s.entries_read?.saturating_sub(s.pending?)))
                         .sum();
                 }
-                self.record(&g.group, coordinator.now_ms(), t);
+                self.record(&g.group, now_ms(), t);
             }
             self.retain(&live);
         }

@@ -1,9 +1,9 @@
 //! Gauges computed from the stored documents at scrape time (Prometheus text format).
 
 use super::lag::LagProbe;
-use crate::engine::group_view;
+use crate::engine::{GroupDoc, StreamDoc, group_view};
 use crate::store::MetadataStore;
-use rsc_protocol::{MemberState, ShardState};
+use rsc_protocol::{GroupView, MemberState, ShardState};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -71,6 +71,7 @@ pub async fn render(store: &dyn MetadataStore, now_ms: u64, lag: Option<&LagProb
     f.render()
 }
 
+/// Reads every stream and group from `store` and adds their gauges to `f`.
 async fn collect(
     f: &mut Families,
     store: &dyn MetadataStore,
@@ -89,45 +90,7 @@ async fn collect(
         let Some(v) = store.load_stream(name).await? else {
             continue;
         };
-        let s = &v.doc;
-        let draining = s.draining.len() as f64;
-        f.gauge(
-            "rsc_stream_shards",
-            "Shards of a stream by lifecycle state (active: in the routing layout; draining: being emptied after a scale-down).",
-            &[("stream", name), ("state", "active")],
-            f64::from(s.shard_count),
-        );
-        f.gauge(
-            "rsc_stream_shards",
-            "Shards of a stream by lifecycle state (active: in the routing layout; draining: being emptied after a scale-down).",
-            &[("stream", name), ("state", "draining")],
-            draining,
-        );
-        f.gauge(
-            "rsc_stream_retired_keys_kept",
-            "Retired shards whose keys are still in the data Redis, waiting for the end of the rollback window.",
-            &[("stream", name)],
-            s.retired.len() as f64,
-        );
-        f.gauge(
-            "rsc_stream_routing_epoch",
-            "Routing epoch of a stream (bumped on every layout change).",
-            &[("stream", name)],
-            s.routing_epoch as f64,
-        );
-        let current = match s.running_reshard() {
-            Some(_) => "draining",
-            None if s.last_reshard.is_some() => "complete",
-            None => "none",
-        };
-        for state in ["none", "draining", "complete"] {
-            f.gauge(
-                "rsc_reshard_state",
-                "Reshard state of a stream: 1 for the current state (none, draining, complete).",
-                &[("stream", name), ("state", state)],
-                if state == current { 1.0 } else { 0.0 },
-            );
-        }
+        stream_gauges(f, name, &v.doc);
         stream_docs.insert(name.clone(), v);
     }
 
@@ -148,142 +111,206 @@ async fn collect(
         let doc = &g.doc;
         let mut view = group_view(doc, &stream.doc, g.revision, now_ms, &HashMap::new());
         let group = name.as_str();
-        for (state, label) in [
-            (MemberState::Stable, "stable"),
-            (MemberState::Unrevoked, "unrevoked"),
-            (MemberState::Unreleased, "unreleased"),
-        ] {
-            let n = doc.members.values().filter(|m| m.state == state).count();
-            f.gauge(
-                "rsc_group_members",
-                "Members of a group by reconciliation state.",
-                &[("group", group), ("state", label)],
-                n as f64,
-            );
-        }
-        let mut by_state: [(&str, usize); 4] =
-            [("owned", 0), ("moving", 0), ("free", 0), ("unassigned", 0)];
-        for s in &view.shards {
-            let i = match (&s.target_owner, &s.current_owner) {
-                (None, _) => 3,
-                (Some(_), None) => 2,
-                (Some(t), Some(c)) if t == c => 0,
-                (Some(_), Some(_)) => 1,
-            };
-            by_state[i].1 += 1;
-        }
-        for (state, n) in by_state {
-            f.gauge(
-                "rsc_group_shards",
-                "Shards of a group by ownership: owned (held by its target owner), moving (held by another member, revocation pending), free (target owner set, held by nobody yet), unassigned (no target owner).",
-                &[("group", group), ("state", state)],
-                n as f64,
-            );
-        }
-        f.gauge(
-            "rsc_group_paused",
-            "1 while an operator has paused the group (its members fetch nothing new), else 0.",
-            &[("group", group)],
-            if doc.config.paused_since_ms.is_some() {
-                1.0
-            } else {
-                0.0
-            },
-        );
-        f.gauge(
-            "rsc_group_epoch",
-            "Group epoch (bumped on every membership, layout or config change).",
-            &[("group", group)],
-            doc.group_epoch as f64,
-        );
-        f.gauge(
-            "rsc_group_assignment_epoch",
-            "Group epoch the target assignment was computed for.",
-            &[("group", group)],
-            doc.assignment_epoch as f64,
-        );
-        let pending: usize = doc
-            .members
-            .values()
-            .map(|m| m.pending_revocation.len())
-            .sum();
-        f.gauge(
-            "rsc_group_pending_revocations",
-            "Shards members were asked to revoke and still report owning.",
-            &[("group", group)],
-            pending as f64,
-        );
-        let oldest = doc
-            .members
-            .values()
-            .filter(|m| m.state == MemberState::Unrevoked)
-            .filter_map(|m| m.revoke_started_ms)
-            .min()
-            .map_or(0, |t| now_ms.saturating_sub(t));
-        f.gauge(
-            "rsc_group_pending_revocation_age_seconds",
-            "Age of the oldest unanswered revocation request in a group (0 when none).",
-            &[("group", group)],
-            oldest as f64 / 1000.0,
-        );
-        let reconciling = doc
-            .reconciling_since_ms
-            .map_or(0, |t| now_ms.saturating_sub(t));
-        f.gauge(
-            "rsc_group_reconciling_seconds",
-            "How long a group has been reconciling towards its target assignment (0 when stable).",
-            &[("group", group)],
-            reconciling as f64 / 1000.0,
-        );
+        member_gauges(f, group, doc, &view);
+        group_gauges(f, group, doc, now_ms);
         if let Some(probe) = lag {
-            let keys: Vec<(u32, String)> = view
-                .shards
-                .iter()
-                .map(|s| (s.shard, s.key.clone()))
-                .collect();
-            let stats = probe.group_stats(group, &keys).await;
-            for s in &mut view.shards {
-                if let Some(st) = stats.get(&s.shard) {
-                    s.lag = st.lag;
-                    s.pending = st.pending;
-                }
-            }
-            for s in &view.shards {
-                let Some(st) = stats.get(&s.shard) else {
-                    continue;
-                };
-                let shard = s.shard.to_string();
-                let state = match s.state {
-                    ShardState::Active => "active",
-                    ShardState::Draining => "draining",
-                };
-                let labels = [
-                    ("group", group),
-                    ("stream", doc.stream.as_str()),
-                    ("shard", shard.as_str()),
-                    ("state", state),
-                ];
-                if let Some(l) = st.lag {
-                    f.gauge(
-                        "rsc_shard_lag_entries",
-                        "Entries of a shard not yet delivered to the group (XINFO GROUPS lag).",
-                        &labels,
-                        l as f64,
-                    );
-                }
-                if let Some(p) = st.pending {
-                    f.gauge(
-                        "rsc_shard_pending_entries",
-                        "Entries of a shard delivered to the group and not yet acknowledged.",
-                        &labels,
-                        p as f64,
-                    );
-                }
-            }
+            shard_lag_gauges(f, group, doc, &mut view, probe).await;
         }
         scaling_gauges(f, &super::scaling::scaling(&view, None));
     }
     Ok(())
+}
+
+/// The layout and reshard gauges of one stream.
+fn stream_gauges(f: &mut Families, name: &str, s: &StreamDoc) {
+    let draining = s.draining.len() as f64;
+    f.gauge(
+        "rsc_stream_shards",
+        "Shards of a stream by lifecycle state (active: in the routing layout; draining: being emptied after a scale-down).",
+        &[("stream", name), ("state", "active")],
+        f64::from(s.shard_count),
+    );
+    f.gauge(
+        "rsc_stream_shards",
+        "Shards of a stream by lifecycle state (active: in the routing layout; draining: being emptied after a scale-down).",
+        &[("stream", name), ("state", "draining")],
+        draining,
+    );
+    f.gauge(
+        "rsc_stream_retired_keys_kept",
+        "Retired shards whose keys are still in the data Redis, waiting for the end of the rollback window.",
+        &[("stream", name)],
+        s.retired.len() as f64,
+    );
+    f.gauge(
+        "rsc_stream_routing_epoch",
+        "Routing epoch of a stream (bumped on every layout change).",
+        &[("stream", name)],
+        s.routing_epoch as f64,
+    );
+    let current = match s.running_reshard() {
+        Some(_) => "draining",
+        None if s.last_reshard.is_some() => "complete",
+        None => "none",
+    };
+    for state in ["none", "draining", "complete"] {
+        f.gauge(
+            "rsc_reshard_state",
+            "Reshard state of a stream: 1 for the current state (none, draining, complete).",
+            &[("stream", name), ("state", state)],
+            if state == current { 1.0 } else { 0.0 },
+        );
+    }
+}
+
+/// Members by reconciliation state and shards by ownership, of one group.
+fn member_gauges(f: &mut Families, group: &str, doc: &GroupDoc, view: &GroupView) {
+    for (state, label) in [
+        (MemberState::Stable, "stable"),
+        (MemberState::Unrevoked, "unrevoked"),
+        (MemberState::Unreleased, "unreleased"),
+    ] {
+        let n = doc.members.values().filter(|m| m.state == state).count();
+        f.gauge(
+            "rsc_group_members",
+            "Members of a group by reconciliation state.",
+            &[("group", group), ("state", label)],
+            n as f64,
+        );
+    }
+    let mut by_state: [(&str, usize); 4] =
+        [("owned", 0), ("moving", 0), ("free", 0), ("unassigned", 0)];
+    for s in &view.shards {
+        let i = match (&s.target_owner, &s.current_owner) {
+            (None, _) => 3,
+            (Some(_), None) => 2,
+            (Some(t), Some(c)) if t == c => 0,
+            (Some(_), Some(_)) => 1,
+        };
+        by_state[i].1 += 1;
+    }
+    for (state, n) in by_state {
+        f.gauge(
+            "rsc_group_shards",
+            "Shards of a group by ownership: owned (held by its target owner), moving (held by another member, revocation pending), free (target owner set, held by nobody yet), unassigned (no target owner).",
+            &[("group", group), ("state", state)],
+            n as f64,
+        );
+    }
+}
+
+/// Pause, epochs, revocations and reconciliation time of one group.
+fn group_gauges(f: &mut Families, group: &str, doc: &GroupDoc, now_ms: u64) {
+    f.gauge(
+        "rsc_group_paused",
+        "1 while an operator has paused the group (its members fetch nothing new), else 0.",
+        &[("group", group)],
+        if doc.config.paused_since_ms.is_some() {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    f.gauge(
+        "rsc_group_epoch",
+        "Group epoch (bumped on every membership, layout or config change).",
+        &[("group", group)],
+        doc.group_epoch as f64,
+    );
+    f.gauge(
+        "rsc_group_assignment_epoch",
+        "Group epoch the target assignment was computed for.",
+        &[("group", group)],
+        doc.assignment_epoch as f64,
+    );
+    let pending: usize = doc
+        .members
+        .values()
+        .map(|m| m.pending_revocation.len())
+        .sum();
+    f.gauge(
+        "rsc_group_pending_revocations",
+        "Shards members were asked to revoke and still report owning.",
+        &[("group", group)],
+        pending as f64,
+    );
+    let oldest = doc
+        .members
+        .values()
+        .filter(|m| m.state == MemberState::Unrevoked)
+        .filter_map(|m| m.revoke_started_ms)
+        .min()
+        .map_or(0, |t| now_ms.saturating_sub(t));
+    f.gauge(
+        "rsc_group_pending_revocation_age_seconds",
+        "Age of the oldest unanswered revocation request in a group (0 when none).",
+        &[("group", group)],
+        oldest as f64 / 1000.0,
+    );
+    let reconciling = doc
+        .reconciling_since_ms
+        .map_or(0, |t| now_ms.saturating_sub(t));
+    f.gauge(
+        "rsc_group_reconciling_seconds",
+        "How long a group has been reconciling towards its target assignment (0 when stable).",
+        &[("group", group)],
+        reconciling as f64 / 1000.0,
+    );
+}
+
+/// Lag and pending entries per shard of one group, from the data Redis; also fills them in
+/// `view` (for the scaling gauges).
+async fn shard_lag_gauges(
+    f: &mut Families,
+    group: &str,
+    doc: &GroupDoc,
+    view: &mut GroupView,
+    probe: &LagProbe,
+) {
+    let keys: Vec<(u32, String)> = view
+        .shards
+        .iter()
+        .map(|s| (s.shard, s.key.clone()))
+        .collect();
+    let stats = probe.group_stats(group, &keys).await;
+    for s in &mut view.shards {
+        if let Some(st) = stats.get(&s.shard) {
+            s.lag = st.lag;
+            s.pending = st.pending;
+        }
+    }
+    for s in &view.shards {
+        let Some(st) = stats.get(&s.shard) else {
+            continue;
+        };
+        let shard = s.shard.to_string();
+        let state = match s.state {
+            ShardState::Active => "active",
+            ShardState::Draining => "draining",
+        };
+        let labels = [
+            ("group", group),
+            ("stream", doc.stream.as_str()),
+            ("shard", shard.as_str()),
+            ("state", state),
+        ];
+        if let Some(l) = st.lag {
+            f.gauge(
+                "rsc_shard_lag_entries",
+                "Entries of a shard not yet delivered to the group (XINFO GROUPS lag).",
+                &labels,
+                l as f64,
+            );
+        }
+        if let Some(p) = st.pending {
+            f.gauge(
+                "rsc_shard_pending_entries",
+                "Entries of a shard delivered to the group and not yet acknowledged.",
+                &labels,
+                p as f64,
+            );
+        }
+    }
 }
 
 /// The autoscaling signal of one group (the same numbers as `GET /v1/groups/{group}/scaling`

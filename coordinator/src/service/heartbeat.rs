@@ -1,0 +1,310 @@
+//! The member protocol: heartbeats (single and batched, steady and full) and leave.
+
+use super::{
+    Coordinator, Result, check_name, departed, expire, invalid, log_events, track_convergence,
+};
+use crate::engine::{GroupDoc, GroupEvent};
+use crate::store::{
+    LivenessChange, LockResource, SteadyTouch, StoreError, TouchOutcome, Versioned,
+};
+use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
+use std::collections::HashMap;
+use tracing::{debug, warn};
+
+impl Coordinator {
+    /// Handles a heartbeat (SPEC §5).
+    pub async fn heartbeat(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse> {
+        check_name("group", group)?;
+        if let Some(response) = self.steady_heartbeat(group, req).await? {
+            return Ok(response);
+        }
+        self.full_heartbeat(group, req).await
+    }
+
+    /// Handles a batch of heartbeats (`POST /v1/heartbeats`): each `(group, request)` is
+    /// answered as [`Coordinator::heartbeat`] answers it, results in the order given, as if
+    /// the heartbeats of each group ran one after another in that order. First every item
+    /// tries the steady path, concurrently, so that their liveness touches share round
+    /// trips; then, per group, the items from the first one that was not steady onwards run
+    /// one after another through [`Coordinator::heartbeat`] (queueing on the group lock in
+    /// order, not contending for it), concurrently across groups. The items before it
+    /// changed nothing, so their steady answers are what the same order would have given;
+    /// a steady pass answer that is thrown away only touched liveness and re-asserted
+    /// tokens, which the second pass does again.
+    pub async fn heartbeat_batch(
+        &self,
+        items: &[(&str, &HeartbeatRequest)],
+    ) -> Vec<Result<HeartbeatResponse>> {
+        let steady = futures::future::join_all(items.iter().map(|&(group, req)| async move {
+            check_name("group", group)?;
+            self.steady_heartbeat(group, req).await
+        }))
+        .await;
+        let mut results: Vec<Option<Result<HeartbeatResponse>>> = Vec::with_capacity(items.len());
+        let mut again: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, r) in steady.into_iter().enumerate() {
+            let group = items[i].0;
+            match again.get_mut(group) {
+                Some(tail) => tail.push(i),
+                None if matches!(r, Ok(None)) => {
+                    again.insert(group, vec![i]);
+                }
+                None => {
+                    results.push(r.transpose());
+                    continue;
+                }
+            }
+            results.push(None);
+        }
+        let answered = futures::future::join_all(again.into_values().map(|indices| async move {
+            let mut out = Vec::with_capacity(indices.len());
+            for i in indices {
+                let (group, req) = items[i];
+                out.push((i, self.heartbeat(group, req).await));
+            }
+            out
+        }))
+        .await;
+        for (i, r) in answered.into_iter().flatten() {
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    // Unreachable: every item without an answer went through the second pass.
+                    Err(StoreError::conflict("heartbeat left unanswered; retry".into()).into())
+                })
+            })
+            .collect()
+    }
+
+    /// The full heartbeat: lock, load, engine, write. (The span is here rather than on
+    /// [`Coordinator::heartbeat`]: the steady path logs nothing, and an info span per steady
+    /// heartbeat costs a third of its throughput.)
+    #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id, epoch = req.member_epoch))]
+    async fn full_heartbeat(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse> {
+        let (response, drained, stream) = self
+            .retrying(|| self.full_heartbeat_once(group, req))
+            .await?;
+        if !drained.is_empty()
+            && let Err(e) = self.record_drained(&stream, group, &drained).await
+        {
+            // The member reports drained shards on every heartbeat: the next one retries.
+            warn!(%stream, ?drained, error = %e, "could not record drained shards yet");
+        }
+        Ok(response)
+    }
+
+    /// One attempt of the full heartbeat, under the group lock. Returns the answer, the
+    /// drained shards to record in the stream, and the stream's name.
+    async fn full_heartbeat_once(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<(HeartbeatResponse, Vec<u32>, String)> {
+        let _lock = self
+            .store
+            .lock(&LockResource::Group(group.to_owned()))
+            .await?;
+        let Versioned { revision, mut doc } = self.load_group(group).await?;
+        let stream = self.load_stream(&doc.stream).await?;
+        let now = self.now();
+        let before = self.wakes.as_ref().map(|_| doc.clone());
+        let mut dirty = doc.sync_layout(&stream.doc);
+        if dirty {
+            crate::metrics::record_rebalance(group);
+        }
+        let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+        let (events, expired) = expire(&mut doc, &stream.doc, judged);
+        dirty |= !events.is_empty();
+        let mut write = HeartbeatWrite {
+            group,
+            member: &req.member_id,
+            revision,
+            doc,
+            before,
+            events,
+            expired,
+            dirty,
+        };
+        let outcome = match write.doc.heartbeat(&stream.doc, req, now) {
+            Ok(out) => out,
+            Err(e) => {
+                // Refused, but what expiry and the layout changed is still written.
+                write.dirty |= track_convergence(&mut write.doc, now);
+                if write.dirty {
+                    let revision = self.write_heartbeat(&write, None).await?;
+                    log_events(group, &write.events);
+                    self.cache.put_group(revision, write.doc);
+                }
+                return Err(e.into());
+            }
+        };
+        write.dirty |= outcome.changed;
+        write.events.extend(outcome.events);
+        write.dirty |= track_convergence(&mut write.doc, now);
+        let touch = (outcome.response.member_epoch >= 0).then(|| (req.member_id.clone(), now));
+        let revision = self.commit_heartbeat(&write, touch).await?;
+        // Under the group lock, after the document write, before the answer leaves:
+        // the member cannot learn of a grant whose owner token is not in place.
+        let mut response = outcome.response;
+        self.assert_tokens(&write.doc, &mut response).await?;
+        log_events(group, &write.events);
+        let stream_name = write.doc.stream.clone();
+        self.cache.put_group(revision, write.doc);
+        self.cache.put_stream(stream);
+        Ok((response, outcome.drained, stream_name))
+    }
+
+    /// Commits a heartbeat's decision: writes the document when it changed (with the
+    /// member's liveness `touch`); otherwise touches the liveness only while nobody else
+    /// wrote the group. Returns the group document's revision afterwards.
+    async fn commit_heartbeat(
+        &self,
+        write: &HeartbeatWrite<'_>,
+        touch: Option<(String, u64)>,
+    ) -> Result<u64> {
+        if write.dirty {
+            return self.write_heartbeat(write, touch).await;
+        }
+        if let Some((member, now)) = &touch {
+            let group = write.group;
+            let t = self
+                .store
+                .touch_if(group, write.revision, member, *now, None)
+                .await?;
+            if t != TouchOutcome::Touched {
+                return Err(StoreError::conflict(format!(
+                    "group {group} changed while a heartbeat was answered"
+                ))
+                .into());
+            }
+        }
+        Ok(write.revision)
+    }
+
+    /// Writes the heartbeat's changed document with its liveness change, schedules its next
+    /// deadline and wakes the members it concerns (except the requester).
+    async fn write_heartbeat(
+        &self,
+        write: &HeartbeatWrite<'_>,
+        touch: Option<(String, u64)>,
+    ) -> Result<u64> {
+        let change = LivenessChange {
+            forget: departed(&write.events),
+            expired: write.expired.clone(),
+            touch,
+        };
+        let revision = self
+            .store
+            .put_group_live(&write.doc, write.revision, &change)
+            .await?;
+        self.lower_deadline(&write.doc, revision).await;
+        self.wake(
+            write.group,
+            write.before.as_ref(),
+            Some(&write.doc),
+            Some(write.member),
+        );
+        Ok(revision)
+    }
+
+    /// Answers a steady-state heartbeat from the cached documents: no lock, no document
+    /// write, one conditional liveness touch.
+    /// `None` when the heartbeat needs the full path (anything to change, a cache miss, a
+    /// newer revision, a member whose session is over).
+    async fn steady_heartbeat(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<Option<HeartbeatResponse>> {
+        let Some(g) = self.cache.group(group) else {
+            return Ok(None);
+        };
+        let Some(s) = self.cache.stream(&g.doc.stream) else {
+            return Ok(None);
+        };
+        let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
+            return Ok(None);
+        };
+        let touch = SteadyTouch {
+            group,
+            revision: g.revision,
+            stream: &s.doc.stream,
+            stream_revision: s.revision,
+            member: &req.member_id,
+            now_ms: self.now(),
+            max_silence_ms: g.doc.config.session_timeout_ms
+                + self
+                    .outages
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .shift_ms(self.now(), g.doc.config.session_timeout_ms),
+        };
+        // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
+        // lost write within one heartbeat, at the same time as the touch (two round trips
+        // in parallel, to two Redis). Without the group lock, and even when the touch finds
+        // the cached document stale, this cannot hand a shard back: the token script never
+        // replaces a later grant's token with an earlier one, and a grant's token is written
+        // before the grant is answered.
+        let (touched, asserted) = tokio::join!(
+            self.store.touch_steady(&touch),
+            self.assert_tokens(&g.doc, &mut response)
+        );
+        let steady = touched? == TouchOutcome::Touched;
+        debug!(steady, revision = g.revision, "steady-state heartbeat");
+        if !steady {
+            return Ok(None);
+        }
+        asserted?;
+        Ok(Some(response))
+    }
+
+    /// Handles `POST leave`.
+    #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id))]
+    pub async fn leave(&self, group: &str, req: &LeaveRequest) -> Result<LeaveResponse> {
+        check_name("group", group)?;
+        check_name("member", &req.member_id)?;
+        if req.member_epoch < -1 {
+            return Err(invalid(format!(
+                "member_epoch {} is invalid",
+                req.member_epoch
+            )));
+        }
+        self.mutate_group(group, |doc, stream, _now| {
+            doc.leave(stream, &req.member_id, req.member_epoch)?;
+            Ok(vec![GroupEvent::Left(req.member_id.clone())])
+        })
+        .await?;
+        Ok(LeaveResponse {
+            member_id: req.member_id.clone(),
+            member_epoch: -1,
+        })
+    }
+}
+
+/// A group document under the group lock, being changed by one full heartbeat.
+struct HeartbeatWrite<'a> {
+    group: &'a str,
+    /// The heartbeating member (not woken: it gets its answer directly).
+    member: &'a str,
+    /// The revision the document was read at.
+    revision: u64,
+    doc: GroupDoc,
+    /// The document as read, when members are to be woken.
+    before: Option<GroupDoc>,
+    events: Vec<GroupEvent>,
+    /// Members removed for silence, with the liveness the decision was based on.
+    expired: Vec<(String, u64)>,
+    /// Whether the document changed.
+    dirty: bool,
+}

@@ -1,0 +1,525 @@
+//! The coordinator service: store reads, engine decisions and store writes, in order.
+//!
+//! Every mutation runs as: take the document's lock, read it with its revision, let the
+//! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
+//! expired under a slow replica) reruns the whole cycle a bounded number of times and then
+//! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
+//! Locks are taken stream first, then one group.
+//!
+//! A steady-state heartbeat (nothing to change, SPEC §5.1) skips all of that: the coordinator
+//! keeps the documents it last read or wrote, by revision, and answers from them when
+//! [`GroupDoc::steady_heartbeat`] says the heartbeat changes nothing, after one conditional
+//! liveness touch that succeeds only while the group and stream documents are still at those
+//! revisions ([`MetadataStore::touch_steady`]: one Redis round trip, batched with concurrent
+//! heartbeats of the same group; two commands sent together on a cluster, where the two
+//! documents live in different slots). Removing a member for silence
+//! is committed with the liveness it was based on, so a heartbeat touched in between makes
+//! that write lose and rerun (see [`crate::store`], "Liveness").
+//!
+//! The service is split by concern, each file one `impl Coordinator` block:
+//! - `heartbeat`: the member protocol — single and batched heartbeats (the steady fast path
+//!   and the full one) and leave;
+//! - `admin`: operators' mutations — groups, members, pause, reshard and rollback, and the
+//!   layout fan-out to the groups of a stream;
+//! - `sweep`: the expiry sweep over the deadline index and the purge of retired shard keys;
+//! - `views`: the read-only views (describe, list, routing);
+//! - `cache`: the documents this coordinator last read or wrote, for the steady path.
+
+mod admin;
+mod cache;
+mod heartbeat;
+mod sweep;
+mod views;
+
+use cache::DocCache;
+pub use sweep::PurgedKeys;
+
+use crate::clock::Clock;
+use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
+use crate::fencing::{OwnerTokens, Sealer};
+use crate::outage::StoreOutages;
+use crate::store::{LivenessChange, LockResource, MetadataStore, StoreError, Versioned};
+use crate::wake::WakeHub;
+use rsc_protocol::names::validate_name;
+use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// Service settings.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// How long after a reshard completed it may be rolled back (ms).
+    pub rollback_window_ms: u64,
+    /// How many times a lost compare-and-set is retried before `STORE_CONFLICT`.
+    pub cas_retries: u32,
+    /// A cached group document unused for this long is dropped (and read again when needed):
+    /// half the store's tombstone retention, so that no coordinator still caches a deleted
+    /// group when its tombstone is collected and the name may start a new revision sequence.
+    pub cache_idle: Duration,
+    /// How long a sweep's claim on a due group lasts: if the sweeper dies before it has
+    /// rescheduled the group, the group is due again this much later, for any coordinator.
+    pub claim_ms: u64,
+    /// Most due groups one sweep claims.
+    pub sweep_batch: usize,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            rollback_window_ms: 15 * 60 * 1000,
+            cas_retries: 5,
+            cache_idle: crate::store::TOMBSTONE_RETENTION / 2,
+            claim_ms: 2_000,
+            sweep_batch: 512,
+        }
+    }
+}
+
+/// Why a service call failed. Each variant maps to one SPEC error code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServiceError {
+    /// The protocol refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No such group.
+    #[error("group {0} does not exist")]
+    GroupNotFound(String),
+    /// No such stream.
+    #[error("stream {0} does not exist")]
+    StreamNotFound(String),
+    /// The group exists.
+    #[error("group {0} already exists")]
+    GroupAlreadyExists(String),
+    /// Create on an existing stream with another shard count.
+    #[error("stream {stream} has {existing} shards, not {requested}")]
+    ShardCountMismatch {
+        /// Stream.
+        stream: String,
+        /// Its shard count.
+        existing: u32,
+        /// What the request said.
+        requested: u32,
+    },
+    /// Delete of a group with members, without force.
+    #[error("group {group} has {members} live members; delete with ?force=true to remove them")]
+    GroupNotEmpty {
+        /// Group.
+        group: String,
+        /// Live members.
+        members: usize,
+    },
+}
+
+impl ServiceError {
+    /// The SPEC error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ServiceError::Engine(e) => e.code(),
+            ServiceError::Store(e) if e.is_conflict() => ErrorCode::StoreConflict,
+            ServiceError::Store(_) => ErrorCode::StoreUnavailable,
+            ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
+            ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
+            ServiceError::GroupAlreadyExists(_) => ErrorCode::GroupAlreadyExists,
+            ServiceError::ShardCountMismatch { .. } => ErrorCode::ShardCountMismatch,
+            ServiceError::GroupNotEmpty { .. } => ErrorCode::GroupNotEmpty,
+        }
+    }
+
+    /// When retrying may succeed, how long until then (ms).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ServiceError::Engine(e) => e.retry_after_ms(),
+            _ => None,
+        }
+    }
+
+    fn is_conflict(&self) -> bool {
+        matches!(self, ServiceError::Store(e) if e.is_conflict())
+    }
+}
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+fn invalid(msg: String) -> ServiceError {
+    ServiceError::Engine(EngineError::Invalid(msg))
+}
+
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    validate_name(kind, name).map_err(invalid)
+}
+
+/// The coordinator: one per process, shared by every HTTP handler and the expiry sweep.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    store: Arc<dyn MetadataStore>,
+    clock: Arc<dyn Clock>,
+    config: ServiceConfig,
+    cache: Arc<DocCache>,
+    fencing: Option<Arc<OwnerTokens>>,
+    sealer: Option<Arc<Sealer>>,
+    /// Store outages seen, so that one does not expire the members it kept silent.
+    outages: Arc<Mutex<StoreOutages>>,
+    wakes: Option<Arc<WakeHub>>,
+}
+
+impl Coordinator {
+    /// A coordinator over `store`, telling time by `clock`.
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        clock: Arc<dyn Clock>,
+        config: ServiceConfig,
+    ) -> Self {
+        Coordinator {
+            store,
+            clock,
+            cache: Arc::new(DocCache::new(config.cache_idle)),
+            config,
+            fencing: None,
+            sealer: None,
+            outages: Arc::default(),
+            wakes: None,
+        }
+    }
+
+    /// Fences producers and records seal positions in the data Redis at every routing-epoch
+    /// switch, before the reshard request is answered (ordered resharding, issue 16).
+    /// Without it, reshards keep at-least-once but not per-key order.
+    pub fn with_sealer(mut self, sealer: Arc<Sealer>) -> Self {
+        self.sealer = Some(sealer);
+        self
+    }
+
+    /// The sealer, when the coordinator knows the data Redis.
+    pub fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.as_ref()
+    }
+
+    /// The store answered at `now`: closes an outage if calls were failing.
+    fn store_ok(&self, now: u64) {
+        let closed = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ok(now);
+        if let Some(c) = closed {
+            info!(
+                outage_ms = c.length_ms,
+                "metadata store reachable again: sessions are extended by the outage's length \
+                 for one session timeout"
+            );
+            ::metrics::counter!("rsc_store_outages_total").increment(1);
+            ::metrics::gauge!("rsc_store_last_outage_seconds").set(c.length_ms as f64 / 1000.0);
+        }
+    }
+
+    /// The store could not be reached.
+    fn store_failed(&self) {
+        self.outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failed();
+    }
+
+    /// The time expiry is judged at, for a group with `session_timeout_ms`: `now` set back
+    /// by a recent store outage (see [`crate::outage`]). Called after the store answered.
+    fn expiry_now(&self, now: u64, session_timeout_ms: u64) -> u64 {
+        self.store_ok(now);
+        let shift = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shift_ms(now, session_timeout_ms);
+        now.saturating_sub(shift)
+    }
+
+    /// Wakes the members a write concerns through `hub` (the wake-up channels); without it
+    /// members learn of changes at their next heartbeat.
+    pub fn with_wakeups(mut self, hub: Arc<WakeHub>) -> Self {
+        self.wakes = Some(hub);
+        self
+    }
+
+    /// The wake-up hub, if any.
+    pub fn wakeups(&self) -> Option<&Arc<WakeHub>> {
+        self.wakes.as_ref()
+    }
+
+    /// After a write of `group` succeeded: wakes the members it concerns (all of them when
+    /// `after` is `None`: deleted), except `requester`, which gets its answer directly.
+    fn wake(
+        &self,
+        group: &str,
+        before: Option<&GroupDoc>,
+        after: Option<&GroupDoc>,
+        requester: Option<&str>,
+    ) {
+        let Some(hub) = &self.wakes else { return };
+        let mut members = members_to_wake(before, after);
+        if let Some(r) = requester {
+            members.retain(|m| m != r);
+        }
+        hub.wake(group, members);
+    }
+
+    /// Writes owner tokens of strict-fencing groups to the data Redis through `tokens`
+    /// (without it, groups default to lease fencing and `strict` is refused).
+    pub fn with_fencing(mut self, tokens: Arc<OwnerTokens>) -> Self {
+        self.fencing = Some(tokens);
+        self
+    }
+
+    /// Checks that a requested fencing mode can be served.
+    fn check_fencing(&self, mode: Option<FencingMode>) -> Result<()> {
+        if mode == Some(FencingMode::Strict) && self.fencing.is_none() {
+            return Err(invalid(
+                "fencing \"strict\" needs the data Redis: start the coordinator with --data-redis-url"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// With strict fencing, writes the owner tokens of the answer's assignment before the
+    /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
+    async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
+        if response.owner_tokens.is_empty() || response.member_epoch < 0 {
+            return Ok(());
+        }
+        let Some(fencing) = &self.fencing else {
+            warn!(group = %doc.group, "group is set to strict fencing but this coordinator has no --data-redis-url: members fall back to their lease");
+            response.owner_tokens.clear();
+            return Ok(());
+        };
+        fencing
+            .assert(&doc.group, &doc.stream, &response.owner_tokens)
+            .await
+            .map_err(|e| ServiceError::Store(StoreError::unavailable(e.to_string())))?;
+        Ok(())
+    }
+
+    /// The store (for readiness checks).
+    pub fn store(&self) -> &Arc<dyn MetadataStore> {
+        &self.store
+    }
+
+    /// The coordinator's clock, now (Unix ms).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Runs `op` again while it loses a compare-and-set, at most `cas_retries` more times.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match op().await {
+                Err(e) if e.is_conflict() && attempt < self.config.cas_retries => {
+                    attempt += 1;
+                    debug!(attempt, error = %e, "compare-and-set lost; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
+        let Some((mut v, live)) = self.store.load_group_live(group).await? else {
+            // Deleted (perhaps through another coordinator): drop what this one cached.
+            self.cache.forget_group(group);
+            return Err(ServiceError::GroupNotFound(group.to_owned()));
+        };
+        overlay_liveness(&mut v.doc, &live);
+        Ok(v)
+    }
+
+    async fn load_stream(&self, stream: &str) -> Result<Versioned<StreamDoc>> {
+        self.store
+            .load_stream(stream)
+            .await?
+            .ok_or_else(|| ServiceError::StreamNotFound(stream.to_owned()))
+    }
+
+    /// Lock, load, apply `f`, write if the document changed, log. Returns what happened.
+    async fn mutate_group<F>(&self, group: &str, f: F) -> Result<Vec<GroupEvent>>
+    where
+        F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
+    {
+        Ok(self.mutate_group_at(group, f).await?.events)
+    }
+
+    /// [`Coordinator::mutate_group`], also telling the revision and next deadline of the
+    /// group document it left (written or not).
+    async fn mutate_group_at<F>(&self, group: &str, f: F) -> Result<Mutated>
+    where
+        F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
+    {
+        self.retrying(|| async {
+            let _lock = self
+                .store
+                .lock(&LockResource::Group(group.to_owned()))
+                .await?;
+            let Versioned { revision, mut doc } = self.load_group(group).await?;
+            let stream = self.load_stream(&doc.stream).await?;
+            let now = self.now();
+            let before = doc.clone();
+            if doc.sync_layout(&stream.doc) {
+                crate::metrics::record_rebalance(group);
+            }
+            let judged = self.expiry_now(now, doc.config.session_timeout_ms);
+            let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
+            events.extend(f(&mut doc, &stream.doc, now)?);
+            track_convergence(&mut doc, now);
+            let next_deadline_ms = doc.next_deadline_ms();
+            let mut at = revision;
+            if doc != before {
+                let change = LivenessChange {
+                    forget: departed(&events),
+                    expired,
+                    touch: None,
+                };
+                at = self.store.put_group_live(&doc, revision, &change).await?;
+                self.lower_deadline(&doc, at).await;
+                self.wake(group, Some(&before), Some(&doc), None);
+                self.cache.put_group(at, doc);
+            }
+            self.cache.put_stream(stream);
+            log_events(group, &events);
+            Ok(Mutated {
+                events,
+                revision: at,
+                next_deadline_ms,
+            })
+        })
+        .await
+    }
+
+    /// After a write of `doc` at `revision`: brings the group's entry in the deadline index
+    /// forward to the document's next deadline, if that is earlier. A failure is logged and
+    /// remembered: the sweep retries it (until then the member's expiry may come late, never
+    /// early).
+    async fn lower_deadline(&self, doc: &GroupDoc, revision: u64) {
+        if let Some(deadline) = doc.next_deadline_ms() {
+            self.schedule(&doc.group, revision, deadline).await;
+        }
+    }
+
+    /// Brings `group`'s deadline-index entry forward to `deadline` (recorded as seen at
+    /// `revision`); on failure remembers it for the next sweep to retry.
+    async fn schedule(&self, group: &str, revision: u64, deadline: u64) {
+        if let Err(e) = self.store.lower_deadline(group, revision, deadline).await {
+            warn!(group, deadline, error = %e, "could not record the group's next deadline; the sweep retries");
+            self.cache.owe_deadline(group, revision, deadline);
+        }
+    }
+}
+
+/// What [`Coordinator::mutate_group_at`] did and left.
+#[derive(Debug)]
+struct Mutated {
+    events: Vec<GroupEvent>,
+    /// The group document's revision afterwards.
+    revision: u64,
+    /// Its next deadline.
+    next_deadline_ms: Option<u64>,
+}
+
+/// Updates the document's convergence clock; observes the convergence time when the group
+/// just became stable. Returns whether the document changed.
+fn track_convergence(doc: &mut GroupDoc, now: u64) -> bool {
+    let before = doc.reconciling_since_ms;
+    if let Some(ms) = doc.track_convergence(now) {
+        crate::metrics::record_convergence(&doc.group, ms);
+        debug!(group = %doc.group, ms, "group converged");
+    }
+    doc.reconciling_since_ms != before
+}
+
+/// Runs the engine's expiry; returns its events and, for each member removed for silence,
+/// the liveness the decision was based on (the write fails if it changed since).
+fn expire(
+    doc: &mut GroupDoc,
+    stream: &StreamDoc,
+    now: u64,
+) -> (Vec<GroupEvent>, Vec<(String, u64)>) {
+    if doc.next_deadline_ms().is_none_or(|t| t > now) {
+        return (Vec::new(), Vec::new());
+    }
+    let seen: HashMap<String, u64> = doc
+        .members
+        .iter()
+        .map(|(id, m)| (id.clone(), m.last_heartbeat_ms))
+        .collect();
+    let events = doc.expire(stream, now);
+    let expired = events
+        .iter()
+        .filter_map(|e| match e {
+            GroupEvent::SessionExpired(m) => seen.get(m).map(|t| (m.clone(), *t)),
+            _ => None,
+        })
+        .collect();
+    (events, expired)
+}
+
+/// Liveness lives beside the document: a member was last heard from at the later of the two.
+fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
+    for (id, m) in doc.members.iter_mut() {
+        if let Some(&t) = live.get(id) {
+            m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
+        }
+    }
+}
+
+/// Members an update removed: their liveness goes with them.
+fn departed(events: &[GroupEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            GroupEvent::Left(m)
+            | GroupEvent::SessionExpired(m)
+            | GroupEvent::RebalanceTimedOut(m)
+            | GroupEvent::Removed(m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn log_events(group: &str, events: &[GroupEvent]) {
+    crate::metrics::record_group_events(group, events);
+    for e in events {
+        match e {
+            GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),
+            GroupEvent::Rejoined(m) => info!(group, member = %m, "member rejoined with epoch 0"),
+            GroupEvent::Left(m) => info!(group, member = %m, "member left"),
+            GroupEvent::SteppedAway(m) => {
+                info!(group, member = %m, "static member left for a restart: its shards wait for it")
+            }
+            GroupEvent::Resumed(m) => {
+                info!(group, member = %m, "static member returned: resumes its shards, no rebalance")
+            }
+            GroupEvent::SessionExpired(m) => {
+                warn!(group, member = %m, "member expired: no heartbeat within the session timeout")
+            }
+            GroupEvent::RebalanceTimedOut(m) => {
+                warn!(group, member = %m, "member removed: did not revoke within the rebalance timeout")
+            }
+            GroupEvent::Removed(m) => info!(group, member = %m, "member removed by an operator"),
+            GroupEvent::Rebalanced(epoch) => debug!(group, epoch, "target assignment recomputed"),
+            GroupEvent::RevocationRequested(m, shards) => {
+                info!(group, member = %m, ?shards, "revocation requested")
+            }
+        }
+    }
+}
