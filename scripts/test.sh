@@ -2,8 +2,9 @@
 # Runs every test of the project on a fresh machine: installs what the tests need when it is
 # missing (redis-server, chromium, curl; schemathesis and the Docker base images install
 # themselves), builds every binary the end-to-end tests spawn, runs the whole test suite, the
-# API fuzzing, the container smoke test, a quick pass of the benchmarks, then the lints. Tests start their own redis-server / coordinator processes on free
-# loopback ports; nothing needs to be running beforehand.
+# API fuzzing, the container smoke test, a quick pass of the benchmarks, the packaging dry
+# runs and the API documentation build, then the lints. Tests start their own redis-server /
+# coordinator processes on free loopback ports; nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +51,13 @@ docker/smoke.sh
 
 echo "== benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
 scripts/bench.sh --quick
+
+echo "== packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
+scripts/package.sh
+
+echo "== API documentation: cargo doc, warnings are errors (default and all features)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 
 echo "== lint"
 cargo fmt --all -- --check

@@ -23,11 +23,12 @@ use crate::handler::BoxError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// The entry field that names a payload's format (absent: JSON).
-pub const CONTENT_TYPE_FIELD: &str = "content_type";
+/// The entry field that names a payload's format (absent: JSON); the same as
+/// [`rsc_protocol::entry::CONTENT_TYPE`].
+pub const CONTENT_TYPE_FIELD: &str = rsc_protocol::entry::CONTENT_TYPE;
 
 /// A payload format. Implement it for a format of your own; [`Json`] and (feature
-/// `msgpack`) [`MsgPack`] come with the crate.
+/// `msgpack`) `MsgPack` come with the crate.
 pub trait Codec: Send + Sync + 'static {
     /// The content type recorded in the entry's `content_type` field (e.g.
     /// `application/msgpack`).

@@ -1,10 +1,11 @@
 //! A listener: a handler bound to a consumer group and a stream, with its settings.
 
-use crate::codec::{CONTENT_TYPE_FIELD, CodecSpec};
+use crate::codec::CodecSpec;
 use crate::handler::{BatchError, BatchHandler, Handler, HandlerError};
 use crate::message::{Batch, Entry, Message, Origin, Payload};
 use crate::state::{DataKey, DataMap};
 use futures::future::BoxFuture;
+use rsc_protocol::entry as fields;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +49,7 @@ fn decode<T: Payload>(entry: &Entry, codec: &CodecSpec) -> Result<T, HandlerErro
         )));
     }
     if !T::ANY_CONTENT_TYPE
-        && let Some(ct) = entry.field(CONTENT_TYPE_FIELD)
+        && let Some(ct) = entry.field(fields::CONTENT_TYPE)
         && ct != codec.content_type.as_bytes()
     {
         return Err(HandlerError::dead_letter(format!(
@@ -57,7 +58,7 @@ fn decode<T: Payload>(entry: &Entry, codec: &CodecSpec) -> Result<T, HandlerErro
             codec.content_type
         )));
     }
-    let bytes = entry.field("payload").unwrap_or_default();
+    let bytes = entry.field(fields::PAYLOAD).unwrap_or_default();
     T::decode_with(bytes, codec).map_err(|e| {
         HandlerError::dead_letter(format!(
             "payload does not decode as {} ({}): {e}",

@@ -4,6 +4,7 @@ use crate::codec::Codec as _;
 use crate::codec::CodecSpec;
 use crate::error::ClientError;
 use crate::handler::BoxError;
+use rsc_protocol::entry as fields;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -76,8 +77,8 @@ impl Entry {
         let mut headers = Headers::new();
         for (name, value) in &fields {
             match name.as_str() {
-                "key" => key = Some(String::from_utf8_lossy(value).into_owned()),
-                "headers" => headers = parse_headers(value),
+                fields::KEY => key = Some(String::from_utf8_lossy(value).into_owned()),
+                fields::HEADERS => headers = parse_headers(value),
                 _ => {}
             }
         }
@@ -223,7 +224,7 @@ impl<T> Message<T> {
     /// `application/json` when it has none (see [`crate::codec`]).
     pub fn content_type(&self) -> &str {
         self.entry
-            .field(crate::codec::CONTENT_TYPE_FIELD)
+            .field(fields::CONTENT_TYPE)
             .and_then(|v| std::str::from_utf8(v).ok())
             .unwrap_or(crate::codec::Json::CONTENT_TYPE)
     }

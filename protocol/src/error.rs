@@ -1,4 +1,4 @@
-//! Error codes of the HTTP API (SPEC §4) and the error body every failure carries.
+//! Error codes of the HTTP API (PROTOCOL §4) and the error body every failure carries.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -58,7 +58,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code, in SPEC order.
+    /// Every code, in the order of PROTOCOL §4.2.
     pub const ALL: [ErrorCode; 23] = [
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,

@@ -2,7 +2,11 @@
 //!
 //! This crate is shared by the coordinator server and the client framework. It performs no
 //! I/O: it only describes what travels over HTTP (the `/v1` JSON API) and how a producer maps
-//! a message key to a shard (SPEC §3).
+//! a message key to a shard (PROTOCOL §3).
+//!
+//! "PROTOCOL §n" in these docs is a section of `docs/PROTOCOL.md` in the project's
+//! repository: the behavioural contract (model, Redis key layout, routes, heartbeat rules,
+//! fencing, resharding, error codes) that these types carry.
 //!
 //! ```
 //! use rsc_protocol::routing::{shard_for_key, shard_key};
@@ -15,8 +19,10 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod entry;
 pub mod error;
 pub mod names;
+pub mod owner;
 pub mod redact;
 pub mod routing;
 pub mod wire;

@@ -1,4 +1,4 @@
-//! Validation of group, stream and member ids (SPEC §1).
+//! Validation of group, stream and member ids (PROTOCOL §1).
 
 /// The pattern every id matches (the OpenAPI document's `pattern`).
 pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$";

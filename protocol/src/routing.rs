@@ -1,4 +1,4 @@
-//! The routing hash of SPEC §3: which shard a message key goes to.
+//! The routing hash of PROTOCOL §3: which shard a message key goes to.
 //!
 //! `shard = jump_consistent_hash(xxh3_64(key_bytes, seed 0), shard_count)`.
 //!

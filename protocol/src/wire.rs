@@ -1,4 +1,4 @@
-//! Request and response bodies of the `/v1` HTTP API (SPEC §4, §5).
+//! Request and response bodies of the `/v1` HTTP API (PROTOCOL §4, §5).
 //!
 //! Request types reject unknown fields (`INVALID_REQUEST`), so that a typo in a field name is
 //! an error rather than a silently ignored setting.
@@ -33,7 +33,7 @@ impl StartPosition {
 /// (`{<shard key>}:owner:<group>`) before a member can learn of a grant, and members read and
 /// acknowledge through scripts that refuse a token that no longer matches, so a paused or
 /// cut-off member can neither read nor acknowledge after its shards moved. `lease`: members
-/// rely on their heartbeat lease alone (self-fence, SPEC §5.3).
+/// rely on their heartbeat lease alone (self-fence, PROTOCOL §5.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -123,7 +123,7 @@ pub enum ShardState {
     Draining,
 }
 
-/// Progress of a reshard (SPEC §6).
+/// Progress of a reshard (PROTOCOL §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
@@ -206,7 +206,7 @@ pub struct BatchedHeartbeatResult {
     /// The heartbeat's answer (status 200).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response: Option<HeartbeatResponse>,
-    /// The heartbeat's error (any other status), as in the SPEC's error body.
+    /// The heartbeat's error (any other status), as in the error body of PROTOCOL §4.2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<crate::ErrorDetail>,
 }
@@ -288,7 +288,7 @@ pub struct WakeEvent {
     pub member_id: String,
 }
 
-/// `POST /v1/groups/{group}/heartbeat` body (SPEC §5).
+/// `POST /v1/groups/{group}/heartbeat` body (PROTOCOL §5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -366,7 +366,7 @@ pub struct HeartbeatResponse {
     /// With `fencing: strict`: the owner token of each shard in `assignment` (JSON object,
     /// shard index as the key). Reads and acknowledgements of the shard go through scripts
     /// that compare it with `{<shard key>}:owner:<group>` in the data Redis. Absent in lease
-    /// mode (an addition to SPEC §5: responses may gain fields).
+    /// mode (an addition to PROTOCOL §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
     /// The group's ordering through reshards (issue 16; absent means `key`).
@@ -531,7 +531,7 @@ pub struct DrainingShardView {
     pub waiting_groups: Vec<String>,
 }
 
-/// `GET /v1/streams/{stream}/routing`: what a producer needs to route (SPEC §3).
+/// `GET /v1/streams/{stream}/routing`: what a producer needs to route (PROTOCOL §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RoutingResponse {
@@ -806,7 +806,7 @@ pub struct StreamList {
     pub streams: Vec<StreamView>,
 }
 
-/// One audit log entry: an admin mutation, allowed or refused (SPEC §7).
+/// One audit log entry: an admin mutation, allowed or refused (PROTOCOL §7).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEntry {

@@ -32,6 +32,7 @@ use futures::FutureExt;
 use redis::streams::StreamInfoGroupsReply;
 use redis::{RedisError, Value};
 use rsc_protocol::StartPosition;
+use rsc_protocol::entry as fields;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -1003,15 +1004,6 @@ impl ShardWorker {
     /// Copies the entry to `<stream>:dlq` with `error`, `origin` (shard key), `origin_id`,
     /// `group`, `member`, `attempts` and `failed_ms`. Retried until written or stopped.
     async fn dead_letter(&self, entry: &Entry, err: &HandlerError, attempts: u32) -> Outcome {
-        const OURS: [&str; 7] = [
-            "error",
-            "origin",
-            "origin_id",
-            "group",
-            "member",
-            "attempts",
-            "failed_ms",
-        ];
         let dlq = rsc_protocol::routing::dlq_key(&self.origin.stream);
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -1019,23 +1011,23 @@ impl ShardWorker {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(&dlq).arg("*");
         for (name, value) in &entry.fields {
-            if !OURS.contains(&name.as_str()) {
+            if !fields::DEAD_LETTER_FIELDS.contains(&name.as_str()) {
                 cmd.arg(name).arg(value);
             }
         }
-        cmd.arg("error")
+        cmd.arg(fields::ERROR)
             .arg(err.to_string())
-            .arg("origin")
+            .arg(fields::ORIGIN)
             .arg(&self.origin.shard_key)
-            .arg("origin_id")
+            .arg(fields::ORIGIN_ID)
             .arg(&entry.id)
-            .arg("group")
+            .arg(fields::GROUP)
             .arg(&self.origin.group)
-            .arg("member")
+            .arg(fields::MEMBER)
             .arg(&self.origin.member_id)
-            .arg("attempts")
+            .arg(fields::ATTEMPTS)
             .arg(attempts)
-            .arg("failed_ms")
+            .arg(fields::FAILED_MS)
             .arg(now_ms);
         // On the shared connection: on a cluster the dead-letter stream lives in another slot.
         let mut conn = self.shared.ack_conn.clone();

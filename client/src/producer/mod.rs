@@ -17,11 +17,12 @@ mod routing;
 
 pub use routing::Routing;
 
-use crate::codec::{CONTENT_TYPE_FIELD, Codec, CodecSpec, Json};
+use crate::codec::{Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
 use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
 use routing::RoutingCache;
+use rsc_protocol::entry;
 use rsc_redis::LazyRedis;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -102,15 +103,15 @@ impl Record {
             + usize::from(self.content_type.is_some())
             + usize::from(!self.headers.is_empty())
             + self.fields.len();
-        cmd.arg(n).arg("payload").arg(&self.payload);
+        cmd.arg(n).arg(entry::PAYLOAD).arg(&self.payload);
         if let Some(k) = &self.key {
-            cmd.arg("key").arg(k);
+            cmd.arg(entry::KEY).arg(k);
         }
         if let Some(ct) = &self.content_type {
-            cmd.arg(CONTENT_TYPE_FIELD).arg(ct);
+            cmd.arg(entry::CONTENT_TYPE).arg(ct);
         }
         if !self.headers.is_empty() {
-            cmd.arg("headers")
+            cmd.arg(entry::HEADERS)
                 .arg(serde_json::to_string(&self.headers).unwrap_or_default());
         }
         for (n, v) in &self.fields {
@@ -123,16 +124,16 @@ impl Record {
         pipe.cmd("XADD")
             .arg(shard_key)
             .arg("*")
-            .arg("payload")
+            .arg(entry::PAYLOAD)
             .arg(&self.payload);
         if let Some(k) = &self.key {
-            pipe.arg("key").arg(k);
+            pipe.arg(entry::KEY).arg(k);
         }
         if let Some(ct) = &self.content_type {
-            pipe.arg(CONTENT_TYPE_FIELD).arg(ct);
+            pipe.arg(entry::CONTENT_TYPE).arg(ct);
         }
         if !self.headers.is_empty() {
-            pipe.arg("headers")
+            pipe.arg(entry::HEADERS)
                 .arg(serde_json::to_string(&self.headers).unwrap_or_default());
         }
         for (n, v) in &self.fields {

@@ -4,6 +4,7 @@ use super::{EngineError, GroupConfig, GroupDoc, MemberDoc, StreamDoc};
 use crate::assignor::{self, AssignorMember, StickyAssignor};
 use rsc_protocol::FencingMode;
 use rsc_protocol::names::validate_name;
+use rsc_protocol::owner::OwnerToken;
 use rsc_protocol::{
     HeartbeatRequest, HeartbeatResponse, MemberState, PROTOCOL_VERSION, PatchGroupRequest,
 };
@@ -675,7 +676,10 @@ impl GroupDoc {
             .iter()
             .map(|&s| {
                 let epoch = m.granted_at.get(&s).copied().unwrap_or(m.member_epoch);
-                (s, super::owner_token(self.created_ms, epoch, member_id))
+                (
+                    s,
+                    OwnerToken::new(self.created_ms, epoch, member_id).to_string(),
+                )
             })
             .collect()
     }

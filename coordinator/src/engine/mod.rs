@@ -111,14 +111,6 @@ impl GroupConfig {
     }
 }
 
-/// The owner token of a shard granted to `member` at `grant_epoch` in the group incarnation
-/// created at `created_ms`: `<created_ms>:<grant_epoch>:<member>`. It changes whenever the
-/// shard changes hands (a later grant has a higher epoch, a rejoin is a later grant, a group
-/// created again has a later `created_ms`), so the pair of numbers orders tokens.
-pub fn owner_token(created_ms: u64, grant_epoch: i64, member: &str) -> String {
-    format!("{created_ms}:{grant_epoch}:{member}")
-}
-
 /// One member of a group, as the coordinator records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberDoc {
@@ -146,7 +138,7 @@ pub struct MemberDoc {
     /// What it said about itself.
     pub client: Option<ClientInfo>,
     /// The member epoch at which each shard of `assigned` was granted (the owner token's
-    /// generation, see [`owner_token`]); kept while the shard stays with the member.
+    /// generation, see [`rsc_protocol::owner::OwnerToken`]); kept while the shard stays with the member.
     #[serde(default)]
     pub granted_at: BTreeMap<u32, i64>,
     /// Static membership: the incarnation (process run) that joined last; `None` for a

@@ -1,7 +1,7 @@
 //! Data-path fencing (issue 10): owner tokens in the data Redis.
 //!
 //! With `fencing: strict` the coordinator writes, for every shard of a member's assignment,
-//! the owner token [`crate::engine::owner_token`] to `{<shard key>}:owner:<group>` (same
+//! the owner token [`rsc_protocol::owner::OwnerToken`] to `{<shard key>}:owner:<group>` (same
 //! cluster slot as the shard key) before the heartbeat answer that carries the grant is sent.
 //! Members read and acknowledge through scripts that compare their token with that key, so a
 //! member whose shards moved on (paused past its session, cut off) is refused by Redis itself.
@@ -63,7 +63,7 @@ impl OwnerTokens {
     pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
         OwnerTokens {
             redis,
-            script: redis::Script::new(include_str!("assert_owner.lua")),
+            script: redis::Script::new(rsc_protocol::owner::ASSERT_OWNER_LUA),
             timeout,
         }
     }

@@ -39,7 +39,7 @@ impl Coordinator {
     /// Expires silent members and members that outlived their rebalance timeout, in the
     /// groups of the deadline-index `buckets` that are due. Returns how many members were
     /// removed. A group that fails stays claimed and is due again after the claim
-    /// ([`ServiceConfig::claim_ms`]); the first failure is returned after the others ran.
+    /// ([`super::ServiceConfig::claim_ms`]); the first failure is returned after the others ran.
     ///
     /// Only due groups are visited: every group document write records the group's next
     /// deadline (session or revocation) in the index, and a visit that finds nothing due

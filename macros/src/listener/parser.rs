@@ -1,6 +1,7 @@
 //! Reading `#[stream_listener(…)]`: the attribute's keys and the shape of the function.
 
 use proc_macro2::{Span, TokenStream};
+use rsc_protocol::names::{NAME_PATTERN, validate_name};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
@@ -193,19 +194,16 @@ fn int_value(value: &Expr, key: &str) -> syn::Result<u32> {
     }
 }
 
-/// A group, stream or listener name: `^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$` (SPEC §1).
+/// A group, stream or listener name: the protocol's name rule
+/// ([`rsc_protocol::names::NAME_PATTERN`], SPEC §1), checked at compile time.
 fn name_value(value: &Expr, key: &str) -> syn::Result<String> {
     let s = str_value(value, key)?;
-    let mut chars = s.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'));
-    if first_ok && rest_ok && s.len() <= 200 {
-        Ok(s)
-    } else {
-        Err(syn::Error::new(
+    match validate_name(key, &s) {
+        Ok(()) => Ok(s),
+        Err(_) => Err(syn::Error::new(
             value.span(),
-            format!("`{key}` must match ^[A-Za-z0-9][A-Za-z0-9._:-]{{0,199}}$ (got {s:?})"),
-        ))
+            format!("`{key}` must match {NAME_PATTERN} (got {s:?})"),
+        )),
     }
 }
 

@@ -1,5 +1,7 @@
 -- Writes an owner token unless a newer one is there (strict fencing, issue 10).
 -- KEYS[1]: {<shard key>}:owner:<group>   ARGV[1]: token "<created_ms>:<grant_epoch>:<member>"
+-- The token's text is rsc_protocol::owner::OwnerToken (Display/FromStr); `gen` reads its
+-- created_ms and grant_epoch, in that order, and the pair orders tokens.
 -- Returns 2 written, 1 already there, 0 refused (a newer grant's token is in place).
 local function gen(t)
   local c, e = string.match(t, '^(%d+):(%d+):')

@@ -1,0 +1,53 @@
+//! The field names of a shard entry and of a dead-letter entry (SPEC §4, §9).
+//!
+//! A shard entry is a Redis Stream entry written by a producer: [`PAYLOAD`] always, then
+//! [`KEY`], [`CONTENT_TYPE`] and [`HEADERS`] when set, then any fields of the application, in
+//! that order (the plain `XADD` and the guarded script write the same fields in the same
+//! order). A consumer that gives up on an entry copies its fields to `<stream>:dlq` and adds
+//! the [`DEAD_LETTER_FIELDS`].
+//!
+//! ```
+//! use rsc_protocol::entry;
+//!
+//! assert_eq!(entry::PAYLOAD, "payload");
+//! assert!(entry::DEAD_LETTER_FIELDS.contains(&entry::ORIGIN_ID));
+//! ```
+
+/// The message body, encoded by the producer's codec (JSON unless [`CONTENT_TYPE`] says
+/// otherwise).
+pub const PAYLOAD: &str = "payload";
+
+/// The routing key the producer hashed to choose the shard (absent: no key).
+pub const KEY: &str = "key";
+
+/// The payload's format, e.g. `application/msgpack` (absent: JSON).
+pub const CONTENT_TYPE: &str = "content_type";
+
+/// The message headers, as a JSON object of strings (absent: none).
+pub const HEADERS: &str = "headers";
+
+/// Dead letter: why the entry was given up on (the handler's error).
+pub const ERROR: &str = "error";
+
+/// Dead letter: the shard key the entry was read from.
+pub const ORIGIN: &str = "origin";
+
+/// Dead letter: the entry's id on its shard.
+pub const ORIGIN_ID: &str = "origin_id";
+
+/// Dead letter: the consumer group that gave up.
+pub const GROUP: &str = "group";
+
+/// Dead letter: the member that gave up.
+pub const MEMBER: &str = "member";
+
+/// Dead letter: how many times the handler was tried.
+pub const ATTEMPTS: &str = "attempts";
+
+/// Dead letter: when the entry was given up on (Unix milliseconds).
+pub const FAILED_MS: &str = "failed_ms";
+
+/// The fields a dead-letter entry adds to the original entry's, in the order they are
+/// written. A field of the original entry with one of these names is replaced.
+pub const DEAD_LETTER_FIELDS: [&str; 7] =
+    [ERROR, ORIGIN, ORIGIN_ID, GROUP, MEMBER, ATTEMPTS, FAILED_MS];
