@@ -1,11 +1,13 @@
 //! docs/PROTOCOL.md is the contract, and these tests keep it true: its error-code table
 //! against `rsc_protocol::ErrorCode` (and the OpenAPI document's enum), its route table
 //! against the routes a running coordinator describes in `/openapi.json`, its routing rows
-//! against the hash and the vectors file; and every document of the repository links only
-//! to files inside it.
+//! against the hash and the vectors file, its entry fields and owner-token format against
+//! the protocol crate's items; and every document of the repository links only to files
+//! inside it.
 
-use rsc_protocol::ErrorCode;
+use rsc_protocol::owner::OwnerToken;
 use rsc_protocol::routing::{key_hash, shard_for_key};
+use rsc_protocol::{ErrorCode, entry};
 use rsc_testkit::CoordinatorProcess;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -180,6 +182,58 @@ fn routing_rows_match_the_hash_and_the_vectors_file() {
         }
     }
     assert!(checked >= 30, "only {checked} answers in PROTOCOL §3");
+}
+
+/// The backquoted words of `text`, in order.
+fn quoted(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+#[test]
+fn entry_fields_and_owner_token_match_the_protocol_crate() {
+    let data = section("### 2.2");
+    let fields: Vec<String> = rows(data)
+        .iter()
+        .filter(|r| r.len() == 2 && r[0].starts_with('`'))
+        .map(|r| unquote(&r[0]).to_owned())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            entry::PAYLOAD,
+            entry::KEY,
+            entry::CONTENT_TYPE,
+            entry::HEADERS
+        ],
+        "entry fields of PROTOCOL §2.2, in the producer's order"
+    );
+
+    let dead = &data[data
+        .find("**Dead letters**")
+        .expect("the dead-letter paragraph")..];
+    let dead = &dead[..dead.find("\n\n").unwrap_or(dead.len())];
+    let dead = &dead[dead.find("followed by").expect("the added fields")..];
+    let added: Vec<&str> = quoted(dead)
+        .into_iter()
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect();
+    assert_eq!(
+        added,
+        entry::DEAD_LETTER_FIELDS,
+        "dead-letter fields of PROTOCOL §2.2, in the order they are written"
+    );
+
+    let owner = section("### 5.6");
+    assert!(
+        owner.contains("**Format**: `<created_ms>:<grant_epoch>:<member id>`"),
+        "PROTOCOL §5.6 states the owner-token format"
+    );
+    let token = OwnerToken::new(1_700_000_000_000, 7, "10.0.0.7-billing-0");
+    assert_eq!(token.to_string(), "1700000000000:7:10.0.0.7-billing-0");
+    assert_eq!(
+        "1700000000000:7:pod:a".parse(),
+        Ok(OwnerToken::new(1_700_000_000_000, 7, "pod:a"))
+    );
 }
 
 /// The route table of PROTOCOL §4.1: (METHOD, path).

@@ -331,23 +331,41 @@ impl ServeArgs {
         })
     }
 
+    /// The sentinel settings of the metadata and the data Redis (taken from these settings
+    /// over `file`'s), checked.
+    fn sentinels(
+        &mut self,
+        file: &mut ServeArgs,
+    ) -> Result<[Option<SentinelTarget>; 2], ConfigError> {
+        Ok([
+            sentinel_target(
+                "redis-sentinel",
+                self.redis_sentinel.take().or(file.redis_sentinel.take()),
+                self.redis_sentinel_master
+                    .take()
+                    .or(file.redis_sentinel_master.take()),
+                self.redis_sentinel_password
+                    .take()
+                    .or(file.redis_sentinel_password.take()),
+            )?,
+            sentinel_target(
+                "data-redis-sentinel",
+                self.data_redis_sentinel
+                    .take()
+                    .or(file.data_redis_sentinel.take()),
+                self.data_redis_sentinel_master
+                    .take()
+                    .or(file.data_redis_sentinel_master.take()),
+                self.data_redis_sentinel_password
+                    .take()
+                    .or(file.data_redis_sentinel_password.take()),
+            )?,
+        ])
+    }
+
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
-    fn merge(self, file: ServeArgs) -> Result<ServeConfig, ConfigError> {
-        let redis_sentinel = sentinel_target(
-            "redis-sentinel",
-            self.redis_sentinel.or(file.redis_sentinel),
-            self.redis_sentinel_master.or(file.redis_sentinel_master),
-            self.redis_sentinel_password
-                .or(file.redis_sentinel_password),
-        )?;
-        let data_redis_sentinel = sentinel_target(
-            "data-redis-sentinel",
-            self.data_redis_sentinel.or(file.data_redis_sentinel),
-            self.data_redis_sentinel_master
-                .or(file.data_redis_sentinel_master),
-            self.data_redis_sentinel_password
-                .or(file.data_redis_sentinel_password),
-        )?;
+    fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
+        let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel

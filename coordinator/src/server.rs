@@ -88,55 +88,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     metrics::prometheus();
-    let acl = match &cfg.acl {
-        Some(path) => {
-            let acl = Acl::load(path)?;
-            info!(file = %path.display(), tokens = acl.len(), "ACL loaded");
-            Some(acl)
-        }
-        None => {
-            warn!("no ACL: every request is served as principal `anonymous` with every role");
-            None
-        }
-    };
-    if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
-        let settings = data_settings(FENCING_TIMEOUT);
-        rsc_redis::check_mode(
-            &urls[0],
-            cfg.data_redis_cluster,
-            "--data-redis-cluster",
-            &settings,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
-        info!(
-            servers = urls.len(),
-            cluster = cfg.data_redis_cluster,
-            "using a data Redis"
-        );
-    }
-    // One connection per user, so that a slow lag read never queues a token write.
-    let data_redis = |timeout: Duration| -> anyhow::Result<Option<LazyRedis>> {
-        cfg.data_redis_urls
-            .as_deref()
-            .map(|urls| {
-                match &cfg.data_redis_sentinel {
-                    Some(target) => {
-                        LazyRedis::open_sentinel(target, &urls[0], &data_settings(timeout))
-                    }
-                    None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
-                }
-                .map_err(|e| match e {
-                    rsc_redis::OpenError::SeveralUrls => anyhow::anyhow!(
-                        "--data-redis-url lists several servers: that is only valid with \
-                             --data-redis-cluster"
-                    ),
-                    e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
-                })
-            })
-            .transpose()
-    };
-    let lag = data_redis(LAG_TIMEOUT)?.map(|r| {
+    let acl = load_acl(&cfg)?;
+    check_data_redis(&cfg).await?;
+    let lag = data_redis(&cfg, LAG_TIMEOUT)?.map(|r| {
         Arc::new(
             LagProbe::new(r, LAG_TIMEOUT)
                 .with_history_interval(Duration::from_millis(cfg.history_interval_ms)),
@@ -155,61 +109,13 @@ pub async fn serve(
         auditor.clone(),
         cfg.body_limit,
     ));
-    let fencing = data_redis(FENCING_TIMEOUT)?
-        .map(|r| Arc::new(crate::fencing::OwnerTokens::new(r, FENCING_TIMEOUT)));
-    let mut coordinator = Coordinator::new(
-        store,
-        clock,
-        ServiceConfig {
-            rollback_window_ms: cfg.rollback_window_ms,
-            cache_idle: Duration::from_millis(cfg.tombstone_retention_ms / 2),
-            ..ServiceConfig::default()
-        },
-    );
-    if let Some(f) = fencing {
-        coordinator = coordinator.with_fencing(f);
-    }
-    if let Some(r) = data_redis(FENCING_TIMEOUT)? {
-        coordinator =
-            coordinator.with_sealer(Arc::new(crate::fencing::Sealer::new(r, FENCING_TIMEOUT)));
-    }
     let wakes = build_wakeups(&cfg)?;
-    if let Some(hub) = &wakes {
-        coordinator = coordinator.with_wakeups(hub.clone());
-    }
-    let cleaner = data_redis(DELETE_TIMEOUT)?.map(|redis| {
-        let cleaner = RetiredKeyCleaner {
-            redis,
-            delay_ms: cfg.retired_key_delay_ms,
-            every: RetiredKeyCleaner::period_for(cfg.retired_key_delay_ms),
-        };
-        tokio::spawn(cleaner.run(coordinator.clone(), auditor.clone()))
-    });
+    let coordinator = build_coordinator(&cfg, store, clock, wakes.clone())?;
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
-
-    let sweeper = tokio::spawn(sweep_loop(
-        coordinator.clone(),
-        Duration::from_millis(cfg.sweep_interval_ms),
-        format!("{addr}-{:08x}", rand::random::<u32>()),
-    ));
-    let history = lag.clone().map(|probe| {
-        let coordinator = coordinator.clone();
-        tokio::spawn(async move {
-            let c = &coordinator;
-            let list = move || async move { c.list_groups().await.ok() };
-            probe.history().run(list, || c.now_ms(), &probe).await
-        })
-    });
-    let upkeep = tokio::spawn(async {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            tick.tick().await;
-            metrics::prometheus().run_upkeep();
-        }
-    });
+    let tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
     let app = api::router(
         AppState {
             coordinator,
@@ -227,16 +133,145 @@ pub async fn serve(
         }
     };
     let result = serve_http1(listener, app, shutdown).await;
-    sweeper.abort();
-    upkeep.abort();
-    if let Some(h) = history {
-        h.abort();
-    }
-    if let Some(c) = cleaner {
-        c.abort();
+    for task in tasks {
+        task.abort();
     }
     info!("stopped");
     result.map_err(Into::into)
+}
+
+/// The ACL the configuration names, loaded; `None` (every request anonymous) without one.
+fn load_acl(cfg: &ServeConfig) -> anyhow::Result<Option<Acl>> {
+    Ok(match &cfg.acl {
+        Some(path) => {
+            let acl = Acl::load(path)?;
+            info!(file = %path.display(), tokens = acl.len(), "ACL loaded");
+            Some(acl)
+        }
+        None => {
+            warn!("no ACL: every request is served as principal `anonymous` with every role");
+            None
+        }
+    })
+}
+
+/// Checks that the data Redis (when configured by URL) is reachable and in the mode the
+/// configuration says (cluster or not).
+async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
+    if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
+        let settings = data_settings(FENCING_TIMEOUT);
+        rsc_redis::check_mode(
+            &urls[0],
+            cfg.data_redis_cluster,
+            "--data-redis-cluster",
+            &settings,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
+        info!(
+            servers = urls.len(),
+            cluster = cfg.data_redis_cluster,
+            "using a data Redis"
+        );
+    }
+    Ok(())
+}
+
+/// A connection to the data Redis for one user whose operations are bounded by `timeout`
+/// (one per user, so that a slow lag read never queues a token write); `None` without a
+/// data Redis.
+fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<LazyRedis>> {
+    cfg.data_redis_urls
+        .as_deref()
+        .map(|urls| {
+            match &cfg.data_redis_sentinel {
+                Some(target) => LazyRedis::open_sentinel(target, &urls[0], &data_settings(timeout)),
+                None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
+            }
+            .map_err(|e| match e {
+                rsc_redis::OpenError::SeveralUrls => anyhow::anyhow!(
+                    "--data-redis-url lists several servers: that is only valid with \
+                         --data-redis-cluster"
+                ),
+                e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
+            })
+        })
+        .transpose()
+}
+
+/// The coordinator over `store`, with owner tokens and seals in the data Redis when there is
+/// one, and wake-ups through `wakes`.
+fn build_coordinator(
+    cfg: &ServeConfig,
+    store: Arc<dyn MetadataStore>,
+    clock: Arc<dyn Clock>,
+    wakes: Option<Arc<WakeHub>>,
+) -> anyhow::Result<Coordinator> {
+    let fencing = data_redis(cfg, FENCING_TIMEOUT)?
+        .map(|r| Arc::new(crate::fencing::OwnerTokens::new(r, FENCING_TIMEOUT)));
+    let mut coordinator = Coordinator::new(
+        store,
+        clock,
+        ServiceConfig {
+            rollback_window_ms: cfg.rollback_window_ms,
+            cache_idle: Duration::from_millis(cfg.tombstone_retention_ms / 2),
+            ..ServiceConfig::default()
+        },
+    );
+    if let Some(f) = fencing {
+        coordinator = coordinator.with_fencing(f);
+    }
+    if let Some(r) = data_redis(cfg, FENCING_TIMEOUT)? {
+        coordinator =
+            coordinator.with_sealer(Arc::new(crate::fencing::Sealer::new(r, FENCING_TIMEOUT)));
+    }
+    if let Some(hub) = wakes {
+        coordinator = coordinator.with_wakeups(hub);
+    }
+    Ok(coordinator)
+}
+
+/// Starts the background tasks: the retired-key cleaner (with a data Redis), the expiry
+/// sweep, the lag history (with a lag probe) and the metrics upkeep. Abort them to stop.
+fn spawn_background(
+    cfg: &ServeConfig,
+    addr: std::net::SocketAddr,
+    coordinator: &Coordinator,
+    auditor: &Auditor,
+    lag: Option<Arc<LagProbe>>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    if let Some(redis) = data_redis(cfg, DELETE_TIMEOUT)? {
+        let cleaner = RetiredKeyCleaner {
+            redis,
+            delay_ms: cfg.retired_key_delay_ms,
+            every: RetiredKeyCleaner::period_for(cfg.retired_key_delay_ms),
+        };
+        tasks.push(tokio::spawn(
+            cleaner.run(coordinator.clone(), auditor.clone()),
+        ));
+    }
+    tasks.push(tokio::spawn(sweep_loop(
+        coordinator.clone(),
+        Duration::from_millis(cfg.sweep_interval_ms),
+        format!("{addr}-{:08x}", rand::random::<u32>()),
+    )));
+    if let Some(probe) = lag {
+        let coordinator = coordinator.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = &coordinator;
+            let list = move || async move { c.list_groups().await.ok() };
+            probe.history().run(list, || c.now_ms(), &probe).await
+        }));
+    }
+    tasks.push(tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            metrics::prometheus().run_upkeep();
+        }
+    }));
+    Ok(tasks)
 }
 
 /// Serves `app` on `listener` over HTTP/1.1 until `shutdown` resolves, then lets the open

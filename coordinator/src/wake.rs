@@ -425,83 +425,135 @@ enum BusCommand {
 async fn subscriber(
     hub: Weak<WakeHub>,
     seeds: Vec<String>,
-    mut commands: mpsc::UnboundedReceiver<BusCommand>,
+    commands: mpsc::UnboundedReceiver<BusCommand>,
 ) {
-    use futures::StreamExt;
-    let mut attempt: usize = 0;
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let Some(h) = hub.upgrade() else { return };
-        let prefix = h.bus.as_ref().map(|b| b.prefix.clone()).unwrap_or_default();
-        drop(h);
-        let url = &seeds[attempt % seeds.len()];
-        attempt += 1;
+    Subscriber {
+        hub,
+        seeds,
+        commands,
+        attempt: 0,
+        backoff: Duration::from_millis(100),
+    }
+    .run()
+    .await;
+}
+
+/// The state of the [`subscriber`] task across its connections.
+struct Subscriber {
+    hub: Weak<WakeHub>,
+    seeds: Vec<String>,
+    commands: mpsc::UnboundedReceiver<BusCommand>,
+    /// Connection attempts so far (picks the seed).
+    attempt: usize,
+    /// The wait before the next connection attempt.
+    backoff: Duration,
+}
+
+/// Why a subscriber connection is given up.
+enum Ended {
+    /// It failed: connect again.
+    Reconnect,
+    /// The hub is gone: stop.
+    Stop,
+}
+
+impl Subscriber {
+    /// Connects, resubscribes and relays, again and again, until the hub is gone.
+    async fn run(mut self) {
+        loop {
+            let Some(h) = self.hub.upgrade() else { return };
+            let prefix = h.bus.as_ref().map(|b| b.prefix.clone()).unwrap_or_default();
+            drop(h);
+            let Some(pubsub) = self.connect().await else {
+                tokio::time::sleep(self.backoff).await;
+                self.backoff = (self.backoff * 2).min(Duration::from_secs(5));
+                continue;
+            };
+            let (mut sink, stream) = pubsub.split();
+            match self.resubscribe(&mut sink, &prefix).await {
+                Ok(()) => {}
+                Err(Ended::Stop) => return,
+                Err(Ended::Reconnect) => {
+                    tokio::time::sleep(self.backoff).await;
+                    continue;
+                }
+            }
+            self.backoff = Duration::from_millis(100);
+            if let Ended::Stop = self.relay(&mut sink, stream, &prefix).await {
+                return;
+            }
+            tokio::time::sleep(self.backoff).await;
+        }
+    }
+
+    /// One connection attempt to the next seed (within 2 s); `None` after logging a failure.
+    async fn connect(&mut self) -> Option<redis::aio::PubSub> {
+        let url = &self.seeds[self.attempt % self.seeds.len()];
+        self.attempt += 1;
         let connected = async {
             let client = redis::Client::open(url.as_str())?;
             client.get_async_pubsub().await
         };
-        let pubsub = match tokio::time::timeout(Duration::from_secs(2), connected).await {
-            Ok(Ok(p)) => p,
+        match tokio::time::timeout(Duration::from_secs(2), connected).await {
+            Ok(Ok(p)) => Some(p),
             Ok(Err(e)) => {
                 warn!(error = %e, "wake-up subscriber cannot connect; retrying (members wake at their heartbeats meanwhile)");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
+                None
             }
             Err(_) => {
                 warn!("wake-up subscriber connect timed out; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        let (mut sink, mut stream) = pubsub.split();
-        // Drain queued commands: the registry is the truth, resubscribe from it.
-        while commands.try_recv().is_ok() {}
-        let groups = match hub.upgrade() {
-            Some(h) => h.subscribed_groups(),
-            None => return,
-        };
-        let mut ok = true;
-        for g in &groups {
-            if let Err(e) = sink.subscribe(wake_channel(&prefix, g)).await {
-                warn!(error = %e, "wake-up subscribe failed; reconnecting");
-                ok = false;
-                break;
+                None
             }
         }
-        if !ok {
-            tokio::time::sleep(backoff).await;
-            continue;
+    }
+
+    /// Subscribes a new connection to every group with open channels. Queued commands are
+    /// dropped: the registry is the truth.
+    async fn resubscribe(
+        &mut self,
+        sink: &mut redis::aio::PubSubSink,
+        prefix: &str,
+    ) -> Result<(), Ended> {
+        while self.commands.try_recv().is_ok() {}
+        let groups = match self.hub.upgrade() {
+            Some(h) => h.subscribed_groups(),
+            None => return Err(Ended::Stop),
+        };
+        for g in &groups {
+            if let Err(e) = sink.subscribe(wake_channel(prefix, g)).await {
+                warn!(error = %e, "wake-up subscribe failed; reconnecting");
+                return Err(Ended::Reconnect);
+            }
         }
         info!(groups = groups.len(), "wake-up subscriber connected");
-        backoff = Duration::from_millis(100);
+        Ok(())
+    }
+
+    /// Applies subscription changes and hands received wake-ups to the hub until the
+    /// connection fails or the hub is gone.
+    async fn relay(
+        &mut self,
+        sink: &mut redis::aio::PubSubSink,
+        mut stream: redis::aio::PubSubStream,
+        prefix: &str,
+    ) -> Ended {
+        use futures::StreamExt;
         let marker = format!("{prefix}:wake:{{");
         loop {
             tokio::select! {
-                cmd = commands.recv() => {
-                    let Some(cmd) = cmd else { return };
-                    let r = match cmd {
-                        BusCommand::Subscribe(g, done) => {
-                            let r = sink.subscribe(wake_channel(&prefix, &g)).await;
-                            if let (Ok(()), Some(done)) = (&r, done) {
-                                let _ = done.send(());
-                            }
-                            r
-                        }
-                        BusCommand::Unsubscribe(g) => sink.unsubscribe(wake_channel(&prefix, &g)).await,
-                    };
-                    if let Err(e) = r {
+                cmd = self.commands.recv() => {
+                    let Some(cmd) = cmd else { return Ended::Stop };
+                    if let Err(e) = apply(sink, prefix, cmd).await {
                         warn!(error = %e, "wake-up subscription change failed; reconnecting");
-                        break;
+                        return Ended::Reconnect;
                     }
                 }
                 msg = stream.next() => {
                     let Some(msg) = msg else {
                         warn!("wake-up subscriber lost its connection; reconnecting");
-                        break;
+                        return Ended::Reconnect;
                     };
-                    let Some(h) = hub.upgrade() else { return };
+                    let Some(h) = self.hub.upgrade() else { return Ended::Stop };
                     let channel = msg.get_channel_name();
                     let Some(group) = channel
                         .strip_prefix(marker.as_str())
@@ -515,7 +567,24 @@ async fn subscriber(
                 }
             }
         }
-        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Applies one subscription change; a subscribe signals when Redis confirmed it.
+async fn apply(
+    sink: &mut redis::aio::PubSubSink,
+    prefix: &str,
+    cmd: BusCommand,
+) -> redis::RedisResult<()> {
+    match cmd {
+        BusCommand::Subscribe(g, done) => {
+            let r = sink.subscribe(wake_channel(prefix, &g)).await;
+            if let (Ok(()), Some(done)) = (&r, done) {
+                let _ = done.send(());
+            }
+            r
+        }
+        BusCommand::Unsubscribe(g) => sink.unsubscribe(wake_channel(prefix, &g)).await,
     }
 }
 

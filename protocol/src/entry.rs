@@ -1,4 +1,4 @@
-//! The field names of a shard entry and of a dead-letter entry (SPEC §4, §9).
+//! The field names of a shard entry and of a dead-letter entry (PROTOCOL §2.2).
 //!
 //! A shard entry is a Redis Stream entry written by a producer: [`PAYLOAD`] always, then
 //! [`KEY`], [`CONTENT_TYPE`] and [`HEADERS`] when set, then any fields of the application, in

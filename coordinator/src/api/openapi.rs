@@ -111,92 +111,117 @@ pub(super) fn document_access(doc: &mut OpenApi) {
         let Some(op) = operation_mut(doc, route) else {
             continue;
         };
-        let has_params = route.path.contains('{');
-        let has_body = op.request_body.is_some();
-        let has_query = op
-            .parameters
-            .as_ref()
-            .is_some_and(|ps| ps.iter().any(|p| matches!(p, utoipa::openapi::RefOr::T(p) if p.parameter_in == utoipa::openapi::path::ParameterIn::Query)));
-        let mut errors: Vec<(&str, String)> = Vec::new();
-        let (needs, scope) = match route.access {
-            Access::Open => (None, Scope::None),
-            Access::Roles { roles, scope } => {
-                let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
-                (Some(format!("admin or {}", names.join(" or "))), scope)
-            }
-            Access::Admin { scope, .. } => (Some("admin".to_owned()), scope),
-        };
-        if has_params || has_body || has_query {
-            errors.push((
-                "400",
-                "INVALID_REQUEST (or UNSUPPORTED_PROTOCOL_VERSION)".into(),
-            ));
-        }
-        if needs.is_some() {
-            errors.push(("401", "UNAUTHENTICATED: no or unknown bearer token".into()));
-            errors.push((
-                "403",
-                "FORBIDDEN: the token lacks the role or the scope".into(),
-            ));
-        }
-        if has_params {
-            errors.push((
-                "404",
-                "GROUP_NOT_FOUND, STREAM_NOT_FOUND or UNKNOWN_MEMBER_ID".into(),
-            ));
-        }
-        if has_body || matches!(route.access, Access::Admin { .. }) {
-            errors.push(("413", "PAYLOAD_TOO_LARGE".into()));
-        }
-        if needs.is_some() {
-            errors.push((
-                "503",
-                "STORE_UNAVAILABLE or STORE_CONFLICT: retry with backoff".into(),
-            ));
-        }
-        for (status, text) in errors {
+        let (needs, scope) = required_access(route);
+        for (status, text) in access_errors(route, op, needs.is_some()) {
             op.responses
                 .responses
                 .entry(status.to_owned())
                 .or_insert_with(|| error_response(&text).into());
         }
         if let Access::Admin { .. } = route.access {
-            let retry_after = HeaderBuilder::new()
-                .schema(Some(
-                    ObjectBuilder::new()
-                        .schema_type(Type::Integer)
-                        .minimum(Some(1)),
-                ))
-                .description(Some(
-                    "Seconds until the principal's bucket has a token again",
-                ))
-                .build();
-            let mut r = error_response("RATE_LIMITED: over the principal's admin mutation rate");
-            r.headers.insert("Retry-After".into(), retry_after.into());
-            op.responses
-                .responses
-                .entry("429".into())
-                .or_insert(r.into());
+            document_rate_limit(op);
         }
         if let Some(needs) = needs {
-            op.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
-            let scope_text = match scope {
-                Scope::None => "results are limited to the token's scopes",
-                Scope::Group => "the token's `groups` scope must cover `{group}`",
-                Scope::Stream => "the token's `streams` scope must cover `{stream}`",
-                Scope::GroupAndStreamInBody => {
-                    "the token's `groups` and `streams` scopes must cover the body's `group` and `stream`"
-                }
-                Scope::GroupPerItemInBody => {
-                    "the token's `groups` scope must cover each item's `group`, checked per item \
-                     (the description says what an item out of scope gets)"
-                }
-            };
-            let note = format!("Requires role {needs}; {scope_text}.");
-            op.description = Some(match op.description.take() {
-                Some(d) if !d.is_empty() => format!("{d}\n\n{note}"),
-                _ => note,
-            });
+            document_security(op, &needs, scope);
         }
     }
+}
+
+/// The roles a route requires (`None`: open), in words, and its scope check.
+fn required_access(route: &RouteSpec) -> (Option<String>, Scope) {
+    match route.access {
+        Access::Open => (None, Scope::None),
+        Access::Roles { roles, scope } => {
+            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            (Some(format!("admin or {}", names.join(" or "))), scope)
+        }
+        Access::Admin { scope, .. } => (Some("admin".to_owned()), scope),
+    }
+}
+
+/// The error answers an operation can give, by status, from its parameters, body and
+/// access (`authenticated`: it needs a token).
+fn access_errors(
+    route: &RouteSpec,
+    op: &Operation,
+    authenticated: bool,
+) -> Vec<(&'static str, String)> {
+    let has_params = route.path.contains('{');
+    let has_body = op.request_body.is_some();
+    let has_query = op
+        .parameters
+        .as_ref()
+        .is_some_and(|ps| ps.iter().any(|p| matches!(p, utoipa::openapi::RefOr::T(p) if p.parameter_in == utoipa::openapi::path::ParameterIn::Query)));
+    let mut errors: Vec<(&'static str, String)> = Vec::new();
+    if has_params || has_body || has_query {
+        errors.push((
+            "400",
+            "INVALID_REQUEST (or UNSUPPORTED_PROTOCOL_VERSION)".into(),
+        ));
+    }
+    if authenticated {
+        errors.push(("401", "UNAUTHENTICATED: no or unknown bearer token".into()));
+        errors.push((
+            "403",
+            "FORBIDDEN: the token lacks the role or the scope".into(),
+        ));
+    }
+    if has_params {
+        errors.push((
+            "404",
+            "GROUP_NOT_FOUND, STREAM_NOT_FOUND or UNKNOWN_MEMBER_ID".into(),
+        ));
+    }
+    if has_body || matches!(route.access, Access::Admin { .. }) {
+        errors.push(("413", "PAYLOAD_TOO_LARGE".into()));
+    }
+    if authenticated {
+        errors.push((
+            "503",
+            "STORE_UNAVAILABLE or STORE_CONFLICT: retry with backoff".into(),
+        ));
+    }
+    errors
+}
+
+/// The admin rate limit's `429` answer with its `Retry-After` header.
+fn document_rate_limit(op: &mut Operation) {
+    let retry_after = HeaderBuilder::new()
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1)),
+        ))
+        .description(Some(
+            "Seconds until the principal's bucket has a token again",
+        ))
+        .build();
+    let mut r = error_response("RATE_LIMITED: over the principal's admin mutation rate");
+    r.headers.insert("Retry-After".into(), retry_after.into());
+    op.responses
+        .responses
+        .entry("429".into())
+        .or_insert(r.into());
+}
+
+/// The bearer security requirement, and the required role and scope in the description.
+fn document_security(op: &mut Operation, needs: &str, scope: Scope) {
+    op.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
+    let scope_text = match scope {
+        Scope::None => "results are limited to the token's scopes",
+        Scope::Group => "the token's `groups` scope must cover `{group}`",
+        Scope::Stream => "the token's `streams` scope must cover `{stream}`",
+        Scope::GroupAndStreamInBody => {
+            "the token's `groups` and `streams` scopes must cover the body's `group` and `stream`"
+        }
+        Scope::GroupPerItemInBody => {
+            "the token's `groups` scope must cover each item's `group`, checked per item \
+             (the description says what an item out of scope gets)"
+        }
+    };
+    let note = format!("Requires role {needs}; {scope_text}.");
+    op.description = Some(match op.description.take() {
+        Some(d) if !d.is_empty() => format!("{d}\n\n{note}"),
+        _ => note,
+    });
 }

@@ -553,7 +553,47 @@ async fn wait_until_complete(
     if ours.state == ReshardState::Complete {
         return Ok(started);
     }
-    let (done, total) = render::reshard_progress(&ours);
+    let bar = progress_bar(&stream, &ours, show);
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let result = loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break Err(CliError::WaitFailed(format!(
+                "gave up waiting after {} ms: the reshard of {stream} is still draining \
+                 (see `rsc-coordinator stream describe {stream}`)",
+                timeout.map_or(0, |t| t.as_millis())
+            )));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+        let f = match c.describe_stream(&stream).await {
+            Ok(f) => f,
+            Err(e) if e.is_refusal() => break Err(e.into()),
+            Err(e) => {
+                bar.set_message(format!("(retrying: {e})"));
+                continue;
+            }
+        };
+        let latest = match still_ours(&stream, &ours, &f.view) {
+            Ok(latest) => latest,
+            Err(e) => break Err(e),
+        };
+        let (done, total) = render::reshard_progress(&latest);
+        bar.set_length(total);
+        bar.set_position(done);
+        if latest.state == ReshardState::Complete {
+            break Ok(f);
+        }
+        bar.set_message(waiting_message(&latest));
+    };
+    match &result {
+        Ok(_) => bar.finish_with_message("(complete)"),
+        Err(_) => bar.abandon(),
+    }
+    result
+}
+
+/// The progress bar of a wait for `ours` (hidden unless `show`).
+fn progress_bar(stream: &str, ours: &ReshardingView, show: bool) -> ProgressBar {
+    let (done, total) = render::reshard_progress(ours);
     let target = if show {
         ProgressDrawTarget::stderr()
     } else {
@@ -573,66 +613,51 @@ async fn wait_until_complete(
     ));
     bar.set_position(done);
     bar.enable_steady_tick(Duration::from_millis(120));
-    let deadline = timeout.map(|t| Instant::now() + t);
-    let result = loop {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break Err(CliError::WaitFailed(format!(
-                "gave up waiting after {} ms: the reshard of {stream} is still draining \
-                 (see `rsc-coordinator stream describe {stream}`)",
-                timeout.map_or(0, |t| t.as_millis())
-            )));
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-        let f = match c.describe_stream(&stream).await {
-            Ok(f) => f,
-            Err(e) if e.is_refusal() => break Err(e.into()),
-            Err(e) => {
-                bar.set_message(format!("(retrying: {e})"));
-                continue;
-            }
-        };
-        let Some(latest) = f.view.last_reshard.clone() else {
-            break Err(CliError::WaitFailed(format!(
-                "stream {stream} no longer reports the reshard"
-            )));
-        };
-        if !same_reshard(&latest, &ours) {
-            break Err(CliError::WaitFailed(format!(
-                "the reshard of {stream} {} -> {} was replaced by a {} {} -> {}",
-                ours.from,
-                ours.to,
-                if latest.rollback {
-                    "rollback"
-                } else {
-                    "reshard"
-                },
-                latest.from,
-                latest.to
-            )));
-        }
-        let (done, total) = render::reshard_progress(&latest);
-        bar.set_length(total);
-        bar.set_position(done);
-        if latest.state == ReshardState::Complete {
-            break Ok(f);
-        }
-        let waiting: std::collections::BTreeSet<&str> = latest
-            .draining
-            .iter()
-            .flat_map(|d| d.waiting_groups.iter().map(String::as_str))
-            .collect();
-        bar.set_message(if waiting.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "(waiting for {})",
-                waiting.into_iter().collect::<Vec<_>>().join(", ")
-            )
-        });
+    bar
+}
+
+/// The stream's latest reshard, when it is still `ours` (the one waited for); otherwise why
+/// the wait ends.
+fn still_ours(
+    stream: &str,
+    ours: &ReshardingView,
+    view: &StreamView,
+) -> Result<ReshardingView, CliError> {
+    let Some(latest) = view.last_reshard.clone() else {
+        return Err(CliError::WaitFailed(format!(
+            "stream {stream} no longer reports the reshard"
+        )));
     };
-    match &result {
-        Ok(_) => bar.finish_with_message("(complete)"),
-        Err(_) => bar.abandon(),
+    if !same_reshard(&latest, ours) {
+        return Err(CliError::WaitFailed(format!(
+            "the reshard of {stream} {} -> {} was replaced by a {} {} -> {}",
+            ours.from,
+            ours.to,
+            if latest.rollback {
+                "rollback"
+            } else {
+                "reshard"
+            },
+            latest.from,
+            latest.to
+        )));
     }
-    result
+    Ok(latest)
+}
+
+/// `(waiting for g1, g2)`: the groups the draining shards wait for (empty when none).
+fn waiting_message(latest: &ReshardingView) -> String {
+    let waiting: std::collections::BTreeSet<&str> = latest
+        .draining
+        .iter()
+        .flat_map(|d| d.waiting_groups.iter().map(String::as_str))
+        .collect();
+    if waiting.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "(waiting for {})",
+            waiting.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    }
 }

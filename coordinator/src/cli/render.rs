@@ -4,8 +4,6 @@ use super::table::{Table, duration_ms, or_dash, shard_ranges, wire_name};
 use rsc_protocol::{ClientInfo, GroupView, ReshardState, ReshardingView, StreamView};
 use std::fmt::Write as _;
 
-/// `group describe`: a summary row, the reshard line, the shard table and the member table,
-/// in the spirit of `kafka-consumer-groups --describe`.
 /// A group's state, with `(paused)` while an operator has paused it.
 fn group_state(g: &GroupView) -> String {
     if g.paused {
@@ -15,7 +13,34 @@ fn group_state(g: &GroupView) -> String {
     }
 }
 
+/// `group describe`: a summary row, the reshard line, the shard table and the member table,
+/// in the spirit of `kafka-consumer-groups --describe`.
 pub(super) fn group(g: &GroupView) -> String {
+    let mut out = summary(g);
+    if let Some(r) = &g.resharding {
+        let _ = writeln!(out, "\n{}", reshard_line(&g.stream, r));
+    }
+    if !g.waiting_on_parents.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nOrdering {}: moved keys wait for their parent shards",
+            wire_name(&g.ordering)
+        );
+        out.push_str(&parents(g).to_string());
+    }
+    out.push('\n');
+    out.push_str(&shards(g).to_string());
+    out.push('\n');
+    if g.members.is_empty() {
+        let _ = writeln!(out, "Group {} has no members.", g.group);
+        return out;
+    }
+    out.push_str(&members(g).to_string());
+    out
+}
+
+/// The group's summary row and its `Config:` line.
+fn summary(g: &GroupView) -> String {
     let mut out = String::new();
     let mut summary = Table::new([
         "GROUP",
@@ -48,40 +73,38 @@ pub(super) fn group(g: &GroupView) -> String {
             .map_or_else(|| "unlimited".into(), |n| n.to_string()),
         g.assignor
     );
-    if let Some(r) = &g.resharding {
-        let _ = writeln!(out, "\n{}", reshard_line(&g.stream, r));
-    }
-    if !g.waiting_on_parents.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nOrdering {}: moved keys wait for their parent shards",
-            wire_name(&g.ordering)
-        );
-        let mut w = Table::new([
-            "PARENT",
-            "EPOCH",
-            "SEAL",
-            "UNDELIVERED",
-            "PENDING",
-            "CHILDREN",
-        ]);
-        for p in &g.waiting_on_parents {
-            w.row([
-                p.parent.to_string(),
-                p.routing_epoch.to_string(),
-                p.seal.clone(),
-                p.undelivered.to_string(),
-                p.pending.to_string(),
-                p.children
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ]);
-        }
-        out.push_str(&w.to_string());
-    }
+    out
+}
 
+/// The parent shards moved keys wait for (ordered resharding).
+fn parents(g: &GroupView) -> Table {
+    let mut w = Table::new([
+        "PARENT",
+        "EPOCH",
+        "SEAL",
+        "UNDELIVERED",
+        "PENDING",
+        "CHILDREN",
+    ]);
+    for p in &g.waiting_on_parents {
+        w.row([
+            p.parent.to_string(),
+            p.routing_epoch.to_string(),
+            p.seal.clone(),
+            p.undelivered.to_string(),
+            p.pending.to_string(),
+            p.children
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ]);
+    }
+    w
+}
+
+/// The shard table: owners, state (with `revoking` or `moving`), lag.
+fn shards(g: &GroupView) -> Table {
     let mut shards = Table::new([
         "SHARD",
         "KEY",
@@ -115,14 +138,11 @@ pub(super) fn group(g: &GroupView) -> String {
             stale_consumers(&s.stale_consumers),
         ]);
     }
-    out.push('\n');
-    out.push_str(&shards.to_string());
+    shards
+}
 
-    out.push('\n');
-    if g.members.is_empty() {
-        let _ = writeln!(out, "Group {} has no members.", g.group);
-        return out;
-    }
+/// The member table.
+fn members(g: &GroupView) -> Table {
     let mut members = Table::new([
         "MEMBER",
         "EPOCH",
@@ -149,8 +169,7 @@ pub(super) fn group(g: &GroupView) -> String {
             client(m.client.as_ref()),
         ]);
     }
-    out.push_str(&members.to_string());
-    out
+    members
 }
 
 /// `2 (5 pending)`: departed members' consumers still in a shard's Redis consumer group.

@@ -1,6 +1,6 @@
 //! Read models: the JSON views of groups, streams and routing (SPEC §4).
 
-use super::{GroupDoc, ReshardRecord, StreamDoc};
+use super::{GroupDoc, MemberDoc, ReshardRecord, StreamDoc};
 use rsc_protocol::routing::{HASH_NAME, shard_key};
 use rsc_protocol::{
     DrainingShardView, GroupState, GroupView, MemberView, ReshardState, ReshardingView,
@@ -88,51 +88,12 @@ pub fn group_view(
     now_ms: u64,
     lag: &HashMap<u32, (Option<u64>, Option<u64>)>,
 ) -> GroupView {
-    let mut target_owner: HashMap<u32, &str> = HashMap::new();
-    let mut current_owner: HashMap<u32, &str> = HashMap::new();
-    for (id, m) in &group.members {
-        for &s in &m.target {
-            target_owner.insert(s, id);
-        }
-        for &s in m.assigned.iter().chain(&m.pending_revocation) {
-            current_owner.insert(s, id);
-        }
-    }
     let members = group
         .members
         .iter()
-        .map(|(id, m)| MemberView {
-            member_id: id.clone(),
-            member_epoch: m.member_epoch,
-            state: m.state,
-            client: m.client.clone(),
-            last_heartbeat_ms_ago: now_ms.saturating_sub(m.last_heartbeat_ms),
-            target_shards: m.target.iter().copied().collect(),
-            owned_shards: m.reported.iter().copied().collect(),
-            assigned_shards: m.assigned.iter().copied().collect(),
-            pending_revocation: m.pending_revocation.iter().copied().collect(),
-            is_static: m.incarnation.is_some(),
-            away_ms: m.away_since_ms.map(|t| now_ms.saturating_sub(t)),
-        })
+        .map(|(id, m)| member_view(id, m, now_ms))
         .collect();
-    let shards = stream
-        .assignable_shards()
-        .into_iter()
-        .filter_map(|s| {
-            let state = stream.shard_state(s)?;
-            let (lag, pending) = lag.get(&s).copied().unwrap_or((None, None));
-            Some(ShardView {
-                shard: s,
-                key: shard_key(&stream.stream, s),
-                target_owner: target_owner.get(&s).map(|m| (*m).to_owned()),
-                current_owner: current_owner.get(&s).map(|m| (*m).to_owned()),
-                state,
-                lag,
-                pending,
-                stale_consumers: Vec::new(),
-            })
-        })
-        .collect();
+    let shards = shard_views(group, stream, lag);
     let state = if group.members.is_empty() {
         GroupState::Empty
     } else if group.is_stable() && group.layout_version == stream.layout_version {
@@ -162,4 +123,58 @@ pub fn group_view(
         resharding: running_view(stream),
         revision,
     }
+}
+
+/// One member as the group view shows it.
+fn member_view(id: &str, m: &MemberDoc, now_ms: u64) -> MemberView {
+    MemberView {
+        member_id: id.to_owned(),
+        member_epoch: m.member_epoch,
+        state: m.state,
+        client: m.client.clone(),
+        last_heartbeat_ms_ago: now_ms.saturating_sub(m.last_heartbeat_ms),
+        target_shards: m.target.iter().copied().collect(),
+        owned_shards: m.reported.iter().copied().collect(),
+        assigned_shards: m.assigned.iter().copied().collect(),
+        pending_revocation: m.pending_revocation.iter().copied().collect(),
+        is_static: m.incarnation.is_some(),
+        away_ms: m.away_since_ms.map(|t| now_ms.saturating_sub(t)),
+    }
+}
+
+/// The group's assignable shards with their target and current owners (a shard being revoked
+/// is still its holder's), state and, when read, lag.
+fn shard_views(
+    group: &GroupDoc,
+    stream: &StreamDoc,
+    lag: &HashMap<u32, (Option<u64>, Option<u64>)>,
+) -> Vec<ShardView> {
+    let mut target_owner: HashMap<u32, &str> = HashMap::new();
+    let mut current_owner: HashMap<u32, &str> = HashMap::new();
+    for (id, m) in &group.members {
+        for &s in &m.target {
+            target_owner.insert(s, id);
+        }
+        for &s in m.assigned.iter().chain(&m.pending_revocation) {
+            current_owner.insert(s, id);
+        }
+    }
+    stream
+        .assignable_shards()
+        .into_iter()
+        .filter_map(|s| {
+            let state = stream.shard_state(s)?;
+            let (lag, pending) = lag.get(&s).copied().unwrap_or((None, None));
+            Some(ShardView {
+                shard: s,
+                key: shard_key(&stream.stream, s),
+                target_owner: target_owner.get(&s).map(|m| (*m).to_owned()),
+                current_owner: current_owner.get(&s).map(|m| (*m).to_owned()),
+                state,
+                lag,
+                pending,
+                stale_consumers: Vec::new(),
+            })
+        })
+        .collect()
 }
