@@ -3,6 +3,7 @@
 use crate::config::{ClientConfig, split_urls};
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
+use crate::consumer::wake::WakeSignals;
 use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
 use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, ConfigError};
@@ -10,6 +11,7 @@ use crate::listener::Listener;
 use crate::state::DataMap;
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
+use rsc_redis::LazyRedis;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -318,8 +320,46 @@ impl ConsumerApp {
     ) -> Result<(), ClientError> {
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
-        let ack_conn = redis.clone();
         let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
+        // One wake-up channel for every member of the app; it ends with the app.
+        let wake_stop = CancellationToken::new();
+        let _wake_stop = wake_stop.clone().drop_guard();
+        let wake_signals = if cfg.wake_channel {
+            crate::consumer::wake::spawn(coord.clone(), self.wake_members(), wake_stop)
+        } else {
+            Default::default()
+        };
+        let members = self.spawn_members(&redis, &coord, &wake_signals);
+        let first_error = self.supervise(members, signal).await;
+        info!("consumer app stopped");
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Every member of the app, for the wake-up channel.
+    fn wake_members(&self) -> Vec<rsc_protocol::WakeMember> {
+        let instance = self.config.instance_id.clone().unwrap_or_default();
+        self.listeners
+            .iter()
+            .flat_map(|l| {
+                let instance = &instance;
+                (0..l.concurrency).map(move |i| rsc_protocol::WakeMember {
+                    group: l.group.clone(),
+                    member_id: format!("{instance}-{}-{i}", l.name),
+                })
+            })
+            .collect()
+    }
+
+    /// Starts `concurrency` member runtimes per listener, sharing the data Redis, the
+    /// coordinator client and the heartbeat path.
+    fn spawn_members(
+        &self,
+        redis: &LazyRedis,
+        coord: &CoordinatorClient,
+        wake_signals: &WakeSignals,
+    ) -> Members {
+        let cfg = &self.config;
+        let ack_conn = redis.clone();
         let member_count: u64 = self
             .listeners
             .iter()
@@ -328,29 +368,11 @@ impl ConsumerApp {
         let heartbeats = Heartbeats::for_app(coord.clone(), cfg.heartbeat_batching, member_count);
         let instance = cfg.instance_id.clone().unwrap_or_default();
         let incarnation = cfg.static_membership.then(new_incarnation);
-        let shutdown = self.handle.shutdown.clone();
-        // One wake-up channel for every member of the app; it ends with the app.
-        let wake_stop = CancellationToken::new();
-        let _wake_stop = wake_stop.clone().drop_guard();
-        let wake_signals = if cfg.wake_channel {
-            let all = self
-                .listeners
-                .iter()
-                .flat_map(|l| {
-                    let instance = &instance;
-                    (0..l.concurrency).map(move |i| rsc_protocol::WakeMember {
-                        group: l.group.clone(),
-                        member_id: format!("{instance}-{}-{i}", l.name),
-                    })
-                })
-                .collect();
-            crate::consumer::wake::spawn(coord.clone(), all, wake_stop)
-        } else {
-            Default::default()
+        let shutdown = &self.handle.shutdown;
+        let mut members = Members {
+            tasks: JoinSet::new(),
+            names: HashMap::new(),
         };
-        let mut members = JoinSet::new();
-        // Task id → (group, member id): names the member whose task panicked.
-        let mut names = HashMap::new();
         for l in &self.listeners {
             let metrics = WorkerMetrics::new(&l.group, &l.stream);
             let pause = self.handle.paused[&l.name].clone();
@@ -384,14 +406,28 @@ impl ConsumerApp {
                     .cloned();
                 let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info)
                     .with_wake(signal);
-                let task = members.spawn(member.run(shutdown.child_token()));
-                names.insert(task.id(), (l.group.clone(), member_id));
+                let task = members.tasks.spawn(member.run(shutdown.child_token()));
+                members
+                    .names
+                    .insert(task.id(), (l.group.clone(), member_id));
             }
         }
-        info!(members = members.len(), coordinator = %coord.current_url(),
+        info!(members = members.tasks.len(), coordinator = %coord.current_url(),
             batched_heartbeats = heartbeats.is_batched(), "consumer app started");
-        // Only the members hold the heartbeat path from now on: the batcher ends with them.
-        drop(heartbeats);
+        // `heartbeats` drops here: only the members hold the heartbeat path from now on, so
+        // the batcher ends with them.
+        members
+    }
+
+    /// Waits for the members: on `signal` (or a handle's shutdown, or a member's failure)
+    /// shuts them all down, within the configured timeout. Returns the first failure.
+    async fn supervise(
+        &self,
+        mut members: Members,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Option<ClientError> {
+        let cfg = &self.config;
+        let shutdown = &self.handle.shutdown;
         let mut first_error = None;
         let mut signal = std::pin::pin!(signal);
         let shutdown_deadline = tokio::time::sleep(Duration::MAX);
@@ -409,47 +445,71 @@ impl ConsumerApp {
                 _ = shutdown.cancelled(), if !deadline_armed => {}
                 _ = &mut shutdown_deadline, if deadline_armed => {
                     error!(
-                        remaining = members.len(),
+                        remaining = members.tasks.len(),
                         timeout = ?cfg.shutdown_timeout,
                         "graceful shutdown timed out; stopping the remaining members where they are"
                     );
                     first_error.get_or_insert(ClientError::ShutdownTimedOut {
-                        remaining: members.len(),
+                        remaining: members.tasks.len(),
                         timeout: cfg.shutdown_timeout,
                     });
-                    members.abort_all();
-                    while members.join_next().await.is_some() {}
+                    members.tasks.abort_all();
+                    while members.tasks.join_next().await.is_some() {}
                     break;
                 }
                 _ = &mut signal, if !shutdown.is_cancelled() => {
                     info!("shutdown requested: finishing in-flight messages, then leaving");
                     shutdown.cancel();
                 }
-                done = members.join_next_with_id() => match done {
-                    None => break,
-                    Some(Ok((_, Ok(())))) => {}
-                    Some(Ok((_, Err(e)))) => {
-                        error!(error = %e, "a member stopped; shutting the app down");
+                done = members.tasks.join_next_with_id() => {
+                    let Some(done) = done else { break };
+                    if let Some(e) = members.failure(done) {
                         first_error.get_or_insert(e);
                         shutdown.cancel();
                     }
-                    Some(Err(e)) => {
-                        let (group, member) = names.remove(&e.id()).unwrap_or_default();
-                        let message = if e.is_panic() {
-                            crate::consumer::member::panic_text(e.into_panic().as_ref())
-                        } else {
-                            e.to_string()
-                        };
-                        let e = ClientError::Panicked { group, member, shard: None, message };
-                        error!(error = %e, "a member task panicked; shutting the app down");
-                        first_error.get_or_insert(e);
-                        shutdown.cancel();
-                    }
-                },
+                }
             }
         }
-        info!("consumer app stopped");
-        first_error.map_or(Ok(()), Err)
+        first_error
+    }
+}
+
+/// The member tasks of a running app.
+struct Members {
+    tasks: JoinSet<Result<(), ClientError>>,
+    /// Task id → (group, member id): names the member whose task panicked.
+    names: HashMap<tokio::task::Id, (String, String)>,
+}
+
+impl Members {
+    /// Why a member task that ended stopped the app (`None`: it ended well).
+    fn failure(
+        &mut self,
+        done: Result<(tokio::task::Id, Result<(), ClientError>), tokio::task::JoinError>,
+    ) -> Option<ClientError> {
+        match done {
+            Ok((_, Ok(()))) => None,
+            Ok((_, Err(e))) => {
+                error!(error = %e, "a member stopped; shutting the app down");
+                Some(e)
+            }
+            Err(e) => {
+                let (group, member) = self.names.remove(&e.id()).unwrap_or_default();
+                let message = if e.is_panic() {
+                    crate::handler::panic_text(e.into_panic().as_ref())
+                } else {
+                    e.to_string()
+                };
+                let e = ClientError::Panicked {
+                    group,
+                    member,
+                    shard: None,
+                    message,
+                };
+                error!(error = %e, "a member task panicked; shutting the app down");
+                Some(e)
+            }
+        }
     }
 }
 

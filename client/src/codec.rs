@@ -19,7 +19,7 @@
 //! assert_eq!(Json::CONTENT_TYPE, "application/json");
 //! ```
 
-use crate::handler::BoxError;
+use crate::error::BoxError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 

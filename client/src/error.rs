@@ -3,6 +3,9 @@
 
 use rsc_protocol::ErrorCode;
 
+/// A boxed error: what a [`crate::HandlerError`] carries and a codec returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// An error of the client framework (configuration, Redis, coordinator, encoding).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -56,7 +59,7 @@ pub enum ClientError {
         /// The codec's content type.
         content_type: &'static str,
         /// The codec's error.
-        source: crate::BoxError,
+        source: BoxError,
     },
     /// A member's task panicked (e.g. in an `on_assigned` / `on_revoked` callback, or a
     /// shard worker outside the handler; a handler's own panic is a failed attempt, retried

@@ -7,8 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-/// A boxed error, what [`HandlerError`] carries.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use crate::error::BoxError;
 
 /// What the runtime does with a message whose handler failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +50,21 @@ pub struct HandlerError {
     error: BoxError,
 }
 
+/// The text of a panic payload (`&str` or `String`).
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
 impl HandlerError {
+    /// The handler panicked: retried like any failure (the panic's text is the error).
+    pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> Self {
+        HandlerError::retry(format!("handler panicked: {}", panic_text(panic)))
+    }
+
     /// A failure to retry with the listener's backoff.
     pub fn retry(error: impl Into<BoxError>) -> Self {
         HandlerError {

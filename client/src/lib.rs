@@ -84,10 +84,8 @@ mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
 pub use config::ClientConfig;
-pub use error::{ClientError, ConfigError, CoordinatorError};
-pub use handler::{
-    BatchError, BatchHandler, BoxError, FailureAction, Handler, HandlerError, IntoBatchError,
-};
+pub use error::{BoxError, ClientError, ConfigError, CoordinatorError};
+pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError, IntoBatchError};
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
 pub use state::Data;

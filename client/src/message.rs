@@ -2,8 +2,9 @@
 
 use crate::codec::Codec as _;
 use crate::codec::CodecSpec;
+use crate::error::BoxError;
 use crate::error::ClientError;
-use crate::handler::BoxError;
+use futures::future::BoxFuture;
 use rsc_protocol::entry as fields;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -121,10 +122,18 @@ pub(crate) struct Origin {
     pub(crate) shard: u32,
     pub(crate) shard_key: String,
     pub(crate) member_id: String,
-    /// Where manual acknowledgements go (`None` in [`Message::test`] messages).
-    pub(crate) ack_conn: Option<rsc_redis::LazyRedis>,
-    /// The shard's fencing state (owner token), for guarded manual acknowledgements.
-    pub(crate) fence: Option<Arc<crate::consumer::worker::ShardFlags>>,
+    /// Where manual acknowledgements go (`None` in [`Message::test`] messages): the shard
+    /// worker's data path.
+    pub(crate) acks: Option<Arc<dyn AckPath>>,
+}
+
+/// How an [`Acker`] acknowledges an entry outside the shard worker's read loop. The shard
+/// worker provides it (presenting its owner token under strict fencing), so a message does
+/// not need to know the data path.
+pub(crate) trait AckPath: Send + Sync + std::fmt::Debug {
+    /// Acknowledges entry `id` of the shard `origin` names; acknowledging twice is harmless.
+    fn ack<'a>(&'a self, origin: &'a Origin, id: &'a str)
+    -> BoxFuture<'a, Result<(), ClientError>>;
 }
 
 /// A message handed to a listener: the decoded payload plus the entry's metadata.
@@ -347,29 +356,10 @@ pub struct Acker {
 impl Acker {
     /// Sends the `XACK`. Acknowledging twice is harmless.
     pub async fn ack(&self) -> Result<(), ClientError> {
-        let Some(conn) = &self.origin.ack_conn else {
-            return Ok(());
-        };
-        let mut conn = conn.clone();
-        if let Some(flags) = &self.origin.fence
-            && let Some(token) = flags.token()
-        {
-            let ids = [self.id.clone()];
-            if !crate::consumer::fence::ack(&mut conn, &self.origin, &token, &ids).await? {
-                flags.refuse("manual ack");
-                return Err(ClientError::Fenced {
-                    shard_key: self.origin.shard_key.clone(),
-                });
-            }
-            return Ok(());
+        match &self.origin.acks {
+            Some(path) => path.ack(&self.origin, &self.id).await,
+            None => Ok(()),
         }
-        let _: i64 = redis::cmd("XACK")
-            .arg(&self.origin.shard_key)
-            .arg(&self.origin.group)
-            .arg(&self.id)
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
     }
 
     /// The entry id it acknowledges.

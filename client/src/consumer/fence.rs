@@ -128,82 +128,114 @@ impl Guard {
                     conn.generation()
                 }
             };
-            let mut pipe = redis::pipe();
-            pipe.cmd("MULTI");
-            if !acks.is_empty() {
-                pipe.cmd("XACK")
-                    .arg(&origin.shard_key)
-                    .arg(&origin.group)
-                    .arg(acks);
-            }
-            pipe.cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(&origin.group)
-                .arg(&origin.member_id)
-                .arg("COUNT")
-                .arg(count)
-                .arg("STREAMS")
-                .arg(&origin.shard_key)
-                .arg(from);
-            pipe.cmd("XREVRANGE")
-                .arg(&origin.shard_key)
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1);
-            pipe.cmd("EXEC");
-            pipe.cmd("WATCH").arg(&self.key);
-            pipe.cmd("GET").arg(&self.key);
+            let pipe = self.transaction(origin, acks, from, count);
             self.armed = None;
-            let Some(mut values) = conn.pipeline_on(generation, &pipe).await? else {
+            let Some(values) = conn.pipeline_on(generation, &pipe).await? else {
                 continue; // the connection of the WATCH is gone: arm a new one
             };
             if values.len() != pipe.len() {
                 return Err(unexpected("reply count"));
             }
-            let current = values.pop().and_then(|v| status(&v));
-            if current.as_deref() == Some(token) {
-                self.armed = Some(generation);
-            }
-            values.pop(); // WATCH
-            let exec = values.pop().unwrap_or(Value::Nil);
-            if let Some(e) = values.iter().find_map(server_error) {
-                // MULTI or a queued command was refused (e.g. MOVED, after which the
-                // connection follows the redirection).
-                return Err(e);
-            }
-            let items = match exec {
+            match self.answer(values, generation, token, !acks.is_empty())? {
+                Some(read) => return Ok(read),
                 // The owner key was written since it was checked: check it again.
-                Value::Nil => continue,
-                Value::Array(items) => items,
-                other => return Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
-            };
-            let mut items = items.into_iter().skip(usize::from(!acks.is_empty()));
-            let (Some(read), Some(last)) = (items.next(), items.next()) else {
-                return Err(unexpected("EXEC reply count"));
-            };
-            if let Some(e) = server_error(&read) {
-                return Err(e); // e.g. NOGROUP
+                None => continue,
             }
-            let read: Option<OrderedRead> = redis::from_redis_value(read)?;
-            let entries: Vec<OrderedId> = read
-                .into_iter()
-                .flat_map(|r| r.keys)
-                .flat_map(|k| k.ids)
-                .collect();
-            if !entries.is_empty() {
-                return Ok(Read::Entries(entries));
-            }
-            let last: StreamRangeReply = redis::from_redis_value(last)?;
-            return Ok(Read::Idle(
-                last.ids
-                    .into_iter()
-                    .next()
-                    .map_or_else(|| "0-0".to_owned(), |e| e.id),
-            ));
         }
         Err(unexpected("the owner key keeps changing"))
     }
+
+    /// `MULTI, [XACK acks], XREADGROUP, XREVRANGE + - COUNT 1, EXEC, WATCH owner, GET owner`.
+    fn transaction(
+        &self,
+        origin: &Origin,
+        acks: &[String],
+        from: &str,
+        count: usize,
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI");
+        if !acks.is_empty() {
+            pipe.cmd("XACK")
+                .arg(&origin.shard_key)
+                .arg(&origin.group)
+                .arg(acks);
+        }
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&origin.group)
+            .arg(&origin.member_id)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(&origin.shard_key)
+            .arg(from);
+        pipe.cmd("XREVRANGE")
+            .arg(&origin.shard_key)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        pipe.cmd("EXEC");
+        pipe.cmd("WATCH").arg(&self.key);
+        pipe.cmd("GET").arg(&self.key);
+        pipe
+    }
+
+    /// The [`Self::transaction`]'s replies: arms the next read when the trailing `GET` shows
+    /// `token`; `None` when the transaction did not run (the owner key was written).
+    fn answer(
+        &mut self,
+        mut values: Vec<Value>,
+        generation: u64,
+        token: &str,
+        acked: bool,
+    ) -> Result<Option<Read>, RedisError> {
+        let current = values.pop().and_then(|v| status(&v));
+        if current.as_deref() == Some(token) {
+            self.armed = Some(generation);
+        }
+        values.pop(); // WATCH
+        let exec = values.pop().unwrap_or(Value::Nil);
+        if let Some(e) = values.iter().find_map(server_error) {
+            // MULTI or a queued command was refused (e.g. MOVED, after which the
+            // connection follows the redirection).
+            return Err(e);
+        }
+        match exec {
+            Value::Nil => Ok(None),
+            Value::Array(items) => exec_read(items, acked).map(Some),
+            other => Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
+        }
+    }
+}
+
+/// What the `EXEC` of a guarded read returned: the `XREADGROUP` reply (after the `XACK`'s,
+/// when `acked`) and the stream's last entry.
+fn exec_read(items: Vec<Value>, acked: bool) -> Result<Read, RedisError> {
+    let mut items = items.into_iter().skip(usize::from(acked));
+    let (Some(read), Some(last)) = (items.next(), items.next()) else {
+        return Err(unexpected("EXEC reply count"));
+    };
+    if let Some(e) = server_error(&read) {
+        return Err(e); // e.g. NOGROUP
+    }
+    let read: Option<OrderedRead> = redis::from_redis_value(read)?;
+    let entries: Vec<OrderedId> = read
+        .into_iter()
+        .flat_map(|r| r.keys)
+        .flat_map(|k| k.ids)
+        .collect();
+    if !entries.is_empty() {
+        return Ok(Read::Entries(entries));
+    }
+    let last: StreamRangeReply = redis::from_redis_value(last)?;
+    Ok(Read::Idle(
+        last.ids
+            .into_iter()
+            .next()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id),
+    ))
 }
 
 /// Acknowledges `ids` if `token` is the shard's; `false` when refused.

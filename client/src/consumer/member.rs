@@ -26,6 +26,7 @@ use super::lease::Lease;
 use super::worker::{ShardFlags, ShardWorker};
 use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, CoordinatorError};
+use crate::handler::panic_text;
 use crate::listener::Rebalance;
 use futures::future::BoxFuture;
 use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, StartPosition};
@@ -52,6 +53,131 @@ enum StopReason {
     Rejoin,
     /// The app is shutting down (or the member hit a fatal error).
     Shutdown,
+}
+
+/// Where a member is in its lifecycle. The heartbeat answers, the lease, the workers and the
+/// app's shutdown move it on; each variant carries what is only true in it.
+#[derive(Debug)]
+enum Phase {
+    /// No successful heartbeat yet: joins with epoch 0, owning nothing.
+    Joining,
+    /// A member of the group: works what the last answer assigned (revoking what it no longer
+    /// assigns before starting what it newly assigns).
+    Stable,
+    /// Self-fenced: the lease ran out and every worker was stopped; a successful heartbeat
+    /// resumes with what it assigns.
+    Fenced,
+    /// The coordinator no longer knows the member at its epoch (or its group): every worker
+    /// stops, then it joins again with epoch 0, owning nothing.
+    Rejoining,
+    /// Shutting down (the app's signal, or a failure): every worker finishes, then the member
+    /// leaves the group.
+    Leaving {
+        standing: Standing,
+        /// A shard worker panicked (outside the handler): `run()` fails with it.
+        panicked: Option<(u32, String)>,
+    },
+}
+
+/// A leaving member's standing with the coordinator.
+#[derive(Debug)]
+enum Standing {
+    /// Still a member: heartbeats go on while the workers finish (keeping the lease), then
+    /// it leaves with epoch −1 (−2 for a static member).
+    Member,
+    /// The coordinator dropped the membership: no heartbeat (a join would report shards that
+    /// are still stopping).
+    Forgotten,
+    /// The coordinator refused the member for good: no heartbeat, no leave; `run()` fails.
+    Rejected(CoordinatorError),
+}
+
+impl Phase {
+    fn leaving() -> Self {
+        Phase::Leaving {
+            standing: Standing::Member,
+            panicked: None,
+        }
+    }
+
+    fn is_leaving(&self) -> bool {
+        matches!(self, Phase::Leaving { .. })
+    }
+
+    /// Whether the member works its assignment (starts and restarts workers).
+    fn can_work(&self) -> bool {
+        matches!(self, Phase::Stable)
+    }
+
+    /// Whether a heartbeat may go out now (none in flight), given whether every worker has
+    /// stopped: a rejoin waits until they have, so that it reports owning nothing.
+    fn may_heartbeat(&self, workers_stopped: bool) -> bool {
+        match self {
+            Phase::Joining | Phase::Stable | Phase::Fenced => true,
+            Phase::Rejoining => workers_stopped,
+            Phase::Leaving { standing, .. } => match standing {
+                Standing::Member => true,
+                Standing::Forgotten => workers_stopped,
+                Standing::Rejected(_) => false,
+            },
+        }
+    }
+
+    /// A successful heartbeat answer: a member working its assignment (unless leaving).
+    fn answered(&mut self) {
+        if !self.is_leaving() {
+            *self = Phase::Stable;
+        }
+    }
+
+    /// The lease ran out.
+    fn lease_ran_out(&mut self) {
+        if let Phase::Stable = self {
+            *self = Phase::Fenced;
+        }
+    }
+
+    /// The coordinator no longer knows the member at its epoch, or its group.
+    fn membership_lost(&mut self) {
+        match self {
+            Phase::Leaving { standing, .. } => {
+                if let Standing::Member = standing {
+                    *standing = Standing::Forgotten;
+                }
+            }
+            _ => *self = Phase::Rejoining,
+        }
+    }
+
+    /// The app shuts down.
+    fn shut_down(&mut self) {
+        match self {
+            Phase::Leaving { .. } => {}
+            Phase::Rejoining => {
+                *self = Phase::Leaving {
+                    standing: Standing::Forgotten,
+                    panicked: None,
+                }
+            }
+            _ => *self = Phase::leaving(),
+        }
+    }
+
+    /// The coordinator refused the member for good.
+    fn rejected(&mut self, e: CoordinatorError) {
+        self.shut_down();
+        if let Phase::Leaving { standing, .. } = self {
+            *standing = Standing::Rejected(e);
+        }
+    }
+
+    /// A shard worker panicked (the first panic is the one reported).
+    fn panicked(&mut self, shard: u32, message: String) {
+        self.shut_down();
+        if let Phase::Leaving { panicked, .. } = self {
+            panicked.get_or_insert((shard, message));
+        }
+    }
 }
 
 struct Slot {
@@ -87,20 +213,15 @@ pub(crate) struct MemberRuntime {
     heartbeats: Heartbeats,
     client_info: ClientInfo,
 
+    phase: Phase,
     epoch: i64,
-    joined: bool,
     assignment: BTreeSet<u32>,
     slots: BTreeMap<u32, Slot>,
     tasks: JoinSet<u32>,
     task_shard: HashMap<Id, u32>,
     lease: Lease,
-    fenced: bool,
-    rejoin: bool,
-    shutting_down: bool,
-    fatal: Option<CoordinatorError>,
-    /// A shard worker panicked (outside the handler): the member stops and `run()` fails.
-    panicked: Option<(u32, String)>,
-    session: Duration,
+    /// The group's session timeout, from the last answer (`None`: never joined in this run).
+    session: Option<Duration>,
     interval: Duration,
     start: StartPosition,
     shard_count: u32,
@@ -135,19 +256,14 @@ impl MemberRuntime {
             coord,
             heartbeats,
             client_info,
+            phase: Phase::Joining,
             epoch: 0,
-            joined: false,
             assignment: BTreeSet::new(),
             slots: BTreeMap::new(),
             tasks: JoinSet::new(),
             task_shard: HashMap::new(),
             lease: Lease::new(),
-            fenced: false,
-            rejoin: false,
-            shutting_down: false,
-            fatal: None,
-            panicked: None,
-            session: Duration::from_secs(45),
+            session: None,
             interval: Duration::from_secs(3),
             start: StartPosition::Earliest,
             shard_count: 0,
@@ -180,22 +296,20 @@ impl MemberRuntime {
         let mut inflight: Option<HeartbeatFuture> = None;
         let wake = self.wake.clone();
         loop {
-            if self.shutting_down && self.slots.is_empty() && inflight.is_none() {
+            let leaving = self.phase.is_leaving();
+            if leaving && self.slots.is_empty() && inflight.is_none() {
                 break;
             }
-            // A rejoin waits until every worker stopped: it reports owning nothing.
-            let can_send = inflight.is_none()
-                && self.fatal.is_none()
-                && (!self.rejoin || self.slots.is_empty());
-            let fence_at = if !self.fenced && !self.slots.is_empty() {
-                self.lease.deadline().map(Instant::from_std)
-            } else {
+            let can_send = inflight.is_none() && self.phase.may_heartbeat(self.slots.is_empty());
+            let fence_at = if self.slots.is_empty() {
                 None
+            } else {
+                self.lease.fence_deadline().map(Instant::from_std)
             };
             tokio::select! {
-                _ = shutdown.cancelled(), if !self.shutting_down => {
+                _ = shutdown.cancelled(), if !leaving => {
                     info!(shards = ?self.slots.keys().collect::<Vec<_>>(), "shutting down: finishing in-flight messages");
-                    self.shutting_down = true;
+                    self.phase.shut_down();
                     self.stop_all(StopReason::Shutdown);
                 }
                 Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
@@ -218,7 +332,7 @@ impl MemberRuntime {
                 _ = tokio::time::sleep_until(fence_at.unwrap_or_else(Instant::now)), if fence_at.is_some() => {
                     self.self_fence();
                 }
-                _ = async { wake.as_ref().expect("guarded").notified().await }, if wake.is_some() && self.joined && !self.shutting_down => {
+                _ = async { wake.as_ref().expect("guarded").notified().await }, if wake.is_some() && self.session.is_some() && !leaving => {
                     debug!("woken by the coordinator: heartbeat now");
                     if inflight.is_some() {
                         // The answer in flight may predate the change: ask again after it.
@@ -229,19 +343,30 @@ impl MemberRuntime {
                 }
             }
         }
-        if let Some((shard, message)) = self.panicked.take() {
+        self.finish().await
+    }
+
+    /// Once every worker stopped while leaving: leaves the group, or reports why not.
+    async fn finish(mut self) -> Result<(), ClientError> {
+        let phase = std::mem::replace(&mut self.phase, Phase::leaving());
+        let Phase::Leaving { standing, panicked } = phase else {
+            unreachable!("the member loop ends only while leaving")
+        };
+        let group = self.shared.group.clone();
+        let member = self.shared.member_id.clone();
+        if let Some((shard, message)) = panicked {
             return Err(ClientError::Panicked {
-                group: self.shared.group.clone(),
-                member: self.shared.member_id.clone(),
+                group,
+                member,
                 shard: Some(shard),
                 message,
             });
         }
-        if let Some(e) = self.fatal.take() {
+        if let Standing::Rejected(source) = standing {
             return Err(ClientError::MemberRejected {
-                group: self.shared.group.clone(),
-                member: self.shared.member_id.clone(),
-                source: e,
+                group,
+                member,
+                source,
             });
         }
         self.leave().await;
@@ -278,10 +403,11 @@ impl MemberRuntime {
                 None
             },
         };
-        let timeout = if self.joined {
-            (self.session / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
-        } else {
-            JOIN_TIMEOUT
+        let timeout = match self.session {
+            Some(session) => {
+                (session / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
+            }
+            None => JOIN_TIMEOUT,
         };
         let heartbeats = self.heartbeats.clone();
         let shared = self.shared.clone();
@@ -304,69 +430,89 @@ impl MemberRuntime {
     ) {
         let now = Instant::now();
         match result {
-            Ok(resp) => {
-                metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => "ok").increment(1);
-                if self.failures > 0 {
-                    info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
-                }
-                self.failures = 0;
-                self.in_use_until = None;
-                self.backoff.reset();
-                if sent_epoch == 0 {
-                    info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
-                }
-                self.joined = true;
-                self.rejoin = false;
-                self.epoch = resp.member_epoch;
-                self.session = Duration::from_millis(resp.session_timeout_ms);
-                self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
-                self.start = resp.start;
-                self.shard_count = resp.shard_count;
-                self.lease.renewed(sent_at.into_std(), self.session);
-                if let Ok(mut d) = self.shared.lease_until.lock() {
-                    *d = self.lease.deadline();
-                }
-                if self.fenced {
-                    info!("heartbeat succeeded again: resuming");
-                    self.fenced = false;
-                }
-                if self.shared.pause.set_by_group(resp.paused) {
-                    info!(
-                        paused = resp.paused,
-                        "group {} by an operator",
-                        if resp.paused { "paused" } else { "resumed" }
-                    );
-                }
-                self.assignment = resp.assignment.into_iter().collect();
-                self.tokens = resp.owner_tokens;
-                self.shared.ordered.store(
-                    resp.ordering == rsc_protocol::OrderingMode::Key,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                for (shard, slot) in &self.slots {
-                    // No tokens at all: lease fencing. A shard being revoked is not in the
-                    // answer: it keeps its token (still its own) while it finishes.
-                    if self.tokens.is_empty() || self.tokens.contains_key(shard) {
-                        slot.flags.set_token(self.tokens.get(shard).cloned());
-                    }
-                }
-                self.refused.clear();
-                self.reconcile();
-                self.next_heartbeat = if self.report_now {
-                    // A revocation finished while this heartbeat was in flight.
-                    now
-                } else {
-                    // Batched: on the process-wide grid, with the other members.
-                    self.heartbeats
-                        .next_periodic(sent_at, self.interval)
-                        .max(now)
-                };
-            }
+            Ok(resp) => self.accepted(sent_at, sent_epoch, resp, now),
             Err(e) => self.failed(e, now),
         }
         metrics::gauge!("rsc_client_owned_shards", "group" => self.shared.group.clone(),
             "member" => self.shared.member_id.clone())
         .set(self.slots.len() as f64);
+    }
+
+    /// A successful heartbeat: the member's epoch, the group's terms and the lease, the
+    /// operator's pause, then the assignment (revoke before assign) and the next heartbeat.
+    fn accepted(
+        &mut self,
+        sent_at: Instant,
+        sent_epoch: i64,
+        resp: HeartbeatResponse,
+        now: Instant,
+    ) {
+        metrics::counter!("rsc_client_heartbeats_total", "group" => self.shared.group.clone(), "result" => "ok").increment(1);
+        if self.failures > 0 {
+            info!(failures = self.failures, url = %self.coord.current_url(), "coordinator reachable again");
+        }
+        self.failures = 0;
+        self.in_use_until = None;
+        self.backoff.reset();
+        if sent_epoch == 0 {
+            info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
+        }
+        self.phase.answered();
+        self.renew(sent_at, &resp);
+        if self.shared.pause.set_by_group(resp.paused) {
+            info!(
+                paused = resp.paused,
+                "group {} by an operator",
+                if resp.paused { "paused" } else { "resumed" }
+            );
+        }
+        self.assignment = resp.assignment.into_iter().collect();
+        self.tokens = resp.owner_tokens;
+        self.shared.ordered.store(
+            resp.ordering == rsc_protocol::OrderingMode::Key,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.hand_out_tokens();
+        self.refused.clear();
+        self.reconcile();
+        self.next_heartbeat = if self.report_now {
+            // A revocation finished while this heartbeat was in flight.
+            now
+        } else {
+            // Batched: on the process-wide grid, with the other members.
+            self.heartbeats
+                .next_periodic(sent_at, self.interval)
+                .max(now)
+        };
+    }
+
+    /// Takes the group's terms from an answer, and renews the lease from the sending of the
+    /// heartbeat it answers.
+    fn renew(&mut self, sent_at: Instant, resp: &HeartbeatResponse) {
+        self.epoch = resp.member_epoch;
+        let session = Duration::from_millis(resp.session_timeout_ms);
+        self.session = Some(session);
+        self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
+        self.start = resp.start;
+        self.shard_count = resp.shard_count;
+        let resumed = self.lease.renewed(sent_at.into_std(), session);
+        if let Ok(mut d) = self.shared.lease_until.lock() {
+            *d = self.lease.deadline();
+        }
+        if resumed {
+            info!("heartbeat succeeded again: resuming");
+        }
+    }
+
+    /// Strict fencing: gives each worker its shard's owner token from the last answer.
+    fn hand_out_tokens(&self) {
+        for (shard, slot) in &self.slots {
+            // No tokens at all: lease fencing. A shard being revoked is not in the answer:
+            // it keeps its token (still its own) while it finishes.
+            if self.tokens.is_empty() || self.tokens.contains_key(shard) {
+                slot.flags.set_token(self.tokens.get(shard).cloned());
+            }
+        }
     }
 
     fn failed(&mut self, e: CoordinatorError, now: Instant) {
@@ -377,18 +523,7 @@ impl MemberRuntime {
                 warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
                 metrics::counter!("rsc_client_rejoins_total", "group" => self.shared.group.clone())
                     .increment(1);
-                self.recent_fences.push_back(now);
-                while self
-                    .recent_fences
-                    .front()
-                    .is_some_and(|t| now - *t > Duration::from_secs(60))
-                {
-                    self.recent_fences.pop_front();
-                }
-                if self.recent_fences.len() >= 3 {
-                    error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
-                        (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
-                }
+                self.note_fence(now);
                 self.start_rejoin();
                 self.next_heartbeat = now;
             }
@@ -397,26 +532,7 @@ impl MemberRuntime {
                 self.start_rejoin();
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
             }
-            Some(ErrorCode::MemberIdInUse) => {
-                // Another process holds this static id: either this pod came back after a
-                // crash (the old run's session has to run out first: the coordinator says
-                // when) or two live pods share an id (the holder keeps heartbeating, so the
-                // refusals outlast the first session end): then stop loudly.
-                let wait = e.retry_after().unwrap_or(self.interval);
-                let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
-                if now > until {
-                    error!(error = %e, "another live process keeps this static member id; stopping");
-                    self.fatal = Some(e);
-                    self.shutting_down = true;
-                    self.stop_all(StopReason::Shutdown);
-                    return;
-                }
-                warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
-                    "static member id held by another process: retrying when its session runs out");
-                self.next_heartbeat = now
-                    + (wait + Duration::from_millis(20))
-                        .clamp(Duration::from_millis(100), Duration::from_secs(5));
-            }
+            Some(ErrorCode::MemberIdInUse) => self.id_in_use(e, now),
             Some(ErrorCode::GroupMaxSizeReached) => {
                 warn!(error = %e, "the group is full; retrying");
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
@@ -434,30 +550,67 @@ impl MemberRuntime {
             }
             _ => {
                 error!(error = %e, "the coordinator refused this member; stopping it");
-                self.fatal = Some(e);
-                self.shutting_down = true;
+                self.phase.rejected(e);
                 self.stop_all(StopReason::Shutdown);
             }
         }
     }
 
+    /// A rejoin forced by the coordinator: several within a minute hint at a member id
+    /// shared by two processes.
+    fn note_fence(&mut self, now: Instant) {
+        self.recent_fences.push_back(now);
+        while self
+            .recent_fences
+            .front()
+            .is_some_and(|t| now - *t > Duration::from_secs(60))
+        {
+            self.recent_fences.pop_front();
+        }
+        if self.recent_fences.len() >= 3 {
+            error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
+                (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
+        }
+    }
+
+    /// `MEMBER_ID_IN_USE`: another process holds this static id. Either this pod came back
+    /// after a crash (the old run's session has to run out first: the coordinator says when)
+    /// or two live pods share an id (the holder keeps heartbeating, so the refusals outlast
+    /// the first session end): then stop loudly.
+    fn id_in_use(&mut self, e: CoordinatorError, now: Instant) {
+        let wait = e.retry_after().unwrap_or(self.interval);
+        let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
+        if now > until {
+            error!(error = %e, "another live process keeps this static member id; stopping");
+            self.phase.rejected(e);
+            self.stop_all(StopReason::Shutdown);
+            return;
+        }
+        warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
+            "static member id held by another process: retrying when its session runs out");
+        self.next_heartbeat = now
+            + (wait + Duration::from_millis(20))
+                .clamp(Duration::from_millis(100), Duration::from_secs(5));
+    }
+
     /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins
     /// with epoch 0 owning nothing.
     fn start_rejoin(&mut self) {
+        self.phase.membership_lost();
         self.epoch = 0;
-        self.rejoin = true;
         self.assignment.clear();
         self.stop_all(StopReason::Rejoin);
     }
 
     fn self_fence(&mut self) {
         warn!(
-            session_timeout_ms = self.session.as_millis() as u64,
+            session_timeout_ms = self.session.unwrap_or_default().as_millis() as u64,
             "no successful heartbeat within the lease: stopping every shard (self-fence)"
         );
         metrics::counter!("rsc_client_self_fenced_total", "group" => self.shared.group.clone())
             .increment(1);
-        self.fenced = true;
+        self.lease.lapse();
+        self.phase.lease_ran_out();
         self.stop_all(StopReason::Fenced);
     }
 
@@ -470,13 +623,9 @@ impl MemberRuntime {
         }
     }
 
-    fn can_work(&self) -> bool {
-        !self.fenced && !self.rejoin && !self.shutting_down
-    }
-
     /// Revoke what is no longer assigned, start what is newly assigned.
     fn reconcile(&mut self) {
-        if !self.can_work() {
+        if !self.phase.can_work() {
             return;
         }
         let mut revoked = Vec::new();
@@ -549,8 +698,7 @@ impl MemberRuntime {
             // A bug outside the handler (whose panics are failed attempts): stop loudly
             // rather than run on with a worker that may do it again.
             error!(shard, panic = %message, "shard worker panicked; stopping the member");
-            self.panicked.get_or_insert((shard, message));
-            self.shutting_down = true;
+            self.phase.panicked(shard, message);
             self.stop_all(StopReason::Shutdown);
             return;
         }
@@ -576,7 +724,8 @@ impl MemberRuntime {
             None => warn!(shard, "shard worker exited on its own"),
         }
         // A shard given back while it was being revoked, or a worker that died: start again.
-        if self.can_work() && self.assignment.contains(&shard) && !self.shared.lease_expired() {
+        if self.phase.can_work() && self.assignment.contains(&shard) && !self.shared.lease_expired()
+        {
             self.spawn_worker(shard);
             self.callback(true, vec![shard]);
         }
@@ -602,10 +751,10 @@ impl MemberRuntime {
     /// Leaves with epoch −1, or −2 for a static member (a few attempts, on each coordinator
     /// URL in turn).
     async fn leave(&mut self) {
-        if !self.joined {
+        let Some(session) = self.session else {
             return;
-        }
-        let timeout = (self.session / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
+        };
+        let timeout = (session / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
         for attempt in 1..=3 {
             match self
                 .coord
@@ -679,11 +828,97 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
     }
 }
 
-/// The text of a panic payload (`&str` or `String`).
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejection() -> CoordinatorError {
+        CoordinatorError::Unexpected {
+            url: "http://coordinator".into(),
+            status: 400,
+            body: "refused".into(),
+        }
+    }
+
+    fn standing(phase: &Phase) -> Option<&Standing> {
+        match phase {
+            Phase::Leaving { standing, .. } => Some(standing),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_member_works_only_once_an_answer_made_it_stable() {
+        let mut p = Phase::Joining;
+        assert!(!p.can_work() && p.may_heartbeat(true));
+        p.lease_ran_out(); // nothing owned yet: nothing to fence
+        assert!(matches!(p, Phase::Joining));
+        p.answered();
+        assert!(matches!(p, Phase::Stable) && p.can_work() && p.may_heartbeat(false));
+    }
+
+    #[test]
+    fn self_fence_stops_work_until_an_answer_resumes_it() {
+        let mut p = Phase::Stable;
+        p.lease_ran_out();
+        assert!(matches!(p, Phase::Fenced));
+        // Fenced, it keeps heartbeating (with its workers stopping) to get the lease back.
+        assert!(!p.can_work() && p.may_heartbeat(false));
+        p.answered();
+        assert!(matches!(p, Phase::Stable));
+    }
+
+    #[test]
+    fn a_rejoin_waits_for_every_worker_then_joins_owning_nothing() {
+        for mut p in [Phase::Joining, Phase::Stable, Phase::Fenced] {
+            p.membership_lost();
+            assert!(matches!(p, Phase::Rejoining));
+            assert!(!p.can_work());
+            assert!(!p.may_heartbeat(false), "not while workers still stop");
+            assert!(p.may_heartbeat(true));
+            p.lease_ran_out();
+            assert!(matches!(p, Phase::Rejoining));
+            p.answered();
+            assert!(matches!(p, Phase::Stable));
+        }
+    }
+
+    #[test]
+    fn leaving_heartbeats_until_the_workers_stopped_and_nothing_brings_it_back() {
+        let mut p = Phase::Fenced;
+        p.shut_down();
+        assert!(matches!(standing(&p), Some(Standing::Member)));
+        assert!(!p.can_work() && p.may_heartbeat(false));
+        p.answered();
+        p.lease_ran_out();
+        p.shut_down();
+        assert!(matches!(standing(&p), Some(Standing::Member)));
+        // Forgotten while leaving: no join (it would report shards still stopping).
+        p.membership_lost();
+        assert!(matches!(standing(&p), Some(Standing::Forgotten)));
+        assert!(!p.may_heartbeat(false));
+        p.answered();
+        assert!(p.is_leaving());
+        let mut rejoining = Phase::Rejoining;
+        rejoining.shut_down();
+        assert!(matches!(standing(&rejoining), Some(Standing::Forgotten)));
+    }
+
+    #[test]
+    fn a_rejected_member_stops_heartbeating_and_the_first_panic_is_reported() {
+        let mut p = Phase::Stable;
+        p.rejected(rejection());
+        assert!(matches!(standing(&p), Some(Standing::Rejected(_))));
+        assert!(!p.may_heartbeat(true));
+        p.panicked(3, "first".into());
+        p.panicked(4, "second".into());
+        assert!(matches!(standing(&p), Some(Standing::Rejected(_))));
+        let Phase::Leaving { panicked, .. } = &p else {
+            panic!("leaving")
+        };
+        assert_eq!(panicked.as_ref(), Some(&(3, "first".to_owned())));
+        let mut p = Phase::Joining;
+        p.panicked(1, "boom".into());
+        assert!(matches!(standing(&p), Some(Standing::Member)) && p.may_heartbeat(false));
+    }
 }

@@ -367,16 +367,7 @@ impl Producer {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let seqs: Vec<u64> = records
-            .iter()
-            .map(|r| {
-                if r.key.is_none() {
-                    self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
-                } else {
-                    0
-                }
-            })
-            .collect();
+        let seqs = self.round_robin(&records);
         let mut routing = self.inner.routes.get(stream).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
@@ -412,43 +403,73 @@ impl Producer {
             todo = refused.into_iter().map(|(i, _)| i).collect();
             metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
                 .increment(todo.len() as u64);
-            // Refresh until the coordinator answers with the markers' epoch (it moves them
-            // before it answers the reshard, so the answer follows at once).
-            loop {
-                if started.elapsed() >= self.inner.stale_budget {
-                    warn!(
-                        stream,
-                        routing_epoch = routing.routing_epoch,
-                        marker,
-                        records = todo.len(),
-                        "publish refused for a stale routing epoch and no newer routing within the retry budget"
-                    );
-                    return Err(ClientError::StaleRouting {
-                        stream: stream.to_owned(),
-                        routing_epoch: routing.routing_epoch,
-                        shard_epoch: marker,
-                    });
-                }
-                match self.inner.routes.fetch(stream).await {
-                    Ok(r) if r.routing_epoch != routing.routing_epoch => {
-                        debug!(
-                            stream,
-                            from = routing.routing_epoch,
-                            to = r.routing_epoch,
-                            records = todo.len(),
-                            "writing refused records again under the new routing"
-                        );
-                        routing = r;
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => debug!(stream, error = %e, "routing refresh failed"),
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_millis(200));
-            }
+            let stale = Stale {
+                stream,
+                marker,
+                records: todo.len(),
+                started,
+            };
+            routing = self.newer_routing(&stale, &routing, &mut delay).await?;
         }
         Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The round-robin sequence number of each record without a key (0 for those with one).
+    fn round_robin(&self, records: &[Record]) -> Vec<u64> {
+        records
+            .iter()
+            .map(|r| {
+                if r.key.is_none() {
+                    self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    0
+                }
+            })
+            .collect()
+    }
+
+    /// After records were refused for a stale routing epoch: refreshes the routing until the
+    /// coordinator answers with a newer one (it moves the markers before it answers the
+    /// reshard, so the answer follows at once), within the producer's retry budget.
+    async fn newer_routing(
+        &self,
+        stale: &Stale<'_>,
+        routing: &Routing,
+        delay: &mut Duration,
+    ) -> Result<Arc<Routing>, ClientError> {
+        let stream = stale.stream;
+        loop {
+            if stale.started.elapsed() >= self.inner.stale_budget {
+                warn!(
+                    stream,
+                    routing_epoch = routing.routing_epoch,
+                    marker = stale.marker,
+                    records = stale.records,
+                    "publish refused for a stale routing epoch and no newer routing within the retry budget"
+                );
+                return Err(ClientError::StaleRouting {
+                    stream: stream.to_owned(),
+                    routing_epoch: routing.routing_epoch,
+                    shard_epoch: stale.marker,
+                });
+            }
+            match self.inner.routes.fetch(stream).await {
+                Ok(r) if r.routing_epoch != routing.routing_epoch => {
+                    debug!(
+                        stream,
+                        from = routing.routing_epoch,
+                        to = r.routing_epoch,
+                        records = stale.records,
+                        "writing refused records again under the new routing"
+                    );
+                    return Ok(r);
+                }
+                Ok(_) => {}
+                Err(e) => debug!(stream, error = %e, "routing refresh failed"),
+            }
+            tokio::time::sleep(*delay).await;
+            *delay = (*delay * 2).min(Duration::from_millis(200));
+        }
     }
 
     /// Writes the records `todo` (indices, in order) under `routing`: one guarded script call
@@ -672,4 +693,14 @@ impl Producer {
     pub async fn refresh_routing(&self, stream: &str) -> Result<Arc<Routing>, ClientError> {
         self.inner.routes.fetch(stream).await
     }
+}
+/// Records refused for a stale routing epoch: what the routing refresh reports.
+struct Stale<'a> {
+    stream: &'a str,
+    /// The highest epoch marker among the refusing shards.
+    marker: u64,
+    /// How many records wait.
+    records: usize,
+    /// When the publish began (the retry budget counts from it).
+    started: Instant,
 }

@@ -159,12 +159,33 @@ async fn main() -> anyhow::Result<()> {
         .zip(args.redis_sentinel_master.as_deref());
     let data = rsc_examples::data_redis(&args.redis_url, args.redis_cluster, sentinel)
         .context("--redis-url")?;
-    let record = args.record_stream.clone().map(|key| (key, data.clone()));
-    let pod = Pod {
-        handle: Duration::from_millis(args.handle_ms),
-        fail_rate: args.fail_rate,
-        record,
+    let pod = Pod::new(&args, &data);
+    let app = consumer_app(&args, pod)?;
+    tracing::info!(members = ?app.member_ids(), "sample consumer starting");
+    let Some(addr) = args.health_listen else {
+        app.run().await?;
+        return Ok(());
     };
+    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
+    if sentinel.is_some() {
+        health = health.sentinel(data);
+    }
+    run_with_health(app, health, addr).await
+}
+
+impl Pod {
+    /// The pod's handling settings, and its connection to the record stream if it has one.
+    fn new(args: &Args, data: &LazyRedis) -> Self {
+        Pod {
+            handle: Duration::from_millis(args.handle_ms),
+            fail_rate: args.fail_rate,
+            record: args.record_stream.clone().map(|key| (key, data.clone())),
+        }
+    }
+}
+
+/// The consumer app: one listener of `--group` on `--stream`, the pod as shared state.
+fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
     /// The handler: the pod's settings arrive as shared state (`Data<Pod>`).
     async fn handler(msg: Message<Sample>, pod: Data<Pod>) -> Result<(), HandlerError> {
         pod.handle(msg).await
@@ -192,16 +213,12 @@ async fn main() -> anyhow::Result<()> {
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
         builder = builder.redis_sentinel(addrs, master);
     }
-    let app = builder.build()?;
-    tracing::info!(members = ?app.member_ids(), "sample consumer starting");
-    let Some(addr) = args.health_listen else {
-        app.run().await?;
-        return Ok(());
-    };
-    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-    if sentinel.is_some() {
-        health = health.sentinel(data);
-    }
+    Ok(builder.build()?)
+}
+
+/// Runs the app with the health endpoints on `addr`: they report shutting down as soon as
+/// the signal arrives, and stop once the app has.
+async fn run_with_health(app: ConsumerApp, health: Health, addr: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--health-listen {addr}"))?;

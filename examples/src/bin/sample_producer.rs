@@ -14,8 +14,10 @@
 
 use anyhow::Context;
 use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
 use rsc_client::producer::{Producer, Record};
 use rsc_examples::health::Health;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// (No `Debug`: the arguments hold the token and the Redis URL's password.)
@@ -109,39 +111,9 @@ async fn main() -> anyhow::Result<()> {
     rsc_examples::init_logging();
     let args = Args::parse();
     let metrics = rsc_examples::install_metrics()?;
-    let mut builder = Producer::builder()
-        .coordinator(&args.coordinator)
-        .redis_url(&args.redis_url)
-        .redis_cluster(args.redis_cluster);
-    if let Some(t) = &args.token {
-        builder = builder.token(t);
-    }
-    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
-        builder = builder.redis_sentinel(addrs, master);
-    }
-    if let Some(n) = args.wait_replicas {
-        builder = builder.wait_for_replicas(n, Duration::from_millis(args.wait_timeout_ms));
-    }
-    let producer = builder.build()?;
+    let producer = producer(&args)?;
     let health = match args.health_listen {
-        Some(addr) => {
-            let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-            if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master)
-            {
-                health = health.sentinel(rsc_examples::data_redis(
-                    &args.redis_url,
-                    false,
-                    Some((addrs, master)),
-                )?);
-            }
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--health-listen {addr}"))?;
-            tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoints listening");
-            Some(tokio::spawn(health.serve(listener, async {
-                rsc_client::shutdown_signal().await;
-            })))
-        }
+        Some(addr) => Some(serve_health(&args, metrics, addr).await?),
         None => None,
     };
     let mut acked = match &args.acked_log {
@@ -185,4 +157,45 @@ async fn main() -> anyhow::Result<()> {
         server.await??;
     }
     Ok(())
+}
+
+/// The producer the arguments describe.
+fn producer(args: &Args) -> anyhow::Result<Producer> {
+    let mut builder = Producer::builder()
+        .coordinator(&args.coordinator)
+        .redis_url(&args.redis_url)
+        .redis_cluster(args.redis_cluster);
+    if let Some(t) = &args.token {
+        builder = builder.token(t);
+    }
+    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
+        builder = builder.redis_sentinel(addrs, master);
+    }
+    if let Some(n) = args.wait_replicas {
+        builder = builder.wait_for_replicas(n, Duration::from_millis(args.wait_timeout_ms));
+    }
+    Ok(builder.build()?)
+}
+
+/// Serves the health and metrics endpoints on `addr` until the pod is stopped.
+async fn serve_health(
+    args: &Args,
+    metrics: PrometheusHandle,
+    addr: SocketAddr,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
+    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
+        health = health.sentinel(rsc_examples::data_redis(
+            &args.redis_url,
+            false,
+            Some((addrs, master)),
+        )?);
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--health-listen {addr}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoints listening");
+    Ok(tokio::spawn(health.serve(listener, async {
+        rsc_client::shutdown_signal().await;
+    })))
 }

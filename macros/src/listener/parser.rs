@@ -51,107 +51,118 @@ impl ListenerArgs {
                     ),
                 )
             })?;
-        let mut group = None;
-        let mut stream = None;
-        let mut out = ListenerArgs {
-            group: String::new(),
-            stream: String::new(),
-            concurrency: None,
-            name: None,
-            ack: None,
-            max_retries: None,
-            batch: None,
-            linger_ms: None,
-        };
+        let mut given = Given::default();
         for pair in &pairs {
-            let key = pair
-                .path
-                .get_ident()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            let dup = |seen: bool| {
-                if seen {
-                    Err(syn::Error::new(
-                        pair.path.span(),
-                        format!("`{key}` is given twice"),
-                    ))
-                } else {
-                    Ok(())
-                }
-            };
-            match key.as_str() {
-                "group" => {
-                    dup(group.is_some())?;
-                    group = Some(name_value(&pair.value, "group")?);
-                }
-                "stream" => {
-                    dup(stream.is_some())?;
-                    stream = Some(name_value(&pair.value, "stream")?);
-                }
-                "name" => {
-                    dup(out.name.is_some())?;
-                    out.name = Some(name_value(&pair.value, "name")?);
-                }
-                "concurrency" => {
-                    dup(out.concurrency.is_some())?;
-                    let n = int_value(&pair.value, "concurrency")?;
-                    if n == 0 {
-                        return Err(syn::Error::new(
-                            pair.value.span(),
-                            "`concurrency` must be at least 1",
-                        ));
-                    }
-                    out.concurrency = Some(n);
-                }
-                "max_retries" => {
-                    dup(out.max_retries.is_some())?;
-                    out.max_retries = Some(int_value(&pair.value, "max_retries")?);
-                }
-                "batch" => {
-                    dup(out.batch.is_some())?;
-                    let n = int_value(&pair.value, "batch")?;
-                    if n == 0 {
-                        return Err(syn::Error::new(
-                            pair.value.span(),
-                            "`batch` (the most messages per call) must be at least 1",
-                        ));
-                    }
-                    out.batch = Some(n);
-                }
-                "linger_ms" => {
-                    dup(out.linger_ms.is_some())?;
-                    out.linger_ms = Some(int_value(&pair.value, "linger_ms")?);
-                }
-                "ack" => {
-                    dup(out.ack.is_some())?;
-                    out.ack = Some(match str_value(&pair.value, "ack")?.as_str() {
-                        "auto" => Ack::Auto,
-                        "manual" => Ack::Manual,
-                        _ => {
-                            return Err(syn::Error::new(
-                                pair.value.span(),
-                                "`ack` is \"auto\" (after the handler succeeds) or \"manual\"",
-                            ));
-                        }
-                    });
-                }
-                _ => {
-                    return Err(syn::Error::new(
-                        pair.path.span(),
-                        format!("unknown key `{key}`; the keys are: {KEYS}"),
-                    ));
-                }
-            }
+            given.set(pair)?;
         }
-        if out.linger_ms.is_some() && out.batch.is_none() {
+        given.finish(&args)
+    }
+}
+
+/// The keys as given, before the required ones are checked.
+#[derive(Default)]
+struct Given {
+    group: Option<String>,
+    stream: Option<String>,
+    concurrency: Option<u32>,
+    name: Option<String>,
+    ack: Option<Ack>,
+    max_retries: Option<u32>,
+    batch: Option<u32>,
+    linger_ms: Option<u32>,
+}
+
+impl Given {
+    /// Takes one `key = value` pair: each key once, its value checked.
+    fn set(&mut self, pair: &MetaNameValue) -> syn::Result<()> {
+        let key = pair
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        match key.as_str() {
+            "group" => once(&mut self.group, pair, |v| name_value(v, "group")),
+            "stream" => once(&mut self.stream, pair, |v| name_value(v, "stream")),
+            "name" => once(&mut self.name, pair, |v| name_value(v, "name")),
+            "concurrency" => once(&mut self.concurrency, pair, |v| {
+                at_least_one(v, "concurrency", "`concurrency` must be at least 1")
+            }),
+            "max_retries" => once(&mut self.max_retries, pair, |v| int_value(v, "max_retries")),
+            "batch" => once(&mut self.batch, pair, |v| {
+                at_least_one(
+                    v,
+                    "batch",
+                    "`batch` (the most messages per call) must be at least 1",
+                )
+            }),
+            "linger_ms" => once(&mut self.linger_ms, pair, |v| int_value(v, "linger_ms")),
+            "ack" => once(&mut self.ack, pair, ack_value),
+            _ => Err(syn::Error::new(
+                pair.path.span(),
+                format!("unknown key `{key}`; the keys are: {KEYS}"),
+            )),
+        }
+    }
+
+    /// The arguments, once the required keys are there and the keys fit together.
+    fn finish(self, args: &TokenStream) -> syn::Result<ListenerArgs> {
+        if self.linger_ms.is_some() && self.batch.is_none() {
             return Err(syn::Error::new(
                 args.span(),
                 "`linger_ms` only applies to a batch listener: add `batch = N`",
             ));
         }
-        out.group = group.ok_or_else(|| missing("group", &args))?;
-        out.stream = stream.ok_or_else(|| missing("stream", &args))?;
-        Ok(out)
+        Ok(ListenerArgs {
+            group: self.group.ok_or_else(|| missing("group", args))?,
+            stream: self.stream.ok_or_else(|| missing("stream", args))?,
+            concurrency: self.concurrency,
+            name: self.name,
+            ack: self.ack,
+            max_retries: self.max_retries,
+            batch: self.batch,
+            linger_ms: self.linger_ms,
+        })
+    }
+}
+
+/// Sets `slot` from the pair's value, unless the key was given already.
+fn once<T>(
+    slot: &mut Option<T>,
+    pair: &MetaNameValue,
+    value: impl FnOnce(&Expr) -> syn::Result<T>,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        let key = pair
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        return Err(syn::Error::new(
+            pair.path.span(),
+            format!("`{key}` is given twice"),
+        ));
+    }
+    *slot = Some(value(&pair.value)?);
+    Ok(())
+}
+
+/// An integer literal of at least 1 (else `message`).
+fn at_least_one(value: &Expr, key: &str, message: &str) -> syn::Result<u32> {
+    let n = int_value(value, key)?;
+    if n == 0 {
+        return Err(syn::Error::new(value.span(), message));
+    }
+    Ok(n)
+}
+
+fn ack_value(value: &Expr) -> syn::Result<Ack> {
+    match str_value(value, "ack")?.as_str() {
+        "auto" => Ok(Ack::Auto),
+        "manual" => Ok(Ack::Manual),
+        _ => Err(syn::Error::new(
+            value.span(),
+            "`ack` is \"auto\" (after the handler succeeds) or \"manual\"",
+        )),
     }
 }
 
@@ -212,17 +223,56 @@ fn name_value(value: &Expr, key: &str) -> syn::Result<String> {
 /// checked by the compiler against `HandlerError`.
 pub(crate) fn check_handler(func: &syn::ItemFn, batch: bool) -> syn::Result<Handler> {
     let sig = &func.sig;
-    let (first, shape) = if batch {
-        (
-            "Batch",
-            "async fn on_batch(batch: Batch<T>) -> Result<(), BatchError>",
-        )
-    } else {
-        (
-            "Message",
-            "async fn on_message(msg: Message<T>) -> Result<(), HandlerError>",
-        )
-    };
+    let expected = Expected::new(batch);
+    check_signature(sig, &expected)?;
+    for (i, input) in sig.inputs.iter().enumerate() {
+        check_input(i, input, &expected)?;
+    }
+    if let syn::ReturnType::Default = sig.output {
+        return Err(syn::Error::new(
+            sig.paren_token.span.close(),
+            if batch {
+                "a batch listener returns `Result<(), BatchError>` or `Result<(), HandlerError>`"
+            } else {
+                "a listener returns `Result<(), HandlerError>`"
+            },
+        ));
+    }
+    Ok(Handler {
+        ident: sig.ident.clone(),
+    })
+}
+
+/// What a listener's signature looks like: a message or a batch listener.
+struct Expected {
+    batch: bool,
+    /// The first argument's type (`Message` or `Batch`).
+    first: &'static str,
+    /// The whole signature, for error messages.
+    shape: &'static str,
+}
+
+impl Expected {
+    fn new(batch: bool) -> Self {
+        if batch {
+            Expected {
+                batch,
+                first: "Batch",
+                shape: "async fn on_batch(batch: Batch<T>) -> Result<(), BatchError>",
+            }
+        } else {
+            Expected {
+                batch,
+                first: "Message",
+                shape: "async fn on_message(msg: Message<T>) -> Result<(), HandlerError>",
+            }
+        }
+    }
+}
+
+/// `async`, not generic, one to five arguments.
+fn check_signature(sig: &syn::Signature, expected: &Expected) -> syn::Result<()> {
+    let Expected { first, shape, .. } = expected;
     if sig.asyncness.is_none() {
         return Err(syn::Error::new(
             sig.fn_token.span(),
@@ -251,56 +301,51 @@ pub(crate) fn check_handler(func: &syn::ItemFn, batch: bool) -> syn::Result<Hand
              in a struct",
         ));
     }
-    for (i, input) in sig.inputs.iter().enumerate() {
-        let arg = match input {
-            FnArg::Receiver(r) => {
-                return Err(syn::Error::new(
-                    r.span(),
-                    format!("a listener is a free function, not a method: `{shape}`"),
-                ));
-            }
-            FnArg::Typed(t) => t,
-        };
-        if i == 0 {
-            if !is_generic_type(&arg.ty, first) {
-                let hint = if batch {
-                    "with `batch = N` the listener's first argument must be `Batch<T>`, where \
-                     T is the payload type"
-                        .to_owned()
-                } else if is_generic_type(&arg.ty, "Batch") {
-                    "a `Batch<T>` argument needs a batch listener: add `batch = N` (the most \
-                     messages per call)"
-                        .to_owned()
-                } else {
-                    "the listener's argument must be `Message<T>`, where T is a \
-                     `serde::Deserialize` payload type or `Raw` for the bytes as sent"
-                        .to_owned()
-                };
-                return Err(syn::Error::new(arg.ty.span(), hint));
-            }
-        } else if !is_generic_type(&arg.ty, "Data") {
+    Ok(())
+}
+
+/// Argument `i`: the message (or batch) first, then `Data<A>` ones; no receiver.
+fn check_input(i: usize, input: &FnArg, expected: &Expected) -> syn::Result<()> {
+    let Expected {
+        batch,
+        first,
+        shape,
+    } = *expected;
+    let arg = match input {
+        FnArg::Receiver(r) => {
             return Err(syn::Error::new(
-                arg.ty.span(),
-                format!(
-                    "after the `{first}<T>` a listener only takes `Data<A>` arguments (state \
-                     given to the app with `.data(value)`)"
-                ),
+                r.span(),
+                format!("a listener is a free function, not a method: `{shape}`"),
             ));
         }
-    }
-    if let syn::ReturnType::Default = sig.output {
+        FnArg::Typed(t) => t,
+    };
+    if i > 0 {
+        if is_generic_type(&arg.ty, "Data") {
+            return Ok(());
+        }
         return Err(syn::Error::new(
-            sig.paren_token.span.close(),
-            if batch {
-                "a batch listener returns `Result<(), BatchError>` or `Result<(), HandlerError>`"
-            } else {
-                "a listener returns `Result<(), HandlerError>`"
-            },
+            arg.ty.span(),
+            format!(
+                "after the `{first}<T>` a listener only takes `Data<A>` arguments (state \
+                 given to the app with `.data(value)`)"
+            ),
         ));
     }
-    Ok(Handler {
-        ident: sig.ident.clone(),
-    })
+    if is_generic_type(&arg.ty, first) {
+        return Ok(());
+    }
+    let hint = if batch {
+        "with `batch = N` the listener's first argument must be `Batch<T>`, where T is the \
+         payload type"
+    } else if is_generic_type(&arg.ty, "Batch") {
+        "a `Batch<T>` argument needs a batch listener: add `batch = N` (the most messages per \
+         call)"
+    } else {
+        "the listener's argument must be `Message<T>`, where T is a `serde::Deserialize` \
+         payload type or `Raw` for the bytes as sent"
+    };
+    Err(syn::Error::new(arg.ty.span(), hint))
 }
 
 fn is_generic_type(ty: &syn::Type, name: &str) -> bool {

@@ -114,87 +114,116 @@ impl ShardWorker {
         chunk: &[Arc<Entry>],
         handler: &Arc<dyn ErasedBatch>,
     ) -> bool {
-        let shared = self.shared.clone();
-        let settings = &shared.listener.settings;
-        let m = &shared.metrics;
-        let auto = settings.ack_mode == AckMode::Auto;
         let mut pending: Vec<(Arc<Entry>, u32)> = chunk.iter().map(|e| (e.clone(), 1)).collect();
         loop {
-            let span = info_span!(
-                "batch",
-                entries = pending.len(),
-                first_id = %pending[0].0.id,
-                attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
-            );
-            crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
-            let started = Instant::now();
-            let (decode_failed, call) = handler.call(&pending, &self.origin);
-            let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
-            for (i, e) in decode_failed {
-                verdicts[i] = Some(e);
-            }
-            if let Some(call) = call {
-                let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
-                m.duration.record(started.elapsed().as_secs_f64());
-                let all = match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => {
-                        for (id, err) in e.each {
-                            match pending.iter().position(|(entry, _)| entry.id == id) {
-                                Some(i) if verdicts[i].is_none() => verdicts[i] = Some(err),
-                                Some(_) => {}
-                                None => {
-                                    warn!(entry_id = %id, "the batch handler failed an entry that is not in the batch")
-                                }
-                            }
-                        }
-                        e.all
-                    }
-                    Err(panic) => Some(HandlerError::retry(format!(
-                        "handler panicked: {}",
-                        crate::consumer::member::panic_text(panic.as_ref())
-                    ))),
-                };
-                if let Some(all) = all {
-                    for v in verdicts.iter_mut().filter(|v| v.is_none()) {
-                        *v = Some(all.duplicate());
-                    }
-                }
-            }
-            let mut retry = Vec::new();
-            let mut delay = Duration::ZERO;
-            for ((entry, attempt), verdict) in pending.into_iter().zip(verdicts) {
-                let Some(err) = verdict else {
-                    m.handled.increment(1);
-                    if auto {
-                        self.acks.push(entry.id.clone());
-                    }
-                    continue;
-                };
-                m.failed.increment(1);
-                if err.action() == FailureAction::DeadLetter || attempt > settings.max_retries {
-                    match self.dead_letter(&entry, &err, attempt).await {
-                        Outcome::DeadLettered => self.acks.push(entry.id.clone()),
-                        _ => return false,
-                    }
-                    continue;
-                }
-                delay = delay.max(match err.action() {
-                    FailureAction::RetryAfter(d) => d,
-                    _ => retry_delay(attempt, settings.retry_min, settings.retry_max),
-                });
-                debug!(entry_id = %entry.id, attempt, error = %err, "batch message failed; will retry");
-                retry.push((entry, attempt + 1));
-            }
+            let verdicts = self.call_batch(handler, &pending).await;
+            let Some((retry, delay)) = self.settle(pending, verdicts).await else {
+                return false;
+            };
             if retry.is_empty() {
                 return true;
             }
-            m.retried.increment(retry.len() as u64);
+            self.shared.metrics.retried.increment(retry.len() as u64);
             self.flush_acks(conn).await;
             if !self.pause_for(delay).await {
                 return false;
             }
             pending = retry;
         }
+    }
+
+    /// Calls the batch handler once on `pending` (entry, attempt): each message's verdict,
+    /// in order (`None`: handled). A payload that does not decode fails its message before
+    /// the call; a panic or an error for the whole batch fails every message not failed yet.
+    async fn call_batch(
+        &self,
+        handler: &Arc<dyn ErasedBatch>,
+        pending: &[(Arc<Entry>, u32)],
+    ) -> Vec<Option<HandlerError>> {
+        let span = info_span!(
+            "batch",
+            entries = pending.len(),
+            first_id = %pending[0].0.id,
+            attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
+        );
+        crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
+        let started = Instant::now();
+        let (decode_failed, call) = handler.call(pending, &self.origin);
+        let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
+        for (i, e) in decode_failed {
+            verdicts[i] = Some(e);
+        }
+        let Some(call) = call else {
+            return verdicts;
+        };
+        let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+        self.shared
+            .metrics
+            .duration
+            .record(started.elapsed().as_secs_f64());
+        let all = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => {
+                for (id, err) in e.each {
+                    match pending.iter().position(|(entry, _)| entry.id == id) {
+                        Some(i) if verdicts[i].is_none() => verdicts[i] = Some(err),
+                        Some(_) => {}
+                        None => {
+                            warn!(entry_id = %id, "the batch handler failed an entry that is not in the batch")
+                        }
+                    }
+                }
+                e.all
+            }
+            Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
+        };
+        if let Some(all) = all {
+            for v in verdicts.iter_mut().filter(|v| v.is_none()) {
+                *v = Some(all.duplicate());
+            }
+        }
+        verdicts
+    }
+
+    /// Settles each message by its verdict: a handled one is acknowledged (with
+    /// [`AckMode::Auto`]), a failed one dead-lettered when its retries are exhausted or the
+    /// handler said so, else kept for the retry. Returns the messages to retry (next
+    /// attempt) and the longest delay any asked for; `None` when stopped while
+    /// dead-lettering.
+    async fn settle(
+        &mut self,
+        pending: Vec<(Arc<Entry>, u32)>,
+        verdicts: Vec<Option<HandlerError>>,
+    ) -> Option<(Vec<(Arc<Entry>, u32)>, Duration)> {
+        let shared = self.shared.clone();
+        let settings = &shared.listener.settings;
+        let m = &shared.metrics;
+        let auto = settings.ack_mode == AckMode::Auto;
+        let mut retry = Vec::new();
+        let mut delay = Duration::ZERO;
+        for ((entry, attempt), verdict) in pending.into_iter().zip(verdicts) {
+            let Some(err) = verdict else {
+                m.handled.increment(1);
+                if auto {
+                    self.acks.push(entry.id.clone());
+                }
+                continue;
+            };
+            m.failed.increment(1);
+            if err.action() == FailureAction::DeadLetter || attempt > settings.max_retries {
+                match self.dead_letter(&entry, &err, attempt).await {
+                    Outcome::DeadLettered => self.acks.push(entry.id.clone()),
+                    _ => return None,
+                }
+                continue;
+            }
+            delay = delay.max(match err.action() {
+                FailureAction::RetryAfter(d) => d,
+                _ => retry_delay(attempt, settings.retry_min, settings.retry_max),
+            });
+            debug!(entry_id = %entry.id, attempt, error = %err, "batch message failed; will retry");
+            retry.push((entry, attempt + 1));
+        }
+        Some((retry, delay))
     }
 }
