@@ -11,7 +11,7 @@ use rsc_protocol::{ErrorBody, ErrorCode, ErrorDetail};
 
 /// An error answer: a SPEC code and a human message.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The code; decides the status.
     pub code: ErrorCode,
     /// The explanation.
@@ -22,7 +22,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// An error with this code and message.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
             code,
             message: message.into(),
@@ -32,7 +32,7 @@ impl ApiError {
 
     /// The `error` object of the SPEC error body (an item of a batch answer carries it
     /// beside [`ErrorCode::http_status`] instead of answering with it).
-    pub fn into_detail(self) -> ErrorDetail {
+    pub(crate) fn into_detail(self) -> ErrorDetail {
         ErrorDetail {
             code: self.code,
             message: self.message,

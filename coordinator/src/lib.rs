@@ -11,11 +11,13 @@
 //! - [`assignor`]: who should own which shard;
 //! - [`store`]: where the documents live ([`store::MemoryStore`] for development);
 //! - [`service`]: sequences store reads, engine decisions and store writes under locks;
-//! - [`api`]: the axum HTTP edge, the only place errors become SPEC error codes;
-//! - [`dashboard`]: the live operator page at `GET /`;
-//! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`).
-//! - [`auth`], [`audit`], [`metrics`]: ACL and rate limit, the audit trail, Prometheus
-//!   metrics — around the API and the store.
+//! - `api`: the axum HTTP edge; `http_error`, below it and `auth`, the only place errors
+//!   become SPEC error codes;
+//! - `dashboard`: the live operator page at `GET /`;
+//! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`);
+//! - `auth`, `audit`, `metrics`, `wake`: ACL and rate limit, the audit trail, Prometheus
+//!   metrics, wake-up channels — around the API and the store, private to the crate;
+//! - [`server`] assembles them from a [`config::ServeConfig`].
 //!
 //! ```
 //! use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
@@ -37,22 +39,23 @@
 //! assert_eq!(out.response.member_epoch, 1);
 //! ```
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations, unreachable_pub)]
 
-pub mod api;
+mod api;
 pub mod assignor;
-pub mod audit;
-pub mod auth;
+mod audit;
+mod auth;
 pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod dashboard;
+mod dashboard;
 pub mod engine;
 pub mod fencing;
-pub mod http_error;
-pub mod metrics;
-pub mod outage;
-pub mod retired;
+mod http_error;
+mod metrics;
+mod outage;
+mod retired;
 pub mod server;
 pub mod service;
 pub mod store;
-pub mod wake;
+mod wake;

@@ -19,7 +19,7 @@ const MERGE_WINDOW_MS: u64 = 60_000;
 
 /// The last outage's credit: its length and when it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutageCredit {
+pub(crate) struct OutageCredit {
     /// How long the store was unreachable, in ms (several close outages summed).
     pub length_ms: u64,
     /// When this coordinator saw the store answer again.
@@ -29,7 +29,7 @@ pub struct OutageCredit {
 /// What this coordinator saw of the store's availability (see the module docs). No I/O, the
 /// time is passed in.
 #[derive(Debug, Default, Clone)]
-pub struct StoreOutages {
+pub(crate) struct StoreOutages {
     last_ok_ms: Option<u64>,
     failing: bool,
     credit: Option<OutageCredit>,
@@ -38,7 +38,7 @@ pub struct StoreOutages {
 impl StoreOutages {
     /// A store call succeeded at `now_ms`. The first success after failures closes the
     /// outage; returns it when it did.
-    pub fn ok(&mut self, now_ms: u64) -> Option<OutageCredit> {
+    pub(crate) fn ok(&mut self, now_ms: u64) -> Option<OutageCredit> {
         let mut closed = None;
         if self.failing {
             self.failing = false;
@@ -62,19 +62,20 @@ impl StoreOutages {
     }
 
     /// A store call failed (the store was unreachable).
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.failing = true;
     }
 
     /// Whether calls have been failing since the last success.
-    pub fn failing(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn failing(&self) -> bool {
         self.failing
     }
 
     /// How far back to set the clock for expiry decisions at `now_ms` in a group whose
     /// session timeout is `session_timeout_ms`: the outage's length until every member had a
     /// full session after it, then 0.
-    pub fn shift_ms(&self, now_ms: u64, session_timeout_ms: u64) -> u64 {
+    pub(crate) fn shift_ms(&self, now_ms: u64, session_timeout_ms: u64) -> u64 {
         match self.credit {
             Some(c) if now_ms <= c.ended_ms + session_timeout_ms => c.length_ms,
             _ => 0,

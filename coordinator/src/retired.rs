@@ -25,15 +25,15 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 /// Keys deleted per pass, over every stream.
-pub const KEYS_PER_PASS: usize = 64;
+pub(crate) const KEYS_PER_PASS: usize = 64;
 
 /// Longest one deletion (connecting included) may take; past it the pass counts a failure
 /// and the next pass retries.
-pub const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settings of the retired-key cleaner.
 #[derive(Debug, Clone)]
-pub struct RetiredKeyCleaner {
+pub(crate) struct RetiredKeyCleaner {
     /// The data Redis (standalone or cluster).
     pub redis: LazyRedis,
     /// How long after a reshard completed its retired keys are kept (ms).
@@ -44,13 +44,13 @@ pub struct RetiredKeyCleaner {
 
 impl RetiredKeyCleaner {
     /// The pass period for a delay: a tenth of it, within 250 ms..=30 s.
-    pub fn period_for(delay_ms: u64) -> Duration {
+    pub(crate) fn period_for(delay_ms: u64) -> Duration {
         Duration::from_millis(delay_ms / 10)
             .clamp(Duration::from_millis(250), Duration::from_secs(30))
     }
 
     /// Runs passes forever (abort the task to stop it).
-    pub async fn run(self, coordinator: Coordinator, auditor: Auditor) {
+    pub(crate) async fn run(self, coordinator: Coordinator, auditor: Auditor) {
         let data = self.redis;
         info!(
             delay_ms = self.delay_ms,

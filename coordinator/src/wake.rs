@@ -408,7 +408,7 @@ impl RedisBus {
 }
 
 /// The pub/sub channel of a group's wake-ups (a hash tag, as the group's keys have).
-pub fn wake_channel(prefix: &str, group: &str) -> String {
+pub(crate) fn wake_channel(prefix: &str, group: &str) -> String {
     format!("{prefix}:wake:{{{group}}}")
 }
 

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 /// JSON extractor and response whose rejections are SPEC error bodies
 /// (`INVALID_REQUEST`, `PAYLOAD_TOO_LARGE`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
@@ -72,7 +72,7 @@ impl<T: Serialize> IntoResponse for Json<T> {
 
 /// Path extractor whose rejection is `INVALID_REQUEST`.
 #[derive(Debug, Clone)]
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
     type Rejection = ApiError;
@@ -86,7 +86,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
 
 /// Query extractor whose rejection is `INVALID_REQUEST`.
 #[derive(Debug, Clone)]
-pub struct Query<T>(pub T);
+pub(crate) struct Query<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     type Rejection = ApiError;

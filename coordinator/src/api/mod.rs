@@ -13,10 +13,7 @@ mod monitoring;
 mod openapi;
 mod producers;
 
-pub use crate::http_error::ApiError;
-pub use extract::{Json, Path, Query};
-pub use monitoring::HealthStatus;
-pub use openapi::BEARER;
+pub(crate) use crate::http_error::ApiError;
 
 use crate::auth::{self, Security};
 use crate::metrics::{self, LagProbe};
@@ -30,11 +27,11 @@ use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 
 /// The default request body limit (SPEC §4: 64 KiB).
-pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
 /// Shared state of every handler.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     /// The coordinator service.
     pub coordinator: Coordinator,
     /// ACL, rate limit and audit.
@@ -55,7 +52,7 @@ fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// The OpenAPI 3.1 document of every route (served at `/openapi.json`).
-pub fn openapi() -> utoipa::openapi::OpenApi {
+pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes().into_openapi();
     openapi::document_access(&mut doc);
     doc
@@ -64,7 +61,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// The whole `/v1` API plus health, metrics and the OpenAPI document, behind the access
 /// middleware, with the SPEC's fallbacks for unknown routes and methods and the body size
 /// limit.
-pub fn router(state: AppState, body_limit: usize) -> Router {
+pub(crate) fn router(state: AppState, body_limit: usize) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })

@@ -305,7 +305,7 @@ async fn prometheus_metrics(State(s): State<AppState>) -> impl IntoResponse {
 
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct HealthStatus {
+pub(crate) struct HealthStatus {
     /// `ok` (process up) or `ready` (store reachable).
     pub status: String,
 }

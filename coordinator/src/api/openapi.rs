@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 /// The security scheme name of bearer tokens in the document.
-pub const BEARER: &str = "bearer";
+pub(crate) const BEARER: &str = "bearer";
 
 #[derive(utoipa::OpenApi)]
 #[openapi(

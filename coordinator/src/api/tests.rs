@@ -1,5 +1,6 @@
 //! The router, the access policy table and the OpenAPI document agree.
 
+use super::openapi::BEARER;
 use super::*;
 use crate::audit::{Auditor, RevisionRecordingStore};
 use crate::auth::policy::ROUTES;

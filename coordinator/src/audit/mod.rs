@@ -12,7 +12,7 @@
 
 mod recorder;
 
-pub use recorder::{RevisionLog, RevisionRecorder, RevisionRecordingStore};
+pub(crate) use recorder::{RevisionLog, RevisionRecordingStore};
 
 use crate::clock::Clock;
 use crate::store::MetadataStore;
@@ -22,26 +22,26 @@ use tracing::{error, info};
 
 /// Writes audit entries to the store and to the log.
 #[derive(Debug, Clone)]
-pub struct Auditor {
+pub(crate) struct Auditor {
     store: Arc<dyn MetadataStore>,
     clock: Arc<dyn Clock>,
 }
 
 impl Auditor {
     /// An auditor writing to `store`, stamping entries with `clock`.
-    pub fn new(store: Arc<dyn MetadataStore>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(store: Arc<dyn MetadataStore>, clock: Arc<dyn Clock>) -> Self {
         Auditor { store, clock }
     }
 
     /// The current time for an entry (Unix ms).
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
 
     /// Emits `entry` as a tracing event and appends it to the store. A store failure is
     /// logged and counted (`rsc_audit_write_errors_total`), never turned into an answer: the
     /// mutation it describes has already happened.
-    pub async fn record(&self, entry: AuditEntry) {
+    pub(crate) async fn record(&self, entry: AuditEntry) {
         let code = entry.result.code.map(|c| c.as_str());
         info!(
             target: "rsc::audit",

@@ -11,21 +11,21 @@ tokio::task_local! {
 
 /// The document writes made while a future runs in [`RevisionLog::scope`].
 #[derive(Debug, Clone, Default)]
-pub struct RevisionLog(Arc<Mutex<Vec<RevisionChange>>>);
+pub(crate) struct RevisionLog(Arc<Mutex<Vec<RevisionChange>>>);
 
 impl RevisionLog {
     /// An empty log.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Runs `f`; writes through a [`RevisionRecordingStore`] inside it are recorded here.
-    pub async fn scope<F: Future>(&self, f: F) -> F::Output {
+    pub(crate) async fn scope<F: Future>(&self, f: F) -> F::Output {
         REVISIONS.scope(self.0.clone(), f).await
     }
 
     /// The writes recorded so far, in order.
-    pub fn take(&self) -> Vec<RevisionChange> {
+    pub(crate) fn take(&self) -> Vec<RevisionChange> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -34,7 +34,7 @@ impl RevisionLog {
 /// [`RevisionLog`] scope, if any; outside a scope (heartbeats, the sweep) there is nothing to
 /// record.
 #[derive(Debug, Default)]
-pub struct RevisionRecorder;
+pub(crate) struct RevisionRecorder;
 
 impl StoreLayer for RevisionRecorder {
     fn wrote(&self, document: Document<'_>, before: u64, after: u64) {
@@ -53,7 +53,7 @@ impl StoreLayer for RevisionRecorder {
 /// A [`MetadataStore`](crate::store::MetadataStore) decorator that reports successful
 /// document writes to the current [`RevisionLog`] scope, if any. Everything else passes
 /// through unchanged.
-pub type RevisionRecordingStore = Layered<RevisionRecorder>;
+pub(crate) type RevisionRecordingStore = Layered<RevisionRecorder>;
 
 #[cfg(test)]
 mod tests {

@@ -25,7 +25,7 @@ use subtle::ConstantTimeEq;
 /// A role (SPEC §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(crate) enum Role {
     /// Everything.
     Admin,
     /// Heartbeat, leave, read its own group.
@@ -38,7 +38,7 @@ pub enum Role {
 
 impl Role {
     /// The role's name as written in the ACL file.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Admin => "admin",
             Role::Member => "member",
@@ -50,7 +50,7 @@ impl Role {
 
 /// Who made a request: an ACL entry, or `anonymous`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Principal(Arc<Grant>);
+pub(crate) struct Principal(Arc<Grant>);
 
 #[derive(Debug, PartialEq, Eq)]
 struct Grant {
@@ -62,11 +62,11 @@ struct Grant {
 
 /// The principal name of requests without a valid token, and of every request when the
 /// coordinator runs without an ACL.
-pub const ANONYMOUS: &str = "anonymous";
+pub(crate) const ANONYMOUS: &str = "anonymous";
 
 impl Principal {
     /// The principal of a coordinator without an ACL: `anonymous`, every role, every scope.
-    pub fn open() -> Self {
+    pub(crate) fn open() -> Self {
         Principal(Arc::new(Grant {
             name: ANONYMOUS.to_owned(),
             roles: vec![Role::Admin],
@@ -75,43 +75,33 @@ impl Principal {
         }))
     }
 
-    /// A principal with these roles and scopes (tests and tools).
-    pub fn new(name: &str, roles: &[Role], groups: &[&str], streams: &[&str]) -> Self {
-        Principal(Arc::new(Grant {
-            name: name.to_owned(),
-            roles: roles.to_vec(),
-            groups: groups.iter().map(|g| Glob::new(g)).collect(),
-            streams: streams.iter().map(|s| Glob::new(s)).collect(),
-        }))
-    }
-
     /// The name written in the audit log.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.0.name
     }
 
     /// Whether the principal has `role`; `admin` has every role.
-    pub fn has_role(&self, role: Role) -> bool {
+    pub(crate) fn has_role(&self, role: Role) -> bool {
         self.0.roles.iter().any(|&r| r == role || r == Role::Admin)
     }
 
     /// Whether any of `roles` is granted.
-    pub fn has_any_role(&self, roles: &[Role]) -> bool {
+    pub(crate) fn has_any_role(&self, roles: &[Role]) -> bool {
         roles.iter().any(|&r| self.has_role(r))
     }
 
     /// Whether the group scope covers `group`.
-    pub fn may_group(&self, group: &str) -> bool {
+    pub(crate) fn may_group(&self, group: &str) -> bool {
         self.0.groups.iter().any(|g| g.matches(group))
     }
 
     /// Whether the stream scope covers `stream`.
-    pub fn may_stream(&self, stream: &str) -> bool {
+    pub(crate) fn may_stream(&self, stream: &str) -> bool {
         self.0.streams.iter().any(|g| g.matches(stream))
     }
 
     /// Whether both scopes cover every name (`*`).
-    pub fn unrestricted(&self) -> bool {
+    pub(crate) fn unrestricted(&self) -> bool {
         self.0.groups.iter().any(Glob::is_any) && self.0.streams.iter().any(Glob::is_any)
     }
 }
@@ -144,7 +134,7 @@ impl fmt::Debug for Principal {
 }
 
 /// A loaded ACL: token digests and the principals they authenticate.
-pub struct Acl {
+pub(crate) struct Acl {
     entries: Vec<([u8; 32], Principal)>,
 }
 
@@ -166,7 +156,7 @@ impl fmt::Debug for Acl {
 
 /// Why an ACL file was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum AclError {
+pub(crate) enum AclError {
     /// The file could not be read.
     #[error("cannot read ACL file {path}: {cause}")]
     Read {
@@ -213,7 +203,8 @@ struct EntryFile {
 }
 
 /// SHA-256 of a token, lower-case hex (what `token_sha256` holds).
-pub fn token_sha256_hex(token: &str) -> String {
+#[cfg(test)]
+pub(crate) fn token_sha256_hex(token: &str) -> String {
     Sha256::digest(token.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -234,7 +225,7 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 
 impl Acl {
     /// Reads and checks an ACL file.
-    pub fn load(path: &Path) -> Result<Self, AclError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, AclError> {
         let text = std::fs::read_to_string(path).map_err(|cause| AclError::Read {
             path: path.display().to_string(),
             cause,
@@ -243,7 +234,7 @@ impl Acl {
     }
 
     /// Parses and checks ACL text.
-    pub fn from_toml(text: &str) -> Result<Self, AclError> {
+    pub(crate) fn from_toml(text: &str) -> Result<Self, AclError> {
         let file: AclFile = toml::from_str(text).map_err(|e| AclError::Parse(e.to_string()))?;
         let mut entries: Vec<([u8; 32], Principal)> = Vec::with_capacity(file.tokens.len());
         for (index, e) in file.tokens.into_iter().enumerate() {
@@ -280,18 +271,13 @@ impl Acl {
     }
 
     /// How many tokens the ACL holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// Whether the ACL holds no token (then every request is refused).
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// The principal `token` authenticates, if any. Constant time in the token's content
     /// and in which entry matches.
-    pub fn authenticate(&self, token: &str) -> Option<Principal> {
+    pub(crate) fn authenticate(&self, token: &str) -> Option<Principal> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found: Option<&Principal> = None;
         for (d, p) in &self.entries {

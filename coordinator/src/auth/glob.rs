@@ -4,21 +4,21 @@
 
 /// A compiled scope pattern, e.g. `orders*` or `*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Glob(Vec<char>);
+pub(crate) struct Glob(Vec<char>);
 
 impl Glob {
     /// Compiles `pattern`.
-    pub fn new(pattern: &str) -> Self {
+    pub(crate) fn new(pattern: &str) -> Self {
         Glob(pattern.chars().collect())
     }
 
     /// Whether the pattern is `*` (matches every name).
-    pub fn is_any(&self) -> bool {
+    pub(crate) fn is_any(&self) -> bool {
         !self.0.is_empty() && self.0.iter().all(|&c| c == '*')
     }
 
     /// Whether `name` matches the pattern.
-    pub fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         let name: Vec<char> = name.chars().collect();
         let pat = &self.0;
         // Iterative matcher with backtracking to the last `*` (linear for our patterns).

@@ -21,7 +21,11 @@ use tracing::{error, warn};
 const AUDIT_TEXT_BODY_MAX: usize = 1024;
 
 /// The axum middleware in front of every route (see the [module docs](super)).
-pub async fn enforce(State(sec): State<Arc<Security>>, req: Request, next: Next) -> Response {
+pub(crate) async fn enforce(
+    State(sec): State<Arc<Security>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let Some(matched) = req.extensions().get::<MatchedPath>().cloned() else {
         // The fallback: 404 for everyone.
         return next.run(req).await;
@@ -120,7 +124,7 @@ fn check_scope(principal: &Principal, scope: Scope, target: &AuditTarget) -> Res
 /// ([`Scope::GroupPerItemInBody`]): `403 FORBIDDEN`, with the message a `{group}` route
 /// would give, when the principal's `groups` globs do not cover `group`. Counted as an
 /// access refusal.
-pub fn check_item_group(principal: &Principal, group: &str) -> Result<(), ApiError> {
+pub(crate) fn check_item_group(principal: &Principal, group: &str) -> Result<(), ApiError> {
     let target = AuditTarget {
         group: Some(group.to_owned()),
         ..AuditTarget::default()

@@ -10,13 +10,12 @@
 mod acl;
 mod glob;
 mod middleware;
-pub mod policy;
+pub(crate) mod policy;
 mod rate_limit;
 
-pub use acl::{ANONYMOUS, Acl, AclError, Principal, Role, token_sha256_hex};
-pub use glob::Glob;
-pub use middleware::{check_item_group, enforce};
-pub use rate_limit::{AdminRateLimiter, retry_after_secs};
+pub(crate) use acl::{ANONYMOUS, Acl, Principal, Role};
+pub(crate) use middleware::{check_item_group, enforce};
+pub(crate) use rate_limit::{AdminRateLimiter, retry_after_secs};
 
 use crate::audit::Auditor;
 use crate::http_error::ApiError;
@@ -26,7 +25,7 @@ use rsc_protocol::ErrorCode;
 
 /// Everything the access middleware needs.
 #[derive(Debug)]
-pub struct Security {
+pub(crate) struct Security {
     acl: Option<Acl>,
     limiter: AdminRateLimiter,
     auditor: Auditor,
@@ -35,7 +34,7 @@ pub struct Security {
 
 impl Security {
     /// `acl: None` serves every request as `anonymous` with every role and scope.
-    pub fn new(
+    pub(crate) fn new(
         acl: Option<Acl>,
         limiter: AdminRateLimiter,
         auditor: Auditor,
@@ -49,14 +48,9 @@ impl Security {
         }
     }
 
-    /// Whether an ACL is loaded.
-    pub fn has_acl(&self) -> bool {
-        self.acl.is_some()
-    }
-
     /// The principal of a request: from its bearer token with an ACL, `anonymous` (every
     /// role) without one. `401 UNAUTHENTICATED` for a missing, malformed or unknown token.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
         let Some(acl) = &self.acl else {
             return Ok(Principal::open());
         };

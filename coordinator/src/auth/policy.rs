@@ -10,7 +10,7 @@ use axum::http::Method;
 
 /// Which names of a request the principal's scopes must cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// No group or stream (lists are filtered by scope instead).
     None,
     /// The `{group}` path parameter.
@@ -28,7 +28,7 @@ pub enum Scope {
 
 /// What a route requires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// No token needed.
     Open,
     /// One of `roles` (admin always qualifies) and the scope.
@@ -50,7 +50,7 @@ pub enum Access {
 
 /// One route: method, axum path template and access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteSpec {
+pub(crate) struct RouteSpec {
     /// HTTP method, upper case.
     pub method: &'static str,
     /// Path template as given to axum (and to OpenAPI): `/v1/groups/{group}`.
@@ -96,7 +96,7 @@ const fn open(method: &'static str, path: &'static str) -> RouteSpec {
 const VIEWER: &[Role] = &[Role::Viewer];
 
 /// Every route the coordinator serves.
-pub const ROUTES: &[RouteSpec] = &[
+pub(crate) const ROUTES: &[RouteSpec] = &[
     // Admin (audited, rate-limited).
     admin(
         "POST",
@@ -191,13 +191,13 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// Paths served open by the dashboard (its page shell and static assets; their data calls
 /// go to the `/v1` API with a viewer token).
-pub fn is_dashboard_path(path: &str) -> bool {
+pub(crate) fn is_dashboard_path(path: &str) -> bool {
     path == "/" || path.starts_with("/dashboard/")
 }
 
 /// The answer of [`lookup`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// The route and its access.
     Route(&'static RouteSpec),
     /// The path is known but not with this method: the router answers 405.
@@ -207,7 +207,7 @@ pub enum Lookup {
 }
 
 /// Finds the route of a request by method and matched path template.
-pub fn lookup(method: &Method, matched_path: &str) -> Lookup {
+pub(crate) fn lookup(method: &Method, matched_path: &str) -> Lookup {
     let mut path_known = false;
     for r in ROUTES {
         if r.path == matched_path {

@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 /// Admin mutation rate per principal.
-pub struct AdminRateLimiter<C: Clock = DefaultClock> {
+pub(crate) struct AdminRateLimiter<C: Clock = DefaultClock> {
     limiter: RateLimiter<String, DefaultKeyedStateStore<String>, C, NoOpMiddleware<C::Instant>>,
     rate: NonZeroU32,
     burst: NonZeroU32,
@@ -28,14 +28,14 @@ impl<C: Clock> std::fmt::Debug for AdminRateLimiter<C> {
 
 impl AdminRateLimiter {
     /// `rate` mutations per second per principal, bursts of up to `burst`.
-    pub fn new(rate: NonZeroU32, burst: NonZeroU32) -> Self {
+    pub(crate) fn new(rate: NonZeroU32, burst: NonZeroU32) -> Self {
         Self::with_clock(rate, burst, DefaultClock::default())
     }
 }
 
 impl<C: Clock> AdminRateLimiter<C> {
     /// The same with an explicit clock (tests use `governor::clock::FakeRelativeClock`).
-    pub fn with_clock(rate: NonZeroU32, burst: NonZeroU32, clock: C) -> Self {
+    pub(crate) fn with_clock(rate: NonZeroU32, burst: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_second(rate).allow_burst(burst);
         AdminRateLimiter {
             limiter: RateLimiter::new(quota, DefaultKeyedStateStore::default(), clock),
@@ -45,7 +45,7 @@ impl<C: Clock> AdminRateLimiter<C> {
     }
 
     /// Takes one token from `principal`'s bucket, or says how long until one is free.
-    pub fn check(&self, principal: &str) -> Result<(), Duration> {
+    pub(crate) fn check(&self, principal: &str) -> Result<(), Duration> {
         self.limiter
             .check_key(&principal.to_owned())
             .map(|_| ())
@@ -54,7 +54,7 @@ impl<C: Clock> AdminRateLimiter<C> {
 }
 
 /// The `Retry-After` value for a wait: whole seconds, rounded up, at least 1.
-pub fn retry_after_secs(wait: Duration) -> u64 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     s.max(1)
 }

@@ -30,12 +30,12 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The whole dashboard page, as served.
-pub fn page() -> &'static str {
+pub(crate) fn page() -> &'static str {
     &PAGE
 }
 
 /// `GET /` (and `HEAD /`), documented in the OpenAPI document.
-pub fn routes<S: Clone + Send + Sync + 'static>() -> OpenApiRouter<S> {
+pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> OpenApiRouter<S> {
     OpenApiRouter::new().routes(routes!(serve_page))
 }
 

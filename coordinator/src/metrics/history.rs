@@ -15,11 +15,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// How far back the history goes.
-pub const HISTORY_SPAN: Duration = Duration::from_secs(10 * 60);
+pub(crate) const HISTORY_SPAN: Duration = Duration::from_secs(10 * 60);
 
 /// Totals of one group at one time, over the shards that answered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     /// Lag summed over the shards.
     pub lag: Option<u64>,
     /// Pending entries summed over the shards.
@@ -40,7 +40,7 @@ struct Series {
 
 /// Per-group samples (see the module docs).
 #[derive(Debug)]
-pub struct History {
+pub(crate) struct History {
     interval: Duration,
     keep: usize,
     groups: Mutex<HashMap<String, Series>>,
@@ -48,7 +48,7 @@ pub struct History {
 
 impl History {
     /// An empty history sampled every `interval` (at least 100 ms).
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         let interval = interval.max(Duration::from_millis(100));
         let keep = (HISTORY_SPAN.as_millis() / interval.as_millis()).clamp(2, 6_000) as usize;
         History {
@@ -58,13 +58,8 @@ impl History {
         }
     }
 
-    /// Time between samples.
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
-
     /// Records `totals` of `group` at `t_ms`; the rate comes from the previous sample.
-    pub fn record(&self, group: &str, t_ms: u64, totals: Totals) {
+    pub(crate) fn record(&self, group: &str, t_ms: u64, totals: Totals) {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let series = groups.entry(group.to_owned()).or_default();
         let handled_per_s = match (series.last, totals.handled) {
@@ -88,7 +83,7 @@ impl History {
     }
 
     /// Drops the history of groups that no longer exist.
-    pub fn retain(&self, live: &HashSet<String>) {
+    pub(crate) fn retain(&self, live: &HashSet<String>) {
         self.groups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -96,7 +91,7 @@ impl History {
     }
 
     /// The samples of `group`, oldest first (none yet: empty).
-    pub fn get(&self, group: &str) -> GroupHistory {
+    pub(crate) fn get(&self, group: &str) -> GroupHistory {
         let groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         GroupHistory {
             group: group.to_owned(),
@@ -111,8 +106,12 @@ impl History {
     /// Samples every group every interval, forever (spawn it). `list_groups` answers the
     /// groups' views (`None` when they cannot be read: that tick is skipped); `now_ms` tells
     /// the coordinator's time each sample is recorded at.
-    pub async fn run<L, Fut>(&self, list_groups: L, now_ms: impl Fn() -> u64, probe: &LagProbe)
-    where
+    pub(crate) async fn run<L, Fut>(
+        &self,
+        list_groups: L,
+        now_ms: impl Fn() -> u64,
+        probe: &LagProbe,
+    ) where
         L: Fn() -> Fut,
         Fut: Future<Output = Option<Vec<GroupView>>>,
     {

@@ -9,7 +9,7 @@ use std::time::Instant;
 /// Middleware: counts every request (`rsc_http_requests_total{route,method,status}`) and
 /// times it (`rsc_http_request_duration_seconds{route,method}`). `route` is the matched path
 /// template (`/v1/groups/{group}`), or `unmatched`.
-pub async fn track_http(req: Request, next: Next) -> Response {
+pub(crate) async fn track_http(req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()

@@ -15,14 +15,14 @@ use std::time::Duration;
 use tracing::debug;
 
 /// How often the lag history is sampled by default.
-pub const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Keys asked per pipeline round trip (per batch of concurrent commands on a cluster).
 const PIPELINE_CHUNK: usize = 512;
 
 /// One shard's numbers for one group.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShardStats {
+pub(crate) struct ShardStats {
     /// Entries not yet delivered to the group (`lag` of `XINFO GROUPS`; absent when Redis
     /// cannot tell, e.g. after deletions).
     pub lag: Option<u64>,
@@ -34,7 +34,7 @@ pub struct ShardStats {
 
 /// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster), and
 /// the short history of what it sampled ([`super::history`]).
-pub struct LagProbe {
+pub(crate) struct LagProbe {
     redis: LazyRedis,
     timeout: Duration,
     history: History,
@@ -53,7 +53,7 @@ impl std::fmt::Debug for LagProbe {
 impl LagProbe {
     /// A probe reading the data Redis `redis` (connected on first use); each read is
     /// abandoned past `timeout`.
-    pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
+    pub(crate) fn new(redis: LazyRedis, timeout: Duration) -> Self {
         LagProbe {
             redis,
             timeout,
@@ -62,13 +62,13 @@ impl LagProbe {
     }
 
     /// Samples the history every `interval` instead of the default 5 s.
-    pub fn with_history_interval(mut self, interval: Duration) -> Self {
+    pub(crate) fn with_history_interval(mut self, interval: Duration) -> Self {
         self.history = History::new(interval);
         self
     }
 
     /// The lag history (sampled by [`History::run`]).
-    pub fn history(&self) -> &History {
+    pub(crate) fn history(&self) -> &History {
         &self.history
     }
 
@@ -88,7 +88,7 @@ impl LagProbe {
 
     /// Lag and pending of `group` on each `(shard, key)`. Shards it could not read are
     /// missing from the answer.
-    pub async fn group_stats(
+    pub(crate) async fn group_stats(
         &self,
         group: &str,
         keys: &[(u32, String)],
@@ -136,7 +136,7 @@ impl LagProbe {
 impl LagProbe {
     /// The consumers (name, pending entries) of `group`'s Redis consumer group on each
     /// `(shard, key)` (`XINFO CONSUMERS`). Shards it could not read are missing.
-    pub async fn group_consumers(
+    pub(crate) async fn group_consumers(
         &self,
         group: &str,
         keys: &[(u32, String)],

@@ -14,16 +14,16 @@
 //! `_total` on counters; labels are bounded (`group`, `stream`, `shard`, route templates,
 //! error codes — never member ids or raw paths).
 
-pub mod history;
+pub(crate) mod history;
 mod http;
 mod lag;
-pub mod scaling;
-pub mod state;
+pub(crate) mod scaling;
+pub(crate) mod state;
 mod store;
 
-pub use http::track_http;
-pub use lag::{DEFAULT_HISTORY_INTERVAL, LagProbe, ShardStats};
-pub use store::{InstrumentedStore, StoreMetrics};
+pub(crate) use http::track_http;
+pub(crate) use lag::{DEFAULT_HISTORY_INTERVAL, LagProbe};
+pub(crate) use store::InstrumentedStore;
 
 use crate::engine::GroupEvent;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -47,7 +47,7 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The process-wide Prometheus recorder, installed on first use. If another recorder was
 /// installed first, events are not recorded and only state gauges are rendered.
-pub fn prometheus() -> &'static PrometheusHandle {
+pub(crate) fn prometheus() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(
@@ -77,7 +77,7 @@ pub fn prometheus() -> &'static PrometheusHandle {
 
 /// Counts a group's events: member changes, expiries, operator fencing, rebalances,
 /// revocation requests.
-pub fn record_group_events(group: &str, events: &[GroupEvent]) {
+pub(crate) fn record_group_events(group: &str, events: &[GroupEvent]) {
     let g = group.to_owned();
     for e in events {
         match e {
@@ -115,26 +115,26 @@ fn change(group: &str, change: &'static str) {
 
 /// Counts an operator's pause or resume of a group (`action` = `pause` or `resume`); the
 /// current state is the `rsc_group_paused` gauge.
-pub fn record_group_paused(group: &str, paused: bool) {
+pub(crate) fn record_group_paused(group: &str, paused: bool) {
     let action = if paused { "pause" } else { "resume" };
     metrics::counter!("rsc_group_pause_changes_total", "group" => group.to_owned(), "action" => action)
         .increment(1);
 }
 
 /// Counts one recomputation of a group's target assignment.
-pub fn record_rebalance(group: &str) {
+pub(crate) fn record_rebalance(group: &str) {
     metrics::counter!("rsc_rebalances_total", "group" => group.to_owned()).increment(1);
 }
 
 /// Observes how long a group took from unsettled to stable.
-pub fn record_convergence(group: &str, ms: u64) {
+pub(crate) fn record_convergence(group: &str, ms: u64) {
     metrics::histogram!("rsc_group_convergence_seconds", "group" => group.to_owned())
         .record(ms as f64 / 1000.0);
 }
 
 /// Counts a heartbeat or leave answer: `result` is `ok` or the error code. The group label
 /// is kept only for groups that exist, so that made-up names cannot grow the label set.
-pub fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
+pub(crate) fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
     let known = !matches!(
         result,
         Err(ErrorCode::GroupNotFound | ErrorCode::InvalidRequest | ErrorCode::StreamNotFound)
@@ -156,12 +156,12 @@ pub fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
 
 /// Records the size of a `POST /v1/heartbeats` request that was processed (its heartbeats
 /// are counted one by one with [`record_heartbeat`]).
-pub fn record_heartbeat_batch(size: usize) {
+pub(crate) fn record_heartbeat_batch(size: usize) {
     metrics::histogram!("rsc_heartbeat_batch_size").record(size as f64);
 }
 
 /// Counts a heartbeat or leave refused with `FENCED_MEMBER_EPOCH`.
-pub fn record_stale_epoch(group: &str) {
+pub(crate) fn record_stale_epoch(group: &str) {
     metrics::counter!("rsc_members_fenced_total", "group" => group.to_owned(), "reason" => "stale_epoch")
         .increment(1);
 }

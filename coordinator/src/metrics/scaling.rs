@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 /// The scaling signal of `view` (with lag and pending filled where known); `concurrency`
 /// overrides the members per process the members report.
-pub fn scaling(view: &GroupView, concurrency: Option<u32>) -> ScalingView {
+pub(crate) fn scaling(view: &GroupView, concurrency: Option<u32>) -> ScalingView {
     let reporting: Vec<_> = view.shards.iter().filter(|s| s.lag.is_some()).collect();
     let sum = |f: fn(&rsc_protocol::ShardView) -> Option<u64>| -> Option<u64> {
         (!reporting.is_empty()).then(|| reporting.iter().filter_map(|s| f(s)).sum())

@@ -59,7 +59,11 @@ fn escape(v: &str) -> String {
 /// Renders the state gauges of every group and stream in `store`, with lag and pending per
 /// shard when `lag` is given. A store failure is reported as `rsc_state_scrape_ok 0` with
 /// whatever was read before it.
-pub async fn render(store: &dyn MetadataStore, now_ms: u64, lag: Option<&LagProbe>) -> String {
+pub(crate) async fn render(
+    store: &dyn MetadataStore,
+    now_ms: u64,
+    lag: Option<&LagProbe>,
+) -> String {
     let mut f = Families::default();
     let ok = collect(&mut f, store, now_ms, lag).await.is_ok();
     f.gauge(

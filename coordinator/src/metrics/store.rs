@@ -8,7 +8,7 @@ use std::time::Instant;
 /// `rsc_store_operation_duration_seconds{operation}` and
 /// `rsc_store_errors_total{operation,error}` (`unavailable`, `conflict`, `corrupt`).
 #[derive(Debug, Default)]
-pub struct StoreMetrics;
+pub(crate) struct StoreMetrics;
 
 impl StoreLayer for StoreMetrics {
     async fn around<T: Send>(
@@ -30,4 +30,4 @@ impl StoreLayer for StoreMetrics {
 }
 
 /// Wraps any store in [`StoreMetrics`].
-pub type InstrumentedStore = Layered<StoreMetrics>;
+pub(crate) type InstrumentedStore = Layered<StoreMetrics>;
