@@ -5,10 +5,10 @@ use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::wake::WakeSignals;
 use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
-use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, ConfigError};
 use crate::listener::Listener;
 use crate::state::DataMap;
+use rsc_api::CoordinatorClient;
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
 use rsc_redis::LazyRedis;
@@ -320,7 +320,7 @@ impl ConsumerApp {
     ) -> Result<(), ClientError> {
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
-        let coord = CoordinatorClient::new(cfg.coordinator_urls.clone(), cfg.token.clone());
+        let coord = cfg.coordinator()?;
         // One wake-up channel for every member of the app; it ends with the app.
         let wake_stop = CancellationToken::new();
         let _wake_stop = wake_stop.clone().drop_guard();

@@ -2,6 +2,7 @@
 //! set by hand.
 
 use crate::error::{ClientError, ConfigError};
+use rsc_api::CoordinatorClient;
 use rsc_protocol::redact::{redact_opt, redact_url};
 use rsc_redis::LazyRedis;
 use rsc_redis::sentinel::SentinelTarget;
@@ -134,6 +135,17 @@ impl ClientConfig {
             return Err(ConfigError::NoCoordinator.into());
         }
         Ok(())
+    }
+
+    /// The HTTP client of the configured coordinators (a URL that is not `http`/`https` is
+    /// [`crate::CoordinatorError::InvalidUrl`]).
+    pub(crate) fn coordinator(&self) -> Result<CoordinatorClient, ClientError> {
+        self.check_coordinator()?;
+        Ok(
+            CoordinatorClient::builder(self.coordinator_urls.iter().cloned())
+                .token(self.token.clone())
+                .build()?,
+        )
     }
 }
 

@@ -1,12 +1,16 @@
 //! The client's errors: [`ClientError`] for everything the framework does, and
-//! [`CoordinatorError`] for one call to the coordinator.
+//! [`CoordinatorError`] (from `rsc-api`) for one call to the coordinator.
 
-use rsc_protocol::ErrorCode;
+pub use rsc_api::{CoordinatorError, ErrorKind as CoordinatorErrorKind};
 
 /// A boxed error: what a [`crate::HandlerError`] carries and a codec returns.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// An error of the client framework (configuration, Redis, coordinator, encoding).
+///
+/// Classify it with [`is_timeout`](Self::is_timeout) and [`is_retriable`](Self::is_retriable)
+/// (which ask the cause: the Redis error, the [`CoordinatorError`]) rather than by its
+/// message; the cause is also its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
@@ -177,81 +181,67 @@ pub enum ConfigError {
     },
 }
 
-/// The outcome of one failed call to the coordinator. Cloneable: a failed batched heartbeat
-/// request (`POST /v1/heartbeats`) fails every heartbeat it carried with the same error.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum CoordinatorError {
-    /// The coordinator answered with a SPEC error body.
-    #[error("{code} (HTTP {status}) from {url}: {message}")]
-    Api {
-        /// The coordinator that answered.
-        url: String,
-        /// HTTP status.
-        status: u16,
-        /// The SPEC error code.
-        code: ErrorCode,
-        /// The human-readable message.
-        message: String,
-        /// When a retry may succeed, how long until then (ms), if the coordinator said.
-        retry_after_ms: Option<u64>,
-    },
-    /// The coordinator answered something that is not the expected JSON.
-    #[error("unexpected answer (HTTP {status}) from {url}: {body}")]
-    Unexpected {
-        /// The coordinator that answered.
-        url: String,
-        /// HTTP status.
-        status: u16,
-        /// The start of the body.
-        body: String,
-    },
-    /// The coordinator could not be reached (connection refused, timeout, reset).
-    #[error("cannot reach the coordinator at {url}: {source}")]
-    Transport {
-        /// The coordinator tried.
-        url: String,
-        /// The HTTP client's error (shared by every heartbeat of a failed batch).
-        source: std::sync::Arc<reqwest::Error>,
-    },
+impl ClientError {
+    /// Whether the operation gave up because Redis or the coordinator did not answer in
+    /// time.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            ClientError::Redis(e) => e.is_timeout(),
+            ClientError::Coordinator(e) | ClientError::MemberRejected { source: e, .. } => {
+                e.is_timeout()
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the same operation may succeed if tried again later: a Redis error that
+    /// redis-rs would retry (a dropped connection, a failover, `TRYAGAIN`, a cluster
+    /// redirect), a retriable [`CoordinatorError`], a stale routing (the coordinator may
+    /// publish the new one) or a write the replicas did not confirm in time (mind that
+    /// publishing again may write it twice). Configuration, encoding and fencing errors are
+    /// not.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            ClientError::Redis(e) => {
+                !matches!(e.retry_method(), redis::RetryMethod::NoRetry) || e.is_timeout()
+            }
+            ClientError::Coordinator(e) => e.is_retriable(),
+            ClientError::StaleRouting { .. } | ClientError::NotReplicated { .. } => true,
+            _ => false,
+        }
+    }
 }
 
-impl CoordinatorError {
-    /// The SPEC error code, when the coordinator answered with one.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            CoordinatorError::Api { code, .. } => Some(*code),
-            _ => None,
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_errors_are_classified_by_redis_rs() {
+        let io = |kind| ClientError::Redis(redis::RedisError::from(std::io::Error::new(kind, "x")));
+        let timeout = io(std::io::ErrorKind::TimedOut);
+        assert!(timeout.is_timeout() && timeout.is_retriable());
+        let reset = io(std::io::ErrorKind::ConnectionReset);
+        assert!(!reset.is_timeout() && reset.is_retriable());
+        let denied = io(std::io::ErrorKind::PermissionDenied);
+        assert!(!denied.is_retriable());
+        let fenced = ClientError::Fenced {
+            shard_key: "s:0".into(),
+        };
+        assert!(!fenced.is_retriable() && !fenced.is_timeout());
     }
 
-    /// Whether the same request may succeed later (or on another coordinator): transport
-    /// errors, 5xx, 429 and the retryable SPEC codes.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            CoordinatorError::Api { code, .. } => code.is_retryable(),
-            CoordinatorError::Unexpected { status, .. } => *status >= 500 || *status == 429,
-            CoordinatorError::Transport { .. } => true,
-        }
-    }
-
-    /// When the coordinator said a retry may succeed, how long until then.
-    pub fn retry_after(&self) -> Option<std::time::Duration> {
-        match self {
-            CoordinatorError::Api { retry_after_ms, .. } => {
-                retry_after_ms.map(std::time::Duration::from_millis)
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether another coordinator URL should be tried next (this one is down or failing).
-    pub(crate) fn suggests_failover(&self) -> bool {
-        match self {
-            CoordinatorError::Api { status, .. } | CoordinatorError::Unexpected { status, .. } => {
-                *status >= 500
-            }
-            CoordinatorError::Transport { .. } => true,
-        }
+    #[test]
+    fn coordinator_errors_delegate() {
+        let e = ClientError::Coordinator(CoordinatorError::Api {
+            url: "http://c/v1/streams/s/routing".into(),
+            status: 503,
+            code: rsc_protocol::ErrorCode::StoreUnavailable,
+            message: "m".into(),
+            retry_after_ms: None,
+        });
+        assert!(e.is_retriable() && !e.is_timeout());
+        let bad = ClientError::Coordinator(CoordinatorError::InvalidUrl("x".into()));
+        assert!(!bad.is_retriable());
     }
 }

@@ -72,7 +72,6 @@ mod app;
 pub mod codec;
 mod config;
 mod consumer;
-mod coordinator;
 mod data;
 mod error;
 mod handler;
@@ -84,7 +83,7 @@ mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
 pub use config::ClientConfig;
-pub use error::{BoxError, ClientError, ConfigError, CoordinatorError};
+pub use error::{BoxError, ClientError, ConfigError, CoordinatorError, CoordinatorErrorKind};
 pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError, IntoBatchError};
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};

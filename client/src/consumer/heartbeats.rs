@@ -18,9 +18,9 @@
 //! - **Alignment**: [`Heartbeats::next_periodic`] puts a member's next periodic heartbeat on a
 //!   process-wide grid, so that members with the same interval keep sharing requests.
 
-use crate::coordinator::CoordinatorClient;
 use crate::error::CoordinatorError;
 use futures::future::{BoxFuture, join_all};
+use rsc_api::CoordinatorClient;
 use rsc_protocol::{
     BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest, HeartbeatRequest,
     HeartbeatResponse, MAX_HEARTBEAT_BATCH,
@@ -528,7 +528,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
-        (stub, CoordinatorClient::new(vec![url], None))
+        (stub, CoordinatorClient::builder([url]).build().unwrap())
     }
 
     fn req(member: &str, epoch: i64) -> HeartbeatRequest {
@@ -645,7 +645,7 @@ mod tests {
         assert_eq!(api_parts(&b), api_parts(&s));
         assert_eq!(api_parts(&b).1, 409);
         assert_eq!(b.to_string(), s.to_string());
-        assert!(!b.is_retryable());
+        assert!(!b.is_retriable());
     }
 
     #[tokio::test]
@@ -696,7 +696,7 @@ mod tests {
             let e = r.as_ref().unwrap_err();
             assert_eq!(api_parts(e).1, 503);
             assert_eq!(e.code(), Some(ErrorCode::StoreUnavailable));
-            assert!(e.is_retryable());
+            assert!(e.is_retriable());
         }
         assert_eq!(stub.singles.load(Ordering::SeqCst), 0);
 
@@ -705,7 +705,7 @@ mod tests {
         let url = format!("http://{}", closed.local_addr().unwrap());
         drop(closed);
         let hb = Heartbeats::batched_with(
-            CoordinatorClient::new(vec![url], None),
+            CoordinatorClient::builder([url]).build().unwrap(),
             TEST_LINGER,
             REPROBE_AFTER,
         );
@@ -713,7 +713,7 @@ mod tests {
         for (_, r) in &answers {
             let e = r.as_ref().unwrap_err();
             assert!(matches!(e, CoordinatorError::Transport { .. }), "{e:?}");
-            assert!(e.is_retryable());
+            assert!(e.is_retriable());
         }
     }
 

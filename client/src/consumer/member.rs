@@ -24,11 +24,11 @@ use super::drain::drain_state;
 use super::heartbeats::Heartbeats;
 use super::lease::Lease;
 use super::worker::{ShardFlags, ShardWorker};
-use crate::coordinator::CoordinatorClient;
 use crate::error::{ClientError, CoordinatorError};
 use crate::handler::panic_text;
 use crate::listener::Rebalance;
 use futures::future::BoxFuture;
+use rsc_api::CoordinatorClient;
 use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, StartPosition};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -537,7 +537,7 @@ impl MemberRuntime {
                 warn!(error = %e, "the group is full; retrying");
                 self.next_heartbeat = now + self.backoff.next_delay().max(self.interval);
             }
-            _ if e.is_retryable() => {
+            _ if e.is_retriable() => {
                 self.failures += 1;
                 if self.failures == 1 || self.failures.is_multiple_of(10) {
                     warn!(error = %e, failures = self.failures, "heartbeat failed; retrying with backoff");
@@ -777,7 +777,7 @@ impl MemberRuntime {
                     return;
                 }
                 Err(e) if e.code() == Some(ErrorCode::UnknownMemberId) => return,
-                Err(e) if e.is_retryable() && attempt < 3 => {
+                Err(e) if e.is_retriable() && attempt < 3 => {
                     warn!(error = %e, "leave failed; retrying");
                     tokio::time::sleep(self.backoff.next_delay()).await;
                 }

@@ -11,8 +11,8 @@
 //! [`REPROBE_AFTER`].
 
 use super::backoff::Backoff;
-use crate::coordinator::CoordinatorClient;
 use crate::error::CoordinatorError;
+use rsc_api::CoordinatorClient;
 use rsc_protocol::{ErrorCode, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent, WakeMember};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -19,7 +19,6 @@ pub use routing::Routing;
 
 use crate::codec::{Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
-use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
 use routing::RoutingCache;
 use rsc_protocol::entry;
@@ -276,9 +275,8 @@ impl ProducerBuilder {
 
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
-        self.config.check_coordinator()?;
+        let coord = self.config.coordinator()?;
         let redis = self.config.data_redis()?;
-        let coord = CoordinatorClient::new(self.config.coordinator_urls, self.config.token);
         Ok(Producer {
             inner: Arc::new(Inner {
                 cluster: redis.is_cluster(),

@@ -6,8 +6,8 @@
 //! publish triggers a refresh at once. A stream not published to for [`IDLE_FORGET`] is
 //! dropped from the cache (its task stops) and fetched again on its next use.
 
-use crate::coordinator::CoordinatorClient;
 use crate::error::ClientError;
+use rsc_api::CoordinatorClient;
 use rsc_protocol::RoutingResponse;
 use rsc_protocol::routing::{HASH_NAME, shard_for_key};
 use std::collections::HashMap;
@@ -307,7 +307,9 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_coordinator_is_an_error_not_a_panic() {
-        let coord = CoordinatorClient::new(vec!["http://127.0.0.1:1".into()], None);
+        let coord = CoordinatorClient::builder(["http://127.0.0.1:1"])
+            .build()
+            .unwrap();
         let cache = Arc::new(RoutingCache::new(coord, Duration::from_secs(1)));
         assert!(cache.get("s").await.is_err());
         assert_eq!(cache.refreshes(), 0);

@@ -1,6 +1,7 @@
 //! The operators' CLI (SPEC §8): `rsc-coordinator group|stream|member …`.
 //!
-//! Every command is one or two calls to the coordinator's `/v1` API through [`Client`]. Human
+//! Every command is one or two calls to the coordinator's `/v1` API through the shared
+//! [`rsc_api::CoordinatorClient`]. Human
 //! tables by default; `--output json` prints the coordinator's JSON unchanged, for scripts.
 //!
 //! Exit status: `0` success; `1` the coordinator refused the request (a 4xx answer: unknown
@@ -13,7 +14,7 @@ mod client;
 mod render;
 mod table;
 
-pub use client::{Client, ClientError, Fetched};
+use client::{Client, ClientError, Fetched};
 
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -297,7 +298,7 @@ enum MemberCommand {
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
-    #[error(transparent)]
+    #[error("{}", client::message(.0))]
     Client(#[from] ClientError),
     #[error("{0}")]
     WaitFailed(String),
@@ -306,8 +307,8 @@ enum CliError {
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            CliError::Client(ClientError::BadUrl(_)) => EXIT_USAGE,
-            CliError::Client(e) if e.is_refusal() => EXIT_REFUSED,
+            CliError::Client(ClientError::InvalidUrl(_)) => EXIT_USAGE,
+            CliError::Client(e) if client::is_refusal(e) => EXIT_REFUSED,
             CliError::Client(_) => EXIT_UNAVAILABLE,
             CliError::WaitFailed(_) => EXIT_WAIT_FAILED,
         }
@@ -347,7 +348,7 @@ pub async fn run(cmd: OperatorCommand) -> ExitCode {
 }
 
 fn connect(o: &ClientOptions) -> Result<Client, CliError> {
-    Ok(Client::new(&o.coordinator, o.token.clone())?)
+    Ok(client::connect(&o.coordinator, o.token.clone())?)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.
@@ -566,9 +567,9 @@ async fn wait_until_complete(
         tokio::time::sleep(POLL_INTERVAL).await;
         let f = match c.describe_stream(&stream).await {
             Ok(f) => f,
-            Err(e) if e.is_refusal() => break Err(e.into()),
+            Err(e) if client::is_refusal(&e) => break Err(e.into()),
             Err(e) => {
-                bar.set_message(format!("(retrying: {e})"));
+                bar.set_message(format!("(retrying: {})", client::message(&e)));
                 continue;
             }
         };

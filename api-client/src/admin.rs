@@ -1,0 +1,106 @@
+//! The administrative calls of the operators' command line: groups, streams, resharding,
+//! pausing, member removal. They use the client's timeout
+//! ([`crate::CoordinatorClientBuilder::timeout`]) and keep the JSON the coordinator sent
+//! beside the typed view ([`Fetched`]).
+
+use crate::client::{CoordinatorClient, Fetched, Request};
+use crate::error::CoordinatorError;
+use reqwest::Method;
+use rsc_protocol::{
+    CreateGroupRequest, GroupList, GroupView, ReshardRequest, StreamList, StreamView,
+};
+use serde::de::DeserializeOwned;
+
+impl CoordinatorClient {
+    /// `POST /v1/groups`.
+    pub async fn create_group(
+        &self,
+        req: &CreateGroupRequest,
+    ) -> Result<Fetched<GroupView>, CoordinatorError> {
+        let request = Request::new(Method::POST, &["v1", "groups"]).body(req);
+        self.json(request).await.1
+    }
+
+    /// `GET /v1/groups/{group}`.
+    pub async fn describe_group(
+        &self,
+        group: &str,
+    ) -> Result<Fetched<GroupView>, CoordinatorError> {
+        self.get(&["v1", "groups", group]).await
+    }
+
+    /// `GET /v1/groups`.
+    pub async fn list_groups(&self) -> Result<Fetched<GroupList>, CoordinatorError> {
+        self.get(&["v1", "groups"]).await
+    }
+
+    /// `DELETE /v1/groups/{group}[?force=true]`.
+    pub async fn delete_group(&self, group: &str, force: bool) -> Result<(), CoordinatorError> {
+        let path = ["v1", "groups", group];
+        let mut request = Request::new(Method::DELETE, &path);
+        if force {
+            request = request.query("force=true");
+        }
+        self.exchange(request).await.1.map(drop)
+    }
+
+    /// `POST /v1/groups/{group}/pause` (`paused`) or `/resume`.
+    pub async fn set_group_paused(
+        &self,
+        group: &str,
+        paused: bool,
+    ) -> Result<Fetched<GroupView>, CoordinatorError> {
+        let action = if paused { "pause" } else { "resume" };
+        let path = ["v1", "groups", group, action];
+        self.json(Request::new(Method::POST, &path)).await.1
+    }
+
+    /// `DELETE /v1/groups/{group}/members/{member}`: fences the member and reassigns its
+    /// shards at once.
+    pub async fn remove_member(&self, group: &str, member: &str) -> Result<(), CoordinatorError> {
+        let path = ["v1", "groups", group, "members", member];
+        self.exchange(Request::new(Method::DELETE, &path))
+            .await
+            .1
+            .map(drop)
+    }
+
+    /// `GET /v1/streams/{stream}`.
+    pub async fn describe_stream(
+        &self,
+        stream: &str,
+    ) -> Result<Fetched<StreamView>, CoordinatorError> {
+        self.get(&["v1", "streams", stream]).await
+    }
+
+    /// `GET /v1/streams`.
+    pub async fn list_streams(&self) -> Result<Fetched<StreamList>, CoordinatorError> {
+        self.get(&["v1", "streams"]).await
+    }
+
+    /// `POST /v1/streams/{stream}/reshard`.
+    pub async fn reshard(
+        &self,
+        stream: &str,
+        shard_count: u32,
+    ) -> Result<Fetched<StreamView>, CoordinatorError> {
+        let path = ["v1", "streams", stream, "reshard"];
+        let body = ReshardRequest { shard_count };
+        self.json(Request::new(Method::POST, &path).body(&body))
+            .await
+            .1
+    }
+
+    /// `POST /v1/streams/{stream}/rollback`.
+    pub async fn rollback(&self, stream: &str) -> Result<Fetched<StreamView>, CoordinatorError> {
+        let path = ["v1", "streams", stream, "rollback"];
+        self.json(Request::new(Method::POST, &path)).await.1
+    }
+
+    async fn get<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+    ) -> Result<Fetched<T>, CoordinatorError> {
+        self.json(Request::new(Method::GET, path)).await.1
+    }
+}
