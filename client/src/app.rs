@@ -5,13 +5,13 @@ use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::wake::WakeSignals;
 use crate::consumer::{MemberShared, PauseState, WorkerMetrics};
-use crate::data::DataRedis;
 use crate::error::{ClientError, ConfigError};
 use crate::listener::Listener;
 use crate::state::DataMap;
 use rsc_api::CoordinatorClient;
 use rsc_protocol::ClientInfo;
 use rsc_protocol::names::validate_name;
+use rsc_redis::LazyRedis;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -354,12 +354,12 @@ impl ConsumerApp {
     /// coordinator client and the heartbeat path.
     fn spawn_members(
         &self,
-        redis: &DataRedis,
+        redis: &LazyRedis,
         coord: &CoordinatorClient,
         wake_signals: &WakeSignals,
     ) -> Members {
         let cfg = &self.config;
-        let ack_conn = redis.shared();
+        let ack_conn = redis.clone();
         let member_count: u64 = self
             .listeners
             .iter()

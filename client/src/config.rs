@@ -1,10 +1,11 @@
 //! Where the client finds the coordinator and Redis, and who it is: from the environment or
 //! set by hand.
 
-use crate::data::DataRedis;
 use crate::error::{ClientError, ConfigError};
 use rsc_api::CoordinatorClient;
 use rsc_protocol::redact::{redact_opt, redact_url};
+use rsc_redis::LazyRedis;
+use rsc_redis::sentinel::SentinelTarget;
 
 /// Connection settings shared by consumers and producers.
 ///
@@ -174,12 +175,12 @@ impl ClientConfig {
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
         self.sentinel()?;
-        DataRedis::check(&split_urls(&self.redis_url), self.redis_cluster)
+        crate::data::check(&split_urls(&self.redis_url), self.redis_cluster)
             .map_err(|e| ConfigError::DataRedis(e).into())
     }
 
     /// The sentinel settings, when the data Redis is found through Redis Sentinel.
-    pub(crate) fn sentinel(&self) -> Result<Option<crate::data::Sentinel>, ClientError> {
+    pub(crate) fn sentinel(&self) -> Result<Option<SentinelTarget>, ClientError> {
         match (&self.redis_sentinel, &self.redis_sentinel_master) {
             (None, None) => Ok(None),
             (Some(addrs), Some(master)) if !master.trim().is_empty() => {
@@ -189,10 +190,11 @@ impl ClientConfig {
                     )
                     .into());
                 }
-                Ok(Some(crate::data::Sentinel {
-                    addrs: rsc_redis::sentinel::parse_addrs(addrs)
+                Ok(Some(SentinelTarget {
+                    sentinels: rsc_redis::sentinel::parse_addrs(addrs)
                         .map_err(|e| ConfigError::Sentinel(format!("RSC_REDIS_SENTINEL: {e}")))?,
-                    master: master.trim().to_owned(),
+                    master_name: master.trim().to_owned(),
+                    username: None,
                     password: self.redis_sentinel_password.clone(),
                 }))
             }
@@ -210,8 +212,8 @@ impl ClientConfig {
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
     /// runtime.
-    pub(crate) fn data_redis(&self) -> Result<DataRedis, ClientError> {
-        DataRedis::open(
+    pub(crate) fn data_redis(&self) -> Result<LazyRedis, ClientError> {
+        crate::data::open(
             &split_urls(&self.redis_url),
             self.redis_cluster,
             self.sentinel()?,
@@ -325,9 +327,9 @@ mod tests {
                 .map(|(_, v)| (*v).to_owned())
         });
         let s = cfg.sentinel().unwrap().expect("sentinel settings");
-        assert_eq!(s.addrs.len(), 2);
+        assert_eq!(s.sentinels.len(), 2);
         assert_eq!(
-            (s.master.as_str(), s.password.as_deref()),
+            (s.master_name.as_str(), s.password.as_deref()),
             ("rsc", Some("pw"))
         );
         assert!(cfg.check_data_redis().is_ok());

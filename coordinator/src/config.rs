@@ -3,9 +3,9 @@
 //! Precedence: command-line flag, then environment variable, then `--config` file, then the
 //! default.
 
-use crate::redis_conn::SentinelTarget;
 use clap::{Args, ValueEnum};
 use rsc_protocol::redact::{redact_opt, redact_url};
+use rsc_redis::sentinel::SentinelTarget;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;

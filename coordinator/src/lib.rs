@@ -54,7 +54,6 @@ pub mod fencing;
 mod http_error;
 mod metrics;
 mod outage;
-pub mod redis_conn;
 mod retired;
 pub mod server;
 pub mod service;

@@ -18,9 +18,9 @@
 //! keys still kept are the gauge `rsc_stream_retired_keys_kept`.
 
 use crate::audit::Auditor;
-use crate::redis_conn::LazyRedis;
 use crate::service::{Coordinator, PurgedKeys};
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
+use rsc_redis::LazyRedis;
 use std::time::Duration;
 use tracing::{info, warn};
 

@@ -6,13 +6,13 @@ use crate::auth::{Acl, AdminRateLimiter, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, InstrumentedStore, LagProbe};
-use crate::redis_conn::{self, ConnSettings, LazyRedis};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{
     DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
 };
 use crate::wake::{WakeHub, WakeLimits};
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -31,6 +31,7 @@ fn data_settings(timeout: Duration) -> ConnSettings {
         connect_timeout: timeout,
         response_timeout: timeout,
         operation_timeout: timeout,
+        reconnect: Reconnect::Quick,
     }
 }
 
@@ -159,7 +160,7 @@ fn load_acl(cfg: &ServeConfig) -> anyhow::Result<Option<Acl>> {
 async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
     if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
         let settings = data_settings(FENCING_TIMEOUT);
-        redis_conn::check_mode(
+        rsc_redis::check_mode(
             &urls[0],
             cfg.data_redis_cluster,
             "--data-redis-cluster",
@@ -188,7 +189,7 @@ fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<Laz
                 None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
             }
             .map_err(|e| match e {
-                redis_conn::OpenError::SeveralUrls => anyhow::anyhow!(
+                rsc_redis::OpenError::SeveralUrls => anyhow::anyhow!(
                     "--data-redis-url lists several servers: that is only valid with \
                          --data-redis-cluster"
                 ),

@@ -16,8 +16,8 @@
 //! pub/sub is cluster-wide: the subscriber connects to one seed node (the next one after a
 //! failure) and publishes go through the cluster connection.
 
-use crate::redis_conn::{ConnSettings, LazyRedis};
 use rsc_protocol::{WakeEvent, WakeMember};
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -112,6 +112,7 @@ impl WakeHub {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             operation_timeout: Duration::from_secs(2),
+            reconnect: Reconnect::Quick,
         };
         let publisher = LazyRedis::open(urls, cluster, &settings)
             .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))?;

@@ -9,8 +9,8 @@
 
 use redis::Commands;
 use rsc_coordinator::fencing::{Asserted, OwnerTokens};
-use rsc_coordinator::redis_conn::{ConnSettings, LazyRedis};
 use rsc_protocol::routing::{owner_key, shard_key};
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -23,6 +23,7 @@ fn settings() -> ConnSettings {
         connect_timeout: TIMEOUT,
         response_timeout: TIMEOUT,
         operation_timeout: TIMEOUT,
+        reconnect: Reconnect::Quick,
     }
 }
 

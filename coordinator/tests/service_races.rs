@@ -1,25 +1,21 @@
 //! Races between coordinators sharing one store, replayed deterministically: a store wrapper
 //! pauses a chosen write until the test lets it go, and each coordinator has its own clock.
 
-use async_trait::async_trait;
 use rsc_coordinator::clock::ManualClock;
-use rsc_coordinator::engine::{GroupDoc, StreamDoc};
 use rsc_coordinator::service::{Coordinator, ServiceConfig};
 use rsc_coordinator::store::{
-    AuditFilter, LivenessChange, LockGuard, LockResource, MemoryStore, MetadataStore, StoreError,
-    TouchOutcome, Versioned, buckets_of,
+    Layered, MemoryStore, MetadataStore, StoreError, StoreLayer, buckets_of,
 };
-use rsc_protocol::{AuditEntry, CreateGroupRequest, HeartbeatRequest};
-use std::collections::HashMap;
+use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::Notify;
 
-/// A [`MemoryStore`] that counts locks and group writes, and can hold the next group write
-/// until released.
+/// Counts the locks and group writes of the store it wraps, and can hold the next group
+/// write until released.
 #[derive(Debug, Default)]
-struct GatedStore {
-    inner: MemoryStore,
+struct Gate {
     hold_next_write: AtomicBool,
     reached: Notify,
     release: Notify,
@@ -27,116 +23,37 @@ struct GatedStore {
     group_writes: AtomicUsize,
 }
 
-#[async_trait]
-impl MetadataStore for GatedStore {
-    async fn load_group(&self, g: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
-        self.inner.load_group(g).await
-    }
-    async fn load_stream(&self, s: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError> {
-        self.inner.load_stream(s).await
-    }
-    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
-        self.put_group_live(doc, expected, &LivenessChange::default())
-            .await
-    }
-    async fn delete_group(&self, g: &str, expected: u64) -> Result<(), StoreError> {
-        self.inner.delete_group(g, expected).await
-    }
-    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
-        self.inner.put_stream(doc, expected).await
-    }
-    async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
-        self.inner.list_groups().await
-    }
-    async fn list_streams(&self) -> Result<Vec<String>, StoreError> {
-        self.inner.list_streams().await
-    }
-    async fn lock(&self, r: &LockResource) -> Result<LockGuard, StoreError> {
-        self.locks.fetch_add(1, Ordering::SeqCst);
-        self.inner.lock(r).await
-    }
-    async fn touch(&self, g: &str, m: &str, now: u64) -> Result<(), StoreError> {
-        self.inner.touch(g, m, now).await
-    }
-    async fn forget(&self, g: &str, m: &[String]) -> Result<(), StoreError> {
-        self.inner.forget(g, m).await
-    }
-    async fn liveness(&self, g: &str) -> Result<HashMap<String, u64>, StoreError> {
-        self.inner.liveness(g).await
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.inner.ping().await
-    }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        self.inner.append_audit(entry).await
-    }
-    async fn read_audit(
+impl StoreLayer for Gate {
+    async fn around<T: Send>(
         &self,
-        limit: usize,
-        filter: &AuditFilter,
-    ) -> Result<Vec<AuditEntry>, StoreError> {
-        self.inner.read_audit(limit, filter).await
-    }
-    async fn load_group_live(
-        &self,
-        g: &str,
-    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
-        self.inner.load_group_live(g).await
-    }
-    async fn put_group_live(
-        &self,
-        doc: &GroupDoc,
-        expected: u64,
-        change: &LivenessChange,
-    ) -> Result<u64, StoreError> {
-        if self.hold_next_write.swap(false, Ordering::SeqCst) {
-            self.reached.notify_one();
-            self.release.notified().await;
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        match operation {
+            "lock" => {
+                self.locks.fetch_add(1, Ordering::SeqCst);
+            }
+            "put_group" | "put_group_live" => {
+                if self.hold_next_write.swap(false, Ordering::SeqCst) {
+                    self.reached.notify_one();
+                    self.release.notified().await;
+                }
+                self.group_writes.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
         }
-        self.group_writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.put_group_live(doc, expected, change).await
+        call.await
     }
-    async fn touch_if(
-        &self,
-        g: &str,
-        revision: u64,
-        m: &str,
-        now: u64,
-        max: Option<u64>,
-    ) -> Result<TouchOutcome, StoreError> {
-        self.inner.touch_if(g, revision, m, now, max).await
-    }
-    async fn stream_revision(&self, s: &str) -> Result<Option<u64>, StoreError> {
-        self.inner.stream_revision(s).await
-    }
-    async fn lower_deadline(&self, g: &str, revision: u64, due: u64) -> Result<(), StoreError> {
-        self.inner.lower_deadline(g, revision, due).await
-    }
-    async fn reschedule(
-        &self,
-        g: &str,
-        revision: u64,
-        due: Option<u64>,
-    ) -> Result<bool, StoreError> {
-        self.inner.reschedule(g, revision, due).await
-    }
-    async fn claim_due(
-        &self,
-        buckets: &[u32],
-        now: u64,
-        claim: u64,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        self.inner.claim_due(buckets, now, claim, limit).await
-    }
-    async fn register_coordinator(
-        &self,
-        id: &str,
-        now: u64,
-        ttl: u64,
-    ) -> Result<Vec<String>, StoreError> {
-        self.inner.register_coordinator(id, now, ttl).await
-    }
+}
+
+/// A [`MemoryStore`] behind a [`Gate`].
+type GatedStore = Layered<Gate>;
+
+fn gated_store() -> Arc<GatedStore> {
+    Arc::new(Layered::with_layer(
+        Arc::new(MemoryStore::new()),
+        Gate::default(),
+    ))
 }
 
 /// Every bucket of the deadline index (one coordinator sweeping alone).
@@ -196,13 +113,13 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
 
 #[tokio::test]
 async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
-    let store = Arc::new(GatedStore::default());
+    let store = gated_store();
     let clock = ManualClock::new(1_000);
     let c = coordinator(&store, &clock);
     let (epoch, owned) = stable_member(&c, 10_000).await;
     let (locks, writes) = (
-        store.locks.load(Ordering::SeqCst),
-        store.group_writes.load(Ordering::SeqCst),
+        store.layer().locks.load(Ordering::SeqCst),
+        store.layer().group_writes.load(Ordering::SeqCst),
     );
     for _ in 0..5 {
         clock.advance(100);
@@ -212,16 +129,20 @@ async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
             .unwrap();
         assert_eq!((r.member_epoch, &r.assignment), (epoch, &owned));
     }
-    assert_eq!(store.locks.load(Ordering::SeqCst), locks, "no lock taken");
     assert_eq!(
-        store.group_writes.load(Ordering::SeqCst),
+        store.layer().locks.load(Ordering::SeqCst),
+        locks,
+        "no lock taken"
+    );
+    assert_eq!(
+        store.layer().group_writes.load(Ordering::SeqCst),
         writes,
         "no write"
     );
     assert_eq!(store.liveness("g").await.unwrap()["m"], 1_500);
     // Anything that changes state takes the full path.
     c.heartbeat("g", &hb("m", epoch, vec![])).await.unwrap();
-    assert!(store.locks.load(Ordering::SeqCst) > locks);
+    assert!(store.layer().locks.load(Ordering::SeqCst) > locks);
 }
 
 /// The lost-update race of a lock-free heartbeat: coordinator A's sweep (its clock ahead)
@@ -230,19 +151,19 @@ async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
 /// "alive" and removed: A's write loses, A rereads, and the member stays.
 #[tokio::test]
 async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
-    let store = Arc::new(GatedStore::default());
+    let store = gated_store();
     let clock_b = ManualClock::new(1_000);
     let b = coordinator(&store, &clock_b);
     let (epoch, owned) = stable_member(&b, 1_000).await;
     // A's clock is 1.5 s ahead: to A, the member has been silent longer than its session.
     let clock_a = ManualClock::new(2_500);
     let a = coordinator(&store, &clock_a);
-    store.hold_next_write.store(true, Ordering::SeqCst);
+    store.layer().hold_next_write.store(true, Ordering::SeqCst);
     let sweep = tokio::spawn({
         let a = a.clone();
         async move { a.sweep(&all_buckets()).await }
     });
-    store.reached.notified().await;
+    store.layer().reached.notified().await;
     // A holds the group lock and has decided; B answers a steady heartbeat without a lock.
     clock_b.advance(900);
     let r = b
@@ -250,7 +171,7 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
         .await
         .expect("the member is alive for B");
     assert_eq!(r.assignment, owned);
-    store.release.notify_one();
+    store.layer().release.notify_one();
     let removed = sweep.await.unwrap().unwrap();
     assert_eq!(
         removed, 0,
@@ -267,7 +188,7 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
 /// Several coordinators sweeping the same expired member: exactly one removes it.
 #[tokio::test]
 async fn exactly_one_coordinator_expires_a_member() {
-    let store = Arc::new(GatedStore::default());
+    let store = gated_store();
     let clock = ManualClock::new(1_000);
     let first = coordinator(&store, &clock);
     stable_member(&first, 1_000).await;

@@ -74,7 +74,7 @@ fn docs(group: &str, stream: &str) -> (GroupDoc, StreamDoc) {
 }
 
 fn is_conflict<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
-    matches!(r, Err(StoreError::Conflict(_)))
+    matches!(r, Err(e) if e.is_conflict())
 }
 
 async fn documents_are_compare_and_set(kind: Kind) {
@@ -142,29 +142,49 @@ async fn documents_are_compare_and_set(kind: Kind) {
     assert!(st.ping().await.is_ok());
 }
 
+/// Records that `member` of `group` was heard from at `now_ms`: a touch at the group's
+/// current revision, which creates a missing liveness.
+async fn touch(st: &dyn MetadataStore, group: &str, member: &str, now_ms: u64) {
+    let revision = st
+        .group_revision(group)
+        .await
+        .unwrap()
+        .expect("the group exists");
+    assert_eq!(
+        st.touch_if(group, revision, member, now_ms, None)
+            .await
+            .unwrap(),
+        TouchOutcome::Touched
+    );
+}
+
 async fn liveness_moves_strictly_forward(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, _) = docs("g", "s");
     st.put_group(&g, 0).await.unwrap();
-    st.touch("g", "m1", 1_000).await.unwrap();
-    st.touch("g", "m1", 1_000).await.unwrap();
-    st.touch("g", "m1", 900).await.unwrap();
-    st.touch("g", "m2", 5_000).await.unwrap();
+    touch(st.as_ref(), "g", "m1", 1_000).await;
+    touch(st.as_ref(), "g", "m1", 1_000).await;
+    touch(st.as_ref(), "g", "m1", 900).await;
+    touch(st.as_ref(), "g", "m2", 5_000).await;
     let live = st.liveness("g").await.unwrap();
     assert_eq!(
         live["m1"], 1_002,
         "every touch moves liveness forward by at least 1 ms"
     );
     assert_eq!(live["m2"], 5_000);
-    st.touch("g", "m1", 2_000).await.unwrap();
+    touch(st.as_ref(), "g", "m1", 2_000).await;
     let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
     assert_eq!(v.revision, 1);
     assert_eq!(live["m1"], 2_000);
-    st.forget("g", &["m2".to_owned()]).await.unwrap();
+    let forget_m2 = LivenessChange {
+        forget: vec!["m2".to_owned()],
+        ..LivenessChange::default()
+    };
+    assert_eq!(st.put_group_live(&g, 1, &forget_m2).await.unwrap(), 2);
     assert!(!st.liveness("g").await.unwrap().contains_key("m2"));
     assert!(st.load_group_live("absent").await.unwrap().is_none());
-    st.delete_group("g", 1).await.unwrap();
+    st.delete_group("g", 2).await.unwrap();
     assert!(
         st.liveness("g").await.unwrap().is_empty(),
         "deleted with the group"
@@ -221,7 +241,7 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
     let (g, mut s) = docs("g", "s");
     st.put_stream(&s, 0).await.unwrap();
     st.put_group(&g, 0).await.unwrap();
-    st.touch("g", "m", 1_000).await.unwrap();
+    touch(st.as_ref(), "g", "m", 1_000).await;
     let t = SteadyTouch {
         group: "g",
         revision: 1,
@@ -283,7 +303,7 @@ async fn concurrent_steady_touches_each_get_their_answer(kind: Kind) {
     st.put_group(&g, 0).await.unwrap();
     for i in 0..100 {
         if i % 3 != 0 {
-            st.touch("g", &format!("m{i}"), 1_000).await.unwrap();
+            touch(st.as_ref(), "g", &format!("m{i}"), 1_000).await;
         }
     }
     let members: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
@@ -326,8 +346,8 @@ async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
     let st = &f.store;
     let (mut g, _) = docs("g", "s");
     st.put_group(&g, 0).await.unwrap();
-    st.touch("g", "silent", 1_000).await.unwrap();
-    st.touch("g", "other", 1_000).await.unwrap();
+    touch(st.as_ref(), "g", "silent", 1_000).await;
+    touch(st.as_ref(), "g", "other", 1_000).await;
     let (_, seen) = st.load_group_live("g").await.unwrap().unwrap();
     // A steady heartbeat of `silent` lands between the read and the write.
     assert_eq!(
@@ -617,7 +637,7 @@ async fn redis_lock_wait_is_bounded_and_an_abandoned_lock_expires() {
     std::mem::forget(store.lock(&g).await.unwrap());
     let t = Instant::now();
     let err = store.lock(&g).await.unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(err.is_unavailable(), "{err}");
     assert!(t.elapsed() < Duration::from_secs(2), "bounded wait");
     // After the hold time it is free again (each try waits at most the 150 ms lock wait).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -661,10 +681,7 @@ async fn redis_lock_release_only_deletes_its_own_token() {
     drop(stale);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let err = other.lock(&g).await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unavailable(_)),
-        "still held: {err}"
-    );
+    assert!(err.is_unavailable(), "still held: {err}");
 }
 
 #[tokio::test]
@@ -677,7 +694,7 @@ async fn redis_outage_fails_fast_and_recovers() {
     for _ in 0..3 {
         let t = Instant::now();
         let err = store.load_group("g").await.unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(err.is_unavailable(), "{err}");
         assert!(
             t.elapsed() < Duration::from_secs(3),
             "no hang: {:?}",
@@ -753,7 +770,7 @@ async fn redis_layout_follows_the_spec() {
     let (g, s) = docs("billing", "orders");
     store.put_stream(&s, 0).await.unwrap();
     store.put_group(&g, 0).await.unwrap();
-    store.touch("billing", "m1", 1_000).await.unwrap();
+    touch(&store, "billing", "m1", 1_000).await;
     let _l = store
         .lock(&LockResource::Group("billing".into()))
         .await
@@ -798,7 +815,7 @@ async fn redis_cluster_node_outage_fails_fast_and_recovers() {
         match store.load_group(g).await {
             Ok(v) => assert_eq!(v.unwrap().revision, 1),
             Err(e) => {
-                assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+                assert!(e.is_unavailable(), "{e}");
                 failed += 1;
             }
         }

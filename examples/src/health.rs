@@ -36,7 +36,7 @@ struct Inner {
     /// The data Redis's nodes (one, or a cluster's seeds): ready when one answers.
     redis: Vec<redis::Client>,
     /// Behind Redis Sentinel: the master the sentinels name (instead of `redis`).
-    sentinel: Option<rsc_redis::sentinel::SentinelRedis>,
+    sentinel: Option<rsc_redis::LazyRedis>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     http: reqwest::Client,
     shutting_down: AtomicBool,
@@ -68,8 +68,9 @@ impl Health {
         })
     }
 
-    /// Checks the data Redis master through these sentinels instead of the URL's host.
-    pub fn sentinel(mut self, redis: rsc_redis::sentinel::SentinelRedis) -> Self {
+    /// Checks the data Redis master through this handle to the master the sentinels name
+    /// ([`crate::data_redis`]) instead of the URL's host.
+    pub fn sentinel(mut self, redis: rsc_redis::LazyRedis) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.sentinel = Some(redis);
         }
@@ -126,8 +127,8 @@ impl Health {
 
     async fn ping_redis(&self) -> anyhow::Result<()> {
         let ping = async {
-            if let Some(s) = &self.inner.sentinel {
-                let mut conn = s.get().await?;
+            if let Some(master) = &self.inner.sentinel {
+                let mut conn = master.get().await?;
                 let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
                 anyhow::ensure!(pong == "PONG", "PING answered {pong:?}");
                 return Ok(());

@@ -8,31 +8,42 @@
 
 pub mod health;
 
+use rsc_redis::sentinel::{SentinelTarget, parse_addrs};
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::time::Duration;
 
-/// The data Redis master found through Redis Sentinel (`sentinels`: `HOST:PORT`,
-/// comma-separated; `redis_url`'s credentials and database apply to the master), for the
-/// sample pods' own commands beside the client's.
-pub fn sentinel(
-    sentinels: &str,
-    master: &str,
+/// The data Redis, for the sample pods' own commands beside the client's: `redis_url` (with
+/// `cluster`, seed nodes, comma-separated), or with `sentinel` (`HOST:PORT` addresses,
+/// comma-separated, and the master's name) the master the sentinels name, with `redis_url`'s
+/// credentials and database and `RSC_REDIS_SENTINEL_PASSWORD` as the sentinels' password.
+/// Connects on first use.
+pub fn data_redis(
     redis_url: &str,
-    password: Option<String>,
-) -> anyhow::Result<rsc_redis::sentinel::SentinelRedis> {
-    let master_settings = redis::IntoConnectionInfo::into_connection_info(redis_url)?
-        .redis_settings()
-        .clone();
-    Ok(rsc_redis::sentinel::SentinelRedis::open(
-        rsc_redis::sentinel::SentinelConfig {
-            sentinels: rsc_redis::sentinel::parse_addrs(sentinels)?,
-            master_name: master.to_owned(),
-            sentinel_username: None,
-            sentinel_password: password,
-            master: master_settings,
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(5),
-        },
-    )?)
+    cluster: bool,
+    sentinel: Option<(&str, &str)>,
+) -> anyhow::Result<LazyRedis> {
+    let settings = ConnSettings {
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(5),
+        operation_timeout: Duration::from_secs(5),
+        reconnect: Reconnect::Patient,
+    };
+    let urls: Vec<String> = redis_url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let Some((sentinels, master)) = sentinel else {
+        return Ok(LazyRedis::open(&urls, cluster, &settings)?);
+    };
+    let target = SentinelTarget {
+        sentinels: parse_addrs(sentinels)?,
+        master_name: master.to_owned(),
+        username: None,
+        password: std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
+    };
+    Ok(LazyRedis::open_sentinel(&target, redis_url, &settings)?)
 }
 
 /// Installs the Prometheus recorder for the client's metrics (`rsc_client_*`) and returns

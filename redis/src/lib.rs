@@ -1,32 +1,51 @@
-//! The Redis connection of the Redis Stream Coordinator and its client.
+//! The Redis connection of the Redis Stream Coordinator and its client: one handle for a
+//! standalone Redis, a Redis Cluster, or a master found through Redis Sentinel.
 //!
-//! [`sentinel::SentinelRedis`] finds a master through Redis Sentinel, connects on first use,
-//! and drops a connection to a master that died or was demoted (`READONLY`), so that the
-//! next command asks the sentinels again.
+//! - [`LazyRedis`] connects on first use (a process started while Redis is down runs, and
+//!   connects when it is up) and is cheap to clone. [`LazyRedis::get`] hands out a [`Conn`],
+//!   which implements [`redis::aio::ConnectionLike`] over each kind of server; the handle
+//!   itself does too, connecting for each command. On a cluster every command is routed to
+//!   the node that owns its key's slot (`MOVED`/`ASK` followed), multi-key `DEL`/`UNLINK` are
+//!   split per slot, and a pipeline must stay within one slot: callers that touch several
+//!   slots send one command per key instead.
+//! - [`LazyRedis::dedicated`] makes a [`NodeConn`], a connection of its own to the node that
+//!   serves one slot, for blocking reads and `WATCH`: it follows `MOVED` itself and numbers
+//!   its connections, so that a caller knows when a `WATCH` was lost with one.
+//! - Behind Redis Sentinel ([`LazyRedis::open_sentinel`], [`sentinel`]) the master is looked
+//!   up through the sentinels; a connection to a master that died or was demoted
+//!   (`READONLY`) is dropped and the new master looked up on next use.
+//!
+//! Nothing is retried beyond one command's reconnection ([`Reconnect`]): a failed command
+//! returns its error, and the caller's own retry lands on the recovered server.
 //!
 //! # Example
 //!
 //! ```no_run
-//! use rsc_redis::sentinel::{SentinelConfig, SentinelRedis, parse_addrs};
+//! use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 //! use std::time::Duration;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let redis = SentinelRedis::open(SentinelConfig {
-//!     sentinels: parse_addrs("sentinel-0:26379,sentinel-1:26379")?,
-//!     master_name: "data".into(),
-//!     sentinel_username: None,
-//!     sentinel_password: None,
-//!     master: redis::RedisConnectionInfo::default(),
+//! let settings = ConnSettings {
 //!     connect_timeout: Duration::from_secs(1),
-//!     response_timeout: Duration::from_secs(5),
-//! })?;
+//!     response_timeout: Duration::from_secs(1),
+//!     operation_timeout: Duration::from_secs(2),
+//!     reconnect: Reconnect::Quick,
+//! };
+//! // Three seed nodes of a Redis Cluster; nothing is connected yet.
+//! let urls = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000", "redis://10.0.0.3:7000"]
+//!     .map(String::from);
+//! let redis = LazyRedis::open(&urls, true, &settings)?;
 //! let mut conn = redis.get().await?;
-//! let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
-//! assert_eq!(pong, "PONG");
+//! let () = redis::cmd("SET").arg("greeting").arg("hello").query_async(&mut conn).await?;
 //! # Ok(())
 //! # }
 //! ```
 
 #![deny(missing_docs)]
 
+mod conn;
+mod node;
 pub mod sentinel;
+
+pub use conn::{Conn, ConnSettings, LazyRedis, ModeError, OpenError, Reconnect, check_mode};
+pub use node::NodeConn;

@@ -53,6 +53,30 @@ impl std::fmt::Debug for SentinelConfig {
     }
 }
 
+/// A master found through Redis Sentinel, as configured: the sentinels, the master's name
+/// and the credentials of the sentinels (the master's own come from the Redis URL given
+/// beside it, see [`crate::LazyRedis::open_sentinel`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// Sentinel addresses.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels monitor the master under.
+    pub master_name: String,
+    /// User name for the sentinels.
+    pub username: Option<String>,
+    /// Password for the sentinels.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("sentinels", &self.sentinels)
+            .field("master_name", &self.master_name)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Wrong sentinel settings (nothing is connected when these are found).
 #[derive(Debug, thiserror::Error)]
 pub enum SentinelError {

@@ -27,9 +27,9 @@ pub(crate) mod reply;
 pub(crate) mod wake;
 pub(crate) mod worker;
 
-use crate::data::{DataRedis, SharedConn};
 use crate::listener::Listener;
 use metrics::{Counter, Gauge, Histogram};
+use rsc_redis::LazyRedis;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 
@@ -43,10 +43,10 @@ pub(crate) struct MemberShared {
     pub(crate) incarnation: Option<String>,
     pub(crate) listener: Listener,
     /// The data Redis (workers open their own connections to it).
-    pub(crate) redis: DataRedis,
+    pub(crate) redis: LazyRedis,
     /// The shared connection: manual acknowledgements, dead letters, drain checks (never
     /// blocked by a read).
-    pub(crate) ack_conn: SharedConn,
+    pub(crate) ack_conn: LazyRedis,
     /// `true` while the listener is paused (by the app's handle or by the group's operator
     /// pause): the effective value of `pause`.
     pub(crate) paused: watch::Receiver<bool>,

@@ -19,10 +19,10 @@ pub use routing::Routing;
 
 use crate::codec::{Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
-use crate::data::{DataRedis, SharedConn};
 use crate::error::ClientError;
 use routing::RoutingCache;
 use rsc_protocol::entry;
+use rsc_redis::LazyRedis;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -172,7 +172,7 @@ pub struct Producer {
 }
 
 struct Inner {
-    conn: SharedConn,
+    conn: LazyRedis,
     /// On a cluster a pipeline stays within one slot: one pipeline per shard.
     cluster: bool,
     routes: Arc<RoutingCache>,
@@ -276,11 +276,11 @@ impl ProducerBuilder {
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
         let coord = self.config.coordinator()?;
-        let redis: DataRedis = self.config.data_redis()?;
+        let redis = self.config.data_redis()?;
         Ok(Producer {
             inner: Arc::new(Inner {
-                conn: redis.shared(),
                 cluster: redis.is_cluster(),
+                conn: redis,
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 guarded: redis::Script::new(rsc_protocol::routing::GUARDED_XADD_LUA),

@@ -95,7 +95,7 @@ async fn heartbeat_batch(
             .map(|(h, scope)| {
                 let outcome = scope.and_then(|()| {
                     let r = answers.next().unwrap_or_else(|| {
-                        Err(crate::store::StoreError::Conflict(
+                        Err(crate::store::StoreError::conflict(
                             "heartbeat left unanswered; retry".into(),
                         )
                         .into())

@@ -19,7 +19,7 @@ mod seals;
 
 pub use seals::{SealProgress, Sealer};
 
-use crate::redis_conn::{Conn, LazyRedis};
+use rsc_redis::{Conn, LazyRedis};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::{debug, warn};

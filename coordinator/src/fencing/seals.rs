@@ -9,8 +9,8 @@
 //! from that answer on no write of a stale producer lands anywhere, and every entry after a
 //! seal was written under the new routing. Both keys share the shard's Redis Cluster slot.
 
-use crate::redis_conn::{Conn, LazyRedis};
 use rsc_protocol::routing::{SEAL_PROGRESS_LUA, Seal, epoch_key, seals_key, shard_key};
+use rsc_redis::{Conn, LazyRedis};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

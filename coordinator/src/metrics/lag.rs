@@ -8,8 +8,8 @@
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
 
 use super::history::History;
-use crate::redis_conn::{Conn, LazyRedis};
 use redis::streams::{StreamInfoConsumersReply, StreamInfoGroupsReply};
+use rsc_redis::{Conn, LazyRedis};
 use std::collections::HashMap;
 use std::time::Duration;
 use tracing::debug;

@@ -249,7 +249,7 @@ impl Coordinator {
             Err(e) => {
                 warn!(stream = %doc.stream, error = %e, "could not seal the shards; the reshard is not made");
                 sealer.unseal(&doc.stream, doc.routing_epoch, &shards).await;
-                Err(ServiceError::Store(StoreError::Unavailable(format!(
+                Err(ServiceError::Store(StoreError::unavailable(format!(
                     "{e} (the reshard was not made; retry it)"
                 ))))
             }

@@ -77,7 +77,7 @@ impl Coordinator {
             .map(|r| {
                 r.unwrap_or_else(|| {
                     // Unreachable: every item without an answer went through the second pass.
-                    Err(StoreError::Conflict("heartbeat left unanswered; retry".into()).into())
+                    Err(StoreError::conflict("heartbeat left unanswered; retry".into()).into())
                 })
             })
             .collect()
@@ -183,7 +183,7 @@ impl Coordinator {
                 .touch_if(group, write.revision, member, *now, None)
                 .await?;
             if t != TouchOutcome::Touched {
-                return Err(StoreError::Conflict(format!(
+                return Err(StoreError::conflict(format!(
                     "group {group} changed while a heartbeat was answered"
                 ))
                 .into());

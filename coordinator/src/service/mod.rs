@@ -3,7 +3,7 @@
 //! Every mutation runs as: take the document's lock, read it with its revision, let the
 //! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
 //! expired under a slow replica) reruns the whole cycle a bounded number of times and then
-//! answers [`ServiceError::Store`] with [`StoreError::Conflict`] (`503 STORE_CONFLICT`).
+//! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
 //! Locks are taken stream first, then one group.
 //!
 //! A steady-state heartbeat (nothing to change, SPEC §5.1) skips all of that: the coordinator
@@ -121,7 +121,7 @@ impl ServiceError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ServiceError::Engine(e) => e.code(),
-            ServiceError::Store(StoreError::Conflict(_)) => ErrorCode::StoreConflict,
+            ServiceError::Store(e) if e.is_conflict() => ErrorCode::StoreConflict,
             ServiceError::Store(_) => ErrorCode::StoreUnavailable,
             ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
             ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
@@ -140,7 +140,7 @@ impl ServiceError {
     }
 
     fn is_conflict(&self) -> bool {
-        matches!(self, ServiceError::Store(StoreError::Conflict(_)))
+        matches!(self, ServiceError::Store(e) if e.is_conflict())
     }
 }
 
@@ -299,7 +299,7 @@ impl Coordinator {
         fencing
             .assert(&doc.group, &doc.stream, &response.owner_tokens)
             .await
-            .map_err(|e| ServiceError::Store(StoreError::Unavailable(e.to_string())))?;
+            .map_err(|e| ServiceError::Store(StoreError::unavailable(e.to_string())))?;
         Ok(())
     }
 

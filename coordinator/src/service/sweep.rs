@@ -2,7 +2,7 @@
 
 use super::{Coordinator, Result, ServiceError, overlay_liveness};
 use crate::engine::{GroupDoc, GroupEvent};
-use crate::store::{LockResource, StoreError, Versioned};
+use crate::store::{LockResource, Versioned};
 use futures::StreamExt;
 use std::future::Future;
 use tracing::{debug, info, warn};
@@ -63,7 +63,7 @@ impl Coordinator {
                 due
             }
             Err(e) => {
-                if matches!(e, StoreError::Unavailable(_)) {
+                if e.is_unavailable() {
                     self.store_failed();
                 }
                 return Err(e.into());

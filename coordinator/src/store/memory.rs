@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long [`MemoryStore::lock`] waits before answering `StoreError::Unavailable`.
+/// How long [`MemoryStore::lock`] waits before answering an unavailable [`StoreError`].
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Default)]
@@ -166,7 +166,7 @@ fn cas<T: Clone>(
 ) -> Result<u64, StoreError> {
     let current = map.get(key).map_or(0, |v| v.revision);
     if current != expected {
-        return Err(StoreError::Conflict(key.to_owned()));
+        return Err(StoreError::conflict(key.to_owned()));
     }
     let next = current.max(tombstone) + 1;
     match doc {
@@ -248,31 +248,10 @@ impl MetadataStore for MemoryStore {
         };
         match tokio::time::timeout(LOCK_WAIT, mutex.lock_owned()).await {
             Ok(guard) => Ok(LockGuard::new(guard)),
-            Err(_) => Err(StoreError::Unavailable(format!(
+            Err(_) => Err(StoreError::unavailable(format!(
                 "lock on {resource:?} not acquired within {LOCK_WAIT:?}"
             ))),
         }
-    }
-
-    async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
-        let mut inner = self.inner();
-        let live = inner.live.entry(group.to_owned()).or_default();
-        match live.get_mut(member) {
-            Some(t) => advance(t, now_ms),
-            None => {
-                live.insert(member.to_owned(), now_ms);
-            }
-        }
-        Ok(())
-    }
-
-    async fn forget(&self, group: &str, members: &[String]) -> Result<(), StoreError> {
-        if let Some(live) = self.inner().live.get_mut(group) {
-            for m in members {
-                live.remove(m);
-            }
-        }
-        Ok(())
     }
 
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError> {
@@ -305,12 +284,12 @@ impl MetadataStore for MemoryStore {
         let mut inner = self.inner();
         let current = inner.groups.get(&doc.group).map_or(0, |v| v.revision);
         if current != expected {
-            return Err(StoreError::Conflict(doc.group.clone()));
+            return Err(StoreError::conflict(doc.group.clone()));
         }
         if let Some(live) = inner.live.get(&doc.group) {
             for (member, seen) in &change.expired {
                 if live.get(member).is_some_and(|t| t > seen) {
-                    return Err(StoreError::Conflict(format!(
+                    return Err(StoreError::conflict(format!(
                         "{} (member {member} was heard from after it was found silent)",
                         doc.group
                     )));
@@ -363,6 +342,10 @@ impl MetadataStore for MemoryStore {
 
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         Ok(self.inner().streams.get(stream).map(|v| v.revision))
+    }
+
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.inner().groups.get(group).map(|v| v.revision))
     }
 
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {

@@ -12,15 +12,19 @@
 //! forward, to `max(now, previous + 1)`, so a decision taken on an older reading (a sweep
 //! that found a member silent) can be detected when it is committed: a group write that
 //! expires members names the liveness it based the decision on ([`LivenessChange::expired`])
-//! and fails with [`StoreError::Conflict`] if any of them was heard from since. A steady
+//! and fails with a conflict ([`StoreError::is_conflict`]) if any of them was heard from since. A steady
 //! heartbeat touches liveness only while the group document is still at the revision the
 //! answer was computed from ([`MetadataStore::touch_if`]). Together these make it impossible
 //! for a member to be told "you are alive, keep your shards" while a concurrent writer
 //! removes it.
 
+mod error;
+mod layer;
 mod memory;
 mod redis;
 
+pub use error::{StoreError, StoreErrorKind};
+pub use layer::{Document, Layered, StoreLayer};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
 
@@ -61,30 +65,11 @@ pub struct Versioned<T> {
     pub doc: T,
 }
 
-/// Why a store operation failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The store cannot be reached or did not answer in time.
-    #[error("metadata store unavailable: {0}")]
-    Unavailable(String),
-    /// A compare-and-set lost: the document changed since it was read.
-    #[error("document {0} changed concurrently")]
-    Conflict(String),
-    /// A stored document could not be decoded.
-    #[error("stored document {key} is unreadable: {reason}")]
-    Corrupt {
-        /// Store key.
-        key: String,
-        /// Decoder's message.
-        reason: String,
-    },
-}
-
 /// Liveness changes committed atomically with a group document write.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LivenessChange {
     /// Members the write removes for silence, each with the liveness (ms) the decision was
-    /// based on. The write fails with [`StoreError::Conflict`] if any of them has a newer
+    /// based on. The write fails with a conflict ([`StoreError::is_conflict`]) if any of them has a newer
     /// liveness now (it was heard from after the decision).
     pub expired: Vec<(String, u64)>,
     /// Members whose liveness the write deletes (they left, expired or were removed).
@@ -176,6 +161,9 @@ impl std::fmt::Debug for LockGuard {
 
 /// Persistence of group and stream documents (SPEC §2).
 ///
+/// No method has a default body: each store answers each call its own (fastest) way, and a
+/// decorator is a [`StoreLayer`] inside [`Layered`], which forwards every method.
+///
 /// Locks must be taken stream before group, and at most one group at a time, so that
 /// replicas never deadlock.
 #[async_trait]
@@ -197,10 +185,6 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn list_streams(&self) -> Result<Vec<String>, StoreError>;
     /// Takes the lock on `resource`, waiting a bounded time for it.
     async fn lock(&self, resource: &LockResource) -> Result<LockGuard, StoreError>;
-    /// Records that `member` of `group` was heard from at `now_ms`.
-    async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError>;
-    /// Forgets the liveness of members that are gone.
-    async fn forget(&self, group: &str, members: &[String]) -> Result<(), StoreError>;
     /// Last heartbeat time per member of `group`.
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError>;
     /// Checks that the store answers.
@@ -224,7 +208,7 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError>;
     /// Writes a group document if its stored revision is `expected` (0: must not exist), and
     /// applies `change` to liveness in the same atomic step. Fails with
-    /// [`StoreError::Conflict`] when the revision differs or when a member in
+    /// a conflict ([`StoreError::is_conflict`]) when the revision differs or when a member in
     /// `change.expired` was heard from after the liveness given for it. Returns the new
     /// revision.
     async fn put_group_live(
@@ -247,10 +231,7 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// The stored revision of a stream document (`None` when absent).
     async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError>;
     /// The stored revision of a group document (`None` when absent), without the document.
-    /// The default loads the document; the Redis store reads the revision alone.
-    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
-        Ok(self.load_group(group).await?.map(|v| v.revision))
-    }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError>;
 
     /// Lowers `group`'s entry in the deadline index to `deadline_ms` (creating it when absent),
     /// after a write of the group document at `revision` whose next deadline that is, and
@@ -299,24 +280,6 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
 
     /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
     /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no
-    /// longer at `stream_revision`. The default sends both checks at once (one round trip of
-    /// latency); a store that can check both atomically does so.
-    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
-        let (touched, stream_revision) = futures::join!(
-            self.touch_if(
-                t.group,
-                t.revision,
-                t.member,
-                t.now_ms,
-                Some(t.max_silence_ms)
-            ),
-            self.stream_revision(t.stream),
-        );
-        let (touched, stream_revision) = (touched?, stream_revision?);
-        Ok(if stream_revision == Some(t.stream_revision) {
-            touched
-        } else {
-            TouchOutcome::Stale
-        })
-    }
+    /// longer at `stream_revision`, checked in one step.
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError>;
 }

@@ -33,7 +33,7 @@
 //! the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
 //!
 //! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
-//! or timed-out connection is [`StoreError::Unavailable`] at once, and the next operation
+//! or timed-out connection is an unavailable [`StoreError`] at once, and the next operation
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
@@ -41,11 +41,11 @@ use super::{
     SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
-use crate::redis_conn::{Conn, ConnSettings, LazyRedis, OpenError};
 use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
+use rsc_redis::{Conn, ConnSettings, LazyRedis, OpenError, Reconnect};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ pub struct RedisStoreConfig {
     pub cluster: bool,
     /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
     /// credentials and database).
-    pub sentinel: Option<crate::redis_conn::SentinelTarget>,
+    pub sentinel: Option<rsc_redis::sentinel::SentinelTarget>,
     /// Prefix of every key (SPEC §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
@@ -90,6 +90,7 @@ impl RedisStoreConfig {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             operation_timeout: self.operation_timeout,
+            reconnect: Reconnect::Quick,
         }
     }
 }
@@ -172,7 +173,6 @@ struct Scripts {
     put_group: Script,
     delete_group: Script,
     load_group: Script,
-    touch: Script,
     touch_if: Script,
     touch_steady: Script,
     unlock: Script,
@@ -188,7 +188,6 @@ impl Scripts {
             put_group: Script::new(include_str!("lua/put_group.lua")),
             delete_group: Script::new(include_str!("lua/delete_group.lua")),
             load_group: Script::new(include_str!("lua/load_group.lua")),
-            touch: Script::new(include_str!("lua/touch.lua")),
             touch_if: Script::new(include_str!("lua/touch_if.lua")),
             touch_steady: Script::new(include_str!("lua/touch_steady.lua")),
             unlock: Script::new(include_str!("lua/unlock.lua")),
@@ -263,7 +262,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 fn unavailable(what: &str, e: RedisError) -> StoreError {
-    StoreError::Unavailable(format!("redis {what}: {e}"))
+    StoreError::from_redis(what, e)
 }
 
 impl RedisStore {
@@ -271,16 +270,16 @@ impl RedisStore {
     /// that it is (or is not) a cluster node as configured. When Redis does not answer yet,
     /// the store is returned anyway and connects on first use.
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
-        validate_key_prefix(&config.key_prefix).map_err(StoreError::Unavailable)?;
+        validate_key_prefix(&config.key_prefix).map_err(StoreError::unavailable)?;
         let redis = match &config.sentinel {
             Some(target) => LazyRedis::open_sentinel(target, &config.urls[0], &config.settings()),
             None => LazyRedis::open(&config.urls, config.cluster, &config.settings()),
         }
         .map_err(|e| match e {
-            OpenError::SeveralUrls => StoreError::Unavailable(
+            OpenError::SeveralUrls => StoreError::unavailable(
                 "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)".into(),
             ),
-            e => StoreError::Unavailable(e.to_string()),
+            e => StoreError::unavailable(e.to_string()).with_source(e),
         })?;
         let sentinel = config.sentinel.is_some();
         let store = RedisStore(Arc::new(Inner {
@@ -304,14 +303,14 @@ impl RedisStore {
     /// first server answers; logs and carries on when it does not.
     async fn check_mode(&self) -> Result<(), StoreError> {
         let config = &self.0.config;
-        crate::redis_conn::check_mode(
+        rsc_redis::check_mode(
             &config.urls[0],
             config.cluster,
             "--redis-cluster",
             &config.settings(),
         )
         .await
-        .map_err(StoreError::Unavailable)
+        .map_err(|e| StoreError::unavailable(e.to_string()).with_source(e))
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -335,7 +334,7 @@ impl RedisStore {
         };
         match tokio::time::timeout(limit, work).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Unavailable(format!(
+            Err(_) => Err(StoreError::timed_out(format!(
                 "redis {what}: no answer within {limit:?}"
             ))),
         }
@@ -419,7 +418,7 @@ impl RedisStore {
             _ => (touch.await?, None),
         };
         if replies.len() != batch.len() {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "touch script answered {} outcomes for {} touches",
                 replies.len(),
                 batch.len()
@@ -519,10 +518,7 @@ impl RedisStore {
             })),
             // Absent, or the tombstone of a deleted document.
             (_, None) => Ok(None),
-            (None, Some(_)) => Err(StoreError::Corrupt {
-                key,
-                reason: "the hash lacks `revision`".into(),
-            }),
+            (None, Some(_)) => Err(StoreError::corrupt(&key, "the hash lacks `revision`")),
         }
     }
 
@@ -601,27 +597,21 @@ impl RedisStore {
 }
 
 fn encode<T: Serialize>(doc: &T) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(doc).map_err(|e| StoreError::Corrupt {
-        key: "<new document>".into(),
-        reason: e.to_string(),
-    })
+    serde_json::to_vec(doc).map_err(|e| StoreError::corrupt("<new document>", &e).with_source(e))
 }
 
 fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
-        key: key.to_owned(),
-        reason: e.to_string(),
-    })
+    serde_json::from_slice(bytes).map_err(|e| StoreError::corrupt(key, &e).with_source(e))
 }
 
 /// Reads a `{status, revision[, member]}` reply of a compare-and-set script.
 fn cas_reply(key: &str, expected: u64, reply: &[i64]) -> Result<u64, StoreError> {
     match reply {
         [1, revision, ..] => Ok(*revision as u64),
-        [0, current, ..] => Err(StoreError::Conflict(format!(
+        [0, current, ..] => Err(StoreError::conflict(format!(
             "{key} (at revision {current}, expected {expected})"
         ))),
-        _ => Err(StoreError::Unavailable(format!(
+        _ => Err(StoreError::unavailable(format!(
             "unexpected compare-and-set reply for {key}: {reply:?}"
         ))),
     }
@@ -841,7 +831,7 @@ impl MetadataStore for RedisStore {
                 }));
             }
             if start.elapsed() >= wait {
-                return Err(StoreError::Unavailable(format!(
+                return Err(StoreError::unavailable(format!(
                     "lock {key} is held by another request and was not released within {wait:?}"
                 )));
             }
@@ -850,38 +840,6 @@ impl MetadataStore for RedisStore {
             tokio::time::sleep(Duration::from_millis(sleep)).await;
             pause_ms = (pause_ms * 2).min(50);
         }
-    }
-
-    async fn touch(&self, group: &str, member: &str, now_ms: u64) -> Result<(), StoreError> {
-        let live = self.0.keys.live(group);
-        self.run("touch", |mut c| async move {
-            self.0
-                .scripts
-                .touch
-                .key(&live)
-                .arg(member)
-                .arg(now_ms)
-                .invoke_async::<i64>(&mut c)
-                .await
-        })
-        .await
-        .map(|_| ())
-    }
-
-    async fn forget(&self, group: &str, members: &[String]) -> Result<(), StoreError> {
-        if members.is_empty() {
-            return Ok(());
-        }
-        let live = self.0.keys.live(group);
-        self.run("forget", |mut c| async move {
-            redis::cmd("ZREM")
-                .arg(&live)
-                .arg(members)
-                .query_async::<i64>(&mut c)
-                .await
-        })
-        .await
-        .map(|_| ())
     }
 
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError> {
@@ -929,15 +887,12 @@ impl MetadataStore for RedisStore {
             Value::Nil => return Ok(None),
             Value::Array(parts) => parts,
             other => {
-                return Err(StoreError::Unavailable(format!(
+                return Err(StoreError::unavailable(format!(
                     "unexpected reply reading {key}: {other:?}"
                 )));
             }
         };
-        let corrupt = |reason: &str| StoreError::Corrupt {
-            key: key.clone(),
-            reason: reason.into(),
-        };
+        let corrupt = |reason: &str| StoreError::corrupt(&key, reason);
         let [revision, doc, flat] = parts.as_slice() else {
             return Err(corrupt("unexpected shape of the stored group"));
         };
@@ -996,7 +951,7 @@ impl MetadataStore for RedisStore {
             })
             .collect();
         match status.as_slice() {
-            [-1, _] => Err(StoreError::Conflict(format!(
+            [-1, _] => Err(StoreError::conflict(format!(
                 "{key} (member {} was heard from after it was found silent)",
                 reply.get(2).and_then(text).unwrap_or_default()
             ))),
@@ -1154,7 +1109,7 @@ impl MetadataStore for RedisStore {
             tokio::spawn(self.clone().flush_touches(key));
         }
         answer.await.map_err(|_| {
-            StoreError::Unavailable("the steady-heartbeat batch was abandoned".into())
+            StoreError::unavailable("the steady-heartbeat batch was abandoned".into())
         })?
     }
 

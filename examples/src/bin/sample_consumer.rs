@@ -23,6 +23,7 @@ use clap::Parser;
 use rsc_client::prelude::*;
 use rsc_examples::health::Health;
 use rsc_examples::unix_ms;
+use rsc_redis::LazyRedis;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -100,48 +101,8 @@ struct Sample {
 struct Pod {
     handle: Duration,
     fail_rate: f64,
-    record: Option<(String, RecordConn)>,
-}
-
-/// Where handlings are recorded: the data Redis, standalone or cluster.
-#[derive(Clone)]
-enum RecordConn {
-    Single(redis::aio::ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
-    Sentinel(rsc_redis::sentinel::SentinelRedis),
-}
-
-impl RecordConn {
-    async fn open(
-        url: &str,
-        cluster: bool,
-        sentinel: Option<&rsc_redis::sentinel::SentinelRedis>,
-    ) -> anyhow::Result<Self> {
-        if let Some(s) = sentinel {
-            return Ok(RecordConn::Sentinel(s.clone()));
-        }
-        if cluster {
-            let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
-            let client = redis::cluster::ClusterClient::new(seeds).context("--redis-url")?;
-            return Ok(RecordConn::Cluster(client.get_async_connection().await?));
-        }
-        let client = redis::Client::open(url).context("--redis-url")?;
-        Ok(RecordConn::Single(
-            redis::aio::ConnectionManager::new_lazy_with_config(
-                client,
-                redis::aio::ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(Duration::from_secs(5))),
-            )?,
-        ))
-    }
-
-    async fn query(&self, cmd: &redis::Cmd) -> redis::RedisResult<String> {
-        match self {
-            RecordConn::Single(c) => cmd.query_async(&mut c.clone()).await,
-            RecordConn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-            RecordConn::Sentinel(s) => cmd.query_async(&mut s.get().await?).await,
-        }
-    }
+    /// Where handlings are recorded: the stream key on the data Redis.
+    record: Option<(String, LazyRedis)>,
 }
 
 impl Pod {
@@ -177,7 +138,7 @@ impl Pod {
                 .arg(started_ms)
                 .arg("finished_ms")
                 .arg(finished_ms);
-            conn.query(&cmd).await?;
+            let _: String = cmd.query_async(&mut conn.clone()).await?;
         }
         Ok(())
     }
@@ -192,16 +153,13 @@ async fn main() -> anyhow::Result<()> {
         "--fail-rate must be within 0..=1"
     );
     let metrics = rsc_examples::install_metrics()?;
-    let sentinel = match (&args.redis_sentinel, &args.redis_sentinel_master) {
-        (Some(addrs), Some(master)) => Some(rsc_examples::sentinel(
-            addrs,
-            master,
-            &args.redis_url,
-            std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
-        )?),
-        _ => None,
-    };
-    let pod = Pod::new(&args, sentinel.as_ref()).await?;
+    let sentinel = args
+        .redis_sentinel
+        .as_deref()
+        .zip(args.redis_sentinel_master.as_deref());
+    let data = rsc_examples::data_redis(&args.redis_url, args.redis_cluster, sentinel)
+        .context("--redis-url")?;
+    let pod = Pod::new(&args, &data);
     let app = consumer_app(&args, pod)?;
     tracing::info!(members = ?app.member_ids(), "sample consumer starting");
     let Some(addr) = args.health_listen else {
@@ -209,30 +167,20 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-    if let Some(s) = sentinel {
-        health = health.sentinel(s);
+    if sentinel.is_some() {
+        health = health.sentinel(data);
     }
     run_with_health(app, health, addr).await
 }
 
 impl Pod {
     /// The pod's handling settings, and its connection to the record stream if it has one.
-    async fn new(
-        args: &Args,
-        sentinel: Option<&rsc_redis::sentinel::SentinelRedis>,
-    ) -> anyhow::Result<Self> {
-        let record = match &args.record_stream {
-            Some(key) => Some((
-                key.clone(),
-                RecordConn::open(&args.redis_url, args.redis_cluster, sentinel).await?,
-            )),
-            None => None,
-        };
-        Ok(Pod {
+    fn new(args: &Args, data: &LazyRedis) -> Self {
+        Pod {
             handle: Duration::from_millis(args.handle_ms),
             fail_rate: args.fail_rate,
-            record,
-        })
+            record: args.record_stream.clone().map(|key| (key, data.clone())),
+        }
     }
 }
 

@@ -185,11 +185,10 @@ async fn serve_health(
 ) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
-        health = health.sentinel(rsc_examples::sentinel(
-            addrs,
-            master,
+        health = health.sentinel(rsc_examples::data_redis(
             &args.redis_url,
-            std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
+            false,
+            Some((addrs, master)),
         )?);
     }
     let listener = tokio::net::TcpListener::bind(addr)

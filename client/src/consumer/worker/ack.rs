@@ -4,11 +4,12 @@
 use super::{ShardFlags, ShardWorker};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::fence;
-use crate::data::{NodeConn, SharedConn};
+use crate::data::NodeConn;
 use crate::error::ClientError;
 use crate::message::{AckPath, Origin};
 use futures::future::BoxFuture;
 use redis::RedisError;
+use rsc_redis::LazyRedis;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
@@ -64,12 +65,12 @@ impl ShardWorker {
 /// the shard's owner token under strict fencing.
 #[derive(Debug)]
 pub(super) struct ManualAcks {
-    conn: SharedConn,
+    conn: LazyRedis,
     flags: Arc<ShardFlags>,
 }
 
 impl ManualAcks {
-    pub(super) fn new(conn: SharedConn, flags: Arc<ShardFlags>) -> Self {
+    pub(super) fn new(conn: LazyRedis, flags: Arc<ShardFlags>) -> Self {
         ManualAcks { conn, flags }
     }
 

@@ -1,0 +1,292 @@
+//! Store decorators that cannot skip a method.
+//!
+//! A decorator (metrics, audit recording, a test's gate) is a [`StoreLayer`]: it hooks the
+//! calls it cares about and nothing else. [`Layered`] is the one [`MetadataStore`] that
+//! forwards every method to the store it wraps, written once here; a method added to the
+//! trait fails to compile until it is forwarded here, so no decorator silently takes a
+//! slower path (the trait has no default bodies for the same reason).
+
+use super::{
+    AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore, SteadyTouch, StoreError,
+    TouchOutcome, Versioned,
+};
+use crate::engine::{GroupDoc, StreamDoc};
+use async_trait::async_trait;
+use rsc_protocol::AuditEntry;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+/// A document a successful write changed ([`StoreLayer::wrote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Document<'a> {
+    /// A group document.
+    Group(&'a str),
+    /// A stream document.
+    Stream(&'a str),
+}
+
+impl std::fmt::Display for Document<'_> {
+    /// `group:NAME` or `stream:NAME`, as the audit log names documents.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Document::Group(g) => write!(f, "group:{g}"),
+            Document::Stream(s) => write!(f, "stream:{s}"),
+        }
+    }
+}
+
+/// What a decorator adds to the store it wraps. Both hooks default to doing nothing; the
+/// forwarding itself is [`Layered`]'s.
+pub trait StoreLayer: Send + Sync + std::fmt::Debug + 'static {
+    /// Runs `call`, one call of the wrapped store; `operation` is the method's name
+    /// (`"load_group"`, `"touch_steady"`, …). The call starts when the returned future is
+    /// first polled; the default runs it as it is.
+    fn around<T: Send>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send {
+        let _ = operation;
+        call
+    }
+
+    /// Called after a successful write moved `document` from revision `before` to `after`
+    /// (0: deleted), inside [`Self::around`].
+    fn wrote(&self, document: Document<'_>, before: u64, after: u64) {
+        let _ = (document, before, after);
+    }
+}
+
+/// A [`MetadataStore`] that forwards every call to `inner` through `layer`'s hooks.
+#[derive(Debug)]
+pub struct Layered<L> {
+    inner: Arc<dyn MetadataStore>,
+    layer: L,
+}
+
+impl<L: StoreLayer> Layered<L> {
+    /// Wraps `inner` in `layer`.
+    pub fn with_layer(inner: Arc<dyn MetadataStore>, layer: L) -> Self {
+        Layered { inner, layer }
+    }
+
+    /// The layer.
+    pub fn layer(&self) -> &L {
+        &self.layer
+    }
+}
+
+impl<L: StoreLayer + Default> Layered<L> {
+    /// Wraps `inner` in a default `L`.
+    pub fn new(inner: Arc<dyn MetadataStore>) -> Self {
+        Self::with_layer(inner, L::default())
+    }
+}
+
+#[async_trait]
+impl<L: StoreLayer> MetadataStore for Layered<L> {
+    async fn load_group(&self, group: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError> {
+        let call = self.inner.load_group(group);
+        self.layer.around("load_group", call).await
+    }
+    async fn load_stream(&self, stream: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError> {
+        let call = self.inner.load_stream(stream);
+        self.layer.around("load_stream", call).await
+    }
+    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
+        let call = async {
+            let after = self.inner.put_group(doc, expected).await?;
+            self.layer
+                .wrote(Document::Group(&doc.group), expected, after);
+            Ok(after)
+        };
+        self.layer.around("put_group", call).await
+    }
+    async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
+        let call = async {
+            self.inner.delete_group(group, expected).await?;
+            self.layer.wrote(Document::Group(group), expected, 0);
+            Ok(())
+        };
+        self.layer.around("delete_group", call).await
+    }
+    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+        let call = async {
+            let after = self.inner.put_stream(doc, expected).await?;
+            self.layer
+                .wrote(Document::Stream(&doc.stream), expected, after);
+            Ok(after)
+        };
+        self.layer.around("put_stream", call).await
+    }
+    async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
+        let call = self.inner.list_groups();
+        self.layer.around("list_groups", call).await
+    }
+    async fn list_streams(&self) -> Result<Vec<String>, StoreError> {
+        let call = self.inner.list_streams();
+        self.layer.around("list_streams", call).await
+    }
+    async fn lock(&self, resource: &LockResource) -> Result<LockGuard, StoreError> {
+        let call = self.inner.lock(resource);
+        self.layer.around("lock", call).await
+    }
+    async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError> {
+        let call = self.inner.liveness(group);
+        self.layer.around("liveness", call).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        let call = self.inner.ping();
+        self.layer.around("ping", call).await
+    }
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let call = self.inner.append_audit(entry);
+        self.layer.around("append_audit", call).await
+    }
+    async fn read_audit(
+        &self,
+        limit: usize,
+        filter: &AuditFilter,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let call = self.inner.read_audit(limit, filter);
+        self.layer.around("read_audit", call).await
+    }
+    async fn load_group_live(
+        &self,
+        group: &str,
+    ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError> {
+        let call = self.inner.load_group_live(group);
+        self.layer.around("load_group_live", call).await
+    }
+    async fn put_group_live(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        change: &LivenessChange,
+    ) -> Result<u64, StoreError> {
+        let call = async {
+            let after = self.inner.put_group_live(doc, expected, change).await?;
+            self.layer
+                .wrote(Document::Group(&doc.group), expected, after);
+            Ok(after)
+        };
+        self.layer.around("put_group_live", call).await
+    }
+    async fn touch_if(
+        &self,
+        group: &str,
+        revision: u64,
+        member: &str,
+        now_ms: u64,
+        max_silence_ms: Option<u64>,
+    ) -> Result<TouchOutcome, StoreError> {
+        let call = self
+            .inner
+            .touch_if(group, revision, member, now_ms, max_silence_ms);
+        self.layer.around("touch_if", call).await
+    }
+    async fn stream_revision(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let call = self.inner.stream_revision(stream);
+        self.layer.around("stream_revision", call).await
+    }
+    async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
+        let call = self.inner.group_revision(group);
+        self.layer.around("group_revision", call).await
+    }
+    async fn lower_deadline(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: u64,
+    ) -> Result<(), StoreError> {
+        let call = self.inner.lower_deadline(group, revision, deadline_ms);
+        self.layer.around("lower_deadline", call).await
+    }
+    async fn reschedule(
+        &self,
+        group: &str,
+        revision: u64,
+        deadline_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.reschedule(group, revision, deadline_ms);
+        self.layer.around("reschedule", call).await
+    }
+    async fn claim_due(
+        &self,
+        buckets: &[u32],
+        now_ms: u64,
+        claim_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let call = self.inner.claim_due(buckets, now_ms, claim_ms, limit);
+        self.layer.around("claim_due", call).await
+    }
+    async fn register_coordinator(
+        &self,
+        id: &str,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let call = self.inner.register_coordinator(id, now_ms, ttl_ms);
+        self.layer.around("register_coordinator", call).await
+    }
+    async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
+        let call = self.inner.touch_steady(t);
+        self.layer.around("touch_steady", call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::RevisionRecordingStore;
+    use crate::engine::GroupConfig;
+    use crate::metrics::InstrumentedStore;
+    use crate::store::MemoryStore;
+    use std::sync::Mutex;
+
+    /// Records the name of every call that reaches the store it wraps.
+    #[derive(Debug, Default)]
+    struct Calls(Arc<Mutex<Vec<&'static str>>>);
+
+    impl StoreLayer for Calls {
+        fn around<T: Send>(
+            &self,
+            operation: &'static str,
+            call: impl Future<Output = Result<T, StoreError>> + Send,
+        ) -> impl Future<Output = Result<T, StoreError>> + Send {
+            self.0.lock().unwrap().push(operation);
+            call
+        }
+    }
+
+    #[tokio::test]
+    async fn decorated_stores_keep_the_fast_paths() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let counted = Layered::with_layer(Arc::new(MemoryStore::new()), Calls(calls.clone()));
+        let store =
+            RevisionRecordingStore::new(Arc::new(InstrumentedStore::new(Arc::new(counted))));
+        let stream = StreamDoc::new("s", 2, 0).unwrap();
+        store.put_stream(&stream, 0).await.unwrap();
+        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        store.put_group(&group, 0).await.unwrap();
+        calls.lock().unwrap().clear();
+        let touch = SteadyTouch {
+            group: "g",
+            revision: 1,
+            stream: "s",
+            stream_revision: 1,
+            member: "m",
+            now_ms: 1_000,
+            max_silence_ms: 500,
+        };
+        store.touch_steady(&touch).await.unwrap();
+        assert_eq!(store.group_revision("g").await.unwrap(), Some(1));
+        assert_eq!(
+            *calls.lock().unwrap(),
+            ["touch_steady", "group_revision"],
+            "each call reaches the inner store as itself, not as a default's parts"
+        );
+    }
+}
