@@ -1,5 +1,5 @@
 //! The code's structure, kept true by tests (issue 21): no import circle between the
-//! top-level modules of a library crate, and no function longer than 80 lines in the
+//! top-level modules of a library crate (test modules aside), and no function longer than 80 lines in the
 //! libraries' non-test code (the request, heartbeat and read paths live there).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,7 +110,10 @@ fn module_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
         let Some(from) = top_module(&src, f) else {
             continue;
         };
-        let code = code_only(&fs::read_to_string(f).expect("readable source"));
+        let text = fs::read_to_string(f).expect("readable source");
+        // Test modules (the last item of a file, by rustfmt's layout) may use anything.
+        let text = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+        let code = code_only(text);
         let edges = graph.entry(from.clone()).or_default();
         for to in crate_refs(&code) {
             if to != from && modules.contains(&to) {
