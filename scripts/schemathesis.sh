@@ -73,11 +73,11 @@ curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: appli
     -d '{"protocol_version":1,"member_id":"10.0.0.7-billing-0","member_epoch":0}' \
     "$BASE/v1/groups/billing/heartbeat"
 
-# Every check runs except two heuristics that contradict the SPEC on purpose:
+# Every check runs except two heuristics that contradict the protocol on purpose:
 # - positive_data_acceptance: schema-valid is not always protocol-valid (heartbeat_interval_ms
 #   must be below session_timeout_ms, an epoch must be the member's, 1.0 is not a u32 in serde);
 # - ensure_resource_availability: after a group is created, a heartbeat from a member the
-#   group does not know is 404 UNKNOWN_MEMBER_ID (SPEC §4), which it reads as "not created".
+#   group does not know is 404 UNKNOWN_MEMBER_ID (PROTOCOL §4), which it reads as "not created".
 # One per-operation exception, for the same reason: POST /v1/heartbeats answers a schema-
 # invalid item (a bad group name, a protocol_version other than 1, ...) inside a 200, in that
 # item's own result, exactly as the single heartbeat route would answer it; only a malformed

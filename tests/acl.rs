@@ -278,7 +278,7 @@ async fn every_role_on_every_route() {
                 ));
                 continue;
             }
-            // Refusals carry the SPEC error body.
+            // Refusals carry the protocol error body.
             let expected_code = match want {
                 401 => Some("UNAUTHENTICATED"),
                 403 => Some("FORBIDDEN"),

@@ -449,7 +449,7 @@ async fn errors_and_exit_statuses() {
         r.stderr,
         "error: GROUP_NOT_FOUND: group nope does not exist\n"
     );
-    // A name the SPEC forbids reaches the coordinator encoded, and is refused by it.
+    // A name the protocol forbids reaches the coordinator encoded, and is refused by it.
     cli(&url, &["group", "describe", "a/b"]).refused("INVALID_REQUEST");
     cli(
         &url,

@@ -1,6 +1,6 @@
 //! The HTTP API of a real `rsc-coordinator` process, on every store backend: the protocol
 //! (join, revoke before assign, fencing, leave, expiry by the background sweep), the admin
-//! routes, and every SPEC §4 error code reachable without an ACL.
+//! routes, and every PROTOCOL §4 error code reachable without an ACL.
 
 use reqwest::{Method, StatusCode};
 use rsc_e2e::{Api, Backend, Stack, code, store_suite};

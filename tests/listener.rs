@@ -101,7 +101,7 @@ async fn every_message_is_handled_once_in_key_order() {
         .map(|r| (r.shard, r.entry_id.as_str()))
         .collect();
     assert_eq!(entries.len() as u64, count, "one record per shard entry");
-    // Each message was read from the shard the SPEC §3 hash routes its key to.
+    // Each message was read from the shard the PROTOCOL §3 hash routes its key to.
     for r in &records {
         assert_eq!(r.shard, shard_for_key(r.key.as_bytes(), SHARDS), "{r:?}");
         assert!(r.finished_ms >= r.started_ms);

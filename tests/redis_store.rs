@@ -26,7 +26,7 @@ const HEARTBEAT_MS: u64 = 40;
 // The simulated members and the safety check.
 
 /// What every member currently believes it may process, and when it sent the heartbeat
-/// that last succeeded (it self-fences `FENCE` after that, like the client: SPEC §5.3).
+/// that last succeeded (it self-fences `FENCE` after that, like the client: PROTOCOL §5.3).
 #[derive(Debug, Default)]
 struct World {
     coordinators: Vec<Api>,

@@ -1,4 +1,4 @@
-//! Resharding and rollback end to end under continuous production (SPEC §6): a real
+//! Resharding and rollback end to end under continuous production (PROTOCOL §6): a real
 //! redis-server, a real coordinator (memory store, with the data Redis configured), two
 //! sample-consumer pods × concurrency 2, a sample-producer process and two in-test producers
 //! (one up to date, one whose routing is deliberately stale).

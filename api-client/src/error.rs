@@ -34,13 +34,13 @@ pub enum ErrorKind {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum CoordinatorError {
-    /// The coordinator answered with a SPEC error body.
+    /// The coordinator answered with a protocol error body.
     Api {
         /// The coordinator that answered (its base URL).
         url: String,
         /// HTTP status.
         status: u16,
-        /// The SPEC error code.
+        /// The protocol error code.
         code: ErrorCode,
         /// The human-readable message.
         message: String,
@@ -86,7 +86,7 @@ impl CoordinatorError {
     }
 
     /// Whether the same request may succeed later (or on another coordinator): transport
-    /// errors, 5xx, 429 and the retryable SPEC codes ([`ErrorCode::is_retryable`]). A
+    /// errors, 5xx, 429 and the retryable protocol codes ([`ErrorCode::is_retryable`]). A
     /// refusal (bad token, missing scope, invalid request, unknown group) is not.
     pub fn is_retriable(&self) -> bool {
         match self {
@@ -97,7 +97,7 @@ impl CoordinatorError {
         }
     }
 
-    /// The SPEC error code, when the coordinator answered with one.
+    /// The protocol error code, when the coordinator answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             CoordinatorError::Api { code, .. } => Some(*code),

@@ -147,7 +147,7 @@ pub enum ConfigError {
     /// A listener's concurrency is 0.
     #[error("listener {0}: concurrency must be at least 1")]
     ZeroConcurrency(String),
-    /// A group, stream or member id is not a valid name (SPEC §1).
+    /// A group, stream or member id is not a valid name (PROTOCOL §1).
     #[error("listener {listener}: {reason}")]
     InvalidName {
         /// The listener.

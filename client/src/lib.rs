@@ -6,7 +6,7 @@
 //!   [`ConsumerApp`]. Each listener runs `concurrency` members of its consumer group; the
 //!   coordinator gives each member a share of the stream's shards, and the framework reads,
 //!   retries, dead-letters and acknowledges — at-least-once, in order per shard.
-//! - **Producers**: [`producer::Producer`] routes each message to its shard by key (SPEC §3)
+//! - **Producers**: [`producer::Producer`] routes each message to its shard by key (PROTOCOL §3)
 //!   and writes it with `XADD`.
 //!
 //! ```

@@ -481,7 +481,7 @@ impl Listener {
     }
 
     /// How long a member works a draining shard before it may report it drained (default
-    /// 3 s; SPEC §6).
+    /// 3 s; PROTOCOL §6).
     ///
     /// Producers learn a reshard from their routing refresh (every second by default), so a
     /// draining shard can still receive entries for about that long after the switch. A

@@ -1,5 +1,5 @@
 //! The sticky assignor at 1,000 members × 4,096 shards: a full assignment and one join
-//! (SPEC §5.5 goal: < 1 ms and < 0.3 ms on one core).
+//! (PROTOCOL §5.5 goal: < 1 ms and < 0.3 ms on one core).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use rsc_coordinator::assignor::{Assignor, AssignorMember, StickyAssignor};

@@ -48,7 +48,7 @@ pub struct ServeArgs {
     /// Metadata store [default: memory].
     #[arg(long, env = "RSC_STORE", value_enum)]
     pub store: Option<StoreKind>,
-    /// ACL file (TOML, SPEC §8). Without one every request is served as `anonymous`.
+    /// ACL file (TOML, PROTOCOL §8). Without one every request is served as `anonymous`.
     #[arg(long, env = "RSC_ACL")]
     pub acl: Option<PathBuf>,
     /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With

@@ -1,4 +1,4 @@
-//! [`ApiError`]: the one place where failures become SPEC error bodies and statuses.
+//! [`ApiError`]: the one place where failures become protocol error bodies and statuses.
 //!
 //! Its own module, below both [`crate::api`] (the handlers) and [`crate::auth`] (the
 //! authentication and authorization layer), which both answer with it.
@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use rsc_protocol::{ErrorBody, ErrorCode, ErrorDetail};
 
-/// An error answer: a SPEC code and a human message.
+/// An error answer: a protocol error code and a human message.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     /// The code; decides the status.
@@ -30,7 +30,7 @@ impl ApiError {
         }
     }
 
-    /// The `error` object of the SPEC error body (an item of a batch answer carries it
+    /// The `error` object of the protocol error body (an item of a batch answer carries it
     /// beside [`ErrorCode::http_status`] instead of answering with it).
     pub(crate) fn into_detail(self) -> ErrorDetail {
         ErrorDetail {

@@ -12,7 +12,7 @@
 //! - [`store`]: where the documents live ([`store::MemoryStore`] for development);
 //! - [`service`]: sequences store reads, engine decisions and store writes under locks;
 //! - `api`: the axum HTTP edge; `http_error`, below it and `auth`, the only place errors
-//!   become SPEC error codes;
+//!   become protocol error codes;
 //! - `dashboard`: the live operator page at `GET /`;
 //! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`);
 //! - `auth`, `audit`, `metrics`, `wake`: ACL and rate limit, the audit trail, Prometheus

@@ -1,4 +1,4 @@
-//! Deletion of retired shard keys from the data Redis (SPEC §6).
+//! Deletion of retired shard keys from the data Redis (PROTOCOL §6).
 //!
 //! A scale-down retires shards once every group drained them; their keys stay in the data
 //! Redis while the reshard may still be rolled back. Once the latest reshard of the stream

@@ -1,4 +1,4 @@
-//! Property tests of the sticky assignor (SPEC §5.5).
+//! Property tests of the sticky assignor (PROTOCOL §5.5).
 
 use proptest::prelude::*;
 use rsc_coordinator::assignor::{Assignor, AssignorMember, StickyAssignor};

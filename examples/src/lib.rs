@@ -1,4 +1,4 @@
-//! Sample pods of Redis Stream Coordinator (SPEC §8) and a minimal listener to copy.
+//! Sample pods of Redis Stream Coordinator (PROTOCOL §8) and a minimal listener to copy.
 //!
 //! - `sample-consumer`: a consumer pod with flags for tests and demos (handling time, failure
 //!   rate, a record stream of every successful handling).

@@ -1,7 +1,6 @@
 //! [`LazyRedis`]: one handle for a standalone Redis, a Redis Cluster or a master found
 //! through Redis Sentinel, and [`Conn`], the routed connection it hands out.
 
-use crate::node::NodeConn;
 use crate::sentinel::{SentinelConfig, SentinelConn, SentinelError, SentinelRedis, SentinelTarget};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -142,7 +141,8 @@ pub(crate) struct Inner {
 ///
 /// [`LazyRedis::get`] hands out a routed [`Conn`]; the handle itself also implements
 /// [`ConnectionLike`], connecting (or finding the current master) for each command.
-/// [`LazyRedis::dedicated`] makes a [`NodeConn`], a connection of its own to one node.
+/// [`LazyRedis::dedicated`] makes a [`NodeConn`](crate::NodeConn), a connection of its own
+/// to one node.
 #[derive(Clone)]
 pub struct LazyRedis(pub(crate) Arc<Inner>);
 
@@ -279,12 +279,6 @@ impl LazyRedis {
             // Boxed: the look-up future is large and would nest into every caller.
             Backend::Sentinel(s) => Box::pin(s.get()).await.map(Conn::Sentinel),
         }
-    }
-
-    /// A connection of its own to one node (see [`NodeConn`]); `response_timeout` must
-    /// exceed any `BLOCK` sent on it.
-    pub fn dedicated(&self, response_timeout: Duration) -> NodeConn {
-        NodeConn::new(self.clone(), response_timeout)
     }
 }
 

@@ -10,6 +10,15 @@ use redis::{
 use std::time::Duration;
 use tracing::{debug, info};
 
+impl LazyRedis {
+    /// A connection of its own to one node (see [`NodeConn`]); `response_timeout` must
+    /// exceed any `BLOCK` sent on it. (Defined beside [`NodeConn`], so that the routed
+    /// connection's module does not depend on this one.)
+    pub fn dedicated(&self, response_timeout: Duration) -> NodeConn {
+        NodeConn::new(self.clone(), response_timeout)
+    }
+}
+
 /// A connection of its own to the node that serves the keys it is used for (one shard's
 /// stream and its owner key), made by [`LazyRedis::dedicated`].
 ///

@@ -29,7 +29,7 @@ use std::fmt;
 /// the protocol can produce (a heartbeat interval, 250 ms here).
 pub(crate) const CLOCK_MARGIN_MS: u64 = 5;
 
-/// One entry of the record stream (SPEC §8, `sample-consumer --record-stream`).
+/// One entry of the record stream (PROTOCOL §8, `sample-consumer --record-stream`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Handled {
     /// Redis id of the handled entry (in its shard stream).

@@ -1,6 +1,6 @@
 //! P2: the sticky assignor at 1,000 members × 4,096 shards, timed directly in a release
 //! binary: a full assignment (every member new) and one join to a balanced group.
-//! Goal (SPEC §5.5): < 1 ms and < 0.3 ms. Each repetition is the mean of a batch of calls;
+//! Goal (PROTOCOL §5.5): < 1 ms and < 0.3 ms. Each repetition is the mean of a batch of calls;
 //! the table gives the median, min and max of the repetitions.
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! The drain check of a draining shard (SPEC §6), made when the member reports it.
+//! The drain check of a draining shard (PROTOCOL §6), made when the member reports it.
 //!
 //! A shard is drained for a group when nothing is pending in the group (every delivered entry
 //! was acknowledged) and nothing is undelivered (the group's last-delivered id has reached the

@@ -1,10 +1,10 @@
 //! The member's lease: how long it may keep handling messages without a successful heartbeat
-//! (SPEC §5.3 self-fencing). Pure: time is passed in.
+//! (PROTOCOL §5.3 self-fencing). Pure: time is passed in.
 
 use std::time::{Duration, Instant};
 
 /// The share of the session timeout kept as a safety margin: the member stops handling this
-/// long before the coordinator could expire it (the SPEC asks for at least 10%).
+/// long before the coordinator could expire it (the protocol asks for at least 10%).
 pub(crate) const SAFETY_MARGIN_PERCENT: u32 = 20;
 
 /// Tracks when the last successful heartbeat was *sent* (monotonic clock), and whether the

@@ -1,4 +1,4 @@
-//! The member runtime: one logical member of a consumer group (SPEC §5, client side).
+//! The member runtime: one logical member of a consumer group (PROTOCOL §5, client side).
 //!
 //! A single task owns the member's state and never waits on a handler: it multiplexes the
 //! heartbeat timer, the heartbeat in flight, the lease deadline, shard workers finishing, and

@@ -1,7 +1,7 @@
 //! The consumer side: one member runtime per listener × concurrency index.
 //!
 //! - [`member`]: joins the group, heartbeats on its own task (never waiting on handlers),
-//!   reconciles its shards with each answer (revoke before assign, SPEC §5.2), self-fences
+//!   reconciles its shards with each answer (revoke before assign, PROTOCOL §5.2), self-fences
 //!   when its lease runs out, rejoins after `UNKNOWN_MEMBER_ID` / `FENCED_MEMBER_EPOCH`, and
 //!   leaves on shutdown.
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the

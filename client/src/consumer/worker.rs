@@ -46,7 +46,7 @@ mod takeover;
 /// Flags the member and its worker share for one shard.
 #[derive(Debug, Default)]
 pub(crate) struct ShardFlags {
-    /// The shard is beyond the stream's shard count: it is being drained (SPEC §6).
+    /// The shard is beyond the stream's shard count: it is being drained (PROTOCOL §6).
     pub(crate) draining: AtomicBool,
     /// The worker found the draining shard empty (nothing pending, nothing unread).
     pub(crate) drained: AtomicBool,

@@ -1,4 +1,4 @@
-//! The producer: routes each message to its shard (SPEC §3) and `XADD`s it there.
+//! The producer: routes each message to its shard (PROTOCOL §3) and `XADD`s it there.
 //!
 //! The routing (shard count, routing epoch) comes from the coordinator and is cached; it is
 //! refreshed in the background once older than the refresh interval (default 1 s), so a

@@ -57,7 +57,7 @@ impl Routing {
         })
     }
 
-    /// The shard a message goes to: the SPEC §3 hash of its key, or round-robin (`seq`) for
+    /// The shard a message goes to: the PROTOCOL §3 hash of its key, or round-robin (`seq`) for
     /// messages without a key.
     pub fn shard_for(&self, key: Option<&[u8]>, seq: u64) -> u32 {
         match key {

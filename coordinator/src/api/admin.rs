@@ -137,7 +137,7 @@ async fn remove_member(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Start resharding a stream to a new shard count (SPEC §6).
+/// Start resharding a stream to a new shard count (PROTOCOL §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/reshard", tag = "admin",
     params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
@@ -156,7 +156,7 @@ async fn reshard(
     Ok((StatusCode::ACCEPTED, Json(view)))
 }
 
-/// Roll back the latest reshard of a stream (SPEC §6).
+/// Roll back the latest reshard of a stream (PROTOCOL §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/rollback", tag = "admin",
     params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),

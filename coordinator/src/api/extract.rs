@@ -1,4 +1,4 @@
-//! Extractors and a JSON response whose rejections are SPEC error bodies ([`ApiError`]).
+//! Extractors and a JSON response whose rejections are protocol error bodies ([`ApiError`]).
 
 use crate::http_error::ApiError;
 use axum::extract::rejection::JsonRejection;
@@ -9,7 +9,7 @@ use rsc_protocol::ErrorCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// JSON extractor and response whose rejections are SPEC error bodies
+/// JSON extractor and response whose rejections are protocol error bodies
 /// (`INVALID_REQUEST`, `PAYLOAD_TOO_LARGE`).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Json<T>(pub T);

@@ -31,7 +31,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Heartbeat: join (epoch 0), stay (current epoch) or leave (epoch -1); answers the
-/// member's assignment (SPEC §5).
+/// member's assignment (PROTOCOL §5).
 #[utoipa::path(
     post, path = "/v1/groups/{group}/heartbeat", tag = "members",
     params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),

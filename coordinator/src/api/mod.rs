@@ -1,7 +1,7 @@
 //! The HTTP edge (axum): routers by audience, one error type, JSON in and out.
 //!
 //! Handlers are a few lines each: extract, call the [`Coordinator`], answer. Every failure
-//! becomes the SPEC's error body in exactly one place ([`ApiError`]'s `IntoResponse`).
+//! becomes the protocol's error body in exactly one place ([`ApiError`]'s `IntoResponse`).
 //! Routes are registered with their OpenAPI description (`utoipa_axum::routes!`), so the
 //! router and [`openapi()`] come from the same list; access is decided per route by
 //! [`crate::auth::enforce`] from [`crate::auth::policy::ROUTES`].
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 
-/// The default request body limit (SPEC §4: 64 KiB).
+/// The default request body limit (PROTOCOL §4: 64 KiB).
 pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
 /// Shared state of every handler.
@@ -59,7 +59,7 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The whole `/v1` API plus health, metrics and the OpenAPI document, behind the access
-/// middleware, with the SPEC's fallbacks for unknown routes and methods and the body size
+/// middleware, with the protocol's fallbacks for unknown routes and methods and the body size
 /// limit.
 pub(crate) fn router(state: AppState, body_limit: usize) -> Router {
     let (router, _) = routes().split_for_parts();

@@ -51,7 +51,9 @@ impl Modify for BearerScheme {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("A token from the coordinator's ACL file (SPEC §8)."))
+                    .description(Some(
+                        "A token from the coordinator's ACL file (PROTOCOL §8).",
+                    ))
                     .build(),
             ),
         );

@@ -1,4 +1,4 @@
-//! Shard assignors: who should own which shard (the target assignment, SPEC §5.5).
+//! Shard assignors: who should own which shard (the target assignment, PROTOCOL §5.5).
 //!
 //! An assignor is a pure function of the member list, the assignable shards and the previous
 //! target. [`StickyAssignor`] is the default; others can be added behind the [`Assignor`]

@@ -2,7 +2,7 @@
 
 use super::{Assignor, AssignorMember};
 
-/// Balanced sticky assignment (SPEC §5.5).
+/// Balanced sticky assignment (PROTOCOL §5.5).
 ///
 /// With `S` shards and `M` members every member gets `⌊S/M⌋` shards and `S mod M` of them one
 /// more. The members allowed the extra shard are those that already keep the most shards

@@ -1,4 +1,4 @@
-//! The audit trail of admin mutations (SPEC §7).
+//! The audit trail of admin mutations (PROTOCOL §7).
 //!
 //! Every admin request, allowed or refused (401, 403, 429, 4xx, 5xx), becomes one
 //! [`AuditEntry`]: time, principal, action, target, request, result and the revisions of

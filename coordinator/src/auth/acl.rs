@@ -1,4 +1,4 @@
-//! The ACL file (SPEC §8) and token authentication.
+//! The ACL file (PROTOCOL §8) and token authentication.
 //!
 //! ```toml
 //! [[tokens]]
@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-/// A role (SPEC §4).
+/// A role (PROTOCOL §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Role {

@@ -1,5 +1,5 @@
 //! Glob patterns of ACL scopes: `*` matches any run of characters (also none), `?` exactly
-//! one; every other character matches itself. Names cannot contain `*` or `?` (SPEC §1), so
+//! one; every other character matches itself. Names cannot contain `*` or `?` (PROTOCOL §1), so
 //! no escaping is needed.
 
 /// A compiled scope pattern, e.g. `orders*` or `*`.

@@ -1,4 +1,4 @@
-//! Authentication and authorization (SPEC §4, §8): the ACL file, bearer tokens, roles and
+//! Authentication and authorization (PROTOCOL §4, §8): the ACL file, bearer tokens, roles and
 //! glob scopes, the per-route access policy, and the admin rate limit.
 //!
 //! [`enforce`] is the axum middleware in front of every route. It looks the route up in

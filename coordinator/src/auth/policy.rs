@@ -1,4 +1,4 @@
-//! Who may call which route: the access policy table (SPEC §4).
+//! Who may call which route: the access policy table (PROTOCOL §4).
 //!
 //! [`ROUTES`] names every route the coordinator serves with its [`Access`]. The access
 //! middleware looks requests up here by method and matched path template; a matched route

@@ -1,4 +1,4 @@
-//! Per-principal token bucket for admin mutations (SPEC §7), on `governor`'s GCRA.
+//! Per-principal token bucket for admin mutations (PROTOCOL §7), on `governor`'s GCRA.
 //!
 //! The key is the principal's name, so the set of buckets is bounded by the ACL (plus
 //! `anonymous`). Heartbeats and reads never pass through here.

@@ -1,4 +1,4 @@
-//! The operators' CLI (SPEC §8): `rsc-coordinator group|stream|member …`.
+//! The operators' CLI (PROTOCOL §8): `rsc-coordinator group|stream|member …`.
 //!
 //! Every command is one or two calls to the coordinator's `/v1` API through the shared
 //! [`rsc_api::CoordinatorClient`]. Human

@@ -1,4 +1,4 @@
-//! The operators' live page at `GET /` (SPEC §4): groups, members, a shard ownership grid
+//! The operators' live page at `GET /` (PROTOCOL §4): groups, members, a shard ownership grid
 //! (target vs current owner, pending revocations, draining shards, lag), reshard progress and
 //! recent audit entries, refreshed every second.
 //!

@@ -147,7 +147,7 @@ impl GroupDoc {
             .min()
     }
 
-    /// Handles one heartbeat (SPEC §5). On error the document is left unchanged.
+    /// Handles one heartbeat (PROTOCOL §5). On error the document is left unchanged.
     ///
     /// The steps: validate the request; by its epoch, leave (-1), step away (-2), join or
     /// rejoin (0), or check the member is not fenced (its current or tolerated previous
@@ -543,7 +543,7 @@ impl GroupDoc {
         }
     }
 
-    /// Bumps the group epoch and recomputes the target assignment, eagerly (SPEC §5.2).
+    /// Bumps the group epoch and recomputes the target assignment, eagerly (PROTOCOL §5.2).
     fn rebalance(&mut self, stream: &StreamDoc) {
         self.group_epoch += 1;
         self.layout_version = stream.layout_version;
@@ -572,7 +572,7 @@ impl GroupDoc {
         self.assignment_epoch = self.group_epoch;
     }
 
-    /// KIP-848's current-assignment rule for one member (SPEC §5.2). Returns the event when
+    /// KIP-848's current-assignment rule for one member (PROTOCOL §5.2). Returns the event when
     /// this heartbeat starts a revocation.
     fn reconcile(&mut self, id: &str, reported: BTreeSet<u32>, now_ms: u64) -> Option<GroupEvent> {
         let m = &self.members[id];

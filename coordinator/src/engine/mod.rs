@@ -116,7 +116,7 @@ impl GroupConfig {
 pub struct MemberDoc {
     /// Current epoch (the fencing token).
     pub member_epoch: i64,
-    /// The epoch before the last change, tolerated once (SPEC §5.4).
+    /// The epoch before the last change, tolerated once (PROTOCOL §5.4).
     pub previous_epoch: i64,
     /// Reconciliation state.
     pub state: MemberState,
@@ -177,7 +177,7 @@ impl MemberDoc {
     }
 }
 
-/// The whole state of a consumer group: ONE document (SPEC §2).
+/// The whole state of a consumer group: ONE document (PROTOCOL §2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupDoc {
     /// Group id.
@@ -202,7 +202,7 @@ pub struct GroupDoc {
     pub reconciling_since_ms: Option<u64>,
 }
 
-/// Why an engine operation was refused. Each maps to one SPEC error code.
+/// Why an engine operation was refused. Each maps to one protocol error code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     /// Bad input.
@@ -266,7 +266,7 @@ impl EngineError {
         }
     }
 
-    /// The SPEC error code for this refusal.
+    /// The protocol error code for this refusal.
     pub fn code(&self) -> ErrorCode {
         match self {
             EngineError::Invalid(_) => ErrorCode::InvalidRequest,

@@ -1,4 +1,4 @@
-//! Stream operations: layout, resharding, draining, rollback (SPEC §6).
+//! Stream operations: layout, resharding, draining, rollback (PROTOCOL §6).
 
 use super::{EngineError, MAX_SHARDS};
 use rsc_protocol::ShardState;
@@ -28,7 +28,7 @@ pub struct ReshardRecord {
     pub seals: BTreeMap<u32, String>,
 }
 
-/// The stream document: layout, routing epoch and reshard state (SPEC §2).
+/// The stream document: layout, routing epoch and reshard state (PROTOCOL §2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamDoc {
     /// Stream name.
@@ -142,7 +142,7 @@ impl StreamDoc {
         Ok(())
     }
 
-    /// Reshards back to the count before the latest reshard (SPEC §6).
+    /// Reshards back to the count before the latest reshard (PROTOCOL §6).
     pub fn rollback(&mut self, now_ms: u64, window_ms: u64) -> Result<(), EngineError> {
         let Some(last) = &self.last_reshard else {
             return Err(EngineError::NothingToRollback(format!(

@@ -1,4 +1,4 @@
-//! Read models: the JSON views of groups, streams and routing (SPEC §4).
+//! Read models: the JSON views of groups, streams and routing (PROTOCOL §4).
 
 use super::{GroupDoc, MemberDoc, ReshardRecord, StreamDoc};
 use rsc_protocol::routing::{HASH_NAME, shard_key};

@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §7), served at `GET /metrics`.
+//! Prometheus metrics (PROTOCOL §7), served at `GET /metrics`.
 //!
 //! Two sources make up a scrape:
 //! - **events** (counters and histograms) recorded through the `metrics` facade into the

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use tracing::{debug, warn};
 
 impl Coordinator {
-    /// Handles a heartbeat (SPEC §5).
+    /// Handles a heartbeat (PROTOCOL §5).
     pub async fn heartbeat(
         &self,
         group: &str,

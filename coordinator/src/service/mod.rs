@@ -6,7 +6,7 @@
 //! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
 //! Locks are taken stream first, then one group.
 //!
-//! A steady-state heartbeat (nothing to change, SPEC §5.1) skips all of that: the coordinator
+//! A steady-state heartbeat (nothing to change, PROTOCOL §5.1) skips all of that: the coordinator
 //! keeps the documents it last read or wrote, by revision, and answers from them when
 //! [`GroupDoc::steady_heartbeat`] says the heartbeat changes nothing, after one conditional
 //! liveness touch that succeeds only while the group and stream documents are still at those
@@ -78,7 +78,7 @@ impl Default for ServiceConfig {
     }
 }
 
-/// Why a service call failed. Each variant maps to one SPEC error code.
+/// Why a service call failed. Each variant maps to one protocol error code.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ServiceError {
     /// The protocol refused.
@@ -117,7 +117,7 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
-    /// The SPEC error code.
+    /// The protocol error code.
     pub fn code(&self) -> ErrorCode {
         match self {
             ServiceError::Engine(e) => e.code(),

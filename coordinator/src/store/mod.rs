@@ -5,7 +5,7 @@
 //! coordinator replicas, and liveness (last heartbeat per member) lives beside the group
 //! document so that a steady-state heartbeat does not rewrite it. [`MemoryStore`] is the
 //! in-process implementation (development default, one coordinator); [`RedisStore`] keeps the
-//! documents in Redis or Redis Cluster (SPEC §2) and is shared by several coordinators.
+//! documents in Redis or Redis Cluster (PROTOCOL §2) and is shared by several coordinators.
 //!
 //! ## Liveness
 //! Each member's liveness is the time it was last heard from. Every touch moves it strictly
@@ -115,7 +115,7 @@ pub struct SteadyTouch<'a> {
 /// the old one after the tombstone is gone.
 pub const TOMBSTONE_RETENTION: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// How many buckets the deadline index is split into (SPEC §2 extra: `P:due:{N}`). Each
+/// How many buckets the deadline index is split into (PROTOCOL §2 extra: `P:due:{N}`). Each
 /// bucket is one sorted set in its own cluster slot, so that no single key is hot and
 /// coordinators can divide the buckets among themselves.
 pub const DUE_BUCKETS: u32 = 16;
@@ -159,7 +159,7 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-/// Persistence of group and stream documents (SPEC §2).
+/// Persistence of group and stream documents (PROTOCOL §2).
 ///
 /// No method has a default body: each store answers each call its own (fastest) way, and a
 /// decorator is a [`StoreLayer`] inside [`Layered`], which forwards every method.
@@ -189,7 +189,7 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError>;
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
-    /// Appends one entry to the audit log (SPEC §7; Redis: `XADD rsc:audit MAXLEN ~`
+    /// Appends one entry to the audit log (PROTOCOL §7; Redis: `XADD rsc:audit MAXLEN ~`
     /// [`AUDIT_RETAINED`] with the entry as JSON). Keeps at least the newest
     /// [`AUDIT_RETAINED`] entries.
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;

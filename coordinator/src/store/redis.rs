@@ -1,4 +1,4 @@
-//! The Redis store (SPEC §2): the production store, shared by several coordinators, on a
+//! The Redis store (PROTOCOL §2): the production store, shared by several coordinators, on a
 //! standalone Redis or a Redis Cluster.
 //!
 //! Layout, with the configurable prefix `P` (default `rsc`):
@@ -64,7 +64,7 @@ pub struct RedisStoreConfig {
     /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
     /// credentials and database).
     pub sentinel: Option<rsc_redis::sentinel::SentinelTarget>,
-    /// Prefix of every key (SPEC §2 default `rsc`).
+    /// Prefix of every key (PROTOCOL §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
     pub connect_timeout: Duration,
@@ -243,7 +243,7 @@ struct WaitingTouch {
     reply: oneshot::Sender<Result<TouchOutcome, StoreError>>,
 }
 
-/// Group and stream documents in Redis (SPEC §2), safe for several coordinators.
+/// Group and stream documents in Redis (PROTOCOL §2), safe for several coordinators.
 ///
 /// Cheap to clone (one shared connection). Connects lazily: a coordinator started while
 /// Redis is down answers `503` until it is up.

@@ -1,4 +1,4 @@
-//! `sample-consumer`: a sample consumer pod (SPEC §8).
+//! `sample-consumer`: a sample consumer pod (PROTOCOL §8).
 //!
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \

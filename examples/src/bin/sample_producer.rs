@@ -1,4 +1,4 @@
-//! `sample-producer`: publishes `--count` keyed messages (SPEC §8).
+//! `sample-producer`: publishes `--count` keyed messages (PROTOCOL §8).
 //!
 //! ```text
 //! sample-producer --coordinator URL --redis-url URL --stream S --count N --keys K

@@ -206,7 +206,7 @@ fn int_value(value: &Expr, key: &str) -> syn::Result<u32> {
 }
 
 /// A group, stream or listener name: the protocol's name rule
-/// ([`rsc_protocol::names::NAME_PATTERN`], SPEC §1), checked at compile time.
+/// ([`rsc_protocol::names::NAME_PATTERN`], PROTOCOL §1), checked at compile time.
 fn name_value(value: &Expr, key: &str) -> syn::Result<String> {
     let s = str_value(value, key)?;
     match validate_name(key, &s) {
