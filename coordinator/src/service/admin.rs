@@ -4,7 +4,7 @@ use super::{Coordinator, Result, ServiceError, check_name, invalid};
 use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, stream_view,
 };
-use crate::store::{LockResource, StoreError, Versioned};
+use crate::store::{StoreError, Versioned};
 use rsc_protocol::{CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, StreamView};
 use std::collections::HashMap;
 use tracing::{info, warn};
@@ -85,11 +85,8 @@ impl Coordinator {
             crate::engine::validate_shard_count(n)?;
         }
         self.retrying(|| async {
-            let _s = self
-                .store
-                .lock(&LockResource::Stream(req.stream.clone()))
-                .await?;
-            let _g = self.store.lock(&LockResource::Group(req.group.clone())).await?;
+            let _s = self.lock_stream(&req.stream).await?;
+            let _g = self.lock_group(&req.group).await?;
             if self.store.load_group(&req.group).await?.is_some() {
                 return Err(ServiceError::GroupAlreadyExists(req.group.clone()));
             }
@@ -136,14 +133,8 @@ impl Coordinator {
         let stream_name = self.load_group(group).await?.doc.stream;
         let stream = self
             .retrying(|| async {
-                let _s = self
-                    .store
-                    .lock(&LockResource::Stream(stream_name.clone()))
-                    .await?;
-                let _g = self
-                    .store
-                    .lock(&LockResource::Group(group.to_owned()))
-                    .await?;
+                let _s = self.lock_stream(&stream_name).await?;
+                let _g = self.lock_group(group).await?;
                 let Versioned { revision, mut doc } = self.load_group(group).await?;
                 let stream = self.load_stream(&doc.stream).await?;
                 let now = self.now();
@@ -193,10 +184,7 @@ impl Coordinator {
     {
         let (doc, revision) = self
             .retrying(|| async {
-                let _s = self
-                    .store
-                    .lock(&LockResource::Stream(stream.to_owned()))
-                    .await?;
+                let _s = self.lock_stream(stream).await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
                 let before = doc.clone();
                 f(&mut doc, self.now())?;
@@ -265,10 +253,7 @@ impl Coordinator {
     ) -> Result<()> {
         let changed = self
             .retrying(|| async {
-                let _s = self
-                    .store
-                    .lock(&LockResource::Stream(stream.to_owned()))
-                    .await?;
+                let _s = self.lock_stream(stream).await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
                 let now = self.now();
                 // Prune names of groups that no longer exist (a create that crashed halfway).

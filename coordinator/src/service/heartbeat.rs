@@ -4,9 +4,7 @@ use super::{
     Coordinator, Result, check_name, departed, expire, invalid, log_events, track_convergence,
 };
 use crate::engine::{GroupDoc, GroupEvent};
-use crate::store::{
-    LivenessChange, LockResource, SteadyTouch, StoreError, TouchOutcome, Versioned,
-};
+use crate::store::{LivenessChange, SteadyTouch, StoreError, TouchOutcome, Versioned};
 use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
 use std::collections::HashMap;
 use tracing::{debug, warn};
@@ -111,10 +109,7 @@ impl Coordinator {
         group: &str,
         req: &HeartbeatRequest,
     ) -> Result<(HeartbeatResponse, Vec<u32>, String)> {
-        let _lock = self
-            .store
-            .lock(&LockResource::Group(group.to_owned()))
-            .await?;
+        let _lock = self.lock_group(group).await?;
         let Versioned { revision, mut doc } = self.load_group(group).await?;
         let stream = self.load_stream(&doc.stream).await?;
         let now = self.now();

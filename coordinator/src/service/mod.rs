@@ -38,7 +38,7 @@ use crate::clock::Clock;
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
 use crate::fencing::{OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
-use crate::store::{LivenessChange, LockResource, MetadataStore, StoreError, Versioned};
+use crate::store::{LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
@@ -335,6 +335,22 @@ impl Coordinator {
         }
     }
 
+    /// Takes the lock of group `group`'s document (held until the guard drops).
+    async fn lock_group(&self, group: &str) -> Result<LockGuard> {
+        Ok(self
+            .store
+            .lock(&LockResource::Group(group.to_owned()))
+            .await?)
+    }
+
+    /// Takes the lock of stream `stream`'s document (held until the guard drops).
+    async fn lock_stream(&self, stream: &str) -> Result<LockGuard> {
+        Ok(self
+            .store
+            .lock(&LockResource::Stream(stream.to_owned()))
+            .await?)
+    }
+
     async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
         let Some((mut v, live)) = self.store.load_group_live(group).await? else {
             // Deleted (perhaps through another coordinator): drop what this one cached.
@@ -367,10 +383,7 @@ impl Coordinator {
         F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
     {
         self.retrying(|| async {
-            let _lock = self
-                .store
-                .lock(&LockResource::Group(group.to_owned()))
-                .await?;
+            let _lock = self.lock_group(group).await?;
             let Versioned { revision, mut doc } = self.load_group(group).await?;
             let stream = self.load_stream(&doc.stream).await?;
             let now = self.now();

@@ -2,7 +2,7 @@
 
 use super::{Coordinator, Result, ServiceError, overlay_liveness};
 use crate::engine::{GroupDoc, GroupEvent};
-use crate::store::{LockResource, Versioned};
+use crate::store::Versioned;
 use futures::StreamExt;
 use std::future::Future;
 use tracing::{debug, info, warn};
@@ -182,7 +182,7 @@ impl Coordinator {
             if v.doc.deletable_retired(self.now(), delay_ms).is_empty() {
                 continue;
             }
-            let _lock = self.store.lock(&LockResource::Stream(name.clone())).await?;
+            let _lock = self.lock_stream(&name).await?;
             let Some(Versioned { revision, mut doc }) = self.store.load_stream(&name).await? else {
                 continue;
             };
