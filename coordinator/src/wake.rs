@@ -106,6 +106,7 @@ impl WakeHub {
         limits: WakeLimits,
         urls: &[String],
         cluster: bool,
+        tls: &rsc_redis::Tls,
         prefix: &str,
     ) -> anyhow::Result<Arc<Self>> {
         let settings = ConnSettings {
@@ -114,8 +115,10 @@ impl WakeHub {
             operation_timeout: Duration::from_secs(2),
             reconnect: Reconnect::Quick,
         };
-        let publisher = LazyRedis::open(urls, cluster, &settings)
+        let publisher = LazyRedis::open(urls, cluster, &settings, tls)
             .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))?;
+        // The subscriber's own connections: to the same servers, with the same TLS settings.
+        let seeds = publisher.seeds().to_vec();
         let (commands, rx) = mpsc::unbounded_channel();
         let bus = RedisBus {
             publisher,
@@ -123,7 +126,6 @@ impl WakeHub {
             commands,
         };
         let hub = Arc::new(Self::new(limits, Some(bus)));
-        let seeds = urls.to_vec();
         tokio::spawn(subscriber(Arc::downgrade(&hub), seeds, rx));
         Ok(hub)
     }
@@ -424,7 +426,7 @@ enum BusCommand {
 /// hub is gone.
 async fn subscriber(
     hub: Weak<WakeHub>,
-    seeds: Vec<String>,
+    seeds: Vec<redis::ConnectionInfo>,
     commands: mpsc::UnboundedReceiver<BusCommand>,
 ) {
     Subscriber {
@@ -441,7 +443,7 @@ async fn subscriber(
 /// The state of the [`subscriber`] task across its connections.
 struct Subscriber {
     hub: Weak<WakeHub>,
-    seeds: Vec<String>,
+    seeds: Vec<redis::ConnectionInfo>,
     commands: mpsc::UnboundedReceiver<BusCommand>,
     /// Connection attempts so far (picks the seed).
     attempt: usize,
@@ -488,10 +490,10 @@ impl Subscriber {
 
     /// One connection attempt to the next seed (within 2 s); `None` after logging a failure.
     async fn connect(&mut self) -> Option<redis::aio::PubSub> {
-        let url = &self.seeds[self.attempt % self.seeds.len()];
+        let seed = self.seeds[self.attempt % self.seeds.len()].clone();
         self.attempt += 1;
         let connected = async {
-            let client = redis::Client::open(url.as_str())?;
+            let client = redis::Client::open(seed)?;
             client.get_async_pubsub().await
         };
         match tokio::time::timeout(Duration::from_secs(2), connected).await {
