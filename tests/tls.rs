@@ -4,14 +4,20 @@
 //! store and the data Redis, a `sample-producer` process (`RSC_REDIS_TLS_CA`) and an
 //! in-process listener (`.redis_tls_ca()`), all over TLS. Then what must be refused, with a
 //! clear error: a wrong CA, unusable TLS files, and (against `tls-auth-clients yes`) a client
-//! without a certificate.
+//! without a certificate. Last, Redis Sentinel over TLS: master, replica and sentinels
+//! TLS-only (`tls-replication yes`), the coordinator's store found through them
+//! (`--redis-sentinel-tls`), and a client handle writing through a failover.
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
 use rsc_client::{AppHandle, ConsumerApp, Listener, Message, Raw};
 use rsc_e2e::Api;
+use rsc_redis::sentinel::SentinelTarget;
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect, Tls, TlsFiles};
-use rsc_testkit::{CoordinatorProcess, RedisServer, TlsCerts, binary_path};
+use rsc_testkit::{
+    CoordinatorProcess, RedisServer, SENTINEL_MASTER, SentinelDeployment, Signal, TlsCerts,
+    binary_path, signal,
+};
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
@@ -171,8 +177,7 @@ async fn a_wrong_ca_and_bad_files_are_refused_with_a_clear_error() {
         let mut all = vec!["--store", "redis", "--redis-url", &url];
         all.extend_from_slice(args);
         CoordinatorProcess::start(&all)
-            .err()
-            .expect("the coordinator refuses to start")
+            .expect_err("the coordinator refuses to start")
             .to_string()
     };
     let other = path(&certs.other_ca());
@@ -201,8 +206,7 @@ async fn a_wrong_ca_and_bad_files_are_refused_with_a_clear_error() {
         "--redis-tls-ca",
         &path(&certs.ca()),
     ])
-    .err()
-    .expect("a CA with a redis:// URL is refused")
+    .expect_err("a CA with a redis:// URL is refused")
     .to_string();
     assert!(err.contains("does not use TLS"), "{err}");
 
@@ -285,8 +289,104 @@ async fn mutual_tls_needs_the_client_certificate() {
         "--redis-tls-ca",
         &ca,
     ])
-    .err()
-    .expect("the coordinator refuses to start without its certificate")
+    .expect_err("the coordinator refuses to start without its certificate")
     .to_string();
     assert!(err.contains("TLS to Redis at 127.0.0.1:"), "{err}");
+}
+
+/// Sentinels, master and replica over TLS only: the coordinator's store behind them, and a
+/// client handle that keeps writing across a failover (the new master found over TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_finds_the_master_and_the_next_one() {
+    let certs = TlsCerts::generate().expect("certificates");
+    let mut deployment =
+        SentinelDeployment::start_tls(1, 3, &certs).expect("TLS sentinel deployment starts");
+    let sentinels = deployment.sentinel_addrs();
+    let ca = path(&certs.ca());
+    let coordinator = CoordinatorProcess::start(&[
+        "--store",
+        "redis",
+        "--redis-sentinel",
+        &sentinels,
+        "--redis-sentinel-master",
+        SENTINEL_MASTER,
+        "--redis-sentinel-tls",
+        "--redis-tls-ca",
+        &ca,
+    ])
+    .expect("the coordinator starts behind TLS sentinels");
+    // The wake-up pub/sub goes to the master the sentinels name, over TLS too.
+    eventually("the wake-up subscriber connected", 20, || {
+        coordinator
+            .log()
+            .iter()
+            .any(|l| l.contains("wake-up subscriber connected"))
+    })
+    .await;
+    let api = Api::new(coordinator.url());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g", "stream": "s", "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+
+    let target = SentinelTarget {
+        sentinels: rsc_redis::sentinel::parse_addrs(&sentinels).expect("addresses"),
+        master_name: SENTINEL_MASTER.into(),
+        username: None,
+        password: None,
+        tls: true,
+    };
+    let tls = TlsFiles {
+        ca: Some(certs.ca()),
+        ..TlsFiles::default()
+    }
+    .load()
+    .expect("loads");
+    let redis = LazyRedis::open_sentinel(&target, "redis://sentinel-master/", &settings(), &tls)
+        .expect("handle");
+    let set = |v: u32| {
+        let mut redis = redis.clone();
+        async move {
+            redis::cmd("SET")
+                .arg("k")
+                .arg(v)
+                .query_async::<()>(&mut redis)
+                .await
+        }
+    };
+    set(1).await.expect("SET on the first master over TLS");
+    let mut node = redis.dedicated(Duration::from_secs(2));
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut node)
+        .await
+        .expect("a dedicated connection to the master over TLS");
+    assert_eq!(pong, "PONG");
+
+    let first = deployment.master_port().expect("a master");
+    let master = deployment
+        .servers
+        .iter()
+        .position(|s| s.port() == first)
+        .expect("the master is one of the servers");
+    let pid = deployment.servers[master].pid().expect("running");
+    signal(pid, Signal::SIGKILL).expect("kill the master");
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    let mut v = 2;
+    while set(v).await.is_err() {
+        assert!(Instant::now() < deadline, "no new master over TLS");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        v += 1;
+    }
+    let second = deployment.master_port().expect("a new master");
+    assert_ne!(second, first);
+    println!(
+        "Sentinel over TLS: writes resumed on the new master {:?} after the kill ({} lookups)",
+        started.elapsed(),
+        redis.sentinel().map_or(0, |s| s.lookups())
+    );
+    deployment.servers[master].kill();
 }

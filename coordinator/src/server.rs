@@ -74,14 +74,26 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
     };
     Ok(Some(match cfg.store {
         StoreKind::Memory => WakeHub::local(limits),
-        StoreKind::Redis => WakeHub::with_redis(
-            limits,
+        StoreKind::Redis => WakeHub::with_redis(limits, wake_redis(cfg)?, &cfg.key_prefix),
+    }))
+}
+
+/// The wake-up hub's connection to the store's Redis: the same server, cluster or
+/// sentinel-named master, with the same TLS settings.
+fn wake_redis(cfg: &ServeConfig) -> anyhow::Result<LazyRedis> {
+    let settings = WakeHub::REDIS_SETTINGS;
+    match &cfg.redis_sentinel {
+        Some(target) => {
+            LazyRedis::open_sentinel(target, &cfg.redis_urls[0], &settings, &cfg.redis_tls)
+        }
+        None => LazyRedis::open(
             &cfg.redis_urls,
             cfg.redis_cluster,
+            &settings,
             &cfg.redis_tls,
-            &cfg.key_prefix,
-        )?,
-    }))
+        ),
+    }
+    .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and returns.
