@@ -365,6 +365,38 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_from_the_environment_are_loaded_when_checked() {
+        let env = [
+            ("RSC_REDIS_URL", "rediss://r:6380"),
+            ("RSC_REDIS_TLS_CA", "/nonexistent/ca.pem"),
+            ("RSC_REDIS_SENTINEL_TLS", "true"),
+        ];
+        let cfg = ClientConfig::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        assert_eq!(
+            cfg.redis_tls_ca.as_deref(),
+            Some(std::path::Path::new("/nonexistent/ca.pem"))
+        );
+        assert!(cfg.redis_sentinel_tls);
+        let err = cfg.check_data_redis().unwrap_err().to_string();
+        assert!(
+            err.contains("RSC_REDIS_TLS_CA") && err.contains("/nonexistent/ca.pem"),
+            "{err}"
+        );
+        let half = ClientConfig {
+            redis_tls_key: Some("/etc/rsc/key.pem".into()),
+            ..ClientConfig::default()
+        };
+        let err = half.check_data_redis().unwrap_err().to_string();
+        assert!(err.contains("needs its certificate"), "{err}");
+        let plain = ClientConfig::default();
+        assert!(plain.check_data_redis().is_ok());
+    }
+
+    #[test]
     fn sentinel_settings_from_the_environment_are_checked() {
         let env = [
             ("RSC_REDIS_SENTINEL", "s1:26379, s2:26379"),

@@ -794,6 +794,43 @@ mod tests {
         assert!(both.resolve().is_err());
     }
 
+    #[test]
+    fn tls_files_are_loaded_at_startup_and_named_in_errors() {
+        let none = ServeArgs::default().resolve().unwrap();
+        assert!(!none.redis_tls.is_set() && !none.data_redis_tls.is_set());
+        let missing = ServeArgs {
+            data_redis_tls_ca: Some("/nonexistent/ca.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = missing.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("--data-redis-tls-ca") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let half = ServeArgs {
+            redis_tls_cert: Some("/etc/rsc/client.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = half.resolve().unwrap_err().to_string();
+        assert!(e.contains("needs its private key"), "{e}");
+        let tls_alone = ServeArgs {
+            redis_sentinel_tls: true,
+            ..ServeArgs::default()
+        };
+        let e = tls_alone.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("--redis-sentinel-tls need --redis-sentinel"),
+            "{e}"
+        );
+        let behind = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            redis_sentinel_tls: true,
+            ..ServeArgs::default()
+        };
+        assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
+    }
+
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {
         let path = std::env::temp_dir().join(format!(
             "rsc-config-test-{}-{:?}.toml",
