@@ -449,6 +449,17 @@ async fn a_producer_without_a_coordinator_is_refused_not_misrouted() {
         other => panic!("expected StaleRouting, got {other:?}"),
     }
     assert_eq!(lens(&mut con), before, "nothing written");
+    // The refusals touched the markers (that aborts the stale transactions) but left each
+    // one as the coordinator wrote it: same epoch, no expiry.
+    for i in 0..5 {
+        let marker = rsc_protocol::routing::epoch_key(&rsc_protocol::routing::shard_key(STREAM, i));
+        let (value, ttl): (Option<u64>, i64) = redis::pipe()
+            .get(&marker)
+            .ttl(&marker)
+            .query(&mut con)
+            .expect("marker");
+        assert_eq!((value, ttl), (Some(2), -1), "marker of shard {i}");
+    }
     // Reachable again: the same batch lands on the 5-shard layout.
     proxy.restore();
     let at = producer

@@ -2,8 +2,7 @@
 //!
 //! A shard entry is a Redis Stream entry written by a producer: [`PAYLOAD`] always, then
 //! [`KEY`], [`CONTENT_TYPE`] and [`HEADERS`] when set, then any fields of the application, in
-//! that order (the plain `XADD` and the guarded script write the same fields in the same
-//! order). A consumer that gives up on an entry copies its fields to `<stream>:dlq` and adds
+//! that order (the fenced and the unfenced write send the same `XADD`). A consumer that gives up on an entry copies its fields to `<stream>:dlq` and adds
 //! the [`DEAD_LETTER_FIELDS`].
 //!
 //! ```

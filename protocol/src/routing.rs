@@ -68,9 +68,10 @@ pub fn seals_key(shard_key: &str) -> String {
     format!("{{{shard_key}}}:seals")
 }
 
-/// The producer's guarded `XADD` script: refuses a write whose routing epoch is not the
-/// shard's epoch marker (see the script's header for keys and arguments).
-pub const GUARDED_XADD_LUA: &str = include_str!("lua/guarded_xadd.lua");
+/// The check of a producer's fenced write: sent between `WATCH <markers>` and
+/// `MULTI … EXEC`, it aborts the transaction (and returns the highest marker) when a shard's
+/// epoch marker is not the producer's routing epoch (see the script's header).
+pub const EPOCH_CHECK_LUA: &str = include_str!("lua/epoch_check.lua");
 
 /// The script measuring how far a group is from a seal on one shard: `{undelivered,
 /// pending}` entries up to the seal (see the script's header).

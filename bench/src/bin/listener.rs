@@ -17,8 +17,9 @@
 //!   `--only batch` runs this section alone.
 //! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
 //!   pipeline of the same XADDs. Goal: ratio ≥ 0.95 (P4, the unfenced path) and, with the
-//!   routing-epoch fence of ordered resharding (one guarded script call per shard on a stream
-//!   resharded once, so every shard has its epoch marker), ratio ≥ 0.9 (P8).
+//!   routing-epoch fence of ordered resharding (one `WATCH`ed transaction per batch, checked
+//!   by a script, on a stream resharded once so every shard has its epoch marker), ratio
+//!   ≥ 0.9 (P8).
 //!
 //! ```text
 //! cargo build --release --bins && cargo run --release -p rsc-bench --bin listener [-- --quick]
@@ -435,6 +436,14 @@ async fn raw_consume(
     Ok(n as f64 / elapsed.unwrap_or_default().as_secs_f64())
 }
 
+/// This process's CPU time so far (user + system, every thread), in seconds.
+fn own_cpu() -> anyhow::Result<f64> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF)?;
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    Ok(secs(u.user_time()) + secs(u.system_time()))
+}
+
 /// The Redis server's CPU time so far (`used_cpu_user + used_cpu_sys`), in seconds.
 async fn redis_cpu(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
@@ -561,7 +570,8 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let mut limit = vec![];
-    let mut pub_fenced = vec![];
+    let (mut pub_fenced, mut pub_raw_cpu, mut pub_fenced_cpu) = (vec![], vec![], vec![]);
+    let (mut pub_raw_total, mut pub_fenced_total) = (vec![], vec![]);
     let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut con_lease, mut cpu_lease, mut cpu_strict) = (vec![], vec![], vec![]);
@@ -606,20 +616,30 @@ async fn main() -> anyhow::Result<()> {
         // noise (and Redis's growing memory) falls on all alike.
         let (mut raw_t, mut routed_t, mut fenced_t) =
             (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        // The Redis server's CPU time of the raw and the fenced chunks (INFO cpu around each).
+        // And this process's (the producer's) CPU time of the same chunks.
+        let (mut raw_cpu, mut fenced_cpu) = (0.0, 0.0);
+        let (mut raw_own, mut fenced_own) = (0.0, 0.0);
         let chunk = (n / 10).max(1);
         for c in 0..10 {
             for k in 0..3 {
+                let before = redis_cpu(&mut con).await?;
+                let own = own_cpu()?;
                 match (c + k) % 3 {
                     0 => {
                         raw_t +=
-                            raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?
+                            raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
+                        raw_own += own_cpu()? - own;
+                        raw_cpu += redis_cpu(&mut con).await? - before;
                     }
                     1 => {
                         routed_t +=
                             unfenced_publish(&producer, &routed_s, chunk, args.batch).await?
                     }
                     _ => {
-                        fenced_t += routed_publish(&producer, &fenced_s, chunk, args.batch).await?
+                        fenced_t += routed_publish(&producer, &fenced_s, chunk, args.batch).await?;
+                        fenced_own += own_cpu()? - own;
+                        fenced_cpu += redis_cpu(&mut con).await? - before;
                     }
                 }
             }
@@ -627,6 +647,11 @@ async fn main() -> anyhow::Result<()> {
         pub_raw.push((chunk * 10) as f64 / raw_t.as_secs_f64());
         pub_routed.push((chunk * 10) as f64 / routed_t.as_secs_f64());
         pub_fenced.push((chunk * 10) as f64 / fenced_t.as_secs_f64());
+        let per_k = |cpu: f64| cpu * 1e3 / ((chunk * 10) as f64 / 1e3);
+        pub_raw_cpu.push(per_k(raw_cpu));
+        pub_fenced_cpu.push(per_k(fenced_cpu));
+        pub_raw_total.push(per_k(raw_cpu + raw_own));
+        pub_fenced_total.push(per_k(fenced_cpu + fenced_own));
 
         // Consume: one pre-filled stream, read by two groups (baseline first, then listener).
         let stream = format!("con-{rep}");
@@ -730,6 +755,27 @@ async fn main() -> anyhow::Result<()> {
             value: summarize(&pub_fenced),
             baseline: Some(summarize(&pub_raw)),
             goal: "ratio >= 0.9 (baseline: raw pipelined XADD, same run)".into(),
+        },
+        Row {
+            name: "P8 the fence's own cost: epoch-guarded vs unfenced routed publish_batch".into(),
+            unit: "msgs/s".into(),
+            value: summarize(&pub_fenced),
+            baseline: Some(summarize(&pub_routed)),
+            goal: "- (baseline: the same producer without the fence, same run)".into(),
+        },
+        Row {
+            name: "P8 Redis CPU per 1,000 messages published, epoch-guarded vs raw XADD".into(),
+            unit: "ms".into(),
+            value: summarize(&pub_fenced_cpu),
+            baseline: Some(summarize(&pub_raw_cpu)),
+            goal: "- (INFO cpu of the Redis server, same run)".into(),
+        },
+        Row {
+            name: "P8 CPU per 1,000 messages published (producer process + Redis server), epoch-guarded vs raw XADD".into(),
+            unit: "ms".into(),
+            value: summarize(&pub_fenced_total),
+            baseline: Some(summarize(&pub_raw_total)),
+            goal: "- (getrusage of this process + INFO cpu of the Redis server, same chunks)".into(),
         },
         Row {
             name: "P3 listener consume vs redis-benchmark XADD (physical limit)".into(),

@@ -5,9 +5,11 @@
 //! reshard reaches producers within about that long, and again after a failed write.
 //!
 //! Every write is fenced by the routing epoch (ordered resharding, issue 16): the `XADD`s of
-//! one shard go through one script call that compares the producer's routing epoch with the
-//! shard's epoch marker `{<shard key>}:epoch`, which the coordinator moves at every reshard
-//! before answering it. A refused write (stale routing) writes nothing; the producer fetches
+//! a batch run in one `MULTI`/`EXEC` transaction that `WATCH`es the epoch markers
+//! `{<shard key>}:epoch` of their shards, after a small script compared each marker with the
+//! producer's routing epoch (and touched any that differs, which aborts the transaction).
+//! The coordinator moves the markers at every reshard before answering it, so a write under
+//! a stale routing never lands: its `EXEC` answers nil. A refused write writes nothing; the producer fetches
 //! the routing again and writes the refused records to their shards under the new epoch, in
 //! their order, transparently to the caller. Past [`ProducerBuilder::stale_retry_budget`]
 //! without a routing the markers accept (coordinator unreachable), the publish fails with
@@ -20,6 +22,7 @@ pub use routing::Routing;
 use crate::codec::{Codec, CodecSpec, Json};
 use crate::config::{ClientConfig, split_urls};
 use crate::error::ClientError;
+use redis::aio::ConnectionLike;
 use routing::RoutingCache;
 use rsc_protocol::entry;
 use rsc_redis::LazyRedis;
@@ -94,30 +97,6 @@ impl Record {
         self
     }
 
-    /// Appends `<n> <field> <value> …` (the guarded script's encoding of one entry: the
-    /// same fields, in the same order, as [`Record::xadd`]).
-    fn guarded_args(&self, cmd: &mut redis::Cmd) {
-        let n = 1
-            + usize::from(self.key.is_some())
-            + usize::from(self.content_type.is_some())
-            + usize::from(!self.headers.is_empty())
-            + self.fields.len();
-        cmd.arg(n).arg(entry::PAYLOAD).arg(&self.payload);
-        if let Some(k) = &self.key {
-            cmd.arg(entry::KEY).arg(k);
-        }
-        if let Some(ct) = &self.content_type {
-            cmd.arg(entry::CONTENT_TYPE).arg(ct);
-        }
-        if !self.headers.is_empty() {
-            cmd.arg(entry::HEADERS)
-                .arg(serde_json::to_string(&self.headers).unwrap_or_default());
-        }
-        for (n, v) in &self.fields {
-            cmd.arg(n).arg(v);
-        }
-    }
-
     /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
     fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str) {
         pipe.cmd("XADD")
@@ -177,7 +156,6 @@ struct Inner {
     cluster: bool,
     routes: Arc<RoutingCache>,
     round_robin: AtomicU64,
-    guarded: redis::Script,
     stale_budget: Duration,
     /// How [`Producer::publish`] encodes payloads.
     codec: CodecSpec,
@@ -283,7 +261,6 @@ impl ProducerBuilder {
                 conn: redis,
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
-                guarded: redis::Script::new(rsc_protocol::routing::GUARDED_XADD_LUA),
                 stale_budget: self.stale_budget,
                 codec: self.codec,
                 wait: self.wait,
@@ -347,8 +324,9 @@ impl Producer {
         Ok(out.remove(0))
     }
 
-    /// Publishes records in one pipeline (one round trip), each to its shard; on a Redis
-    /// Cluster, one script call per shard, sent at once. Returns where each went, in order.
+    /// Publishes records in one pipeline (one round trip, one fenced transaction), each to
+    /// its shard; on a Redis Cluster, one transaction per shard (a transaction stays within
+    /// one slot), all sent at once. Returns where each went, in order.
     /// Per-key order is kept within the batch and across a reshard: the writes of one shard
     /// are fenced by the routing epoch, and records refused for a stale epoch are written
     /// again, in order, on their shard under the new routing.
@@ -470,10 +448,11 @@ impl Producer {
         }
     }
 
-    /// Writes the records `todo` (indices, in order) under `routing`: one guarded script call
-    /// per shard, in one pipeline (standalone) or concurrently (cluster). Returns the records
-    /// written with where they went, those refused with the shard's epoch marker, and how
-    /// many replicas confirmed (`WAIT`).
+    /// Writes the records `todo` (indices, in order) under `routing`: one fenced transaction
+    /// for the whole batch (standalone), or one per shard sent at once (cluster). Returns the
+    /// records written with where they went, those refused with the highest epoch marker
+    /// that refused them, and how many replicas confirmed (`WAIT`; the fewest, `u32::MAX`
+    /// without it).
     #[allow(clippy::type_complexity)]
     async fn send_guarded(
         &self,
@@ -482,118 +461,89 @@ impl Producer {
         seqs: &[u64],
         todo: &[usize],
     ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>, u32)> {
-        let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for &i in todo {
-            let shard = routing.shard_for(records[i].key.as_deref().map(str::as_bytes), seqs[i]);
-            by_shard.entry(shard).or_default().push(i);
-        }
-        let calls: Vec<(u32, Vec<usize>)> = by_shard.into_iter().collect();
-        let build = |shard: u32, idx: &[usize]| {
-            let key = &routing.shard_keys[shard as usize];
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.inner.guarded.get_hash())
-                .arg(2)
-                .arg(key)
-                .arg(rsc_protocol::routing::epoch_key(key))
-                .arg(routing.routing_epoch);
-            for &i in idx {
-                records[i].guarded_args(&mut cmd);
+        let placed: Vec<(usize, u32)> = todo
+            .iter()
+            .map(|&i| {
+                let key = records[i].key.as_deref().map(str::as_bytes);
+                (i, routing.shard_for(key, seqs[i]))
+            })
+            .collect();
+        let parts: Vec<Vec<(usize, u32)>> = if self.inner.cluster {
+            let mut by_shard: BTreeMap<u32, Vec<(usize, u32)>> = BTreeMap::new();
+            for &(i, shard) in &placed {
+                by_shard.entry(shard).or_default().push((i, shard));
             }
-            cmd
+            by_shard.into_values().collect()
+        } else {
+            vec![placed]
         };
-        let (answers, acked) = match self.run_calls(&calls, &build).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                // First use on this Redis (or after a restart): nothing ran; load and resend.
-                self.inner
-                    .guarded
-                    .prepare_invoke()
-                    .load_async(&mut self.inner.conn.clone())
-                    .await?;
-                self.run_calls(&calls, &build).await?
-            }
-            r => r?,
-        };
+        let sends = parts.into_iter().map(|part| async move {
+            let pipe = self.fenced_pipeline(routing, records, &part);
+            let values = self
+                .inner
+                .conn
+                .clone()
+                .req_packed_commands(&pipe, 0, pipe.len())
+                .await?;
+            let outcome = Fenced::read(values, part.len(), self.inner.wait.is_some())?;
+            Ok::<_, redis::RedisError>((part, outcome))
+        });
         let mut written = Vec::new();
         let mut refused = Vec::new();
-        for ((shard, idx), answer) in calls.into_iter().zip(answers) {
-            match answer {
-                redis::Value::Int(marker) => {
-                    refused.extend(idx.into_iter().map(|i| (i, marker.max(0) as u64)));
-                }
-                other => {
-                    let ids: Vec<String> = redis::from_redis_value(other)?;
-                    if ids.len() != idx.len() {
-                        return Err(redis::RedisError::from((
-                            redis::ErrorKind::UnexpectedReturnType,
-                            "guarded XADD returned another number of ids",
-                        )));
-                    }
-                    written.extend(
-                        idx.into_iter()
-                            .zip(ids)
-                            .map(|(i, id)| (i, Published { shard, id })),
-                    );
+        let mut fewest = u32::MAX;
+        for (part, outcome) in futures::future::try_join_all(sends).await? {
+            fewest = fewest.min(outcome.acked);
+            match outcome.ids {
+                Some(ids) => written.extend(
+                    part.into_iter()
+                        .zip(ids)
+                        .map(|((i, shard), id)| (i, Published { shard, id })),
+                ),
+                // The markers moved after the check: at least one epoch on.
+                None => {
+                    let marker = outcome.marker.unwrap_or(routing.routing_epoch + 1);
+                    refused.extend(part.into_iter().map(|(i, _)| (i, marker)));
                 }
             }
         }
-        Ok((written, refused, acked))
+        Ok((written, refused, fewest))
     }
 
-    /// Sends the script calls: one pipeline on a standalone Redis (one command without
-    /// one); one call per shard, all at once, on a cluster (each routed to its slot). With
-    /// [`ProducerBuilder::wait_for_replicas`], `WAIT` ends each pipeline. Returns the
-    /// answers and how many replicas confirmed (the fewest; `u32::MAX` without `WAIT`).
-    async fn run_calls(
+    /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; EXEC [; WAIT]` for
+    /// the records `part` (index, shard), in order. One pipeline, so nothing else sent on
+    /// the shared connection comes between the `WATCH` and the `EXEC`. `EVAL` rather than
+    /// `EVALSHA`: a `NOSCRIPT` would let the transaction run unchecked.
+    fn fenced_pipeline(
         &self,
-        calls: &[(u32, Vec<usize>)],
-        build: &(impl Fn(u32, &[usize]) -> redis::Cmd + Sync),
-    ) -> redis::RedisResult<(Vec<redis::Value>, u32)> {
-        let wait = self.inner.wait;
-        let send = |mut pipe: redis::Pipeline| {
-            let mut conn = self.inner.conn.clone();
-            async move {
-                if let Some((replicas, timeout)) = wait {
-                    pipe.cmd("WAIT")
-                        .arg(replicas)
-                        .arg(timeout.as_millis() as u64);
-                }
-                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
-                let acked = match wait {
-                    None => u32::MAX,
-                    Some(_) => match values.pop() {
-                        Some(redis::Value::Int(n)) => n.max(0) as u32,
-                        _ => 0,
-                    },
-                };
-                Ok::<_, redis::RedisError>((values, acked))
-            }
-        };
-        if self.inner.cluster {
-            let sends = calls.iter().map(|(shard, idx)| {
-                let mut pipe = redis::pipe();
-                pipe.add_command(build(*shard, idx));
-                send(pipe)
-            });
-            let mut out = Vec::with_capacity(calls.len());
-            let mut fewest = u32::MAX;
-            for (mut values, acked) in futures::future::try_join_all(sends).await? {
-                fewest = fewest.min(acked);
-                out.append(&mut values);
-            }
-            Ok((out, fewest))
-        } else if let ([(shard, idx)], None) = (calls, wait) {
-            let cmd = build(*shard, idx);
-            Ok((
-                vec![cmd.query_async(&mut self.inner.conn.clone()).await?],
-                u32::MAX,
-            ))
-        } else {
-            let mut pipe = redis::pipe();
-            for (shard, idx) in calls {
-                pipe.add_command(build(*shard, idx));
-            }
-            send(pipe).await
+        routing: &Routing,
+        records: &[Record],
+        part: &[(usize, u32)],
+    ) -> redis::Pipeline {
+        let mut shards: Vec<u32> = part.iter().map(|&(_, s)| s).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let markers: Vec<String> = shards
+            .iter()
+            .map(|&s| rsc_protocol::routing::epoch_key(&routing.shard_keys[s as usize]))
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("WATCH").arg(&markers);
+        pipe.cmd("EVAL")
+            .arg(epoch_check_body())
+            .arg(markers.len())
+            .arg(&markers)
+            .arg(routing.routing_epoch);
+        pipe.cmd("MULTI");
+        for &(i, shard) in part {
+            records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
         }
+        pipe.cmd("EXEC");
+        if let Some((replicas, timeout)) = self.inner.wait {
+            pipe.cmd("WAIT")
+                .arg(replicas)
+                .arg(timeout.as_millis() as u64);
+        }
+        pipe
     }
 
     /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key
@@ -692,6 +642,87 @@ impl Producer {
         self.inner.routes.fetch(stream).await
     }
 }
+/// The epoch check script without its comment lines: `EVAL` sends it with every batch, and
+/// Redis hashes what it is sent.
+fn epoch_check_body() -> &'static str {
+    static BODY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        rsc_protocol::routing::EPOCH_CHECK_LUA
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    &BODY
+}
+
+/// The answer to one [`Producer::fenced_pipeline`].
+#[derive(Debug)]
+struct Fenced {
+    /// The entry ids, in the records' order; `None`: refused (nothing written).
+    ids: Option<Vec<String>>,
+    /// The highest epoch marker that refused the write, when the check did.
+    marker: Option<u64>,
+    /// Replicas that confirmed (`u32::MAX` without `WAIT`).
+    acked: u32,
+}
+
+impl Fenced {
+    /// Reads the replies `OK, <check>, OK, QUEUED × n, <EXEC> [, <WAIT>]`.
+    fn read(mut values: Vec<redis::Value>, n: usize, wait: bool) -> redis::RedisResult<Self> {
+        use redis::Value;
+        let acked = if wait {
+            match values.pop() {
+                Some(Value::Int(k)) => k.max(0) as u32,
+                _ => 0,
+            }
+        } else {
+            u32::MAX
+        };
+        if values.len() != n + 4 {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "fenced write: unexpected number of replies",
+            )));
+        }
+        // A server error anywhere (a queued XADD refused, an EXECABORT) fails the publish.
+        if let Some(Value::ServerError(e)) =
+            values.iter().find(|v| matches!(v, Value::ServerError(_)))
+        {
+            return Err(e.clone().into());
+        }
+        let marker = match &values[1] {
+            Value::Int(m) => Some((*m).max(0) as u64),
+            _ => None,
+        };
+        let ids = match values.pop() {
+            Some(Value::Nil) | None => None,
+            Some(Value::Array(replies)) => {
+                if let Some(Value::ServerError(e)) =
+                    replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+                {
+                    return Err(e.clone().into());
+                }
+                let ids: Vec<String> = redis::from_redis_value(Value::Array(replies))?;
+                if ids.len() != n {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "fenced write: EXEC returned another number of ids",
+                    )));
+                }
+                Some(ids)
+            }
+            Some(other) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "fenced write: unexpected EXEC reply",
+                    format!("{other:?}"),
+                )));
+            }
+        };
+        Ok(Fenced { ids, marker, acked })
+    }
+}
+
 /// Records refused for a stale routing epoch: what the routing refresh reports.
 struct Stale<'a> {
     stream: &'a str,

@@ -16,8 +16,11 @@ use tracing::{debug, info, warn};
 /// worker reads no more of the shard until held entries are released.
 pub(super) const MAX_HELD: usize = 10_000;
 /// Ordered resharding: how often held keys' parents are checked (and the longest a read
-/// blocks while entries are held). Polling: a wake-up when a parent reaches its seal (e.g.
-/// through the coordinator's wake-up channel, once it is on main) would let this grow.
+/// blocks while entries are held). The worker asks the data Redis itself (one small script
+/// per parent waited for) rather than waiting for a wake-up: only the data Redis sees the
+/// parent's acknowledgements, so a coordinator relay would poll it too and add its own
+/// latency. The poll runs only while entries are held, and a release follows a parent's
+/// last acknowledgement by at most this long.
 pub(super) const HOLD_POLL: Duration = Duration::from_millis(20);
 
 /// Ordered resharding state of one shard worker (issue 16).
