@@ -15,8 +15,8 @@ use rsc_e2e::Api;
 use rsc_redis::sentinel::SentinelTarget;
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect, Tls, TlsFiles};
 use rsc_testkit::{
-    CoordinatorProcess, RedisServer, SENTINEL_MASTER, SentinelDeployment, Signal, TlsCerts,
-    binary_path, signal,
+    CoordinatorProcess, RedisCluster, RedisServer, SENTINEL_MASTER, SentinelDeployment, Signal,
+    TlsCerts, binary_path, signal,
 };
 use serde_json::json;
 use std::collections::HashSet;
@@ -67,6 +67,7 @@ async fn ping(url: &str, tls: &Tls) -> Result<String, String> {
 fn start_listener(
     coordinator: &str,
     url: &str,
+    cluster: bool,
     ca: &Path,
     seen: Arc<Mutex<HashSet<String>>>,
 ) -> (
@@ -85,6 +86,7 @@ fn start_listener(
     let app = ConsumerApp::builder()
         .coordinator(coordinator)
         .redis_url(url)
+        .redis_cluster(cluster)
         .redis_tls_ca(ca)
         .instance_id("127.0.0.71")
         .listener(listener)
@@ -95,9 +97,13 @@ fn start_listener(
 }
 
 /// `sample-producer` publishing `COUNT` entries over TLS (`RSC_REDIS_TLS_CA`).
-fn produce(coordinator: &str, url: &str, ca: &Path) -> Duration {
+fn produce(coordinator: &str, url: &str, cluster: bool, ca: &Path) -> Duration {
     let started = Instant::now();
-    let out = Command::new(binary_path("sample-producer").expect("built"))
+    let mut cmd = Command::new(binary_path("sample-producer").expect("built"));
+    if cluster {
+        cmd.arg("--redis-cluster");
+    }
+    let out = cmd
         .args(["--coordinator", coordinator, "--redis-url", url])
         .args(["--stream", "orders", "--count", &COUNT.to_string()])
         .env("RSC_REDIS_TLS_CA", ca)
@@ -118,20 +124,40 @@ async fn coordinator_producer_and_listener_work_over_tls() {
     let redis = RedisServer::start_tls(&certs, "optional").expect("TLS redis-server starts");
     let url = redis.url();
     assert!(url.starts_with("rediss://127.0.0.1:"), "{url}");
+    produce_and_consume(&certs, &url, false).await;
+}
+
+/// The same on a 3-node Redis Cluster over TLS (`tls-cluster yes`): shard workers connect to
+/// the node of their shard's slot, following `MOVED` with the seeds' TLS settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_over_tls_works_too() {
+    let certs = TlsCerts::generate().expect("openssl makes the certificates");
+    let cluster = RedisCluster::start_tls(&certs).expect("TLS cluster forms");
+    let url = cluster.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    produce_and_consume(&certs, &url, true).await;
+}
+
+/// A coordinator with the store and the data Redis at `url` (a cluster's seeds with
+/// `cluster`), a group, the producer and a listener: every entry handled, all over TLS.
+async fn produce_and_consume(certs: &TlsCerts, url: &str, cluster: bool) {
     let ca = path(&certs.ca());
-    let coordinator = CoordinatorProcess::start(&[
+    let mut args = vec![
         "--store",
         "redis",
         "--redis-url",
-        &url,
+        url,
         "--redis-tls-ca",
         &ca,
         "--data-redis-url",
-        &url,
+        url,
         "--data-redis-tls-ca",
         &ca,
-    ])
-    .expect("the coordinator starts on a TLS store");
+    ];
+    if cluster {
+        args.extend(["--redis-cluster", "--data-redis-cluster"]);
+    }
+    let coordinator = CoordinatorProcess::start(&args).expect("the coordinator starts on TLS");
     let api = Api::new(coordinator.url());
     let (s, body) = api
         .post(
@@ -143,16 +169,16 @@ async fn coordinator_producer_and_listener_work_over_tls() {
     assert_eq!(s.as_u16(), 201, "{body}");
 
     let seen = Arc::new(Mutex::new(HashSet::new()));
-    let (handle, app) = start_listener(&coordinator.url(), &url, &certs.ca(), seen.clone());
-    let published_in = produce(&coordinator.url(), &url, &certs.ca());
+    let (handle, app) = start_listener(&coordinator.url(), url, cluster, &certs.ca(), seen.clone());
+    let published_in = produce(&coordinator.url(), url, cluster, &certs.ca());
     let started = Instant::now();
     eventually("every entry handled over TLS", 60, || {
         seen.lock().unwrap_or_else(|e| e.into_inner()).len() as u64 >= COUNT
     })
     .await;
     println!(
-        "TLS: {COUNT} entries published in {published_in:?}, all handled {:?} after the \
-         producer finished",
+        "TLS (cluster: {cluster}): {COUNT} entries published in {published_in:?}, all handled \
+         {:?} after the producer finished",
         started.elapsed()
     );
     // The coordinator reads the group's lag from the data Redis, over TLS too.
