@@ -189,6 +189,7 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
         info!(
             servers = urls.len(),
             cluster = cfg.data_redis_cluster,
+            tls = urls[0].starts_with("rediss://"),
             "using a data Redis"
         );
     }

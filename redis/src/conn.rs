@@ -165,6 +165,7 @@ impl std::fmt::Debug for LazyRedis {
             .field("cluster", &self.is_cluster())
             .field("sentinel", &self.sentinel().is_some())
             .field("seeds", &self.0.seeds.len())
+            .field("tls", &self.uses_tls())
             .finish_non_exhaustive()
     }
 }
@@ -330,6 +331,14 @@ impl LazyRedis {
     /// only the master's credentials and database (its host is not used).
     pub fn seeds(&self) -> &[ConnectionInfo] {
         &self.0.seeds
+    }
+
+    /// Whether the connections use TLS (`rediss://` URLs; behind sentinels: to the master).
+    pub fn uses_tls(&self) -> bool {
+        match self.sentinel() {
+            Some(s) => s.config().master_tls.is_some(),
+            None => self.0.seeds.iter().any(is_tls),
+        }
     }
 
     /// Behind Redis Sentinel: the master look-up.
@@ -538,7 +547,11 @@ mod tests {
         let tls = crate::tls::tests_ca();
         let secure = vec!["rediss://:pw@127.0.0.1:1".to_owned()];
         let one = LazyRedis::open(&secure, false, &settings(), &tls).unwrap();
-        assert!(!format!("{one:?}").contains("pw"));
+        let shown = format!("{one:?}");
+        assert!(
+            !shown.contains("pw") && shown.contains("tls: true"),
+            "{shown}"
+        );
         assert!(LazyRedis::open(&secure, true, &settings(), &tls).is_ok());
         let target = SentinelTarget {
             sentinels: vec![("127.0.0.1".into(), 1)],
