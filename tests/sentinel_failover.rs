@@ -527,6 +527,9 @@ async fn a_demoted_master_is_left_for_the_new_one() {
         master: redis::RedisConnectionInfo::default(),
         connect_timeout: Duration::from_secs(1),
         response_timeout: Duration::from_secs(2),
+        sentinel_tls: false,
+        master_tls: None,
+        tls: rsc_redis::Tls::default(),
     })
     .expect("settings");
     let set = |conn: &mut rsc_redis::sentinel::SentinelConn, v: u32| {

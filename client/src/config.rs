@@ -4,8 +4,9 @@
 use crate::error::{ClientError, ConfigError};
 use rsc_api::CoordinatorClient;
 use rsc_protocol::redact::{redact_opt, redact_url};
-use rsc_redis::LazyRedis;
 use rsc_redis::sentinel::SentinelTarget;
+use rsc_redis::{LazyRedis, Tls, TlsFiles};
+use std::path::PathBuf;
 
 /// Connection settings shared by consumers and producers.
 ///
@@ -28,6 +29,18 @@ pub struct ClientConfig {
     pub redis_sentinel_master: Option<String>,
     /// Password of the sentinels, if they require one.
     pub redis_sentinel_password: Option<String>,
+    /// Connect to the sentinels over TLS, and to the master too (verified as a
+    /// `rediss://` URL is).
+    pub redis_sentinel_tls: bool,
+    /// CA certificate file (PEM) to verify the data Redis against when
+    /// [`Self::redis_url`] is `rediss://` (default: the system's roots).
+    /// `rediss://HOST:PORT/#insecure` skips the verification: for tests only.
+    pub redis_tls_ca: Option<PathBuf>,
+    /// Client certificate file (PEM) for mutual TLS (`tls-auth-clients yes`); needs
+    /// [`Self::redis_tls_key`].
+    pub redis_tls_cert: Option<PathBuf>,
+    /// Private key file (PEM) of [`Self::redis_tls_cert`].
+    pub redis_tls_key: Option<PathBuf>,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
     /// This process's identity in member ids (`<instance>-<listener>-<index>`): the pod IP,
@@ -66,6 +79,10 @@ impl Default for ClientConfig {
             redis_sentinel: None,
             redis_sentinel_master: None,
             redis_sentinel_password: None,
+            redis_sentinel_tls: false,
+            redis_tls_ca: None,
+            redis_tls_cert: None,
+            redis_tls_key: None,
             token: None,
             instance_id: None,
             static_membership: false,
@@ -80,7 +97,8 @@ impl Default for ClientConfig {
 impl ClientConfig {
     /// Reads `RSC_COORDINATOR_URL` (comma-separated URLs), `RSC_REDIS_URL` (comma-separated
     /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_REDIS_SENTINEL`,
-    /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_TOKEN`,
+    /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_REDIS_SENTINEL_TLS`,
+    /// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_TOKEN`,
     /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
     /// the wake-up channel off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
     /// `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`, else
@@ -104,6 +122,12 @@ impl ClientConfig {
         cfg.redis_sentinel = get("RSC_REDIS_SENTINEL");
         cfg.redis_sentinel_master = get("RSC_REDIS_SENTINEL_MASTER");
         cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD");
+        cfg.redis_sentinel_tls = get("RSC_REDIS_SENTINEL_TLS").is_some_and(|v| {
+            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+        });
+        cfg.redis_tls_ca = get("RSC_REDIS_TLS_CA").map(PathBuf::from);
+        cfg.redis_tls_cert = get("RSC_REDIS_TLS_CERT").map(PathBuf::from);
+        cfg.redis_tls_key = get("RSC_REDIS_TLS_KEY").map(PathBuf::from);
         if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
             cfg.heartbeat_batching = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
@@ -161,6 +185,10 @@ impl std::fmt::Debug for ClientConfig {
                 "redis_sentinel_password",
                 &redact_opt(&self.redis_sentinel_password),
             )
+            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
+            .field("redis_tls_ca", &self.redis_tls_ca)
+            .field("redis_tls_cert", &self.redis_tls_cert)
+            .field("redis_tls_key", &self.redis_tls_key)
             .field("token", &redact_opt(&self.token))
             .field("instance_id", &self.instance_id)
             .field("static_membership", &self.static_membership)
@@ -174,9 +202,29 @@ impl std::fmt::Debug for ClientConfig {
 impl ClientConfig {
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
-        self.sentinel()?;
-        crate::data::check(&split_urls(&self.redis_url), self.redis_cluster)
-            .map_err(|e| ConfigError::DataRedis(e).into())
+        let sentinel = self.sentinel()?;
+        let tls = self.tls()?;
+        match sentinel {
+            // Behind sentinels the URL only carries the master's credentials.
+            Some(_) => crate::data::check(
+                &split_urls(&self.redis_url),
+                self.redis_cluster,
+                &Tls::default(),
+            ),
+            None => crate::data::check(&split_urls(&self.redis_url), self.redis_cluster, &tls),
+        }
+        .map_err(|e| ConfigError::DataRedis(e).into())
+    }
+
+    /// The TLS files, loaded (read and checked).
+    pub(crate) fn tls(&self) -> Result<Tls, ClientError> {
+        TlsFiles {
+            ca: self.redis_tls_ca.clone(),
+            cert: self.redis_tls_cert.clone(),
+            key: self.redis_tls_key.clone(),
+        }
+        .load()
+        .map_err(|e| ConfigError::Tls(e.to_string()).into())
     }
 
     /// The sentinel settings, when the data Redis is found through Redis Sentinel.
@@ -196,6 +244,7 @@ impl ClientConfig {
                     master_name: master.trim().to_owned(),
                     username: None,
                     password: self.redis_sentinel_password.clone(),
+                    tls: self.redis_sentinel_tls,
                 }))
             }
             (Some(_), _) => Err(ConfigError::Sentinel(
@@ -217,6 +266,7 @@ impl ClientConfig {
             &split_urls(&self.redis_url),
             self.redis_cluster,
             self.sentinel()?,
+            &self.tls()?,
         )
         .map_err(|e| ConfigError::DataRedis(e).into())
     }
@@ -312,6 +362,38 @@ mod tests {
         assert!(cfg.check_data_redis().is_err());
         cfg.redis_url = " , ".into();
         assert!(cfg.check_data_redis().is_err());
+    }
+
+    #[test]
+    fn tls_settings_from_the_environment_are_loaded_when_checked() {
+        let env = [
+            ("RSC_REDIS_URL", "rediss://r:6380"),
+            ("RSC_REDIS_TLS_CA", "/nonexistent/ca.pem"),
+            ("RSC_REDIS_SENTINEL_TLS", "true"),
+        ];
+        let cfg = ClientConfig::from_lookup(|k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        assert_eq!(
+            cfg.redis_tls_ca.as_deref(),
+            Some(std::path::Path::new("/nonexistent/ca.pem"))
+        );
+        assert!(cfg.redis_sentinel_tls);
+        let err = cfg.check_data_redis().unwrap_err().to_string();
+        assert!(
+            err.contains("RSC_REDIS_TLS_CA") && err.contains("/nonexistent/ca.pem"),
+            "{err}"
+        );
+        let half = ClientConfig {
+            redis_tls_key: Some("/etc/rsc/key.pem".into()),
+            ..ClientConfig::default()
+        };
+        let err = half.check_data_redis().unwrap_err().to_string();
+        assert!(err.contains("needs its certificate"), "{err}");
+        let plain = ClientConfig::default();
+        assert!(plain.check_data_redis().is_ok());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 pub(crate) use rsc_redis::NodeConn;
 use rsc_redis::sentinel::SentinelTarget;
-use rsc_redis::{ConnSettings, LazyRedis, OpenError, Reconnect};
+use rsc_redis::{ConnSettings, LazyRedis, OpenError, Reconnect, Tls};
 use std::time::Duration;
 
 /// How the client connects to the data Redis: 2 s to connect, 5 s for a non-blocking
@@ -27,9 +27,10 @@ const SETTINGS: ConnSettings = ConnSettings {
     reconnect: Reconnect::Patient,
 };
 
-/// Checks the URLs (several only with `cluster`) without connecting.
-pub(crate) fn check(urls: &[String], cluster: bool) -> Result<(), String> {
-    LazyRedis::check(urls, cluster).map_err(|e| message(e, urls.len()))
+/// Checks the URLs (several only with `cluster`; `rediss://` where `tls` is set) without
+/// connecting.
+pub(crate) fn check(urls: &[String], cluster: bool, tls: &Tls) -> Result<(), String> {
+    LazyRedis::check(urls, cluster, tls).map_err(|e| message(e, urls.len()))
 }
 
 /// The data Redis (checked; connected on first use). Needs a Tokio runtime.
@@ -37,13 +38,14 @@ pub(crate) fn open(
     urls: &[String],
     cluster: bool,
     sentinel: Option<SentinelTarget>,
+    tls: &Tls,
 ) -> Result<LazyRedis, String> {
     match sentinel {
         Some(target) => {
-            LazyRedis::check(urls, cluster).map_err(|e| message(e, urls.len()))?;
-            LazyRedis::open_sentinel(&target, &urls[0], &SETTINGS)
+            check(urls, cluster, &Tls::default())?;
+            LazyRedis::open_sentinel(&target, &urls[0], &SETTINGS, tls)
         }
-        None => LazyRedis::open(urls, cluster, &SETTINGS),
+        None => LazyRedis::open(urls, cluster, &SETTINGS, tls),
     }
     .map_err(|e| message(e, urls.len()))
 }

@@ -133,6 +133,10 @@ pub enum ConfigError {
     /// The Redis Sentinel settings are incomplete or invalid.
     #[error("{0}")]
     Sentinel(String),
+    /// The TLS files of the data Redis cannot be used (unreadable, not PEM, a certificate
+    /// without its key, …).
+    #[error("data Redis TLS (RSC_REDIS_TLS_CA / RSC_REDIS_TLS_CERT / RSC_REDIS_TLS_KEY): {0}")]
+    Tls(String),
     /// The app has no listener.
     #[error(
         "no listeners: annotate an async fn with #[stream_listener] or add one with .listener()"

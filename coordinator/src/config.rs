@@ -6,6 +6,7 @@
 use clap::{Args, ValueEnum};
 use rsc_protocol::redact::{redact_opt, redact_url};
 use rsc_redis::sentinel::SentinelTarget;
+use rsc_redis::{Tls, TlsFiles};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,6 +74,23 @@ pub struct ServeArgs {
     /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
     #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
     pub redis_sentinel_password: Option<String>,
+    /// Connect to the sentinels of `--redis-sentinel` over TLS, and to the master too
+    /// (verified as with `rediss://`: `--redis-tls-ca`, else the system's roots).
+    #[arg(long, env = "RSC_REDIS_SENTINEL_TLS")]
+    #[serde(default)]
+    pub redis_sentinel_tls: bool,
+    /// CA certificate file (PEM) to verify the store's Redis against when `--redis-url` is
+    /// `rediss://` [default: the system's roots]. (`rediss://…/#insecure` skips the check:
+    /// for tests only.)
+    #[arg(long, env = "RSC_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<PathBuf>,
+    /// Client certificate file (PEM) for mutual TLS with the store's Redis
+    /// (`tls-auth-clients yes`); needs `--redis-tls-key`.
+    #[arg(long, env = "RSC_REDIS_TLS_CERT")]
+    pub redis_tls_cert: Option<PathBuf>,
+    /// Private key file (PEM) of `--redis-tls-cert`.
+    #[arg(long, env = "RSC_REDIS_TLS_KEY")]
+    pub redis_tls_key: Option<PathBuf>,
     /// Prefix of every Redis key [default: rsc]; characters A-Z a-z 0-9 . _ : -
     #[arg(long, env = "RSC_KEY_PREFIX")]
     pub key_prefix: Option<String>,
@@ -109,6 +127,21 @@ pub struct ServeArgs {
     /// Password of the data Redis's sentinels, if any.
     #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
     pub data_redis_sentinel_password: Option<String>,
+    /// Connect to the data Redis's sentinels over TLS, and to its master too.
+    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_TLS")]
+    #[serde(default)]
+    pub data_redis_sentinel_tls: bool,
+    /// CA certificate file (PEM) to verify the data Redis against when `--data-redis-url`
+    /// is `rediss://` [default: the system's roots].
+    #[arg(long, env = "RSC_DATA_REDIS_TLS_CA")]
+    pub data_redis_tls_ca: Option<PathBuf>,
+    /// Client certificate file (PEM) for mutual TLS with the data Redis; needs
+    /// `--data-redis-tls-key`.
+    #[arg(long, env = "RSC_DATA_REDIS_TLS_CERT")]
+    pub data_redis_tls_cert: Option<PathBuf>,
+    /// Private key file (PEM) of `--data-redis-tls-cert`.
+    #[arg(long, env = "RSC_DATA_REDIS_TLS_KEY")]
+    pub data_redis_tls_key: Option<PathBuf>,
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
@@ -162,6 +195,8 @@ pub struct ServeConfig {
     pub redis_cluster: bool,
     /// The store's master is found through these sentinels.
     pub redis_sentinel: Option<SentinelTarget>,
+    /// CA and client certificate of the store's TLS connections (loaded).
+    pub redis_tls: Tls,
     /// Key prefix.
     pub key_prefix: String,
     /// Allow non-loopback binding without an ACL.
@@ -177,6 +212,8 @@ pub struct ServeConfig {
     /// The data Redis master is found through these sentinels (`data_redis_urls` then only
     /// carries credentials).
     pub data_redis_sentinel: Option<SentinelTarget>,
+    /// CA and client certificate of the data Redis's TLS connections (loaded).
+    pub data_redis_tls: Tls,
     /// Rollback window.
     pub rollback_window_ms: u64,
     /// Delay before retired shard keys are deleted from the data Redis.
@@ -212,6 +249,10 @@ impl std::fmt::Debug for ServeArgs {
                 "redis_sentinel_password",
                 &redact_opt(&self.redis_sentinel_password),
             )
+            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
+            .field("redis_tls_ca", &self.redis_tls_ca)
+            .field("redis_tls_cert", &self.redis_tls_cert)
+            .field("redis_tls_key", &self.redis_tls_key)
             .field("key_prefix", &self.key_prefix)
             .field("allow_anonymous", &self.allow_anonymous)
             .field("admin_rate", &self.admin_rate)
@@ -230,6 +271,10 @@ impl std::fmt::Debug for ServeArgs {
                 "data_redis_sentinel_password",
                 &redact_opt(&self.data_redis_sentinel_password),
             )
+            .field("data_redis_sentinel_tls", &self.data_redis_sentinel_tls)
+            .field("data_redis_tls_ca", &self.data_redis_tls_ca)
+            .field("data_redis_tls_cert", &self.data_redis_tls_cert)
+            .field("data_redis_tls_key", &self.data_redis_tls_key)
             .field("rollback_window_ms", &self.rollback_window_ms)
             .field("retired_key_delay_ms", &self.retired_key_delay_ms)
             .field("sweep_interval_ms", &self.sweep_interval_ms)
@@ -257,6 +302,7 @@ impl std::fmt::Debug for ServeConfig {
             )
             .field("redis_cluster", &self.redis_cluster)
             .field("redis_sentinel", &self.redis_sentinel)
+            .field("redis_tls", &self.redis_tls)
             .field("key_prefix", &self.key_prefix)
             .field("allow_anonymous", &self.allow_anonymous)
             .field("admin_rate", &self.admin_rate)
@@ -270,6 +316,7 @@ impl std::fmt::Debug for ServeConfig {
             )
             .field("data_redis_cluster", &self.data_redis_cluster)
             .field("data_redis_sentinel", &self.data_redis_sentinel)
+            .field("data_redis_tls", &self.data_redis_tls)
             .field("rollback_window_ms", &self.rollback_window_ms)
             .field("retired_key_delay_ms", &self.retired_key_delay_ms)
             .field("sweep_interval_ms", &self.sweep_interval_ms)
@@ -347,6 +394,7 @@ impl ServeArgs {
                 self.redis_sentinel_password
                     .take()
                     .or(file.redis_sentinel_password.take()),
+                self.redis_sentinel_tls || file.redis_sentinel_tls,
             )?,
             sentinel_target(
                 "data-redis-sentinel",
@@ -359,6 +407,41 @@ impl ServeArgs {
                 self.data_redis_sentinel_password
                     .take()
                     .or(file.data_redis_sentinel_password.take()),
+                self.data_redis_sentinel_tls || file.data_redis_sentinel_tls,
+            )?,
+        ])
+    }
+
+    /// The TLS files of the metadata and the data Redis (these settings over `file`'s),
+    /// loaded: a file that cannot be read or used is an error here, at startup.
+    fn tls(&mut self, file: &mut ServeArgs) -> Result<[Tls; 2], ConfigError> {
+        let load = |flag: &str, files: TlsFiles| {
+            files.load().map_err(|e| {
+                ConfigError::Invalid(format!("--{flag}-ca / --{flag}-cert / --{flag}-key: {e}"))
+            })
+        };
+        Ok([
+            load(
+                "redis-tls",
+                TlsFiles {
+                    ca: self.redis_tls_ca.take().or(file.redis_tls_ca.take()),
+                    cert: self.redis_tls_cert.take().or(file.redis_tls_cert.take()),
+                    key: self.redis_tls_key.take().or(file.redis_tls_key.take()),
+                },
+            )?,
+            load(
+                "data-redis-tls",
+                TlsFiles {
+                    ca: self
+                        .data_redis_tls_ca
+                        .take()
+                        .or(file.data_redis_tls_ca.take()),
+                    cert: (self.data_redis_tls_cert.take()).or(file.data_redis_tls_cert.take()),
+                    key: self
+                        .data_redis_tls_key
+                        .take()
+                        .or(file.data_redis_tls_key.take()),
+                },
             )?,
         ])
     }
@@ -366,6 +449,7 @@ impl ServeArgs {
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
+        let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
@@ -390,6 +474,7 @@ impl ServeArgs {
                 .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
             redis_cluster: self.redis_cluster || file.redis_cluster,
             redis_sentinel,
+            redis_tls,
             key_prefix: self
                 .key_prefix
                 .or(file.key_prefix)
@@ -400,6 +485,7 @@ impl ServeArgs {
             data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
+            data_redis_tls,
             rollback_window_ms,
             retired_key_delay_ms: self
                 .retired_key_delay_ms
@@ -541,21 +627,24 @@ fn sentinel_target(
     addrs: Option<String>,
     master: Option<String>,
     password: Option<String>,
+    tls: bool,
 ) -> Result<Option<SentinelTarget>, ConfigError> {
     match (addrs, master) {
-        (None, None) if password.is_none() => Ok(None),
+        (None, None) if password.is_none() && !tls => Ok(None),
         (Some(addrs), Some(master)) if !master.trim().is_empty() => Ok(Some(SentinelTarget {
             sentinels: rsc_redis::sentinel::parse_addrs(&addrs)
                 .map_err(|e| ConfigError::Invalid(format!("--{flag}: {e}")))?,
             master_name: master.trim().to_owned(),
             username: None,
             password,
+            tls,
         })),
         (Some(_), _) => Err(ConfigError::Invalid(format!(
             "--{flag} needs --{flag}-master (the name the sentinels monitor the master under)"
         ))),
         _ => Err(ConfigError::Invalid(format!(
-            "--{flag}-master and --{flag}-password need --{flag} (the sentinel addresses)"
+            "--{flag}-master, --{flag}-password and --{flag}-tls need --{flag} (the sentinel \
+             addresses)"
         ))),
     }
 }
@@ -703,6 +792,43 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(both.resolve().is_err());
+    }
+
+    #[test]
+    fn tls_files_are_loaded_at_startup_and_named_in_errors() {
+        let none = ServeArgs::default().resolve().unwrap();
+        assert!(!none.redis_tls.is_set() && !none.data_redis_tls.is_set());
+        let missing = ServeArgs {
+            data_redis_tls_ca: Some("/nonexistent/ca.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = missing.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("--data-redis-tls-ca") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let half = ServeArgs {
+            redis_tls_cert: Some("/etc/rsc/client.pem".into()),
+            ..ServeArgs::default()
+        };
+        let e = half.resolve().unwrap_err().to_string();
+        assert!(e.contains("needs its private key"), "{e}");
+        let tls_alone = ServeArgs {
+            redis_sentinel_tls: true,
+            ..ServeArgs::default()
+        };
+        let e = tls_alone.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("--redis-sentinel-tls need --redis-sentinel"),
+            "{e}"
+        );
+        let behind = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            redis_sentinel_tls: true,
+            ..ServeArgs::default()
+        };
+        assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
     }
 
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {

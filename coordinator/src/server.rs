@@ -47,6 +47,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
                 urls: cfg.redis_urls.clone(),
                 cluster: cfg.redis_cluster,
                 sentinel: cfg.redis_sentinel.clone(),
+                tls: cfg.redis_tls.clone(),
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 ..RedisStoreConfig::default()
@@ -73,10 +74,26 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
     };
     Ok(Some(match cfg.store {
         StoreKind::Memory => WakeHub::local(limits),
-        StoreKind::Redis => {
-            WakeHub::with_redis(limits, &cfg.redis_urls, cfg.redis_cluster, &cfg.key_prefix)?
-        }
+        StoreKind::Redis => WakeHub::with_redis(limits, wake_redis(cfg)?, &cfg.key_prefix),
     }))
+}
+
+/// The wake-up hub's connection to the store's Redis: the same server, cluster or
+/// sentinel-named master, with the same TLS settings.
+fn wake_redis(cfg: &ServeConfig) -> anyhow::Result<LazyRedis> {
+    let settings = WakeHub::REDIS_SETTINGS;
+    match &cfg.redis_sentinel {
+        Some(target) => {
+            LazyRedis::open_sentinel(target, &cfg.redis_urls[0], &settings, &cfg.redis_tls)
+        }
+        None => LazyRedis::open(
+            &cfg.redis_urls,
+            cfg.redis_cluster,
+            &settings,
+            &cfg.redis_tls,
+        ),
+    }
+    .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and returns.
@@ -165,12 +182,14 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
             cfg.data_redis_cluster,
             "--data-redis-cluster",
             &settings,
+            &cfg.data_redis_tls,
         )
         .await
         .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
         info!(
             servers = urls.len(),
             cluster = cfg.data_redis_cluster,
+            tls = urls[0].starts_with("rediss://"),
             "using a data Redis"
         );
     }
@@ -185,8 +204,18 @@ fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<Laz
         .as_deref()
         .map(|urls| {
             match &cfg.data_redis_sentinel {
-                Some(target) => LazyRedis::open_sentinel(target, &urls[0], &data_settings(timeout)),
-                None => LazyRedis::open(urls, cfg.data_redis_cluster, &data_settings(timeout)),
+                Some(target) => LazyRedis::open_sentinel(
+                    target,
+                    &urls[0],
+                    &data_settings(timeout),
+                    &cfg.data_redis_tls,
+                ),
+                None => LazyRedis::open(
+                    urls,
+                    cfg.data_redis_cluster,
+                    &data_settings(timeout),
+                    &cfg.data_redis_tls,
+                ),
             }
             .map_err(|e| match e {
                 rsc_redis::OpenError::SeveralUrls => anyhow::anyhow!(

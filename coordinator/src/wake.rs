@@ -99,23 +99,21 @@ impl WakeHub {
         }
     }
 
-    /// A hub linked to the other coordinators on the same Redis through pub/sub on
-    /// `<prefix>:wake:{<group>}`. Connects lazily; spawns the subscriber task (needs a Tokio
-    /// runtime).
-    pub fn with_redis(
-        limits: WakeLimits,
-        urls: &[String],
-        cluster: bool,
-        prefix: &str,
-    ) -> anyhow::Result<Arc<Self>> {
-        let settings = ConnSettings {
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(2),
-            operation_timeout: Duration::from_secs(2),
-            reconnect: Reconnect::Quick,
-        };
-        let publisher = LazyRedis::open(urls, cluster, &settings)
-            .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))?;
+    /// The connection settings of the wake-up publisher ([`Self::with_redis`]).
+    pub const REDIS_SETTINGS: ConnSettings = ConnSettings {
+        connect_timeout: Duration::from_secs(2),
+        response_timeout: Duration::from_secs(2),
+        operation_timeout: Duration::from_secs(2),
+        reconnect: Reconnect::Quick,
+    };
+
+    /// A hub linked to the other coordinators on the same Redis (`publisher`, opened with
+    /// [`Self::REDIS_SETTINGS`]: one server, a cluster, or the master the sentinels name)
+    /// through pub/sub on `<prefix>:wake:{<group>}`. Connects lazily; spawns the subscriber
+    /// task, whose own connections go where the publisher's do, with its TLS settings (needs a
+    /// Tokio runtime).
+    pub fn with_redis(limits: WakeLimits, publisher: LazyRedis, prefix: &str) -> Arc<Self> {
+        let redis = publisher.clone();
         let (commands, rx) = mpsc::unbounded_channel();
         let bus = RedisBus {
             publisher,
@@ -123,9 +121,8 @@ impl WakeHub {
             commands,
         };
         let hub = Arc::new(Self::new(limits, Some(bus)));
-        let seeds = urls.to_vec();
-        tokio::spawn(subscriber(Arc::downgrade(&hub), seeds, rx));
-        Ok(hub)
+        tokio::spawn(subscriber(Arc::downgrade(&hub), redis, rx));
+        hub
     }
 
     /// The limits.
@@ -424,12 +421,12 @@ enum BusCommand {
 /// hub is gone.
 async fn subscriber(
     hub: Weak<WakeHub>,
-    seeds: Vec<String>,
+    redis: LazyRedis,
     commands: mpsc::UnboundedReceiver<BusCommand>,
 ) {
     Subscriber {
         hub,
-        seeds,
+        redis,
         commands,
         attempt: 0,
         backoff: Duration::from_millis(100),
@@ -441,7 +438,8 @@ async fn subscriber(
 /// The state of the [`subscriber`] task across its connections.
 struct Subscriber {
     hub: Weak<WakeHub>,
-    seeds: Vec<String>,
+    /// Where to connect: the next seed, or the master the sentinels name.
+    redis: LazyRedis,
     commands: mpsc::UnboundedReceiver<BusCommand>,
     /// Connection attempts so far (picks the seed).
     attempt: usize,
@@ -486,17 +484,37 @@ impl Subscriber {
         }
     }
 
-    /// One connection attempt to the next seed (within 2 s); `None` after logging a failure.
+    /// One connection attempt to the next seed, or behind sentinels to the current master
+    /// (within 2 s, or the sentinels' look-up bound); `None` after logging a failure.
     async fn connect(&mut self) -> Option<redis::aio::PubSub> {
-        let url = &self.seeds[self.attempt % self.seeds.len()];
+        let seeds = self.redis.seeds();
+        let seed = seeds[self.attempt % seeds.len()].clone();
         self.attempt += 1;
+        let sentinel = self.redis.sentinel().cloned();
+        let mut master = None;
         let connected = async {
-            let client = redis::Client::open(url.as_str())?;
+            let target = match &sentinel {
+                Some(s) => {
+                    let (generation, info) = s.master().await?;
+                    master = Some(generation);
+                    info
+                }
+                None => seed,
+            };
+            let client = redis::Client::open(target)?;
             client.get_async_pubsub().await
         };
-        match tokio::time::timeout(Duration::from_secs(2), connected).await {
+        let bound = match &sentinel {
+            Some(_) => Duration::from_secs(10),
+            None => Duration::from_secs(2),
+        };
+        match tokio::time::timeout(bound, connected).await {
             Ok(Ok(p)) => Some(p),
             Ok(Err(e)) => {
+                if let (Some(s), Some(generation)) = (&sentinel, master) {
+                    // A dead master: the next attempt asks the sentinels again.
+                    s.report(generation, &e);
+                }
                 warn!(error = %e, "wake-up subscriber cannot connect; retrying (members wake at their heartbeats meanwhile)");
                 None
             }

@@ -10,7 +10,7 @@
 use redis::Commands;
 use rsc_coordinator::fencing::{Asserted, OwnerTokens};
 use rsc_protocol::routing::{owner_key, shard_key};
-use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect, Tls};
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -125,7 +125,7 @@ async fn scenario(tokens_writer: &OwnerTokens, keys: &mut dyn Keys, stream: &str
 #[tokio::test]
 async fn standalone_redis() {
     let redis = RedisServer::start().expect("redis-server starts");
-    let lazy = LazyRedis::open(&[redis.url()], false, &settings()).unwrap();
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
     let writer = OwnerTokens::new(lazy, TIMEOUT);
     let client = redis::Client::open(redis.url()).unwrap();
     let mut con = client.get_connection().unwrap();
@@ -169,7 +169,7 @@ async fn redis_cluster() {
         .collect();
     assert!(owners.len() > 1, "owner keys on several nodes: {owners:?}");
 
-    let lazy = LazyRedis::open(&cluster.urls(), true, &settings()).unwrap();
+    let lazy = LazyRedis::open(&cluster.urls(), true, &settings(), &Tls::default()).unwrap();
     assert!(lazy.is_cluster());
     let writer = OwnerTokens::new(lazy, TIMEOUT);
     let mut con = redis::cluster::ClusterClient::new(cluster.urls())
@@ -208,7 +208,7 @@ async fn one_unlink_deletes_keys_of_several_slots_on_a_cluster() {
     for k in &keys {
         Keys::set(&mut sync, k, "x");
     }
-    let lazy = LazyRedis::open(&cluster.urls(), true, &settings()).unwrap();
+    let lazy = LazyRedis::open(&cluster.urls(), true, &settings(), &Tls::default()).unwrap();
     let mut conn = lazy.get().await.unwrap();
     let deleted: i64 = tokio::time::timeout(
         TIMEOUT,
@@ -264,7 +264,7 @@ fn owner_node(cluster: &RedisCluster, slot: i64) -> usize {
 #[tokio::test]
 async fn concurrent_assertions_each_get_their_own_outcome() {
     let redis = RedisServer::start().expect("redis-server starts");
-    let lazy = LazyRedis::open(&[redis.url()], false, &settings()).unwrap();
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
     let writer = OwnerTokens::new(lazy, TIMEOUT);
     let client = redis::Client::open(redis.url()).unwrap();
     let mut con = client.get_connection().unwrap();

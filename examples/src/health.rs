@@ -44,8 +44,9 @@ struct Inner {
 
 impl Health {
     /// Checks the coordinators (comma-separated base URLs, as `--coordinator`) and the data
-    /// Redis (one URL, or a cluster's comma-separated seed nodes).
-    pub fn new(coordinators: &str, redis_url: &str) -> anyhow::Result<Self> {
+    /// Redis `data` names ([`crate::data_redis`]): its server or cluster seed nodes (with its
+    /// TLS settings), or behind Redis Sentinel the master the sentinels name.
+    pub fn new(coordinators: &str, data: &rsc_redis::LazyRedis) -> anyhow::Result<Self> {
         let coordinators = coordinators
             .split(',')
             .map(|u| u.trim().trim_end_matches('/').to_owned())
@@ -54,27 +55,18 @@ impl Health {
         Ok(Health {
             inner: Arc::new(Inner {
                 coordinators,
-                redis: redis_url
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|u| !u.is_empty())
-                    .map(redis::Client::open)
-                    .collect::<Result<_, _>>()?,
-                sentinel: None,
+                redis: match data.sentinel() {
+                    Some(_) => Vec::new(),
+                    None => (data.seeds().iter().cloned())
+                        .map(redis::Client::open)
+                        .collect::<Result<_, _>>()?,
+                },
+                sentinel: data.sentinel().map(|_| data.clone()),
                 metrics: None,
                 http: reqwest::Client::builder().timeout(CHECK_TIMEOUT).build()?,
                 shutting_down: AtomicBool::new(false),
             }),
         })
-    }
-
-    /// Checks the data Redis master through this handle to the master the sentinels name
-    /// ([`crate::data_redis`]) instead of the URL's host.
-    pub fn sentinel(mut self, redis: rsc_redis::LazyRedis) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.sentinel = Some(redis);
-        }
-        self
     }
 
     /// Serves `/metrics` from this Prometheus recorder ([`crate::install_metrics`]).

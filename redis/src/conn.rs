@@ -2,10 +2,13 @@
 //! through Redis Sentinel, and [`Conn`], the routed connection it hands out.
 
 use crate::sentinel::{SentinelConfig, SentinelConn, SentinelError, SentinelRedis, SentinelTarget};
+use crate::tls::{Tls, is_tls};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -55,6 +58,15 @@ pub enum OpenError {
     /// The sentinel settings are wrong.
     #[error("invalid Redis Sentinel settings: {0}")]
     Sentinel(#[from] SentinelError),
+    /// A CA or client certificate is given, but no connection uses TLS.
+    #[error(
+        "TLS certificates are given but the Redis URL does not use TLS: write rediss://HOST:PORT \
+         (behind Redis Sentinel: a rediss:// URL or the sentinel TLS option)"
+    )]
+    TlsNeedsRediss,
+    /// Some cluster seed URLs use TLS (`rediss://`) and some do not.
+    #[error("the Redis Cluster seed URLs mix rediss:// and redis://: use one scheme for all")]
+    MixedTls,
 }
 
 /// One connection, standalone, cluster or sentinel-named master (all multiplex and are
@@ -153,52 +165,90 @@ impl std::fmt::Debug for LazyRedis {
             .field("cluster", &self.is_cluster())
             .field("sentinel", &self.sentinel().is_some())
             .field("seeds", &self.0.seeds.len())
+            .field("tls", &self.uses_tls())
             .finish_non_exhaustive()
     }
 }
 
-/// Parses `urls` (one, or with `cluster` several seed nodes) without connecting.
-fn seeds(urls: &[String], cluster: bool) -> Result<Vec<ConnectionInfo>, OpenError> {
+/// Parses `urls` (one, or with `cluster` several seed nodes) without connecting, and gives
+/// `rediss://` ones `tls`'s certificates.
+fn seeds(urls: &[String], cluster: bool, tls: &Tls) -> Result<Vec<ConnectionInfo>, OpenError> {
     if urls.is_empty() {
         return Err(OpenError::NoUrl);
     }
     if !cluster && urls.len() > 1 {
         return Err(OpenError::SeveralUrls);
     }
-    urls.iter()
+    let infos = urls
+        .iter()
         .map(|u| {
             u.as_str()
                 .into_connection_info()
                 .map_err(OpenError::Invalid)
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    match infos.iter().filter(|i| is_tls(i)).count() {
+        0 if tls.is_set() => Err(OpenError::TlsNeedsRediss),
+        0 => Ok(infos),
+        n if n < infos.len() => Err(OpenError::MixedTls),
+        _ => {
+            crate::tls::ensure_provider();
+            infos
+                .into_iter()
+                .map(|i| tls.apply(i).map_err(OpenError::Invalid))
+                .collect()
+        }
+    }
+}
+
+/// A Redis Cluster client for `seeds` (TLS as the seeds say, with `tls`'s certificates).
+fn cluster_client(
+    seeds: &[ConnectionInfo],
+    settings: &ConnSettings,
+    tls: &Tls,
+) -> Result<ClusterClient, OpenError> {
+    let mut builder = ClusterClient::builder(seeds.to_vec())
+        .connection_timeout(settings.connect_timeout)
+        .response_timeout(settings.response_timeout)
+        .overall_response_timeout(Some(settings.operation_timeout));
+    builder = match settings.reconnect {
+        Reconnect::Quick => builder.retries(2).min_retry_wait(10).max_retry_wait(100),
+        Reconnect::Patient => builder.retries(3),
+    };
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls.certs() {
+        // The nodes the cluster names get the seeds' TLS mode and these certificates.
+        let mode = match seeds[0].addr() {
+            redis::ConnectionAddr::TcpTls { insecure: true, .. } => redis::TlsMode::Insecure,
+            _ => redis::TlsMode::Secure,
+        };
+        builder = builder.tls(mode).certs(certs);
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = tls;
+    builder.build().map_err(OpenError::Invalid)
 }
 
 impl LazyRedis {
     /// Checks `urls` as [`Self::open`] would, without connecting or needing a runtime.
-    pub fn check(urls: &[String], cluster: bool) -> Result<(), OpenError> {
-        seeds(urls, cluster).map(drop)
+    pub fn check(urls: &[String], cluster: bool, tls: &Tls) -> Result<(), OpenError> {
+        seeds(urls, cluster, tls).map(drop)
     }
 
-    /// A handle for `urls`: one server, or with `cluster` one or more seed nodes. Connects
-    /// on first use; fails only on wrong settings. Needs a Tokio runtime.
+    /// A handle for `urls`: one server, or with `cluster` one or more seed nodes. A
+    /// `rediss://` URL connects over TLS, verifying the server against `tls`'s CA (else the
+    /// system's roots) and presenting its client certificate if it has one. Connects on
+    /// first use; fails only on wrong settings. Needs a Tokio runtime.
     pub fn open(
         urls: &[String],
         cluster: bool,
         settings: &ConnSettings,
+        tls: &Tls,
     ) -> Result<Self, OpenError> {
-        let seeds = seeds(urls, cluster)?;
+        let seeds = seeds(urls, cluster, tls)?;
         let backend = if cluster {
-            let mut builder = ClusterClient::builder(seeds.clone())
-                .connection_timeout(settings.connect_timeout)
-                .response_timeout(settings.response_timeout)
-                .overall_response_timeout(Some(settings.operation_timeout));
-            builder = match settings.reconnect {
-                Reconnect::Quick => builder.retries(2).min_retry_wait(10).max_retry_wait(100),
-                Reconnect::Patient => builder.retries(3),
-            };
             Backend::Cluster {
-                client: Box::new(builder.build().map_err(OpenError::Invalid)?),
+                client: Box::new(cluster_client(&seeds, settings, tls)?),
                 conn: OnceCell::new(),
             }
         } else {
@@ -227,17 +277,35 @@ impl LazyRedis {
     }
 
     /// A handle for the master that `target`'s sentinels name; `master_url`'s user name,
-    /// password and database number are used on the master (its host is not). Connects on
-    /// first use; fails only on wrong settings.
+    /// password and database number are used on the master (its host is not). The master
+    /// is reached over TLS when `master_url` is `rediss://` (`#insecure`: unverified) or
+    /// `target.tls` is set, the sentinels when `target.tls` is set; both with `tls`'s
+    /// certificates. Connects on first use; fails only on wrong settings.
     pub fn open_sentinel(
         target: &SentinelTarget,
         master_url: &str,
         settings: &ConnSettings,
+        tls: &Tls,
     ) -> Result<Self, OpenError> {
         let master = master_url
             .into_connection_info()
             .map_err(OpenError::Invalid)?;
+        let master_tls = match master.addr() {
+            redis::ConnectionAddr::TcpTls { insecure: true, .. } => Some(redis::TlsMode::Insecure),
+            redis::ConnectionAddr::TcpTls { .. } => Some(redis::TlsMode::Secure),
+            _ if target.tls => Some(redis::TlsMode::Secure),
+            _ => None,
+        };
+        if master_tls.is_none() && tls.is_set() {
+            return Err(OpenError::TlsNeedsRediss);
+        }
+        if master_tls.is_some() {
+            crate::tls::ensure_provider();
+        }
         let redis = SentinelRedis::open(SentinelConfig {
+            sentinel_tls: target.tls,
+            master_tls,
+            tls: tls.clone(),
             sentinels: target.sentinels.clone(),
             master_name: target.master_name.clone(),
             sentinel_username: target.username.clone(),
@@ -256,6 +324,21 @@ impl LazyRedis {
     /// Whether this talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.0.backend, Backend::Cluster { .. })
+    }
+
+    /// The server, or the cluster's seed nodes, as configured (TLS settings included), for a
+    /// caller that opens a connection of another kind to them (pub/sub). Behind sentinels:
+    /// only the master's credentials and database (its host is not used).
+    pub fn seeds(&self) -> &[ConnectionInfo] {
+        &self.0.seeds
+    }
+
+    /// Whether the connections use TLS (`rediss://` URLs; behind sentinels: to the master).
+    pub fn uses_tls(&self) -> bool {
+        match self.sentinel() {
+            Some(s) => s.config().master_tls.is_some(),
+            None => self.0.seeds.iter().any(is_tls),
+        }
     }
 
     /// Behind Redis Sentinel: the master look-up.
@@ -328,6 +411,18 @@ pub enum ModeError {
         /// The option that selects cluster mode.
         flag: String,
     },
+    /// The TLS handshake failed: the server's certificate was not trusted, or the server
+    /// refused the client's (or its absence). A setting to fix, not an outage to wait out.
+    #[error(
+        "TLS to Redis at {addr} failed: {reason} (check the TLS CA and client certificate \
+         settings, and that the URL's host is named in the server's certificate)"
+    )]
+    Tls {
+        /// The server's address (`HOST:PORT`).
+        addr: String,
+        /// rustls's reason.
+        reason: String,
+    },
 }
 
 /// Checks that the server at `url` is a cluster node exactly when `cluster` is set, over a
@@ -339,9 +434,19 @@ pub async fn check_mode(
     cluster: bool,
     flag: &str,
     settings: &ConnSettings,
+    tls: &Tls,
 ) -> Result<(), ModeError> {
+    let info = seeds(&[url.to_owned()], false, tls).map(|mut s| s.remove(0));
+    let addr = info
+        .as_ref()
+        .map(|i| i.addr().to_string())
+        .unwrap_or_default();
     let ask = async {
-        let client = redis::Client::open(url)?;
+        let info = info.map_err(|e| match e {
+            OpenError::Invalid(e) => e,
+            e => RedisError::from((ErrorKind::InvalidClientConfig, "settings", e.to_string())),
+        })?;
+        let client = redis::Client::open(info)?;
         let mut conn = client
             .get_multiplexed_async_connection_with_config(
                 &redis::AsyncConnectionConfig::new()
@@ -364,12 +469,15 @@ pub async fn check_mode(
                 _ => Ok(()),
             }
         }
-        Ok(Err(e)) => {
-            warn!(%url, error = %e, "Redis does not answer yet; the coordinator will connect when it does");
-            Ok(())
-        }
+        Ok(Err(e)) => match crate::tls::tls_failure(&e) {
+            Some(reason) => Err(ModeError::Tls { addr, reason }),
+            None => {
+                warn!(%addr, error = %e, "Redis does not answer yet; the coordinator will connect when it does");
+                Ok(())
+            }
+        },
         Err(_) => {
-            warn!(%url, "Redis does not answer yet; the coordinator will connect when it does");
+            warn!(%addr, "Redis does not answer yet; the coordinator will connect when it does");
             Ok(())
         }
     }
@@ -392,27 +500,87 @@ mod tests {
     fn urls_are_checked_without_connecting() {
         let one = vec!["redis://127.0.0.1:1".to_owned()];
         let two = vec![one[0].clone(), "redis://127.0.0.1:2".to_owned()];
-        assert!(LazyRedis::check(&one, false).is_ok());
-        assert!(LazyRedis::check(&two, true).is_ok());
+        let no = Tls::default();
+        assert!(LazyRedis::check(&one, false, &no).is_ok());
+        assert!(LazyRedis::check(&two, true, &no).is_ok());
         assert!(matches!(
-            LazyRedis::check(&two, false),
+            LazyRedis::check(&two, false, &no),
             Err(OpenError::SeveralUrls)
         ));
-        assert!(matches!(LazyRedis::check(&[], true), Err(OpenError::NoUrl)));
-        let bad = LazyRedis::check(&["nonsense://".to_owned()], false).unwrap_err();
+        assert!(matches!(
+            LazyRedis::check(&[], true, &no),
+            Err(OpenError::NoUrl)
+        ));
+        let bad = LazyRedis::check(&["nonsense://".to_owned()], false, &no).unwrap_err();
         assert!(matches!(bad, OpenError::Invalid(_)));
         assert!(bad.to_string().contains("Redis URL"), "{bad}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_settings_need_rediss_urls() {
+        let tls = crate::tls::tests_ca();
+        let plain = vec!["redis://127.0.0.1:1".to_owned()];
+        let secure = vec!["rediss://127.0.0.1:1".to_owned()];
+        let e = LazyRedis::check(&plain, false, &tls).unwrap_err();
+        assert!(matches!(e, OpenError::TlsNeedsRediss), "{e}");
+        assert!(LazyRedis::check(&secure, false, &tls).is_ok());
+        assert!(LazyRedis::check(&secure, false, &Tls::default()).is_ok());
+        let insecure = vec!["rediss://127.0.0.1:1/#insecure".to_owned()];
+        assert!(LazyRedis::check(&insecure, false, &Tls::default()).is_ok());
+        let mixed = vec![plain[0].clone(), secure[0].clone()];
+        let e = LazyRedis::check(&mixed, true, &Tls::default()).unwrap_err();
+        assert!(matches!(e, OpenError::MixedTls), "{e}");
+        let seeds = seeds(&secure, false, &tls).unwrap();
+        assert!(matches!(
+            seeds[0].addr(),
+            redis::ConnectionAddr::TcpTls {
+                tls_params: Some(_),
+                ..
+            }
+        ));
+    }
+
+    #[cfg(feature = "tls")]
+    #[tokio::test]
+    async fn tls_handles_are_made_for_a_server_a_cluster_and_sentinels() {
+        let tls = crate::tls::tests_ca();
+        let secure = vec!["rediss://:pw@127.0.0.1:1".to_owned()];
+        let one = LazyRedis::open(&secure, false, &settings(), &tls).unwrap();
+        let shown = format!("{one:?}");
+        assert!(
+            !shown.contains("pw") && shown.contains("tls: true"),
+            "{shown}"
+        );
+        assert!(LazyRedis::open(&secure, true, &settings(), &tls).is_ok());
+        let target = SentinelTarget {
+            sentinels: vec![("127.0.0.1".into(), 1)],
+            master_name: "m".into(),
+            username: None,
+            password: None,
+            tls: true,
+        };
+        let plain_master = "redis://sentinel-master/";
+        assert!(LazyRedis::open_sentinel(&target, plain_master, &settings(), &tls).is_ok());
+        let no_tls = SentinelTarget {
+            tls: false,
+            ..target
+        };
+        let e = LazyRedis::open_sentinel(&no_tls, plain_master, &settings(), &tls).unwrap_err();
+        assert!(matches!(e, OpenError::TlsNeedsRediss), "{e}");
+        let tls_master = "rediss://sentinel-master/";
+        assert!(LazyRedis::open_sentinel(&no_tls, tls_master, &settings(), &tls).is_ok());
     }
 
     #[tokio::test]
     async fn a_handle_is_made_without_a_server_and_fails_its_first_command() {
         let url = vec!["redis://127.0.0.1:1".to_owned()];
-        let mut redis = LazyRedis::open(&url, false, &settings()).unwrap();
+        let mut redis = LazyRedis::open(&url, false, &settings(), &Tls::default()).unwrap();
         assert!(!redis.is_cluster());
         assert!(!format!("{redis:?}").contains("127.0.0.1"));
         let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut redis).await;
         assert!(r.is_err());
-        let cluster = LazyRedis::open(&url, true, &settings()).unwrap();
+        let cluster = LazyRedis::open(&url, true, &settings(), &Tls::default()).unwrap();
         assert!(cluster.is_cluster());
         assert!(cluster.get().await.is_err());
     }

@@ -15,13 +15,18 @@
 //!   up through the sentinels; a connection to a master that died or was demoted
 //!   (`READONLY`) is dropped and the new master looked up on next use.
 //!
+//! - TLS ([`tls`]): a `rediss://` URL connects over TLS (standalone, cluster seeds, the
+//!   master behind sentinels), verified against the system's roots or the CA of a [`Tls`]
+//!   (loaded from files by [`TlsFiles::load`]), with an optional client certificate; the
+//!   sentinels themselves over TLS with [`sentinel::SentinelTarget::tls`].
+//!
 //! Nothing is retried beyond one command's reconnection ([`Reconnect`]): a failed command
 //! returns its error, and the caller's own retry lands on the recovered server.
 //!
 //! # Example
 //!
 //! ```no_run
-//! use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
+//! use rsc_redis::{ConnSettings, LazyRedis, Reconnect, Tls};
 //! use std::time::Duration;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +39,7 @@
 //! // Three seed nodes of a Redis Cluster; nothing is connected yet.
 //! let urls = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000", "redis://10.0.0.3:7000"]
 //!     .map(String::from);
-//! let redis = LazyRedis::open(&urls, true, &settings)?;
+//! let redis = LazyRedis::open(&urls, true, &settings, &Tls::default())?;
 //! let mut conn = redis.get().await?;
 //! let () = redis::cmd("SET").arg("greeting").arg("hello").query_async(&mut conn).await?;
 //! # Ok(())
@@ -46,6 +51,8 @@
 mod conn;
 mod node;
 pub mod sentinel;
+pub mod tls;
 
 pub use conn::{Conn, ConnSettings, LazyRedis, ModeError, OpenError, Reconnect, check_mode};
 pub use node::NodeConn;
+pub use tls::{Tls, TlsError, TlsFiles};

@@ -4,8 +4,8 @@ use crate::conn::LazyRedis;
 use crate::sentinel::is_failover_error;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError,
-    RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
 };
 use std::time::Duration;
 use tracing::{debug, info};
@@ -147,8 +147,8 @@ impl NodeConn {
             node = addr,
             slot, "the shard's slot is served by another node: following"
         );
-        let seed = self.redis.0.seeds[0].clone();
-        self.node = Some(seed.set_addr(ConnectionAddr::Tcp(host, port)));
+        // The node gets the seeds' TLS settings (a cluster uses TLS on every node or none).
+        self.node = Some(crate::tls::same_tls_at(&self.redis.0.seeds[0], host, port));
         self.conn = None;
     }
 

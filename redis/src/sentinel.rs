@@ -41,6 +41,15 @@ pub struct SentinelConfig {
     pub connect_timeout: Duration,
     /// Time to wait for one reply of the master.
     pub response_timeout: Duration,
+    /// Connect to the sentinels over TLS (verified as [`Self::master_tls`] says, `Secure`
+    /// when that is unset).
+    pub sentinel_tls: bool,
+    /// Connect to the master over TLS: `Secure` verifies its certificate, `Insecure` does
+    /// not (tests only). `None`: plain TCP.
+    pub master_tls: Option<redis::TlsMode>,
+    /// CA and client certificate for the TLS connections (default: the system's roots, no
+    /// client certificate).
+    pub tls: crate::Tls,
 }
 
 impl std::fmt::Debug for SentinelConfig {
@@ -49,6 +58,9 @@ impl std::fmt::Debug for SentinelConfig {
         f.debug_struct("SentinelConfig")
             .field("sentinels", &self.sentinels)
             .field("master_name", &self.master_name)
+            .field("sentinel_tls", &self.sentinel_tls)
+            .field("master_tls", &self.master_tls)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -66,6 +78,8 @@ pub struct SentinelTarget {
     pub username: Option<String>,
     /// Password for the sentinels.
     pub password: Option<String>,
+    /// Connect to the sentinels over TLS, and to the master too.
+    pub tls: bool,
 }
 
 impl std::fmt::Debug for SentinelTarget {
@@ -73,6 +87,7 @@ impl std::fmt::Debug for SentinelTarget {
         f.debug_struct("SentinelTarget")
             .field("sentinels", &self.sentinels)
             .field("master_name", &self.master_name)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +107,9 @@ pub enum SentinelError {
     /// redis-rs refused the settings.
     #[error("invalid sentinel settings: {0}")]
     Invalid(#[source] RedisError),
+    /// TLS certificates are given, but neither the sentinels nor the master use TLS.
+    #[error("TLS certificates are given but neither the sentinels nor the master use TLS")]
+    TlsUnused,
 }
 
 /// Parses `HOST:PORT[,HOST:PORT…]` (spaces around commas allowed, `[v6]:port` accepted).
@@ -118,6 +136,42 @@ pub fn parse_addrs(list: &str) -> Result<Vec<(String, u16)>, SentinelError> {
         return Err(SentinelError::NoSentinel);
     }
     Ok(addrs)
+}
+
+/// The TLS settings of `config` on `builder`: the sentinels' and the master's.
+fn with_tls(
+    mut builder: SentinelClientBuilder,
+    config: &SentinelConfig,
+) -> Result<SentinelClientBuilder, SentinelError> {
+    if config.sentinel_tls {
+        builder = builder
+            .set_client_to_sentinel_tls_mode(config.master_tls.unwrap_or(redis::TlsMode::Secure));
+    }
+    if let Some(mode) = config.master_tls {
+        builder = builder.set_client_to_redis_tls_mode(mode);
+    }
+    if !config.sentinel_tls && config.master_tls.is_none() {
+        return match config.tls.is_set() {
+            true => Err(SentinelError::TlsUnused),
+            false => Ok(builder),
+        };
+    }
+    #[cfg(feature = "tls")]
+    if let Some(certs) = config.tls.certs() {
+        if config.sentinel_tls {
+            builder = builder.set_client_to_sentinel_certificates(certs.clone());
+        }
+        if config.master_tls.is_some() {
+            builder = builder.set_client_to_redis_certificates(certs);
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    return Err(SentinelError::Invalid(RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "TLS to Redis is not built in: enable the `tls` feature of rsc-redis",
+    ))));
+    #[cfg(feature = "tls")]
+    Ok(builder)
 }
 
 /// Whether `e` says the connection's master is gone or no longer master: the connection is
@@ -179,12 +233,21 @@ impl SentinelRedis {
             config
                 .sentinels
                 .iter()
-                .map(|(h, p)| ConnectionAddr::Tcp(h.clone(), *p)),
+                .map(|(h, p)| match config.sentinel_tls {
+                    true => ConnectionAddr::TcpTls {
+                        host: h.clone(),
+                        port: *p,
+                        insecure: false,
+                        tls_params: None,
+                    },
+                    false => ConnectionAddr::Tcp(h.clone(), *p),
+                }),
             config.master_name.clone(),
             SentinelServerType::Master,
         )
         .map_err(SentinelError::Invalid)?
         .set_client_to_redis_db(config.master.db());
+        builder = with_tls(builder, &config)?;
         if let Some(u) = config.master.username() {
             builder = builder.set_client_to_redis_username(u);
         }
@@ -412,6 +475,9 @@ mod tests {
             master: redis::RedisConnectionInfo::default(),
             connect_timeout: Duration::from_millis(100),
             response_timeout: Duration::from_millis(100),
+            sentinel_tls: false,
+            master_tls: None,
+            tls: crate::Tls::default(),
         };
         let r = SentinelRedis::open(cfg.clone()).unwrap();
         assert!(!format!("{r:?}").contains("secret"));

@@ -1,6 +1,6 @@
 //! A local Redis Cluster of `redis-server` processes.
 
-use crate::redis::{RedisOptions, RedisServer};
+use crate::redis::{RedisOptions, RedisServer, RedisTls};
 use crate::wait_for;
 use std::io::{self, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -28,19 +28,34 @@ impl RedisCluster {
     /// Starts the nodes, forms the cluster and waits until every node reports
     /// `cluster_state:ok` (about 2 s: a fresh primary waits before it accepts writes).
     pub fn start() -> io::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// Same, TLS only (`tls-cluster yes`: the cluster bus too) with `certs`' server
+    /// certificate; [`Self::urls`] are `rediss://`.
+    pub fn start_tls(certs: &crate::TlsCerts) -> io::Result<Self> {
+        Self::start_with(Some(RedisTls::new(certs, "optional")))
+    }
+
+    fn start_with(tls: Option<RedisTls>) -> io::Result<Self> {
         let mut nodes = Vec::with_capacity(CLUSTER_NODES);
         for _ in 0..CLUSTER_NODES {
+            let mut extra_args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]
+            .map(String::from)
+            .to_vec();
+            if tls.is_some() {
+                extra_args.extend(["--tls-cluster".into(), "yes".into()]);
+            }
             nodes.push(RedisServer::start_with(RedisOptions {
-                extra_args: [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ]
-                .map(String::from)
-                .to_vec(),
+                extra_args,
+                tls: tls.clone(),
                 ..RedisOptions::default()
             })?);
         }
@@ -48,7 +63,18 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let mut create = Command::new(redis_cli_binary())
+        let mut create = Command::new(redis_cli_binary());
+        if let Some(t) = &tls {
+            create
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.cert)
+                .arg("--key")
+                .arg(&t.key);
+        }
+        let mut create = create
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -158,7 +184,7 @@ impl RedisCluster {
         self.urls().join(",")
     }
 
-    /// Every node's `redis://HOST:PORT`.
+    /// Every node's `redis://HOST:PORT` (`rediss://` over TLS).
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }

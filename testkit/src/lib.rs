@@ -17,11 +17,13 @@ mod cluster;
 mod coordinator;
 mod redis;
 mod sentinel;
+mod tls;
 
 pub use cluster::{CLUSTER_NODES, RedisCluster};
 pub use coordinator::{CoordinatorProcess, binary_path};
-pub use redis::{RedisOptions, RedisServer};
+pub use redis::{RedisOptions, RedisServer, RedisTls};
 pub use sentinel::{SENTINEL_MASTER, SentinelDeployment};
+pub use tls::TlsCerts;
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};

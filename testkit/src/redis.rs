@@ -17,6 +17,54 @@ pub struct RedisOptions {
     pub extra_args: Vec<String>,
     /// Bind address (default `127.0.0.1`).
     pub bind: Option<String>,
+    /// Serve TLS only ([`RedisTls`]): the port is a TLS port, [`RedisServer::url`] is
+    /// `rediss://`.
+    pub tls: Option<RedisTls>,
+}
+
+/// The TLS settings of a test server ([`RedisOptions::tls`]): `--port 0 --tls-port P` with
+/// these files.
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    /// `--tls-cert-file` (also the certificate redis-server presents as a client, to its
+    /// master).
+    pub cert: PathBuf,
+    /// `--tls-key-file`.
+    pub key: PathBuf,
+    /// `--tls-ca-cert-file`: the CA client certificates must be signed by.
+    pub ca: PathBuf,
+    /// `--tls-auth-clients`: `no`, `optional` (a client certificate, if sent, must be valid)
+    /// or `yes` (required).
+    pub auth_clients: String,
+}
+
+impl RedisTls {
+    /// The server certificate of `certs`, their CA for clients, and `auth_clients`.
+    pub fn new(certs: &crate::TlsCerts, auth_clients: &str) -> Self {
+        RedisTls {
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+            ca: certs.ca(),
+            auth_clients: auth_clients.to_owned(),
+        }
+    }
+
+    /// The `redis-server` (or sentinel) arguments for a TLS-only server on `port`.
+    pub fn args(&self, port: u16) -> Vec<String> {
+        let path = |p: &PathBuf| p.display().to_string();
+        [
+            ("--port", "0".to_owned()),
+            ("--tls-port", port.to_string()),
+            ("--tls-cert-file", path(&self.cert)),
+            ("--tls-key-file", path(&self.key)),
+            ("--tls-ca-cert-file", path(&self.ca)),
+            ("--tls-auth-clients", self.auth_clients.clone()),
+            ("--tls-replication", "yes".to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect()
+    }
 }
 
 /// A `redis-server` on a free loopback port, in its own temporary directory.
@@ -40,6 +88,14 @@ impl RedisServer {
     /// A standalone server without persistence.
     pub fn start() -> io::Result<Self> {
         Self::start_with(RedisOptions::default())
+    }
+
+    /// A TLS-only server (`--tls-auth-clients auth_clients`) with `certs`' server certificate.
+    pub fn start_tls(certs: &crate::TlsCerts, auth_clients: &str) -> io::Result<Self> {
+        Self::start_with(RedisOptions {
+            tls: Some(RedisTls::new(certs, auth_clients)),
+            ..RedisOptions::default()
+        })
     }
 
     /// A server with these options.
@@ -67,9 +123,11 @@ impl RedisServer {
 
     fn spawn(&mut self) -> io::Result<()> {
         let mut cmd = Command::new(redis_server_binary());
+        match &self.options.tls {
+            Some(tls) => cmd.args(tls.args(self.port)),
+            None => cmd.arg("--port").arg(self.port.to_string()),
+        };
         cmd.current_dir(self.dir.path())
-            .arg("--port")
-            .arg(self.port.to_string())
             .arg("--bind")
             .arg(&self.bind)
             .arg("--dir")
@@ -99,6 +157,8 @@ impl RedisServer {
         })?;
         let port = self.port;
         let host = self.bind.clone();
+        let log = self.dir.path().join("redis.log");
+        let tls = self.options.tls.is_some();
         let ready = wait_for(
             "redis-server to answer PING",
             Duration::from_secs(10),
@@ -106,7 +166,13 @@ impl RedisServer {
                 if let Ok(Some(_)) = child.try_wait() {
                     return Some(false);
                 }
-                ping(&host, port).then_some(true)
+                // A TLS port does not answer a plain PING: the log says when it listens.
+                let up = match tls {
+                    true => std::fs::read_to_string(&log)
+                        .is_ok_and(|l| l.contains("Ready to accept connections")),
+                    false => ping(&host, port),
+                };
+                up.then_some(true)
             },
         );
         match ready {
@@ -125,9 +191,14 @@ impl RedisServer {
         }
     }
 
-    /// `redis://HOST:PORT`.
+    /// `redis://HOST:PORT` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://{}:{}", self.bind, self.port)
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{}:{}", self.bind, self.port)
     }
 
     /// The port.
@@ -174,9 +245,14 @@ impl RedisServer {
         self.spawn()
     }
 
-    /// Sends one command (inline protocol) and returns the raw reply. For test set-up only.
+    /// Sends one command (inline protocol; on a TLS server through `redis-cli --tls`, with
+    /// the server's own certificate as the client's) and returns the raw reply. For test
+    /// set-up only.
     pub fn command(&self, line: &str) -> io::Result<String> {
-        raw_command(&self.bind, self.port, line)
+        match &self.options.tls {
+            Some(tls) => tls_command(tls, &self.bind, self.port, line),
+            None => raw_command(&self.bind, self.port, line),
+        }
     }
 }
 
@@ -188,6 +264,27 @@ impl Drop for RedisServer {
 
 fn ping(host: &str, port: u16) -> bool {
     raw_command(host, port, "PING").is_ok_and(|r| r.starts_with("+PONG"))
+}
+
+/// One command through `redis-cli --tls` (words separated by spaces); its output.
+pub(crate) fn tls_command(tls: &RedisTls, host: &str, port: u16, line: &str) -> io::Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["--tls", "-h", host, "-p", &port.to_string()])
+        .arg("--cacert")
+        .arg(&tls.ca)
+        .arg("--cert")
+        .arg(&tls.cert)
+        .arg("--key")
+        .arg(&tls.key)
+        .args(line.split_whitespace())
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 pub(crate) fn raw_command(host: &str, port: u16, line: &str) -> io::Result<String> {

@@ -1,7 +1,7 @@
 //! A Redis Sentinel deployment on loopback: one master, replicas, and sentinels watching it
 //! (`redis-server CONF --sentinel`, as Debian's `redis-sentinel` runs it).
 
-use crate::redis::{RedisOptions, RedisServer, raw_command};
+use crate::redis::{RedisOptions, RedisServer, RedisTls, raw_command, tls_command};
 use crate::{free_port, wait_for};
 use std::io;
 use std::process::{Child, Command, Stdio};
@@ -18,6 +18,8 @@ pub struct SentinelDeployment {
     /// The data servers; index 0 started as the master.
     pub servers: Vec<RedisServer>,
     sentinels: Vec<Sentinel>,
+    /// Everything speaks TLS only (servers, replication, sentinels).
+    tls: Option<RedisTls>,
 }
 
 #[derive(Debug)]
@@ -38,12 +40,30 @@ impl SentinelDeployment {
     /// Starts the servers, waits until the replicas are in sync, starts the sentinels and
     /// waits until every sentinel knows the replicas and the other sentinels.
     pub fn start(replicas: usize, sentinels: usize) -> io::Result<Self> {
-        let master = RedisServer::start()?;
+        Self::start_with(replicas, sentinels, None)
+    }
+
+    /// Same, everything over TLS only with `certs` (`tls-port`, `tls-replication yes`, and
+    /// `tls-auth-clients optional`): servers, replication, sentinels.
+    pub fn start_tls(
+        replicas: usize,
+        sentinels: usize,
+        certs: &crate::TlsCerts,
+    ) -> io::Result<Self> {
+        Self::start_with(replicas, sentinels, Some(RedisTls::new(certs, "optional")))
+    }
+
+    fn start_with(replicas: usize, sentinels: usize, tls: Option<RedisTls>) -> io::Result<Self> {
+        let master = RedisServer::start_with(RedisOptions {
+            tls: tls.clone(),
+            ..RedisOptions::default()
+        })?;
         let mport = master.port();
         let mut servers = vec![master];
         for _ in 0..replicas {
             servers.push(RedisServer::start_with(RedisOptions {
                 extra_args: vec!["--replicaof".into(), "127.0.0.1".into(), mport.to_string()],
+                tls: tls.clone(),
                 ..RedisOptions::default()
             })?);
         }
@@ -57,24 +77,24 @@ impl SentinelDeployment {
         let quorum = sentinels / 2 + 1;
         let mut started = Vec::new();
         for _ in 0..sentinels {
-            started.push(Self::spawn_sentinel(mport, quorum)?);
+            started.push(Self::spawn_sentinel(mport, quorum, tls.as_ref())?);
         }
         for s in &started {
             wait_for(
                 "the sentinels to discover each other and the replicas",
                 Duration::from_secs(30),
                 || {
-                    let r = raw_command(
-                        "127.0.0.1",
+                    let r = command(
+                        tls.as_ref(),
                         s.port,
                         &format!("SENTINEL MASTER {SENTINEL_MASTER}"),
                     )
                     .ok()?;
                     let field = |name: &str| -> Option<usize> {
-                        let mut lines = r.lines();
+                        // RESP (`$N` before each value) or redis-cli's output (values only).
+                        let mut lines = r.lines().filter(|l| !l.starts_with('$'));
                         while let Some(l) = lines.next() {
                             if l == name {
-                                lines.next();
                                 return lines.next()?.parse().ok();
                             }
                         }
@@ -89,17 +109,31 @@ impl SentinelDeployment {
         Ok(SentinelDeployment {
             servers,
             sentinels: started,
+            tls,
         })
     }
 
-    fn spawn_sentinel(master_port: u16, quorum: usize) -> io::Result<Sentinel> {
+    fn spawn_sentinel(
+        master_port: u16,
+        quorum: usize,
+        tls: Option<&RedisTls>,
+    ) -> io::Result<Sentinel> {
         let dir = tempfile::Builder::new().prefix("rsc-sentinel-").tempdir()?;
         let port = free_port()?;
         let conf = dir.path().join("sentinel.conf");
+        // `--port 0 --tls-port P …` as `port 0\ntls-port P\n…` lines.
+        let listen = match tls {
+            Some(t) => t
+                .args(port)
+                .chunks(2)
+                .map(|kv| format!("{} {}\n", kv[0].trim_start_matches("--"), kv[1]))
+                .collect(),
+            None => format!("port {port}\n"),
+        };
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+                "{listen}bind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                  logfile {dir}/sentinel.log\n\
                  sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
@@ -131,8 +165,8 @@ impl SentinelDeployment {
             if let Ok(Some(_)) = s.child.try_wait() {
                 return Some(false);
             }
-            raw_command("127.0.0.1", port, "PING")
-                .is_ok_and(|r| r.starts_with("+PONG"))
+            command(tls, port, "PING")
+                .is_ok_and(|r| r.starts_with("+PONG") || r.trim() == "PONG")
                 .then_some(true)
         })
         .and_then(|ok| {
@@ -158,13 +192,21 @@ impl SentinelDeployment {
     /// The port of the master according to the first sentinel that answers.
     pub fn master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            let r = raw_command(
-                "127.0.0.1",
+            let r = command(
+                self.tls.as_ref(),
                 s.port,
                 &format!("SENTINEL GET-MASTER-ADDR-BY-NAME {SENTINEL_MASTER}"),
             )
             .ok()?;
             r.lines().last()?.trim().parse().ok()
         })
+    }
+}
+
+/// One command to a sentinel on `port`: plain, or through `redis-cli --tls`.
+fn command(tls: Option<&RedisTls>, port: u16, line: &str) -> io::Result<String> {
+    match tls {
+        Some(t) => tls_command(t, "127.0.0.1", port, line),
+        None => raw_command("127.0.0.1", port, line),
     }
 }

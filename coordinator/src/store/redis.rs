@@ -64,6 +64,8 @@ pub struct RedisStoreConfig {
     /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
     /// credentials and database).
     pub sentinel: Option<rsc_redis::sentinel::SentinelTarget>,
+    /// CA and client certificate for `rediss://` URLs (and sentinels over TLS).
+    pub tls: rsc_redis::Tls,
     /// Prefix of every key (PROTOCOL §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
@@ -101,6 +103,7 @@ impl Default for RedisStoreConfig {
             urls: vec!["redis://127.0.0.1:6379".into()],
             cluster: false,
             sentinel: None,
+            tls: rsc_redis::Tls::default(),
             key_prefix: "rsc".into(),
             connect_timeout: Duration::from_millis(1000),
             response_timeout: Duration::from_millis(1000),
@@ -272,8 +275,15 @@ impl RedisStore {
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
         validate_key_prefix(&config.key_prefix).map_err(StoreError::unavailable)?;
         let redis = match &config.sentinel {
-            Some(target) => LazyRedis::open_sentinel(target, &config.urls[0], &config.settings()),
-            None => LazyRedis::open(&config.urls, config.cluster, &config.settings()),
+            Some(target) => {
+                LazyRedis::open_sentinel(target, &config.urls[0], &config.settings(), &config.tls)
+            }
+            None => LazyRedis::open(
+                &config.urls,
+                config.cluster,
+                &config.settings(),
+                &config.tls,
+            ),
         }
         .map_err(|e| match e {
             OpenError::SeveralUrls => StoreError::unavailable(
@@ -308,9 +318,12 @@ impl RedisStore {
             config.cluster,
             "--redis-cluster",
             &config.settings(),
+            &config.tls,
         )
         .await
-        .map_err(|e| StoreError::unavailable(e.to_string()).with_source(e))
+        // The message says it all (a wrong mode or a refused TLS handshake): no source, so
+        // that it is not printed twice.
+        .map_err(|e| StoreError::unavailable(e.to_string()))
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {

@@ -16,7 +16,9 @@
 //! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on; `/metrics` serves the
 //! client's metrics in the Prometheus format. With `--redis-sentinel` (and
 //! `--redis-sentinel-master`) the data Redis master is found through Redis Sentinel
-//! (`RSC_REDIS_SENTINEL_PASSWORD` for the sentinels' password).
+//! (`RSC_REDIS_SENTINEL_PASSWORD` for the sentinels' password). A `rediss://` URL connects
+//! over TLS; `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY` and
+//! `RSC_REDIS_SENTINEL_TLS` are read as the client library reads them.
 
 use anyhow::Context;
 use clap::Parser;
@@ -166,10 +168,7 @@ async fn main() -> anyhow::Result<()> {
         app.run().await?;
         return Ok(());
     };
-    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-    if sentinel.is_some() {
-        health = health.sentinel(data);
-    }
+    let health = Health::new(&args.coordinator, &data)?.metrics(metrics);
     run_with_health(app, health, addr).await
 }
 

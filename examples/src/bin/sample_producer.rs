@@ -183,14 +183,12 @@ async fn serve_health(
     metrics: PrometheusHandle,
     addr: SocketAddr,
 ) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    let mut health = Health::new(&args.coordinator, &args.redis_url)?.metrics(metrics);
-    if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
-        health = health.sentinel(rsc_examples::data_redis(
-            &args.redis_url,
-            false,
-            Some((addrs, master)),
-        )?);
-    }
+    let sentinel = args
+        .redis_sentinel
+        .as_deref()
+        .zip(args.redis_sentinel_master.as_deref());
+    let data = rsc_examples::data_redis(&args.redis_url, args.redis_cluster, sentinel)?;
+    let health = Health::new(&args.coordinator, &data)?.metrics(metrics);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--health-listen {addr}"))?;
