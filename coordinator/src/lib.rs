@@ -39,6 +39,9 @@
 //! assert_eq!(out.response.member_epoch, 1);
 //! ```
 #![deny(missing_docs)]
+// The HTTP handlers' futures are deep (axum, the store, Redis): proving them `Send` needs
+// more than the default 128 levels once an error type holds a `redis::RedisError`.
+#![recursion_limit = "256"]
 #![warn(missing_debug_implementations, unreachable_pub)]
 
 mod api;

@@ -41,10 +41,53 @@ impl std::fmt::Debug for OwnerTokens {
     }
 }
 
-/// Why tokens could not be written.
+/// Why fencing state (owner tokens, epoch markers, seals) could not be written or read in
+/// the data Redis.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("owner tokens not written to the data Redis: {0}")]
-pub struct FencingError(pub(crate) String);
+pub enum FencingError {
+    /// The data Redis refused the call or the connection failed.
+    #[error("data Redis error while {doing}: {source}")]
+    Redis {
+        /// What the coordinator was doing.
+        doing: &'static str,
+        /// Redis's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The data Redis did not answer in time.
+    #[error("the data Redis did not answer within {timeout:?} while {doing}")]
+    Timeout {
+        /// What the coordinator was doing.
+        doing: &'static str,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// A shard's epoch marker is past the switch but its seal of the switch is missing.
+    #[error("shard {shard} of {stream} is fenced past epoch {epoch} without its seal")]
+    MissingSeal {
+        /// The stream.
+        stream: String,
+        /// The shard.
+        shard: u32,
+        /// The routing epoch of the switch.
+        epoch: u64,
+    },
+}
+
+/// Runs one data-Redis call within `timeout`; `doing` names it in the error. (A macro, not an
+/// `async fn`: one more future layer overflows the `Send` proof of the HTTP handlers.)
+macro_rules! within {
+    ($timeout:expr, $doing:expr, $call:expr $(,)?) => {{
+        let timeout: std::time::Duration = $timeout;
+        let doing: &'static str = $doing;
+        match tokio::time::timeout(timeout, $call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err($crate::fencing::FencingError::Redis { doing, source: e }),
+            Err(_) => Err($crate::fencing::FencingError::Timeout { doing, timeout }),
+        }
+    }};
+}
+use within;
 
 /// What one assertion did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,11 +112,7 @@ impl OwnerTokens {
     }
 
     async fn connection(&self) -> Result<Conn, FencingError> {
-        match tokio::time::timeout(self.timeout, self.redis.get()).await {
-            Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(FencingError(e.to_string())),
-            Err(_) => Err(FencingError("connect timed out".into())),
-        }
+        within!(self.timeout, "connecting", self.redis.get())
     }
 
     /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
@@ -167,11 +206,8 @@ impl OwnerTokens {
                     .await
             }
         });
-        match tokio::time::timeout(self.timeout, futures::future::try_join_all(calls)).await {
-            Ok(Ok(codes)) => Ok(codes),
-            Ok(Err(e)) => Err(FencingError(e.to_string())),
-            Err(_) => Err(FencingError("timed out".into())),
-        }
+        let calls = futures::future::try_join_all(calls);
+        within!(self.timeout, "writing owner tokens", calls)
     }
 
     /// Standalone Redis: one pipeline of `EVALSHA`, one round trip.
@@ -194,23 +230,20 @@ impl OwnerTokens {
             }
             pipe
         };
-        let mut answer =
-            tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(conn)).await;
-        if let Ok(Err(e)) = &answer
-            && e.code() == Some("NOSCRIPT")
-        {
-            // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
-            self.script
-                .load_async(conn)
-                .await
-                .map_err(|e| FencingError(e.to_string()))?;
-            answer = tokio::time::timeout(self.timeout, pipe().query_async::<Vec<i64>>(conn)).await;
+        const DOING: &str = "writing owner tokens";
+        let answer = within!(self.timeout, DOING, pipe().query_async::<Vec<i64>>(conn));
+        let noscript = matches!(&answer,
+            Err(FencingError::Redis { source, .. }) if source.code() == Some("NOSCRIPT"));
+        if !noscript {
+            return answer;
         }
-        match answer {
-            Ok(Ok(codes)) => Ok(codes),
-            Ok(Err(e)) => Err(FencingError(e.to_string())),
-            Err(_) => Err(FencingError("timed out".into())),
-        }
+        // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
+        within!(
+            self.timeout,
+            "loading the owner-token script",
+            self.script.load_async(conn)
+        )?;
+        within!(self.timeout, DOING, pipe().query_async::<Vec<i64>>(conn))
     }
 }
 

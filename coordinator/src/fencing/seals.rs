@@ -14,7 +14,7 @@ use rsc_redis::{Conn, LazyRedis};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::FencingError;
+use super::{FencingError, within};
 
 /// Writes epoch markers and seals, and measures groups' progress towards seals.
 pub struct Sealer {
@@ -64,11 +64,7 @@ impl Sealer {
     }
 
     async fn connection(&self) -> Result<Conn, FencingError> {
-        match tokio::time::timeout(self.timeout, self.redis.get()).await {
-            Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(FencingError(e.to_string())),
-            Err(_) => Err(FencingError("connect timed out".into())),
-        }
+        within!(self.timeout, "connecting", self.redis.get())
     }
 
     /// Moves the epoch marker of every shard in `shards` of `stream` to `epoch` and returns
@@ -99,25 +95,22 @@ impl Sealer {
                 Ok::<_, redis::RedisError>((shard, v))
             }
         });
-        let answers =
-            match tokio::time::timeout(self.timeout, futures::future::try_join_all(calls)).await {
-                Ok(Ok(a)) => a,
-                Ok(Err(e)) => {
-                    metrics::counter!("rsc_seal_write_failures_total").increment(1);
-                    return Err(FencingError(e.to_string()));
-                }
-                Err(_) => {
-                    metrics::counter!("rsc_seal_write_failures_total").increment(1);
-                    return Err(FencingError("sealing timed out".into()));
-                }
-            };
+        let calls = futures::future::try_join_all(calls);
+        let answers = within!(self.timeout, "sealing", calls);
+        if answers.is_err() {
+            metrics::counter!("rsc_seal_write_failures_total").increment(1);
+        }
+        let answers = answers?;
         let mut seals = BTreeMap::new();
         for (shard, v) in answers {
-            let seal = v.as_deref().and_then(Seal::parse).ok_or_else(|| {
-                FencingError(format!(
-                    "shard {shard} of {stream} is fenced past epoch {epoch} without its seal"
-                ))
-            })?;
+            let seal =
+                v.as_deref()
+                    .and_then(Seal::parse)
+                    .ok_or_else(|| FencingError::MissingSeal {
+                        stream: stream.to_owned(),
+                        shard,
+                        epoch,
+                    })?;
             seals.insert(shard, seal.id);
         }
         Ok(seals)
@@ -159,13 +152,10 @@ impl Sealer {
         let mut invocation = self.progress.key(shard_key(stream, shard));
         invocation.arg(group).arg(seal).arg(cap);
         let call = invocation.invoke_async::<(i64, i64)>(&mut conn);
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok((undelivered, pending))) => Ok(SealProgress {
-                undelivered,
-                pending,
-            }),
-            Ok(Err(e)) => Err(FencingError(e.to_string())),
-            Err(_) => Err(FencingError("timed out".into())),
-        }
+        let (undelivered, pending) = within!(self.timeout, "reading seal progress", call)?;
+        Ok(SealProgress {
+            undelivered,
+            pending,
+        })
     }
 }
