@@ -299,6 +299,19 @@ async fn mutual_tls_needs_the_client_certificate() {
     .load()
     .expect("loads");
     assert_eq!(ping(&url, &with_cert).await.as_deref(), Ok("PONG"));
+    // A producer given the same files through its builder publishes.
+    let producer = rsc_client::producer::Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(url.as_str())
+        .redis_tls_ca(certs.ca())
+        .redis_tls_client_cert(certs.client_cert(), certs.client_key())
+        .build()
+        .expect("producer");
+    let at = producer
+        .publish("s", Some("k1"), &json!({"n": 1}))
+        .await
+        .expect("publish over mutual TLS");
+    assert!(at.shard < 2, "{at:?}");
     let ca_only = TlsFiles {
         ca: Some(certs.ca()),
         ..TlsFiles::default()

@@ -211,6 +211,33 @@ impl ProducerBuilder {
         self
     }
 
+    /// Verifies the data Redis (a `rediss://` URL) against this CA certificate file (PEM)
+    /// rather than the system's roots (default: `RSC_REDIS_TLS_CA`); see
+    /// [`ClientConfig::redis_tls_ca`].
+    pub fn redis_tls_ca(mut self, ca: impl Into<std::path::PathBuf>) -> Self {
+        self.config.redis_tls_ca = Some(ca.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) to the data Redis, for mutual
+    /// TLS (default: `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`).
+    pub fn redis_tls_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.config.redis_tls_cert = Some(cert.into());
+        self.config.redis_tls_key = Some(key.into());
+        self
+    }
+
+    /// Connects to the sentinels (and the master they name) over TLS (default:
+    /// `RSC_REDIS_SENTINEL_TLS`); see [`ClientConfig::redis_sentinel_tls`].
+    pub fn redis_sentinel_tls(mut self, tls: bool) -> Self {
+        self.config.redis_sentinel_tls = tls;
+        self
+    }
+
     /// The bearer token for the coordinator.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.config.token = Some(token.into());
