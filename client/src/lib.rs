@@ -64,7 +64,8 @@
 //! `rsc_client_handler_duration_seconds` (labels `group`, `stream`); `rsc_client_shard_lag`
 //! (`group`, `stream`, `shard`); `rsc_client_heartbeats_total` (`group`, `result`),
 //! `rsc_client_self_fenced_total`, `rsc_client_rejoins_total`, `rsc_client_owned_shards`;
-//! `rsc_client_published_total`, `rsc_client_publish_errors_total` (`stream`).
+//! `rsc_client_published_total`, `rsc_client_publish_errors_total`,
+//! `rsc_client_routing_refresh_failures_total` (`stream`).
 //! Tracing spans: `member` (group, member), `shard` (shard, key), `message` (entry_id, attempt).
 #![deny(missing_docs)]
 

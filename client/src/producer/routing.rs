@@ -3,21 +3,38 @@
 //! A background task per stream fetches the routing every refresh interval, whether or not
 //! the producer publishes, so a routing-epoch change (a reshard) reaches the producer within
 //! one refresh interval plus one request. A failed write marks the routing stale: the next
-//! publish triggers a refresh at once. A stream not published to for [`IDLE_FORGET`] is
-//! dropped from the cache (its task stops) and fetched again on its next use.
+//! publish triggers a refresh at once. After a failed refresh the next one waits (50 ms,
+//! doubling up to [`MAX_RETRY_DELAY`]), and only the first failure of a run and every 30th
+//! after it are logged as warnings, so a producer that publishes while the coordinator is
+//! down neither floods it with requests nor floods its log. A stream not published to for
+//! [`IDLE_FORGET`] is dropped from the cache (its task stops) and fetched again on its next
+//! use.
 
 use crate::error::ClientError;
 use rsc_api::CoordinatorClient;
 use rsc_protocol::RoutingResponse;
 use rsc_protocol::routing::{HASH_NAME, shard_for_key};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// How long a stream's routing is kept (and refreshed) without any publish to it.
 pub(crate) const IDLE_FORGET: Duration = Duration::from_secs(300);
+
+/// The longest a publish-triggered refresh waits after failed ones.
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How a stream's refreshes have been going, shared by the background task and the
+/// publish-triggered refreshes.
+#[derive(Debug, Default)]
+struct RefreshHealth {
+    /// Failed refreshes in a row.
+    failures: AtomicU32,
+    /// No publish-triggered refresh before this (ms since the cache was created).
+    retry_at_ms: AtomicU64,
+}
 
 /// A stream's layout as the producer routes over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +91,7 @@ struct Cached {
     stale: Arc<AtomicBool>,
     /// When it was last used, in ms since the cache was created.
     used_ms: Arc<AtomicU64>,
+    health: Arc<RefreshHealth>,
 }
 
 /// Routing of every stream the producer wrote to.
@@ -82,6 +100,8 @@ pub(crate) struct RoutingCache {
     refresh_every: Duration,
     entries: RwLock<HashMap<String, Cached>>,
     refreshes: AtomicU64,
+    /// Routing requests sent (answered or not).
+    attempts: AtomicU64,
     created: Instant,
 }
 
@@ -92,6 +112,7 @@ impl RoutingCache {
             refresh_every,
             entries: RwLock::new(HashMap::new()),
             refreshes: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
             created: Instant::now(),
         }
     }
@@ -106,20 +127,27 @@ impl RoutingCache {
         let hit = {
             let map = self.entries.read().unwrap_or_else(|p| p.into_inner());
             map.get(stream).map(|c| {
-                c.used_ms.store(self.now_ms(), Ordering::Relaxed);
-                let old =
-                    c.fetched.elapsed() >= self.refresh_every || c.stale.load(Ordering::Relaxed);
-                (c.routing.clone(), old, c.refreshing.clone())
+                let now = self.now_ms();
+                c.used_ms.store(now, Ordering::Relaxed);
+                let old = (c.fetched.elapsed() >= self.refresh_every
+                    || c.stale.load(Ordering::Relaxed))
+                    && now >= c.health.retry_at_ms.load(Ordering::Relaxed);
+                (
+                    c.routing.clone(),
+                    old,
+                    c.refreshing.clone(),
+                    c.health.clone(),
+                )
             })
         };
         match hit {
-            Some((routing, old, refreshing)) => {
+            Some((routing, old, refreshing, health)) => {
                 if old && !refreshing.swap(true, Ordering::AcqRel) {
                     let this = self.clone();
                     let stream = stream.to_owned();
                     tokio::spawn(async move {
                         if let Err(e) = this.fetch(&stream).await {
-                            warn!(%stream, error = %e, "routing refresh failed; using the cached layout");
+                            this.refresh_failed(&stream, &health, &e);
                         }
                         refreshing.store(false, Ordering::Release);
                     });
@@ -133,10 +161,10 @@ impl RoutingCache {
     /// Refreshes `stream` every refresh interval until the cache is dropped or the stream
     /// has not been used for [`IDLE_FORGET`]. One task per stream (the first fetch starts it).
     fn spawn_refresher(self: &Arc<Self>, stream: &str) {
-        let refreshing = {
+        let (refreshing, health) = {
             let map = self.entries.read().unwrap_or_else(|p| p.into_inner());
             match map.get(stream) {
-                Some(c) => c.refreshing.clone(),
+                Some(c) => (c.refreshing.clone(), c.health.clone()),
                 None => return,
             }
         };
@@ -147,7 +175,6 @@ impl RoutingCache {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
-            let mut failures = 0u32;
             loop {
                 tick.tick().await;
                 let Some(this) = weak.upgrade() else { return };
@@ -155,17 +182,13 @@ impl RoutingCache {
                     debug!(%stream, "routing not used for a while: no longer refreshed");
                     return;
                 }
-                if refreshing.swap(true, Ordering::AcqRel) {
+                if this.now_ms() < health.retry_at_ms.load(Ordering::Relaxed)
+                    || refreshing.swap(true, Ordering::AcqRel)
+                {
                     continue;
                 }
-                match this.fetch_once(&stream).await {
-                    Ok(_) => failures = 0,
-                    Err(e) => {
-                        failures += 1;
-                        if failures == 1 || failures.is_multiple_of(30) {
-                            warn!(%stream, error = %e, failures, "routing refresh failed; using the cached layout");
-                        }
-                    }
+                if let Err(e) = this.fetch_once(&stream).await {
+                    this.refresh_failed(&stream, &health, &e);
                 }
                 refreshing.store(false, Ordering::Release);
             }
@@ -195,12 +218,36 @@ impl RoutingCache {
         Ok(routing)
     }
 
+    /// After a failed refresh: the next publish-triggered one waits (50 ms doubling to
+    /// [`MAX_RETRY_DELAY`]); the first failure of a run and every 30th are warnings.
+    fn refresh_failed(&self, stream: &str, health: &RefreshHealth, e: &ClientError) {
+        let failures = health.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let delay = Duration::from_millis(50)
+            .saturating_mul(1 << (failures - 1).min(10))
+            .min(MAX_RETRY_DELAY);
+        health
+            .retry_at_ms
+            .store(self.now_ms() + delay.as_millis() as u64, Ordering::Relaxed);
+        metrics::counter!("rsc_client_routing_refresh_failures_total", "stream" => stream.to_owned())
+            .increment(1);
+        if failures == 1 || failures.is_multiple_of(30) {
+            warn!(%stream, error = %e, failures, "routing refresh failed; using the cached layout");
+        } else {
+            debug!(%stream, error = %e, failures, "routing refresh failed again");
+        }
+    }
+
     /// Fetches the routing and caches it; `true` when the stream was not cached.
     async fn fetch_once(&self, stream: &str) -> Result<(Arc<Routing>, bool), ClientError> {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
         let r = self.coord.routing(stream, Duration::from_secs(5)).await?;
         let routing = Arc::new(Routing::from_response(r)?);
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let mut map = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(stream) {
+            c.health.failures.store(0, Ordering::Relaxed);
+            c.health.retry_at_ms.store(0, Ordering::Relaxed);
+        }
         match map.get_mut(stream) {
             Some(c) if c.routing.routing_epoch > routing.routing_epoch => {
                 // An answer older than what we have (another coordinator lagging behind).
@@ -228,6 +275,7 @@ impl RoutingCache {
                         refreshing: Arc::new(AtomicBool::new(false)),
                         stale: Arc::new(AtomicBool::new(false)),
                         used_ms: Arc::new(AtomicU64::new(self.now_ms())),
+                        health: Arc::default(),
                     },
                 );
                 Ok((routing, true))
@@ -246,6 +294,11 @@ impl RoutingCache {
     #[cfg(test)]
     pub(crate) fn refreshes(&self) -> u64 {
         self.refreshes.load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
     }
 }
 
@@ -303,6 +356,64 @@ mod tests {
             }
         }
         assert!(checked >= 40);
+    }
+
+    /// Answers one routing request (epoch 1, 2 shards) on a loopback port, then closes it:
+    /// the coordinator is gone after the first fetch.
+    async fn one_answer() -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = sock.read(&mut buf).await.unwrap();
+            let body = serde_json::to_string(&RoutingResponse {
+                stream: "s".into(),
+                shard_count: 2,
+                routing_epoch: 1,
+                hash: HASH_NAME.into(),
+                shard_keys: vec!["s:0".into(), "s:1".into()],
+                resharding: None,
+            })
+            .unwrap();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            sock.write_all(head.as_bytes()).await.unwrap();
+            sock.write_all(body.as_bytes()).await.unwrap();
+            // Dropping the listener closes the port: later requests are refused.
+        });
+        format!("http://{addr}")
+    }
+
+    /// Publishing while the coordinator is down: a few refresh requests with growing gaps,
+    /// not one per publish.
+    #[tokio::test]
+    async fn failed_refreshes_back_off() {
+        let coord = CoordinatorClient::builder([one_answer().await])
+            .build()
+            .unwrap();
+        let cache = Arc::new(RoutingCache::new(coord, Duration::from_millis(1)));
+        let first = cache.get("s").await.expect("first fetch");
+        assert_eq!(first.routing_epoch, 1);
+        let started = Instant::now();
+        let mut calls = 0;
+        while started.elapsed() < Duration::from_millis(300) {
+            assert_eq!(
+                cache.get("s").await.unwrap().routing_epoch,
+                1,
+                "cached layout"
+            );
+            calls += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Without the backoff every call past the 1 ms refresh interval would send one: here
+        // 50 + 100 + 200 ms of gaps (and the background task's ticks, which share them).
+        let attempts = cache.attempts();
+        assert!(calls > 100, "{calls} calls");
+        assert!(attempts <= 12, "{attempts} refresh requests in 300 ms");
     }
 
     #[tokio::test]
