@@ -1,6 +1,6 @@
 //! The consumer application: runs every listener's members until shutdown.
 
-use crate::config::{ClientConfig, split_urls};
+use crate::config::ClientConfig;
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::member::MemberRuntime;
 use crate::consumer::wake::WakeSignals;
@@ -121,69 +121,7 @@ impl ConsumerAppBuilder {
         }
     }
 
-    /// The coordinator URL(s): one, or several separated by commas (failover).
-    pub fn coordinator(mut self, urls: &str) -> Self {
-        self.config.coordinator_urls = split_urls(urls);
-        self
-    }
-
-    /// The data Redis URL (with [`Self::redis_cluster`], seed nodes, comma-separated).
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.config.redis_url = url.into();
-        self
-    }
-
-    /// Whether the data Redis is a Redis Cluster (default: `RSC_REDIS_CLUSTER`, else no).
-    pub fn redis_cluster(mut self, cluster: bool) -> Self {
-        self.config.redis_cluster = cluster;
-        self
-    }
-
-    /// Finds the data Redis master through Redis Sentinel: `sentinels` is `HOST:PORT`,
-    /// comma-separated, `master` the monitored name (default: `RSC_REDIS_SENTINEL`,
-    /// `RSC_REDIS_SENTINEL_MASTER`); see [`ClientConfig::redis_sentinel`].
-    pub fn redis_sentinel(
-        mut self,
-        sentinels: impl Into<String>,
-        master: impl Into<String>,
-    ) -> Self {
-        self.config.redis_sentinel = Some(sentinels.into());
-        self.config.redis_sentinel_master = Some(master.into());
-        self
-    }
-
-    /// Verifies the data Redis (a `rediss://` URL) against this CA certificate file (PEM)
-    /// rather than the system's roots (default: `RSC_REDIS_TLS_CA`); see
-    /// [`ClientConfig::redis_tls_ca`].
-    pub fn redis_tls_ca(mut self, ca: impl Into<std::path::PathBuf>) -> Self {
-        self.config.redis_tls_ca = Some(ca.into());
-        self
-    }
-
-    /// Presents this client certificate and key (PEM files) to the data Redis, for mutual
-    /// TLS (default: `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`).
-    pub fn redis_tls_client_cert(
-        mut self,
-        cert: impl Into<std::path::PathBuf>,
-        key: impl Into<std::path::PathBuf>,
-    ) -> Self {
-        self.config.redis_tls_cert = Some(cert.into());
-        self.config.redis_tls_key = Some(key.into());
-        self
-    }
-
-    /// Connects to the sentinels (and the master they name) over TLS (default:
-    /// `RSC_REDIS_SENTINEL_TLS`); see [`ClientConfig::redis_sentinel_tls`].
-    pub fn redis_sentinel_tls(mut self, tls: bool) -> Self {
-        self.config.redis_sentinel_tls = tls;
-        self
-    }
-
-    /// The bearer token for the coordinator.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.config.token = Some(token.into());
-        self
-    }
+    crate::config::connection_setters!();
 
     /// This process's identity in member ids (default: `POD_IP`, else `POD_NAME`).
     pub fn instance_id(mut self, id: impl Into<String>) -> Self {
