@@ -642,3 +642,42 @@ async fn fenced_publish_and_seals_on_a_redis_cluster() {
         "{g}"
     );
 }
+
+/// A producer whose Redis user may not run scripts (`EVAL` denied by an ACL) cannot fence its
+/// writes: it refuses to publish and writes nothing, rather than write unchecked.
+#[tokio::test]
+async fn a_producer_that_cannot_run_the_check_writes_nothing() {
+    const STREAM: &str = "noeval";
+    let _serial = SERIAL.lock().await;
+    let stack = Stack::start_with_data_redis();
+    stack
+        .create_group(GROUP, STREAM, 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let mut con = stack.redis();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
+        ])
+        .query(&mut con)
+        .expect("ACL SETUSER");
+    let producer = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(format!(
+            "redis://noeval:pw@127.0.0.1:{}",
+            stack.redis.port()
+        ))
+        .build()
+        .expect("producer");
+    let r = producer
+        .publish_batch(
+            STREAM,
+            (0..10).map(|i| Record::raw("x").key(format!("k{i}"))),
+        )
+        .await;
+    let err = r.expect_err("no fence, no write");
+    assert!(err.to_string().to_lowercase().contains("noperm"), "{err}");
+    for i in 0..2 {
+        let key = rsc_protocol::routing::shard_key(STREAM, i);
+        assert_eq!(pods::xlen(&mut con, &key), 0, "{key}");
+    }
+}

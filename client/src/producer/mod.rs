@@ -161,6 +161,8 @@ struct Inner {
     codec: CodecSpec,
     /// `WAIT` after each pipeline: (replicas, timeout).
     wait: Option<(u32, Duration)>,
+    /// The epoch check ran once on this Redis (see [`Producer::probe_check`]).
+    check_usable: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Producer {
@@ -227,6 +229,7 @@ impl ProducerBuilder {
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 stale_budget: self.stale_budget,
+                check_usable: std::sync::atomic::AtomicBool::new(false),
                 codec: self.codec,
                 wait: self.wait,
             }),
@@ -433,6 +436,7 @@ impl Producer {
                 (i, routing.shard_for(key, seqs[i]))
             })
             .collect();
+        self.probe_check(routing).await?;
         let parts: Vec<Vec<(usize, u32)>> = if self.inner.cluster {
             let mut by_shard: BTreeMap<u32, Vec<(usize, u32)>> = BTreeMap::new();
             for &(i, shard) in &placed {
@@ -472,6 +476,24 @@ impl Producer {
             }
         }
         Ok((written, refused, fewest))
+    }
+
+    /// Before the first fenced write: runs the epoch check once without keys. A transaction
+    /// whose check fails to run (scripting disabled, `EVAL` denied by an ACL) would still run
+    /// its `XADD`s, unchecked; this refuses to publish instead, writing nothing.
+    async fn probe_check(&self, routing: &Routing) -> redis::RedisResult<()> {
+        if self.inner.check_usable.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut probe = redis::cmd("EVAL");
+        probe
+            .arg(epoch_check_body())
+            .arg(0)
+            .arg(routing.routing_epoch);
+        // On a cluster a command without keys goes to any node: each runs scripts alike.
+        let _: redis::Value = probe.query_async(&mut self.inner.conn.clone()).await?;
+        self.inner.check_usable.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; EXEC [; WAIT]` for
@@ -653,6 +675,11 @@ impl Fenced {
         if let Some(Value::ServerError(e)) =
             values.iter().find(|v| matches!(v, Value::ServerError(_)))
         {
+            if matches!(values.get(1), Some(Value::ServerError(_)))
+                && matches!(values.last(), Some(Value::Array(_)))
+            {
+                warn!(error = ?e, "the epoch check failed but the XADDs ran: written unchecked");
+            }
             return Err(e.clone().into());
         }
         let marker = match &values[1] {
