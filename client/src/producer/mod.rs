@@ -9,9 +9,9 @@
 //! `{<shard key>}:epoch` of their shards, after a small script compared each marker with the
 //! producer's routing epoch (and touched any that differs, which aborts the transaction).
 //! The coordinator moves the markers at every reshard before answering it, so a write under
-//! a stale routing never lands: its `EXEC` answers nil. A refused write writes nothing; the producer fetches
-//! the routing again and writes the refused records to their shards under the new epoch, in
-//! their order, transparently to the caller. Past [`ProducerBuilder::stale_retry_budget`]
+//! a stale routing never lands: its `EXEC` answers nil. A refused write writes nothing; the
+//! producer fetches the routing again and writes the refused records to their shards under
+//! the new epoch, in their order, transparently to the caller. Past [`ProducerBuilder::stale_retry_budget`]
 //! without a routing the markers accept (coordinator unreachable), the publish fails with
 //! [`ClientError::StaleRouting`] rather than write into a sealed or retired shard.
 
@@ -29,7 +29,7 @@ use rsc_redis::LazyRedis;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -162,7 +162,7 @@ struct Inner {
     /// `WAIT` after each pipeline: (replicas, timeout).
     wait: Option<(u32, Duration)>,
     /// The epoch check ran once on this Redis (see [`Producer::probe_check`]).
-    check_usable: std::sync::atomic::AtomicBool,
+    check_usable: AtomicBool,
 }
 
 impl std::fmt::Debug for Producer {
@@ -229,7 +229,7 @@ impl ProducerBuilder {
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 stale_budget: self.stale_budget,
-                check_usable: std::sync::atomic::AtomicBool::new(false),
+                check_usable: AtomicBool::new(false),
                 codec: self.codec,
                 wait: self.wait,
             }),
