@@ -96,6 +96,12 @@ fn start_listener(
     (handle, tokio::spawn(app.run_until(std::future::pending())))
 }
 
+/// Creates a group on `coordinator` (answered `201`).
+async fn create_group(coordinator: &CoordinatorProcess, group: serde_json::Value) {
+    let (s, body) = Api::new(coordinator.url()).post("/v1/groups", group).await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+}
+
 /// `sample-producer` publishing `COUNT` entries over TLS (`RSC_REDIS_TLS_CA`).
 fn produce(coordinator: &str, url: &str, cluster: bool, ca: &Path) -> Duration {
     let started = Instant::now();
@@ -158,15 +164,12 @@ async fn produce_and_consume(certs: &TlsCerts, url: &str, cluster: bool) {
         args.extend(["--redis-cluster", "--data-redis-cluster"]);
     }
     let coordinator = CoordinatorProcess::start(&args).expect("the coordinator starts on TLS");
-    let api = Api::new(coordinator.url());
-    let (s, body) = api
-        .post(
-            "/v1/groups",
-            json!({"group": "billing", "stream": "orders", "shard_count": 4,
-                "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}),
-        )
-        .await;
-    assert_eq!(s.as_u16(), 201, "{body}");
+    create_group(
+        &coordinator,
+        json!({"group": "billing", "stream": "orders", "shard_count": 4,
+            "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}),
+    )
+    .await;
 
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let (handle, app) = start_listener(&coordinator.url(), url, cluster, &certs.ca(), seen.clone());
@@ -182,7 +185,7 @@ async fn produce_and_consume(certs: &TlsCerts, url: &str, cluster: bool) {
         started.elapsed()
     );
     // The coordinator reads the group's lag from the data Redis, over TLS too.
-    let (s, view) = api.get("/v1/groups/billing").await;
+    let (s, view) = Api::new(coordinator.url()).get("/v1/groups/billing").await;
     assert_eq!(s.as_u16(), 200, "{view}");
     handle.shutdown();
     app.await.expect("app task").expect("app ends cleanly");
@@ -282,14 +285,11 @@ async fn mutual_tls_needs_the_client_certificate() {
         &key,
     ])
     .expect("the coordinator starts with a client certificate");
-    let api = Api::new(coordinator.url());
-    let (s, body) = api
-        .post(
-            "/v1/groups",
-            json!({"group": "g", "stream": "s", "shard_count": 2}),
-        )
-        .await;
-    assert_eq!(s.as_u16(), 201, "{body}");
+    create_group(
+        &coordinator,
+        json!({"group": "g", "stream": "s", "shard_count": 2}),
+    )
+    .await;
 
     let with_cert = TlsFiles {
         ca: Some(certs.ca()),
@@ -362,14 +362,11 @@ async fn sentinel_over_tls_finds_the_master_and_the_next_one() {
             .any(|l| l.contains("wake-up subscriber connected"))
     })
     .await;
-    let api = Api::new(coordinator.url());
-    let (s, body) = api
-        .post(
-            "/v1/groups",
-            json!({"group": "g", "stream": "s", "shard_count": 2}),
-        )
-        .await;
-    assert_eq!(s.as_u16(), 201, "{body}");
+    create_group(
+        &coordinator,
+        json!({"group": "g", "stream": "s", "shard_count": 2}),
+    )
+    .await;
 
     let target = SentinelTarget {
         sentinels: rsc_redis::sentinel::parse_addrs(&sentinels).expect("addresses"),

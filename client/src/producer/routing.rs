@@ -131,18 +131,16 @@ impl RoutingCache {
                 c.used_ms.store(now, Ordering::Relaxed);
                 let old = (c.fetched.elapsed() >= self.refresh_every
                     || c.stale.load(Ordering::Relaxed))
-                    && now >= c.health.retry_at_ms.load(Ordering::Relaxed);
-                (
-                    c.routing.clone(),
-                    old,
-                    c.refreshing.clone(),
-                    c.health.clone(),
-                )
+                    && now >= c.health.retry_at_ms.load(Ordering::Relaxed)
+                    && !c.refreshing.swap(true, Ordering::AcqRel);
+                // Only the publish that starts a refresh takes the handles it needs.
+                let refresh = old.then(|| (c.refreshing.clone(), c.health.clone()));
+                (c.routing.clone(), refresh)
             })
         };
         match hit {
-            Some((routing, old, refreshing, health)) => {
-                if old && !refreshing.swap(true, Ordering::AcqRel) {
+            Some((routing, refresh)) => {
+                if let Some((refreshing, health)) = refresh {
                     let this = self.clone();
                     let stream = stream.to_owned();
                     tokio::spawn(async move {
