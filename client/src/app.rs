@@ -153,6 +153,14 @@ impl ConsumerAppBuilder {
         self
     }
 
+    /// Whether the app's shard workers share its data-Redis connection and wait on its
+    /// doorbell (default: on, unless `RSC_SHARED_READER=false`); see
+    /// [`ClientConfig::shared_reader`].
+    pub fn shared_reader(mut self, on: bool) -> Self {
+        self.config.shared_reader = on;
+        self
+    }
+
     /// Provides a value to every handler that takes a [`crate::Data<T>`] argument of its type
     /// (one value per type: a second call for the same type replaces the first). Call it once
     /// per type: a pool, a configuration, a client.
@@ -325,6 +333,10 @@ impl ConsumerApp {
     ) -> Members {
         let cfg = &self.config;
         let ack_conn = redis.clone();
+        let doorbell = cfg
+            .shared_reader
+            .then(|| crate::consumer::doorbell::Doorbell::start(redis))
+            .flatten();
         let member_count: u64 = self
             .listeners
             .iter()
@@ -350,6 +362,7 @@ impl ConsumerApp {
                     incarnation: incarnation.clone(),
                     listener: l.clone(),
                     redis: redis.clone(),
+                    doorbell: doorbell.clone(),
                     ack_conn: ack_conn.clone(),
                     paused: paused.clone(),
                     pause: pause.clone(),

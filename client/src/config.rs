@@ -68,6 +68,13 @@ pub struct ClientConfig {
     /// rather than at their next interval (default on; a coordinator without the route, or
     /// a dropped channel, leaves the members on their heartbeat interval).
     pub wake_channel: bool,
+    /// Whether the shard workers of a consumer app share its connection to the data Redis
+    /// and wait for new entries on the app's doorbell (default on): a process then holds two
+    /// connections to a standalone Redis (or the sentinels' master) however many shards it
+    /// owns, and an idle shard costs Redis no command. Off: each shard worker has its own
+    /// connection and waits in a blocked `XREADGROUP` (the behaviour of a Redis Cluster,
+    /// where this setting has no effect yet). ARCHITECTURE "Data plane".
+    pub shared_reader: bool,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +97,7 @@ impl Default for ClientConfig {
             shutdown_timeout: std::time::Duration::from_secs(25),
             heartbeat_batching: true,
             wake_channel: true,
+            shared_reader: true,
         }
     }
 }
@@ -100,7 +108,7 @@ impl ClientConfig {
     /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_REDIS_SENTINEL_TLS`,
     /// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_TOKEN`,
     /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
-    /// the wake-up channel off), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
+    /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
     /// `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`, else
     /// `HOSTNAME`, taking precedence over `POD_IP`).
     pub fn from_env() -> Self {
@@ -136,6 +144,12 @@ impl ClientConfig {
         }
         if let Some(v) = get("RSC_WAKE_CHANNEL") {
             cfg.wake_channel = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
+        }
+        if let Some(v) = get("RSC_SHARED_READER") {
+            cfg.shared_reader = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "false" | "no" | "off"
             );
@@ -412,6 +426,9 @@ mod tests {
         assert!(off.wake_channel);
         let off = ClientConfig::from_lookup(|k| (k == "RSC_WAKE_CHANNEL").then(|| "off".into()));
         assert!(!off.wake_channel);
+        assert!(off.shared_reader);
+        let off = ClientConfig::from_lookup(|k| (k == "RSC_SHARED_READER").then(|| "no".into()));
+        assert!(!off.shared_reader);
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());

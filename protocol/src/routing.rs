@@ -54,6 +54,19 @@ pub fn owner_key(shard_key: &str, group: &str) -> String {
     format!("{{{shard_key}}}:owner:{group}")
 }
 
+/// The doorbell channel of a shard (PROTOCOL §16): `{<shard key>}:ring`, in the shard's Redis
+/// Cluster slot. A producer publishes an empty message on it in the round trip of its `XADD`s
+/// to the shard, so that consumers waiting on the shard read at once instead of at their
+/// fallback poll.
+pub fn ring_channel(shard_key: &str) -> String {
+    format!("{{{shard_key}}}:ring")
+}
+
+/// The shard key a doorbell channel ([`ring_channel`]) belongs to; `None` for another name.
+pub fn ring_channel_key(channel: &str) -> Option<&str> {
+    channel.strip_prefix('{')?.strip_suffix("}:ring")
+}
+
 /// The routing-epoch marker of a shard (ordered resharding, issue 16):
 /// `{<shard key>}:epoch`, in the shard's Redis Cluster slot. It holds the routing epoch the
 /// shard was last fenced at; a guarded `XADD` made under another epoch is refused.
@@ -112,6 +125,15 @@ pub fn parse_entry_id(id: &str) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_channel_round_trips() {
+        let ch = ring_channel("orders:3");
+        assert_eq!(ch, "{orders:3}:ring");
+        assert_eq!(ring_channel_key(&ch), Some("orders:3"));
+        assert_eq!(ring_channel_key("orders:3"), None);
+        assert_eq!(ring_channel_key("{orders:3}:owner:g"), None);
+    }
 
     #[test]
     fn jump_stays_in_range_and_moves_little() {

@@ -5,8 +5,10 @@
 //!   when its lease runs out, rejoins after `UNKNOWN_MEMBER_ID` / `FENCED_MEMBER_EPOCH`, and
 //!   leaves on shutdown.
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
-//!   previous owner's pending entries, then `XREADGROUP` on its own connection; retries,
-//!   dead letters, acknowledgements.
+//!   previous owner's pending entries, then `XREADGROUP` on the app's shared connection
+//!   (own connections on a cluster); retries, dead letters, acknowledgements.
+//! - [`doorbell`]: wakes the workers of shards with new entries (producers' rings, a
+//!   fallback poll), one subscriber connection per app.
 //! - [`heartbeats`]: the heartbeat path shared by the members of one app: batched on
 //!   `POST /v1/heartbeats` when the app runs several members, else the single-member route.
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
@@ -16,6 +18,7 @@
 //!   key's parent shard, held aside in order and released once the parent reached its seal.
 
 pub(crate) mod backoff;
+pub(crate) mod doorbell;
 pub(crate) mod drain;
 pub(crate) mod fence;
 pub(crate) mod heartbeats;
@@ -42,8 +45,11 @@ pub(crate) struct MemberShared {
     /// leave); `None` for a dynamic member.
     pub(crate) incarnation: Option<String>,
     pub(crate) listener: Listener,
-    /// The data Redis (workers open their own connections to it).
+    /// The data Redis (workers on a cluster open their own connections to it).
     pub(crate) redis: LazyRedis,
+    /// The app's doorbell on the data Redis (`None` on a Redis Cluster, or when the app
+    /// reads with a connection per shard).
+    pub(crate) doorbell: Option<std::sync::Arc<doorbell::Doorbell>>,
     /// The shared connection: manual acknowledgements, dead letters, drain checks (never
     /// blocked by a read).
     pub(crate) ack_conn: LazyRedis,

@@ -3,26 +3,33 @@
 //! Order of work on a shard it was just given: make sure the Redis consumer group exists
 //! (`XGROUP CREATE … MKSTREAM`, `BUSYGROUP` is fine), take over every entry still pending in
 //! the group (`XAUTOCLAIM` with min-idle 0, cursor loop until `0-0`; safe because the
-//! coordinator gives a shard to one member at a time), then read new entries
-//! (`XREADGROUP … BLOCK … STREAMS key >`) on its own connection, to the node that serves the
-//! shard (see [`crate::data::NodeConn`]). After a failed read whose reply may have been lost
-//! (a timeout, a dropped connection), the worker first reads its own pending entries again
-//! (`XREADGROUP … STREAMS key 0`): entries Redis delivered into a lost reply are not left
-//! pending until the next takeover.
+//! coordinator gives a shard to one member at a time), then read new entries. After a failed
+//! read whose reply may have been lost (a timeout, a dropped connection), the worker first
+//! reads its own pending entries again (`XREADGROUP … STREAMS key 0`): entries Redis delivered
+//! into a lost reply are not left pending until the next takeover.
+//!
+//! How it reads (ARCHITECTURE "Data plane"): on a standalone Redis or behind Sentinel, every
+//! command goes on the app's shared connection and none blocks: a worker reads
+//! (`XREADGROUP … COUNT n STREAMS key >`, non-blocking) until the shard has nothing new, then
+//! waits on the app's [`super::doorbell`] (a ring from the producer, or the doorbell's
+//! fallback poll), so an idle shard costs Redis no command and no connection. Strict fencing
+//! keeps a connection of the worker's own for its `WATCH` (see [`super::fence`]). On a Redis
+//! Cluster the worker waits in `XREADGROUP … BLOCK` on its own connection to the shard's node
+//! (see [`crate::data::NodeConn`]).
 //!
 //! Entries are handled one at a time, in stream order, so the order of one key's messages is
-//! kept within a shard. Through reshards (ordering `key`, issue 16), an entry whose key moved
+//! kept within a shard. Through reshards (ordering `key`, PROTOCOL §15), an entry whose key moved
 //! to this shard at a routing-epoch switch is held aside, with its key's later entries, until
 //! the group handled and acknowledged the key's old shard up to its seal (see
 //! [`super::order`]); at most [`hold::MAX_HELD`] entries are held, past which the worker stops
-//! reading the shard until releases make room. A stop request (revocation, self-fence, shutdown) lets the handler in
-//! flight finish; acknowledgements of what succeeded are sent; entries fetched but not started
-//! stay pending for the next owner.
-
+//! reading the shard until releases make room. A stop request (revocation, self-fence,
+//! shutdown) lets the handler in flight finish; acknowledgements of what succeeded are sent;
+//! entries fetched but not started stay pending for the next owner.
 //!
 //! Submodules by step: [`takeover`] (group, claim, cleanup), [`read`] (the read loop, lease or
-//! guarded), [`hold`] (ordered resharding), [`handle`] (handler, retries, dead letters),
-//! [`batch`] (batch listeners), [`ack`] (acknowledgements).
+//! guarded, and the wait for new entries), [`hold`] (ordered resharding), [`handle`]
+//! (handler, retries, dead letters), [`batch`] (batch listeners), [`ack`]
+//! (acknowledgements), [`conn`] (where the commands go).
 
 use super::MemberShared;
 use super::backoff::Backoff;
@@ -38,6 +45,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 mod ack;
 mod batch;
+mod conn;
 mod handle;
 mod hold;
 mod read;
@@ -99,6 +107,14 @@ pub(crate) struct ShardWorker {
     pending_from: Option<String>,
     /// Ordered resharding: held entries and seals.
     order: OrderState,
+    /// The shard's registration with the app's doorbell (`None`: a Redis Cluster, where the
+    /// worker waits in a blocked read).
+    bell: Option<super::doorbell::Bell>,
+    /// The last entry id this worker knows the shard holds (`None`: unknown; the next read
+    /// learns it): the doorbell's poll looks for entries after it.
+    last_seen: Option<String>,
+    /// The last wake-up came from the doorbell's poll (not a ring).
+    polled: bool,
 }
 
 enum Outcome {
@@ -131,6 +147,7 @@ impl ShardWorker {
         });
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
         let order = OrderState::new(&shared.group, &shared.stream, shard);
+        let bell = shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key));
         ShardWorker {
             shared,
             origin,
@@ -142,6 +159,9 @@ impl ShardWorker {
             acks: Vec::new(),
             pending_from: None,
             order,
+            bell,
+            last_seen: None,
+            polled: false,
         }
     }
 
@@ -156,11 +176,21 @@ impl ShardWorker {
 
     async fn work(mut self) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        // Every worker has its own connection: a blocked XREADGROUP would stall any command
-        // queued behind it. The response timeout must exceed BLOCK (CRATES.md).
-        let block = self.shared.listener.settings.block;
-        let mut conn = self.shared.redis.dedicated(block + Duration::from_secs(5));
-        info!("shard worker started");
+        let mut conn = if self.bell.is_some() {
+            conn::WorkerConn::Shared {
+                shared: self.shared.ack_conn.clone(),
+                node: None,
+            }
+        } else {
+            // A blocked XREADGROUP would stall any command queued behind it: its own
+            // connection, whose response timeout exceeds BLOCK.
+            let block = self.shared.listener.settings.block;
+            conn::WorkerConn::Dedicated(self.shared.redis.dedicated(block + Duration::from_secs(5)))
+        };
+        info!(
+            shared_connection = !conn.may_block(),
+            "shard worker started"
+        );
         if !self.ensure_group(&mut conn, &mut backoff).await {
             return;
         }

@@ -454,7 +454,12 @@ impl Producer {
                 .clone()
                 .req_packed_commands(&pipe, 0, pipe.len())
                 .await?;
-            let outcome = Fenced::read(values, part.len(), self.inner.wait.is_some())?;
+            let outcome = Fenced::read(
+                values,
+                part.len(),
+                self.rings(part.iter().map(|&(_, s)| s)),
+                self.inner.wait.is_some(),
+            )?;
             Ok::<_, redis::RedisError>((part, outcome))
         });
         let mut written = Vec::new();
@@ -496,7 +501,8 @@ impl Producer {
         Ok(())
     }
 
-    /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; EXEC [; WAIT]` for
+    /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; PUBLISH <ring> …; EXEC
+    /// [; WAIT]` for
     /// the records `part` (index, shard), in order. One pipeline, so nothing else sent on
     /// the shared connection comes between the `WATCH` and the `EXEC`. `EVAL` rather than
     /// `EVALSHA`: a `NOSCRIPT` would let the transaction run unchecked.
@@ -524,6 +530,7 @@ impl Producer {
         for &(i, shard) in part {
             records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
         }
+        self.ring(&mut pipe, routing, &shards);
         pipe.cmd("EXEC");
         if let Some((replicas, timeout)) = self.inner.wait {
             pipe.cmd("WAIT")
@@ -556,7 +563,11 @@ impl Producer {
             for (record, &shard) in records.iter().zip(&shards) {
                 record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
-            self.send(pipe).await?
+            let mut touched = shards.clone();
+            touched.sort_unstable();
+            touched.dedup();
+            let rings = self.ring(&mut pipe, &routing, &touched);
+            self.send(pipe, rings).await?
         };
         Ok(shards
             .into_iter()
@@ -583,7 +594,7 @@ impl Producer {
                 records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
             }
             async move {
-                let (ids, acked) = self.send(pipe).await?;
+                let (ids, acked) = self.send(pipe, 0).await?;
                 Ok::<_, redis::RedisError>((idx.into_iter().zip(ids), acked))
             }
         });
@@ -598,25 +609,60 @@ impl Producer {
         Ok((out, fewest))
     }
 
-    /// Sends a pipeline of `XADD`s, with `WAIT` at its end when the producer waits for
-    /// replicas: the entry ids, and how many replicas confirmed (`u32::MAX` without `WAIT`).
-    async fn send(&self, mut pipe: redis::Pipeline) -> redis::RedisResult<(Vec<String>, u32)> {
+    /// Sends a pipeline of `XADD`s followed by `rings` doorbell rings, with `WAIT` at its end
+    /// when the producer waits for replicas: the entry ids, and how many replicas confirmed
+    /// (`u32::MAX` without `WAIT`).
+    async fn send(
+        &self,
+        mut pipe: redis::Pipeline,
+        rings: usize,
+    ) -> redis::RedisResult<(Vec<String>, u32)> {
         let mut conn = self.inner.conn.clone();
-        match self.inner.wait {
-            None => Ok((pipe.query_async(&mut conn).await?, u32::MAX)),
-            Some((replicas, timeout)) => {
-                pipe.cmd("WAIT")
-                    .arg(replicas)
-                    .arg(timeout.as_millis() as u64);
-                let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
-                let acked = match values.pop() {
-                    Some(redis::Value::Int(n)) => n.max(0) as u32,
-                    _ => 0,
-                };
-                let ids = redis::from_redis_value(redis::Value::Array(values))?;
-                Ok((ids, acked))
-            }
+        if let Some((replicas, timeout)) = self.inner.wait {
+            pipe.cmd("WAIT")
+                .arg(replicas)
+                .arg(timeout.as_millis() as u64);
         }
+        let mut values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let acked = match self.inner.wait {
+            None => u32::MAX,
+            Some(_) => match values.pop() {
+                Some(redis::Value::Int(n)) => n.max(0) as u32,
+                _ => 0,
+            },
+        };
+        values.truncate(values.len().saturating_sub(rings));
+        let ids = redis::from_redis_value(redis::Value::Array(values))?;
+        Ok((ids, acked))
+    }
+
+    /// Appends a ring of each shard's doorbell (`PUBLISH {<shard key>}:ring ""`, PROTOCOL
+    /// §16) to `pipe`, so that consumers waiting on those shards read at once; `shards` are
+    /// distinct. Returns how many were appended: none on a Redis Cluster, whose consumers
+    /// wait in blocked reads (a `PUBLISH` there reaches every node).
+    fn ring(&self, pipe: &mut redis::Pipeline, routing: &Routing, shards: &[u32]) -> usize {
+        if self.inner.cluster {
+            return 0;
+        }
+        for &s in shards {
+            pipe.cmd("PUBLISH")
+                .arg(rsc_protocol::routing::ring_channel(
+                    &routing.shard_keys[s as usize],
+                ))
+                .arg("");
+        }
+        shards.len()
+    }
+
+    /// How many rings [`Self::ring`] appends for the records placed on `shards`.
+    fn rings(&self, shards: impl Iterator<Item = u32>) -> usize {
+        if self.inner.cluster {
+            return 0;
+        }
+        let mut s: Vec<u32> = shards.collect();
+        s.sort_unstable();
+        s.dedup();
+        s.len()
     }
 
     /// The routing the producer uses now for `stream` (fetched if unknown).
@@ -654,8 +700,14 @@ struct Fenced {
 }
 
 impl Fenced {
-    /// Reads the replies `OK, <check>, OK, QUEUED × n, <EXEC> [, <WAIT>]`.
-    fn read(mut values: Vec<redis::Value>, n: usize, wait: bool) -> redis::RedisResult<Self> {
+    /// Reads the replies `OK, <check>, OK, QUEUED × (n + rings), <EXEC> [, <WAIT>]` (the
+    /// `rings` doorbell rings queued after the `n` `XADD`s).
+    fn read(
+        mut values: Vec<redis::Value>,
+        n: usize,
+        rings: usize,
+        wait: bool,
+    ) -> redis::RedisResult<Self> {
         use redis::Value;
         let acked = if wait {
             match values.pop() {
@@ -665,7 +717,7 @@ impl Fenced {
         } else {
             u32::MAX
         };
-        if values.len() != n + 4 {
+        if values.len() != n + rings + 4 {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
                 "fenced write: unexpected number of replies",
@@ -694,6 +746,8 @@ impl Fenced {
                 {
                     return Err(e.clone().into());
                 }
+                let mut replies = replies;
+                replies.truncate(n);
                 let ids: Vec<String> = redis::from_redis_value(Value::Array(replies))?;
                 if ids.len() != n {
                     return Err(redis::RedisError::from((

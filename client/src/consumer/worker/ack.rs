@@ -1,10 +1,10 @@
 //! Acknowledgements: the worker's batched `XACK` (guarded by the owner token under strict
 //! fencing), and the [`AckPath`] a message's [`crate::Acker`] uses.
 
+use super::conn::WorkerConn;
 use super::{ShardFlags, ShardWorker};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::fence;
-use crate::data::NodeConn;
 use crate::error::ClientError;
 use crate::message::{AckPath, Origin};
 use futures::future::BoxFuture;
@@ -15,14 +15,14 @@ use std::time::Duration;
 use tracing::warn;
 
 impl ShardWorker {
-    pub(super) async fn flush_acks(&mut self, conn: &mut NodeConn) {
+    pub(super) async fn flush_acks(&mut self, conn: &mut WorkerConn) {
         let ids = std::mem::take(&mut self.acks);
         self.ack(conn, &ids).await;
     }
 
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
     /// an acknowledgement lost here means the entry is handled again by the next owner).
-    pub(super) async fn ack(&self, conn: &mut NodeConn, ids: &[String]) {
+    pub(super) async fn ack(&self, conn: &mut WorkerConn, ids: &[String]) {
         if ids.is_empty() {
             return;
         }

@@ -2,10 +2,10 @@
 //! `max_batch`, waits up to `linger` for a fuller batch, and settles each message on its own
 //! (acknowledged, retried as part of a smaller batch, or dead-lettered).
 
+use super::conn::WorkerConn;
 use super::{Outcome, ShardWorker};
 use crate::consumer::backoff::retry_delay;
 use crate::consumer::reply::OrderedRead;
-use crate::data::NodeConn;
 use crate::handler::{FailureAction, HandlerError};
 use crate::listener::{AckMode, ErasedBatch};
 use crate::message::Entry;
@@ -21,7 +21,7 @@ impl ShardWorker {
     /// end.
     pub(super) async fn handle_batches(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         mut entries: Vec<Entry>,
         flush: bool,
         handler: Arc<dyn ErasedBatch>,
@@ -64,7 +64,7 @@ impl ShardWorker {
     /// `max_batch` in all, without blocking. `false` when stopped.
     async fn linger_more(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         entries: &mut Vec<Entry>,
         settings: &crate::listener::Settings,
     ) -> bool {
@@ -110,7 +110,7 @@ impl ShardWorker {
     /// stopped before every message was settled (the unsettled ones stay pending).
     async fn process_batch(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         chunk: &[Arc<Entry>],
         handler: &Arc<dyn ErasedBatch>,
     ) -> bool {

@@ -1,9 +1,9 @@
 //! Handling entries: the handler with its retries, dead letters, and the order of
 //! acknowledgements.
 
+use super::conn::WorkerConn;
 use super::{Outcome, ShardWorker};
 use crate::consumer::backoff::{Backoff, retry_delay};
-use crate::data::NodeConn;
 use crate::handler::{FailureAction, HandlerError};
 use crate::listener::AckMode;
 use crate::message::Entry;
@@ -24,7 +24,7 @@ impl ShardWorker {
     /// (a pause, a retry delay), so that a handled entry is not left pending for long.
     pub(super) async fn handle_batch(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         entries: Vec<Entry>,
         flush: bool,
     ) -> bool {
@@ -51,7 +51,7 @@ impl ShardWorker {
     /// Handles entries in order; `false` when stopped before the end (the rest stays
     /// pending for the next owner). A batch listener gets them as batches, without
     /// lingering (an entry read while lingering would bypass the ordering check).
-    pub(super) async fn run_entries(&mut self, conn: &mut NodeConn, entries: Vec<Entry>) -> bool {
+    pub(super) async fn run_entries(&mut self, conn: &mut WorkerConn, entries: Vec<Entry>) -> bool {
         if let crate::listener::HandlerKind::Batch(h) = &self.shared.listener.handler {
             let h = h.clone();
             return self.handle_batches(conn, entries, true, h).await;
@@ -86,7 +86,7 @@ impl ShardWorker {
 
     /// Runs the handler with retries; dead-letters when retries are exhausted or the handler
     /// asks for it.
-    pub(super) async fn process(&mut self, conn: &mut NodeConn, entry: &Arc<Entry>) -> Outcome {
+    pub(super) async fn process(&mut self, conn: &mut WorkerConn, entry: &Arc<Entry>) -> Outcome {
         let shared = self.shared.clone();
         let settings = &shared.listener.settings;
         let m = &shared.metrics;

@@ -2,9 +2,9 @@
 //! at a routing-epoch switch are held aside until the key's parent shard reached its seal.
 
 use super::ShardWorker;
+use super::conn::WorkerConn;
 use crate::consumer::backoff::Backoff;
 use crate::consumer::order::{Gate, HoldQueue, SealBook};
-use crate::data::NodeConn;
 use crate::message::Entry;
 use redis::RedisError;
 use std::collections::HashMap;
@@ -71,7 +71,7 @@ impl ShardWorker {
     /// Before a read: releases held entries whose parents reached their seals; while
     /// [`MAX_HELD`] entries are held, reads nothing more and waits for releases. `false`
     /// when stopped.
-    pub(super) async fn make_room(&mut self, conn: &mut NodeConn) -> bool {
+    pub(super) async fn make_room(&mut self, conn: &mut WorkerConn) -> bool {
         loop {
             if !self.release_held(conn).await {
                 return false;
@@ -142,14 +142,14 @@ impl ShardWorker {
 
     /// [`Self::release_held`] right away, without waiting out [`HOLD_POLL`] since the last
     /// check (after a batch was handled). `false` when stopped.
-    pub(super) async fn release_held_now(&mut self, conn: &mut NodeConn) -> bool {
+    pub(super) async fn release_held_now(&mut self, conn: &mut WorkerConn) -> bool {
         self.order.checked = None;
         self.release_held(conn).await
     }
 
     /// Checks the parents the held keys wait for (at most every [`HOLD_POLL`]) and handles
     /// the entries of those that reached their seals. `false` when stopped.
-    async fn release_held(&mut self, conn: &mut NodeConn) -> bool {
+    async fn release_held(&mut self, conn: &mut WorkerConn) -> bool {
         loop {
             if self.order.hold.is_empty() {
                 return true;

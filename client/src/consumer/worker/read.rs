@@ -1,20 +1,23 @@
 //! The read loop: `XREADGROUP` (lease fencing) or the guarded transaction (strict
 //! fencing), the previous batch's acknowledgements in the same round trip, recovery after a
-//! lost reply, the drained check and the lag gauge.
+//! lost reply, the wait for new entries (the doorbell, or a blocked read on a cluster), the
+//! drained check and the lag gauge.
 
+use super::conn::WorkerConn;
 use super::{ShardWorker, entry_from};
 use crate::consumer::backoff::Backoff;
+use crate::consumer::doorbell::Woken;
 use crate::consumer::fence::{self, Guard};
 use crate::consumer::reply::OrderedRead;
-use crate::data::NodeConn;
 use crate::message::Entry;
-use redis::streams::StreamInfoGroupsReply;
+use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::{RedisError, Value};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
-/// How often the shard's lag gauge is refreshed.
+/// How often, at most, the lag gauge of a shard that has entries is read from Redis (an idle
+/// shard's lag is 0 and costs no command).
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
 /// What one read of the shard found.
@@ -23,9 +26,18 @@ enum Found {
     Fenced,
     /// Entries, now pending for this member.
     Entries(Vec<Entry>),
-    /// Nothing. Strict fencing: the stream's last id, to wait on (a guarded read does not
-    /// block); lease fencing: `None` (the read blocked already).
+    /// Nothing. The stream's last entry id when the read learned it (always with strict
+    /// fencing's guarded read; a non-blocking read when asked to); `None` otherwise (a
+    /// blocked read has waited already).
     Idle(Option<String>),
+}
+
+/// What a wait for new entries ended with.
+enum Waited {
+    /// Woken: read the shard.
+    Woken,
+    /// Stopped.
+    Stopped,
 }
 
 impl ShardWorker {
@@ -51,7 +63,7 @@ impl ShardWorker {
 
     /// Before a read: acknowledges what was handled while the listener is paused, then waits
     /// until it is resumed; `false` when stopped.
-    async fn ready_to_read(&mut self, conn: &mut NodeConn) -> bool {
+    async fn ready_to_read(&mut self, conn: &mut WorkerConn) -> bool {
         if *self.shared.paused.borrow() {
             self.flush_acks(conn).await;
         }
@@ -67,7 +79,7 @@ impl ShardWorker {
     /// entries are read first once the backoff is over. `false` when stopped.
     async fn read_failed(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         backoff: &mut Backoff,
         e: &RedisError,
     ) -> bool {
@@ -89,7 +101,11 @@ impl ShardWorker {
     /// `XREAD BLOCK … <last id>`; without one (lease fencing) as a plain
     /// `XREADGROUP … BLOCK`. Either way the previous batch's acknowledgements travel in the
     /// same round trip as the next read.
-    pub(super) async fn read_until_stopped(&mut self, conn: &mut NodeConn, backoff: &mut Backoff) {
+    pub(super) async fn read_until_stopped(
+        &mut self,
+        conn: &mut WorkerConn,
+        backoff: &mut Backoff,
+    ) {
         // The WATCH of the owner key: a new one each time the group switches to strict
         // fencing.
         let mut guard: Option<Guard> = None;
@@ -139,7 +155,7 @@ impl ShardWorker {
     /// entries, with the `XACK` pipelined first).
     async fn fetch(
         &self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         guarded: Option<(&mut Guard, &str)>,
         acks: &[String],
         from: &str,
@@ -148,7 +164,7 @@ impl ShardWorker {
         if let Some((guard, token)) = guarded {
             return Ok(
                 match guard
-                    .read(conn, &self.origin, token, acks, from, count)
+                    .read(conn.node(), &self.origin, token, acks, from, count)
                     .await?
                 {
                     fence::Read::Fenced => Found::Fenced,
@@ -167,22 +183,47 @@ impl ShardWorker {
             .arg(&self.origin.member_id)
             .arg("COUNT")
             .arg(count);
-        if from == ">" {
+        if from == ">" && conn.may_block() {
             cmd.arg("BLOCK").arg(self.block_ms());
         }
         cmd.arg("STREAMS").arg(&self.origin.shard_key).arg(from);
-        let reply = if acks.is_empty() {
-            cmd.query_async::<Option<OrderedRead>>(conn).await?
+        // The doorbell waits for entries after the stream's last one: read its id first, in
+        // the same round trip (before the read, so that an entry added in between is read,
+        // not waited for).
+        let learn_last = from == ">" && !conn.may_block() && self.last_seen.is_none();
+        let (reply, last) = if acks.is_empty() && !learn_last {
+            (cmd.query_async::<Option<OrderedRead>>(conn).await?, None)
         } else {
             let mut pipe = redis::pipe();
-            pipe.cmd("XACK")
-                .arg(&self.origin.shard_key)
-                .arg(&self.origin.group)
-                .arg(acks)
-                .ignore();
+            if !acks.is_empty() {
+                pipe.cmd("XACK")
+                    .arg(&self.origin.shard_key)
+                    .arg(&self.origin.group)
+                    .arg(acks)
+                    .ignore();
+            }
+            if learn_last {
+                pipe.cmd("XREVRANGE")
+                    .arg(&self.origin.shard_key)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1);
+            }
             pipe.add_command(cmd);
-            let (reply,) = pipe.query_async::<(Option<OrderedRead>,)>(conn).await?;
-            reply
+            if learn_last {
+                let (last, reply) = pipe
+                    .query_async::<(StreamRangeReply, Option<OrderedRead>)>(conn)
+                    .await?;
+                let last = last
+                    .ids
+                    .first()
+                    .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+                (reply, Some(last))
+            } else {
+                let (reply,) = pipe.query_async::<(Option<OrderedRead>,)>(conn).await?;
+                (reply, None)
+            }
         };
         let entries: Vec<Entry> = reply
             .into_iter()
@@ -191,7 +232,7 @@ impl ShardWorker {
             .map(|s| entry_from(s.id, s.map, 1))
             .collect();
         Ok(if entries.is_empty() {
-            Found::Idle(None)
+            Found::Idle(last)
         } else {
             Found::Entries(entries)
         })
@@ -200,7 +241,7 @@ impl ShardWorker {
     /// Acts on what a read after `from` found; `false` when stopped.
     async fn found(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         backoff: &mut Backoff,
         found: Found,
         from: &str,
@@ -212,6 +253,14 @@ impl ShardWorker {
             }
             Found::Entries(entries) => {
                 self.advance(entries.last().map(|e| e.id.as_str()));
+                // New entries: the group has delivered up to the last one (the doorbell's poll
+                // looks for entries after it). A re-read of pending entries says nothing.
+                if from == ">"
+                    && let Some(last) = entries.last()
+                {
+                    self.last_seen = Some(last.id.clone());
+                }
+                self.polled = false;
                 self.flags.drained.store(false, Ordering::Relaxed);
                 if !self.handle_batch(conn, entries, false).await {
                     return false;
@@ -222,17 +271,58 @@ impl ShardWorker {
             // This member's own pending entries, re-read after a lost reply: none are left.
             Found::Idle(_) if from != ">" => {
                 self.advance(None);
-                self.refresh_lag(conn).await;
                 true
             }
-            Found::Idle(None) => {
-                self.idle(conn).await;
-                self.refresh_lag(conn).await;
-                true
+            Found::Idle(last) => {
+                // Nothing new was delivered: nothing is undelivered (no command needed).
+                self.lag.set(0.0);
+                if !conn.may_block() {
+                    match last {
+                        Some(id) => self.last_seen = Some(id),
+                        // The poll saw an entry after `last_seen`, yet the group has nothing
+                        // new: another consumer read it, so `last_seen` is behind. The next
+                        // read learns the stream's last id again.
+                        None if self.polled => self.last_seen = None,
+                        None => {}
+                    }
+                    self.polled = false;
+                    return match self.wait_for_ring(conn).await {
+                        Waited::Woken => true,
+                        Waited::Stopped => false,
+                    };
+                }
+                match last {
+                    None => {
+                        self.idle(conn).await;
+                        true
+                    }
+                    Some(last) => self.wait_for_new(conn, backoff, &last).await,
+                }
             }
-            Found::Idle(Some(last)) => {
-                self.refresh_lag(conn).await;
-                self.wait_for_new(conn, backoff, &last).await
+        }
+    }
+
+    /// Waits on the doorbell until the shard may have new entries (a ring, or the poll found
+    /// one after [`ShardWorker::last_seen`]). A draining shard is checked each `block` of
+    /// quiet (see [`ShardWorker::idle`]); an idle shard costs no command. Returns at once
+    /// when the last entry id is not known yet (the next read learns it).
+    async fn wait_for_ring(&mut self, conn: &mut WorkerConn) -> Waited {
+        let (Some(bell), Some(after)) = (&self.bell, self.last_seen.clone()) else {
+            return Waited::Woken;
+        };
+        let block = self.shared.listener.settings.block;
+        loop {
+            let woken = tokio::select! {
+                woken = bell.wait(&after) => Some(woken),
+                _ = tokio::time::sleep(block) => None,
+                _ = self.stop.cancelled() => return Waited::Stopped,
+            };
+            match woken {
+                Some(woken) => {
+                    self.polled = woken == Woken::Poll;
+                    return Waited::Woken;
+                }
+                None => self.idle(conn).await,
             }
         }
     }
@@ -240,7 +330,7 @@ impl ShardWorker {
     /// Strict fencing, nothing to read: a plain `XREAD BLOCK … <last id>`, which only wakes
     /// the worker (it delivers nothing to the group), so idle shards do not poll. `false`
     /// when stopped.
-    async fn wait_for_new(&self, conn: &mut NodeConn, backoff: &mut Backoff, last: &str) -> bool {
+    async fn wait_for_new(&self, conn: &mut WorkerConn, backoff: &mut Backoff, last: &str) -> bool {
         let mut wake = redis::cmd("XREAD");
         wake.arg("COUNT")
             .arg(1)
@@ -269,7 +359,7 @@ impl ShardWorker {
     }
 
     /// After a read found nothing: a draining shard with nothing pending is drained.
-    async fn idle(&self, conn: &mut NodeConn) {
+    async fn idle(&self, conn: &mut WorkerConn) {
         if !self.flags.draining.load(Ordering::Relaxed) {
             return;
         }
@@ -287,7 +377,7 @@ impl ShardWorker {
         }
     }
 
-    async fn refresh_lag(&mut self, conn: &mut NodeConn) {
+    async fn refresh_lag(&mut self, conn: &mut WorkerConn) {
         if self.lag_at.is_some_and(|t| t.elapsed() < LAG_EVERY) {
             return;
         }

@@ -1,11 +1,11 @@
 //! Taking a shard over: the Redis consumer group exists, the previous owner's pending
 //! entries are claimed and handled, departed consumers are cleaned up.
 
+use super::conn::WorkerConn;
 use super::{ShardWorker, entry_from};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::fence;
 use crate::consumer::reply::{OrderedClaim, OrderedId};
-use crate::data::NodeConn;
 use crate::message::Entry;
 use redis::RedisError;
 use tracing::{debug, info, warn};
@@ -16,7 +16,7 @@ const CLAIM_COUNT: usize = 100;
 impl ShardWorker {
     /// `XGROUP CREATE <key> <group> <start> MKSTREAM`, retried until it works or the worker
     /// is stopped.
-    pub(super) async fn ensure_group(&self, conn: &mut NodeConn, backoff: &mut Backoff) -> bool {
+    pub(super) async fn ensure_group(&self, conn: &mut WorkerConn, backoff: &mut Backoff) -> bool {
         loop {
             if self.stop.is_cancelled() {
                 return false;
@@ -56,7 +56,7 @@ impl ShardWorker {
     /// stopped.
     pub(super) async fn claim_pending(
         &mut self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         backoff: &mut Backoff,
     ) -> bool {
         let mut cursor = "0-0".to_owned();
@@ -104,7 +104,7 @@ impl ShardWorker {
     /// `None` when Redis refused the token.
     async fn claim(
         &self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         cursor: &str,
     ) -> Result<Option<OrderedClaim>, RedisError> {
         if let Some(token) = self.flags.token() {
@@ -124,7 +124,7 @@ impl ShardWorker {
     }
 
     /// The claimed entries, with Redis's delivery counts.
-    async fn claimed_entries(&self, conn: &mut NodeConn, claimed: Vec<OrderedId>) -> Vec<Entry> {
+    async fn claimed_entries(&self, conn: &mut WorkerConn, claimed: Vec<OrderedId>) -> Vec<Entry> {
         let ids: Vec<String> = claimed.iter().map(|s| s.id.clone()).collect();
         let counts = self.delivery_counts(conn, &ids).await;
         claimed
@@ -142,7 +142,7 @@ impl ShardWorker {
     /// After the takeover claim: deletes the shard's other consumers that hold no pending
     /// entry (departed members; see [`super::hygiene`]). A failure is only logged: the next
     /// takeover tries again.
-    pub(super) async fn clean_consumers(&self, conn: &mut NodeConn) {
+    pub(super) async fn clean_consumers(&self, conn: &mut WorkerConn) {
         let o = &self.origin;
         match crate::consumer::hygiene::clean_shard(conn, &o.shard_key, &o.group, &o.member_id)
             .await
@@ -164,7 +164,7 @@ impl ShardWorker {
     /// Redis's delivery counts of entries this member now holds (after a claim).
     pub(super) async fn delivery_counts(
         &self,
-        conn: &mut NodeConn,
+        conn: &mut WorkerConn,
         ids: &[String],
     ) -> Vec<(String, u64)> {
         let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
