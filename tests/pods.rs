@@ -152,12 +152,33 @@ impl Consumer {
         Self::start_via(stack, &stack.coordinator.url(), pod_ip, extra)
     }
 
+    /// Like [`Consumer::start`], with environment variables set for the pod.
+    #[allow(dead_code)]
+    pub(crate) fn start_env(
+        stack: &Stack,
+        pod_ip: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start_full(stack, &stack.coordinator.url(), pod_ip, extra, env)
+    }
+
     /// Like [`Consumer::start`], talking to the coordinator at `coordinator` (e.g. a proxy).
     pub(crate) fn start_via(
         stack: &Stack,
         coordinator: &str,
         pod_ip: &str,
         extra: &[&str],
+    ) -> Self {
+        Self::start_full(stack, coordinator, pod_ip, extra, &[])
+    }
+
+    fn start_full(
+        stack: &Stack,
+        coordinator: &str,
+        pod_ip: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Self {
         // Every pod serves its probes and metrics on its own address (tests read its
         // counters instead of its log), unless the test chose the address itself.
@@ -190,6 +211,7 @@ impl Consumer {
                 "RSC_LOG",
                 std::env::var("RSC_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
