@@ -941,7 +941,11 @@ mod tests {
         };
         assert_eq!(parse(""), None, "missing: unchanged");
         assert_eq!(parse(r#","owned_shards":null"#), None, "null: unchanged");
-        assert_eq!(parse(r#","owned_shards":[]"#), Some(vec![]), "empty: owns nothing");
+        assert_eq!(
+            parse(r#","owned_shards":[]"#),
+            Some(vec![]),
+            "empty: owns nothing"
+        );
         assert_eq!(parse(r#","owned_shards":[2,0]"#), Some(vec![2, 0]));
         // What a client sends round-trips: an empty list stays on the wire, None is left out.
         let mut req = HeartbeatRequest {
@@ -953,9 +957,17 @@ mod tests {
             client: None,
             incarnation: None,
         };
-        assert!(serde_json::to_string(&req).unwrap().contains(r#""owned_shards":[]"#));
+        assert!(
+            serde_json::to_string(&req)
+                .unwrap()
+                .contains(r#""owned_shards":[]"#)
+        );
         req.owned_shards = None;
-        assert!(!serde_json::to_string(&req).unwrap().contains("owned_shards"));
+        assert!(
+            !serde_json::to_string(&req)
+                .unwrap()
+                .contains("owned_shards")
+        );
     }
 
     #[test]

@@ -241,7 +241,12 @@ impl GroupDoc {
     /// brings back a member that left with -2), and at its current epoch, or at its previous
     /// one while reporting `owned_shards` within its assignment (PROTOCOL §5.4: a request
     /// without the list cannot be checked, so it is fenced).
-    fn check_fenced(&self, id: &str, epoch: i64, req: &HeartbeatRequest) -> Result<(), EngineError> {
+    fn check_fenced(
+        &self,
+        id: &str,
+        epoch: i64,
+        req: &HeartbeatRequest,
+    ) -> Result<(), EngineError> {
         let m = self
             .members
             .get(id)
@@ -331,8 +336,8 @@ impl GroupDoc {
             m.client.clone_from(&req.client);
         }
         // Without a list, what the member last reported stays on record (the view shows it).
-        let last_report = (req.member_epoch != 0 && req.owned_shards.is_none())
-            .then(|| m.reported.clone());
+        let last_report =
+            (req.member_epoch != 0 && req.owned_shards.is_none()).then(|| m.reported.clone());
         if let Some(e) = self.reconcile(id, reported, now_ms) {
             events.push(e);
         }

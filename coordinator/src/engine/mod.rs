@@ -299,4 +299,6 @@ impl EngineError {
 }
 
 #[cfg(test)]
+mod kafka_cases;
+#[cfg(test)]
 mod tests;
