@@ -287,6 +287,83 @@ async fn route_table_and_codes_match_the_openapi_document() {
     );
 }
 
+/// The fields of PROTOCOL §5's request line (`Request `{…}``), each with whether it is
+/// optional (`name?:`).
+fn documented_heartbeat_fields() -> BTreeMap<String, bool> {
+    let text = section("## 5. Heartbeat");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Request `{"))
+        .expect("PROTOCOL §5 has a request line");
+    let body = &line["Request `{".len()..line.rfind("}`").expect("a closing }`")];
+    let (mut fields, mut depth, mut item) = (BTreeMap::new(), 0, String::new());
+    for c in body.chars().chain([',']) {
+        match c {
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                let head = item.split(':').next().unwrap_or_default().trim();
+                if !head.is_empty() {
+                    let name = head.trim_end_matches('?');
+                    fields.insert(name.to_owned(), head.ends_with('?'));
+                }
+                item.clear();
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    fields
+}
+
+/// PROTOCOL §5's heartbeat request and the OpenAPI schema list the same fields, optional alike
+/// (`owned_shards` is optional: PROTOCOL §5 says what its absence means, and both say it).
+#[tokio::test]
+async fn heartbeat_request_fields_match_the_openapi_document() {
+    let coordinator = CoordinatorProcess::start(&[]).expect("coordinator starts");
+    let doc: Value = reqwest::get(format!("{}/openapi.json", coordinator.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schema = &doc["components"]["schemas"]["HeartbeatRequest"];
+    let required: BTreeSet<&str> = schema["required"]
+        .as_array()
+        .expect("required")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let served: BTreeMap<String, bool> = schema["properties"]
+        .as_object()
+        .expect("properties")
+        .keys()
+        .map(|k| (k.clone(), !required.contains(k.as_str())))
+        .collect();
+    assert_eq!(
+        documented_heartbeat_fields(),
+        served,
+        "PROTOCOL §5 request line vs OpenAPI HeartbeatRequest (field -> optional)"
+    );
+    assert_eq!(served.get("owned_shards"), Some(&true));
+    let heartbeat = section("## 5. Heartbeat").replace('\n', " ");
+    for phrase in ["**without** it", "\"unchanged\"", "never releases a shard"] {
+        assert!(heartbeat.contains(phrase), "PROTOCOL §5 lacks {phrase:?}");
+    }
+    assert!(
+        section("### 5.4")
+            .replace('\n', " ")
+            .contains("without `owned_shards`"),
+        "PROTOCOL §5.4 says what the previous epoch without owned_shards gets"
+    );
+    let description = schema["properties"]["owned_shards"]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .replace('\n', " ");
+    assert!(description.contains("unchanged"), "{description}");
+}
+
 /// README.md, CHANGELOG.md, docs/*.md and every crate's README.md.
 fn documents() -> Vec<PathBuf> {
     let root = root();

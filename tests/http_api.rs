@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 store_suite!(
     join_and_routing_over_a_real_socket,
     second_member_waits_for_revocation,
+    a_heartbeat_without_owned_shards_releases_nothing,
+    a_replaced_static_run_is_fenced,
     fencing_and_unknown_members,
     leave_frees_shards_at_once,
     static_member_steps_away_and_resumes,
@@ -245,6 +247,130 @@ async fn leave_frees_shards_at_once(backend: Backend) {
     );
     let (_, view) = api.get("/v1/groups/g").await;
     assert_eq!(view["members"], json!([]));
+}
+
+/// PROTOCOL §5: a heartbeat without `owned_shards` means "unchanged" — on the single and
+/// the batched route alike: the member revoking 3, 4, 5 keeps them pending, stays at its
+/// epoch, the other member is not given them, and at the tolerated previous epoch the
+/// omission is fenced (§5.4).
+async fn a_heartbeat_without_owned_shards_releases_nothing(backend: Backend) {
+    let stack = Stack::start(backend, &[]);
+    let api = &stack.api;
+    for (group, batched) in [("single", false), ("batched", true)] {
+        create(api, group, &format!("s-{group}"), 6, json!({})).await;
+        let hb = |member: &str, epoch: i64, owned: Option<&[u32]>| {
+            let mut body =
+                json!({"protocol_version": 1, "member_id": member, "member_epoch": epoch});
+            if let Some(owned) = owned {
+                body["owned_shards"] = json!(owned);
+            }
+            api.member_heartbeat(group, body, batched)
+        };
+        let (s, a) = hb("a", 0, None).await.unwrap();
+        assert_eq!((s, shards(&a).len()), (StatusCode::OK, 6), "{a}");
+        let (_, b) = hb("b", 0, None).await.unwrap();
+        assert_eq!(b["member_epoch"], 2, "{b}");
+        let (_, a) = hb("a", 1, Some(&[0, 1, 2, 3, 4, 5])).await.unwrap();
+        assert_eq!(
+            (a["member_epoch"].as_i64(), shards(&a)),
+            (Some(1), vec![0, 1, 2])
+        );
+
+        // The omission: 200, still epoch 1 and unrevoked, 3, 4, 5 still pending.
+        let (s, a) = hb("a", 1, None).await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{a}");
+        assert_eq!(
+            (a["member_epoch"].as_i64(), shards(&a)),
+            (Some(1), vec![0, 1, 2])
+        );
+        let (_, view) = api.get(&format!("/v1/groups/{group}")).await;
+        let m = &view["members"][0];
+        assert_eq!(m["member_id"], "a");
+        assert_eq!(
+            (m["state"].as_str(), &m["pending_revocation"]),
+            (Some("unrevoked"), &json!([3, 4, 5])),
+            "{view}"
+        );
+        let (_, b) = hb("b", 2, Some(&[])).await.unwrap();
+        assert_eq!(shards(&b), Vec::<u64>::new(), "3, 4, 5 are still a's: {b}");
+
+        // a revokes; its previous epoch without the list is fenced, with a subset accepted.
+        let (_, a) = hb("a", 1, Some(&[0, 1, 2])).await.unwrap();
+        assert_eq!(a["member_epoch"], 2, "{a}");
+        let (s, e) = hb("a", 1, None).await.unwrap();
+        assert_eq!(
+            (s, code(&e)),
+            (StatusCode::CONFLICT, "FENCED_MEMBER_EPOCH"),
+            "{e}"
+        );
+        let (s, a) = hb("a", 1, Some(&[0, 1])).await.unwrap();
+        assert_eq!(
+            (s, a["member_epoch"].as_i64()),
+            (StatusCode::OK, Some(2)),
+            "{a}"
+        );
+        let (_, b) = hb("b", 2, None).await.unwrap();
+        assert_eq!(shards(&b), vec![3, 4, 5], "{b}");
+        // Stable members may leave the list out: nothing changes.
+        let (s, b) = hb("b", 2, None).await.unwrap();
+        assert_eq!((s, shards(&b)), (StatusCode::OK, vec![3, 4, 5]), "{b}");
+    }
+}
+
+/// PROTOCOL §11: a heartbeat naming another incarnation than the one holding a static
+/// member's id is fenced, also at the epoch the resumed run shares with the one it replaced.
+async fn a_replaced_static_run_is_fenced(backend: Backend) {
+    let stack = Stack::start(backend, &[]);
+    let api = &stack.api;
+    create(api, "g", "s", 2, json!({})).await;
+    let hb = |epoch: i64, incarnation: &str| {
+        json!({"protocol_version": 1, "member_id": "pod-0", "member_epoch": epoch,
+               "owned_shards": [], "incarnation": incarnation})
+    };
+    let (_, r) = api
+        .member_heartbeat("g", hb(0, "run-1"), false)
+        .await
+        .unwrap();
+    let epoch = r["member_epoch"].as_i64().unwrap();
+    let (s, _) = api
+        .member_heartbeat("g", hb(-2, "run-1"), false)
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK);
+    let (_, r) = api
+        .member_heartbeat("g", hb(0, "run-2"), false)
+        .await
+        .unwrap();
+    assert_eq!(r["member_epoch"].as_i64(), Some(epoch), "resumed: {r}");
+    for batched in [false, true] {
+        let (s, e) = api
+            .member_heartbeat("g", hb(epoch, "run-1"), batched)
+            .await
+            .unwrap();
+        assert_eq!(
+            (s, code(&e)),
+            (StatusCode::CONFLICT, "FENCED_MEMBER_EPOCH"),
+            "{e}"
+        );
+        let (s, e) = api
+            .member_heartbeat("g", hb(-1, "run-1"), batched)
+            .await
+            .unwrap();
+        assert_eq!(
+            (s, code(&e)),
+            (StatusCode::CONFLICT, "MEMBER_ID_IN_USE"),
+            "{e}"
+        );
+    }
+    let (s, r) = api
+        .member_heartbeat("g", hb(epoch, "run-2"), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (s, r["member_epoch"].as_i64()),
+        (StatusCode::OK, Some(epoch)),
+        "{r}"
+    );
 }
 
 async fn static_member_steps_away_and_resumes(backend: Backend) {

@@ -53,7 +53,7 @@ impl CoordinatorClient {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: member_id.to_owned(),
             member_epoch: if incarnation.is_some() { -2 } else { -1 },
-            owned_shards: Vec::new(),
+            owned_shards: Some(Vec::new()),
             drained_shards: Vec::new(),
             client: None,
             incarnation: incarnation.map(str::to_owned),

@@ -29,7 +29,7 @@
 //!     protocol_version: 1,
 //!     member_id: "m1".into(),
 //!     member_epoch: 0,
-//!     owned_shards: vec![],
+//!     owned_shards: Some(vec![]),
 //!     drained_shards: vec![],
 //!     client: None,
 //!     incarnation: None,

@@ -74,7 +74,7 @@ fn hb(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
         protocol_version: 1,
         member_id: member.into(),
         member_epoch: epoch,
-        owned_shards: owned,
+        owned_shards: Some(owned),
         drained_shards: vec![],
         client: None,
         incarnation: None,

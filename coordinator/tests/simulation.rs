@@ -241,7 +241,7 @@ impl Sim {
             protocol_version: 1,
             member_id: c.id.clone(),
             member_epoch: c.epoch,
-            owned_shards: c.owned.iter().copied().collect(),
+            owned_shards: Some(c.owned.iter().copied().collect()),
             drained_shards: drained,
             client: None,
             incarnation: None,

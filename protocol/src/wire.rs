@@ -307,9 +307,13 @@ pub struct HeartbeatRequest {
     /// answer received.
     #[cfg_attr(feature = "openapi", schema(minimum = -2))]
     pub member_epoch: i64,
-    /// The shards the member owns right now.
-    #[serde(default)]
-    pub owned_shards: Vec<u32>,
+    /// The shards the member owns right now. Missing (or `null`) means "unchanged since
+    /// the last heartbeat", as in KIP-848 (PROTOCOL §5): the coordinator then takes the
+    /// member to still own every shard it holds, so a heartbeat without the field releases
+    /// nothing, and one at the tolerated previous epoch is `FENCED_MEMBER_EPOCH` (§5.4). In a
+    /// join (epoch 0) missing means empty; in a leave (-1, -2) it is not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_shards: Option<Vec<u32>>,
     /// Draining shards the member has found empty (nothing pending, nothing unread).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drained_shards: Vec<u32>,
@@ -922,8 +926,48 @@ mod tests {
         let req: HeartbeatRequest =
             serde_json::from_str(r#"{"protocol_version":1,"member_id":"m","member_epoch":0}"#)
                 .unwrap();
-        assert!(req.owned_shards.is_empty() && req.drained_shards.is_empty());
+        assert!(req.owned_shards.is_none() && req.drained_shards.is_empty());
         assert_eq!(req.client, None);
+    }
+
+    #[test]
+    fn owned_shards_missing_null_and_empty_are_told_apart() {
+        let parse = |owned: &str| {
+            serde_json::from_str::<HeartbeatRequest>(&format!(
+                r#"{{"protocol_version":1,"member_id":"m","member_epoch":3{owned}}}"#
+            ))
+            .unwrap()
+            .owned_shards
+        };
+        assert_eq!(parse(""), None, "missing: unchanged");
+        assert_eq!(parse(r#","owned_shards":null"#), None, "null: unchanged");
+        assert_eq!(
+            parse(r#","owned_shards":[]"#),
+            Some(vec![]),
+            "empty: owns nothing"
+        );
+        assert_eq!(parse(r#","owned_shards":[2,0]"#), Some(vec![2, 0]));
+        // What a client sends round-trips: an empty list stays on the wire, None is left out.
+        let mut req = HeartbeatRequest {
+            protocol_version: 1,
+            member_id: "m".into(),
+            member_epoch: 3,
+            owned_shards: Some(vec![]),
+            drained_shards: vec![],
+            client: None,
+            incarnation: None,
+        };
+        assert!(
+            serde_json::to_string(&req)
+                .unwrap()
+                .contains(r#""owned_shards":[]"#)
+        );
+        req.owned_shards = None;
+        assert!(
+            !serde_json::to_string(&req)
+                .unwrap()
+                .contains("owned_shards")
+        );
     }
 
     #[test]

@@ -478,7 +478,7 @@ impl Sim {
             protocol_version: 1,
             member_id: self.id.clone(),
             member_epoch: self.epoch,
-            owned_shards: self.owned.clone(),
+            owned_shards: Some(self.owned.clone()),
             drained_shards: Vec::new(),
             client: None,
             incarnation: None,

@@ -536,7 +536,7 @@ mod tests {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: member.into(),
             member_epoch: epoch,
-            owned_shards: vec![],
+            owned_shards: Some(vec![]),
             drained_shards: vec![],
             client: None,
             incarnation: None,

@@ -394,7 +394,7 @@ impl MemberRuntime {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: self.shared.member_id.clone(),
             member_epoch: self.epoch,
-            owned_shards: owned,
+            owned_shards: Some(owned),
             drained_shards: Vec::new(),
             client: Some(self.client_info.clone()),
             incarnation: if self.epoch == 0 {

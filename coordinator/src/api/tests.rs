@@ -170,6 +170,36 @@ fn the_document_is_openapi_3_1_with_error_bodies_and_bearer_security() {
     }
 }
 
+/// The OpenAPI document says what PROTOCOL §5 says of `owned_shards` (tests/contract.rs holds
+/// the PROTOCOL side): optional on the wire, and a heartbeat without it means "unchanged",
+/// not "owns nothing".
+#[test]
+fn owned_shards_is_optional_and_both_documents_say_missing_means_unchanged() {
+    let doc = serde_json::to_value(openapi()).unwrap();
+    let schema = &doc["components"]["schemas"]["HeartbeatRequest"];
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(
+        required,
+        ["protocol_version", "member_id", "member_epoch"],
+        "{schema}"
+    );
+    let description = schema["properties"]["owned_shards"]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .replace('\n', " ");
+    for phrase in ["unchanged", "releases nothing", "FENCED_MEMBER_EPOCH"] {
+        assert!(
+            description.contains(phrase),
+            "the OpenAPI description of owned_shards lacks {phrase:?}: {description}"
+        );
+    }
+}
+
 #[test]
 fn name_patterns_in_the_document_are_the_protocol_s() {
     fn walk(v: &serde_json::Value, found: &mut Vec<String>) {

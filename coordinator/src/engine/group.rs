@@ -161,7 +161,10 @@ impl GroupDoc {
         validate_heartbeat(req)?;
         let id = req.member_id.as_str();
         let events = match req.member_epoch {
-            -1 => return self.heartbeat_leave(stream, id),
+            -1 => {
+                self.check_leaving_incarnation(id, req.incarnation.as_deref(), now_ms)?;
+                return self.heartbeat_leave(stream, id);
+            }
             -2 => return self.heartbeat_step_away(stream, id, req, now_ms),
             0 => self.heartbeat_join(stream, id, req, now_ms)?,
             epoch if epoch < -2 => {
@@ -170,7 +173,7 @@ impl GroupDoc {
                 )));
             }
             epoch => {
-                self.check_fenced(id, epoch, &req.owned_shards)?;
+                self.check_fenced(id, epoch, req)?;
                 Vec::new()
             }
         };
@@ -233,14 +236,29 @@ impl GroupDoc {
         Ok(events)
     }
 
-    /// The fencing check of a member heartbeating at `epoch`: it must be known, not away
-    /// (only a join brings back a member that left with -2), and at its current epoch, or at
-    /// its previous one while owning nothing outside its assignment.
-    fn check_fenced(&self, id: &str, epoch: i64, owned: &[u32]) -> Result<(), EngineError> {
+    /// The fencing check of a member heartbeating at `epoch`: it must be known, the process
+    /// run that holds the id when the request names one (PROTOCOL §11), not away (only a join
+    /// brings back a member that left with -2), and at its current epoch, or at its previous
+    /// one while reporting `owned_shards` within its assignment (PROTOCOL §5.4: a request
+    /// without the list cannot be checked, so it is fenced).
+    fn check_fenced(
+        &self,
+        id: &str,
+        epoch: i64,
+        req: &HeartbeatRequest,
+    ) -> Result<(), EngineError> {
         let m = self
             .members
             .get(id)
             .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
+        if let Some(sent) = req.incarnation.as_deref()
+            && m.incarnation.as_deref() != Some(sent)
+        {
+            return Err(EngineError::FencedIncarnation {
+                member: id.to_owned(),
+                sent: sent.to_owned(),
+            });
+        }
         if m.away_since_ms.is_some() {
             return Err(EngineError::Fenced {
                 member: id.to_owned(),
@@ -248,7 +266,11 @@ impl GroupDoc {
                 current: -2,
             });
         }
-        let tolerated = epoch == m.previous_epoch && owned.iter().all(|s| m.assigned.contains(s));
+        let tolerated = epoch == m.previous_epoch
+            && req
+                .owned_shards
+                .as_ref()
+                .is_some_and(|owned| owned.iter().all(|s| m.assigned.contains(s)));
         if epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: id.to_owned(),
@@ -257,6 +279,40 @@ impl GroupDoc {
             });
         }
         Ok(())
+    }
+
+    /// A leave (-1) that names a process run must come from the run that holds the id
+    /// (PROTOCOL §11), as a -2 must: another run's leave would end the live holder's
+    /// membership.
+    fn check_leaving_incarnation(
+        &self,
+        id: &str,
+        incarnation: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), EngineError> {
+        match (self.members.get(id), incarnation) {
+            (Some(m), Some(sent)) if m.incarnation.as_deref() != Some(sent) => {
+                Err(EngineError::MemberIdInUse {
+                    member: id.to_owned(),
+                    retry_after_ms: (m.last_heartbeat_ms + self.config.session_timeout_ms + 1)
+                        .saturating_sub(now_ms),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What a heartbeat says the member owns, for reconciliation (PROTOCOL §5): nothing for
+    /// a join; the list it sent; without the list, "unchanged" — every shard the member holds
+    /// (assigned or pending revocation), so a heartbeat never releases a shard it did not
+    /// report releasing.
+    fn reported_owned(&self, req: &HeartbeatRequest) -> BTreeSet<u32> {
+        match (&req.owned_shards, self.members.get(&req.member_id)) {
+            _ if req.member_epoch == 0 => BTreeSet::new(),
+            (Some(owned), _) => owned.iter().copied().collect(),
+            (None, Some(m)) => m.assigned.union(&m.pending_revocation).copied().collect(),
+            (None, None) => BTreeSet::new(),
+        }
     }
 
     /// After the join or the fencing check: records the heartbeat, reconciles what the
@@ -269,11 +325,7 @@ impl GroupDoc {
         mut events: Vec<GroupEvent>,
     ) -> HeartbeatOutcome {
         let id = req.member_id.as_str();
-        let reported: BTreeSet<u32> = if req.member_epoch == 0 {
-            BTreeSet::new()
-        } else {
-            req.owned_shards.iter().copied().collect()
-        };
+        let reported = self.reported_owned(req);
         let before = self.members.get(id).cloned();
         let m = self
             .members
@@ -283,8 +335,14 @@ impl GroupDoc {
         if req.client.is_some() {
             m.client.clone_from(&req.client);
         }
+        // Without a list, what the member last reported stays on record (the view shows it).
+        let last_report =
+            (req.member_epoch != 0 && req.owned_shards.is_none()).then(|| m.reported.clone());
         if let Some(e) = self.reconcile(id, reported, now_ms) {
             events.push(e);
+        }
+        if let Some(last) = last_report {
+            self.members.get_mut(id).expect("member present").reported = last;
         }
         let m = &self.members[id];
         let changed = req.member_epoch == 0
@@ -349,7 +407,11 @@ impl GroupDoc {
             && m.pending_revocation.is_empty()
             && m.revoke_started_ms.is_none()
             && m.assigned == m.target
-            && req.owned_shards.iter().copied().collect::<BTreeSet<u32>>() == m.reported
+            && req
+                .owned_shards
+                .as_ref()
+                .is_none_or(|o| o.iter().copied().collect::<BTreeSet<u32>>() == m.reported)
+            && (req.incarnation.is_none() || req.incarnation == m.incarnation)
             && (req.client.is_none() || req.client == m.client)
             && req.drained_shards.iter().all(|s| {
                 !(m.holds(*s)
@@ -712,7 +774,7 @@ mod tests {
             protocol_version: PROTOCOL_VERSION,
             member_id: member.to_owned(),
             member_epoch: epoch,
-            owned_shards: owned,
+            owned_shards: Some(owned),
             drained_shards: Vec::new(),
             client: None,
             incarnation: None,
@@ -724,7 +786,7 @@ mod tests {
             protocol_version: PROTOCOL_VERSION,
             member_id: member.into(),
             member_epoch: epoch,
-            owned_shards: owned.to_vec(),
+            owned_shards: Some(owned.to_vec()),
             drained_shards: vec![],
             client: None,
             incarnation: None,
@@ -800,6 +862,8 @@ mod tests {
             m: usize,
             epoch_shift: i64,
             owned_mask: Option<u16>,
+            /// Send no `owned_shards` at all ("unchanged").
+            omit_owned: bool,
             drained_mask: u16,
             client: bool,
         },
@@ -811,8 +875,8 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             8 => (0..4usize, prop_oneof![6 => Just(0i64), 1 => Just(-1), 1 => Just(1)],
-                  prop::option::weighted(0.2, any::<u16>()), prop_oneof![5 => Just(0u16), 1 => any::<u16>()], prop::bool::weighted(0.1))
-                .prop_map(|(m, epoch_shift, owned_mask, drained_mask, client)| Op::Heartbeat { m, epoch_shift, owned_mask, drained_mask, client }),
+                  prop::option::weighted(0.2, any::<u16>()), prop::bool::weighted(0.15), prop_oneof![5 => Just(0u16), 1 => any::<u16>()], prop::bool::weighted(0.1))
+                .prop_map(|(m, epoch_shift, owned_mask, omit_owned, drained_mask, client)| Op::Heartbeat { m, epoch_shift, owned_mask, omit_owned, drained_mask, client }),
             1 => (0..4usize).prop_map(Op::Leave),
             1 => (1..12u32).prop_map(Op::Reshard),
             1 => any::<u16>().prop_map(Op::MarkDrained),
@@ -833,10 +897,13 @@ mod tests {
             let mut known: Vec<Option<(i64, Vec<u32>)>> = vec![None; 4];
             for op in ops {
                 match op {
-                    Op::Heartbeat { m, epoch_shift, owned_mask, drained_mask, client } => {
+                    Op::Heartbeat { m, epoch_shift, owned_mask, omit_owned, drained_mask, client } => {
                         let id = format!("m{m}");
                         let (epoch, owned) = known[m].clone().unwrap_or((0, Vec::new()));
                         let mut r = req(&id, if epoch == 0 { 0 } else { epoch + epoch_shift }, owned_mask.map(mask).unwrap_or(owned));
+                        if omit_owned {
+                            r.owned_shards = None;
+                        }
                         r.drained_shards = mask(drained_mask);
                         if client {
                             r.client = Some(ClientInfo { host: Some(format!("h{drained_mask}")), ..Default::default() });

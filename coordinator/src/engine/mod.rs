@@ -226,6 +226,20 @@ pub enum EngineError {
         /// Epoch the coordinator holds.
         current: i64,
     },
+    /// A heartbeat (epoch > 0) naming another process run than the one that holds the
+    /// static member id (PROTOCOL §11): a replaced run, fenced as for a stale epoch (Kafka's
+    /// `FENCED_INSTANCE_ID`).
+    #[error(
+        "member {member} is held by another process run than incarnation {sent}: this run was \
+         replaced; stop reading every shard (a join with epoch 0 is refused while the holder \
+         is live)"
+    )]
+    FencedIncarnation {
+        /// Member id.
+        member: String,
+        /// The incarnation in the request.
+        sent: String,
+    },
     /// Join beyond `max_members`.
     #[error("the group has reached its max_members of {0}")]
     MaxSize(u32),
@@ -272,7 +286,9 @@ impl EngineError {
             EngineError::Invalid(_) => ErrorCode::InvalidRequest,
             EngineError::UnsupportedProtocolVersion(_) => ErrorCode::UnsupportedProtocolVersion,
             EngineError::UnknownMember(_) => ErrorCode::UnknownMemberId,
-            EngineError::Fenced { .. } => ErrorCode::FencedMemberEpoch,
+            EngineError::Fenced { .. } | EngineError::FencedIncarnation { .. } => {
+                ErrorCode::FencedMemberEpoch
+            }
             EngineError::MaxSize(_) => ErrorCode::GroupMaxSizeReached,
             EngineError::MemberIdInUse { .. } => ErrorCode::MemberIdInUse,
             EngineError::ReshardInProgress(_) => ErrorCode::ReshardInProgress,
@@ -282,5 +298,7 @@ impl EngineError {
     }
 }
 
+#[cfg(test)]
+mod kafka_cases;
 #[cfg(test)]
 mod tests;

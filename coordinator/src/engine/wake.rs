@@ -111,7 +111,7 @@ mod tests {
             protocol_version: PROTOCOL_VERSION,
             member_id: id.into(),
             member_epoch: epoch,
-            owned_shards: owned.to_vec(),
+            owned_shards: Some(owned.to_vec()),
             drained_shards: Vec::new(),
             client: None,
             incarnation: None,
