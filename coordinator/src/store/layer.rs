@@ -7,8 +7,8 @@
 //! slower path (the trait has no default bodies for the same reason).
 
 use super::{
-    AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource, MetadataStore, SteadyTouch, StoreError,
-    TouchOutcome, Versioned,
+    AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource,
+    MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;

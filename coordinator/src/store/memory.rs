@@ -1,8 +1,8 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource, MetadataStore,
-    SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;

@@ -40,8 +40,8 @@
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource, MetadataStore,
-    SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -802,8 +802,7 @@ impl MetadataStore for RedisStore {
                 .query_async::<i64>(&mut c)
                 .await
         });
-        let (unlisted, unscheduled, forgotten) =
-            futures::join!(unlisted, unscheduled, forgotten);
+        let (unlisted, unscheduled, forgotten) = futures::join!(unlisted, unscheduled, forgotten);
         unlisted?;
         unscheduled?;
         forgotten?;
