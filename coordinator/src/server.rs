@@ -280,17 +280,26 @@ fn spawn_background(
             cleaner.run(coordinator.clone(), auditor.clone()),
         ));
     }
+    // The sweep's division of the buckets, which the lag sampler follows too.
+    let (buckets_tx, buckets) = tokio::sync::watch::channel((0..DUE_BUCKETS).collect());
     tasks.push(tokio::spawn(sweep_loop(
         coordinator.clone(),
         Duration::from_millis(cfg.sweep_interval_ms),
         format!("{addr}-{:08x}", rand::random::<u32>()),
+        buckets_tx,
     )));
     if let Some(probe) = lag {
         let coordinator = coordinator.clone();
         tasks.push(tokio::spawn(async move {
             let c = &coordinator;
             let list = move || async move { c.list_groups().await.ok() };
-            probe.history().run(list, || c.now_ms(), &probe).await
+            let deps = metrics::history::SampleDeps {
+                store: c.store().as_ref(),
+                clock: c.clock(),
+                probe: &probe,
+                buckets,
+            };
+            probe.history().run(list, deps).await
         }));
     }
     tasks.push(tokio::spawn(async {
@@ -375,8 +384,14 @@ const REGISTRY_TTL: Duration = Duration::from_secs(3);
 /// Every `every`: sweeps the due groups of this coordinator's deadline-index buckets. Every
 /// [`REGISTRY_REFRESH`] it renews its registration; the live coordinators, sorted by id,
 /// divide the buckets by rank, so each due group is visited by one of them (and claimed
-/// atomically, should two briefly disagree on who is live).
-async fn sweep_loop(coordinator: Coordinator, every: Duration, id: String) {
+/// atomically, should two briefly disagree on who is live). Each new division is sent on
+/// `share` (the lag sampler divides the streams by it, ARCHITECTURE "How lag is sampled").
+async fn sweep_loop(
+    coordinator: Coordinator,
+    every: Duration,
+    id: String,
+    share: tokio::sync::watch::Sender<Vec<u32>>,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Until the first registration: every bucket (claims keep that safe).
@@ -400,6 +415,7 @@ async fn sweep_loop(coordinator: Coordinator, every: Duration, id: String) {
                     ::metrics::gauge!("rsc_sweep_buckets").set(mine.len() as f64);
                     if mine != buckets {
                         info!(coordinators = live.len(), rank, buckets = ?mine, "deadline-index buckets divided");
+                        share.send_replace(mine.clone());
                         buckets = mine;
                     }
                 }

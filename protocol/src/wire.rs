@@ -756,7 +756,8 @@ pub struct HistorySample {
 }
 
 /// `GET /v1/groups/{group}/history`: the group's lag and handling rate over the last
-/// minutes, sampled by this coordinator from the data Redis (empty without one).
+/// minutes, sampled from the data Redis by one coordinator and shared through the metadata
+/// store, so every coordinator answers the same (empty without a data Redis).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupHistory {

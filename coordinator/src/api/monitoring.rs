@@ -163,7 +163,8 @@ async fn group_scaling(
 }
 
 /// The group's lag, pending entries and handled entries per second over the last 10
-/// minutes, sampled by this coordinator from the data Redis (no samples without one).
+/// minutes, sampled from the data Redis by one of the coordinators and kept in the metadata
+/// store, so every coordinator answers the same (no samples without a data Redis).
 #[utoipa::path(
     get, path = "/v1/groups/{group}/history", tag = "monitoring",
     params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
@@ -176,7 +177,11 @@ async fn group_history(
     // 404 for a group that does not exist.
     s.coordinator.describe_group(&group).await?;
     Ok(Json(match s.lag.as_deref() {
-        Some(probe) => probe.history().get(&group),
+        Some(probe) => probe
+            .history()
+            .get(s.coordinator.store().as_ref(), &group)
+            .await
+            .map_err(crate::service::ServiceError::from)?,
         None => GroupHistory {
             group,
             interval_ms: metrics::DEFAULT_HISTORY_INTERVAL.as_millis() as u64,

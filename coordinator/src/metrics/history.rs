@@ -1,21 +1,34 @@
 //! A short history of each group's lag and handling rate, for the dashboard's chart and
-//! `GET /v1/groups/{group}/history`.
+//! `GET /v1/groups/{group}/history` (PROTOCOL §12; ARCHITECTURE "How lag is sampled").
 //!
-//! [`History::run`] samples every group from the data Redis every interval (default 5 s,
-//! `--history-interval-ms`) and keeps the last [`HISTORY_SPAN`]. Lag and pending entries are
-//! summed over the group's shards (`XINFO GROUPS`); the handling rate is the change of
-//! `entries-read − pending` (entries delivered and acknowledged) between two samples. Each
-//! coordinator keeps its own history in memory: a restarted coordinator starts a new one.
+//! [`History::run`] ticks every interval (default 5 s, `--history-interval-ms`). Each group is
+//! sampled by one coordinator: the live coordinators divide the streams by the expiry sweep's
+//! rule (the stream's deadline-index bucket, [`crate::store::due_bucket`], among the buckets
+//! of this coordinator's rank, [`crate::store::buckets_of`]). One `XINFO GROUPS` per shard key
+//! answers for every group of the stream; [`super::sampler`] says which keys are due (an
+//! idle one once a minute). Lag and pending entries are summed over the group's shards, from
+//! the last reading of each; the handling rate is the change of `entries-read − pending`
+//! (entries delivered and acknowledged) since the previous sample. The samples go to the
+//! metadata store ([`MetadataStore::append_history`]), the last [`HISTORY_SPAN`] of them, so
+//! every coordinator answers the same history and a restart loses none of it.
 
 use super::lag::LagProbe;
+use super::sampler::ShardMemos;
+use crate::clock::Clock;
+use crate::store::{HistoryBounds, HistoryRecord, MetadataStore, StoreError, due_bucket};
+use futures::StreamExt;
 use rsc_protocol::{GroupHistory, GroupView, HistorySample};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::watch;
+use tracing::debug;
 
 /// How far back the history goes.
 pub(crate) const HISTORY_SPAN: Duration = Duration::from_secs(10 * 60);
+
+/// How many groups' samples are written to the store at once.
+const WRITE_CONCURRENCY: usize = 16;
 
 /// Totals of one group at one time, over the shards that answered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,124 +44,230 @@ pub(crate) struct Totals {
     pub shards: usize,
 }
 
-#[derive(Debug, Default)]
-struct Series {
-    samples: VecDeque<HistorySample>,
-    /// The previous sample's handled count, time and shard count.
-    last: Option<(u64, u64, usize)>,
-}
-
-/// Per-group samples (see the module docs).
-#[derive(Debug)]
-pub(crate) struct History {
-    interval: Duration,
-    keep: usize,
-    groups: Mutex<HashMap<String, Series>>,
-}
-
-impl History {
-    /// An empty history sampled every `interval` (at least 100 ms).
-    pub(crate) fn new(interval: Duration) -> Self {
-        let interval = interval.max(Duration::from_millis(100));
-        let keep = (HISTORY_SPAN.as_millis() / interval.as_millis()).clamp(2, 6_000) as usize;
-        History {
-            interval,
-            keep,
-            groups: Mutex::default(),
+/// The sample of `totals` at `t_ms`, with the rate since `prev` (the group's newest sample).
+pub(crate) fn next_record(
+    prev: Option<&HistoryRecord>,
+    t_ms: u64,
+    totals: Totals,
+) -> HistoryRecord {
+    let handled_per_s = match (prev, totals.handled) {
+        (Some(p), Some(now))
+            if t_ms > p.sample.t_ms
+                && p.shards == totals.shards
+                && p.handled.is_some_and(|h| now >= h) =>
+        {
+            let before = p.handled.unwrap_or(now);
+            Some((now - before) as f64 * 1000.0 / (t_ms - p.sample.t_ms) as f64)
         }
-    }
-
-    /// Records `totals` of `group` at `t_ms`; the rate comes from the previous sample.
-    pub(crate) fn record(&self, group: &str, t_ms: u64, totals: Totals) {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let series = groups.entry(group.to_owned()).or_default();
-        let handled_per_s = match (series.last, totals.handled) {
-            (Some((prev, prev_t, prev_shards)), Some(now))
-                if t_ms > prev_t && now >= prev && prev_shards == totals.shards =>
-            {
-                Some((now - prev) as f64 * 1000.0 / (t_ms - prev_t) as f64)
-            }
-            _ => None,
-        };
-        series.last = totals.handled.map(|h| (h, t_ms, totals.shards));
-        series.samples.push_back(HistorySample {
+        _ => None,
+    };
+    HistoryRecord {
+        sample: HistorySample {
             t_ms,
             lag: totals.lag,
             pending: totals.pending,
             handled_per_s,
-        });
-        while series.samples.len() > self.keep {
-            series.samples.pop_front();
+        },
+        handled: totals.handled,
+        shards: totals.shards,
+    }
+}
+
+/// The sampling cadence and bounds of the history (see the module docs).
+#[derive(Debug)]
+pub(crate) struct History {
+    interval: Duration,
+    keep: usize,
+}
+
+/// What [`History::run`] works with besides the groups.
+pub(crate) struct SampleDeps<'a> {
+    /// Where the samples go.
+    pub store: &'a dyn MetadataStore,
+    /// The time samples are taken at.
+    pub clock: &'a dyn Clock,
+    /// The data Redis.
+    pub probe: &'a LagProbe,
+    /// The deadline-index buckets this coordinator sweeps (the expiry sweep's division).
+    pub buckets: watch::Receiver<Vec<u32>>,
+}
+
+/// One tick's work: the owned groups and the shard keys they cover, by stream.
+struct Plan {
+    groups: Vec<GroupView>,
+    /// Every key with its phase.
+    keys: Vec<(String, u64)>,
+}
+
+impl History {
+    /// Sampled every `interval` (at least 100 ms).
+    pub(crate) fn new(interval: Duration) -> Self {
+        let interval = interval.max(Duration::from_millis(100));
+        let keep = (HISTORY_SPAN.as_millis() / interval.as_millis()).clamp(2, 6_000) as usize;
+        History { interval, keep }
+    }
+
+    fn bounds(&self) -> HistoryBounds {
+        HistoryBounds {
+            keep: self.keep,
+            // Two coordinators sampling the same group during a hand-over keep one sample
+            // per interval between them.
+            min_gap_ms: self.interval.as_millis() as u64 / 2,
+            ttl_ms: 2 * HISTORY_SPAN.as_millis() as u64,
         }
     }
 
-    /// Drops the history of groups that no longer exist.
-    pub(crate) fn retain(&self, live: &HashSet<String>) {
-        self.groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|g, _| live.contains(g));
-    }
-
-    /// The samples of `group`, oldest first (none yet: empty).
-    pub(crate) fn get(&self, group: &str) -> GroupHistory {
-        let groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        GroupHistory {
+    /// The samples of `group`, oldest first (none yet: empty), as stored.
+    pub(crate) async fn get(
+        &self,
+        store: &dyn MetadataStore,
+        group: &str,
+    ) -> Result<GroupHistory, StoreError> {
+        let records = store.read_history(group, None).await?;
+        Ok(GroupHistory {
             group: group.to_owned(),
             interval_ms: self.interval.as_millis() as u64,
-            samples: groups
-                .get(group)
-                .map(|s| s.samples.iter().cloned().collect())
-                .unwrap_or_default(),
-        }
+            samples: records.into_iter().map(|r| r.sample).collect(),
+        })
     }
 
-    /// Samples every group every interval, forever (spawn it). `list_groups` answers the
-    /// groups' views (`None` when they cannot be read: that tick is skipped); `now_ms` tells
-    /// the coordinator's time each sample is recorded at.
-    pub(crate) async fn run<L, Fut>(
-        &self,
-        list_groups: L,
-        now_ms: impl Fn() -> u64,
-        probe: &LagProbe,
-    ) where
+    /// The groups of `groups` whose stream this coordinator samples, and their keys.
+    fn plan(&self, groups: Vec<GroupView>, buckets: &[u32], memos: &ShardMemos) -> Plan {
+        let groups: Vec<GroupView> = groups
+            .into_iter()
+            .filter(|g| buckets.contains(&due_bucket(&g.stream)))
+            .collect();
+        let mut shards: HashMap<&str, u32> = HashMap::new();
+        for g in &groups {
+            let n = g.shards.iter().map(|s| s.shard + 1).max().unwrap_or(0);
+            let e = shards.entry(g.stream.as_str()).or_default();
+            *e = (*e).max(n);
+        }
+        let mut seen = HashSet::new();
+        let mut keys = Vec::new();
+        for g in &groups {
+            let n = shards.get(g.stream.as_str()).copied().unwrap_or(1);
+            for s in &g.shards {
+                if seen.insert(s.key.as_str()) {
+                    keys.push((s.key.clone(), memos.phase_ms(&g.stream, s.shard, n)));
+                }
+            }
+        }
+        Plan { groups, keys }
+    }
+
+    /// Samples the owned groups every interval, forever (spawn it). `list_groups` answers the
+    /// groups' views (`None` when they cannot be read: that tick is skipped).
+    pub(crate) async fn run<L, Fut>(&self, list_groups: L, deps: SampleDeps<'_>)
+    where
         L: Fn() -> Fut,
         Fut: Future<Output = Option<Vec<GroupView>>>,
     {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut memos = ShardMemos::default();
+        // The newest sample of each owned group, for the next one's rate.
+        let mut newest: HashMap<String, HistoryRecord> = HashMap::new();
         loop {
             tick.tick().await;
             let Some(groups) = list_groups().await else {
                 continue;
             };
-            let live: HashSet<String> = groups.iter().map(|g| g.group.clone()).collect();
-            for g in groups {
-                let keys: Vec<(u32, String)> =
-                    g.shards.iter().map(|s| (s.shard, s.key.clone())).collect();
-                let stats = probe.group_stats(&g.group, &keys).await;
-                let mut t = Totals {
-                    shards: stats.len(),
-                    ..Totals::default()
-                };
-                if !stats.is_empty() {
-                    t.lag = Some(stats.values().filter_map(|s| s.lag).sum());
-                    t.pending = Some(stats.values().filter_map(|s| s.pending).sum());
-                    t.handled = stats
-                        .values()
-                        .map(|s| Some(s.entries_read?.saturating_sub(s.pending?)))
-                        .sum();
-                }
-                self.record(&g.group, now_ms(), t);
+            let buckets = deps.buckets.borrow().clone();
+            let plan = self.plan(groups, &buckets, &memos);
+            let now = deps.clock.now_ms();
+            let due: Vec<String> = plan
+                .keys
+                .iter()
+                .filter(|(k, phase)| memos.due(k, *phase, now))
+                .map(|(k, _)| k.clone())
+                .collect();
+            ::metrics::counter!("rsc_lag_sample_reads_total").increment(due.len() as u64);
+            for (key, reading) in deps.probe.read_keys(&due).await {
+                memos.record(&key, reading, now);
             }
-            self.retain(&live);
+            memos.retain(&plan.keys.iter().map(|(k, _)| k.as_str()).collect());
+            {
+                let owned: HashSet<&str> = plan.groups.iter().map(|g| g.group.as_str()).collect();
+                newest.retain(|g, _| owned.contains(g.as_str()));
+            }
+            let written = self
+                .write(&plan.groups, &memos, &newest, now, deps.store)
+                .await;
+            newest.extend(written);
         }
     }
+
+    /// Writes the sample at `now` of each of `groups` to the store; returns the ones written.
+    async fn write(
+        &self,
+        groups: &[GroupView],
+        memos: &ShardMemos,
+        newest: &HashMap<String, HistoryRecord>,
+        now: u64,
+        store: &dyn MetadataStore,
+    ) -> Vec<(String, HistoryRecord)> {
+        let bounds = self.bounds();
+        let samples: Vec<_> = groups
+            .iter()
+            .map(|g| async move {
+                let t = totals(g, memos);
+                // A group this coordinator has just taken over: its newest sample is stored.
+                let prev = match newest.get(&g.group) {
+                    Some(r) => Some(r.clone()),
+                    None => match store.read_history(&g.group, Some(1)).await {
+                        Ok(mut r) => r.pop(),
+                        Err(e) => {
+                            debug!(group = %g.group, error = %e, "lag history unreadable; sample skipped");
+                            return None;
+                        }
+                    },
+                };
+                let record = next_record(prev.as_ref(), now, t);
+                match store.append_history(&g.group, &record, bounds).await {
+                    Ok(true) => Some((g.group.clone(), record)),
+                    Ok(false) => prev.map(|p| (g.group.clone(), p)),
+                    Err(e) => {
+                        debug!(group = %g.group, error = %e, "lag sample not stored");
+                        None
+                    }
+                }
+            })
+            .collect();
+        futures::stream::iter(samples)
+            .buffer_unordered(WRITE_CONCURRENCY)
+            .filter_map(std::future::ready)
+            .collect()
+            .await
+    }
+}
+
+/// The totals of `g` from the last reading of each of its shards.
+fn totals(g: &GroupView, memos: &ShardMemos) -> Totals {
+    let stats: Vec<_> = g
+        .shards
+        .iter()
+        .filter_map(|s| memos.stats(&s.key, &g.group))
+        .collect();
+    let mut t = Totals {
+        shards: stats.len(),
+        ..Totals::default()
+    };
+    if !stats.is_empty() {
+        t.lag = Some(stats.iter().filter_map(|s| s.lag).sum());
+        t.pending = Some(stats.iter().filter_map(|s| s.pending).sum());
+        t.handled = stats
+            .iter()
+            .map(|s| Some(s.entries_read?.saturating_sub(s.pending?)))
+            .sum();
+    }
+    t
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemoryStore;
 
     fn totals(lag: u64, handled: u64) -> Totals {
         Totals {
@@ -159,38 +278,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rate_from_consecutive_samples_and_bounded_length() {
+    /// Appends the sample of `t` at `t_ms` after the stored newest one, as the sampler does.
+    async fn record(h: &History, store: &MemoryStore, t_ms: u64, t: Totals) {
+        let prev = store.read_history("g", Some(1)).await.unwrap().pop();
+        let r = next_record(prev.as_ref(), t_ms, t);
+        store.append_history("g", &r, h.bounds()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn rate_from_consecutive_samples_and_bounded_length() {
         let h = History::new(Duration::from_secs(60));
-        h.record("g", 1_000, totals(100, 0));
-        h.record("g", 3_000, totals(80, 50));
-        h.record("g", 4_000, totals(80, 40)); // went back (reset): no rate
-        let s = h.get("g").samples;
+        let store = MemoryStore::new();
+        record(&h, &store, 1_000, totals(100, 0)).await;
+        record(&h, &store, 31_000, totals(80, 750)).await;
+        record(&h, &store, 61_000, totals(80, 40)).await; // went back (reset): no rate
+        let s = h.get(&store, "g").await.unwrap().samples;
         assert_eq!(s.len(), 3);
         assert_eq!(s[0].handled_per_s, None);
         assert_eq!(s[1].handled_per_s, Some(25.0));
         assert_eq!(s[2].handled_per_s, None);
-        assert_eq!(h.get("g").interval_ms, 60_000);
+        assert_eq!(h.get(&store, "g").await.unwrap().interval_ms, 60_000);
         for i in 0..100 {
-            h.record("g", 5_000 + i, totals(1, i));
+            record(&h, &store, 100_000 + i * 60_000, totals(1, i)).await;
         }
-        assert_eq!(h.get("g").samples.len(), 10, "10 minutes at one a minute");
-        h.retain(&HashSet::new());
-        assert!(h.get("g").samples.is_empty());
+        assert_eq!(
+            h.get(&store, "g").await.unwrap().samples.len(),
+            10,
+            "10 minutes at one a minute"
+        );
     }
 
-    #[test]
-    fn a_shard_count_change_gives_no_rate() {
+    #[tokio::test]
+    async fn a_shard_count_change_gives_no_rate_and_a_second_sampler_is_ignored() {
         let h = History::new(Duration::from_secs(1));
-        h.record("g", 1_000, totals(0, 10));
-        h.record(
-            "g",
+        let store = MemoryStore::new();
+        record(&h, &store, 1_000, totals(0, 10)).await;
+        record(
+            &h,
+            &store,
             2_000,
             Totals {
                 shards: 3,
                 ..totals(0, 20)
             },
-        );
-        assert_eq!(h.get("g").samples[1].handled_per_s, None);
+        )
+        .await;
+        // Another coordinator's sample of the same tick (during a hand-over) is not kept.
+        record(&h, &store, 2_100, totals(0, 30)).await;
+        let s = h.get(&store, "g").await.unwrap().samples;
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[1].handled_per_s, None);
     }
 }

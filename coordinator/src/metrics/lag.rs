@@ -32,6 +32,21 @@ pub(crate) struct ShardStats {
     pub entries_read: Option<u64>,
 }
 
+/// One Redis consumer group on a shard key, as `XINFO GROUPS` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupReading {
+    /// The Redis consumer group (the coordinator's group id).
+    pub group: String,
+    /// Its `last-delivered-id`.
+    pub last_delivered: String,
+    /// Its numbers.
+    pub stats: ShardStats,
+}
+
+/// What one `XINFO GROUPS` of a shard key answered: the Redis consumer groups on it, or
+/// `None` when the key does not exist.
+pub(crate) type KeyReading = Option<Vec<GroupReading>>;
+
 /// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster), and
 /// the short history of what it sampled ([`super::history`]).
 pub(crate) struct LagProbe {
@@ -93,6 +108,22 @@ impl LagProbe {
         group: &str,
         keys: &[(u32, String)],
     ) -> HashMap<u32, ShardStats> {
+        let names: Vec<String> = keys.iter().map(|(_, k)| k.clone()).collect();
+        let readings = self.read_keys(&names).await;
+        keys.iter()
+            .filter_map(|(shard, key)| {
+                let groups = readings.get(key)?.as_ref()?;
+                let g = groups.iter().find(|g| g.group == group)?;
+                Some((*shard, g.stats))
+            })
+            .collect()
+    }
+
+    /// `XINFO GROUPS` of each key: every Redis consumer group on it (`None` for a key that
+    /// does not exist). Keys it could not read (the data Redis failed or did not answer in
+    /// time) are missing from the answer; one command per key, in pipelines of
+    /// [`PIPELINE_CHUNK`] on standalone Redis.
+    pub(crate) async fn read_keys(&self, keys: &[String]) -> HashMap<String, KeyReading> {
         let mut out = HashMap::new();
         if keys.is_empty() {
             return out;
@@ -104,29 +135,34 @@ impl LagProbe {
             let replies = match tokio::time::timeout(self.timeout, read(&mut conn, chunk)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
-                    debug!(group, error = %e, "XINFO GROUPS failed; lag not reported");
+                    debug!(error = %e, "XINFO GROUPS failed; lag not reported");
                     return out;
                 }
                 Err(_) => {
-                    debug!(group, "XINFO GROUPS timed out; lag not reported");
+                    debug!("XINFO GROUPS timed out; lag not reported");
                     return out;
                 }
             };
-            for ((shard, _), reply) in chunk.iter().zip(replies) {
-                // A missing key answers an error: nothing to report for that shard.
-                let Ok(reply) = reply else { continue };
-                if let Some(g) = reply.groups.iter().find(|g| g.name == group) {
-                    out.insert(
-                        *shard,
-                        ShardStats {
-                            lag: g.lag.map(|l| l as u64),
-                            pending: Some(g.pending as u64),
-                            // Redis answers nil before the group's first read; the lag is
-                            // then known only when nothing was read (it is the whole stream).
-                            entries_read: g.entries_read.map(|n| n as u64).or(g.lag.map(|_| 0)),
-                        },
-                    );
-                }
+            for (key, reply) in chunk.iter().zip(replies) {
+                // A missing key answers an error: no group there (yet).
+                let reading = reply.ok().map(|r| {
+                    r.groups
+                        .into_iter()
+                        .map(|g| GroupReading {
+                            stats: ShardStats {
+                                lag: g.lag.map(|l| l as u64),
+                                pending: Some(g.pending as u64),
+                                // Redis answers nil before the group's first read; the lag
+                                // is then known only when nothing was read (it is the whole
+                                // stream).
+                                entries_read: g.entries_read.map(|n| n as u64).or(g.lag.map(|_| 0)),
+                            },
+                            group: g.name,
+                            last_delivered: g.last_delivered_id,
+                        })
+                        .collect()
+                });
+                out.insert(key.clone(), reading);
             }
         }
         out
@@ -206,11 +242,11 @@ async fn read_consumers(
 /// its place. A failure of the whole read is the outer `Err`.
 async fn read(
     conn: &mut Conn,
-    chunk: &[(u32, String)],
+    chunk: &[String],
 ) -> redis::RedisResult<Vec<redis::RedisResult<StreamInfoGroupsReply>>> {
     if conn.is_cluster() {
         // A pipeline must stay within one slot: one command per key, all in flight at once.
-        let reads = chunk.iter().map(|(_, key)| {
+        let reads = chunk.iter().map(|key| {
             let mut conn = conn.clone();
             async move {
                 redis::cmd("XINFO")
@@ -224,7 +260,7 @@ async fn read(
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    for (_, key) in chunk {
+    for key in chunk {
         pipe.cmd("XINFO").arg("GROUPS").arg(key);
     }
     pipe.query_async(conn).await

@@ -308,6 +308,11 @@ impl Coordinator {
         &self.store
     }
 
+    /// The coordinator's clock.
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
     /// The coordinator's clock, now (Unix ms).
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()

@@ -7,8 +7,8 @@
 //! slower path (the trait has no default bodies for the same reason).
 
 use super::{
-    AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore, SteadyTouch, StoreError,
-    TouchOutcome, Versioned,
+    AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource,
+    MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -234,6 +234,23 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
         let call = self.inner.touch_steady(t);
         self.layer.around("touch_steady", call).await
+    }
+    async fn append_history(
+        &self,
+        group: &str,
+        record: &HistoryRecord,
+        bounds: HistoryBounds,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.append_history(group, record, bounds);
+        self.layer.around("append_history", call).await
+    }
+    async fn read_history(
+        &self,
+        group: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let call = self.inner.read_history(group, last);
+        self.layer.around("read_history", call).await
     }
 }
 

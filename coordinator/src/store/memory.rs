@@ -1,8 +1,8 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore,
-    SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -31,6 +31,8 @@ struct Inner {
     due_at: HashMap<String, (u64, u64)>,
     /// Live coordinators: id → registered until (ms).
     coordinators: HashMap<String, u64>,
+    /// Lag history per group, oldest first.
+    history: HashMap<String, VecDeque<HistoryRecord>>,
 }
 
 impl Inner {
@@ -214,6 +216,7 @@ impl MetadataStore for MemoryStore {
                 .tombstones
                 .insert(group.to_owned(), (tombstone, Instant::now()));
             inner.live.remove(group);
+            inner.history.remove(group);
             inner.set_due(group, None, 0);
         }
         Ok(())
@@ -431,6 +434,39 @@ impl MetadataStore for MemoryStore {
         let mut ids: Vec<String> = inner.coordinators.keys().cloned().collect();
         ids.sort();
         Ok(ids)
+    }
+
+    async fn append_history(
+        &self,
+        group: &str,
+        record: &HistoryRecord,
+        bounds: HistoryBounds,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.inner();
+        let series = inner.history.entry(group.to_owned()).or_default();
+        if let Some(newest) = series.back()
+            && newest.sample.t_ms.saturating_add(bounds.min_gap_ms) > record.sample.t_ms
+        {
+            return Ok(false);
+        }
+        series.push_back(record.clone());
+        while series.len() > bounds.keep.max(1) {
+            series.pop_front();
+        }
+        Ok(true)
+    }
+
+    async fn read_history(
+        &self,
+        group: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let inner = self.inner();
+        let Some(series) = inner.history.get(group) else {
+            return Ok(Vec::new());
+        };
+        let skip = last.map_or(0, |n| series.len().saturating_sub(n));
+        Ok(series.iter().skip(skip).cloned().collect())
     }
 
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {

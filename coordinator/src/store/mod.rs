@@ -30,7 +30,8 @@ pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
 
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
-use rsc_protocol::AuditEntry;
+use rsc_protocol::{AuditEntry, HistorySample};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// How many audit entries a store keeps at least; older ones may be dropped (the Redis store
@@ -132,6 +133,34 @@ pub fn buckets_of(index: usize, count: usize) -> Vec<u32> {
     (0..DUE_BUCKETS)
         .filter(|b| b % count == index as u32 % count)
         .collect()
+}
+
+/// One sample of a group's lag history as the store keeps it (PROTOCOL §2.1
+/// `P:history:{<group>}`): the sample `GET /v1/groups/{group}/history` answers, and what the
+/// next sample's rate is computed from, so that whichever coordinator takes the next sample
+/// can compute it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    /// The sample as the API shows it.
+    #[serde(flatten)]
+    pub sample: HistorySample,
+    /// Entries handled so far (`entries-read − pending`, summed over the shards).
+    pub handled: Option<u64>,
+    /// Shards that answered (a change means the sums are not comparable).
+    pub shards: usize,
+}
+
+/// How [`MetadataStore::append_history`] bounds a group's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryBounds {
+    /// Records kept (the newest).
+    pub keep: usize,
+    /// A record less than this much newer than the newest kept one is not appended: another
+    /// coordinator sampled the group in the meantime (two replicas that briefly disagree on
+    /// who samples it).
+    pub min_gap_ms: u64,
+    /// The history is dropped this long after its last append (Redis: `PEXPIRE`).
+    pub ttl_ms: u64,
 }
 
 /// What a lock protects.
@@ -277,6 +306,25 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         now_ms: u64,
         ttl_ms: u64,
     ) -> Result<Vec<String>, StoreError>;
+
+    /// Appends `record` to `group`'s lag history, unless the newest record is less than
+    /// `bounds.min_gap_ms` older (then nothing is written and `false` is returned); keeps
+    /// the newest `bounds.keep` (Redis: the list `P:history:{<group>}` of JSON records,
+    /// `append_history.lua`). Deleting the group deletes its history.
+    async fn append_history(
+        &self,
+        group: &str,
+        record: &HistoryRecord,
+        bounds: HistoryBounds,
+    ) -> Result<bool, StoreError>;
+
+    /// The newest `last` records of `group`'s lag history (all with `None`), oldest first;
+    /// empty when there is none.
+    async fn read_history(
+        &self,
+        group: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<HistoryRecord>, StoreError>;
 
     /// A steady heartbeat's touch: like [`MetadataStore::touch_if`] with
     /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no

@@ -20,6 +20,9 @@
 //!   document revision that set or lowered the entry (see [`MetadataStore::reschedule`]);
 //! - `P:coordinators` — a sorted set coordinator id → registered until (Unix ms): the live
 //!   coordinators, which divide the buckets among themselves.
+//! - `P:history:{G}` — a list of JSON [`HistoryRecord`]s, oldest first: the group's lag
+//!   history, appended by whichever coordinator samples the group (`append_history.lua`),
+//!   read by all of them; it expires when no one appends any more.
 //!
 //! Every document write is a Lua compare-and-set on `revision` (the scripts are the `.lua`
 //! files beside this one). Scripts touch one slot only: a document, its liveness and its lock
@@ -37,8 +40,8 @@
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, LivenessChange, LockGuard, LockResource, MetadataStore,
-    SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -169,6 +172,9 @@ impl Keys {
     fn coordinators(&self) -> String {
         format!("{}:coordinators", self.prefix)
     }
+    fn history(&self, group: &str) -> String {
+        format!("{}:history:{{{group}}}", self.prefix)
+    }
 }
 
 struct Scripts {
@@ -182,6 +188,7 @@ struct Scripts {
     lower_deadline: Script,
     reschedule: Script,
     claim_due: Script,
+    append_history: Script,
 }
 
 impl Scripts {
@@ -197,6 +204,7 @@ impl Scripts {
             lower_deadline: Script::new(include_str!("lua/lower_deadline.lua")),
             reschedule: Script::new(include_str!("lua/reschedule.lua")),
             claim_due: Script::new(include_str!("lua/claim_due.lua")),
+            append_history: Script::new(include_str!("lua/append_history.lua")),
         }
     }
 }
@@ -787,9 +795,17 @@ impl MetadataStore for RedisStore {
                 .await
         });
         let unscheduled = self.reschedule(group, u64::MAX, None);
-        let (unlisted, unscheduled) = futures::join!(unlisted, unscheduled);
+        let history = self.0.keys.history(group);
+        let forgotten = self.run("history", |mut c| async move {
+            redis::cmd("UNLINK")
+                .arg(&history)
+                .query_async::<i64>(&mut c)
+                .await
+        });
+        let (unlisted, unscheduled, forgotten) = futures::join!(unlisted, unscheduled, forgotten);
         unlisted?;
         unscheduled?;
+        forgotten?;
         Ok(())
     }
 
@@ -1088,6 +1104,53 @@ impl MetadataStore for RedisStore {
             .await?;
         live.sort();
         Ok(live)
+    }
+
+    async fn append_history(
+        &self,
+        group: &str,
+        record: &HistoryRecord,
+        bounds: HistoryBounds,
+    ) -> Result<bool, StoreError> {
+        let key = self.0.keys.history(group);
+        let json = encode(record)?;
+        let appended: i64 = self
+            .run("history append", |mut c| async move {
+                self.0
+                    .scripts
+                    .append_history
+                    .key(&key)
+                    .arg(record.sample.t_ms)
+                    .arg(bounds.min_gap_ms)
+                    .arg(bounds.keep.max(1))
+                    .arg(bounds.ttl_ms.max(1))
+                    .arg(json)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(appended == 1)
+    }
+
+    async fn read_history(
+        &self,
+        group: &str,
+        last: Option<usize>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let key = self.0.keys.history(group);
+        let start = last.map_or(0, |n| -(n.max(1) as i64));
+        let k = key.clone();
+        let raw: Vec<Vec<u8>> = self
+            .run("history read", |mut c| async move {
+                redis::cmd("LRANGE")
+                    .arg(&k)
+                    .arg(start)
+                    .arg(-1)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        raw.iter().map(|bytes| decode(&key, bytes)).collect()
     }
 
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
