@@ -6,6 +6,7 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
+#[allow(dead_code)]
 mod pods;
 
 use pods::{

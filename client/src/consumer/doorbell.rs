@@ -363,7 +363,7 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken, po
                 },
                 Err(e) => {
                     failures += 1;
-                    if failures == 1 || failures % 30 == 0 {
+                    if failures == 1 || failures.is_multiple_of(30) {
                         warn!(error = %e, failures, "doorbell: cannot open the subscriber connection; workers fall back to the poll");
                     }
                     reconnect_at = tokio::time::Instant::now() + backoff.next_delay();
