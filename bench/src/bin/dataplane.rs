@@ -72,7 +72,14 @@ fn commands(con: &mut redis::Connection) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query(con)?;
     Ok(info
         .lines()
-        .filter_map(|l| l.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum())
 }
 
@@ -112,7 +119,11 @@ async fn measure(
         .json(&serde_json::json!({"group": group, "stream": stream, "shard_count": shards}))
         .send()
         .await?;
-    anyhow::ensure!(resp.status().as_u16() == 201, "create group: {}", resp.text().await?);
+    anyhow::ensure!(
+        resp.status().as_u16() == 201,
+        "create group: {}",
+        resp.text().await?
+    );
     let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
     let s = samples.clone();
     let listener = Listener::new(&group, &stream, move |msg: Message<Stamp>| {
@@ -135,7 +146,10 @@ async fn measure(
     // Every shard worker has created its consumer group (MKSTREAM), then gone quiet.
     let deadline = Instant::now() + Duration::from_secs(120);
     while shard_keys(con, &stream, shards)? < shards {
-        anyhow::ensure!(Instant::now() < deadline, "the shard workers never all started");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the shard workers never all started"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;

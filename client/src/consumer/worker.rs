@@ -29,7 +29,8 @@
 //! Submodules by step: [`takeover`] (group, claim, cleanup), [`read`] (the read loop, lease or
 //! guarded, and the wait for new entries), [`hold`] (ordered resharding), [`handle`]
 //! (handler, retries, dead letters), [`batch`] (batch listeners), [`ack`]
-//! (acknowledgements), [`conn`] (where the commands go).
+//! (acknowledgements), [`conn`] (where the commands go), [`cursor`] (the position the
+//! doorbell's poll looks after; pure, property-tested).
 
 use super::MemberShared;
 use super::backoff::Backoff;
@@ -46,6 +47,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 mod ack;
 mod batch;
 mod conn;
+mod cursor;
 mod handle;
 mod hold;
 mod read;
@@ -110,11 +112,8 @@ pub(crate) struct ShardWorker {
     /// The shard's registration with the app's doorbell (`None`: a Redis Cluster, where the
     /// worker waits in a blocked read).
     bell: Option<super::doorbell::Bell>,
-    /// The last entry id this worker knows the shard holds (`None`: unknown; the next read
-    /// learns it): the doorbell's poll looks for entries after it.
-    last_seen: Option<String>,
-    /// The last wake-up came from the doorbell's poll (not a ring).
-    polled: bool,
+    /// Where the worker is in the shard, for the doorbell's poll.
+    cursor: cursor::Cursor,
 }
 
 enum Outcome {
@@ -160,8 +159,7 @@ impl ShardWorker {
             pending_from: None,
             order,
             bell,
-            last_seen: None,
-            polled: false,
+            cursor: cursor::Cursor::default(),
         }
     }
 

@@ -56,8 +56,13 @@ impl OrderState {
 }
 
 impl ShardWorker {
-    /// How long a read blocks: the listener's setting, or [`HOLD_POLL`] while entries are
-    /// held (their parents are checked between reads).
+    /// Whether entries are held for their parents (checked every [`HOLD_POLL`] between reads).
+    pub(super) fn holds_entries(&self) -> bool {
+        !self.order.hold.is_empty()
+    }
+
+    /// How long a blocked read blocks, in ms: the listener's setting, or [`HOLD_POLL`] while
+    /// entries are held.
     pub(super) fn block_ms(&self) -> u64 {
         let block = self.shared.listener.settings.block;
         let block = if self.order.hold.is_empty() {

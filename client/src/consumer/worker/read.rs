@@ -4,9 +4,9 @@
 //! drained check and the lag gauge.
 
 use super::conn::WorkerConn;
+use super::cursor::Next;
 use super::{ShardWorker, entry_from};
 use crate::consumer::backoff::Backoff;
-use crate::consumer::doorbell::Woken;
 use crate::consumer::fence::{self, Guard};
 use crate::consumer::reply::OrderedRead;
 use crate::message::Entry;
@@ -190,7 +190,7 @@ impl ShardWorker {
         // The doorbell waits for entries after the stream's last one: read its id first, in
         // the same round trip (before the read, so that an entry added in between is read,
         // not waited for).
-        let learn_last = from == ">" && !conn.may_block() && self.last_seen.is_none();
+        let learn_last = from == ">" && !conn.may_block() && self.cursor.must_learn();
         let (reply, last) = if acks.is_empty() && !learn_last {
             (cmd.query_async::<Option<OrderedRead>>(conn).await?, None)
         } else {
@@ -258,9 +258,8 @@ impl ShardWorker {
                 if from == ">"
                     && let Some(last) = entries.last()
                 {
-                    self.last_seen = Some(last.id.clone());
+                    self.cursor.read_entries(&last.id);
                 }
-                self.polled = false;
                 self.flags.drained.store(false, Ordering::Relaxed);
                 if !self.handle_batch(conn, entries, false).await {
                     return false;
@@ -277,18 +276,12 @@ impl ShardWorker {
                 // Nothing new was delivered: nothing is undelivered (no command needed).
                 self.lag.set(0.0);
                 if !conn.may_block() {
-                    match last {
-                        Some(id) => self.last_seen = Some(id),
-                        // The poll saw an entry after `last_seen`, yet the group has nothing
-                        // new: another consumer read it, so `last_seen` is behind. The next
-                        // read learns the stream's last id again.
-                        None if self.polled => self.last_seen = None,
-                        None => {}
-                    }
-                    self.polled = false;
-                    return match self.wait_for_ring(conn).await {
-                        Waited::Woken => true,
-                        Waited::Stopped => false,
+                    return match self.cursor.read_nothing(last) {
+                        Next::ReadAgain => true,
+                        Next::WaitAfter(after) => match self.wait_for_ring(conn, &after).await {
+                            Waited::Woken => true,
+                            Waited::Stopped => false,
+                        },
                     };
                 }
                 match last {
@@ -303,25 +296,33 @@ impl ShardWorker {
     }
 
     /// Waits on the doorbell until the shard may have new entries (a ring, or the poll found
-    /// one after [`ShardWorker::last_seen`]). A draining shard is checked each `block` of
-    /// quiet (see [`ShardWorker::idle`]); an idle shard costs no command. Returns at once
-    /// when the last entry id is not known yet (the next read learns it).
-    async fn wait_for_ring(&mut self, conn: &mut WorkerConn) -> Waited {
-        let (Some(bell), Some(after)) = (&self.bell, self.last_seen.clone()) else {
+    /// one after `after`), or, while entries are held for their parents, until the hold's
+    /// next check is due. A draining shard is checked each `block` of quiet (see
+    /// [`ShardWorker::idle`]); an idle shard costs no command.
+    async fn wait_for_ring(&mut self, conn: &mut WorkerConn, after: &str) -> Waited {
+        let Some(bell) = &self.bell else {
             return Waited::Woken;
         };
-        let block = self.shared.listener.settings.block;
+        // Entries held for their parents (ordered resharding) are released between reads:
+        // with some held, wait at most the hold's poll and read again.
+        let held = self.holds_entries();
+        let quiet = if held {
+            super::hold::HOLD_POLL
+        } else {
+            self.shared.listener.settings.block
+        };
         loop {
             let woken = tokio::select! {
-                woken = bell.wait(&after) => Some(woken),
-                _ = tokio::time::sleep(block) => None,
+                woken = bell.wait(after) => Some(woken),
+                _ = tokio::time::sleep(quiet) => None,
                 _ = self.stop.cancelled() => return Waited::Stopped,
             };
             match woken {
                 Some(woken) => {
-                    self.polled = woken == Woken::Poll;
+                    self.cursor.woken(woken);
                     return Waited::Woken;
                 }
+                None if held => return Waited::Woken,
                 None => self.idle(conn).await,
             }
         }
