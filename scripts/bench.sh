@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark suite (issue 8, docs/BENCHMARKS.md): builds in release mode, then runs P1–P7 and
+# The benchmark suite (docs/BENCHMARKS.md): builds in release mode, then runs P1–P7, D1–D3 and
 # S1–S3.
 # Every binary starts its own redis-server and rsc-coordinator on free loopback ports and
 # prints its rows; at the end one table gathers them all, with the machine described.
@@ -58,6 +58,8 @@ run listener $quick
 run lifecycle $quick
 # P5' cost: 10,000 open wake-up channels (RSS, heartbeat p99, Redis commands per heartbeat).
 run wake $quick
+# D1–D3: data-plane connections, idle commands and latency, shared reader vs per-shard.
+run dataplane $quick
 # S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
 run scale $quick
 
