@@ -335,39 +335,14 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken, po
     loop {
         let Some(s) = shared.upgrade() else { return };
         if sub.is_none() && tokio::time::Instant::now() >= reconnect_at {
-            let opened = tokio::select! {
-                r = connect(&redis) => r,
+            sub = tokio::select! {
+                opened = open(&redis, &s, &m, &mut failures) => opened,
                 _ = stop.cancelled() => return,
             };
-            match opened {
-                Ok(mut fresh) => match fresh.sync(&s).await {
-                    Ok(()) => {
-                        if failures > 0 {
-                            info!(
-                                after_failures = failures,
-                                "doorbell subscriber connected again"
-                            );
-                        }
-                        failures = 0;
-                        backoff.reset();
-                        m.connected.set(1.0);
-                        sub = Some(fresh);
-                        // Rings sent while no connection listened are lost: read everything.
-                        s.ring_all();
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        reconnect_at = tokio::time::Instant::now() + backoff.next_delay();
-                        debug!(error = %e, "doorbell: SUBSCRIBE failed");
-                    }
-                },
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 || failures.is_multiple_of(30) {
-                        warn!(error = %e, failures, "doorbell: cannot open the subscriber connection; workers fall back to the poll");
-                    }
-                    reconnect_at = tokio::time::Instant::now() + backoff.next_delay();
-                }
+            if sub.is_none() {
+                reconnect_at = tokio::time::Instant::now() + backoff.next_delay();
+            } else {
+                backoff.reset();
             }
         }
         let lost = tokio::select! {
@@ -402,6 +377,42 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken, po
             sub = None;
             m.connected.set(0.0);
             s.ring_all();
+        }
+    }
+}
+
+/// Opens the subscriber connection and subscribes to every key read now; wakes every worker
+/// (rings sent while no connection listened are lost). `None` when it failed (`failures`
+/// counts the failures in a row; the first and every 30th is logged as a warning).
+async fn open(
+    redis: &LazyRedis,
+    shared: &Shared,
+    m: &Metrics,
+    failures: &mut u64,
+) -> Option<Subscriber> {
+    let opened = match connect(redis).await {
+        Ok(mut fresh) => fresh.sync(shared).await.map(|()| fresh),
+        Err(e) => Err(e),
+    };
+    match opened {
+        Ok(fresh) => {
+            if *failures > 0 {
+                info!(
+                    after_failures = *failures,
+                    "doorbell subscriber connected again"
+                );
+            }
+            *failures = 0;
+            m.connected.set(1.0);
+            shared.ring_all();
+            Some(fresh)
+        }
+        Err(e) => {
+            *failures += 1;
+            if *failures == 1 || failures.is_multiple_of(30) {
+                warn!(error = %e, failures = *failures, "doorbell: cannot open the subscriber connection; workers fall back to the poll");
+            }
+            None
         }
     }
 }

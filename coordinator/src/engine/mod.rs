@@ -299,6 +299,6 @@ impl EngineError {
 }
 
 #[cfg(test)]
-mod kafka_cases;
+mod kafka_tests;
 #[cfg(test)]
 mod tests;

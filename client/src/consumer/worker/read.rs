@@ -177,6 +177,19 @@ impl ShardWorker {
                 },
             );
         }
+        self.lease_read(conn, acks, from, count).await
+    }
+
+    /// Lease fencing's read: `XREADGROUP` (blocking on a connection of its own) with the
+    /// `XACK` of `acks` pipelined first, and, before a non-blocking read when the position
+    /// is unknown, `XREVRANGE … COUNT 1` (the stream's last id, for the doorbell).
+    async fn lease_read(
+        &self,
+        conn: &mut WorkerConn,
+        acks: &[String],
+        from: &str,
+        count: usize,
+    ) -> Result<Found, RedisError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.origin.group)
