@@ -145,13 +145,7 @@ fn command_calls(con: &mut redis::Connection) -> BTreeMap<String, u64> {
         .arg("commandstats")
         .query(con)
         .expect("INFO");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
+    rsc_testkit::command_calls(&info)
 }
 
 /// While nothing moves, the two coordinators' sampling of two groups on one stream of

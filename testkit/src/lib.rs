@@ -65,6 +65,22 @@ pub fn signal(pid: u32, sig: nix::sys::signal::Signal) -> io::Result<()> {
 
 pub use nix::sys::signal::Signal;
 
+/// Calls per command (`cmdstat_<name>` → `calls`) in the text of Redis' `INFO commandstats`.
+pub fn command_calls(info: &str) -> std::collections::BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The number of connections listed in the text of Redis' `CLIENT LIST`.
+pub fn client_count(list: &str) -> usize {
+    list.lines().filter(|l| !l.trim().is_empty()).count()
+}
+
 /// The sum of every sample of `metric` in the Prometheus text `text` whose labels include all
 /// of `labels` (exact name match: `x_total` does not match `x_total_bucket`).
 pub fn metric_sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
@@ -79,4 +95,20 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
             (name == metric && labelled).then(|| value.parse::<f64>().ok())?
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_info_texts_are_read() {
+        let info = "# Commandstats\r\ncmdstat_xadd:calls=12,usec=40,usec_per_call=3.33\r\n\
+                    cmdstat_xinfo|groups:calls=3,usec=9\r\n";
+        let calls = command_calls(info);
+        assert_eq!(calls.get("xadd"), Some(&12));
+        assert_eq!(calls.get("xinfo|groups"), Some(&3));
+        assert_eq!(calls.values().sum::<u64>(), 15);
+        assert_eq!(client_count("id=1 addr=a\nid=2 addr=b\n\n"), 2);
+    }
 }

@@ -65,7 +65,7 @@ struct Measured {
 
 fn connections(con: &mut redis::Connection) -> anyhow::Result<f64> {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(con)?;
-    Ok(list.lines().filter(|l| !l.trim().is_empty()).count() as f64 - 1.0)
+    Ok(rsc_testkit::client_count(&list) as f64 - 1.0)
 }
 
 fn commands(con: &mut redis::Connection) -> anyhow::Result<u64> {
