@@ -109,8 +109,8 @@ pub(crate) struct ShardWorker {
     pending_from: Option<String>,
     /// Ordered resharding: held entries and seals.
     order: OrderState,
-    /// The shard's registration with the app's doorbell (`None`: a Redis Cluster, where the
-    /// worker waits in a blocked read).
+    /// The shard's registration with the app's doorbell (`None`: a Redis Cluster or the
+    /// per-shard reader, where the worker waits in a blocked read).
     bell: Option<super::doorbell::Bell>,
     /// Where the worker is in the shard, for the doorbell's poll.
     cursor: cursor::Cursor,

@@ -20,8 +20,9 @@ pub(crate) enum WorkerConn {
         /// Strict fencing's own connection, once needed.
         node: Option<NodeConn>,
     },
-    /// Redis Cluster: the worker's own connection to the node that serves the shard's slot,
-    /// on which it waits in a blocked read (`response_timeout` above the `BLOCK`).
+    /// Redis Cluster, or an app with `shared_reader(false)`: the worker's own connection to
+    /// the node that serves the shard's slot, on which it waits in a blocked read
+    /// (`response_timeout` above the `BLOCK`).
     Dedicated(NodeConn),
 }
 

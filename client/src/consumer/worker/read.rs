@@ -97,10 +97,11 @@ impl ShardWorker {
 
     /// Reads and handles entries until stopped. Each read goes the way the shard is fenced
     /// at that moment: with an owner token (strict fencing) through the guarded transaction
-    /// ([`fence::Guard`], non-blocking, `COUNT n`), an idle shard then waiting on a plain
-    /// `XREAD BLOCK … <last id>`; without one (lease fencing) as a plain
-    /// `XREADGROUP … BLOCK`. Either way the previous batch's acknowledgements travel in the
-    /// same round trip as the next read.
+    /// ([`fence::Guard`], non-blocking, `COUNT n`); without one (lease fencing) as a plain
+    /// `XREADGROUP`. Either way the previous batch's acknowledgements travel in the same
+    /// round trip as the next read. A shard with nothing new waits on the doorbell; on a
+    /// Redis Cluster, in `XREADGROUP … BLOCK` (lease) or a plain `XREAD BLOCK … <last id>`
+    /// (strict), on the worker's own connection.
     pub(super) async fn read_until_stopped(
         &mut self,
         conn: &mut WorkerConn,
