@@ -1,4 +1,4 @@
-//! Strict fencing on the data path (issue 10), with real processes: a data Redis, a
+//! Strict fencing on the data path (PROTOCOL §5.6, docs/FENCING.md), with real processes: a data Redis, a
 //! coordinator with `--data-redis-url` (so groups default to `fencing: strict`) and
 //! `sample-consumer` pods. A member that was paused past its session (SIGSTOP), or cut off
 //! from the coordinator, can neither read nor acknowledge once its shard moved on; its

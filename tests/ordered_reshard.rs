@@ -1,4 +1,4 @@
-//! Ordered resharding end to end (issue 16): per-key order through scale-up, scale-down and
+//! Ordered resharding end to end (PROTOCOL §15): per-key order through scale-up, scale-down and
 //! rollback with producers running, a pod killed mid-reshard and a deliberately stale
 //! producer. A real redis-server, a real coordinator (memory store, data Redis configured),
 //! three sample-consumer pods × concurrency 2 (`--handle-ms 2`), a sample-producer process at
@@ -193,7 +193,7 @@ async fn per_key_order_through_reshards_and_rollback_with_producers_running() {
     );
 }
 
-/// The same scenario with `ordering: "none"` (the behaviour before issue 16): nothing lost,
+/// The same scenario with `ordering: "none"` (the behaviour without ordered resharding, PROTOCOL §15): nothing lost,
 /// but moved keys are read in parallel with their old shard's backlog, and the checker sees
 /// it (this is also the baseline figure of docs/RESHARDING.md).
 #[tokio::test]

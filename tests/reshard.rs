@@ -318,7 +318,7 @@ async fn reshard_and_rollback_under_continuous_production() {
     assert!((4..16).all(|s| states[&s] == "draining"), "{g}");
 
     // Meanwhile the stale producer writes for four seconds with its 16-shard routing: the
-    // draining shards are sealed (ordered resharding, issue 16), so its writes are refused
+    // draining shards are sealed (ordered resharding, PROTOCOL §15), so its writes are refused
     // and land, after a routing refresh, on the shards of the 4-shard layout.
     let stale_keys: Vec<String> = (0..KEYS)
         .map(|i| format!("k{i}"))

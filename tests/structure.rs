@@ -1,4 +1,4 @@
-//! The code's structure, kept true by tests (issue 21): no import circle between the
+//! The code's structure, kept true by tests (docs/ARCHITECTURE.md): no import circle between the
 //! top-level modules of a library crate (test modules aside), and no function longer than 80 lines in the
 //! libraries' non-test code (the request, heartbeat and read paths live there).
 

@@ -27,7 +27,7 @@ pub enum ClientError {
         /// The shard key.
         shard_key: String,
     },
-    /// Ordered resharding (issue 16): the shard refused the write because the producer's
+    /// Ordered resharding (PROTOCOL §15): the shard refused the write because the producer's
     /// routing epoch is stale, and no newer routing came within the producer's retry budget
     /// (coordinator unreachable?). Nothing of the refused records was written.
     #[error(

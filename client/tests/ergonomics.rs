@@ -1,4 +1,4 @@
-//! Listener ergonomics (issue 19) against a real redis-server and a real coordinator, in
+//! Listener ergonomics (PROTOCOL §14, docs/GUIDE.md) against a real redis-server and a real coordinator, in
 //! process: `Data<T>` state, errors from `anyhow`, batch listeners (sizes, linger, verdicts
 //! per message, retries and dead letters per message), through the builder and the macro.
 //!

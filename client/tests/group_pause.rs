@@ -1,4 +1,4 @@
-//! The durable group pause (issue 19, PROTOCOL §14) against real redis-server and real
+//! The durable group pause (PROTOCOL §14) against real redis-server and real
 //! coordinator processes (Redis metadata store): `rsc-coordinator group pause` stops every
 //! member of every app within about one heartbeat while they keep their shards and their
 //! sessions; the pause survives a rebalance (a member restarts and another joins) and a

@@ -1,7 +1,7 @@
 //! The coordinator's data-Redis side on a real standalone `redis-server` and a real 3-node
 //! Redis Cluster.
 //!
-//! Owner tokens of strict fencing (issue 10): on standalone Redis one pipelined round trip;
+//! Owner tokens of strict fencing (PROTOCOL §5.6, docs/FENCING.md): on standalone Redis one pipelined round trip;
 //! on a cluster the owner keys of one assignment live in different slots, on different
 //! nodes. Both must behave the same: write, unchanged, refused by a later grant's token,
 //! repaired after a loss. And the retired-key cleaner's one multi-key `UNLINK` deletes keys

@@ -1,4 +1,4 @@
-//! Owner tokens of strict fencing (PROTOCOL §5.6, issue 10).
+//! Owner tokens of strict fencing (PROTOCOL §5.6).
 //!
 //! With `fencing: strict` the coordinator writes, for each shard it grants, an owner token to
 //! [`crate::routing::owner_key`] in the data Redis, and hands the same token to the member in

@@ -67,14 +67,14 @@ pub fn ring_channel_key(channel: &str) -> Option<&str> {
     channel.strip_prefix('{')?.strip_suffix("}:ring")
 }
 
-/// The routing-epoch marker of a shard (ordered resharding, issue 16):
+/// The routing-epoch marker of a shard (ordered resharding, PROTOCOL §15):
 /// `{<shard key>}:epoch`, in the shard's Redis Cluster slot. It holds the routing epoch the
 /// shard was last fenced at; a guarded `XADD` made under another epoch is refused.
 pub fn epoch_key(shard_key: &str) -> String {
     format!("{{{shard_key}}}:epoch")
 }
 
-/// The seal positions of a shard (ordered resharding, issue 16): `{<shard key>}:seals`, a
+/// The seal positions of a shard (ordered resharding, PROTOCOL §15): `{<shard key>}:seals`, a
 /// hash in the shard's slot. Field: the routing epoch a switch started; value:
 /// `<last entry id under the previous epoch>/<shard count of the previous epoch>`.
 pub fn seals_key(shard_key: &str) -> String {

@@ -27,7 +27,7 @@ impl StartPosition {
     }
 }
 
-/// How a group fences the data path (issue 10).
+/// How a group fences the data path (PROTOCOL §5.6, docs/FENCING.md).
 ///
 /// `strict`: the coordinator writes an owner token per shard into the data Redis
 /// (`{<shard key>}:owner:<group>`) before a member can learn of a grant, and members read and
@@ -44,7 +44,7 @@ pub enum FencingMode {
     Lease,
 }
 
-/// Per-key ordering through reshards (issue 16), per group. `key` (the default): a key's
+/// Per-key ordering through reshards (PROTOCOL §15), per group. `key` (the default): a key's
 /// entries written after a reshard are handled only after its entries in its previous shard
 /// up to that shard's seal were handled and acknowledged by the group; keys that did not
 /// move are never delayed. `none`: no waiting (at-least-once, per-key order only between
@@ -373,7 +373,7 @@ pub struct HeartbeatResponse {
     /// mode (an addition to PROTOCOL §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
-    /// The group's ordering through reshards (issue 16; absent means `key`).
+    /// The group's ordering through reshards (PROTOCOL §15; absent means `key`).
     #[serde(default, skip_serializing_if = "OrderingMode::is_key")]
     pub ordering: OrderingMode,
     /// The group is paused by an operator (`POST /v1/groups/{group}/pause`): the member
@@ -453,7 +453,7 @@ pub struct CreateGroupRequest {
     /// `lease` (the default otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingMode>,
-    /// Ordering through reshards: `key` (default) or `none` (issue 16).
+    /// Ordering through reshards: `key` (default) or `none` (PROTOCOL §15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingMode>,
 }
@@ -478,7 +478,7 @@ pub struct PatchGroupRequest {
     /// New data-path fencing mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<FencingMode>,
-    /// Ordering through reshards: `key` (default) or `none` (issue 16).
+    /// Ordering through reshards: `key` (default) or `none` (PROTOCOL §15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingMode>,
 }
@@ -513,10 +513,10 @@ pub struct ReshardingView {
     /// Shards still draining, with the groups that drained each and those still draining it.
     #[serde(default)]
     pub draining: Vec<DrainingShardView>,
-    /// The routing epoch it switched to (issue 16; absent in answers of older coordinators).
+    /// The routing epoch it switched to (PROTOCOL §15; absent in answers of older coordinators).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing_epoch: Option<u64>,
-    /// Ordered resharding (issue 16): per shard sealed at the switch, the last entry id
+    /// Ordered resharding (PROTOCOL §15): per shard sealed at the switch, the last entry id
     /// written under the previous epoch (shard index as the key). Absent when the
     /// coordinator has no data Redis (no fence, no per-key order through the reshard).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -645,11 +645,11 @@ pub struct GroupView {
     pub assignor: String,
     /// Data-path fencing mode.
     pub fencing: FencingMode,
-    /// Ordering through reshards (issue 16).
+    /// Ordering through reshards (PROTOCOL §15).
     #[serde(default)]
     pub ordering: OrderingMode,
     /// Ordering `key`, while a reshard's moved keys wait: each parent shard with how far the
-    /// group is from its seal (issue 16). Empty otherwise.
+    /// group is from its seal (PROTOCOL §15). Empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_on_parents: Vec<ParentProgress>,
     /// Paused by an operator (`POST /v1/groups/{group}/pause`): members fetch nothing new.
@@ -673,7 +673,7 @@ pub struct GroupView {
     pub revision: u64,
 }
 
-/// How far a group is from a parent shard's seal (ordered resharding, issue 16): the keys
+/// How far a group is from a parent shard's seal (ordered resharding, PROTOCOL §15): the keys
 /// that moved out of `parent` at the switch to `routing_epoch` wait until both counts are 0.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

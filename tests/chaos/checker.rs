@@ -1,20 +1,20 @@
 //! The checker: reads a history (what the pods recorded, what the driver did, what the
 //! coordinator audited) and says what went wrong.
 //!
-//! Invariants (issue 9):
+//! Invariants (docs/CHAOS.md):
 //! - **lost**: every produced seq `0..produced` was handled at least once;
 //! - **duplicates**: a seq handled more than once is *explained* only when the span of its
 //!   handlings meets a fault window (a kill, a SIGSTOP, a reshard or rollback, a coordinator
 //!   or Redis restart, a partition, an outage); otherwise it is a violation;
 //! - **overlaps**: no two members handle the same shard in intervals `[started_ms,
 //!   finished_ms]` that intersect by more than [`CLOCK_MARGIN_MS`]. One kind is classified
-//!   apart, as the finding issue 10 (data-path fencing) fixes: a member SIGSTOPped while a
+//!   apart, as strict fencing (docs/FENCING.md) fixes: a member SIGSTOPped while a
 //!   handler was in flight, whose handler finished after SIGCONT while the shard's new owner
 //!   was already handling (`stale_inflight`). Every other overlap is a violation;
 //! - **order**: per key, the first handlings of its seqs, in order of `started_ms`, have
 //!   increasing seqs, except around a fault window that hands entries over outside the
 //!   protocol (a SIGSTOPped member finishing late, a Redis restart). Reshards and rollbacks
-//!   excuse nothing since issue 16 (ordered resharding: a moved key's new entries wait for
+//!   excuse nothing since ordered resharding (PROTOCOL §15: a moved key's new entries wait for
 //!   its old shard up to the seal).
 
 use std::collections::{BTreeMap, HashMap};
@@ -146,7 +146,7 @@ pub(crate) struct Report {
     pub(crate) explained: BTreeMap<FaultKind, usize>,
     /// Seqs handled more than once with no fault around.
     pub(crate) unexplained: Vec<u64>,
-    /// Overlaps of a SIGSTOPped member's in-flight handler (issue 10's finding); `a` is the
+    /// Overlaps of a SIGSTOPped member's in-flight handler (the finding behind strict fencing, docs/FENCING.md); `a` is the
     /// stale handling.
     pub(crate) stale_inflight: Vec<Overlap>,
     /// Every other overlap.
@@ -218,7 +218,7 @@ impl Report {
         }
         for (o, n) in stale.values().take(cap) {
             s += &format!(
-                "\n  STALE OWNER finished an in-flight handler (issue 10), overlapping {n} \
+                "\n  STALE OWNER finished an in-flight handler (PROTOCOL §5.6, docs/FENCING.md), overlapping {n} \
                  handling(s) of the new owner; first: {o}"
             );
         }
@@ -341,7 +341,7 @@ pub(crate) fn check(records: &[Handled], faults: &[Fault], cfg: CheckConfig) -> 
         }
     }
 
-    // Per-key order of first handlings; reshards and rollbacks keep per-key order (issue 16).
+    // Per-key order of first handlings; reshards and rollbacks keep per-key order (PROTOCOL §15).
     let order_faults: Vec<Fault> = faults
         .iter()
         .filter(|f| !matches!(f.kind, FaultKind::Reshard | FaultKind::Rollback))
@@ -462,7 +462,7 @@ mod tests {
             cfg(2),
         );
         assert!(r.overlaps.is_empty());
-        // The earlier handler straddled a SIGSTOP of its pod: issue 10's finding.
+        // The earlier handler straddled a SIGSTOP of its pod: the finding behind strict fencing (docs/FENCING.md).
         let stop = fault(FaultKind::StopPod, "127.0.0.21", 120, 190);
         let r = check(&shared, std::slice::from_ref(&stop), cfg(2));
         assert_eq!(r.stale_inflight.len(), 1);
@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(r.order_explained, 1);
     }
 
-    /// Ordered resharding (issue 16): a reshard or a rollback no longer excuses an inversion.
+    /// Ordered resharding (PROTOCOL §15): a reshard or a rollback no longer excuses an inversion.
     #[test]
     fn reshards_and_rollbacks_do_not_excuse_order_inversions() {
         let inverted = [h(2, 0, "a-g-0", 100, 110), h(0, 1, "b-g-0", 150, 160)];

@@ -1,4 +1,4 @@
-//! Fault-tolerance suite (issue 9): real processes, a seeded fault schedule, a history, a
+//! Fault-tolerance suite (docs/CHAOS.md): real processes, a seeded fault schedule, a history, a
 //! checker (`checker.rs`).
 //!
 //! - `chaos_ci` (default `cargo test`): Redis with AOF, 2 coordinators on the redis store,
@@ -212,7 +212,7 @@ impl World {
             "chaos",
             "--sweep-interval-ms",
             "100",
-            // The data Redis too: reshards seal the shards (ordered resharding, issue 16).
+            // The data Redis too: reshards seal the shards (ordered resharding, PROTOCOL §15).
             "--data-redis-url",
             &redis.url(),
         ]
@@ -888,7 +888,7 @@ async fn redis_outage_recovers() {
     assert!(!report.failed(), "{}", report.summary("redis outage"));
 }
 
-/// Issue 10's finding, reproduced on purpose: a pod whose handler takes 1.5 s is SIGSTOPped
+/// The finding behind strict fencing (docs/FENCING.md), reproduced on purpose: a pod whose handler takes 1.5 s is SIGSTOPped
 /// mid-handler for twice the session timeout. Its shard moves to the other pod, which claims
 /// the pending entry and handles it; on SIGCONT the stale pod self-fences, but the handler it
 /// had in flight still finishes (and records) while the new owner is handling the shard.

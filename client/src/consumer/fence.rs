@@ -1,4 +1,4 @@
-//! Strict fencing on the data path (issue 10): reads, takeovers and acknowledgements are
+//! Strict fencing on the data path (PROTOCOL §5.6, docs/FENCING.md): reads, takeovers and acknowledgements are
 //! made only while the member's owner token is the one in `{<shard key>}:owner:<group>`,
 //! which the coordinator writes before it tells a member of a grant. A member whose shard
 //! moved on (paused past its session, cut off from the coordinator) is refused by Redis

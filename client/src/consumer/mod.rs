@@ -14,7 +14,7 @@
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
 //! - [`fence`]: strict fencing: the guarded read (a `WATCH`ed transaction), takeover and
 //!   acknowledgement scripts.
-//! - [`order`]: per-key order through reshards (issue 16): which entries wait for their
+//! - [`order`]: per-key order through reshards (PROTOCOL §15): which entries wait for their
 //!   key's parent shard, held aside in order and released once the parent reached its seal.
 
 pub(crate) mod backoff;

@@ -1,4 +1,4 @@
-//! Per-key order through reshards (issue 16): the hold-and-release logic of a shard worker.
+//! Per-key order through reshards (PROTOCOL §15): the hold-and-release logic of a shard worker.
 //!
 //! At every routing-epoch switch the coordinator seals each shard: `{<shard key>}:seals`
 //! gets, under the new epoch, the last entry id written before the switch and the shard count

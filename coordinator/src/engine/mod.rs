@@ -43,7 +43,7 @@ pub struct GroupConfig {
     /// Data-path fencing (documents written before fencing existed read as `lease`).
     #[serde(default = "lease")]
     pub fencing: FencingMode,
-    /// Ordering through reshards (issue 16; older documents read as `key`).
+    /// Ordering through reshards (PROTOCOL §15; older documents read as `key`).
     #[serde(default)]
     pub ordering: rsc_protocol::OrderingMode,
     /// Paused by an operator since this time (Unix ms): members keep their shards and fetch

@@ -18,10 +18,10 @@ pub struct ReshardRecord {
     pub started_ms: u64,
     /// When its last draining shard retired (at once for a scale-up).
     pub completed_ms: Option<u64>,
-    /// The routing epoch it switched to (0 in documents written before issue 16).
+    /// The routing epoch it switched to (0 in documents written before ordered resharding, PROTOCOL §15).
     #[serde(default)]
     pub epoch: u64,
-    /// Ordered resharding (issue 16): per shard of the layout before the switch (and every
+    /// Ordered resharding (PROTOCOL §15): per shard of the layout before the switch (and every
     /// shard sealed with them), the last entry id written under the previous epoch. Empty
     /// when the coordinator has no data Redis.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

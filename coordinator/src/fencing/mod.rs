@@ -1,4 +1,4 @@
-//! Data-path fencing (issue 10): owner tokens in the data Redis.
+//! Data-path fencing (PROTOCOL §5.6, docs/FENCING.md): owner tokens in the data Redis.
 //!
 //! With `fencing: strict` the coordinator writes, for every shard of a member's assignment,
 //! the owner token [`rsc_protocol::owner::OwnerToken`] to `{<shard key>}:owner:<group>` (same

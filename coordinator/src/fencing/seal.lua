@@ -1,4 +1,4 @@
--- Seals a shard at a routing-epoch switch (ordered resharding, issue 16).
+-- Seals a shard at a routing-epoch switch (ordered resharding, PROTOCOL §15).
 -- KEYS[1]: <shard key>  KEYS[2]: {<shard key>}:epoch  KEYS[3]: {<shard key>}:seals
 -- ARGV[1]: the new routing epoch   ARGV[2]: the shard count before the switch
 -- Moves the epoch marker forward (never back) and records, once, the last entry id written

@@ -1,4 +1,4 @@
-//! Routing-epoch markers and seal positions in the data Redis (ordered resharding, issue 16).
+//! Routing-epoch markers and seal positions in the data Redis (ordered resharding, PROTOCOL §15).
 //!
 //! At every switch of a stream's routing epoch (reshard, rollback) the coordinator runs, on
 //! every shard that was or becomes part of the layout (and every draining one), a script that

@@ -1,4 +1,4 @@
--- Undoes a seal of a switch that was not recorded (ordered resharding, issue 16).
+-- Undoes a seal of a switch that was not recorded (ordered resharding, PROTOCOL §15).
 -- KEYS[1]: {<shard key>}:epoch  KEYS[2]: {<shard key>}:seals
 -- ARGV[1]: the epoch of the abandoned switch   ARGV[2]: the epoch before it
 if redis.call('GET', KEYS[1]) == ARGV[1] then

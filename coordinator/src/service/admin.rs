@@ -208,7 +208,7 @@ impl Coordinator {
         ))
     }
 
-    /// Ordered resharding (issue 16): when `doc` switched the routing epoch from `before`,
+    /// Ordered resharding (PROTOCOL §15): when `doc` switched the routing epoch from `before`,
     /// moves every affected shard's epoch marker in the data Redis and records the seals in
     /// the reshard record. Called under the stream lock, before the document is written and
     /// the request answered. A failure undoes the markers and fails the request (503).

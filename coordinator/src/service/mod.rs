@@ -188,7 +188,7 @@ impl Coordinator {
     }
 
     /// Fences producers and records seal positions in the data Redis at every routing-epoch
-    /// switch, before the reshard request is answered (ordered resharding, issue 16).
+    /// switch, before the reshard request is answered (ordered resharding, PROTOCOL §15).
     /// Without it, reshards keep at-least-once but not per-key order.
     pub fn with_sealer(mut self, sealer: Arc<Sealer>) -> Self {
         self.sealer = Some(sealer);

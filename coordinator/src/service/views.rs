@@ -19,7 +19,7 @@ impl Coordinator {
         Ok(view)
     }
 
-    /// Ordered resharding (issue 16): for the latest switch of `stream`, each parent shard
+    /// Ordered resharding (PROTOCOL §15): for the latest switch of `stream`, each parent shard
     /// the group has not yet drained up to its seal, with how far it is (from the data
     /// Redis; empty without one or when every parent reached its seal). Children are the
     /// shards the parent's moved keys can have gone to: the new shards of a scale-up, the

@@ -1,4 +1,4 @@
--- Writes an owner token unless a newer one is there (strict fencing, issue 10).
+-- Writes an owner token unless a newer one is there (strict fencing, PROTOCOL §5.6).
 -- KEYS[1]: {<shard key>}:owner:<group>   ARGV[1]: token "<created_ms>:<grant_epoch>:<member>"
 -- The token's text is rsc_protocol::owner::OwnerToken (Display/FromStr); `gen` reads its
 -- created_ms and grant_epoch, in that order, and the pair orders tokens.

@@ -1,4 +1,4 @@
--- The check of a producer's fenced write (ordered resharding, issue 16).
+-- The check of a producer's fenced write (ordered resharding, PROTOCOL §15).
 -- Sent in one pipeline: WATCH <markers>; EVAL <this> <n> <markers> <epoch>; MULTI; XADD …; EXEC.
 -- KEYS: the epoch markers {<shard key>}:epoch of the shards written; ARGV[1]: the routing
 -- epoch the producer routed with.

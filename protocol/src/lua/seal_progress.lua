@@ -1,4 +1,4 @@
--- How far a group is from a seal on one shard (ordered resharding, issue 16).
+-- How far a group is from a seal on one shard (ordered resharding, PROTOCOL §15).
 -- KEYS[1]: <shard key>   ARGV[1]: group   ARGV[2]: seal id   ARGV[3]: count cap
 -- Returns {undelivered, pending}: entries with id <= seal not yet delivered to the group
 -- (after its last-delivered id) and delivered but not acknowledged, each counted up to the

@@ -1,4 +1,4 @@
-//! Ordered resharding in the shard worker (issue 16): entries whose key moved to this shard
+//! Ordered resharding in the shard worker (PROTOCOL §15): entries whose key moved to this shard
 //! at a routing-epoch switch are held aside until the key's parent shard reached its seal.
 
 use super::ShardWorker;
@@ -23,7 +23,7 @@ pub(super) const MAX_HELD: usize = 10_000;
 /// last acknowledgement by at most this long.
 pub(super) const HOLD_POLL: Duration = Duration::from_millis(20);
 
-/// Ordered resharding state of one shard worker (issue 16).
+/// Ordered resharding state of one shard worker (PROTOCOL §15).
 pub(super) struct OrderState {
     /// This shard's seals.
     book: SealBook,
