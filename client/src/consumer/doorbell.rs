@@ -157,7 +157,9 @@ impl Doorbell {
         }
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
-        tokio::spawn(run(
+        tokio::spawn(run(Arc::downgrade(&shared), redis.clone(), stop.clone()));
+        // The poll has a task of its own, so that its round trip never delays a ring.
+        tokio::spawn(poll_loop(
             Arc::downgrade(&shared),
             redis.clone(),
             stop.clone(),
@@ -302,10 +304,9 @@ impl Subscriber {
     }
 }
 
-/// Metric handles of the doorbell.
+/// Metric handles of the doorbell's subscriber.
 struct Metrics {
     rings: metrics::Counter,
-    poll_wakeups: metrics::Counter,
     connected: metrics::Gauge,
 }
 
@@ -313,23 +314,41 @@ impl Metrics {
     fn new() -> Self {
         Metrics {
             rings: metrics::counter!("rsc_client_doorbell_rings_total"),
-            poll_wakeups: metrics::counter!("rsc_client_doorbell_poll_wakeups_total"),
             connected: metrics::gauge!("rsc_client_doorbell_connected"),
         }
     }
 }
 
-/// The doorbell's task: keeps the subscriber connection, turns its messages into wake-ups,
-/// runs the fallback poll. Ends when the doorbell is dropped.
-async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken, poll: Duration) {
+/// The doorbell's fallback poll, every `poll` (see the module docs). Ends when the doorbell is
+/// dropped.
+async fn poll_loop(
+    shared: Weak<Shared>,
+    redis: LazyRedis,
+    stop: CancellationToken,
+    poll: Duration,
+) {
+    let wakeups = metrics::counter!("rsc_client_doorbell_poll_wakeups_total");
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let Some(s) = shared.upgrade() else { return };
+        wakeups.increment(poll_once(&s, &redis).await);
+    }
+}
+
+/// The doorbell's subscriber task: keeps the subscriber connection and turns its messages
+/// into wake-ups. Ends when the doorbell is dropped.
+async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken) {
     let m = Metrics::new();
     let mut sub: Option<Subscriber> = None;
     let mut backoff =
         super::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut reconnect_at = tokio::time::Instant::now();
     let mut failures = 0u64;
-    let mut poll_tick = tokio::time::interval(poll);
-    poll_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut master_tick = tokio::time::interval(MASTER_CHECK);
     master_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -362,11 +381,6 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken, po
                 }
                 None => true,
             },
-            _ = poll_tick.tick() => {
-                let woken = poll_once(&s, &redis).await;
-                m.poll_wakeups.increment(woken);
-                false
-            }
             _ = master_tick.tick(), if redis.sentinel().is_some() && sub.is_some() => {
                 master_moved(&redis, sub.as_ref()).await
             }

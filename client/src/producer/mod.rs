@@ -4,7 +4,7 @@
 //! refreshed in the background once older than the refresh interval (default 1 s), so a
 //! reshard reaches producers within about that long, and again after a failed write.
 //!
-//! Every write is fenced by the routing epoch (ordered resharding, issue 16): the `XADD`s of
+//! Every write is fenced by the routing epoch (ordered resharding, PROTOCOL §15): the `XADD`s of
 //! a batch run in one `MULTI`/`EXEC` transaction that `WATCH`es the epoch markers
 //! `{<shard key>}:epoch` of their shards, after a small script compared each marker with the
 //! producer's routing epoch (and touched any that differs, which aborts the transaction).
@@ -447,19 +447,14 @@ impl Producer {
             vec![placed]
         };
         let sends = parts.into_iter().map(|part| async move {
-            let pipe = self.fenced_pipeline(routing, records, &part);
+            let (pipe, rings) = self.fenced_pipeline(routing, records, &part);
             let values = self
                 .inner
                 .conn
                 .clone()
                 .req_packed_commands(&pipe, 0, pipe.len())
                 .await?;
-            let outcome = Fenced::read(
-                values,
-                part.len(),
-                self.rings(part.iter().map(|&(_, s)| s)),
-                self.inner.wait.is_some(),
-            )?;
+            let outcome = Fenced::read(values, part.len(), rings, self.inner.wait.is_some())?;
             Ok::<_, redis::RedisError>((part, outcome))
         });
         let mut written = Vec::new();
@@ -502,16 +497,16 @@ impl Producer {
     }
 
     /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; PUBLISH <ring> …; EXEC
-    /// [; WAIT]` for
-    /// the records `part` (index, shard), in order. One pipeline, so nothing else sent on
-    /// the shared connection comes between the `WATCH` and the `EXEC`. `EVAL` rather than
-    /// `EVALSHA`: a `NOSCRIPT` would let the transaction run unchecked.
+    /// [; WAIT]` for the records `part` (index, shard), in order, and how many rings it
+    /// queued. One pipeline, so nothing else sent on the shared connection comes between the
+    /// `WATCH` and the `EXEC`. `EVAL` rather than `EVALSHA`: a `NOSCRIPT` would let the
+    /// transaction run unchecked.
     fn fenced_pipeline(
         &self,
         routing: &Routing,
         records: &[Record],
         part: &[(usize, u32)],
-    ) -> redis::Pipeline {
+    ) -> (redis::Pipeline, usize) {
         let mut shards: Vec<u32> = part.iter().map(|&(_, s)| s).collect();
         shards.sort_unstable();
         shards.dedup();
@@ -530,14 +525,14 @@ impl Producer {
         for &(i, shard) in part {
             records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
         }
-        self.ring(&mut pipe, routing, &shards);
+        let rings = self.ring(&mut pipe, routing, &shards);
         pipe.cmd("EXEC");
         if let Some((replicas, timeout)) = self.inner.wait {
             pipe.cmd("WAIT")
                 .arg(replicas)
                 .arg(timeout.as_millis() as u64);
         }
-        pipe
+        (pipe, rings)
     }
 
     /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key
@@ -652,17 +647,6 @@ impl Producer {
                 .arg("");
         }
         shards.len()
-    }
-
-    /// How many rings [`Self::ring`] appends for the records placed on `shards`.
-    fn rings(&self, shards: impl Iterator<Item = u32>) -> usize {
-        if self.inner.cluster {
-            return 0;
-        }
-        let mut s: Vec<u32> = shards.collect();
-        s.sort_unstable();
-        s.dedup();
-        s.len()
     }
 
     /// The routing the producer uses now for `stream` (fetched if unknown).
