@@ -203,34 +203,6 @@ impl HandlerKind {
             HandlerKind::Batch(h) => HandlerKind::Batch(h.bind(data, codec)),
         }
     }
-
-    /// The single-message handler (the worker only calls it on such a listener).
-    pub(crate) fn call(
-        &self,
-        entry: Arc<Entry>,
-        origin: Arc<Origin>,
-        attempt: u32,
-    ) -> BoxFuture<'static, Result<(), HandlerError>> {
-        match self {
-            HandlerKind::Single(h) => h.call(entry, origin, attempt),
-            HandlerKind::Batch(h) => {
-                let (mut failed, call) = h.call(&[(entry, attempt)], &origin);
-                match (failed.pop(), call) {
-                    (Some((_, e)), _) => Box::pin(async move { Err(e) }),
-                    (None, Some(call)) => Box::pin(async move {
-                        call.await.map_err(|mut e| match e.all.take() {
-                            Some(all) => all,
-                            None => e.each.pop().map_or_else(
-                                || HandlerError::retry("the batch failed"),
-                                |(_, err)| err,
-                            ),
-                        })
-                    }),
-                    (None, None) => Box::pin(async { Ok(()) }),
-                }
-            }
-        }
-    }
 }
 
 /// Settings of a listener's shard workers.
@@ -248,6 +220,9 @@ pub(crate) struct Settings {
     /// Batch listeners: how long to wait for more entries after a read that returned fewer
     /// than `max_batch`.
     pub(crate) linger: Duration,
+    /// Handler calls of one shard in flight at once, never two of one key (1: the shard in
+    /// stream order, one call at a time).
+    pub(crate) key_concurrency: usize,
 }
 
 impl Default for Settings {
@@ -262,6 +237,7 @@ impl Default for Settings {
             drain_grace: Duration::from_secs(3),
             max_batch: 64,
             linger: Duration::ZERO,
+            key_concurrency: 1,
         }
     }
 }
@@ -444,6 +420,31 @@ impl Listener {
         self
     }
 
+    /// Up to `n` handler calls of one shard in flight at once (default 1), **never two of one
+    /// key**: each key's entries still start in stream order, one at a time, while other
+    /// keys of the shard flow past a slow or retrying one. Raises a shard's throughput for
+    /// I/O-bound handlers without resharding; ordering becomes per key rather than per shard
+    /// (see the GUIDE, "Key concurrency").
+    ///
+    /// An entry without a key waits only for a free lane (it has no order to keep with
+    /// others). A batch listener runs up to `n` batches at once; with `n` > 1 a batch holds
+    /// at most one entry per key. Entries are acknowledged each after its own verdict, in
+    /// whatever order they finish. At most a bounded number of entries (a few reads' worth,
+    /// more with more lanes, at most 10,000) wait behind busy keys; past it the worker stops
+    /// reading the shard until they drain.
+    ///
+    /// ```
+    /// use rsc_client::prelude::*;
+    ///
+    /// async fn on_order(msg: Message<serde_json::Value>) -> Result<(), HandlerError> { Ok(()) }
+    /// // 8 orders of different customers (keys) of one shard handled at once.
+    /// let listener = Listener::new("billing", "orders", on_order).key_concurrency(8);
+    /// ```
+    pub fn key_concurrency(mut self, n: usize) -> Self {
+        self.settings.key_concurrency = n.max(1);
+        self
+    }
+
     /// When entries are acknowledged (default [`AckMode::Auto`]).
     pub fn ack_mode(mut self, mode: AckMode) -> Self {
         self.settings.ack_mode = mode;
@@ -452,9 +453,10 @@ impl Listener {
 
     /// How many times a failed message is retried before it is dead-lettered (default 3).
     ///
-    /// Retries happen in place: the shard waits for them, so that one key's messages stay in
-    /// order. A message that can never succeed should say so with
-    /// [`HandlerError::dead_letter`] rather than hold its shard for every retry.
+    /// Retries happen in place: the shard (with [`Self::key_concurrency`] above 1, the key)
+    /// waits for them, so that one key's messages stay in order. A message that can never
+    /// succeed should say so with [`HandlerError::dead_letter`] rather than hold its shard
+    /// for every retry.
     pub fn max_retries(mut self, n: u32) -> Self {
         self.settings.max_retries = n;
         self

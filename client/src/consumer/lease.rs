@@ -1,7 +1,8 @@
 //! The member's lease: how long it may keep handling messages without a successful heartbeat
 //! (PROTOCOL §5.3 self-fencing). Pure: time is passed in.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The share of the session timeout kept as a safety margin: the member stops handling this
 /// long before the coordinator could expire it (the protocol asks for at least 10%).

@@ -304,7 +304,7 @@ impl MemberRuntime {
             let fence_at = if self.slots.is_empty() {
                 None
             } else {
-                self.lease.fence_deadline().map(Instant::from_std)
+                self.lease.fence_deadline()
             };
             tokio::select! {
                 _ = shutdown.cancelled(), if !leaving => {
@@ -495,10 +495,12 @@ impl MemberRuntime {
         self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
         self.start = resp.start;
         self.shard_count = resp.shard_count;
-        let resumed = self.lease.renewed(sent_at.into_std(), session);
-        if let Ok(mut d) = self.shared.lease_until.lock() {
-            *d = self.lease.deadline();
-        }
+        let resumed = self.lease.renewed(sent_at, session);
+        *self
+            .shared
+            .lease_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = self.lease.deadline();
         if resumed {
             info!("heartbeat succeeded again: resuming");
         }

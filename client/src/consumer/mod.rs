@@ -62,7 +62,7 @@ pub(crate) struct MemberShared {
     /// When the member's lease runs out (set by the member on every successful heartbeat):
     /// a worker starts no further entry past it, even before the member's self-fence timer
     /// has stopped it (e.g. right after the process was paused).
-    pub(crate) lease_until: std::sync::Mutex<Option<std::time::Instant>>,
+    pub(crate) lease_until: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// The group's ordering through reshards is `key` (from the heartbeat answer; `true`
     /// until the first answer says otherwise).
     pub(crate) ordered: std::sync::atomic::AtomicBool,
@@ -128,11 +128,49 @@ impl PauseState {
 }
 
 impl MemberShared {
+    /// A member of `listener` for unit tests: its Redis handles point at a closed port
+    /// (they connect on first use; a test that reaches Redis fails).
+    #[cfg(test)]
+    pub(crate) fn for_tests(listener: Listener) -> std::sync::Arc<Self> {
+        let settings = rsc_redis::ConnSettings {
+            connect_timeout: std::time::Duration::from_millis(100),
+            response_timeout: std::time::Duration::from_millis(100),
+            operation_timeout: std::time::Duration::from_millis(100),
+            reconnect: rsc_redis::Reconnect::Quick,
+        };
+        let redis = LazyRedis::open(
+            &["redis://127.0.0.1:1".to_owned()],
+            false,
+            &settings,
+            &rsc_redis::Tls::default(),
+        )
+        .expect("a valid URL");
+        let pause = std::sync::Arc::new(PauseState::new());
+        std::sync::Arc::new(MemberShared {
+            group: listener.group.clone(),
+            stream: listener.stream.clone(),
+            member_id: "test-member".into(),
+            incarnation: None,
+            metrics: WorkerMetrics::new(&listener.group, &listener.stream),
+            listener,
+            redis: redis.clone(),
+            doorbell: None,
+            ack_conn: redis,
+            paused: pause.subscribe(),
+            pause,
+            lease_until: std::sync::Mutex::new(None),
+            ordered: AtomicBool::new(false),
+        })
+    }
+
     /// Whether the lease has run out.
     pub(crate) fn lease_expired(&self) -> bool {
+        // A poisoned lock still holds a deadline (a panic cannot tear an `Option<Instant>`):
+        // it is read, never taken for "unexpired".
         self.lease_until
             .lock()
-            .is_ok_and(|d| d.is_some_and(|d| std::time::Instant::now() >= d))
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|d| tokio::time::Instant::now() >= d)
     }
 }
 

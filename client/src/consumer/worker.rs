@@ -17,20 +17,25 @@
 //! Cluster the worker waits in `XREADGROUP … BLOCK` on its own connection to the shard's node
 //! (see [`crate::data::NodeConn`]).
 //!
-//! Entries are handled one at a time, in stream order, so the order of one key's messages is
-//! kept within a shard. Through reshards (ordering `key`, PROTOCOL §15), an entry whose key moved
-//! to this shard at a routing-epoch switch is held aside, with its key's later entries, until
-//! the group handled and acknowledged the key's old shard up to its seal (see
-//! [`super::order`]); at most [`hold::MAX_HELD`] entries are held, past which the worker stops
-//! reading the shard until releases make room. A stop request (revocation, self-fence,
-//! shutdown) lets the handler in flight finish; acknowledgements of what succeeded are sent;
-//! entries fetched but not started stay pending for the next owner.
+//! Entries go to the handler through the worker's [`dispatch`] (pure; unit- and
+//! property-tested): with `key_concurrency` 1 (the default) a shard is handled one call at a
+//! time in stream order; with more, up to that many calls run at once, never two of one key,
+//! each key's entries in stream order, while the worker keeps reading (at most the
+//! dispatch's bound of entries queued). Through reshards (ordering `key`, PROTOCOL §15), an
+//! entry whose key moved to this shard at a routing-epoch switch is held aside, with its
+//! key's later entries, until the group handled and acknowledged the key's old shard up to
+//! its seal (see [`super::order`]); at most [`hold::MAX_HELD`] entries are held, past which
+//! the worker stops reading the shard until releases make room. A stop request (revocation,
+//! self-fence, shutdown) lets the calls in flight finish (a retry's wait is cut short);
+//! acknowledgements of what succeeded are sent; entries fetched but not started stay pending
+//! for the next owner.
 //!
-//! Submodules by step: [`takeover`] (group, claim, cleanup), [`read`] (the read loop, lease or
-//! guarded, and the wait for new entries), [`hold`] (ordered resharding), [`handle`]
-//! (handler, retries, dead letters), [`batch`] (batch listeners), [`ack`]
-//! (acknowledgements), [`conn`] (where the commands go), [`cursor`] (the position the
-//! doorbell's poll looks after; pure, property-tested).
+//! Submodules by step: [`takeover`] (group, claim, cleanup), [`read`] (the driver: the read
+//! loop, lease or guarded, and the waits), [`dispatch`] (which entries go to the handler and
+//! which get acknowledged; pure), [`call`] and [`calls`] (one handler call with its retries
+//! and dead letters; the calls in flight), [`hold`] (ordered resharding), [`batch`] (batch
+//! listeners), [`ack`] (acknowledgements), [`conn`] (where the commands go), [`cursor`] (the
+//! position the doorbell's poll looks after; pure, property-tested).
 
 use super::MemberShared;
 use super::backoff::Backoff;
@@ -40,15 +45,18 @@ use redis::Value;
 use rsc_protocol::StartPosition;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod ack;
 mod batch;
+mod call;
+mod calls;
 mod conn;
 mod cursor;
-mod handle;
+mod dispatch;
 mod hold;
 mod read;
 mod takeover;
@@ -69,16 +77,22 @@ pub(crate) struct ShardFlags {
 }
 
 impl ShardFlags {
-    /// The owner token to present, with strict fencing.
+    /// The owner token to present, with strict fencing. A poisoned lock still yields the
+    /// token it holds (an `Option` has no invariant a panic could break): a panic elsewhere
+    /// never makes the worker read unguarded.
     pub(crate) fn token(&self) -> Option<String> {
-        self.token.lock().map_or(None, |t| t.clone())
+        self.token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Sets the owner token from a heartbeat answer.
     pub(crate) fn set_token(&self, token: Option<String>) {
-        if let Ok(mut t) = self.token.lock() {
-            *t = token;
-        }
+        *self
+            .token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = token;
     }
 
     /// Redis refused the owner token: stop the worker; the member drops the shard.
@@ -102,8 +116,18 @@ pub(crate) struct ShardWorker {
     flags: Arc<ShardFlags>,
     lag: metrics::Gauge,
     lag_at: Option<Instant>,
-    /// Entries handled (or dead-lettered) and not yet acknowledged.
-    acks: Vec<String>,
+    /// Which entries go to the handler, and which are to be acknowledged.
+    dispatch: dispatch::Dispatch<Arc<Entry>>,
+    /// The handler calls in flight.
+    calls: calls::Calls,
+    /// What a call needs (cloned into each).
+    runner: call::Runner,
+    /// Gauges of the dispatch: entries in flight, entries queued.
+    in_flight_gauge: metrics::Gauge,
+    queued_gauge: metrics::Gauge,
+    /// The last read of new entries found none: wait on the doorbell for entries after this
+    /// id before reading again.
+    waiting_after: Option<String>,
     /// Read this member's own pending entries after this id before new ones (set after a
     /// read whose reply may have been lost).
     pending_from: Option<String>,
@@ -114,15 +138,6 @@ pub(crate) struct ShardWorker {
     bell: Option<super::doorbell::Bell>,
     /// Where the worker is in the shard, for the doorbell's poll.
     cursor: cursor::Cursor,
-}
-
-enum Outcome {
-    /// The handler succeeded.
-    Handled,
-    /// Written to the dead-letter stream.
-    DeadLettered,
-    /// Stopped before the entry was finished: it stays pending.
-    Abandoned,
 }
 
 impl ShardWorker {
@@ -147,7 +162,24 @@ impl ShardWorker {
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
         let order = OrderState::new(&shared.group, &shared.stream, shard);
         let bell = shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key));
+        let labels = [
+            ("group", shared.group.clone()),
+            ("stream", shared.stream.clone()),
+            ("shard", shard.to_string()),
+        ];
+        let runner = call::Runner {
+            shared: shared.clone(),
+            origin: origin.clone(),
+            stop: stop.clone(),
+            parked: metrics::gauge!("rsc_client_shard_parked_entries", &labels),
+        };
         ShardWorker {
+            dispatch: dispatch::Dispatch::new(dispatch_shape(&shared.listener)),
+            calls: calls::Calls::default(),
+            runner,
+            in_flight_gauge: metrics::gauge!("rsc_client_shard_in_flight_entries", &labels),
+            queued_gauge: metrics::gauge!("rsc_client_shard_queued_entries", &labels),
+            waiting_after: None,
             shared,
             origin,
             start,
@@ -155,7 +187,6 @@ impl ShardWorker {
             flags,
             lag,
             lag_at: None,
-            acks: Vec::new(),
             pending_from: None,
             order,
             bell,
@@ -226,6 +257,24 @@ impl ShardWorker {
                 _ = self.stop.cancelled() => return false,
             }
         }
+    }
+}
+
+/// The dispatch's shape for a listener: `key_concurrency` lanes, one entry per call (a batch
+/// listener: `max_batch`), room for a few reads.
+fn dispatch_shape(listener: &crate::listener::Listener) -> dispatch::Shape {
+    let settings = &listener.settings;
+    let lanes = settings.key_concurrency.max(1);
+    let batch = if listener.is_batch() {
+        settings.max_batch
+    } else {
+        1
+    };
+    dispatch::Shape {
+        lanes,
+        batch,
+        bound: dispatch::Shape::bound_for(lanes, batch, settings.batch_size),
+        auto_ack: settings.ack_mode == crate::listener::AckMode::Auto,
     }
 }
 

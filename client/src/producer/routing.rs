@@ -17,7 +17,8 @@ use rsc_protocol::routing::{HASH_NAME, shard_for_key};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// How long a stream's routing is kept (and refreshed) without any publish to it.

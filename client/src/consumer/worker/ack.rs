@@ -15,9 +15,16 @@ use std::time::Duration;
 use tracing::warn;
 
 impl ShardWorker {
+    /// Sends the acknowledgements the dispatch has waiting (see [`Self::ack`]).
     pub(super) async fn flush_acks(&mut self, conn: &mut WorkerConn) {
-        let ids = std::mem::take(&mut self.acks);
-        self.ack(conn, &ids).await;
+        if !self.dispatch.has_acks() {
+            return;
+        }
+        let ids = self.dispatch.take_acks();
+        let mut calls = std::mem::take(&mut self.calls);
+        calls.beside(self.ack(conn, &ids)).await;
+        self.calls = calls;
+        self.dispatch.acked(&ids);
     }
 
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:

@@ -2,14 +2,15 @@
 //! at a routing-epoch switch are held aside until the key's parent shard reached its seal.
 
 use super::ShardWorker;
-use super::conn::WorkerConn;
 use crate::consumer::backoff::Backoff;
 use crate::consumer::order::{Gate, HoldQueue, SealBook};
 use crate::message::Entry;
 use redis::RedisError;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// Ordered resharding: at most this many entries are held aside per shard; past it the
@@ -22,6 +23,10 @@ pub(super) const MAX_HELD: usize = 10_000;
 /// latency. The poll runs only while entries are held, and a release follows a parent's
 /// last acknowledgement by at most this long.
 pub(super) const HOLD_POLL: Duration = Duration::from_millis(20);
+/// The longest a blocked read (a Redis Cluster, or the per-shard reader) blocks while
+/// handler calls are in flight: the worker starts the calls their ends make possible
+/// between reads.
+pub(super) const BUSY_BLOCK: Duration = Duration::from_millis(100);
 
 /// Ordered resharding state of one shard worker (PROTOCOL §15).
 pub(super) struct OrderState {
@@ -61,33 +66,24 @@ impl ShardWorker {
         !self.order.hold.is_empty()
     }
 
-    /// How long a blocked read blocks, in ms: the listener's setting, or [`HOLD_POLL`] while
-    /// entries are held.
+    /// How long a blocked read blocks, in ms: the listener's setting, [`HOLD_POLL`] while
+    /// entries are held, [`BUSY_BLOCK`] while calls are in flight (their ends are taken in
+    /// between reads).
     pub(super) fn block_ms(&self) -> u64 {
-        let block = self.shared.listener.settings.block;
-        let block = if self.order.hold.is_empty() {
-            block
-        } else {
-            block.min(HOLD_POLL)
-        };
+        let mut block = self.shared.listener.settings.block;
+        if !self.order.hold.is_empty() {
+            block = block.min(HOLD_POLL);
+        }
+        if !self.calls.is_idle() {
+            block = block.min(BUSY_BLOCK);
+        }
         block.as_millis().max(1) as u64
     }
 
-    /// Before a read: releases held entries whose parents reached their seals; while
-    /// [`MAX_HELD`] entries are held, reads nothing more and waits for releases. `false`
-    /// when stopped.
-    pub(super) async fn make_room(&mut self, conn: &mut WorkerConn) -> bool {
-        loop {
-            if !self.release_held(conn).await {
-                return false;
-            }
-            if self.order.hold.len() < MAX_HELD {
-                return true;
-            }
-            if !self.pause_for(HOLD_POLL).await {
-                return false;
-            }
-        }
+    /// Whether [`MAX_HELD`] entries are held: the worker reads nothing more until releases
+    /// make room.
+    pub(super) fn hold_is_full(&self) -> bool {
+        self.order.hold.len() >= MAX_HELD
     }
 
     /// Ordering `key`: sorts a batch read in stream order into entries to handle now and
@@ -145,53 +141,40 @@ impl ShardWorker {
         Some(ready)
     }
 
-    /// [`Self::release_held`] right away, without waiting out [`HOLD_POLL`] since the last
-    /// check (after a batch was handled). `false` when stopped.
-    pub(super) async fn release_held_now(&mut self, conn: &mut WorkerConn) -> bool {
-        self.order.checked = None;
-        self.release_held(conn).await
-    }
-
-    /// Checks the parents the held keys wait for (at most every [`HOLD_POLL`]) and handles
-    /// the entries of those that reached their seals. `false` when stopped.
-    async fn release_held(&mut self, conn: &mut WorkerConn) -> bool {
-        loop {
-            if self.order.hold.is_empty() {
-                return true;
+    /// Checks the parents the held keys wait for (at most every [`HOLD_POLL`]) and gives the
+    /// entries of those that reached their seals to the dispatch, in stream order per key.
+    pub(super) async fn release_held(&mut self) {
+        if self.order.hold.is_empty() {
+            return;
+        }
+        if self.order.checked.is_some_and(|t| t.elapsed() < HOLD_POLL) {
+            return;
+        }
+        self.order.checked = Some(Instant::now());
+        let ordered = self.shared.ordered.load(Ordering::Relaxed);
+        let mut freed = Vec::new();
+        for gate in self.order.hold.waiting_for() {
+            if ordered && !self.parent_reached_seal(gate).await {
+                continue;
             }
-            if self.order.checked.is_some_and(|t| t.elapsed() < HOLD_POLL) {
-                return true;
+            if let Some(t) = self.order.held_since.remove(&gate) {
+                metrics::histogram!("rsc_client_order_hold_seconds",
+                "group" => self.origin.group.clone(), "stream" => self.origin.stream.clone())
+                .record(t.elapsed().as_secs_f64());
+                info!(
+                    parent = gate.parent,
+                    routing_epoch = gate.epoch,
+                    held_ms = t.elapsed().as_millis() as u64,
+                    "parent shard reached its seal: releasing its moved keys"
+                );
             }
-            self.order.checked = Some(Instant::now());
-            let ordered = self.shared.ordered.load(Ordering::Relaxed);
-            let mut freed = Vec::new();
-            for gate in self.order.hold.waiting_for() {
-                if ordered && !self.parent_reached_seal(gate).await {
-                    continue;
-                }
-                if let Some(t) = self.order.held_since.remove(&gate) {
-                    metrics::histogram!("rsc_client_order_hold_seconds",
-                        "group" => self.origin.group.clone(), "stream" => self.origin.stream.clone())
-                    .record(t.elapsed().as_secs_f64());
-                    info!(
-                        parent = gate.parent,
-                        routing_epoch = gate.epoch,
-                        held_ms = t.elapsed().as_millis() as u64,
-                        "parent shard reached its seal: releasing its moved keys"
-                    );
-                }
-                freed.extend(self.order.hold.release(gate));
-            }
-            self.order.held_gauge.set(self.order.hold.len() as f64);
-            if freed.is_empty() {
-                return true;
-            }
+            freed.extend(self.order.hold.release(gate));
+        }
+        self.order.held_gauge.set(self.order.hold.len() as f64);
+        if !freed.is_empty() {
+            // Other gates may open soon after (check again at the next turn).
             self.order.checked = None;
-            if !self.run_entries(conn, freed).await {
-                return false;
-            }
-            // The acknowledgements of released entries may open gates of other shards.
-            self.flush_acks(conn).await;
+            self.dispatch.offer(freed.into_iter().map(Arc::new));
         }
     }
 

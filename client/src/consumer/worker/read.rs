@@ -1,7 +1,8 @@
-//! The read loop: `XREADGROUP` (lease fencing) or the guarded transaction (strict
-//! fencing), the previous batch's acknowledgements in the same round trip, recovery after a
-//! lost reply, the wait for new entries (the doorbell, or a blocked read on a cluster), the
-//! drained check and the lag gauge.
+//! The driver of the shard worker: the read loop around the pure [`super::dispatch`] —
+//! `XREADGROUP` (lease fencing) or the guarded transaction (strict fencing), the
+//! acknowledgements given since in the same round trip, recovery after a lost reply, the
+//! wait for new entries (the doorbell, or a blocked read on a cluster), the drained check and
+//! the lag gauge. The calls in flight run on beside every read and wait.
 
 use super::conn::WorkerConn;
 use super::cursor::Next;
@@ -12,8 +13,10 @@ use crate::consumer::reply::OrderedRead;
 use crate::message::Entry;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
 use redis::{RedisError, Value};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// How often, at most, the lag gauge of a shard that has entries is read from Redis (an idle
@@ -32,12 +35,22 @@ enum Found {
     Idle(Option<String>),
 }
 
-/// What a wait for new entries ended with.
-enum Waited {
-    /// Woken: read the shard.
-    Woken,
-    /// Stopped.
-    Stopped,
+/// What the next read asks for.
+struct Plan {
+    /// After which id: `>` (new entries), or this member's own pending entries after an id.
+    from: String,
+    /// At most this many entries.
+    count: usize,
+    /// A blocked read's `BLOCK` (only on a connection that may block).
+    block_ms: u64,
+}
+
+/// Sleeps `d`, or forever.
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl ShardWorker {
@@ -61,47 +74,17 @@ impl ShardWorker {
         }
     }
 
-    /// Before a read: acknowledges what was handled while the listener is paused, then waits
-    /// until it is resumed; `false` when stopped.
-    async fn ready_to_read(&mut self, conn: &mut WorkerConn) -> bool {
-        if *self.shared.paused.borrow() {
-            self.flush_acks(conn).await;
-        }
-        if !self.wait_unpaused().await {
-            self.flush_acks(conn).await;
-            return false;
-        }
-        true
-    }
-
-    /// After a failed read: recreates a vanished consumer group; otherwise the reply
-    /// (entries now pending for this member) may be lost, so this member's own pending
-    /// entries are read first once the backoff is over. `false` when stopped.
-    async fn read_failed(
-        &mut self,
-        conn: &mut WorkerConn,
-        backoff: &mut Backoff,
-        e: &RedisError,
-    ) -> bool {
-        if e.code() == Some("NOGROUP") {
-            warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
-            self.pending_from = None;
-            return self.ensure_group(conn, backoff).await;
-        }
-        warn!(error = %e, "read failed; retrying");
-        if self.pending_from.is_none() {
-            self.pending_from = Some("0".to_owned());
-        }
-        self.pause_for(backoff.next_delay()).await
-    }
-
-    /// Reads and handles entries until stopped. Each read goes the way the shard is fenced
-    /// at that moment: with an owner token (strict fencing) through the guarded transaction
-    /// ([`fence::Guard`], non-blocking, `COUNT n`); without one (lease fencing) as a plain
-    /// `XREADGROUP`. Either way the previous batch's acknowledgements travel in the same
-    /// round trip as the next read. A shard with nothing new waits on the doorbell; on a
-    /// Redis Cluster, in `XREADGROUP … BLOCK` (lease) or a plain `XREAD BLOCK … <last id>`
-    /// (strict), on the worker's own connection.
+    /// Reads and handles entries until stopped: the driver of the worker's [`super::dispatch`].
+    ///
+    /// Each turn: takes the ends of calls, releases held entries whose parents are done,
+    /// starts the calls the dispatch allows, then either waits (every lane busy, paused, the
+    /// hold full: for a call to end), waits on the doorbell (the last read found nothing), or
+    /// reads. Each read goes the way the shard is fenced at that moment: with an owner token
+    /// (strict fencing) through the guarded transaction ([`fence::Guard`], non-blocking); without
+    /// one (lease fencing) as a plain `XREADGROUP`; either way with the acknowledgements given
+    /// since in the same round trip. On a Redis Cluster the read blocks instead of the
+    /// doorbell's wait (`XREADGROUP … BLOCK`, or a plain `XREAD BLOCK … <last id>` under strict
+    /// fencing). Calls in flight run on through every wait and read.
     pub(super) async fn read_until_stopped(
         &mut self,
         conn: &mut WorkerConn,
@@ -111,8 +94,21 @@ impl ShardWorker {
         // fencing.
         let mut guard: Option<Guard> = None;
         loop {
-            if !self.ready_to_read(conn).await || !self.make_room(conn).await {
+            if !self.turn().await {
+                self.finish(conn).await;
                 return;
+            }
+            let paused = *self.shared.paused.borrow();
+            if paused || self.hold_is_full() || !self.dispatch.wants_read() {
+                self.flush_acks(conn).await;
+                let poll = self.holds_entries().then_some(super::hold::HOLD_POLL);
+                self.wait_calls(paused, poll).await;
+                continue;
+            }
+            if let Some(after) = self.waiting_after.clone() {
+                self.flush_acks(conn).await;
+                self.wait_for_ring(conn, &after).await;
+                continue;
             }
             let token = self.flags.token();
             if token.is_none() {
@@ -120,52 +116,180 @@ impl ShardWorker {
             } else if guard.is_none() {
                 guard = Some(Guard::new(&self.origin));
             }
-            let acks = std::mem::take(&mut self.acks);
-            let from = self.read_from();
-            let guarded = guard.as_mut().zip(token.as_deref());
-            let reply = tokio::select! {
-                r = self.fetch(conn, guarded, &acks, &from) => r,
-                // Entries this read may have fetched stay pending for the next owner; the
-                // acknowledgements are sent again to be sure (XACK is idempotent).
-                _ = self.stop.cancelled() => {
-                    self.acks = acks;
-                    self.flush_acks(conn).await;
-                    return;
+            self.read_once(conn, backoff, guard.as_mut().zip(token.as_deref()))
+                .await;
+        }
+    }
+
+    /// One read with the acknowledgements waiting, and what follows from its reply.
+    async fn read_once(
+        &mut self,
+        conn: &mut WorkerConn,
+        backoff: &mut Backoff,
+        guarded: Option<(&mut Guard, &str)>,
+    ) {
+        let acks = self.dispatch.take_acks();
+        let plan = Plan {
+            from: self.read_from(),
+            count: self
+                .shared
+                .listener
+                .settings
+                .batch_size
+                .min(self.dispatch.room())
+                .max(1),
+            block_ms: self.block_ms(),
+        };
+        let stop = self.stop.clone();
+        let mut calls = std::mem::take(&mut self.calls);
+        let reply = calls
+            .beside(async {
+                tokio::select! {
+                    r = self.fetch(conn, guarded, &acks, &plan) => Some(r),
+                    // Entries this read may have fetched stay pending for the next owner.
+                    _ = stop.cancelled() => None,
                 }
-            };
-            if reply.is_err() {
-                // The acknowledgements may not have landed: send them on their own.
-                self.acks = acks;
-                self.flush_acks(conn).await;
+            })
+            .await;
+        self.calls = calls;
+        match reply {
+            // Stopped: the acknowledgements are sent again to be sure (XACK is idempotent).
+            None => self.dispatch.unsent(acks),
+            Some(Ok(found)) => {
+                self.dispatch.acked(&acks);
+                backoff.reset();
+                self.found(conn, backoff, found, &plan.from).await;
             }
-            let go_on = match reply {
-                Ok(found) => {
-                    backoff.reset();
-                    self.found(conn, backoff, found, &from).await
-                }
-                Err(e) => self.read_failed(conn, backoff, &e).await,
-            };
-            if !go_on {
-                return;
+            Some(Err(e)) => {
+                // The acknowledgements may not have landed: send them on their own.
+                self.dispatch.unsent(acks);
+                self.flush_acks(conn).await;
+                self.read_failed(conn, backoff, &e).await;
             }
         }
     }
 
-    /// Acknowledges `acks`, then reads up to `batch_size` entries after `from`: through the
-    /// guard with its owner token under strict fencing, else `XREADGROUP` (blocking for new
-    /// entries, with the `XACK` pipelined first).
+    /// The start of each turn of the read loop: takes the ends of calls, stops the dispatch
+    /// when the worker is stopped or the lease ran out, releases held entries, starts the
+    /// calls that may start. `false` when stopping.
+    async fn turn(&mut self) -> bool {
+        for (call, verdicts) in self.calls.take_done() {
+            self.dispatch.finished(call, &verdicts);
+        }
+        if self.stop.is_cancelled() || self.shared.lease_expired() {
+            // Past the lease a worker starts nothing more: the rest stays pending for the
+            // next owner.
+            self.dispatch.stop();
+        }
+        if self.dispatch.is_stopping() {
+            return false;
+        }
+        self.release_held().await;
+        self.start_calls();
+        true
+    }
+
+    /// Starts the calls the dispatch allows (none while the listener is paused).
+    fn start_calls(&mut self) {
+        if !*self.shared.paused.borrow() {
+            while let Some(call) = self.dispatch.next_call() {
+                self.calls.push(self.runner.clone().run(call));
+            }
+        }
+        self.in_flight_gauge
+            .set(self.dispatch.entries_in_flight() as f64);
+        self.queued_gauge.set(self.dispatch.queued() as f64);
+    }
+
+    /// Stopping: waits for the calls in flight (a retry's wait is cut short by the stop; a
+    /// handler running is not), then sends the acknowledgements of what they settled.
+    async fn finish(&mut self, conn: &mut WorkerConn) {
+        self.dispatch.stop();
+        self.calls.all_done().await;
+        for (call, verdicts) in self.calls.take_done() {
+            self.dispatch.finished(call, &verdicts);
+        }
+        self.flush_acks(conn).await;
+        self.in_flight_gauge.set(0.0);
+        self.queued_gauge.set(0.0);
+    }
+
+    /// Runs the calls until every entry given to the dispatch is settled (a takeover's
+    /// claimed entries), then sends their acknowledgements. `false` when stopped.
+    pub(super) async fn settle_all(&mut self, conn: &mut WorkerConn) -> bool {
+        loop {
+            if !self.turn().await {
+                self.finish(conn).await;
+                return false;
+            }
+            self.flush_acks(conn).await;
+            if self.dispatch.is_idle() {
+                return true;
+            }
+            let paused = *self.shared.paused.borrow();
+            let poll = self.holds_entries().then_some(super::hold::HOLD_POLL);
+            self.wait_calls(paused, poll).await;
+        }
+    }
+
+    /// Waits for a call to end, the stop, a change of the pause from `paused`, or `poll`.
+    async fn wait_calls(&mut self, paused: bool, poll: Option<Duration>) {
+        let mut pause = self.shared.paused.clone();
+        if *pause.borrow_and_update() != paused {
+            return;
+        }
+        let stop = self.stop.clone();
+        self.calls
+            .race(async {
+                tokio::select! {
+                    _ = pause.changed() => {}
+                    _ = stop.cancelled() => {}
+                    _ = sleep_or_never(poll) => {}
+                }
+            })
+            .await;
+    }
+
+    /// After a failed read: recreates a vanished consumer group; otherwise the reply
+    /// (entries now pending for this member) may be lost, so this member's own pending
+    /// entries are read first once the backoff is over.
+    async fn read_failed(&mut self, conn: &mut WorkerConn, backoff: &mut Backoff, e: &RedisError) {
+        let mut calls = std::mem::take(&mut self.calls);
+        if e.code() == Some("NOGROUP") {
+            warn!("the Redis consumer group is gone (Redis restarted?); recreating it");
+            self.pending_from = None;
+            calls.beside(self.ensure_group(conn, backoff)).await;
+        } else {
+            warn!(error = %e, "read failed; retrying");
+            if self.pending_from.is_none() {
+                self.pending_from = Some("0".to_owned());
+            }
+            calls.beside(self.pause_for(backoff.next_delay())).await;
+        }
+        self.calls = calls;
+    }
+
+    /// Acknowledges `acks`, then reads up to `plan.count` entries after `plan.from`: through
+    /// the guard with its owner token under strict fencing, else `XREADGROUP` (blocking for
+    /// new entries on a connection of its own, with the `XACK` pipelined first).
     async fn fetch(
         &self,
         conn: &mut WorkerConn,
         guarded: Option<(&mut Guard, &str)>,
         acks: &[String],
-        from: &str,
+        plan: &Plan,
     ) -> Result<Found, RedisError> {
-        let count = self.shared.listener.settings.batch_size;
         if let Some((guard, token)) = guarded {
             return Ok(
                 match guard
-                    .read(conn.node(), &self.origin, token, acks, from, count)
+                    .read(
+                        conn.node(),
+                        &self.origin,
+                        token,
+                        acks,
+                        &plan.from,
+                        plan.count,
+                    )
                     .await?
                 {
                     fence::Read::Fenced => Found::Fenced,
@@ -178,7 +302,7 @@ impl ShardWorker {
                 },
             );
         }
-        self.lease_read(conn, acks, from, count).await
+        self.lease_read(conn, acks, plan).await
     }
 
     /// Lease fencing's read: `XREADGROUP` (blocking on a connection of its own) with the
@@ -188,9 +312,9 @@ impl ShardWorker {
         &self,
         conn: &mut WorkerConn,
         acks: &[String],
-        from: &str,
-        count: usize,
+        plan: &Plan,
     ) -> Result<Found, RedisError> {
+        let (from, count) = (plan.from.as_str(), plan.count);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.origin.group)
@@ -198,7 +322,7 @@ impl ShardWorker {
             .arg("COUNT")
             .arg(count);
         if from == ">" && conn.may_block() {
-            cmd.arg("BLOCK").arg(self.block_ms());
+            cmd.arg("BLOCK").arg(plan.block_ms);
         }
         cmd.arg("STREAMS").arg(&self.origin.shard_key).arg(from);
         // The doorbell waits for entries after the stream's last one: read its id first, in
@@ -252,20 +376,21 @@ impl ShardWorker {
         })
     }
 
-    /// Acts on what a read after `from` found; `false` when stopped.
+    /// Acts on what a read after `from` found.
     async fn found(
         &mut self,
         conn: &mut WorkerConn,
         backoff: &mut Backoff,
         found: Found,
         from: &str,
-    ) -> bool {
+    ) {
         match found {
             Found::Fenced => {
                 self.flags.refuse("read");
-                false
+                self.dispatch.stop();
             }
             Found::Entries(entries) => {
+                self.waiting_after = None;
                 self.advance(entries.last().map(|e| e.id.as_str()));
                 // New entries: the group has delivered up to the last one (the doorbell's poll
                 // looks for entries after it). A re-read of pending entries says nothing.
@@ -275,34 +400,31 @@ impl ShardWorker {
                     self.cursor.read_entries(&last.id);
                 }
                 self.flags.drained.store(false, Ordering::Relaxed);
-                if !self.handle_batch(conn, entries, false).await {
-                    return false;
+                let entries = self.linger(conn, entries, from).await;
+                let mut calls = std::mem::take(&mut self.calls);
+                let ready = calls.beside(self.admit(entries)).await;
+                self.calls = calls;
+                match ready {
+                    Some(ready) => {
+                        self.dispatch.offer(ready.into_iter().map(Arc::new));
+                    }
+                    None => self.dispatch.stop(),
                 }
                 self.refresh_lag(conn).await;
-                true
             }
             // This member's own pending entries, re-read after a lost reply: none are left.
-            Found::Idle(_) if from != ">" => {
-                self.advance(None);
-                true
-            }
+            Found::Idle(_) if from != ">" => self.advance(None),
             Found::Idle(last) => {
                 // Nothing new was delivered: nothing is undelivered (no command needed).
                 self.lag.set(0.0);
                 if !conn.may_block() {
-                    return match self.cursor.read_nothing(last) {
-                        Next::ReadAgain => true,
-                        Next::WaitAfter(after) => match self.wait_for_ring(conn, &after).await {
-                            Waited::Woken => true,
-                            Waited::Stopped => false,
-                        },
-                    };
+                    if let Next::WaitAfter(after) = self.cursor.read_nothing(last) {
+                        self.waiting_after = Some(after);
+                    }
+                    return;
                 }
                 match last {
-                    None => {
-                        self.idle(conn).await;
-                        true
-                    }
+                    None => self.idle(conn).await,
                     Some(last) => self.wait_for_new(conn, backoff, &last).await,
                 }
             }
@@ -311,11 +433,13 @@ impl ShardWorker {
 
     /// Waits on the doorbell until the shard may have new entries (a ring, or the poll found
     /// one after `after`), or, while entries are held for their parents, until the hold's
-    /// next check is due. A draining shard is checked each `block` of quiet (see
+    /// next check is due; returns early, still waiting, when a call ends, the worker stops or
+    /// the pause changes. A draining shard is checked each `block` of quiet (see
     /// [`ShardWorker::idle`]); an idle shard costs no command.
-    async fn wait_for_ring(&mut self, conn: &mut WorkerConn, after: &str) -> Waited {
+    async fn wait_for_ring(&mut self, conn: &mut WorkerConn, after: &str) {
         let Some(bell) = &self.bell else {
-            return Waited::Woken;
+            self.waiting_after = None;
+            return;
         };
         // Entries held for their parents (ordered resharding) are released between reads:
         // with some held, wait at most the hold's poll and read again.
@@ -325,27 +449,36 @@ impl ShardWorker {
         } else {
             self.shared.listener.settings.block
         };
-        loop {
-            let woken = tokio::select! {
-                woken = bell.wait(after) => Some(woken),
-                _ = tokio::time::sleep(quiet) => None,
-                _ = self.stop.cancelled() => return Waited::Stopped,
-            };
-            match woken {
-                Some(woken) => {
-                    self.cursor.woken(woken);
-                    return Waited::Woken;
+        let mut pause = self.shared.paused.clone();
+        if *pause.borrow_and_update() {
+            return;
+        }
+        let stop = self.stop.clone();
+        let woken = self
+            .calls
+            .race(async {
+                tokio::select! {
+                    woken = bell.wait(after) => Some(Some(woken)),
+                    _ = tokio::time::sleep(quiet) => Some(None),
+                    _ = stop.cancelled() => None,
+                    _ = pause.changed() => None,
                 }
-                None if held => return Waited::Woken,
-                None => self.idle(conn).await,
+            })
+            .await;
+        match woken.flatten() {
+            Some(Some(woken)) => {
+                self.cursor.woken(woken);
+                self.waiting_after = None;
             }
+            Some(None) if held => self.waiting_after = None,
+            Some(None) => self.idle(conn).await,
+            None => {}
         }
     }
 
     /// Strict fencing, nothing to read: a plain `XREAD BLOCK … <last id>`, which only wakes
-    /// the worker (it delivers nothing to the group), so idle shards do not poll. `false`
-    /// when stopped.
-    async fn wait_for_new(&self, conn: &mut WorkerConn, backoff: &mut Backoff, last: &str) -> bool {
+    /// the worker (it delivers nothing to the group), so idle shards do not poll.
+    async fn wait_for_new(&mut self, conn: &mut WorkerConn, backoff: &mut Backoff, last: &str) {
         let mut wake = redis::cmd("XREAD");
         wake.arg("COUNT")
             .arg(1)
@@ -354,23 +487,30 @@ impl ShardWorker {
             .arg("STREAMS")
             .arg(&self.origin.shard_key)
             .arg(last);
-        tokio::select! {
-            r = wake.query_async::<Value>(conn) => match r {
-                // Nothing new for a whole block: as in lease mode, only then is a draining
-                // shard with nothing pending called drained (a shard that is merely empty
-                // between a stale producer's writes is not).
-                Ok(Value::Nil) => {
-                    self.idle(conn).await;
-                    true
+        let stop = self.stop.clone();
+        let mut calls = std::mem::take(&mut self.calls);
+        let woke = calls
+            .beside(async {
+                tokio::select! {
+                    r = wake.query_async::<Value>(conn) => Some(r),
+                    _ = stop.cancelled() => None,
                 }
-                Ok(_) => true,
-                Err(e) => {
-                    debug!(error = %e, "XREAD wake-up failed");
-                    self.pause_for(backoff.next_delay()).await
-                }
-            },
-            _ = self.stop.cancelled() => false,
+            })
+            .await;
+        match woke {
+            // Nothing new for a whole block: as in lease mode, only then is a draining
+            // shard with nothing pending called drained (a shard that is merely empty
+            // between a stale producer's writes is not).
+            Some(Ok(Value::Nil)) if calls.is_idle() => {
+                calls.beside(self.idle(conn)).await;
+            }
+            Some(Err(e)) => {
+                debug!(error = %e, "XREAD wake-up failed");
+                calls.beside(self.pause_for(backoff.next_delay())).await;
+            }
+            _ => {}
         }
+        self.calls = calls;
     }
 
     /// After a read found nothing: a draining shard with nothing pending is drained.

@@ -74,7 +74,7 @@ impl ShardWorker {
                     backoff.reset();
                     let entries = self.claimed_entries(conn, reply.claimed).await;
                     claimed_total += entries.len();
-                    if !entries.is_empty() && !self.handle_batch(conn, entries, true).await {
+                    if !entries.is_empty() && !self.handle_claimed(conn, entries).await {
                         return false;
                     }
                     if reply.next_stream_id == "0-0" {
@@ -97,6 +97,19 @@ impl ShardWorker {
                     }
                 }
             }
+        }
+    }
+
+    /// Handles claimed entries (held for their parents where ordered resharding says so)
+    /// until each is settled, through the dispatch's lanes. `false` when stopped.
+    async fn handle_claimed(&mut self, conn: &mut WorkerConn, entries: Vec<Entry>) -> bool {
+        match self.admit(entries).await {
+            Some(ready) => {
+                self.dispatch
+                    .offer(ready.into_iter().map(std::sync::Arc::new));
+                self.settle_all(conn).await
+            }
+            None => false,
         }
     }
 

@@ -1,0 +1,203 @@
+//! One handler call, run to its end beside the worker's reads: the handler's attempts with
+//! their retries (the listener's backoff) and dead letters. A single-message listener's call
+//! is a batch of one: both kinds of listener go through the same settling rules.
+
+use super::dispatch::{Call, CallId, Verdict};
+use crate::consumer::MemberShared;
+use crate::consumer::backoff::{Backoff, retry_delay};
+use crate::handler::{FailureAction, HandlerError};
+use crate::listener::HandlerKind;
+use crate::message::{Entry, Origin};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use redis::RedisError;
+use rsc_protocol::entry as fields;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+/// What a call returns to the driver: its name and a verdict per settled entry (an entry
+/// without one was abandoned).
+pub(super) type Done = (CallId, Vec<(String, Verdict)>);
+
+/// Entries waiting for their next attempt, with the attempt's number.
+type Attempts = Vec<(Arc<Entry>, u32)>;
+
+/// What a call needs, owned, so that calls run beside the worker's reads.
+#[derive(Clone)]
+pub(super) struct Runner {
+    pub(super) shared: Arc<MemberShared>,
+    pub(super) origin: Arc<Origin>,
+    pub(super) stop: CancellationToken,
+    /// Entries (with several lanes: keys) waiting out a retry's backoff on this shard.
+    pub(super) parked: metrics::Gauge,
+}
+
+impl Runner {
+    /// Runs `call` until each of its entries is settled (handled or dead-lettered) or the
+    /// worker stops (the rest is abandoned: it stays pending).
+    pub(super) fn run(self, call: Call<Arc<Entry>>) -> BoxFuture<'static, Done> {
+        Box::pin(async move {
+            let mut verdicts = Vec::with_capacity(call.entries.len());
+            let mut pending: Attempts = call.entries.into_iter().map(|e| (e, 1)).collect();
+            loop {
+                let results = self.attempt(&pending).await;
+                let Some((retry, delay)) = self.settle(pending, results, &mut verdicts).await
+                else {
+                    return (call.id, verdicts);
+                };
+                if retry.is_empty() {
+                    return (call.id, verdicts);
+                }
+                let parked = retry.len() as f64;
+                self.shared.metrics.retried.increment(retry.len() as u64);
+                self.parked.increment(parked);
+                let go_on = self.pause_for(delay).await;
+                self.parked.decrement(parked);
+                if !go_on {
+                    return (call.id, verdicts);
+                }
+                pending = retry;
+            }
+        })
+    }
+
+    /// Sleeps unless stopped first; `false` when stopped.
+    async fn pause_for(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.stop.cancelled() => false,
+        }
+    }
+
+    /// One attempt of the handler on `pending`: a verdict per entry, in order (`None`:
+    /// handled). A panic is a failed attempt.
+    async fn attempt(&self, pending: &[(Arc<Entry>, u32)]) -> Vec<Option<HandlerError>> {
+        let started = tokio::time::Instant::now();
+        let verdicts = match &self.shared.listener.handler {
+            HandlerKind::Single(h) => {
+                let (entry, attempt) = &pending[0];
+                let span = info_span!("message", entry_id = %entry.id, attempt);
+                crate::otel::continue_trace(&span, entry);
+                let call = h.call(entry.clone(), self.origin.clone(), *attempt);
+                let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+                vec![match result {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
+                }]
+            }
+            HandlerKind::Batch(h) => super::batch::call_batch(h, pending, &self.origin).await,
+        };
+        self.shared
+            .metrics
+            .duration
+            .record(started.elapsed().as_secs_f64());
+        verdicts
+    }
+
+    /// Settles each entry by its verdict into `verdicts`: handled, or dead-lettered when its
+    /// retries are exhausted or the handler said so; the others are returned for the next
+    /// attempt with the longest delay any asked for. `None` when stopped while
+    /// dead-lettering.
+    async fn settle(
+        &self,
+        pending: Attempts,
+        results: Vec<Option<HandlerError>>,
+        verdicts: &mut Vec<(String, Verdict)>,
+    ) -> Option<(Attempts, Duration)> {
+        let settings = &self.shared.listener.settings;
+        let m = &self.shared.metrics;
+        let mut retry = Vec::new();
+        let mut delay = Duration::ZERO;
+        for ((entry, attempt), result) in pending.into_iter().zip(results) {
+            let Some(err) = result else {
+                m.handled.increment(1);
+                verdicts.push((entry.id.clone(), Verdict::Handled));
+                continue;
+            };
+            m.failed.increment(1);
+            if err.action() == FailureAction::DeadLetter || attempt > settings.max_retries {
+                if !self.dead_letter(&entry, &err, attempt).await {
+                    return None;
+                }
+                verdicts.push((entry.id.clone(), Verdict::DeadLettered));
+                continue;
+            }
+            delay = delay.max(match err.action() {
+                FailureAction::RetryAfter(d) => d,
+                _ => retry_delay(attempt, settings.retry_min, settings.retry_max),
+            });
+            debug!(entry_id = %entry.id, attempt, error = %err, "handler failed; will retry");
+            retry.push((entry, attempt + 1));
+        }
+        Some((retry, delay))
+    }
+
+    /// Copies the entry to `<stream>:dlq` with `error`, `origin` (shard key), `origin_id`,
+    /// `group`, `member`, `attempts` and `failed_ms`. Retried until written (`true`) or
+    /// stopped (`false`).
+    async fn dead_letter(&self, entry: &Entry, err: &HandlerError, attempts: u32) -> bool {
+        let dlq = rsc_protocol::routing::dlq_key(&self.origin.stream);
+        let cmd = dead_letter_cmd(&dlq, &self.origin, entry, err, attempts);
+        // On the shared connection: on a cluster the dead-letter stream lives in another slot.
+        let mut conn = self.shared.ack_conn.clone();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            let r: Result<String, RedisError> = cmd.query_async(&mut conn).await;
+            match r {
+                Ok(_) => {
+                    self.shared.metrics.dead_lettered.increment(1);
+                    warn!(entry_id = %entry.id, attempts, error = %err, dlq = %dlq, "dead-lettered");
+                    return true;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot write the dead letter; retrying");
+                    if !self.pause_for(backoff.next_delay()).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `XADD` of a dead letter (the entry's own fields, then the dead-letter fields).
+fn dead_letter_cmd(
+    dlq: &str,
+    origin: &Origin,
+    entry: &Entry,
+    err: &HandlerError,
+    attempts: u32,
+) -> redis::Cmd {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(dlq).arg("*");
+    for (name, value) in &entry.fields {
+        if !fields::DEAD_LETTER_FIELDS.contains(&name.as_str()) {
+            cmd.arg(name).arg(value);
+        }
+    }
+    cmd.arg(fields::ERROR)
+        .arg(err.to_string())
+        .arg(fields::ORIGIN)
+        .arg(&origin.shard_key)
+        .arg(fields::ORIGIN_ID)
+        .arg(&entry.id)
+        .arg(fields::GROUP)
+        .arg(&origin.group)
+        .arg(fields::MEMBER)
+        .arg(&origin.member_id)
+        .arg(fields::ATTEMPTS)
+        .arg(attempts)
+        .arg(fields::FAILED_MS)
+        .arg(now_ms);
+    cmd
+}
+
+#[cfg(test)]
+mod tests;

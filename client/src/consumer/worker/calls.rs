@@ -1,0 +1,85 @@
+//! The handler calls a shard worker has in flight, polled beside whatever the worker waits
+//! for (a read, the doorbell, a backoff), so that handlers never stall while the worker reads.
+
+use super::call::Done;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use std::future::Future;
+use std::sync::Mutex;
+
+/// Calls in flight, and the results of those that ended and were not taken yet.
+#[derive(Default)]
+pub(super) struct Calls {
+    /// In a mutex only to be `Sync` (the worker is borrowed across awaits); reached through
+    /// `get_mut`, never locked.
+    running: Mutex<FuturesUnordered<BoxFuture<'static, Done>>>,
+    /// How many are running.
+    count: usize,
+    done: Vec<Done>,
+}
+
+impl Calls {
+    /// Adds a call.
+    pub(super) fn push(&mut self, call: BoxFuture<'static, Done>) {
+        self.running().push(call);
+        self.count += 1;
+    }
+
+    /// Whether no call is running.
+    pub(super) fn is_idle(&self) -> bool {
+        self.count == 0
+    }
+
+    fn running(&mut self) -> &mut FuturesUnordered<BoxFuture<'static, Done>> {
+        self.running
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn ended(&mut self, done: Done) {
+        self.count -= 1;
+        self.done.push(done);
+    }
+
+    /// The results of the calls that ended since the last take.
+    pub(super) fn take_done(&mut self) -> Vec<Done> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// Runs `fut` to its end while the calls go on (their results are kept).
+    pub(super) async fn beside<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            let busy = !self.is_idle();
+            tokio::select! {
+                biased;
+                out = &mut fut => return out,
+                Some(done) = self.running().next(), if busy => self.ended(done),
+            }
+        }
+    }
+
+    /// Waits for `fut` or for a call to end, whichever comes first (`None`: a call ended, or
+    /// one had ended already; `fut` is dropped, so it must be cancel-safe).
+    pub(super) async fn race<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        if !self.done.is_empty() {
+            return None;
+        }
+        let busy = !self.is_idle();
+        tokio::select! {
+            out = fut => Some(out),
+            Some(done) = self.running().next(), if busy => {
+                self.ended(done);
+                None
+            }
+        }
+    }
+
+    /// Waits until every call has ended.
+    pub(super) async fn all_done(&mut self) {
+        while let Some(done) = self.running().next().await {
+            self.ended(done);
+        }
+    }
+}
