@@ -14,13 +14,14 @@
 mod pods;
 
 use pods::{
-    Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms, spawn_producer,
+    Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms,
+    order_violations, spawn_producer,
 };
 use rsc_client::ClientError;
 use rsc_client::producer::{Producer, Record};
 use rsc_protocol::routing::shard_for_key;
 use serde_json::json;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 const GROUP: &str = "g";
@@ -90,33 +91,6 @@ async fn switch(stack: &Stack, stream: &str, from: u32, to: Option<u32>) -> Swit
         before_ms,
         after_ms: now_ms(),
     }
-}
-
-/// Per-key order violations: first handlings of `(key, seq)` in record-stream order whose
-/// seq is below a seq of the same key handled before. Returns (violations, examples).
-fn order_violations(records: &[Handled]) -> (usize, Vec<String>) {
-    let mut seen: HashSet<(String, u64)> = HashSet::new();
-    let mut top: HashMap<String, u64> = HashMap::new();
-    let mut violations = 0;
-    let mut examples = Vec::new();
-    for r in records {
-        if !seen.insert((r.key.clone(), r.seq)) {
-            continue;
-        }
-        let t = top.entry(r.key.clone()).or_insert(r.seq);
-        if r.seq < *t {
-            violations += 1;
-            if examples.len() < 10 {
-                examples.push(format!(
-                    "{} seq {} (shard {}, {}) after seq {}",
-                    r.key, r.seq, r.shard, r.entry_id, t
-                ));
-            }
-        } else {
-            *t = r.seq;
-        }
-    }
-    (violations, examples)
 }
 
 fn id_ms(id: &str) -> u64 {

@@ -3,7 +3,7 @@
 use rsc_e2e::Api;
 use rsc_testkit::{CoordinatorProcess, RedisServer, Signal, binary_path, signal, wait_for};
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -421,6 +421,34 @@ pub(crate) fn handled(con: &mut redis::Connection, key: &str) -> Vec<Handled> {
             }
         })
         .collect()
+}
+
+/// Per-key order violations: first handlings of `(key, seq)` in record-stream order whose
+/// seq is below a seq of the same key handled before. Returns (violations, examples).
+#[allow(dead_code)]
+pub(crate) fn order_violations(records: &[Handled]) -> (usize, Vec<String>) {
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
+    let mut top: HashMap<String, u64> = HashMap::new();
+    let mut violations = 0;
+    let mut examples = Vec::new();
+    for r in records {
+        if !seen.insert((r.key.clone(), r.seq)) {
+            continue;
+        }
+        let t = top.entry(r.key.clone()).or_insert(r.seq);
+        if r.seq < *t {
+            violations += 1;
+            if examples.len() < 10 {
+                examples.push(format!(
+                    "{} seq {} (shard {}, {}) after seq {}",
+                    r.key, r.seq, r.shard, r.entry_id, t
+                ));
+            }
+        } else {
+            *t = r.seq;
+        }
+    }
+    (violations, examples)
 }
 
 pub(crate) fn xlen(con: &mut redis::Connection, key: &str) -> u64 {

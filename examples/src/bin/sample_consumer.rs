@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
-//!   --concurrency N --pod-ip IP [--token T] [--handle-ms N] [--fail-rate F] [--record-stream KEY]
-//!   [--max-retries N] [--retry-backoff-ms N] [--health-listen ADDR] [--static-id ID]
+//!   --concurrency N --pod-ip IP [--key-concurrency N] [--token T] [--handle-ms N] [--fail-rate F]
+//!   [--poison-key K] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
+//!   [--health-listen ADDR] [--static-id ID]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
-//! `<stream>:dlq`). With `--record-stream`, every successful handling adds one entry to KEY
+//! `<stream>:dlq`); every attempt on an entry with key `--poison-key` fails. With
+//! `--key-concurrency N`, up to N entries of one shard are handled at once, never two of one
+//! key. With `--record-stream`, every successful handling adds one entry to KEY
 //! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
 //! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0 (with `--static-id`
 //! the pod leaves for a restart: its shards wait for it). A crash of the app (a panic, a
@@ -72,9 +75,15 @@ struct Args {
     /// Bearer token for the coordinator.
     #[arg(long, env = "RSC_TOKEN")]
     token: Option<String>,
+    /// Handler calls of one shard in flight at once, never two of one key.
+    #[arg(long, env = "RSC_KEY_CONCURRENCY", default_value_t = 1)]
+    key_concurrency: usize,
     /// How long each handling attempt takes, in ms.
     #[arg(long, default_value_t = 0)]
     handle_ms: u64,
+    /// Every handling attempt of an entry with this key fails (a poison key).
+    #[arg(long)]
+    poison_key: Option<String>,
     /// Probability that a handling attempt fails (0..=1).
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
@@ -103,6 +112,7 @@ struct Sample {
 struct Pod {
     handle: Duration,
     fail_rate: f64,
+    poison_key: Option<String>,
     /// Where handlings are recorded: the stream key on the data Redis.
     record: Option<(String, LazyRedis)>,
 }
@@ -112,6 +122,14 @@ impl Pod {
         let started_ms = unix_ms();
         if !self.handle.is_zero() {
             tokio::time::sleep(self.handle).await;
+        }
+        let key = msg.key().unwrap_or(&msg.payload().key);
+        if self.poison_key.as_deref() == Some(key) {
+            return Err(HandlerError::retry(format!(
+                "poison key {key} (seq {}, attempt {})",
+                msg.payload().seq,
+                msg.attempt()
+            )));
         }
         if self.fail_rate > 0.0 && rand::random::<f64>() < self.fail_rate {
             return Err(HandlerError::retry(format!(
@@ -178,6 +196,7 @@ impl Pod {
         Pod {
             handle: Duration::from_millis(args.handle_ms),
             fail_rate: args.fail_rate,
+            poison_key: args.poison_key.clone(),
             record: args.record_stream.clone().map(|key| (key, data.clone())),
         }
     }
@@ -191,6 +210,7 @@ fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
     }
     let listener = Listener::new(args.group.clone(), args.stream.clone(), handler)
         .concurrency(args.concurrency)
+        .key_concurrency(args.key_concurrency)
         .max_retries(args.max_retries)
         .retry_backoff(
             Duration::from_millis(args.retry_backoff_ms),

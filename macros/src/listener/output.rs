@@ -16,6 +16,10 @@ pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler)
     if let Some(n) = args.concurrency {
         chain.extend(quote!(.concurrency(#n)));
     }
+    if let Some(n) = args.key_concurrency {
+        let n = n as usize;
+        chain.extend(quote!(.key_concurrency(#n)));
+    }
     if let Some(n) = args.max_retries {
         chain.extend(quote!(.max_retries(#n)));
     }

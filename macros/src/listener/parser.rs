@@ -8,7 +8,8 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, FnArg, Lit, MetaNameValue, Token};
 
 /// The keys the attribute accepts, for error messages.
-const KEYS: &str = "group, stream, concurrency, name, ack, max_retries, batch, linger_ms";
+const KEYS: &str =
+    "group, stream, concurrency, key_concurrency, name, ack, max_retries, batch, linger_ms";
 
 /// How the runtime acknowledges entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,8 @@ pub(crate) struct ListenerArgs {
     pub(crate) group: String,
     pub(crate) stream: String,
     pub(crate) concurrency: Option<u32>,
+    /// Handler calls of one shard in flight at once, never two of one key.
+    pub(crate) key_concurrency: Option<u32>,
     pub(crate) name: Option<String>,
     pub(crate) ack: Option<Ack>,
     pub(crate) max_retries: Option<u32>,
@@ -65,6 +68,7 @@ struct Given {
     group: Option<String>,
     stream: Option<String>,
     concurrency: Option<u32>,
+    key_concurrency: Option<u32>,
     name: Option<String>,
     ack: Option<Ack>,
     max_retries: Option<u32>,
@@ -86,6 +90,13 @@ impl Given {
             "name" => once(&mut self.name, pair, |v| name_value(v, "name")),
             "concurrency" => once(&mut self.concurrency, pair, |v| {
                 at_least_one(v, "concurrency", "`concurrency` must be at least 1")
+            }),
+            "key_concurrency" => once(&mut self.key_concurrency, pair, |v| {
+                at_least_one(
+                    v,
+                    "key_concurrency",
+                    "`key_concurrency` (handler calls of one shard at once) must be at least 1",
+                )
             }),
             "max_retries" => once(&mut self.max_retries, pair, |v| int_value(v, "max_retries")),
             "batch" => once(&mut self.batch, pair, |v| {
@@ -116,6 +127,7 @@ impl Given {
             group: self.group.ok_or_else(|| missing("group", args))?,
             stream: self.stream.ok_or_else(|| missing("stream", args))?,
             concurrency: self.concurrency,
+            key_concurrency: self.key_concurrency,
             name: self.name,
             ack: self.ack,
             max_retries: self.max_retries,
@@ -373,6 +385,7 @@ mod tests {
             group = "g",
             stream = "s",
             concurrency = 4,
+            key_concurrency = 16,
             name = "n",
             ack = "manual",
             max_retries = 7,
@@ -383,6 +396,7 @@ mod tests {
         assert_eq!((a.batch, a.linger_ms), (Some(100), Some(20)));
         assert_eq!((a.group.as_str(), a.stream.as_str()), ("g", "s"));
         assert_eq!(a.concurrency, Some(4));
+        assert_eq!(a.key_concurrency, Some(16));
         assert_eq!(a.name.as_deref(), Some("n"));
         assert_eq!(a.ack, Some(Ack::Manual));
         assert_eq!(a.max_retries, Some(7));
@@ -405,6 +419,10 @@ mod tests {
             (
                 quote!(group = "g", stream = "s", concurrency = 0),
                 "at least 1",
+            ),
+            (
+                quote!(group = "g", stream = "s", key_concurrency = 0),
+                "`key_concurrency` (handler calls of one shard at once) must be at least 1",
             ),
             (quote!(group = "g", stream = "s", ack = "later"), "`ack` is"),
             (quote!(group, stream = "s"), "key = value"),
