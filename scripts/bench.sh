@@ -60,6 +60,8 @@ run lifecycle $quick
 run wake $quick
 # D1–D3: data-plane connections, idle commands and latency, shared reader vs per-shard.
 run dataplane $quick
+# L1–L3: key concurrency (drain rate, CPU per entry, a poison key) against key_concurrency(1).
+run lanes $quick
 # S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
 run scale $quick
 

@@ -54,7 +54,8 @@
 //! - At-least-once: an entry is acknowledged only after its handler succeeded (or it was
 //!   dead-lettered). A crash, a kill or a self-fence can hand an entry to a new owner that was
 //!   already handled: make handlers idempotent.
-//! - Order: one shard's entries are handled one at a time, in stream order, so one key's
+//! - Order: one shard's entries are handled one at a time, in stream order (with
+//!   [`Listener::key_concurrency`], several at once but one key's one at a time), so one key's
 //!   messages are handled in the order they were published — while the shard does not move.
 //!
 //! # Metrics
@@ -76,6 +77,7 @@ mod consumer;
 mod data;
 mod error;
 mod handler;
+pub mod layer;
 mod listener;
 mod message;
 mod otel;

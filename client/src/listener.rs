@@ -277,6 +277,10 @@ pub struct Listener {
     pub(crate) codec: CodecSpec,
     pub(crate) on_assigned: Option<Callback>,
     pub(crate) on_revoked: Option<Callback>,
+    /// The layers around the handler, the first added innermost.
+    pub(crate) layers: Vec<crate::layer::Wrap>,
+    /// The handler inside its layers, once bound to the app's data (at build).
+    pub(crate) service: Option<crate::layer::HandlerService>,
 }
 
 impl fmt::Debug for Listener {
@@ -288,6 +292,7 @@ impl fmt::Debug for Listener {
             .field("concurrency", &self.concurrency)
             .field("settings", &self.settings)
             .field("codec", &self.codec)
+            .field("layers", &self.layers.len())
             .finish_non_exhaustive()
     }
 }
@@ -365,7 +370,44 @@ impl Listener {
             codec: CodecSpec::JSON,
             on_assigned: None,
             on_revoked: None,
+            layers: Vec::new(),
+            service: None,
         }
+    }
+
+    /// Wraps each attempt of the handler in `layer`, a [`tower::Layer`] (a timeout, a
+    /// concurrency limit, your own middleware): see [`crate::layer`] and the GUIDE, "Layers".
+    /// The first layer added is the innermost; retries, dead letters and acknowledgements
+    /// stay around the whole stack.
+    ///
+    /// ```
+    /// use rsc_client::prelude::*;
+    /// use std::time::Duration;
+    ///
+    /// async fn on_order(msg: Message<serde_json::Value>) -> Result<(), HandlerError> { Ok(()) }
+    /// let listener = Listener::new("billing", "orders", on_order)
+    ///     .layer(tower::timeout::TimeoutLayer::new(Duration::from_secs(5)));
+    /// assert_eq!(listener.layer_count(), 1);
+    /// ```
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<crate::layer::HandlerService> + Send + Sync + 'static,
+        L::Service: tower::Service<crate::layer::Attempt, Response = crate::layer::Verdicts>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as tower::Service<crate::layer::Attempt>>::Error: Into<crate::BoxError>,
+        <L::Service as tower::Service<crate::layer::Attempt>>::Future: Send + 'static,
+    {
+        self.layers.push(crate::layer::wrap(layer));
+        self.service = None;
+        self
+    }
+
+    /// How many layers wrap the handler ([`Self::layer`]).
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
     }
 
     /// Batch listeners: the most messages one call of the handler receives (default 64;

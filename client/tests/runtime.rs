@@ -997,3 +997,95 @@ fn flat_field_names(raw: redis::Value) -> Option<Vec<String>> {
             .collect(),
     )
 }
+
+/// A listener's layers see every attempt against a real Redis and coordinator: a timeout
+/// layer fails a slow first attempt (then retried), a counting layer of the app's own sees
+/// each attempt with its shard and number, and every entry ends handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_wrap_every_attempt_of_the_handler() {
+    use rsc_client::layer::{Attempt, HandlerService};
+    let stack = Stack::start();
+    stack.create_group("layered", 2, 3000, 200).await;
+    let attempts: Arc<Mutex<Vec<(String, u32, u32)>>> = Arc::default();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let counted = attempts.clone();
+    let listener = Listener::new("g", "layered", move |msg: Message<Raw>| {
+        let record = record.clone();
+        async move {
+            if msg.attempt() == 1 && msg.payload().0.starts_with(b"slow") {
+                // Longer than the timeout layer allows.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            let text = String::from_utf8_lossy(&msg.payload().0).into_owned();
+            record.lock().unwrap().push((
+                text,
+                msg.attempt(),
+                msg.delivery_count(),
+                Instant::now(),
+            ));
+            Ok::<(), HandlerError>(())
+        }
+    })
+    .retry_backoff(Duration::from_millis(20), Duration::from_millis(50))
+    .layer(tower::timeout::TimeoutLayer::new(Duration::from_millis(
+        300,
+    )))
+    .layer(tower::layer::layer_fn(move |inner: HandlerService| {
+        let counted = counted.clone();
+        tower::service_fn(move |a: Attempt| {
+            let (inner, counted) = (inner.clone(), counted.clone());
+            async move {
+                let id = a.ids().next().unwrap_or_default().to_owned();
+                counted.lock().unwrap().push((id, a.shard(), a.attempt()));
+                tower::ServiceExt::oneshot(inner, a).await
+            }
+        })
+    }));
+    let app = ConsumerApp::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .instance_id("layers")
+        .listener(listener)
+        .build()
+        .unwrap();
+    let (handle, join) = spawn_app(app);
+    let producer = stack.producer();
+    for i in 0..10 {
+        let body = if i == 3 {
+            "slow".to_owned()
+        } else {
+            format!("m{i}")
+        };
+        producer
+            .publish_record(
+                "layered",
+                rsc_client::producer::Record::raw(body.into_bytes()).key(format!("k{i}")),
+            )
+            .await
+            .unwrap();
+    }
+    let handled = eventually("every entry handled", Duration::from_secs(30), || {
+        let s = seen_ops(&seen);
+        (s.len() >= 10).then_some(s)
+    })
+    .await;
+    let mut sorted = handled.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 10, "handled once each: {handled:?}");
+    let attempts = attempts.lock().unwrap().clone();
+    assert_eq!(
+        attempts.len(),
+        11,
+        "10 first attempts and one retry: {attempts:?}"
+    );
+    assert_eq!(
+        attempts.iter().filter(|(_, _, n)| *n == 2).count(),
+        1,
+        "the slow entry's first attempt timed out and was retried: {attempts:?}"
+    );
+    assert!(attempts.iter().all(|(_, shard, _)| *shard < 2));
+    handle.shutdown();
+    join.await.unwrap().unwrap();
+}

@@ -1,66 +1,13 @@
-//! Batch listeners: one attempt of the batch handler on a call's entries (their verdicts,
-//! one per message), and the linger for a fuller batch.
+//! Batch listeners: the linger for a fuller batch (a batch's attempt is in
+//! [`crate::layer`]).
 
 use super::ShardWorker;
 use super::conn::WorkerConn;
 use crate::consumer::reply::OrderedRead;
-use crate::handler::HandlerError;
-use crate::listener::ErasedBatch;
-use crate::message::{Entry, Origin};
-use futures::FutureExt;
+use crate::message::Entry;
 use redis::RedisError;
-use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tracing::{Instrument, debug, info_span, warn};
-
-/// Calls the batch handler once on `pending` (entry, attempt): each message's verdict, in
-/// order (`None`: handled). A payload that does not decode fails its message before the call;
-/// a panic or an error for the whole batch fails every message not failed yet.
-pub(super) async fn call_batch(
-    handler: &Arc<dyn ErasedBatch>,
-    pending: &[(Arc<Entry>, u32)],
-    origin: &Arc<Origin>,
-) -> Vec<Option<HandlerError>> {
-    let span = info_span!(
-        "batch",
-        entries = pending.len(),
-        first_id = %pending[0].0.id,
-        attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
-    );
-    crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
-    let (decode_failed, call) = handler.call(pending, origin);
-    let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
-    for (i, e) in decode_failed {
-        verdicts[i] = Some(e);
-    }
-    let Some(call) = call else {
-        return verdicts;
-    };
-    let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
-    let all = match result {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => {
-            for (id, err) in e.each {
-                match pending.iter().position(|(entry, _)| entry.id == id) {
-                    Some(i) if verdicts[i].is_none() => verdicts[i] = Some(err),
-                    Some(_) => {}
-                    None => {
-                        warn!(entry_id = %id, "the batch handler failed an entry that is not in the batch")
-                    }
-                }
-            }
-            e.all
-        }
-        Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
-    };
-    if let Some(all) = all {
-        for v in verdicts.iter_mut().filter(|v| v.is_none()) {
-            *v = Some(all.duplicate());
-        }
-    }
-    verdicts
-}
+use tracing::debug;
 
 impl ShardWorker {
     /// A batch listener with a `linger`: after a read of new entries that returned fewer

@@ -6,17 +6,14 @@ use super::dispatch::{Call, CallId, Verdict};
 use crate::consumer::MemberShared;
 use crate::consumer::backoff::{Backoff, retry_delay};
 use crate::handler::{FailureAction, HandlerError};
-use crate::listener::HandlerKind;
 use crate::message::{Entry, Origin};
-use futures::FutureExt;
 use futures::future::BoxFuture;
 use redis::RedisError;
 use rsc_protocol::entry as fields;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{debug, warn};
 
 /// What a call returns to the driver: its name and a verdict per settled entry (an entry
 /// without one was abandoned).
@@ -72,25 +69,20 @@ impl Runner {
         }
     }
 
-    /// One attempt of the handler on `pending`: a verdict per entry, in order (`None`:
-    /// handled). A panic is a failed attempt.
+    /// One attempt on `pending` through the listener's stack (its layers around the
+    /// handler, [`crate::layer`]): a verdict per entry, in order (`None`: handled).
     async fn attempt(&self, pending: &[(Arc<Entry>, u32)]) -> Vec<Option<HandlerError>> {
         let started = tokio::time::Instant::now();
-        let verdicts = match &self.shared.listener.handler {
-            HandlerKind::Single(h) => {
-                let (entry, attempt) = &pending[0];
-                let span = info_span!("message", entry_id = %entry.id, attempt);
-                crate::otel::continue_trace(&span, entry);
-                let call = h.call(entry.clone(), self.origin.clone(), *attempt);
-                let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
-                vec![match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e),
-                    Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
-                }]
-            }
-            HandlerKind::Batch(h) => super::batch::call_batch(h, pending, &self.origin).await,
+        let listener = &self.shared.listener;
+        let service = listener
+            .service
+            .clone()
+            .unwrap_or_else(|| crate::layer::stack(&listener.handler, &listener.layers));
+        let attempt = crate::layer::Attempt {
+            entries: pending.to_vec(),
+            origin: self.origin.clone(),
         };
+        let verdicts = crate::layer::run(service, attempt).await;
         self.shared
             .metrics
             .duration
