@@ -66,10 +66,17 @@ fn shard_keys(con: &mut redis::Connection) -> usize {
     found.into_iter().filter(|&n| n == 1).count()
 }
 
-/// The pod with its group stable over every shard and every shard worker started.
-async fn pod_owning_every_shard(shared_reader: bool) -> (Stack, Consumer) {
-    let stack = Stack::start();
+/// The pod with its group stable over every shard and every shard worker started. `strict`:
+/// the coordinator knows the data Redis and the group fences strictly (guarded reads).
+async fn pod_owning_every_shard(shared_reader: bool, strict: bool) -> (Stack, Consumer) {
+    let stack = if strict {
+        Stack::start_with_data_redis()
+    } else {
+        Stack::start()
+    };
     stack.create_group(GROUP, STREAM, SHARDS, 6000, 500).await;
+    let fencing = if strict { "strict" } else { "lease" };
+    assert_eq!(stack.group(GROUP).await["fencing"], fencing);
     let flag = if shared_reader { "true" } else { "false" };
     let pod = Consumer::start_env(
         &stack,
@@ -94,7 +101,7 @@ async fn a_pod_owning_1024_shards_holds_a_handful_of_connections_and_idles_for_f
 
     // The baseline, in the same run: a connection and a blocked read per shard.
     let (baseline_conns, baseline_rate) = {
-        let (stack, _pod) = pod_owning_every_shard(false).await;
+        let (stack, _pod) = pod_owning_every_shard(false, false).await;
         let mut con = stack.redis();
         let conns = eventually("a connection per shard", 60, || {
             let n = connections(&mut con);
@@ -108,7 +115,7 @@ async fn a_pod_owning_1024_shards_holds_a_handful_of_connections_and_idles_for_f
         "the per-shard baseline re-sends a blocked read per shard every 2 s: {baseline_rate}/s"
     );
 
-    let (stack, pod) = pod_owning_every_shard(true).await;
+    let (stack, pod) = pod_owning_every_shard(true, false).await;
     let mut con = stack.redis();
     let conns = connections(&mut con);
     assert!(
@@ -157,5 +164,40 @@ async fn a_pod_owning_1024_shards_holds_a_handful_of_connections_and_idles_for_f
     assert!(
         connections(&mut con) <= 4,
         "the connections stay bounded under load"
+    );
+}
+
+/// Strict fencing: every read of every shard is a `WATCH`ed transaction, yet the pod's
+/// connections stay bounded (the app's guard connections, shared by its shards), and entries
+/// are handled. The coordinator also connects to the data Redis here: the pod's connections
+/// are what disappears when it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strictly_fenced_pod_owning_1024_shards_holds_a_handful_of_connections() {
+    let _serial = SERIAL.lock().await;
+    let (stack, mut pod) = pod_owning_every_shard(true, true).await;
+    let producer = spawn_producer(&stack, STREAM, 2_000, 500, Some(2_000));
+    finish_producer(producer, 2_000);
+    eventually_async("every entry handled", 60, || async {
+        let n = pod
+            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
+            .await?;
+        (n >= 2_000.0).then_some(n)
+    })
+    .await;
+    let mut con = stack.redis();
+    let with_pod = connections(&mut con);
+    pod.kill9();
+    let without = eventually("the pod's connections to close", 30, || {
+        let n = connections(&mut con);
+        (n < with_pod).then_some(n)
+    })
+    .await;
+    let pods = with_pod - without;
+    eprintln!(
+        "D1 strict at {SHARDS} shards: {pods} connections of the pod ({without} of the coordinator)"
+    );
+    assert!(
+        pods <= 4,
+        "a strictly fenced pod owning {SHARDS} shards holds {pods} connections to the data Redis"
     );
 }

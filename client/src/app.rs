@@ -338,6 +338,7 @@ impl ConsumerApp {
             .shared_reader
             .then(|| crate::consumer::doorbell::Doorbell::start(redis))
             .flatten();
+        let guards = Arc::new(crate::consumer::fence::GuardConns::new(redis.clone()));
         let member_count: u64 = self
             .listeners
             .iter()
@@ -364,6 +365,7 @@ impl ConsumerApp {
                     listener: l.clone(),
                     redis: redis.clone(),
                     doorbell: doorbell.clone(),
+                    guards: guards.clone(),
                     ack_conn: ack_conn.clone(),
                     paused: paused.clone(),
                     pause: pause.clone(),

@@ -4,13 +4,19 @@
 //! moved on (paused past its session, cut off from the coordinator) is refused by Redis
 //! itself: its read returns no entry, its `XACK` does not land.
 //!
-//! - **Reads** are a `WATCH`ed transaction on the worker's own connection ([`Guard`]):
-//!   `WATCH owner` + `GET owner` once, then per batch one round trip of
-//!   `MULTI, XACK <previous batch>, XREADGROUP, XREVRANGE + - COUNT 1, EXEC, WATCH owner,
-//!   GET owner`. The transaction runs only if the owner key was not written since the `GET`
-//!   that showed our token; the trailing `WATCH` + `GET` arm the next one. Unlike a Lua
-//!   script, Redis does not copy the entries into and out of a Lua interpreter, so a guarded
-//!   read costs Redis about what a plain `XREADGROUP` does.
+//! - **Reads** are a `WATCH`ed transaction ([`Guard`]): `UNWATCH` + `WATCH owner` +
+//!   `GET owner` to arm it, then per batch one round trip of `MULTI, XACK <previous batch>,
+//!   XREADGROUP, XREVRANGE + - COUNT 1, EXEC, WATCH owner, GET owner`. The transaction runs
+//!   only if the owner key was not written since the `GET` that showed our token; the
+//!   trailing `WATCH` + `GET` arm the next one. Unlike a Lua script, Redis does not copy the
+//!   entries into and out of a Lua interpreter, so a guarded read costs Redis about what a
+//!   plain `XREADGROUP` does.
+//! - **Where**: a `WATCH` is connection state, so a guarded read holds a connection for its
+//!   round trip: one of the app's few guard connections ([`GuardConns`], shared by every
+//!   strictly fenced shard of the process), or, on a Redis Cluster, the worker's own. Each
+//!   connection records which guard armed it last ([`ArmedBy`]); a guard whose `WATCH` is not
+//!   the last one armed there (another shard's read came in between, or the connection was
+//!   replaced) arms again before its transaction, so a transaction never runs unwatched.
 //! - **Takeovers and acknowledgements** outside a read are short Lua scripts (`EVALSHA`,
 //!   loaded on `NOSCRIPT` by [`redis::Script`]).
 //!
@@ -24,6 +30,7 @@ use redis::aio::ConnectionLike;
 use redis::streams::StreamRangeReply;
 use redis::{RedisError, Script, Value};
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/ack.lua")));
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/claim.lua")));
@@ -76,29 +83,56 @@ fn server_error(v: &Value) -> Option<RedisError> {
     }
 }
 
+/// Which [`Guard`] armed the connection's `WATCH` last (`None`: none known, e.g. a new
+/// connection or a round trip that did not complete). Kept beside the connection.
+pub(crate) type ArmedBy = Option<u64>;
+
+/// Names each [`Guard`] for [`ArmedBy`].
+static GUARD_IDS: AtomicU64 = AtomicU64::new(1);
+
 /// The guarded read of one shard worker: remembers on which connection a `WATCH` of the
 /// owner key is armed with our token seen.
 pub(crate) struct Guard {
     key: String,
+    /// Unique in the process (see [`ArmedBy`]).
+    id: u64,
     /// The [`NodeConn::generation`] whose `WATCH` saw our token last.
     armed: Option<u64>,
+    /// The guard connection it used last ([`GuardConns`]), taken again when free.
+    pub(crate) slot: Option<usize>,
 }
 
 impl Guard {
     pub(crate) fn new(origin: &Origin) -> Self {
         Guard {
             key: owner_key(origin),
+            id: GUARD_IDS.fetch_add(1, Ordering::Relaxed),
             armed: None,
+            slot: None,
         }
     }
 
-    /// `WATCH owner` + `GET owner`; `true` when the token is ours (the watch is then armed).
-    async fn arm(&mut self, conn: &mut NodeConn, token: &str) -> Result<bool, RedisError> {
+    /// Whether our `WATCH` is the one armed on `conn`, with our token seen.
+    fn is_armed(&self, conn: &NodeConn, armed_by: ArmedBy) -> bool {
+        self.armed == Some(conn.generation()) && armed_by == Some(self.id)
+    }
+
+    /// `UNWATCH` (another guard's `WATCH` may be armed here) + `WATCH owner` + `GET owner`;
+    /// `true` when the token is ours (the watch is then armed).
+    async fn arm(
+        &mut self,
+        conn: &mut NodeConn,
+        armed_by: &mut ArmedBy,
+        token: &str,
+    ) -> Result<bool, RedisError> {
         self.armed = None;
+        *armed_by = None;
         let mut pipe = redis::pipe();
+        pipe.cmd("UNWATCH").ignore();
         pipe.cmd("WATCH").arg(&self.key).ignore();
         pipe.cmd("GET").arg(&self.key);
         let (current,): (Option<String>,) = pipe.query_async(conn).await?;
+        *armed_by = Some(self.id);
         let ours = current.as_deref() == Some(token);
         if ours {
             self.armed = Some(conn.generation());
@@ -107,10 +141,13 @@ impl Guard {
     }
 
     /// Acknowledges `acks`, then reads up to `count` entries after `from` (`>`: new ones;
-    /// an id: this member's own pending ones), if `token` is the shard's.
+    /// an id: this member's own pending ones), if `token` is the shard's. `armed_by` is the
+    /// connection's (see [`ArmedBy`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn read(
         &mut self,
         conn: &mut NodeConn,
+        armed_by: &mut ArmedBy,
         origin: &Origin,
         token: &str,
         acks: &[String],
@@ -118,24 +155,22 @@ impl Guard {
         count: usize,
     ) -> Result<Read, RedisError> {
         for _ in 0..WATCH_RETRIES {
-            let generation = match self.armed {
-                Some(g) if g == conn.generation() => g,
-                _ => {
-                    if !self.arm(conn, token).await? {
-                        refused("read", origin);
-                        return Ok(Read::Fenced);
-                    }
-                    conn.generation()
-                }
-            };
+            if !self.is_armed(conn, *armed_by) && !self.arm(conn, armed_by, token).await? {
+                refused("read", origin);
+                return Ok(Read::Fenced);
+            }
+            let generation = conn.generation();
             let pipe = self.transaction(origin, acks, from, count);
             self.armed = None;
+            *armed_by = None;
             let Some(values) = conn.pipeline_on(generation, &pipe).await? else {
                 continue; // the connection of the WATCH is gone: arm a new one
             };
             if values.len() != pipe.len() {
                 return Err(unexpected("reply count"));
             }
+            // The trailing `WATCH owner` is the connection's last one now.
+            *armed_by = Some(self.id);
             match self.answer(values, generation, token, !acks.is_empty())? {
                 Some(read) => return Ok(read),
                 // The owner key was written since it was checked: check it again.
@@ -207,6 +242,91 @@ impl Guard {
             Value::Array(items) => exec_read(items, acked).map(Some),
             other => Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
         }
+    }
+}
+
+/// The app's guard connections: a guarded read takes one for its round trip (the one it used
+/// last when free, so that its `WATCH` stays armed), at most [`GuardConns::SIZE`] for the
+/// whole process, whatever its number of strictly fenced shards. Made when first used.
+pub(crate) struct GuardConns {
+    redis: rsc_redis::LazyRedis,
+    slots: Vec<std::sync::Arc<tokio::sync::Mutex<GuardSlot>>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// One guard connection and who armed it last.
+#[derive(Default)]
+pub(crate) struct GuardSlot {
+    conn: Option<NodeConn>,
+    armed_by: ArmedBy,
+}
+
+/// A guard connection taken for one read (given back when dropped).
+pub(crate) struct TakenGuardConn {
+    slot: tokio::sync::OwnedMutexGuard<GuardSlot>,
+    /// The slot's index.
+    pub(crate) index: usize,
+}
+
+impl GuardConns {
+    /// Connections per process (with the shared one and the doorbell's subscriber: 4).
+    pub(crate) const SIZE: usize = 2;
+
+    pub(crate) fn new(redis: rsc_redis::LazyRedis) -> Self {
+        GuardConns {
+            redis,
+            slots: (0..Self::SIZE).map(|_| std::sync::Arc::default()).collect(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// A connection: `prefer` if it is free, else any free one, else the next in turn once
+    /// it is free.
+    pub(crate) async fn take(&self, prefer: Option<usize>) -> TakenGuardConn {
+        let order = prefer
+            .into_iter()
+            .chain(0..self.slots.len())
+            .filter(|i| *i < self.slots.len());
+        for i in order {
+            if let Ok(slot) = self.slots[i].clone().try_lock_owned() {
+                return TakenGuardConn { slot, index: i };
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        TakenGuardConn {
+            slot: self.slots[i].clone().lock_owned().await,
+            index: i,
+        }
+    }
+
+    /// A guarded read on a guard connection. The connection and its [`ArmedBy`] are taken out
+    /// of the slot for the round trip and put back only when it completes: a read cancelled
+    /// midway (the worker stopped) leaves no connection in an unknown state behind.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn read(
+        &self,
+        guard: &mut Guard,
+        origin: &Origin,
+        token: &str,
+        acks: &[String],
+        from: &str,
+        count: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Read, RedisError> {
+        let mut taken = self.take(guard.slot).await;
+        guard.slot = Some(taken.index);
+        let slot = &mut *taken.slot;
+        let mut conn = slot
+            .conn
+            .take()
+            .unwrap_or_else(|| self.redis.dedicated(timeout));
+        let mut armed_by = slot.armed_by.take();
+        let r = guard
+            .read(&mut conn, &mut armed_by, origin, token, acks, from, count)
+            .await;
+        slot.conn = Some(conn);
+        slot.armed_by = armed_by;
+        r
     }
 }
 

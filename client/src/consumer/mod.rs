@@ -53,6 +53,8 @@ pub(crate) struct MemberShared {
     /// The shared connection: manual acknowledgements, dead letters, drain checks (never
     /// blocked by a read).
     pub(crate) ack_conn: LazyRedis,
+    /// The app's guard connections for strict fencing's guarded reads (see [`fence`]).
+    pub(crate) guards: std::sync::Arc<fence::GuardConns>,
     /// `true` while the listener is paused (by the app's handle or by the group's operator
     /// pause): the effective value of `pause`.
     pub(crate) paused: watch::Receiver<bool>,
@@ -155,6 +157,7 @@ impl MemberShared {
             listener,
             redis: redis.clone(),
             doorbell: None,
+            guards: std::sync::Arc::new(fence::GuardConns::new(redis.clone())),
             ack_conn: redis,
             paused: pause.subscribe(),
             pause,

@@ -208,13 +208,16 @@ impl ShardWorker {
         let mut conn = if self.bell.is_some() {
             conn::WorkerConn::Shared {
                 shared: self.shared.ack_conn.clone(),
-                node: None,
+                guards: self.shared.guards.clone(),
             }
         } else {
             // A blocked XREADGROUP would stall any command queued behind it: its own
             // connection, whose response timeout exceeds BLOCK.
             let block = self.shared.listener.settings.block;
-            conn::WorkerConn::Dedicated(self.shared.redis.dedicated(block + Duration::from_secs(5)))
+            conn::WorkerConn::Dedicated {
+                node: self.shared.redis.dedicated(block + Duration::from_secs(5)),
+                armed_by: None,
+            }
         };
         info!(
             shared_connection = !conn.may_block(),

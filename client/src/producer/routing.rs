@@ -399,7 +399,8 @@ mod tests {
         assert_eq!(first.routing_epoch, 1);
         let started = Instant::now();
         let mut calls = 0;
-        while started.elapsed() < Duration::from_millis(300) {
+        // At least 300 ms and 100 calls (a loaded machine sleeps longer than 1 ms).
+        while started.elapsed() < Duration::from_millis(300) || calls < 100 {
             assert_eq!(
                 cache.get("s").await.unwrap().routing_epoch,
                 1,
@@ -411,8 +412,8 @@ mod tests {
         // Without the backoff every call past the 1 ms refresh interval would send one: here
         // 50 + 100 + 200 ms of gaps (and the background task's ticks, which share them).
         let attempts = cache.attempts();
-        assert!(calls > 100, "{calls} calls");
-        assert!(attempts <= 12, "{attempts} refresh requests in 300 ms");
+        let took = started.elapsed();
+        assert!(attempts <= 12, "{attempts} refresh requests in {took:?}");
     }
 
     #[tokio::test]

@@ -4,7 +4,7 @@
 //! wait for new entries (the doorbell, or a blocked read on a cluster), the drained check and
 //! the lag gauge. The calls in flight run on beside every read and wait.
 
-use super::conn::WorkerConn;
+use super::conn::{GUARD_TIMEOUT, WorkerConn};
 use super::cursor::Next;
 use super::{ShardWorker, entry_from};
 use crate::consumer::backoff::Backoff;
@@ -280,27 +280,28 @@ impl ShardWorker {
         plan: &Plan,
     ) -> Result<Found, RedisError> {
         if let Some((guard, token)) = guarded {
-            return Ok(
-                match guard
-                    .read(
-                        conn.node(),
-                        &self.origin,
-                        token,
-                        acks,
-                        &plan.from,
-                        plan.count,
-                    )
-                    .await?
-                {
-                    fence::Read::Fenced => Found::Fenced,
-                    fence::Read::Entries(ids) => Found::Entries(
-                        ids.into_iter()
-                            .map(|s| entry_from(s.id, s.map, 1))
-                            .collect(),
-                    ),
-                    fence::Read::Idle(last) => Found::Idle(Some(last)),
-                },
-            );
+            let (from, count) = (plan.from.as_str(), plan.count);
+            let read = match conn {
+                WorkerConn::Dedicated { node, armed_by } => {
+                    guard
+                        .read(node, armed_by, &self.origin, token, acks, from, count)
+                        .await?
+                }
+                WorkerConn::Shared { guards, .. } => {
+                    guards
+                        .read(guard, &self.origin, token, acks, from, count, GUARD_TIMEOUT)
+                        .await?
+                }
+            };
+            return Ok(match read {
+                fence::Read::Fenced => Found::Fenced,
+                fence::Read::Entries(ids) => Found::Entries(
+                    ids.into_iter()
+                        .map(|s| entry_from(s.id, s.map, 1))
+                        .collect(),
+                ),
+                fence::Read::Idle(last) => Found::Idle(Some(last)),
+            });
         }
         self.lease_read(conn, acks, plan).await
     }
