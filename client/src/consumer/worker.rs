@@ -215,7 +215,7 @@ impl ShardWorker {
             // connection, whose response timeout exceeds BLOCK.
             let block = self.shared.listener.settings.block;
             conn::WorkerConn::Dedicated {
-                node: self.shared.redis.dedicated(block + Duration::from_secs(5)),
+                node: Box::new(self.shared.redis.dedicated(block + Duration::from_secs(5))),
                 armed_by: None,
             }
         };

@@ -26,8 +26,8 @@ pub(crate) enum WorkerConn {
     /// the node that serves the shard's slot, on which it waits in a blocked read
     /// (`response_timeout` above the `BLOCK`), and reads guarded under strict fencing.
     Dedicated {
-        /// The connection.
-        node: NodeConn,
+        /// The connection (boxed: the shared variant is two pointers).
+        node: Box<NodeConn>,
         /// Which guard armed its `WATCH` last.
         armed_by: ArmedBy,
     },
