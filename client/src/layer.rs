@@ -155,17 +155,23 @@ impl Verdicts {
 fn handler_service(kind: HandlerKind) -> HandlerService {
     BoxCloneSyncService::new(tower::service_fn(move |a: Attempt| {
         let kind = kind.clone();
-        async move { Ok::<_, BoxError>(Verdicts(call(&kind, &a).await)) }
+        async move { Ok::<_, BoxError>(Verdicts(call(&kind, &a.entries, &a.origin).await)) }
     }))
 }
 
-async fn call(kind: &HandlerKind, a: &Attempt) -> Vec<Option<HandlerError>> {
+/// One attempt of the handler itself (the innermost service; also the whole stack of a
+/// listener without layers).
+pub(crate) async fn call(
+    kind: &HandlerKind,
+    entries: &[(Arc<Entry>, u32)],
+    origin: &Arc<Origin>,
+) -> Vec<Option<HandlerError>> {
     match kind {
         HandlerKind::Single(h) => {
-            let (entry, attempt) = &a.entries[0];
+            let (entry, attempt) = &entries[0];
             let span = info_span!("message", entry_id = %entry.id, attempt);
             crate::otel::continue_trace(&span, entry);
-            let call = h.call(entry.clone(), a.origin.clone(), *attempt);
+            let call = h.call(entry.clone(), origin.clone(), *attempt);
             let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
             vec![match result {
                 Ok(Ok(())) => None,
@@ -173,7 +179,7 @@ async fn call(kind: &HandlerKind, a: &Attempt) -> Vec<Option<HandlerError>> {
                 Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
             }]
         }
-        HandlerKind::Batch(h) => call_batch(h, &a.entries, &a.origin).await,
+        HandlerKind::Batch(h) => call_batch(h, entries, origin).await,
     }
 }
 

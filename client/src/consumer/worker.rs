@@ -263,13 +263,18 @@ impl ShardWorker {
     }
 }
 
-/// The dispatch's shape for a listener: `key_concurrency` lanes, one entry per call (a batch
-/// listener: `max_batch`), room for a few reads.
+/// The dispatch's shape for a listener: `key_concurrency` lanes, the entries of a call (a
+/// batch listener: `max_batch`), room for a few reads.
 fn dispatch_shape(listener: &crate::listener::Listener) -> dispatch::Shape {
     let settings = &listener.settings;
     let lanes = settings.key_concurrency.max(1);
+    // One lane: a call takes the queue's front, up to a read's worth (a single-message
+    // listener's call handles them one after the other; one call per read, as cheap as a
+    // loop). More lanes: one entry per call of a single-message listener.
     let batch = if listener.is_batch() {
         settings.max_batch
+    } else if lanes == 1 {
+        settings.batch_size
     } else {
         1
     };

@@ -35,30 +35,75 @@ pub(super) struct Runner {
 impl Runner {
     /// Runs `call` until each of its entries is settled (handled or dead-lettered) or the
     /// worker stops (the rest is abandoned: it stays pending).
+    ///
+    /// A single-message listener's call may hold several entries (one lane: the queue's
+    /// front): they are handled one after the other, in order, each a batch of one with its
+    /// own retries; between two, the call waits while the listener is paused and ends when
+    /// the lease ran out (the rest stays pending, as the worker stops).
     pub(super) fn run(self, call: Call<Arc<Entry>>) -> BoxFuture<'static, Done> {
         Box::pin(async move {
             let mut verdicts = Vec::with_capacity(call.entries.len());
-            let mut pending: Attempts = call.entries.into_iter().map(|e| (e, 1)).collect();
-            loop {
-                let results = self.attempt(&pending).await;
-                let Some((retry, delay)) = self.settle(pending, results, &mut verdicts).await
-                else {
-                    return (call.id, verdicts);
-                };
-                if retry.is_empty() {
-                    return (call.id, verdicts);
-                }
-                let parked = retry.len() as f64;
-                self.shared.metrics.retried.increment(retry.len() as u64);
-                self.parked.increment(parked);
-                let go_on = self.pause_for(delay).await;
-                self.parked.decrement(parked);
-                if !go_on {
-                    return (call.id, verdicts);
-                }
-                pending = retry;
+            if self.shared.listener.is_batch() {
+                let pending = call.entries.into_iter().map(|e| (e, 1)).collect();
+                self.settle_all(pending, &mut verdicts).await;
+                return (call.id, verdicts);
             }
+            for (i, entry) in call.entries.into_iter().enumerate() {
+                if i > 0 && !self.ready_for_next().await {
+                    break;
+                }
+                if !self.settle_all(vec![(entry, 1)], &mut verdicts).await {
+                    break;
+                }
+            }
+            (call.id, verdicts)
         })
+    }
+
+    /// Attempts `pending` until each is settled into `verdicts` (handled or dead-lettered),
+    /// waiting the backoff between attempts; `false` when stopped first (the rest is
+    /// abandoned).
+    async fn settle_all(
+        &self,
+        mut pending: Attempts,
+        verdicts: &mut Vec<(String, Verdict)>,
+    ) -> bool {
+        loop {
+            let results = self.attempt(&pending).await;
+            let Some((retry, delay)) = self.settle(pending, results, verdicts).await else {
+                return false;
+            };
+            if retry.is_empty() {
+                return true;
+            }
+            let parked = retry.len() as f64;
+            self.shared.metrics.retried.increment(retry.len() as u64);
+            self.parked.increment(parked);
+            let go_on = self.pause_for(delay).await;
+            self.parked.decrement(parked);
+            if !go_on {
+                return false;
+            }
+            pending = retry;
+        }
+    }
+
+    /// Between two entries of one call: waits while the listener is paused; `false` when
+    /// stopped or past the lease.
+    async fn ready_for_next(&self) -> bool {
+        let mut paused = self.shared.paused.clone();
+        loop {
+            if self.stop.is_cancelled() || self.shared.lease_expired() {
+                return false;
+            }
+            if !*paused.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                changed = paused.changed() => if changed.is_err() { return false },
+                _ = self.stop.cancelled() => return false,
+            }
+        }
     }
 
     /// Sleeps unless stopped first; `false` when stopped.
@@ -74,15 +119,20 @@ impl Runner {
     async fn attempt(&self, pending: &[(Arc<Entry>, u32)]) -> Vec<Option<HandlerError>> {
         let started = tokio::time::Instant::now();
         let listener = &self.shared.listener;
-        let service = listener
-            .service
-            .clone()
-            .unwrap_or_else(|| crate::layer::stack(&listener.handler, &listener.layers));
-        let attempt = crate::layer::Attempt {
-            entries: pending.to_vec(),
-            origin: self.origin.clone(),
+        let verdicts = if listener.layers.is_empty() {
+            // No layers: the handler itself is the stack.
+            crate::layer::call(&listener.handler, pending, &self.origin).await
+        } else {
+            let service = listener
+                .service
+                .clone()
+                .unwrap_or_else(|| crate::layer::stack(&listener.handler, &listener.layers));
+            let attempt = crate::layer::Attempt {
+                entries: pending.to_vec(),
+                origin: self.origin.clone(),
+            };
+            crate::layer::run(service, attempt).await
         };
-        let verdicts = crate::layer::run(service, attempt).await;
         self.shared
             .metrics
             .duration

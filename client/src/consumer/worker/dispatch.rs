@@ -208,7 +208,7 @@ impl<E: Keyed> Dispatch<E> {
         let Some(held) = self.calls.remove(&call) else {
             return;
         };
-        for (id, key) in held {
+        for (i, (id, key)) in held.into_iter().enumerate() {
             if let Some(k) = key
                 && let Some(n) = self.busy.get_mut(&k)
             {
@@ -217,10 +217,14 @@ impl<E: Keyed> Dispatch<E> {
                     self.busy.remove(&k);
                 }
             }
-            let verdict = verdicts
-                .iter()
-                .find(|(v, _)| *v == id)
-                .map_or(Verdict::Abandoned, |(_, v)| *v);
+            // Calls answer in the order of their entries, mostly: look there first.
+            let verdict = match verdicts.get(i) {
+                Some((v, verdict)) if *v == id => *verdict,
+                _ => verdicts
+                    .iter()
+                    .find(|(v, _)| *v == id)
+                    .map_or(Verdict::Abandoned, |(_, v)| *v),
+            };
             let ack = match verdict {
                 Verdict::Handled => self.shape.auto_ack,
                 Verdict::DeadLettered => true,
@@ -250,6 +254,11 @@ impl<E: Keyed> Dispatch<E> {
     pub(crate) fn unsent(&mut self, mut ids: Vec<String>) {
         ids.append(&mut self.acks);
         self.acks = ids;
+    }
+
+    /// How many acknowledgements are waiting to be sent.
+    pub(crate) fn acks_waiting(&self) -> usize {
+        self.acks.len()
     }
 
     /// Whether acknowledgements are waiting to be sent.

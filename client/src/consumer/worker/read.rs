@@ -23,6 +23,10 @@ use tracing::{debug, info, warn};
 /// shard's lag is 0 and costs no command).
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
+/// How long handled entries' acknowledgements wait for the next read (or the next call's end)
+/// while the worker waits on calls in flight, before they are sent on their own.
+const ACK_LINGER: Duration = Duration::from_millis(10);
+
 /// What one read of the shard found.
 enum Found {
     /// Strict fencing: Redis refused the owner token (the shard moved on).
@@ -100,9 +104,8 @@ impl ShardWorker {
             }
             let paused = *self.shared.paused.borrow();
             if paused || self.hold_is_full() || !self.dispatch.wants_read() {
-                self.flush_acks(conn).await;
                 let poll = self.holds_entries().then_some(super::hold::HOLD_POLL);
-                self.wait_calls(paused, poll).await;
+                self.wait_calls_acking(conn, paused, poll).await;
                 continue;
             }
             if let Some(after) = self.waiting_after.clone() {
@@ -222,32 +225,58 @@ impl ShardWorker {
                 self.finish(conn).await;
                 return false;
             }
-            self.flush_acks(conn).await;
             if self.dispatch.is_idle() {
+                self.flush_acks(conn).await;
                 return true;
             }
             let paused = *self.shared.paused.borrow();
             let poll = self.holds_entries().then_some(super::hold::HOLD_POLL);
-            self.wait_calls(paused, poll).await;
+            self.wait_calls_acking(conn, paused, poll).await;
         }
     }
 
-    /// Waits for a call to end, the stop, a change of the pause from `paused`, or `poll`.
-    async fn wait_calls(&mut self, paused: bool, poll: Option<Duration>) {
+    /// [`Self::wait_calls`], sending the acknowledgements waiting first when no call ends
+    /// within [`ACK_LINGER`] (or at once while paused, or once a read's worth is waiting):
+    /// while calls end quickly the acknowledgements ride with the next read, one `XACK` for
+    /// many entries; a handled entry never stays pending for long behind a slow call.
+    async fn wait_calls_acking(
+        &mut self,
+        conn: &mut WorkerConn,
+        paused: bool,
+        poll: Option<Duration>,
+    ) {
+        if self.dispatch.has_acks() {
+            let many = self.dispatch.acks_waiting() >= self.shared.listener.settings.batch_size;
+            if !paused && !many {
+                let linger = poll.map_or(ACK_LINGER, |p| p.min(ACK_LINGER));
+                if self.wait_calls(paused, Some(linger)).await {
+                    return;
+                }
+            }
+            self.flush_acks(conn).await;
+        }
+        self.wait_calls(paused, poll).await;
+    }
+
+    /// Waits for a call to end, the stop, a change of the pause from `paused`, or `poll`;
+    /// `false` when `poll` ran out first.
+    async fn wait_calls(&mut self, paused: bool, poll: Option<Duration>) -> bool {
         let mut pause = self.shared.paused.clone();
         if *pause.borrow_and_update() != paused {
-            return;
+            return true;
         }
         let stop = self.stop.clone();
-        self.calls
+        let woken = self
+            .calls
             .race(async {
                 tokio::select! {
-                    _ = pause.changed() => {}
-                    _ = stop.cancelled() => {}
-                    _ = sleep_or_never(poll) => {}
+                    _ = pause.changed() => true,
+                    _ = stop.cancelled() => true,
+                    _ = sleep_or_never(poll) => false,
                 }
             })
             .await;
+        woken.unwrap_or(true)
     }
 
     /// After a failed read: recreates a vanished consumer group; otherwise the reply
