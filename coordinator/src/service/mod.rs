@@ -36,7 +36,7 @@ pub use sweep::PurgedKeys;
 
 use crate::clock::Clock;
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
-use crate::fencing::{OwnerTokens, Sealer};
+use crate::fencing::{FencingError, OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
 use crate::store::{LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
@@ -87,6 +87,16 @@ pub enum ServiceError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The data Redis failed a fencing step (owner tokens, docs/FENCING.md; seals of ordered
+    /// resharding, PROTOCOL §15): its kind and cause kept as the source. Answered as the
+    /// store's unavailability (`503 STORE_UNAVAILABLE`): the request was not carried out.
+    #[error("{source}{after}")]
+    Fencing {
+        /// What failed.
+        source: FencingError,
+        /// What it means for the request, appended to the message (may be empty).
+        after: &'static str,
+    },
     /// No such group.
     #[error("group {0} does not exist")]
     GroupNotFound(String),
@@ -122,7 +132,7 @@ impl ServiceError {
         match self {
             ServiceError::Engine(e) => e.code(),
             ServiceError::Store(e) if e.is_conflict() => ErrorCode::StoreConflict,
-            ServiceError::Store(_) => ErrorCode::StoreUnavailable,
+            ServiceError::Store(_) | ServiceError::Fencing { .. } => ErrorCode::StoreUnavailable,
             ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
             ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
             ServiceError::GroupAlreadyExists(_) => ErrorCode::GroupAlreadyExists,
@@ -141,6 +151,12 @@ impl ServiceError {
 
     fn is_conflict(&self) -> bool {
         matches!(self, ServiceError::Store(e) if e.is_conflict())
+    }
+
+    /// A failure of the data Redis during a fencing step; `after` says what it means for
+    /// the request (appended to the message).
+    pub(crate) fn fencing(e: FencingError, after: &'static str) -> Self {
+        ServiceError::Fencing { source: e, after }
     }
 }
 
@@ -299,7 +315,7 @@ impl Coordinator {
         fencing
             .assert(&doc.group, &doc.stream, &response.owner_tokens)
             .await
-            .map_err(|e| ServiceError::Store(StoreError::unavailable(e.to_string())))?;
+            .map_err(|e| ServiceError::fencing(e, ""))?;
         Ok(())
     }
 
@@ -539,5 +555,51 @@ fn log_events(group: &str, events: &[GroupEvent]) {
                 info!(group, member = %m, ?shards, "revocation requested")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// A fencing failure is answered 503 and keeps what it was (its variant) and why.
+    #[test]
+    fn a_fencing_error_keeps_its_kind_and_source() {
+        let timeout = Duration::from_millis(250);
+        let e = ServiceError::fencing(
+            FencingError::Timeout {
+                doing: "writing owner tokens",
+                timeout,
+            },
+            " (the reshard was not made; retry it)",
+        );
+        assert_eq!(e.code(), ErrorCode::StoreUnavailable);
+        assert!(!e.is_conflict(), "not retried as a lost compare-and-set");
+        assert_eq!(
+            e.to_string(),
+            "the data Redis did not answer within 250ms while writing owner tokens \
+             (the reshard was not made; retry it)"
+        );
+        let source = e.source().expect("the fencing error");
+        assert!(matches!(
+            source.downcast_ref::<FencingError>(),
+            Some(FencingError::Timeout {
+                doing: "writing owner tokens",
+                ..
+            })
+        ));
+
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let e = ServiceError::fencing(
+            FencingError::Redis {
+                doing: "sealing",
+                source: refused,
+            },
+            "",
+        );
+        let cause = e.source().and_then(Error::source).expect("Redis's error");
+        assert!(cause.downcast_ref::<redis::RedisError>().is_some());
     }
 }
