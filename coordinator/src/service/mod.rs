@@ -1,10 +1,12 @@
 //! The coordinator service: store reads, engine decisions and store writes, in order.
 //!
 //! Every mutation runs as: take the document's lock, read it with its revision, let the
-//! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
-//! expired under a slow replica) reruns the whole cycle a bounded number of times and then
-//! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
-//! Locks are taken stream first, then one group.
+//! [`crate::engine`] decide, compare-and-set the result; for a group document that is one
+//! write cycle ([`write`]: lock → load → expire → engine → compare-and-set → deadline → wake),
+//! shared by operators' mutations, the sweep and the full heartbeat. A lost compare-and-set
+//! (the lock expired under a slow replica) reruns the whole cycle a bounded number of times
+//! and then answers [`ServiceError::Store`] with a conflict [`StoreError`]
+//! (`503 STORE_CONFLICT`). Locks are taken stream first, then one group.
 //!
 //! A steady-state heartbeat (nothing to change, PROTOCOL §5.1) skips all of that: the coordinator
 //! keeps the documents it last read or wrote, by revision, and answers from them when
@@ -23,6 +25,7 @@
 //!   layout fan-out to the groups of a stream;
 //! - `sweep`: the expiry sweep over the deadline index and the purge of retired shard keys;
 //! - `views`: the read-only views (describe, list, routing);
+//! - `write`: the write cycle of a group document;
 //! - `cache`: the documents this coordinator last read or wrote, for the steady path.
 
 mod admin;
@@ -30,15 +33,17 @@ mod cache;
 mod heartbeat;
 mod sweep;
 mod views;
+mod write;
 
 use cache::DocCache;
 pub use sweep::PurgedKeys;
+use write::Mutated;
 
 use crate::clock::Clock;
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
 use crate::fencing::{FencingError, OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
-use crate::store::{LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use crate::store::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
@@ -398,44 +403,19 @@ impl Coordinator {
     }
 
     /// [`Coordinator::mutate_group`], also telling the revision and next deadline of the
-    /// group document it left (written or not).
+    /// group document it left (written or not). One write cycle ([`write`]) per attempt.
     async fn mutate_group_at<F>(&self, group: &str, f: F) -> Result<Mutated>
     where
         F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
     {
         self.retrying(|| async {
-            let _lock = self.lock_group(group).await?;
-            let Versioned { revision, mut doc } = self.load_group(group).await?;
-            let stream = self.load_stream(&doc.stream).await?;
-            let now = self.now();
-            let before = doc.clone();
-            if doc.sync_layout(&stream.doc) {
-                crate::metrics::record_rebalance(group);
+            let mut w = self.open_write(group, None).await?;
+            match f(&mut w.doc, &w.stream.doc, w.now) {
+                Ok(events) => w.events.extend(events),
+                Err(e) => return self.refuse_write(w, e).await,
             }
-            let judged = self.expiry_now(now, doc.config.session_timeout_ms);
-            let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
-            events.extend(f(&mut doc, &stream.doc, now)?);
-            track_convergence(&mut doc, now);
-            let next_deadline_ms = doc.next_deadline_ms();
-            let mut at = revision;
-            if doc != before {
-                let change = LivenessChange {
-                    forget: departed(&events),
-                    expired,
-                    touch: None,
-                };
-                at = self.store.put_group_live(&doc, revision, &change).await?;
-                self.lower_deadline(&doc, at).await;
-                self.wake(group, Some(&before), Some(&doc), None);
-                self.cache.put_group(at, doc);
-            }
-            self.cache.put_stream(stream);
-            log_events(group, &events);
-            Ok(Mutated {
-                events,
-                revision: at,
-                next_deadline_ms,
-            })
+            self.commit_write(&mut w, None).await?;
+            Ok(self.close_write(w))
         })
         .await
     }
@@ -460,100 +440,11 @@ impl Coordinator {
     }
 }
 
-/// What [`Coordinator::mutate_group_at`] did and left.
-#[derive(Debug)]
-struct Mutated {
-    events: Vec<GroupEvent>,
-    /// The group document's revision afterwards.
-    revision: u64,
-    /// Its next deadline.
-    next_deadline_ms: Option<u64>,
-}
-
-/// Updates the document's convergence clock; observes the convergence time when the group
-/// just became stable. Returns whether the document changed.
-fn track_convergence(doc: &mut GroupDoc, now: u64) -> bool {
-    let before = doc.reconciling_since_ms;
-    if let Some(ms) = doc.track_convergence(now) {
-        crate::metrics::record_convergence(&doc.group, ms);
-        debug!(group = %doc.group, ms, "group converged");
-    }
-    doc.reconciling_since_ms != before
-}
-
-/// Runs the engine's expiry; returns its events and, for each member removed for silence,
-/// the liveness the decision was based on (the write fails if it changed since).
-fn expire(
-    doc: &mut GroupDoc,
-    stream: &StreamDoc,
-    now: u64,
-) -> (Vec<GroupEvent>, Vec<(String, u64)>) {
-    if doc.next_deadline_ms().is_none_or(|t| t > now) {
-        return (Vec::new(), Vec::new());
-    }
-    let seen: HashMap<String, u64> = doc
-        .members
-        .iter()
-        .map(|(id, m)| (id.clone(), m.last_heartbeat_ms))
-        .collect();
-    let events = doc.expire(stream, now);
-    let expired = events
-        .iter()
-        .filter_map(|e| match e {
-            GroupEvent::SessionExpired(m) => seen.get(m).map(|t| (m.clone(), *t)),
-            _ => None,
-        })
-        .collect();
-    (events, expired)
-}
-
 /// Liveness lives beside the document: a member was last heard from at the later of the two.
 fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
     for (id, m) in doc.members.iter_mut() {
         if let Some(&t) = live.get(id) {
             m.last_heartbeat_ms = m.last_heartbeat_ms.max(t);
-        }
-    }
-}
-
-/// Members an update removed: their liveness goes with them.
-fn departed(events: &[GroupEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            GroupEvent::Left(m)
-            | GroupEvent::SessionExpired(m)
-            | GroupEvent::RebalanceTimedOut(m)
-            | GroupEvent::Removed(m) => Some(m.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn log_events(group: &str, events: &[GroupEvent]) {
-    crate::metrics::record_group_events(group, events);
-    for e in events {
-        match e {
-            GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),
-            GroupEvent::Rejoined(m) => info!(group, member = %m, "member rejoined with epoch 0"),
-            GroupEvent::Left(m) => info!(group, member = %m, "member left"),
-            GroupEvent::SteppedAway(m) => {
-                info!(group, member = %m, "static member left for a restart: its shards wait for it")
-            }
-            GroupEvent::Resumed(m) => {
-                info!(group, member = %m, "static member returned: resumes its shards, no rebalance")
-            }
-            GroupEvent::SessionExpired(m) => {
-                warn!(group, member = %m, "member expired: no heartbeat within the session timeout")
-            }
-            GroupEvent::RebalanceTimedOut(m) => {
-                warn!(group, member = %m, "member removed: did not revoke within the rebalance timeout")
-            }
-            GroupEvent::Removed(m) => info!(group, member = %m, "member removed by an operator"),
-            GroupEvent::Rebalanced(epoch) => debug!(group, epoch, "target assignment recomputed"),
-            GroupEvent::RevocationRequested(m, shards) => {
-                info!(group, member = %m, ?shards, "revocation requested")
-            }
         }
     }
 }
