@@ -16,7 +16,7 @@ mod producers;
 pub(crate) use crate::http_error::ApiError;
 
 use crate::auth::{self, Security};
-use crate::metrics::{self, LagProbe};
+use crate::metrics::{self, History, LagProbe};
 use crate::service::Coordinator;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -38,6 +38,8 @@ pub(crate) struct AppState {
     pub security: Arc<Security>,
     /// Lag and pending per shard from the data Redis, when configured.
     pub lag: Option<Arc<LagProbe>>,
+    /// The lag history's cadence and bounds (sampled through `lag`).
+    pub history: History,
 }
 
 /// Every route with its OpenAPI description.

@@ -34,6 +34,7 @@ fn app_with_store() -> (Router, Arc<dyn MetadataStore>) {
             coordinator,
             security,
             lag: None,
+            history: crate::metrics::History::new(crate::metrics::DEFAULT_HISTORY_INTERVAL),
         },
         DEFAULT_BODY_LIMIT,
     );
