@@ -130,12 +130,12 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     let tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
     let app = api::router(
-        AppState {
+        AppState::new(api::Shared {
             coordinator,
             security,
             lag,
             history,
-        },
+        }),
         cfg.body_limit,
     );
     info!(store = ?cfg.store, "listening on {addr}");

@@ -29,9 +29,28 @@ use utoipa_axum::router::OpenApiRouter;
 /// The default request body limit (PROTOCOL §4: 64 KiB).
 pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
-/// Shared state of every handler.
+/// Shared state of every handler: one `Arc`, because the router clones the state for every
+/// request (and every `State` extractor once more); a clone is one reference count.
 #[derive(Debug, Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub(crate) fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
     /// The coordinator service.
     pub coordinator: Coordinator,
     /// ACL, rate limit and audit.

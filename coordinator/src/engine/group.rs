@@ -398,7 +398,7 @@ impl GroupDoc {
             && req
                 .owned_shards
                 .as_ref()
-                .is_none_or(|o| o.iter().copied().collect::<BTreeSet<u32>>() == m.reported)
+                .is_none_or(|o| same_set(o, &m.reported))
             && (req.incarnation.is_none() || req.incarnation == m.incarnation)
             && (req.client.is_none() || req.client == m.client)
             && req.drained_shards.iter().all(|s| {
@@ -735,6 +735,16 @@ impl GroupDoc {
     }
 }
 
+/// Whether the list `owned` names exactly the shards of `set` (in any order, repeats
+/// allowed). Without allocating when the list is sorted and without repeats, as clients send
+/// it (the steady path, PROTOCOL §5.1).
+fn same_set(owned: &[u32], set: &BTreeSet<u32>) -> bool {
+    if owned.len() == set.len() && owned.iter().eq(set.iter()) {
+        return true;
+    }
+    owned.iter().copied().collect::<BTreeSet<u32>>() == *set
+}
+
 /// The request-level checks of a heartbeat: protocol version, member and incarnation names.
 fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
     if req.protocol_version != PROTOCOL_VERSION {
@@ -754,6 +764,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rsc_protocol::ClientInfo;
+
+    #[test]
+    fn same_set_ignores_order_and_repeats() {
+        let set: BTreeSet<u32> = [1, 4, 7].into();
+        assert!(same_set(&[1, 4, 7], &set));
+        assert!(same_set(&[7, 1, 4], &set));
+        assert!(same_set(&[1, 4, 4, 7], &set));
+        assert!(!same_set(&[1, 4], &set));
+        assert!(!same_set(&[1, 4, 8], &set));
+        assert!(!same_set(&[1, 1, 4], &set));
+        assert!(same_set(&[], &BTreeSet::new()));
+    }
 
     const NOW: u64 = 1_000;
 

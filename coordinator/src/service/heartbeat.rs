@@ -18,7 +18,9 @@ impl Coordinator {
         if let Some(response) = self.steady_heartbeat(group, req).await? {
             return Ok(response);
         }
-        self.full_heartbeat(group, req).await
+        // Boxed: the full path's future (the write cycle's) is many times the steady one's,
+        // and every heartbeat future is allocated and moved at its size, steady ones too.
+        Box::pin(self.full_heartbeat(group, req)).await
     }
 
     /// Handles a batch of heartbeats (`POST /v1/heartbeats`): each `(group, request)` is
@@ -143,19 +145,20 @@ impl Coordinator {
         let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
             return Ok(None);
         };
+        let now_ms = self.now();
         let touch = SteadyTouch {
             group,
             revision: g.revision,
             stream: &s.doc.stream,
             stream_revision: s.revision,
             member: &req.member_id,
-            now_ms: self.now(),
+            now_ms,
             max_silence_ms: g.doc.config.session_timeout_ms
                 + self
                     .outages
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .shift_ms(self.now(), g.doc.config.session_timeout_ms),
+                    .shift_ms(now_ms, g.doc.config.session_timeout_ms),
         };
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write within one heartbeat, at the same time as the touch (two round trips
