@@ -198,8 +198,7 @@ fn module_graphs(dir: &Path) -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<
         let text = text.split("\n#[cfg(test)]").next().unwrap_or_default();
         for to in named_paths(&code_only(text), from) {
             let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-            if common < from.len() && common < to.len() && modules.contains(&to[..=common].to_vec())
-            {
+            if common < from.len() && common < to.len() && modules.contains(&to[..=common]) {
                 graphs
                     .entry(from[..common].to_vec())
                     .or_default()
