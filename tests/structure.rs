@@ -1,6 +1,7 @@
-//! The code's structure, kept true by tests (docs/ARCHITECTURE.md): no import circle between the
-//! top-level modules of a library crate (test modules aside), and no function longer than 80 lines in the
-//! libraries' non-test code (the request, heartbeat and read paths live there).
+//! The code's structure, kept true by tests (docs/ARCHITECTURE.md): no import circle between
+//! sibling modules of a library crate — the top-level modules, and the submodules of each
+//! folder (test modules aside) — and no function longer than 80 lines in the libraries'
+//! non-test code (the request, heartbeat and read paths live there).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -44,14 +45,24 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The top-level module a source file belongs to (`None` for the crate root and binaries).
-fn top_module(src: &Path, file: &Path) -> Option<String> {
+/// The module path of a source file (`src/a/b.rs` and `src/a/b/mod.rs` → `[a, b]`; the
+/// crate root `[]`); `None` for binaries (`src/bin/`, `src/main.rs` is the root of its own
+/// crate and is skipped too).
+fn module_path(src: &Path, file: &Path) -> Option<Vec<String>> {
     let rel = file.strip_prefix(src).ok()?;
-    let first = rel.components().next()?.as_os_str().to_str()?;
-    match first {
-        "lib.rs" | "main.rs" | "bin" => None,
-        f => Some(f.trim_end_matches(".rs").to_owned()),
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().map(str::to_owned))
+        .collect::<Option<_>>()?;
+    if parts.first().is_some_and(|p| p == "bin" || p == "main.rs") {
+        return None;
     }
+    let last = parts.pop()?;
+    match last.as_str() {
+        "lib.rs" | "mod.rs" => {}
+        f => parts.push(f.trim_end_matches(".rs").to_owned()),
+    }
+    Some(parts)
 }
 
 /// The source without `//` comments (line and doc comments) and string literals' contents.
@@ -65,63 +76,139 @@ fn code_only(text: &str) -> String {
         .join("\n")
 }
 
-/// The first path segments named after `crate::` in `code` (`crate::a::b` → `a`;
-/// `crate::{a, b::c}` → `a`, `b`).
-fn crate_refs(code: &str) -> BTreeSet<String> {
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut refs = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // One level of braces: `a, b::{c, d}, e` → a, b, e.
-            let mut depth = 0;
-            let mut item_start = true;
-            for (j, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    c if item_start && !c.is_whitespace() => {
-                        refs.insert(ident(&group[j..]));
-                        item_start = false;
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            refs.insert(ident(rest));
-        }
-    }
-    refs
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
 }
 
-/// Edges between the top-level modules of the crate in `dir`.
-fn module_graph(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let src = dir.join("src");
-    let files = rust_files(&src);
-    let modules: BTreeSet<String> = files.iter().filter_map(|f| top_module(&src, f)).collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in &files {
-        let Some(from) = top_module(&src, f) else {
-            continue;
+/// The paths of the use tree at the start of `s` (`a::b::{c, d::{e}}` → `a::b::c`,
+/// `a::b::d::e`); a `self` or `*` item stands for the path before it.
+fn tree_paths(s: &str) -> Vec<Vec<String>> {
+    let mut segments = Vec::new();
+    let mut rest = s;
+    loop {
+        let id = ident(rest);
+        if id.is_empty() || id == "self" {
+            break;
+        }
+        segments.push(id.to_owned());
+        rest = &rest[id.len()..];
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r.trim_start(),
+            None => return vec![segments],
+        }
+    }
+    let Some(group) = rest.strip_prefix('{') else {
+        return vec![segments];
+    };
+    // The items of the group, split at its top-level commas.
+    let (mut depth, mut start, mut out) = (0, 0, Vec::new());
+    for (j, c) in group.char_indices() {
+        let item_end = match c {
+            '{' => {
+                depth += 1;
+                None
+            }
+            '}' if depth == 0 => Some(true),
+            '}' => {
+                depth -= 1;
+                None
+            }
+            ',' if depth == 0 => Some(false),
+            _ => None,
         };
+        if let Some(last) = item_end {
+            for p in tree_paths(group[start..j].trim_start()) {
+                out.push(segments.iter().cloned().chain(p).collect());
+            }
+            start = j + 1;
+            if last {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The module paths `code` (of the file at module path `at`) names through `crate::`,
+/// `super::` (repeated) and `self::`, made absolute (`crate::a::b` → `[a, b]`; in `[x, y]`,
+/// `super::z::W` → `[x, z, W]`). Bare paths (extern crates, a file's own children) are left
+/// out: a module names its siblings only through `super::` or `crate::`.
+fn named_paths(code: &str, at: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    for (i, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+        .chain(code.match_indices("self::"))
+    {
+        // The start of a path only: not `a::super::`, not the middle of an identifier.
+        if i > 0
+            && (bytes[i - 1] == b':'
+                || bytes[i - 1].is_ascii_alphanumeric()
+                || bytes[i - 1] == b'_')
+        {
+            continue;
+        }
+        let mut rest = &code[i..];
+        let mut base: Vec<String> = at.to_vec();
+        if let Some(r) = rest.strip_prefix("crate::") {
+            base.clear();
+            rest = r;
+        } else if let Some(r) = rest.strip_prefix("self::") {
+            rest = r;
+        } else {
+            while let Some(r) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = r;
+            }
+        }
+        for p in tree_paths(rest) {
+            out.push(base.iter().cloned().chain(p).collect());
+        }
+    }
+    out
+}
+
+/// The first segments named after `crate::` in `code` (`crate::a::b` → `a`;
+/// `crate::{a, b::c}` → `a`, `b`).
+fn crate_refs(code: &str) -> BTreeSet<String> {
+    named_paths(code, &["here".to_owned()])
+        .into_iter()
+        .filter_map(|p| p.into_iter().next())
+        .collect()
+}
+
+/// Every import edge between sibling modules of the crate in `dir`, by the folder (module
+/// path) they sit in: `[]` holds the top-level modules, `[metrics]` those of `metrics/`. A
+/// file in `a` (or below it) naming a path in its sibling `b` is the edge `a → b`.
+fn module_graphs(dir: &Path) -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
+    let src = dir.join("src");
+    let files: Vec<(PathBuf, Vec<String>)> = rust_files(&src)
+        .into_iter()
+        .filter_map(|f| module_path(&src, &f).map(|m| (f, m)))
+        .collect();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(_, m)| m.clone()).collect();
+    let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (f, from) in &files {
         let text = fs::read_to_string(f).expect("readable source");
         // Test modules (the last item of a file, by rustfmt's layout) may use anything.
         let text = text.split("\n#[cfg(test)]").next().unwrap_or_default();
-        let code = code_only(text);
-        let edges = graph.entry(from.clone()).or_default();
-        for to in crate_refs(&code) {
-            if to != from && modules.contains(&to) {
-                edges.insert(to);
+        for to in named_paths(&code_only(text), from) {
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common < from.len() && common < to.len() && modules.contains(&to[..=common]) {
+                graphs
+                    .entry(from[..common].to_vec())
+                    .or_default()
+                    .entry(from[common].clone())
+                    .or_default()
+                    .insert(to[common].clone());
             }
         }
     }
-    graph
+    graphs
 }
 
 /// The strongly connected components of more than one module (Tarjan).
@@ -186,18 +273,32 @@ fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     t.out
 }
 
-#[test]
-fn no_import_circle_between_top_level_modules() {
+/// Every import circle among sibling modules of the library crates, as
+/// `crate: folder: a <-> b`.
+fn import_circles(crates: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
-    for krate in CRATES {
+    for krate in crates {
         let dir = root().join(krate);
         if !dir.join("src").is_dir() {
             continue;
         }
-        for scc in cycles(&module_graph(&dir)) {
-            found.push(format!("{krate}: {}", scc.join(" <-> ")));
+        for (folder, graph) in module_graphs(&dir) {
+            let folder = if folder.is_empty() {
+                "(top level)".to_owned()
+            } else {
+                folder.join("::")
+            };
+            for scc in cycles(&graph) {
+                found.push(format!("{krate}: {folder}: {}", scc.join(" <-> ")));
+            }
         }
     }
+    found
+}
+
+#[test]
+fn no_import_circle_between_sibling_modules() {
+    let found = import_circles(CRATES);
     assert!(found.is_empty(), "import circles: {found:#?}");
 }
 
@@ -222,6 +323,65 @@ fn the_cycle_finder_finds_a_circle() {
             .map(str::to_owned)
             .collect()
     );
+}
+
+/// Paths through `super::` and `self::` resolve against the file's module, use trees
+/// expand, and a `super::` in the middle of a path is not a new one.
+#[test]
+fn paths_resolve_against_the_module_of_the_file() {
+    let at = ["metrics".to_owned(), "history".to_owned()];
+    let code = "use super::lag::LagProbe;\nuse super::{sampler::ShardMemos, http};\n\
+                use super::super::store::{self, X};\nlet y = self::inner::f();\n\
+                use crate::engine::{GroupDoc, view::{a, b}};";
+    let paths: Vec<String> = named_paths(code, &at)
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "engine::GroupDoc",
+            "engine::view::a",
+            "engine::view::b",
+            "metrics::lag::LagProbe",
+            "metrics::sampler::ShardMemos",
+            "metrics::http",
+            "store",
+            "store::X",
+            "metrics::history::inner::f",
+        ]
+    );
+}
+
+/// A circle between two submodules of one folder is found (in a crate written out here).
+#[test]
+fn the_module_graph_finds_a_circle_between_submodules() {
+    let dir = std::env::temp_dir().join(format!("rsc-structure-{}", std::process::id()));
+    let write = |rel: &str, text: &str| {
+        let p = dir.join("src").join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    };
+    write("lib.rs", "mod metrics;\nmod store;\n");
+    write("store.rs", "pub struct S;\n");
+    write("metrics/mod.rs", "mod history;\nmod lag;\n");
+    write(
+        "metrics/history.rs",
+        "use super::lag::Probe;\nuse crate::store::S;\n",
+    );
+    write(
+        "metrics/lag.rs",
+        "use crate::metrics::{history::History};\n",
+    );
+    let graphs = module_graphs(&dir);
+    fs::remove_dir_all(&dir).unwrap();
+    let metrics = &graphs[&vec!["metrics".to_owned()]];
+    assert_eq!(
+        cycles(metrics),
+        vec![vec!["history".to_owned(), "lag".to_owned()]]
+    );
+    assert!(cycles(&graphs[&Vec::new()]).is_empty(), "{graphs:?}");
+    assert!(graphs[&Vec::new()]["metrics"].contains("store"));
 }
 
 /// `(lines, file:line, name)` of every function in `text` longer than [`MAX_FN_LINES`]

@@ -277,6 +277,7 @@ async fn channel_limits_and_errors(backend: Backend) {
     assert_eq!(r.headers()["retry-after"], "30");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "RATE_LIMITED", "{body}");
+    assert_eq!(body["error"]["retry_after_ms"], 30_000, "{body}");
     let (s, v) = stack.api.post("/v1/wakeups", json!({"members": []})).await;
     assert_eq!(
         (s.as_u16(), v["error"]["code"].as_str()),

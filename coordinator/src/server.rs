@@ -5,7 +5,7 @@ use crate::audit::{Auditor, RevisionRecordingStore};
 use crate::auth::{Acl, AdminRateLimiter, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
-use crate::metrics::{self, InstrumentedStore, LagProbe};
+use crate::metrics::{self, History, InstrumentedStore, LagProbe};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{
@@ -107,12 +107,8 @@ pub async fn serve(
     metrics::prometheus();
     let acl = load_acl(&cfg)?;
     check_data_redis(&cfg).await?;
-    let lag = data_redis(&cfg, LAG_TIMEOUT)?.map(|r| {
-        Arc::new(
-            LagProbe::new(r, LAG_TIMEOUT)
-                .with_history_interval(Duration::from_millis(cfg.history_interval_ms)),
-        )
-    });
+    let lag = data_redis(&cfg, LAG_TIMEOUT)?.map(|r| Arc::new(LagProbe::new(r, LAG_TIMEOUT)));
+    let history = History::new(Duration::from_millis(cfg.history_interval_ms));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // Store latency and errors around any store; audited writes' revisions around that.
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
@@ -134,11 +130,12 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     let tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
     let app = api::router(
-        AppState {
+        AppState::new(api::Shared {
             coordinator,
             security,
             lag,
-        },
+            history,
+        }),
         cfg.body_limit,
     );
     info!(store = ?cfg.store, "listening on {addr}");
@@ -290,6 +287,7 @@ fn spawn_background(
     )));
     if let Some(probe) = lag {
         let coordinator = coordinator.clone();
+        let cfg_history_ms = cfg.history_interval_ms;
         tasks.push(tokio::spawn(async move {
             let c = &coordinator;
             let list = move || async move { c.list_groups().await.ok() };
@@ -299,7 +297,8 @@ fn spawn_background(
                 probe: &probe,
                 buckets,
             };
-            probe.history().run(list, deps).await
+            let history = History::new(Duration::from_millis(cfg_history_ms));
+            history.run(list, deps).await
         }));
     }
     tasks.push(tokio::spawn(async {

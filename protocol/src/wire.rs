@@ -277,6 +277,30 @@ pub enum WakeEventName {
     Wake,
 }
 
+impl WakeEventName {
+    /// The name as it travels on the `event:` line of the stream (`ready`, `wake`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WakeEventName::Ready => "ready",
+            WakeEventName::Wake => "wake",
+        }
+    }
+
+    /// The event named `name` on an `event:` line; `None` for a name this version does not
+    /// know (a reader skips such an event).
+    pub fn parse(name: &str) -> Option<Self> {
+        [WakeEventName::Ready, WakeEventName::Wake]
+            .into_iter()
+            .find(|e| e.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for WakeEventName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The `data` of one `event: wake` of a wake-up channel: "the group changed in a way this
 /// member must act on: heartbeat now". A hint only: the heartbeat's answer is the authority.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -898,6 +922,18 @@ pub struct AuditList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names on the `event:` line are the enum's JSON names (the OpenAPI schema's).
+    #[test]
+    fn wake_event_names_are_their_json_names() {
+        for e in [WakeEventName::Ready, WakeEventName::Wake] {
+            assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+            assert_eq!(WakeEventName::parse(e.as_str()), Some(e));
+            assert_eq!(e.to_string(), e.as_str());
+        }
+        assert_eq!(WakeEventName::parse("Wake"), None);
+        assert_eq!(WakeEventName::parse("ping"), None);
+    }
 
     #[test]
     fn heartbeat_rejects_unknown_fields() {

@@ -6,8 +6,6 @@ use crate::auth::{Principal, check_item_group};
 use crate::http_error::ApiError;
 use crate::metrics;
 use axum::extract::State;
-use axum::http::HeaderValue;
-use axum::http::header::RETRY_AFTER;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -15,12 +13,16 @@ use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest,
     HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse,
-    MAX_HEARTBEAT_BATCH, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent,
+    MAX_HEARTBEAT_BATCH, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent, WakeEventName,
 };
 use std::convert::Infallible;
 use tracing::Instrument;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+/// How long a member refused a wake-up channel (the coordinator holds its maximum) waits
+/// before asking again (`Retry-After`); its heartbeats work meanwhile.
+const WAKE_RETRY_AFTER_MS: u64 = 30_000;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -232,21 +234,18 @@ async fn wakeups(
             .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e))?;
         check_item_group(&principal, &m.group)?;
     }
-    let channel = match hub.open(req.members).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(open = hub.open_channels(), "wake-up channel refused: {e}");
-            let mut r = ApiError::new(ErrorCode::RateLimited, e.to_string()).into_response();
-            r.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("30"));
-            return Ok(r);
+    let channel = hub.open(req.members).await.map_err(|e| {
+        tracing::warn!(open = hub.open_channels(), "wake-up channel refused: {e}");
+        ApiError {
+            retry_after_ms: Some(WAKE_RETRY_AFTER_MS),
+            ..ApiError::new(ErrorCode::RateLimited, e.to_string())
         }
-    };
+    })?;
     tracing::debug!(members = n, "wake-up channel opened");
     let ready = Event::default()
-        .event("ready")
+        .event(WakeEventName::Ready.as_str())
         .json_data(rsc_protocol::ReadyEvent { members: n as u64 })
-        .unwrap_or_else(|_| Event::default().event("ready"));
+        .unwrap_or_else(|_| Event::default().event(WakeEventName::Ready.as_str()));
     let wakes = futures::stream::unfold(channel, |mut ch| async move {
         match ch.next().await {
             crate::wake::Next::Wake(events) => Some((events, ch)),
@@ -257,9 +256,9 @@ async fn wakeups(
         futures::stream::iter(events.into_iter().map(|e| {
             Ok::<_, Infallible>(
                 Event::default()
-                    .event("wake")
+                    .event(WakeEventName::Wake.as_str())
                     .json_data(&e)
-                    .unwrap_or_else(|_| Event::default().event("wake")),
+                    .unwrap_or_else(|_| Event::default().event(WakeEventName::Wake.as_str())),
             )
         }))
     });

@@ -16,7 +16,7 @@ mod producers;
 pub(crate) use crate::http_error::ApiError;
 
 use crate::auth::{self, Security};
-use crate::metrics::{self, LagProbe};
+use crate::metrics::{self, History, LagProbe};
 use crate::service::Coordinator;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -29,15 +29,36 @@ use utoipa_axum::router::OpenApiRouter;
 /// The default request body limit (PROTOCOL §4: 64 KiB).
 pub(crate) const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
-/// Shared state of every handler.
+/// Shared state of every handler: one `Arc`, because the router clones the state for every
+/// request (and every `State` extractor once more); a clone is one reference count.
 #[derive(Debug, Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub(crate) fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
     /// The coordinator service.
     pub coordinator: Coordinator,
     /// ACL, rate limit and audit.
     pub security: Arc<Security>,
     /// Lag and pending per shard from the data Redis, when configured.
     pub lag: Option<Arc<LagProbe>>,
+    /// The lag history's cadence and bounds (sampled through `lag`).
+    pub history: History,
 }
 
 /// Every route with its OpenAPI description.

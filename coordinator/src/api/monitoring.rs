@@ -177,8 +177,8 @@ async fn group_history(
     // 404 for a group that does not exist.
     s.coordinator.describe_group(&group).await?;
     Ok(Json(match s.lag.as_deref() {
-        Some(probe) => probe
-            .history()
+        Some(_) => s
+            .history
             .get(s.coordinator.store().as_ref(), &group)
             .await
             .map_err(crate::service::ServiceError::from)?,

@@ -30,11 +30,12 @@ fn app_with_store() -> (Router, Arc<dyn MetadataStore>) {
     ));
     let coordinator = Coordinator::new(store.clone(), clock, ServiceConfig::default());
     let app = router(
-        AppState {
+        AppState::new(super::Shared {
             coordinator,
             security,
             lag: None,
-        },
+            history: crate::metrics::History::new(crate::metrics::DEFAULT_HISTORY_INTERVAL),
+        }),
         DEFAULT_BODY_LIMIT,
     );
     (app, store)

@@ -39,10 +39,9 @@ pub enum GroupEvent {
 /// The decision for one heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatOutcome {
-    /// The answer for the member.
+    /// The answer for the member. (Whether the document changed is
+    /// [`GroupDoc::differs_beyond_liveness`] against the document before.)
     pub response: HeartbeatResponse,
-    /// Whether the group document changed (beyond the member's liveness) and must be written.
-    pub changed: bool,
     /// Draining shards the member reported drained that the stream has not yet recorded as
     /// drained by this group: the service records them in the stream document.
     pub drained: Vec<u32>,
@@ -189,7 +188,6 @@ impl GroupDoc {
         self.leave(stream, id, -1)?;
         Ok(HeartbeatOutcome {
             response: self.response(stream, id, -1, Vec::new()),
-            changed: true,
             drained: Vec::new(),
             events: vec![
                 GroupEvent::Left(id.to_owned()),
@@ -211,7 +209,6 @@ impl GroupDoc {
         response.owner_tokens.clear();
         Ok(HeartbeatOutcome {
             response,
-            changed: true,
             drained: Vec::new(),
             events: vec![GroupEvent::SteppedAway(id.to_owned())],
         })
@@ -326,7 +323,6 @@ impl GroupDoc {
     ) -> HeartbeatOutcome {
         let id = req.member_id.as_str();
         let reported = self.reported_owned(req);
-        let before = self.members.get(id).cloned();
         let m = self
             .members
             .get_mut(id)
@@ -345,18 +341,10 @@ impl GroupDoc {
             self.members.get_mut(id).expect("member present").reported = last;
         }
         let m = &self.members[id];
-        let changed = req.member_epoch == 0
-            || before.is_some_and(|b| {
-                MemberDoc {
-                    last_heartbeat_ms: m.last_heartbeat_ms,
-                    ..b
-                } != *m
-            });
         let drained = self.newly_drained(stream, m, &req.drained_shards);
         let assignment = m.assigned.iter().copied().collect();
         HeartbeatOutcome {
             response: self.response(stream, id, m.member_epoch, assignment),
-            changed,
             drained,
             events,
         }
@@ -410,7 +398,7 @@ impl GroupDoc {
             && req
                 .owned_shards
                 .as_ref()
-                .is_none_or(|o| o.iter().copied().collect::<BTreeSet<u32>>() == m.reported)
+                .is_none_or(|o| same_set(o, &m.reported))
             && (req.incarnation.is_none() || req.incarnation == m.incarnation)
             && (req.client.is_none() || req.client == m.client)
             && req.drained_shards.iter().all(|s| {
@@ -747,6 +735,16 @@ impl GroupDoc {
     }
 }
 
+/// Whether the list `owned` names exactly the shards of `set` (in any order, repeats
+/// allowed). Without allocating when the list is sorted and without repeats, as clients send
+/// it (the steady path, PROTOCOL §5.1).
+fn same_set(owned: &[u32], set: &BTreeSet<u32>) -> bool {
+    if owned.len() == set.len() && owned.iter().eq(set.iter()) {
+        return true;
+    }
+    owned.iter().copied().collect::<BTreeSet<u32>>() == *set
+}
+
 /// The request-level checks of a heartbeat: protocol version, member and incarnation names.
 fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
     if req.protocol_version != PROTOCOL_VERSION {
@@ -766,6 +764,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use rsc_protocol::ClientInfo;
+
+    #[test]
+    fn same_set_ignores_order_and_repeats() {
+        let set: BTreeSet<u32> = [1, 4, 7].into();
+        assert!(same_set(&[1, 4, 7], &set));
+        assert!(same_set(&[7, 1, 4], &set));
+        assert!(same_set(&[1, 4, 4, 7], &set));
+        assert!(!same_set(&[1, 4], &set));
+        assert!(!same_set(&[1, 4, 8], &set));
+        assert!(!same_set(&[1, 1, 4], &set));
+        assert!(same_set(&[], &BTreeSet::new()));
+    }
 
     const NOW: u64 = 1_000;
 
@@ -846,7 +856,10 @@ mod tests {
         let out = slow
             .heartbeat(stream, r, NOW + 1)
             .expect("a steady heartbeat is accepted");
-        assert!(!out.changed, "steady heartbeat changed the document: {r:?}");
+        assert!(
+            !slow.differs_beyond_liveness(doc),
+            "steady heartbeat changed the document: {r:?}"
+        );
         assert!(out.events.is_empty() && out.drained.is_empty(), "{out:?}");
         assert_eq!(out.response, fast);
         let m = slow.members.get_mut(&r.member_id).expect("member");

@@ -175,6 +175,41 @@ impl MemberDoc {
     pub fn holds(&self, shard: u32) -> bool {
         self.assigned.contains(&shard) || self.pending_revocation.contains(&shard)
     }
+
+    /// Whether the two records differ in anything but the heartbeat time (see
+    /// [`GroupDoc::differs_beyond_liveness`]). Every field is named, so a new one is compared
+    /// unless it is left out here on purpose.
+    fn differs_beyond_liveness(&self, other: &MemberDoc) -> bool {
+        let MemberDoc {
+            member_epoch,
+            previous_epoch,
+            state,
+            assigned,
+            pending_revocation,
+            target,
+            reported,
+            revoke_started_ms,
+            last_heartbeat_ms: _,
+            joined_ms,
+            client,
+            granted_at,
+            incarnation,
+            away_since_ms,
+        } = self;
+        *member_epoch != other.member_epoch
+            || *previous_epoch != other.previous_epoch
+            || *state != other.state
+            || *assigned != other.assigned
+            || *pending_revocation != other.pending_revocation
+            || *target != other.target
+            || *reported != other.reported
+            || *revoke_started_ms != other.revoke_started_ms
+            || *joined_ms != other.joined_ms
+            || *client != other.client
+            || *granted_at != other.granted_at
+            || *incarnation != other.incarnation
+            || *away_since_ms != other.away_since_ms
+    }
 }
 
 /// The whole state of a consumer group: ONE document (PROTOCOL §2).
@@ -200,6 +235,39 @@ pub struct GroupDoc {
     /// (see [`GroupDoc::track_convergence`]); absent while the group is settled or empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconciling_since_ms: Option<u64>,
+}
+
+impl GroupDoc {
+    /// Whether the two documents differ in anything but their members' heartbeat times: the
+    /// one rule by which the service decides that a decision changed the document and must
+    /// be written (a heartbeat time alone is liveness, kept beside the document and touched
+    /// without a document write, ARCHITECTURE "How a heartbeat travels").
+    pub fn differs_beyond_liveness(&self, other: &GroupDoc) -> bool {
+        let GroupDoc {
+            group,
+            stream,
+            config,
+            group_epoch,
+            assignment_epoch,
+            layout_version,
+            members,
+            created_ms,
+            reconciling_since_ms,
+        } = self;
+        *group != other.group
+            || *stream != other.stream
+            || *config != other.config
+            || *group_epoch != other.group_epoch
+            || *assignment_epoch != other.assignment_epoch
+            || *layout_version != other.layout_version
+            || *created_ms != other.created_ms
+            || *reconciling_since_ms != other.reconciling_since_ms
+            || members.len() != other.members.len()
+            || members
+                .iter()
+                .zip(&other.members)
+                .any(|((a, ma), (b, mb))| a != b || ma.differs_beyond_liveness(mb))
+    }
 }
 
 /// Why an engine operation was refused. Each maps to one protocol error code.

@@ -675,3 +675,39 @@ fn a_paused_group_says_so_in_every_answer_and_keeps_its_assignment() {
     let old: GroupDoc = serde_json::from_value(json).unwrap();
     assert_eq!(old.config.paused_since_ms, None);
 }
+
+/// The service's one rule for "the document changed": anything but a member's heartbeat
+/// time. A steady heartbeat changes only that; a join, a reported release, a pause do not.
+#[test]
+fn only_heartbeat_times_are_not_a_change() {
+    let mut w = World::new(4);
+    let a = w.hb("a", 0, &[]).unwrap();
+    let owned = a.assignment.clone();
+    w.hb("a", a.member_epoch, &owned).unwrap();
+    let read = w.group.clone();
+    assert!(!read.differs_beyond_liveness(&w.group));
+
+    w.now += 1_000;
+    w.hb("a", a.member_epoch, &owned).unwrap();
+    assert_ne!(w.group, read, "the heartbeat time moved");
+    assert!(
+        !w.group.differs_beyond_liveness(&read),
+        "steady: liveness only"
+    );
+
+    let mut paused = read.clone();
+    paused.set_paused(true, w.now);
+    assert!(paused.differs_beyond_liveness(&read));
+
+    let mut released = read.clone();
+    released.members.get_mut("a").unwrap().reported.clear();
+    assert!(released.differs_beyond_liveness(&read));
+
+    w.hb("b", 0, &[]).unwrap();
+    assert!(w.group.differs_beyond_liveness(&read), "a member joined");
+    let mut gone = w.group.clone();
+    gone.members.remove("b");
+    gone.members
+        .insert("c".into(), w.group.members["b"].clone());
+    assert!(gone.differs_beyond_liveness(&w.group), "another member id");
+}

@@ -73,8 +73,11 @@ pub(crate) fn next_record(
     }
 }
 
+/// How often the lag history is sampled by default.
+pub(crate) const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The sampling cadence and bounds of the history (see the module docs).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct History {
     interval: Duration,
     keep: usize,

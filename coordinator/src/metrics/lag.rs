@@ -7,15 +7,11 @@
 //! a timeout; an unreachable Redis, a missing shard key or a shard whose Redis consumer
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
 
-use super::history::History;
 use redis::streams::{StreamInfoConsumersReply, StreamInfoGroupsReply};
 use rsc_redis::{Conn, LazyRedis};
 use std::collections::HashMap;
 use std::time::Duration;
 use tracing::debug;
-
-/// How often the lag history is sampled by default.
-pub(crate) const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Keys asked per pipeline round trip (per batch of concurrent commands on a cluster).
 const PIPELINE_CHUNK: usize = 512;
@@ -47,12 +43,12 @@ pub(crate) struct GroupReading {
 /// `None` when the key does not exist.
 pub(crate) type KeyReading = Option<Vec<GroupReading>>;
 
-/// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster), and
-/// the short history of what it sampled ([`super::history`]).
+/// A connection to the data Redis for reading lag (standalone Redis or Redis Cluster). The
+/// short history of what is sampled through it is [`super::history`]'s, which uses the probe
+/// (not the other way round).
 pub(crate) struct LagProbe {
     redis: LazyRedis,
     timeout: Duration,
-    history: History,
 }
 
 impl std::fmt::Debug for LagProbe {
@@ -69,22 +65,7 @@ impl LagProbe {
     /// A probe reading the data Redis `redis` (connected on first use); each read is
     /// abandoned past `timeout`.
     pub(crate) fn new(redis: LazyRedis, timeout: Duration) -> Self {
-        LagProbe {
-            redis,
-            timeout,
-            history: History::new(DEFAULT_HISTORY_INTERVAL),
-        }
-    }
-
-    /// Samples the history every `interval` instead of the default 5 s.
-    pub(crate) fn with_history_interval(mut self, interval: Duration) -> Self {
-        self.history = History::new(interval);
-        self
-    }
-
-    /// The lag history (sampled by [`History::run`]).
-    pub(crate) fn history(&self) -> &History {
-        &self.history
+        LagProbe { redis, timeout }
     }
 
     async fn connection(&self) -> Option<Conn> {

@@ -4,7 +4,7 @@ use super::{Coordinator, Result, ServiceError, check_name, invalid};
 use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, stream_view,
 };
-use crate::store::{StoreError, Versioned};
+use crate::store::Versioned;
 use rsc_protocol::{CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, StreamView};
 use std::collections::HashMap;
 use tracing::{info, warn};
@@ -237,9 +237,10 @@ impl Coordinator {
             Err(e) => {
                 warn!(stream = %doc.stream, error = %e, "could not seal the shards; the reshard is not made");
                 sealer.unseal(&doc.stream, doc.routing_epoch, &shards).await;
-                Err(ServiceError::Store(StoreError::unavailable(format!(
-                    "{e} (the reshard was not made; retry it)"
-                ))))
+                Err(ServiceError::fencing(
+                    e,
+                    " (the reshard was not made; retry it)",
+                ))
             }
         }
     }

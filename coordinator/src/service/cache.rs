@@ -9,6 +9,11 @@ use std::time::{Duration, Instant};
 /// The documents this coordinator last read or wrote, by revision: what a steady heartbeat
 /// is answered from (after checking the revisions in the store). A group document unused for
 /// `idle` is dropped (see [`ServiceConfig::cache_idle`]).
+///
+/// A poisoned lock is taken over (`into_inner`), which cannot fail open: nothing is answered
+/// from a cached document before the store confirmed its revision
+/// ([`crate::store::MetadataStore::touch_steady`]), so a stale or half-updated entry only
+/// sends a heartbeat down the full path.
 #[derive(Debug)]
 pub(super) struct DocCache {
     groups: Mutex<HashMap<String, CachedGroup>>,

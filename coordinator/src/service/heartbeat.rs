@@ -1,10 +1,8 @@
 //! The member protocol: heartbeats (single and batched, steady and full) and leave.
 
-use super::{
-    Coordinator, Result, check_name, departed, expire, invalid, log_events, track_convergence,
-};
-use crate::engine::{GroupDoc, GroupEvent};
-use crate::store::{LivenessChange, SteadyTouch, StoreError, TouchOutcome, Versioned};
+use super::{Coordinator, Result, check_name, invalid};
+use crate::engine::GroupEvent;
+use crate::store::{SteadyTouch, StoreError, TouchOutcome};
 use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
 use std::collections::HashMap;
 use tracing::{debug, warn};
@@ -20,7 +18,9 @@ impl Coordinator {
         if let Some(response) = self.steady_heartbeat(group, req).await? {
             return Ok(response);
         }
-        self.full_heartbeat(group, req).await
+        // Boxed: the full path's future (the write cycle's) is many times the steady one's,
+        // and every heartbeat future is allocated and moved at its size, steady ones too.
+        Box::pin(self.full_heartbeat(group, req)).await
     }
 
     /// Handles a batch of heartbeats (`POST /v1/heartbeats`): each `(group, request)` is
@@ -102,115 +102,29 @@ impl Coordinator {
         Ok(response)
     }
 
-    /// One attempt of the full heartbeat, under the group lock. Returns the answer, the
-    /// drained shards to record in the stream, and the stream's name.
+    /// One attempt of the full heartbeat: one write cycle ([`super::write`]) deciding with
+    /// [`crate::engine::GroupDoc::heartbeat`]. Returns the answer, the drained shards to record in the
+    /// stream, and the stream's name.
     async fn full_heartbeat_once(
         &self,
         group: &str,
         req: &HeartbeatRequest,
     ) -> Result<(HeartbeatResponse, Vec<u32>, String)> {
-        let _lock = self.lock_group(group).await?;
-        let Versioned { revision, mut doc } = self.load_group(group).await?;
-        let stream = self.load_stream(&doc.stream).await?;
-        let now = self.now();
-        let before = self.wakes.as_ref().map(|_| doc.clone());
-        let mut dirty = doc.sync_layout(&stream.doc);
-        if dirty {
-            crate::metrics::record_rebalance(group);
-        }
-        let judged = self.expiry_now(now, doc.config.session_timeout_ms);
-        let (events, expired) = expire(&mut doc, &stream.doc, judged);
-        dirty |= !events.is_empty();
-        let mut write = HeartbeatWrite {
-            group,
-            member: &req.member_id,
-            revision,
-            doc,
-            before,
-            events,
-            expired,
-            dirty,
-        };
-        let outcome = match write.doc.heartbeat(&stream.doc, req, now) {
+        let mut w = self.open_write(group, Some(&req.member_id)).await?;
+        let outcome = match w.doc.heartbeat(&w.stream.doc, req, w.now) {
             Ok(out) => out,
-            Err(e) => {
-                // Refused, but what expiry and the layout changed is still written.
-                write.dirty |= track_convergence(&mut write.doc, now);
-                if write.dirty {
-                    let revision = self.write_heartbeat(&write, None).await?;
-                    log_events(group, &write.events);
-                    self.cache.put_group(revision, write.doc);
-                }
-                return Err(e.into());
-            }
+            Err(e) => return self.refuse_write(w, e).await,
         };
-        write.dirty |= outcome.changed;
-        write.events.extend(outcome.events);
-        write.dirty |= track_convergence(&mut write.doc, now);
-        let touch = (outcome.response.member_epoch >= 0).then(|| (req.member_id.clone(), now));
-        let revision = self.commit_heartbeat(&write, touch).await?;
+        w.events.extend(outcome.events);
+        let touch = (outcome.response.member_epoch >= 0).then(|| (req.member_id.clone(), w.now));
+        self.commit_write(&mut w, touch).await?;
         // Under the group lock, after the document write, before the answer leaves:
         // the member cannot learn of a grant whose owner token is not in place.
         let mut response = outcome.response;
-        self.assert_tokens(&write.doc, &mut response).await?;
-        log_events(group, &write.events);
-        let stream_name = write.doc.stream.clone();
-        self.cache.put_group(revision, write.doc);
-        self.cache.put_stream(stream);
+        self.assert_tokens(&w.doc, &mut response).await?;
+        let stream_name = w.doc.stream.clone();
+        self.close_write(w);
         Ok((response, outcome.drained, stream_name))
-    }
-
-    /// Commits a heartbeat's decision: writes the document when it changed (with the
-    /// member's liveness `touch`); otherwise touches the liveness only while nobody else
-    /// wrote the group. Returns the group document's revision afterwards.
-    async fn commit_heartbeat(
-        &self,
-        write: &HeartbeatWrite<'_>,
-        touch: Option<(String, u64)>,
-    ) -> Result<u64> {
-        if write.dirty {
-            return self.write_heartbeat(write, touch).await;
-        }
-        if let Some((member, now)) = &touch {
-            let group = write.group;
-            let t = self
-                .store
-                .touch_if(group, write.revision, member, *now, None)
-                .await?;
-            if t != TouchOutcome::Touched {
-                return Err(StoreError::conflict(format!(
-                    "group {group} changed while a heartbeat was answered"
-                ))
-                .into());
-            }
-        }
-        Ok(write.revision)
-    }
-
-    /// Writes the heartbeat's changed document with its liveness change, schedules its next
-    /// deadline and wakes the members it concerns (except the requester).
-    async fn write_heartbeat(
-        &self,
-        write: &HeartbeatWrite<'_>,
-        touch: Option<(String, u64)>,
-    ) -> Result<u64> {
-        let change = LivenessChange {
-            forget: departed(&write.events),
-            expired: write.expired.clone(),
-            touch,
-        };
-        let revision = self
-            .store
-            .put_group_live(&write.doc, write.revision, &change)
-            .await?;
-        self.lower_deadline(&write.doc, revision).await;
-        self.wake(
-            write.group,
-            write.before.as_ref(),
-            Some(&write.doc),
-            Some(write.member),
-        );
-        Ok(revision)
     }
 
     /// Answers a steady-state heartbeat from the cached documents: no lock, no document
@@ -231,19 +145,20 @@ impl Coordinator {
         let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
             return Ok(None);
         };
+        let now_ms = self.now();
         let touch = SteadyTouch {
             group,
             revision: g.revision,
             stream: &s.doc.stream,
             stream_revision: s.revision,
             member: &req.member_id,
-            now_ms: self.now(),
+            now_ms,
             max_silence_ms: g.doc.config.session_timeout_ms
                 + self
                     .outages
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .shift_ms(self.now(), g.doc.config.session_timeout_ms),
+                    .shift_ms(now_ms, g.doc.config.session_timeout_ms),
         };
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write within one heartbeat, at the same time as the touch (two round trips
@@ -285,21 +200,4 @@ impl Coordinator {
             member_epoch: -1,
         })
     }
-}
-
-/// A group document under the group lock, being changed by one full heartbeat.
-struct HeartbeatWrite<'a> {
-    group: &'a str,
-    /// The heartbeating member (not woken: it gets its answer directly).
-    member: &'a str,
-    /// The revision the document was read at.
-    revision: u64,
-    doc: GroupDoc,
-    /// The document as read, when members are to be woken.
-    before: Option<GroupDoc>,
-    events: Vec<GroupEvent>,
-    /// Members removed for silence, with the liveness the decision was based on.
-    expired: Vec<(String, u64)>,
-    /// Whether the document changed.
-    dirty: bool,
 }

@@ -1,10 +1,12 @@
 //! The coordinator service: store reads, engine decisions and store writes, in order.
 //!
 //! Every mutation runs as: take the document's lock, read it with its revision, let the
-//! [`crate::engine`] decide, compare-and-set the result. A lost compare-and-set (the lock
-//! expired under a slow replica) reruns the whole cycle a bounded number of times and then
-//! answers [`ServiceError::Store`] with a conflict [`StoreError`] (`503 STORE_CONFLICT`).
-//! Locks are taken stream first, then one group.
+//! [`crate::engine`] decide, compare-and-set the result; for a group document that is one
+//! write cycle ([`write`]: lock → load → expire → engine → compare-and-set → deadline → wake),
+//! shared by operators' mutations, the sweep and the full heartbeat. A lost compare-and-set
+//! (the lock expired under a slow replica) reruns the whole cycle a bounded number of times
+//! and then answers [`ServiceError::Store`] with a conflict [`StoreError`]
+//! (`503 STORE_CONFLICT`). Locks are taken stream first, then one group.
 //!
 //! A steady-state heartbeat (nothing to change, PROTOCOL §5.1) skips all of that: the coordinator
 //! keeps the documents it last read or wrote, by revision, and answers from them when
@@ -23,6 +25,7 @@
 //!   layout fan-out to the groups of a stream;
 //! - `sweep`: the expiry sweep over the deadline index and the purge of retired shard keys;
 //! - `views`: the read-only views (describe, list, routing);
+//! - `write`: the write cycle of a group document;
 //! - `cache`: the documents this coordinator last read or wrote, for the steady path.
 
 mod admin;
@@ -30,15 +33,17 @@ mod cache;
 mod heartbeat;
 mod sweep;
 mod views;
+mod write;
 
 use cache::DocCache;
 pub use sweep::PurgedKeys;
+use write::Mutated;
 
 use crate::clock::Clock;
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
-use crate::fencing::{OwnerTokens, Sealer};
+use crate::fencing::{FencingError, OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
-use crate::store::{LivenessChange, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use crate::store::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
@@ -87,6 +92,16 @@ pub enum ServiceError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The data Redis failed a fencing step (owner tokens, docs/FENCING.md; seals of ordered
+    /// resharding, PROTOCOL §15): its kind and cause kept as the source. Answered as the
+    /// store's unavailability (`503 STORE_UNAVAILABLE`): the request was not carried out.
+    #[error("{source}{after}")]
+    Fencing {
+        /// What failed.
+        source: FencingError,
+        /// What it means for the request, appended to the message (may be empty).
+        after: &'static str,
+    },
     /// No such group.
     #[error("group {0} does not exist")]
     GroupNotFound(String),
@@ -122,7 +137,7 @@ impl ServiceError {
         match self {
             ServiceError::Engine(e) => e.code(),
             ServiceError::Store(e) if e.is_conflict() => ErrorCode::StoreConflict,
-            ServiceError::Store(_) => ErrorCode::StoreUnavailable,
+            ServiceError::Store(_) | ServiceError::Fencing { .. } => ErrorCode::StoreUnavailable,
             ServiceError::GroupNotFound(_) => ErrorCode::GroupNotFound,
             ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
             ServiceError::GroupAlreadyExists(_) => ErrorCode::GroupAlreadyExists,
@@ -141,6 +156,12 @@ impl ServiceError {
 
     fn is_conflict(&self) -> bool {
         matches!(self, ServiceError::Store(e) if e.is_conflict())
+    }
+
+    /// A failure of the data Redis during a fencing step; `after` says what it means for
+    /// the request (appended to the message).
+    pub(crate) fn fencing(e: FencingError, after: &'static str) -> Self {
+        ServiceError::Fencing { source: e, after }
     }
 }
 
@@ -299,7 +320,7 @@ impl Coordinator {
         fencing
             .assert(&doc.group, &doc.stream, &response.owner_tokens)
             .await
-            .map_err(|e| ServiceError::Store(StoreError::unavailable(e.to_string())))?;
+            .map_err(|e| ServiceError::fencing(e, ""))?;
         Ok(())
     }
 
@@ -382,44 +403,19 @@ impl Coordinator {
     }
 
     /// [`Coordinator::mutate_group`], also telling the revision and next deadline of the
-    /// group document it left (written or not).
+    /// group document it left (written or not). One write cycle ([`write`]) per attempt.
     async fn mutate_group_at<F>(&self, group: &str, f: F) -> Result<Mutated>
     where
         F: Fn(&mut GroupDoc, &StreamDoc, u64) -> std::result::Result<Vec<GroupEvent>, EngineError>,
     {
         self.retrying(|| async {
-            let _lock = self.lock_group(group).await?;
-            let Versioned { revision, mut doc } = self.load_group(group).await?;
-            let stream = self.load_stream(&doc.stream).await?;
-            let now = self.now();
-            let before = doc.clone();
-            if doc.sync_layout(&stream.doc) {
-                crate::metrics::record_rebalance(group);
+            let mut w = self.open_write(group, None).await?;
+            match f(&mut w.doc, &w.stream.doc, w.now) {
+                Ok(events) => w.events.extend(events),
+                Err(e) => return self.refuse_write(w, e).await,
             }
-            let judged = self.expiry_now(now, doc.config.session_timeout_ms);
-            let (mut events, expired) = expire(&mut doc, &stream.doc, judged);
-            events.extend(f(&mut doc, &stream.doc, now)?);
-            track_convergence(&mut doc, now);
-            let next_deadline_ms = doc.next_deadline_ms();
-            let mut at = revision;
-            if doc != before {
-                let change = LivenessChange {
-                    forget: departed(&events),
-                    expired,
-                    touch: None,
-                };
-                at = self.store.put_group_live(&doc, revision, &change).await?;
-                self.lower_deadline(&doc, at).await;
-                self.wake(group, Some(&before), Some(&doc), None);
-                self.cache.put_group(at, doc);
-            }
-            self.cache.put_stream(stream);
-            log_events(group, &events);
-            Ok(Mutated {
-                events,
-                revision: at,
-                next_deadline_ms,
-            })
+            self.commit_write(&mut w, None).await?;
+            Ok(self.close_write(w))
         })
         .await
     }
@@ -444,53 +440,6 @@ impl Coordinator {
     }
 }
 
-/// What [`Coordinator::mutate_group_at`] did and left.
-#[derive(Debug)]
-struct Mutated {
-    events: Vec<GroupEvent>,
-    /// The group document's revision afterwards.
-    revision: u64,
-    /// Its next deadline.
-    next_deadline_ms: Option<u64>,
-}
-
-/// Updates the document's convergence clock; observes the convergence time when the group
-/// just became stable. Returns whether the document changed.
-fn track_convergence(doc: &mut GroupDoc, now: u64) -> bool {
-    let before = doc.reconciling_since_ms;
-    if let Some(ms) = doc.track_convergence(now) {
-        crate::metrics::record_convergence(&doc.group, ms);
-        debug!(group = %doc.group, ms, "group converged");
-    }
-    doc.reconciling_since_ms != before
-}
-
-/// Runs the engine's expiry; returns its events and, for each member removed for silence,
-/// the liveness the decision was based on (the write fails if it changed since).
-fn expire(
-    doc: &mut GroupDoc,
-    stream: &StreamDoc,
-    now: u64,
-) -> (Vec<GroupEvent>, Vec<(String, u64)>) {
-    if doc.next_deadline_ms().is_none_or(|t| t > now) {
-        return (Vec::new(), Vec::new());
-    }
-    let seen: HashMap<String, u64> = doc
-        .members
-        .iter()
-        .map(|(id, m)| (id.clone(), m.last_heartbeat_ms))
-        .collect();
-    let events = doc.expire(stream, now);
-    let expired = events
-        .iter()
-        .filter_map(|e| match e {
-            GroupEvent::SessionExpired(m) => seen.get(m).map(|t| (m.clone(), *t)),
-            _ => None,
-        })
-        .collect();
-    (events, expired)
-}
-
 /// Liveness lives beside the document: a member was last heard from at the later of the two.
 fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
     for (id, m) in doc.members.iter_mut() {
@@ -500,44 +449,48 @@ fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
     }
 }
 
-/// Members an update removed: their liveness goes with them.
-fn departed(events: &[GroupEvent]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            GroupEvent::Left(m)
-            | GroupEvent::SessionExpired(m)
-            | GroupEvent::RebalanceTimedOut(m)
-            | GroupEvent::Removed(m) => Some(m.clone()),
-            _ => None,
-        })
-        .collect()
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
 
-fn log_events(group: &str, events: &[GroupEvent]) {
-    crate::metrics::record_group_events(group, events);
-    for e in events {
-        match e {
-            GroupEvent::Joined(m) => info!(group, member = %m, "member joined"),
-            GroupEvent::Rejoined(m) => info!(group, member = %m, "member rejoined with epoch 0"),
-            GroupEvent::Left(m) => info!(group, member = %m, "member left"),
-            GroupEvent::SteppedAway(m) => {
-                info!(group, member = %m, "static member left for a restart: its shards wait for it")
-            }
-            GroupEvent::Resumed(m) => {
-                info!(group, member = %m, "static member returned: resumes its shards, no rebalance")
-            }
-            GroupEvent::SessionExpired(m) => {
-                warn!(group, member = %m, "member expired: no heartbeat within the session timeout")
-            }
-            GroupEvent::RebalanceTimedOut(m) => {
-                warn!(group, member = %m, "member removed: did not revoke within the rebalance timeout")
-            }
-            GroupEvent::Removed(m) => info!(group, member = %m, "member removed by an operator"),
-            GroupEvent::Rebalanced(epoch) => debug!(group, epoch, "target assignment recomputed"),
-            GroupEvent::RevocationRequested(m, shards) => {
-                info!(group, member = %m, ?shards, "revocation requested")
-            }
-        }
+    /// A fencing failure is answered 503 and keeps what it was (its variant) and why.
+    #[test]
+    fn a_fencing_error_keeps_its_kind_and_source() {
+        let timeout = Duration::from_millis(250);
+        let e = ServiceError::fencing(
+            FencingError::Timeout {
+                doing: "writing owner tokens",
+                timeout,
+            },
+            " (the reshard was not made; retry it)",
+        );
+        assert_eq!(e.code(), ErrorCode::StoreUnavailable);
+        assert!(!e.is_conflict(), "not retried as a lost compare-and-set");
+        assert_eq!(
+            e.to_string(),
+            "the data Redis did not answer within 250ms while writing owner tokens \
+             (the reshard was not made; retry it)"
+        );
+        let source = e.source().expect("the fencing error");
+        assert!(matches!(
+            source.downcast_ref::<FencingError>(),
+            Some(FencingError::Timeout {
+                doing: "writing owner tokens",
+                ..
+            })
+        ));
+
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let e = ServiceError::fencing(
+            FencingError::Redis {
+                doing: "sealing",
+                source: refused,
+            },
+            "",
+        );
+        let cause = e.source().and_then(Error::source).expect("Redis's error");
+        assert!(cause.downcast_ref::<redis::RedisError>().is_some());
     }
 }
