@@ -163,20 +163,23 @@ async fn read(mut resp: reqwest::Response, signals: &WakeSignals, backoff: &mut 
             Ok(Ok(Some(c))) => c,
         };
         for (event, data) in parser.push(&chunk) {
-            match event.as_str() {
-                "ready" => backoff.reset(),
-                "wake" => match serde_json::from_str::<WakeEvent>(&data) {
-                    Ok(w) => {
-                        if let Some(n) = signals.get(&(w.group.clone(), w.member_id.clone())) {
-                            metrics::counter!("rsc_client_wakeups_total", "group" => w.group.clone())
+            match rsc_protocol::WakeEventName::parse(&event) {
+                Some(rsc_protocol::WakeEventName::Ready) => backoff.reset(),
+                Some(rsc_protocol::WakeEventName::Wake) => {
+                    match serde_json::from_str::<WakeEvent>(&data) {
+                        Ok(w) => {
+                            if let Some(n) = signals.get(&(w.group.clone(), w.member_id.clone())) {
+                                metrics::counter!("rsc_client_wakeups_total", "group" => w.group.clone())
                                 .increment(1);
-                            debug!(group = %w.group, member = %w.member_id, "woken: heartbeat now");
-                            n.notify_one();
+                                debug!(group = %w.group, member = %w.member_id, "woken: heartbeat now");
+                                n.notify_one();
+                            }
                         }
+                        Err(e) => debug!(error = %e, data, "unreadable wake-up event ignored"),
                     }
-                    Err(e) => debug!(error = %e, data, "unreadable wake-up event ignored"),
-                },
-                _ => {}
+                }
+                // A newer coordinator's event: not ours to act on.
+                None => {}
             }
         }
     }
