@@ -218,7 +218,7 @@ impl ConsumerAppBuilder {
                 .into());
             }
             l.handler = l.handler.bind(data.clone(), l.codec);
-            l.service = Some(crate::layer::stack(&l.handler, &l.layers));
+            l.service = Some(crate::listener::stack(&l.handler, &l.layers));
             let check = |kind: &'static str, v: &str| {
                 validate_name(kind, v).map_err(|reason| ConfigError::InvalidName {
                     listener: l.name.clone(),

@@ -43,15 +43,11 @@
 
 use crate::error::BoxError;
 use crate::handler::HandlerError;
-use crate::listener::{ErasedBatch, HandlerKind};
 use crate::message::{Entry, Origin};
-use futures::FutureExt;
 use futures::future::BoxFuture;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
-use tracing::{Instrument, info_span, warn};
 
 /// The service a layer wraps: one attempt in, the verdicts out.
 pub type HandlerService = BoxCloneSyncService<Attempt, Verdicts, BoxError>;
@@ -148,94 +144,6 @@ impl Verdicts {
     pub fn error(&self, i: usize) -> Option<&HandlerError> {
         self.0.get(i).and_then(Option::as_ref)
     }
-}
-
-/// The innermost service: decodes, calls the handler (a panic is a failed attempt), in a span
-/// that continues the message's trace.
-fn handler_service(kind: HandlerKind) -> HandlerService {
-    BoxCloneSyncService::new(tower::service_fn(move |a: Attempt| {
-        let kind = kind.clone();
-        async move { Ok::<_, BoxError>(Verdicts(call(&kind, &a.entries, &a.origin).await)) }
-    }))
-}
-
-/// One attempt of the handler itself (the innermost service; also the whole stack of a
-/// listener without layers).
-pub(crate) async fn call(
-    kind: &HandlerKind,
-    entries: &[(Arc<Entry>, u32)],
-    origin: &Arc<Origin>,
-) -> Vec<Option<HandlerError>> {
-    match kind {
-        HandlerKind::Single(h) => {
-            let (entry, attempt) = &entries[0];
-            let span = info_span!("message", entry_id = %entry.id, attempt);
-            crate::otel::continue_trace(&span, entry);
-            let call = h.call(entry.clone(), origin.clone(), *attempt);
-            let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
-            vec![match result {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
-            }]
-        }
-        HandlerKind::Batch(h) => call_batch(h, entries, origin).await,
-    }
-}
-
-/// Calls the batch handler once on `pending` (entry, attempt): each message's verdict, in
-/// order (`None`: handled). A payload that does not decode fails its message before the call;
-/// a panic or an error for the whole batch fails every message not failed yet.
-async fn call_batch(
-    handler: &Arc<dyn ErasedBatch>,
-    pending: &[(Arc<Entry>, u32)],
-    origin: &Arc<Origin>,
-) -> Vec<Option<HandlerError>> {
-    let span = info_span!(
-        "batch",
-        entries = pending.len(),
-        first_id = %pending[0].0.id,
-        attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
-    );
-    crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
-    let (decode_failed, call) = handler.call(pending, origin);
-    let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
-    for (i, e) in decode_failed {
-        verdicts[i] = Some(e);
-    }
-    let Some(call) = call else {
-        return verdicts;
-    };
-    let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
-    let all = match result {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => {
-            for (id, err) in e.each {
-                match pending.iter().position(|(entry, _)| entry.id == id) {
-                    Some(i) if verdicts[i].is_none() => verdicts[i] = Some(err),
-                    Some(_) => {}
-                    None => {
-                        warn!(entry_id = %id, "the batch handler failed an entry that is not in the batch")
-                    }
-                }
-            }
-            e.all
-        }
-        Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
-    };
-    if let Some(all) = all {
-        for v in verdicts.iter_mut().filter(|v| v.is_none()) {
-            *v = Some(all.duplicate());
-        }
-    }
-    verdicts
-}
-
-/// The listener's stack: the handler's service inside its layers (the first added innermost).
-pub(crate) fn stack(kind: &HandlerKind, layers: &[Wrap]) -> HandlerService {
-    layers
-        .iter()
-        .fold(handler_service(kind.clone()), |inner, wrap| wrap(inner))
 }
 
 /// Type-erases `layer` for [`crate::Listener::layer`].

@@ -4,11 +4,14 @@ use crate::codec::CodecSpec;
 use crate::handler::{BatchError, BatchHandler, Handler, HandlerError};
 use crate::message::{Batch, Entry, Message, Origin, Payload};
 use crate::state::{DataKey, DataMap};
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use rsc_protocol::entry as fields;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::{Instrument, info_span, warn};
 
 /// When entries are acknowledged (`XACK`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -565,4 +568,99 @@ impl Listener {
     pub fn stream(&self) -> &str {
         &self.stream
     }
+}
+
+/// The innermost service: decodes, calls the handler (a panic is a failed attempt), in a span
+/// that continues the message's trace.
+fn handler_service(kind: HandlerKind) -> crate::layer::HandlerService {
+    tower::util::BoxCloneSyncService::new(tower::service_fn(move |a: crate::layer::Attempt| {
+        let kind = kind.clone();
+        async move {
+            Ok::<_, crate::BoxError>(crate::layer::Verdicts(
+                call(&kind, &a.entries, &a.origin).await,
+            ))
+        }
+    }))
+}
+
+/// One attempt of the handler itself (the innermost service; also the whole stack of a
+/// listener without layers).
+pub(crate) async fn call(
+    kind: &HandlerKind,
+    entries: &[(Arc<Entry>, u32)],
+    origin: &Arc<Origin>,
+) -> Vec<Option<HandlerError>> {
+    match kind {
+        HandlerKind::Single(h) => {
+            let (entry, attempt) = &entries[0];
+            let span = info_span!("message", entry_id = %entry.id, attempt);
+            crate::otel::continue_trace(&span, entry);
+            let call = h.call(entry.clone(), origin.clone(), *attempt);
+            let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+            vec![match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
+            }]
+        }
+        HandlerKind::Batch(h) => call_batch(h, entries, origin).await,
+    }
+}
+
+/// Calls the batch handler once on `pending` (entry, attempt): each message's verdict, in
+/// order (`None`: handled). A payload that does not decode fails its message before the call;
+/// a panic or an error for the whole batch fails every message not failed yet.
+async fn call_batch(
+    handler: &Arc<dyn ErasedBatch>,
+    pending: &[(Arc<Entry>, u32)],
+    origin: &Arc<Origin>,
+) -> Vec<Option<HandlerError>> {
+    let span = info_span!(
+        "batch",
+        entries = pending.len(),
+        first_id = %pending[0].0.id,
+        attempt = pending.iter().map(|(_, a)| *a).max().unwrap_or(1)
+    );
+    crate::otel::link_all(&span, pending.iter().map(|(e, _)| &**e));
+    let (decode_failed, call) = handler.call(pending, origin);
+    let mut verdicts: Vec<Option<HandlerError>> = pending.iter().map(|_| None).collect();
+    for (i, e) in decode_failed {
+        verdicts[i] = Some(e);
+    }
+    let Some(call) = call else {
+        return verdicts;
+    };
+    let result = AssertUnwindSafe(call).catch_unwind().instrument(span).await;
+    let all = match result {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => {
+            for (id, err) in e.each {
+                match pending.iter().position(|(entry, _)| entry.id == id) {
+                    Some(i) if verdicts[i].is_none() => verdicts[i] = Some(err),
+                    Some(_) => {}
+                    None => {
+                        warn!(entry_id = %id, "the batch handler failed an entry that is not in the batch")
+                    }
+                }
+            }
+            e.all
+        }
+        Err(panic) => Some(HandlerError::panicked(panic.as_ref())),
+    };
+    if let Some(all) = all {
+        for v in verdicts.iter_mut().filter(|v| v.is_none()) {
+            *v = Some(all.duplicate());
+        }
+    }
+    verdicts
+}
+
+/// The listener's stack ([`crate::layer`]): the handler's service inside its layers (the first added innermost).
+pub(crate) fn stack(
+    kind: &HandlerKind,
+    layers: &[crate::layer::Wrap],
+) -> crate::layer::HandlerService {
+    layers
+        .iter()
+        .fold(handler_service(kind.clone()), |inner, wrap| wrap(inner))
 }

@@ -121,12 +121,12 @@ impl Runner {
         let listener = &self.shared.listener;
         let verdicts = if listener.layers.is_empty() {
             // No layers: the handler itself is the stack.
-            crate::layer::call(&listener.handler, pending, &self.origin).await
+            crate::listener::call(&listener.handler, pending, &self.origin).await
         } else {
             let service = listener
                 .service
                 .clone()
-                .unwrap_or_else(|| crate::layer::stack(&listener.handler, &listener.layers));
+                .unwrap_or_else(|| crate::listener::stack(&listener.handler, &listener.layers));
             let attempt = crate::layer::Attempt {
                 entries: pending.to_vec(),
                 origin: self.origin.clone(),
