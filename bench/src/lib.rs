@@ -115,6 +115,21 @@ pub fn rss_mib(pid: u32) -> std::io::Result<f64> {
         .ok_or_else(|| std::io::Error::other("no VmRSS"))
 }
 
+/// `POST /v1/groups` with `body` on the coordinator at `url`; an error unless it answers 201.
+pub async fn create_group(url: &str, body: serde_json::Value) -> anyhow::Result<()> {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/groups"))
+        .json(&body)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        resp.status().as_u16() == 201,
+        "create group {body}: {}",
+        resp.text().await?
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,17 +113,11 @@ async fn measure(
     let mode = if shared { "shared" } else { "pershard" };
     let stream = format!("dp-{mode}-{shards}");
     let group = format!("g-{mode}-{shards}");
-    let http = reqwest::Client::new();
-    let resp = http
-        .post(format!("{coordinator}/v1/groups"))
-        .json(&serde_json::json!({"group": group, "stream": stream, "shard_count": shards}))
-        .send()
-        .await?;
-    anyhow::ensure!(
-        resp.status().as_u16() == 201,
-        "create group: {}",
-        resp.text().await?
-    );
+    rsc_bench::create_group(
+        coordinator,
+        serde_json::json!({"group": group, "stream": stream, "shard_count": shards}),
+    )
+    .await?;
     let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
     let s = samples.clone();
     let listener = Listener::new(&group, &stream, move |msg: Message<Stamp>| {

@@ -80,20 +80,12 @@ struct Setup<'a> {
 }
 
 async fn create_group(s: &Setup<'_>) -> anyhow::Result<()> {
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/groups", s.coordinator))
-        .json(
-            &serde_json::json!({"group": s.name, "stream": s.name, "shard_count": s.shards,
+    rsc_bench::create_group(
+        s.coordinator,
+        serde_json::json!({"group": s.name, "stream": s.name, "shard_count": s.shards,
             "session_timeout_ms": 6000, "heartbeat_interval_ms": 500}),
-        )
-        .send()
-        .await?;
-    anyhow::ensure!(
-        resp.status().as_u16() == 201,
-        "create group: {}",
-        resp.text().await?
-    );
-    Ok(())
+    )
+    .await
 }
 
 /// Waits until every shard of the group is owned by a stable member.

@@ -209,7 +209,6 @@ async fn raw_work_consume(
 /// stream, each `reps` times, rotating the order; (batch, single, raw) msgs/s.
 #[allow(clippy::too_many_arguments)]
 async fn batch_section(
-    http: &reqwest::Client,
     client: &redis::Client,
     redis_url: &str,
     con: &mut redis::aio::MultiplexedConnection,
@@ -226,7 +225,7 @@ async fn batch_section(
             match (rep + turn) % 3 {
                 0 => {
                     let g = format!("p10b-{rep}");
-                    create_group(http, url, &g, &stream, args.shards, "lease").await?;
+                    create_group(url, &g, &stream, args.shards, "lease").await?;
                     batch.push(
                         work_consume(client, redis_url, url, &stream, &g, n, args.count, true)
                             .await?,
@@ -234,7 +233,7 @@ async fn batch_section(
                 }
                 1 => {
                     let g = format!("p10s-{rep}");
-                    create_group(http, url, &g, &stream, args.shards, "lease").await?;
+                    create_group(url, &g, &stream, args.shards, "lease").await?;
                     single.push(
                         work_consume(client, redis_url, url, &stream, &g, n, args.count, false)
                             .await?,
@@ -279,27 +278,18 @@ async fn batch_section(
 const PAYLOAD: &str = r#"{"order":12345,"customer":"c-42","total_cents":1999}"#;
 
 async fn create_group(
-    http: &reqwest::Client,
     url: &str,
     group: &str,
     stream: &str,
     shards: u32,
     fencing: &str,
 ) -> anyhow::Result<()> {
-    let resp = http
-        .post(format!("{url}/v1/groups"))
-        .json(
-            &serde_json::json!({"group": group, "stream": stream, "shard_count": shards,
+    rsc_bench::create_group(
+        url,
+        serde_json::json!({"group": group, "stream": stream, "shard_count": shards,
             "fencing": fencing}),
-        )
-        .send()
-        .await?;
-    anyhow::ensure!(
-        resp.status().as_u16() == 201,
-        "create group: {}",
-        resp.text().await?
-    );
-    Ok(())
+    )
+    .await
 }
 
 /// Raw pipelined XADDs of `n` keyed messages over the shards; returns the time taken.
@@ -560,8 +550,7 @@ async fn main() -> anyhow::Result<()> {
         .redis_url(redis.url())
         .build()?;
     if args.only.as_deref() == Some("batch") {
-        let rows =
-            batch_section(&http, &client, &redis.url(), &mut con, &url, &args, n, reps).await?;
+        let rows = batch_section(&client, &redis.url(), &mut con, &url, &args, n, reps).await?;
         emit(&rows)?;
         return Ok(());
     }
@@ -578,28 +567,12 @@ async fn main() -> anyhow::Result<()> {
     for rep in 0..reps {
         // Publish: both write the same messages to their own stream.
         let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
-        create_group(
-            &http,
-            &url,
-            &format!("pg-{rep}"),
-            &routed_s,
-            args.shards,
-            "lease",
-        )
-        .await?;
+        create_group(&url, &format!("pg-{rep}"), &routed_s, args.shards, "lease").await?;
         // P8: the guarded stream is resharded once (to `shards` from one fewer), so every
         // shard carries its epoch marker and each write is checked against it.
         let fenced_s = format!("pub-fenced-{rep}");
         let fenced_from = args.shards.saturating_sub(1).max(1);
-        create_group(
-            &http,
-            &url,
-            &format!("fg-{rep}"),
-            &fenced_s,
-            fenced_from,
-            "lease",
-        )
-        .await?;
+        create_group(&url, &format!("fg-{rep}"), &fenced_s, fenced_from, "lease").await?;
         if fenced_from != args.shards {
             let r = http
                 .post(format!("{url}/v1/streams/{fenced_s}/reshard"))
@@ -657,8 +630,8 @@ async fn main() -> anyhow::Result<()> {
         let stream = format!("con-{rep}");
         let group = format!("cg-{rep}");
         let strict_group = format!("sg-{rep}");
-        create_group(&http, &url, &group, &stream, args.shards, "lease").await?;
-        create_group(&http, &url, &strict_group, &stream, args.shards, "strict").await?;
+        create_group(&url, &group, &stream, args.shards, "lease").await?;
+        create_group(&url, &strict_group, &stream, args.shards, "strict").await?;
         raw_publish(&mut con, &stream, args.shards, n, 500).await?;
         let raw_group = format!("raw-{rep}");
         if rep % 2 == 0 {
@@ -676,7 +649,7 @@ async fn main() -> anyhow::Result<()> {
         let mut strict = (0.0, 0.0);
         let mut lease = (0.0, 0.0);
         let lease_group = format!("lg-{rep}");
-        create_group(&http, &url, &lease_group, &stream, args.shards, "lease").await?;
+        create_group(&url, &lease_group, &stream, args.shards, "lease").await?;
         for first in [rep % 2 == 0, rep % 2 != 0] {
             let (g, out) = if first {
                 (&strict_group, &mut strict)
@@ -792,7 +765,7 @@ async fn main() -> anyhow::Result<()> {
             goal: "-".into(),
         },
     ];
-    rows.extend(batch_section(&http, &client, &redis.url(), &mut con, &url, &args, n, reps).await?);
+    rows.extend(batch_section(&client, &redis.url(), &mut con, &url, &args, n, reps).await?);
     emit(&rows)?;
     Ok(())
 }

@@ -236,29 +236,39 @@ impl ShardWorker {
 
     /// Sleeps unless stopped first; `false` when stopped.
     async fn pause_for(&self, d: Duration) -> bool {
-        tokio::select! {
-            _ = tokio::time::sleep(d) => true,
-            _ = self.stop.cancelled() => false,
-        }
+        sleep_unless_stopped(&self.stop, d).await
     }
 
     /// Waits while the listener is paused; `false` when stopped.
     async fn wait_unpaused(&self) -> bool {
-        if !*self.shared.paused.borrow() {
-            return !self.stop.is_cancelled();
+        wait_unpaused(&self.shared.paused, &self.stop).await
+    }
+}
+
+/// Sleeps `d` unless `stop` comes first; `false` when stopped.
+async fn sleep_unless_stopped(stop: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = stop.cancelled() => false,
+    }
+}
+
+/// Waits while `paused` says the listener is paused; `false` when stopped first.
+async fn wait_unpaused(
+    paused: &tokio::sync::watch::Receiver<bool>,
+    stop: &CancellationToken,
+) -> bool {
+    let mut paused = paused.clone();
+    loop {
+        if stop.is_cancelled() {
+            return false;
         }
-        let mut paused = self.shared.paused.clone();
-        loop {
-            if self.stop.is_cancelled() {
-                return false;
-            }
-            if !*paused.borrow_and_update() {
-                return true;
-            }
-            tokio::select! {
-                changed = paused.changed() => if changed.is_err() { return !self.stop.is_cancelled() },
-                _ = self.stop.cancelled() => return false,
-            }
+        if !*paused.borrow_and_update() {
+            return true;
+        }
+        tokio::select! {
+            changed = paused.changed() => if changed.is_err() { return !stop.is_cancelled() },
+            _ = stop.cancelled() => return false,
         }
     }
 }

@@ -91,27 +91,14 @@ impl Runner {
     /// Between two entries of one call: waits while the listener is paused; `false` when
     /// stopped or past the lease.
     async fn ready_for_next(&self) -> bool {
-        let mut paused = self.shared.paused.clone();
-        loop {
-            if self.stop.is_cancelled() || self.shared.lease_expired() {
-                return false;
-            }
-            if !*paused.borrow_and_update() {
-                return true;
-            }
-            tokio::select! {
-                changed = paused.changed() => if changed.is_err() { return false },
-                _ = self.stop.cancelled() => return false,
-            }
-        }
+        !self.shared.lease_expired()
+            && super::wait_unpaused(&self.shared.paused, &self.stop).await
+            && !self.shared.lease_expired()
     }
 
     /// Sleeps unless stopped first; `false` when stopped.
     async fn pause_for(&self, d: Duration) -> bool {
-        tokio::select! {
-            _ = tokio::time::sleep(d) => true,
-            _ = self.stop.cancelled() => false,
-        }
+        super::sleep_unless_stopped(&self.stop, d).await
     }
 
     /// One attempt on `pending` through the listener's stack (its layers around the
