@@ -604,6 +604,11 @@ impl MemberRuntime {
         self.stop_all(StopReason::Rejoin);
     }
 
+    /// Whether the lease ran out at `now` and the member has not fenced on it yet.
+    fn lease_ran_out(&self, now: Instant) -> bool {
+        self.lease.fence_deadline().is_some_and(|d| now >= d)
+    }
+
     fn self_fence(&mut self) {
         warn!(
             session_timeout_ms = self.session.unwrap_or_default().as_millis() as u64,
@@ -692,9 +697,16 @@ impl MemberRuntime {
         let Some(shard) = self.task_shard.remove(&id) else {
             return;
         };
-        let Some(slot) = self.slots.remove(&shard) else {
+        let Some(mut slot) = self.slots.remove(&shard) else {
             return;
         };
+        if slot.stopping.is_none() && self.lease_ran_out(Instant::now()) {
+            // The worker saw the lease run out (PROTOCOL §5.3) before the member's timer
+            // fired: the member fences now, as it would have a moment later. Otherwise, with
+            // its last worker gone, it would own nothing to fence and never say it stopped.
+            self.self_fence();
+            slot.stopping = Some(StopReason::Fenced);
+        }
         self.callback(false, vec![shard]);
         if let Some(message) = panic {
             // A bug outside the handler (whose panics are failed attempts): stop loudly
@@ -847,6 +859,60 @@ mod tests {
             Phase::Leaving { standing, .. } => Some(standing),
             _ => None,
         }
+    }
+
+    fn member() -> MemberRuntime {
+        let listener = crate::Listener::new("g", "s", |_msg: crate::Message<crate::Raw>| async {
+            Ok::<_, std::convert::Infallible>(())
+        });
+        let coord = CoordinatorClient::builder(["http://127.0.0.1:1"])
+            .build()
+            .expect("a valid URL");
+        let heartbeats = Heartbeats::single(coord.clone());
+        MemberRuntime::new(
+            MemberShared::for_tests(listener),
+            coord,
+            heartbeats,
+            ClientInfo::default(),
+        )
+    }
+
+    /// A worker that exits by itself on seeing the lease run out (before the member's own
+    /// timer fires) still fences the member: its other workers stop and it says so.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_saw_the_lease_run_out_fences_the_member() {
+        let mut m = member();
+        m.phase = Phase::Stable;
+        let session = Duration::from_millis(1_000);
+        m.lease.renewed(Instant::now(), session);
+        let fake_worker = |m: &mut MemberRuntime, shard: u32| {
+            let handle = m.tasks.spawn(async move { shard });
+            m.task_shard.insert(handle.id(), shard);
+            let stop = CancellationToken::new();
+            let flags = Arc::new(ShardFlags::default());
+            let slot = Slot {
+                stop,
+                flags,
+                stopping: None,
+                draining_since: None,
+            };
+            m.slots.insert(shard, slot);
+            handle.id()
+        };
+        let (first, second) = (fake_worker(&mut m, 0), fake_worker(&mut m, 1));
+
+        // Before the deadline, a worker exiting on its own does not fence the member.
+        m.worker_exited(first, None);
+        assert!(matches!(m.phase, Phase::Stable));
+        assert!(m.lease_ran_out(Instant::now() + session));
+
+        tokio::time::advance(session).await;
+        m.worker_exited(second, None);
+        assert!(
+            matches!(m.phase, Phase::Fenced),
+            "fenced when the lease ran out"
+        );
+        assert!(!m.lease_ran_out(Instant::now()), "once per lease");
     }
 
     #[test]
