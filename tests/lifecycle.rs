@@ -345,3 +345,82 @@ async fn a_duplicate_static_id_is_refused_and_exits_non_zero() {
     let view = stack.wait_stable(GROUP, 1, SHARDS as usize).await;
     assert_eq!(view["members"][0]["member_id"], member.as_str());
 }
+
+/// Two processes with the same member ids (the same `POD_IP`, a newcomer's first mistake when
+/// running two instances on one machine): the second names another process run at join, is
+/// refused (`MEMBER_ID_IN_USE`) once the first run's session would have ended, and exits
+/// non-zero; the first keeps its members, epochs and shards, and handles every entry once.
+#[tokio::test]
+async fn a_duplicated_dynamic_process_exits_non_zero_and_costs_the_holder_nothing() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 8;
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 1500, 200).await;
+    let args = [
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--concurrency",
+        "2",
+        "--record-stream",
+        RECORD,
+    ];
+    let holder = Consumer::start(&stack, "127.0.0.34", &args);
+    let view = stack.wait_stable(GROUP, 2, SHARDS as usize).await;
+    let epochs = |view: &serde_json::Value| -> BTreeMap<String, i64> {
+        view["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| {
+                let id = m["member_id"].as_str().expect("id").to_owned();
+                (id, m["member_epoch"].as_i64().expect("epoch"))
+            })
+            .collect()
+    };
+    let before = epochs(&view);
+    let count = 5_000;
+    let producer = spawn_producer(&stack, STREAM, count, 32, Some(1_000));
+
+    let t0 = now_ms();
+    let mut duplicate = Consumer::start(&stack, "127.0.0.34", &args);
+    let status = duplicate.wait_exit(Duration::from_secs(30));
+    let exited_after_ms = now_ms() - t0;
+    assert!(
+        !status.success(),
+        "a process whose member ids another live process uses must exit non-zero, got {status}"
+    );
+    let log = duplicate.log();
+    assert!(
+        log.iter().any(|l| l.contains("MEMBER_ID_IN_USE"))
+            && log
+                .iter()
+                .any(|l| l.contains("give each process its own instance id")),
+        "the duplicate says why and how to fix it"
+    );
+    finish_producer(producer, count);
+    let records = wait_handled(&stack, count).await;
+    let view = stack.wait_stable(GROUP, 2, SHARDS as usize).await;
+    let after = epochs(&view);
+    let bumps: i64 = after
+        .iter()
+        .map(|(id, e)| e - before.get(id).copied().unwrap_or(*e))
+        .sum();
+    let twice = (records.len() as u64).saturating_sub(count);
+    eprintln!(
+        "duplicate exited after {exited_after_ms} ms ({} log lines); holder epoch bumps: \
+         {bumps}; entries handled twice: {twice} of {count}",
+        log.len()
+    );
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        bumps <= 20,
+        "the holder's members were fenced {bumps} times"
+    );
+    assert!(twice * 100 <= count, "{twice} of {count} handled twice");
+    drop(holder);
+}

@@ -39,9 +39,9 @@ impl CoordinatorClient {
         (url, result.map(|f| f.view))
     }
 
-    /// A heartbeat with epoch -1: leaves the group at once (not epoch-checked). A static
-    /// member (with its `incarnation`) leaves with -2 instead: it keeps its shards until it is
-    /// back or its session expires.
+    /// A heartbeat with epoch -1: leaves the group at once (not epoch-checked). With the
+    /// `incarnation` the member joined with, the coordinator refuses it when another process
+    /// run holds the id (PROTOCOL §11), so a replaced run cannot end the live one's membership.
     pub async fn leave(
         &self,
         group: &str,
@@ -49,10 +49,35 @@ impl CoordinatorClient {
         incarnation: Option<&str>,
         timeout: Duration,
     ) -> Result<(), CoordinatorError> {
+        self.leave_with(group, member_id, -1, incarnation, timeout)
+            .await
+    }
+
+    /// A heartbeat with epoch -2: a static member stops for a restart (PROTOCOL §11). It keeps
+    /// its shards, unread, until it joins again or its session expires.
+    pub async fn step_away(
+        &self,
+        group: &str,
+        member_id: &str,
+        incarnation: &str,
+        timeout: Duration,
+    ) -> Result<(), CoordinatorError> {
+        self.leave_with(group, member_id, -2, Some(incarnation), timeout)
+            .await
+    }
+
+    async fn leave_with(
+        &self,
+        group: &str,
+        member_id: &str,
+        member_epoch: i64,
+        incarnation: Option<&str>,
+        timeout: Duration,
+    ) -> Result<(), CoordinatorError> {
         let req = HeartbeatRequest {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: member_id.to_owned(),
-            member_epoch: if incarnation.is_some() { -2 } else { -1 },
+            member_epoch,
             owned_shards: Some(Vec::new()),
             drained_shards: Vec::new(),
             client: None,

@@ -123,7 +123,8 @@ impl ConsumerAppBuilder {
 
     crate::config::connection_setters!();
 
-    /// This process's identity in member ids (default: `POD_IP`, else `POD_NAME`).
+    /// This process's identity in member ids (default: `POD_IP`, else `POD_NAME`, else
+    /// `<HOSTNAME>-<process id>`; see [`ClientConfig::from_env`]).
     pub fn instance_id(mut self, id: impl Into<String>) -> Self {
         self.config.instance_id = Some(id.into());
         self
@@ -346,7 +347,7 @@ impl ConsumerApp {
             .sum();
         let heartbeats = Heartbeats::for_app(coord.clone(), cfg.heartbeat_batching, member_count);
         let instance = cfg.instance_id.clone().unwrap_or_default();
-        let incarnation = cfg.static_membership.then(new_incarnation);
+        let incarnation = Some(new_incarnation(cfg.static_membership));
         let shutdown = &self.handle.shutdown;
         let mut members = Members {
             tasks: JoinSet::new(),
@@ -362,6 +363,7 @@ impl ConsumerApp {
                     stream: l.stream.clone(),
                     member_id: format!("{instance}-{}-{i}", l.name),
                     incarnation: incarnation.clone(),
+                    static_member: cfg.static_membership,
                     listener: l.clone(),
                     redis: redis.clone(),
                     doorbell: doorbell.clone(),
@@ -494,13 +496,18 @@ impl Members {
     }
 }
 
-/// A token unique to this run of the process (static membership): the process id and the
-/// start time, in hex.
-fn new_incarnation() -> String {
+/// A token unique to this run of the process (PROTOCOL §11): the process id and the start
+/// time, in hex; a dynamic member's begins with [`rsc_protocol::DYNAMIC_INCARNATION_PREFIX`].
+fn new_incarnation(static_membership: bool) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("{:x}-{nanos:x}", std::process::id())
+    let prefix = if static_membership {
+        ""
+    } else {
+        rsc_protocol::DYNAMIC_INCARNATION_PREFIX
+    };
+    format!("{prefix}{:x}-{nanos:x}", std::process::id())
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).

@@ -108,9 +108,10 @@ impl ClientConfig {
     /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_REDIS_SENTINEL_TLS`,
     /// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_TOKEN`,
     /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
-    /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard), `POD_IP` and `POD_NAME` (falling back to `HOSTNAME`), and
-    /// `RSC_STATIC_MEMBERSHIP` (`true`: static membership, the instance id is `POD_NAME`, else
-    /// `HOSTNAME`, taking precedence over `POD_IP`).
+    /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard), and the instance id of member
+    /// ids: `POD_IP`, else `POD_NAME`, else `<HOSTNAME>-<process id>` (so that two local
+    /// processes never share member ids); with `RSC_STATIC_MEMBERSHIP=true` (static
+    /// membership) `POD_NAME`, else `HOSTNAME`, which survive a restart.
     pub fn from_env() -> Self {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -163,7 +164,12 @@ impl ClientConfig {
             // A static id must survive the restart: the pod name does, the pod IP does not.
             cfg.host.clone()
         } else {
-            get("POD_IP").or_else(|| cfg.host.clone())
+            // Local runs share the host name: the process id tells two processes apart (a
+            // pod's own IP or name already does).
+            get("POD_IP").or_else(|| get("POD_NAME")).or_else(|| {
+                let host = get("HOSTNAME").unwrap_or_else(|| "localhost".to_owned());
+                Some(format!("{host}-{}", std::process::id()))
+            })
         };
         cfg
     }
@@ -401,6 +407,19 @@ mod tests {
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert!(!cfg.static_membership);
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
+    }
+
+    #[test]
+    fn a_local_run_gets_an_instance_id_of_its_own() {
+        let cfg = ClientConfig::from_lookup(|k| (k == "HOSTNAME").then(|| "laptop".into()));
+        let own = format!("laptop-{}", std::process::id());
+        assert_eq!(cfg.instance_id.as_deref(), Some(own.as_str()));
+        assert_eq!(cfg.host.as_deref(), Some("laptop"));
+        let cfg = ClientConfig::from_lookup(|_| None);
+        assert!(cfg.instance_id.is_some_and(|i| i.starts_with("localhost-")));
+        // Static membership needs a name that survives the restart: no default.
+        let cfg = ClientConfig::from_lookup(|k| (k == "RSC_STATIC_MEMBERSHIP").then(|| "1".into()));
+        assert_eq!(cfg.instance_id, None);
     }
 
     #[test]

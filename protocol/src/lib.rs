@@ -32,3 +32,13 @@ pub use wire::*;
 
 /// The protocol version this crate speaks (`protocol_version` in heartbeats).
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// How a dynamic member's `incarnation` begins (PROTOCOL §17): it names its process run, so a
+/// second live process with the same member id is refused, but it is not a static member (it
+/// leaves with -1, never steps away with -2).
+pub const DYNAMIC_INCARNATION_PREFIX: &str = "dynamic:";
+
+/// Whether `incarnation` is a static member's (PROTOCOL §11, §17).
+pub fn is_static_incarnation(incarnation: &str) -> bool {
+    !incarnation.starts_with(DYNAMIC_INCARNATION_PREFIX)
+}

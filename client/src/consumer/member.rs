@@ -202,6 +202,10 @@ impl Slot {
 type HeartbeatFuture =
     BoxFuture<'static, (Instant, i64, Result<HeartbeatResponse, CoordinatorError>)>;
 
+/// Forced rejoins within a minute after which a member stops (with an error) rather than
+/// fence another process using its id in a loop.
+const FENCE_LOOP_LIMIT: usize = 10;
+
 /// Slack past the moment a refused static member's holder would expire, before the holder
 /// is taken for a live duplicate (clock and network delays between coordinator and member).
 const IN_USE_MARGIN: Duration = Duration::from_secs(1);
@@ -525,7 +529,16 @@ impl MemberRuntime {
                 warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
                 metrics::counter!("rsc_client_rejoins_total", "group" => self.shared.group.clone())
                     .increment(1);
-                self.note_fence(now);
+                if self.fenced_too_often(now) {
+                    error!(error = %e, member = %self.shared.member_id, fences = FENCE_LOOP_LIMIT,
+                        "fenced {FENCE_LOOP_LIMIT} times within a minute: stopping rather than \
+                         fence another process in a loop. Is another process using the same member id? \
+                         (member ids are <instance>-<listener>-<index>; give each process its own \
+                         POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
+                    self.phase.rejected(e);
+                    self.stop_all(StopReason::Shutdown);
+                    return;
+                }
                 self.start_rejoin();
                 self.next_heartbeat = now;
             }
@@ -559,8 +572,9 @@ impl MemberRuntime {
     }
 
     /// A rejoin forced by the coordinator: several within a minute hint at a member id
-    /// shared by two processes.
-    fn note_fence(&mut self, now: Instant) {
+    /// shared by two processes (one that names no incarnation, e.g. an older client, since
+    /// the join of a second live process run is refused). `true` at [`FENCE_LOOP_LIMIT`].
+    fn fenced_too_often(&mut self, now: Instant) -> bool {
         self.recent_fences.push_back(now);
         while self
             .recent_fences
@@ -570,26 +584,30 @@ impl MemberRuntime {
             self.recent_fences.pop_front();
         }
         if self.recent_fences.len() >= 3 {
-            error!(member = %self.shared.member_id, "fenced {} times within a minute: is another process using the same member id? \
-                (member ids are <instance>-<listener>-<index>; give each pod its own POD_IP or POD_NAME)", self.recent_fences.len());
+            warn!(member = %self.shared.member_id, fences = self.recent_fences.len(),
+                "fenced again within a minute: is another process using the same member id?");
         }
+        self.recent_fences.len() >= FENCE_LOOP_LIMIT
     }
 
-    /// `MEMBER_ID_IN_USE`: another process holds this static id. Either this pod came back
-    /// after a crash (the old run's session has to run out first: the coordinator says when)
-    /// or two live pods share an id (the holder keeps heartbeating, so the refusals outlast
-    /// the first session end): then stop loudly.
+    /// `MEMBER_ID_IN_USE`: another process run holds this member id. Either this pod came
+    /// back after a crash (the old run's session has to run out first: the coordinator says
+    /// when) or two live processes share an id (the holder keeps heartbeating, so the
+    /// refusals outlast the first session end): then stop loudly, saying how to fix it.
     fn id_in_use(&mut self, e: CoordinatorError, now: Instant) {
         let wait = e.retry_after().unwrap_or(self.interval);
         let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
         if now > until {
-            error!(error = %e, "another live process keeps this static member id; stopping");
+            error!(error = %e, member = %self.shared.member_id,
+                "another live process uses this member id; stopping. Member ids are \
+                 <instance>-<listener>-<index>: give each process its own instance id \
+                 (POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
             self.phase.rejected(e);
             self.stop_all(StopReason::Shutdown);
             return;
         }
         warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
-            "static member id held by another process: retrying when its session runs out");
+            "member id held by another process run: retrying when its session runs out");
         self.next_heartbeat = now
             + (wait + Duration::from_millis(20))
                 .clamp(Duration::from_millis(100), Duration::from_secs(5));
@@ -769,18 +787,17 @@ impl MemberRuntime {
             return;
         };
         let timeout = (session / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
+        let (group, member) = (&self.shared.group, &self.shared.member_id);
+        let incarnation = self.shared.incarnation.as_deref();
         for attempt in 1..=3 {
-            match self
-                .coord
-                .leave(
-                    &self.shared.group,
-                    &self.shared.member_id,
-                    self.shared.incarnation.as_deref(),
-                    timeout,
-                )
-                .await
-            {
-                Ok(()) if self.shared.incarnation.is_some() => {
+            let left = match incarnation {
+                Some(inc) if self.shared.static_member => {
+                    self.coord.step_away(group, member, inc, timeout).await
+                }
+                _ => self.coord.leave(group, member, incarnation, timeout).await,
+            };
+            match left {
+                Ok(()) if self.shared.static_member => {
                     info!(
                         "left the group for a restart (static member): the shards wait for this id"
                     );

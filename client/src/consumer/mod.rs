@@ -41,9 +41,11 @@ pub(crate) struct MemberShared {
     pub(crate) group: String,
     pub(crate) stream: String,
     pub(crate) member_id: String,
-    /// Static membership: this process run's incarnation (sent with the join and the -2
-    /// leave); `None` for a dynamic member.
+    /// This process run's incarnation (PROTOCOL §11), sent with the join and the leave, so
+    /// that a second live process with the same member id is refused (`None` only in tests).
     pub(crate) incarnation: Option<String>,
+    /// Static membership: the member leaves with -2 (its shards wait for its return).
+    pub(crate) static_member: bool,
     pub(crate) listener: Listener,
     /// The data Redis (workers on a cluster open their own connections to it).
     pub(crate) redis: LazyRedis,
@@ -153,6 +155,7 @@ impl MemberShared {
             stream: listener.stream.clone(),
             member_id: "test-member".into(),
             incarnation: None,
+            static_member: false,
             metrics: WorkerMetrics::new(&listener.group, &listener.stream),
             listener,
             redis: redis.clone(),

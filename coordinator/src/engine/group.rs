@@ -482,9 +482,14 @@ impl GroupDoc {
             .members
             .get_mut(id)
             .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
-        let Some(held) = m.incarnation.as_deref() else {
+        let Some(held) = m
+            .incarnation
+            .as_deref()
+            .filter(|i| rsc_protocol::is_static_incarnation(i))
+        else {
             return Err(EngineError::Invalid(format!(
-                "member {id} is not static (it joined without an incarnation): leave with epoch -1"
+                "member {id} is not static (it joined without a static incarnation): leave with \
+                 epoch -1"
             )));
         };
         if incarnation != Some(held) {

@@ -598,6 +598,42 @@ fn a_static_id_held_by_a_live_process_is_refused() {
     );
 }
 
+/// A dynamic member naming its process run (PROTOCOL §17): a second live process with the
+/// same id is refused at join, and the holder keeps its shards and its epoch; it is not a
+/// static member (no -2, not `is_static` in the view).
+#[test]
+fn a_dynamic_id_held_by_a_live_process_is_refused_and_cannot_step_away() {
+    let mut w = World::new(2);
+    let (run1, run2) = ("dynamic:1-a", "dynamic:2-b");
+    let r = w.hb_static("d1", 0, &[], run1).unwrap();
+    let r = w
+        .hb_static("d1", r.member_epoch, &r.assignment, run1)
+        .unwrap();
+    let (epoch, group_epoch) = (r.member_epoch, w.group.group_epoch);
+    let e = w.hb_static("d1", 0, &[], run2).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::MemberIdInUse);
+    assert_eq!(
+        w.group.members["d1"].member_epoch, epoch,
+        "the holder is not fenced"
+    );
+    assert_eq!(w.group.group_epoch, group_epoch);
+    assert_eq!(
+        w.hb_static("d1", -2, &[], run1).unwrap_err().code(),
+        ErrorCode::InvalidRequest,
+        "a dynamic member cannot step away"
+    );
+    let view = crate::engine::view::member_view("d1", &w.group.members["d1"], w.now);
+    assert!(!view.is_static);
+    // Its own leave (-1) with its incarnation is accepted; another run's is not.
+    assert_eq!(
+        w.hb_static("d1", -1, &[], run2).unwrap_err().code(),
+        ErrorCode::MemberIdInUse
+    );
+    w.hb_static("d1", -1, &[], run1).unwrap();
+    assert!(!w.group.members.contains_key("d1"));
+    w.hb_static("d1", 0, &[], run2).unwrap();
+}
+
 #[test]
 fn an_away_static_member_expires_after_its_session_and_its_shards_move() {
     let mut w = World::new(2);

@@ -126,7 +126,7 @@ pub fn group_view(
 }
 
 /// One member as the group view shows it.
-fn member_view(id: &str, m: &MemberDoc, now_ms: u64) -> MemberView {
+pub(crate) fn member_view(id: &str, m: &MemberDoc, now_ms: u64) -> MemberView {
     MemberView {
         member_id: id.to_owned(),
         member_epoch: m.member_epoch,
@@ -137,7 +137,10 @@ fn member_view(id: &str, m: &MemberDoc, now_ms: u64) -> MemberView {
         owned_shards: m.reported.iter().copied().collect(),
         assigned_shards: m.assigned.iter().copied().collect(),
         pending_revocation: m.pending_revocation.iter().copied().collect(),
-        is_static: m.incarnation.is_some(),
+        is_static: m
+            .incarnation
+            .as_deref()
+            .is_some_and(rsc_protocol::is_static_incarnation),
         away_ms: m.away_since_ms.map(|t| now_ms.saturating_sub(t)),
     }
 }
