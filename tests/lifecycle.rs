@@ -424,3 +424,182 @@ async fn a_duplicated_dynamic_process_exits_non_zero_and_costs_the_holder_nothin
     assert!(twice * 100 <= count, "{twice} of {count} handled twice");
     drop(holder);
 }
+
+/// The members (id → owned shards) of the group, as the coordinator shows them.
+async fn owners(stack: &Stack) -> BTreeMap<String, Vec<u32>> {
+    pods::owned_by(&stack.group(GROUP).await)
+        .into_iter()
+        .collect()
+}
+
+/// A pod started with a data Redis where nothing listens never joins: the healthy pod keeps
+/// every shard, everything published meanwhile is handled, and the bad pod says which URL
+/// (password hidden) does not answer and is not ready.
+#[tokio::test]
+async fn a_pod_whose_data_redis_does_not_answer_never_joins() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 8;
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 1500, 200).await;
+    let args = [
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--record-stream",
+        RECORD,
+    ];
+    let healthy = Consumer::start(&stack, "127.0.0.36", &args);
+    stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    let count = 3_000;
+    let producer = spawn_producer(&stack, STREAM, count, 32, Some(1_000));
+    let bad =
+        Consumer::start_with_redis(&stack, "redis://:s3cret@127.0.0.1:1", "127.0.0.37", &args);
+    eventually("the bad pod names its data Redis", 20, || {
+        bad.log()
+            .iter()
+            .any(|l| l.contains("the data Redis does not answer"))
+            .then_some(())
+    })
+    .await;
+    let log = bad.log().join("\n");
+    assert!(log.contains("redis://<redacted>@127.0.0.1:1"), "{log}");
+    assert!(!log.contains("s3cret"), "the password stays out of the log");
+    assert_eq!(bad.ready().await, Some(false), "the bad pod is not ready");
+    // A producer with the same URL fails its publish, naming the URL.
+    let unreachable = rsc_client::producer::Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url("redis://:s3cret@127.0.0.1:1")
+        .build()
+        .expect("producer");
+    let t = std::time::Instant::now();
+    let err = unreachable
+        .publish(STREAM, Some("k"), &1)
+        .await
+        .expect_err("nothing listens on port 1");
+    let publish_failed_ms = t.elapsed().as_millis();
+    assert!(
+        matches!(err, rsc_client::ClientError::DataRedisUnreachable { .. }),
+        "{err:?}"
+    );
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    let text = format!(
+        "{err}: {}",
+        cause.expect("the connection's error is its source")
+    );
+    assert!(
+        text.contains("redis://<redacted>@127.0.0.1:1") && !text.contains("s3cret"),
+        "{text}"
+    );
+    eprintln!("publish to an unreachable data Redis failed after {publish_failed_ms} ms: {text}");
+    // Negative window: several heartbeat intervals and a session timeout, polled.
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        let owned = owners(&stack).await;
+        assert_eq!(
+            owned.len(),
+            1,
+            "only the healthy pod is a member: {owned:?}"
+        );
+        assert_eq!(
+            owned.values().flatten().count(),
+            SHARDS as usize,
+            "{owned:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    finish_producer(producer, count);
+    let records = wait_handled(&stack, count).await;
+    assert_none_lost(&records, count);
+    assert_eq!(healthy.ready().await, Some(true));
+    eprintln!(
+        "healthy pod kept {SHARDS}/{SHARDS} shards; {} of {count} entries handled",
+        records.iter().map(|r| r.seq).collect::<BTreeSet<_>>().len()
+    );
+}
+
+/// A pod whose path to the data Redis is cut gives its shards back after the grace (the
+/// healthy pod then owns them all and handles everything), and joins again once the path
+/// is restored.
+#[tokio::test]
+async fn a_pod_that_loses_its_data_redis_gives_its_shards_back_and_returns() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 8;
+    const GRACE_MS: u64 = 2_000;
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 1500, 200).await;
+    let proxy = rsc_e2e::Proxy::start(format!("127.0.0.1:{}", stack.redis.port()))
+        .await
+        .expect("proxy");
+    let args = [
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--record-stream",
+        RECORD,
+    ];
+    let healthy = Consumer::start(&stack, "127.0.0.38", &args);
+    let grace = GRACE_MS.to_string();
+    let mut cut_args = args.to_vec();
+    cut_args.extend(["--data-redis-grace-ms", &grace]);
+    let via_proxy = format!("redis://{}", proxy.addr());
+    let cut = Consumer::start_with_redis(&stack, &via_proxy, "127.0.0.39", &cut_args);
+    stack.wait_stable(GROUP, 2, SHARDS as usize).await;
+    let healthy_member = healthy.member_ids(GROUP, 1).remove(0);
+    let count = 5_000;
+    let producer = spawn_producer(&stack, STREAM, count, 32, Some(1_000));
+    tokio::time::sleep(Duration::from_millis(500)).await; // both pods handle for a moment
+    let t0 = now_ms();
+    proxy.cut();
+    let moved_ms = eventually_owned_by(&stack, &healthy_member, SHARDS, 30).await - t0;
+    finish_producer(producer, count);
+    let records = wait_handled(&stack, count).await;
+    assert_none_lost(&records, count);
+    assert_eq!(
+        cut.ready().await,
+        Some(false),
+        "not ready without its data Redis"
+    );
+    assert_eq!(
+        cut.metric("rsc_client_stepped_aside_total", &[]).await,
+        Some(1.0)
+    );
+    let t1 = now_ms();
+    proxy.restore();
+    stack.wait_stable(GROUP, 2, SHARDS as usize).await;
+    let returned_ms = now_ms() - t1;
+    let owned = owners(&stack).await;
+    assert!(
+        owned.iter().all(|(_, shards)| !shards.is_empty()),
+        "the returned pod works shards again: {owned:?}"
+    );
+    let log = cut.log().join("\n");
+    assert!(log.contains("giving the shards back"), "{log}");
+    assert!(log.contains("joining the group again"), "{log}");
+    let twice = (records.len() as u64).saturating_sub(count);
+    eprintln!(
+        "cut → healthy pod owns {SHARDS}/{SHARDS}: {moved_ms} ms (grace {GRACE_MS} ms); \
+         restored → both pods stable again: {returned_ms} ms; handled twice: {twice} of {count}"
+    );
+}
+
+/// Waits until `member` alone owns all `shards`; returns when it first did (ms).
+async fn eventually_owned_by(stack: &Stack, member: &str, shards: u32, secs: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let owned = owners(stack).await;
+        if owned.len() == 1
+            && owned
+                .get(member)
+                .is_some_and(|s| s.len() == shards as usize)
+        {
+            return now_ms();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{member} did not get all {shards} shards within {secs} s: {owned:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

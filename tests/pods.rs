@@ -163,6 +163,20 @@ impl Consumer {
         Self::start_full(stack, &stack.coordinator.url(), pod_ip, extra, env)
     }
 
+    /// Like [`Consumer::start`], reading the data Redis at `redis_url` (e.g. a proxy, or an
+    /// address where nothing listens).
+    #[allow(dead_code)]
+    pub(crate) fn start_with_redis(
+        stack: &Stack,
+        redis_url: &str,
+        pod_ip: &str,
+        extra: &[&str],
+    ) -> Self {
+        let redis = ["--redis-url", redis_url];
+        let args: Vec<&str> = redis.iter().chain(extra).copied().collect();
+        Self::start_full(stack, &stack.coordinator.url(), pod_ip, &args, &[])
+    }
+
     /// Like [`Consumer::start`], talking to the coordinator at `coordinator` (e.g. a proxy).
     pub(crate) fn start_via(
         stack: &Stack,
@@ -192,13 +206,11 @@ impl Consumer {
                 format!("{pod_ip}:{port}")
             }
         };
+        let redis_url = stack.redis.url();
+        let redis = (!extra.contains(&"--redis-url")).then_some(["--redis-url", &redis_url]);
         let mut child = Command::new(binary_path("sample-consumer").expect("built"))
-            .args([
-                "--coordinator",
-                coordinator,
-                "--redis-url",
-                &stack.redis.url(),
-            ])
+            .args(["--coordinator", coordinator])
+            .args(redis.into_iter().flatten())
             .args(["--pod-ip", pod_ip])
             .args(extra)
             .args(
@@ -248,6 +260,13 @@ impl Consumer {
             .ok()?;
         let text = r.error_for_status().ok()?.text().await.ok()?;
         Some(rsc_e2e::metric_sum(&text, metric, labels))
+    }
+
+    /// Whether the pod's `/readyz` answers 200 (`None` while it does not answer at all).
+    #[allow(dead_code)]
+    pub(crate) async fn ready(&self) -> Option<bool> {
+        let r = reqwest::get(format!("{}/readyz", self.health)).await.ok()?;
+        Some(r.status().is_success())
     }
 
     /// Member ids of this pod: `<pod_ip>-<group>-<index>`.

@@ -104,12 +104,16 @@ pub struct ConsumerAppBuilder {
     config: ClientConfig,
     listeners: Vec<Listener>,
     data: DataMap,
+    /// A variable of the environment that could not be read ([`Self::build`] reports it).
+    env_error: Option<ConfigError>,
 }
 
 impl ConsumerAppBuilder {
     /// Starts from the environment ([`ClientConfig::from_env`]).
     pub fn from_env() -> Self {
-        Self::with_config(ClientConfig::from_env())
+        let mut builder = Self::with_config(ClientConfig::from_env());
+        builder.env_error = crate::config::env_error(|k| std::env::var(k).ok());
+        builder
     }
 
     /// Starts from a configuration.
@@ -118,6 +122,7 @@ impl ConsumerAppBuilder {
             config,
             listeners: Vec::new(),
             data: DataMap::default(),
+            env_error: None,
         }
     }
 
@@ -142,6 +147,14 @@ impl ConsumerAppBuilder {
     /// Bounds a graceful shutdown (default 25 s); see [`ClientConfig::shutdown_timeout`].
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How long the data Redis may stay unreachable before the app's members give their
+    /// shards back (default 15 s, or `RSC_DATA_REDIS_GRACE_MS`); see
+    /// [`ClientConfig::data_redis_grace`].
+    pub fn data_redis_grace(mut self, grace: Duration) -> Self {
+        self.config.data_redis_grace = grace;
         self
     }
 
@@ -198,6 +211,9 @@ impl ConsumerAppBuilder {
 
     /// Checks the configuration and the listeners.
     pub fn build(self) -> Result<ConsumerApp, ClientError> {
+        if let Some(e) = self.env_error {
+            return Err(e.into());
+        }
         let cfg = self.config;
         cfg.check_coordinator()?;
         let instance = cfg.instance_id.clone().ok_or(ConfigError::NoInstanceId {
@@ -296,15 +312,22 @@ impl ConsumerApp {
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
         let coord = cfg.coordinator()?;
-        // One wake-up channel for every member of the app; it ends with the app.
+        // One wake-up channel and one data-Redis probe for every member of the app; they end
+        // with the app.
         let wake_stop = CancellationToken::new();
         let _wake_stop = wake_stop.clone().drop_guard();
         let wake_signals = if cfg.wake_channel {
-            crate::consumer::wake::spawn(coord.clone(), self.wake_members(), wake_stop)
+            crate::consumer::wake::spawn(coord.clone(), self.wake_members(), wake_stop.clone())
         } else {
             Default::default()
         };
-        let members = self.spawn_members(&redis, &coord, &wake_signals);
+        let health = crate::consumer::health::spawn(
+            redis.clone(),
+            cfg.data_redis_label(),
+            cfg.data_redis_grace,
+            wake_stop.clone(),
+        );
+        let members = self.spawn_members(&redis, &coord, &wake_signals, &health);
         let first_error = self.supervise(members, signal).await;
         info!("consumer app stopped");
         first_error.map_or(Ok(()), Err)
@@ -332,6 +355,7 @@ impl ConsumerApp {
         redis: &LazyRedis,
         coord: &CoordinatorClient,
         wake_signals: &WakeSignals,
+        data_health: &tokio::sync::watch::Receiver<crate::consumer::health::DataRedis>,
     ) -> Members {
         let cfg = &self.config;
         let ack_conn = redis.clone();
@@ -374,6 +398,8 @@ impl ConsumerApp {
                     metrics: metrics.clone(),
                     lease_until: std::sync::Mutex::new(None),
                     ordered: std::sync::atomic::AtomicBool::new(true),
+                    data_health: data_health.clone(),
+                    data_redis_grace: cfg.data_redis_grace,
                 });
                 let info = ClientInfo {
                     pod_ip: std::env::var("POD_IP")

@@ -75,7 +75,16 @@ pub struct ClientConfig {
     /// connection and waits in a blocked `XREADGROUP` (the behaviour of a Redis Cluster,
     /// where this setting has no effect yet). ARCHITECTURE "Data plane".
     pub shared_reader: bool,
+    /// How long a consumer app's data Redis may stay unreachable before its members give
+    /// their shards back (they leave the group, so that members that can read take them at
+    /// once) and join again when it answers (default 15 s: longer than a Sentinel failover
+    /// with the RUNBOOK's settings, so a failover moves no shard). Members never join while
+    /// the data Redis does not answer. GUIDE "When the data Redis is unreachable".
+    pub data_redis_grace: std::time::Duration,
 }
+
+/// The default of [`ClientConfig::data_redis_grace`].
+pub(crate) const DEFAULT_DATA_REDIS_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -98,6 +107,7 @@ impl Default for ClientConfig {
             heartbeat_batching: true,
             wake_channel: true,
             shared_reader: true,
+            data_redis_grace: DEFAULT_DATA_REDIS_GRACE,
         }
     }
 }
@@ -108,7 +118,8 @@ impl ClientConfig {
     /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_REDIS_SENTINEL_TLS`,
     /// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_TOKEN`,
     /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
-    /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard), and the instance id of member
+    /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard),
+    /// `RSC_DATA_REDIS_GRACE_MS` ([`Self::data_redis_grace`]), and the instance id of member
     /// ids: `POD_IP`, else `POD_NAME`, else `<HOSTNAME>-<process id>` (so that two local
     /// processes never share member ids); with `RSC_STATIC_MEMBERSHIP=true` (static
     /// membership) `POD_NAME`, else `HOSTNAME`, which survive a restart.
@@ -154,6 +165,9 @@ impl ClientConfig {
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "false" | "no" | "off"
             );
+        }
+        if let Some(ms) = get(GRACE_ENV).and_then(|v| v.trim().parse().ok()) {
+            cfg.data_redis_grace = std::time::Duration::from_millis(ms);
         }
         cfg.token = get("RSC_TOKEN");
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
@@ -215,7 +229,27 @@ impl std::fmt::Debug for ClientConfig {
             .field("host", &self.host)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("heartbeat_batching", &self.heartbeat_batching)
+            .field("wake_channel", &self.wake_channel)
+            .field("shared_reader", &self.shared_reader)
+            .field("data_redis_grace", &self.data_redis_grace)
             .finish()
+    }
+}
+
+/// The variable of [`ClientConfig::data_redis_grace`], in milliseconds.
+const GRACE_ENV: &str = "RSC_DATA_REDIS_GRACE_MS";
+
+/// A variable of the environment `get` reads that [`ClientConfig::from_env`] cannot use
+/// (it keeps the default for it): reported by the builders rather than ignored.
+pub(crate) fn env_error(get: impl Fn(&str) -> Option<String>) -> Option<ConfigError> {
+    let value = get(GRACE_ENV).filter(|v| !v.trim().is_empty())?;
+    match value.trim().parse::<u64>() {
+        Ok(_) => None,
+        Err(_) => Some(ConfigError::InvalidEnv {
+            name: GRACE_ENV,
+            value,
+            expected: "a number of milliseconds",
+        }),
     }
 }
 
@@ -279,14 +313,34 @@ impl ClientConfig {
         }
     }
 
+    /// The data Redis for logs and errors: its URL(s) with any password hidden, or behind
+    /// Redis Sentinel the master's name and the sentinels.
+    pub(crate) fn data_redis_label(&self) -> String {
+        match (&self.redis_sentinel, &self.redis_sentinel_master) {
+            (Some(sentinels), Some(master)) => {
+                format!("master {master} of the sentinels {sentinels}")
+            }
+            _ => redact_url(&self.redis_url),
+        }
+    }
+
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
     /// runtime.
     pub(crate) fn data_redis(&self) -> Result<LazyRedis, ClientError> {
+        self.data_redis_with(&crate::data::SETTINGS)
+    }
+
+    /// [`Self::data_redis`] with these connection settings.
+    pub(crate) fn data_redis_with(
+        &self,
+        settings: &rsc_redis::ConnSettings,
+    ) -> Result<LazyRedis, ClientError> {
         crate::data::open(
             &split_urls(&self.redis_url),
             self.redis_cluster,
             self.sentinel()?,
             &self.tls()?,
+            settings,
         )
         .map_err(|e| ConfigError::DataRedis(e).into())
     }
@@ -407,6 +461,23 @@ mod tests {
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert!(!cfg.static_membership);
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
+    }
+
+    #[test]
+    fn the_data_redis_grace_comes_from_the_environment_and_a_bad_one_is_refused() {
+        assert_eq!(
+            ClientConfig::default().data_redis_grace,
+            DEFAULT_DATA_REDIS_GRACE
+        );
+        let env = |v: &'static str| move |k: &str| (k == GRACE_ENV).then(|| v.to_owned());
+        assert_eq!(
+            ClientConfig::from_lookup(env("2500")).data_redis_grace,
+            std::time::Duration::from_millis(2500)
+        );
+        assert_eq!(env_error(env(" 2500 ")), None);
+        assert_eq!(env_error(|_| None), None);
+        let err = env_error(env("15s")).expect("refused").to_string();
+        assert!(err.contains(GRACE_ENV) && err.contains("\"15s\""), "{err}");
     }
 
     #[test]

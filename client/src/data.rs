@@ -20,7 +20,7 @@ use std::time::Duration;
 
 /// How the client connects to the data Redis: 2 s to connect, 5 s for a non-blocking
 /// command on the shared connection (the cluster's bound of one command too).
-const SETTINGS: ConnSettings = ConnSettings {
+pub(crate) const SETTINGS: ConnSettings = ConnSettings {
     connect_timeout: Duration::from_secs(2),
     response_timeout: Duration::from_secs(5),
     operation_timeout: Duration::from_secs(5),
@@ -33,19 +33,29 @@ pub(crate) fn check(urls: &[String], cluster: bool, tls: &Tls) -> Result<(), Str
     LazyRedis::check(urls, cluster, tls).map_err(|e| message(e, urls.len()))
 }
 
-/// The data Redis (checked; connected on first use). Needs a Tokio runtime.
+/// The producer's settings: as [`SETTINGS`], but failing fast ([`Reconnect::Quick`]): a
+/// publish to a data Redis that does not answer fails at once, naming it, and the app
+/// decides whether to try again.
+pub(crate) const PRODUCER_SETTINGS: ConnSettings = ConnSettings {
+    reconnect: Reconnect::Quick,
+    ..SETTINGS
+};
+
+/// The data Redis (checked; connected on first use), with `settings` ([`SETTINGS`] or
+/// [`PRODUCER_SETTINGS`]). Needs a Tokio runtime.
 pub(crate) fn open(
     urls: &[String],
     cluster: bool,
     sentinel: Option<SentinelTarget>,
     tls: &Tls,
+    settings: &ConnSettings,
 ) -> Result<LazyRedis, String> {
     match sentinel {
         Some(target) => {
             check(urls, cluster, &Tls::default())?;
-            LazyRedis::open_sentinel(&target, &urls[0], &SETTINGS, tls)
+            LazyRedis::open_sentinel(&target, &urls[0], settings, tls)
         }
-        None => LazyRedis::open(urls, cluster, &SETTINGS, tls),
+        None => LazyRedis::open(urls, cluster, settings, tls),
     }
     .map_err(|e| message(e, urls.len()))
 }

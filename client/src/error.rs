@@ -20,6 +20,16 @@ pub enum ClientError {
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The data Redis did not answer: the connection was refused, dropped, or timed out.
+    #[error("the data Redis at {url} does not answer")]
+    DataRedisUnreachable {
+        /// Its URL(s), any password hidden (behind Sentinel: the master's name and the
+        /// sentinels).
+        url: String,
+        /// What the connection said.
+        #[source]
+        source: redis::RedisError,
+    },
     /// Strict fencing: Redis refused this member's owner token for the shard (it moved to
     /// another member); the acknowledgement did not land and the entry will be handled again.
     #[error("shard {shard_key} belongs to another member now: the acknowledgement was refused")]
@@ -130,6 +140,16 @@ pub enum ConfigError {
     /// The data Redis URL(s) are invalid.
     #[error("{0}")]
     DataRedis(String),
+    /// An environment variable holds a value of the wrong kind.
+    #[error("{name}={value:?}: expected {expected}")]
+    InvalidEnv {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
     /// The Redis Sentinel settings are incomplete or invalid.
     #[error("{0}")]
     Sentinel(String),
@@ -190,7 +210,9 @@ impl ClientError {
     /// time.
     pub fn is_timeout(&self) -> bool {
         match self {
-            ClientError::Redis(e) => e.is_timeout(),
+            ClientError::Redis(e) | ClientError::DataRedisUnreachable { source: e, .. } => {
+                e.is_timeout()
+            }
             ClientError::Coordinator(e) | ClientError::MemberRejected { source: e, .. } => {
                 e.is_timeout()
             }
@@ -210,7 +232,9 @@ impl ClientError {
                 !matches!(e.retry_method(), redis::RetryMethod::NoRetry) || e.is_timeout()
             }
             ClientError::Coordinator(e) => e.is_retriable(),
-            ClientError::StaleRouting { .. } | ClientError::NotReplicated { .. } => true,
+            ClientError::StaleRouting { .. }
+            | ClientError::NotReplicated { .. }
+            | ClientError::DataRedisUnreachable { .. } => true,
             _ => false,
         }
     }

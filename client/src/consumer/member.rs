@@ -53,6 +53,9 @@ enum StopReason {
     Rejoin,
     /// The app is shutting down (or the member hit a fatal error).
     Shutdown,
+    /// The data Redis has not answered for longer than the grace: the member gives its
+    /// shards back.
+    Aside,
 }
 
 /// Where a member is in its lifecycle. The heartbeat answers, the lease, the workers and the
@@ -70,6 +73,10 @@ enum Phase {
     /// The coordinator no longer knows the member at its epoch (or its group): every worker
     /// stops, then it joins again with epoch 0, owning nothing.
     Rejoining,
+    /// The data Redis has not answered for longer than the grace (see [`super::health`]):
+    /// every worker stops, the member leaves the group (heartbeating meanwhile, unless
+    /// `left`), then waits, out of the group, until the data Redis answers and joins again.
+    Aside { left: bool },
     /// Shutting down (the app's signal, or a failure): every worker finishes, then the member
     /// leaves the group.
     Leaving {
@@ -115,6 +122,7 @@ impl Phase {
         match self {
             Phase::Joining | Phase::Stable | Phase::Fenced => true,
             Phase::Rejoining => workers_stopped,
+            Phase::Aside { left } => !left,
             Phase::Leaving { standing, .. } => match standing {
                 Standing::Member => true,
                 Standing::Forgotten => workers_stopped,
@@ -125,8 +133,24 @@ impl Phase {
 
     /// A successful heartbeat answer: a member working its assignment (unless leaving).
     fn answered(&mut self) {
-        if !self.is_leaving() {
+        if matches!(
+            self,
+            Phase::Joining | Phase::Stable | Phase::Fenced | Phase::Rejoining
+        ) {
             *self = Phase::Stable;
+        }
+    }
+
+    /// Whether the member is in the group with shards it may be working: the one that gives
+    /// them back when the data Redis stays unreachable.
+    fn may_step_aside(&self) -> bool {
+        matches!(self, Phase::Stable | Phase::Fenced)
+    }
+
+    /// The data Redis stayed unreachable past the grace.
+    fn step_aside(&mut self) {
+        if self.may_step_aside() {
+            *self = Phase::Aside { left: false };
         }
     }
 
@@ -145,6 +169,8 @@ impl Phase {
                     *standing = Standing::Forgotten;
                 }
             }
+            // Out of the group already, as it was going to be.
+            Phase::Aside { .. } => *self = Phase::Aside { left: true },
             _ => *self = Phase::Rejoining,
         }
     }
@@ -153,7 +179,7 @@ impl Phase {
     fn shut_down(&mut self) {
         match self {
             Phase::Leaving { .. } => {}
-            Phase::Rejoining => {
+            Phase::Rejoining | Phase::Aside { left: true } => {
                 *self = Phase::Leaving {
                     standing: Standing::Forgotten,
                     panicked: None,
@@ -209,6 +235,10 @@ const FENCE_LOOP_LIMIT: usize = 10;
 /// Slack past the moment a refused static member's holder would expire, before the holder
 /// is taken for a live duplicate (clock and network delays between coordinator and member).
 const IN_USE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long the workers of a member giving its shards back (its data Redis does not answer)
+/// have to finish before they are abandoned (see [`ShardFlags::abandon`]).
+const ABANDON_AFTER: Duration = Duration::from_secs(2);
 
 /// One member of a group: `<instance>-<listener>-<index>`.
 pub(crate) struct MemberRuntime {
@@ -299,17 +329,26 @@ impl MemberRuntime {
     async fn run_inner(mut self, shutdown: CancellationToken) -> Result<(), ClientError> {
         let mut inflight: Option<HeartbeatFuture> = None;
         let wake = self.wake.clone();
+        let mut health = self.shared.data_health.clone();
+        let mut health_watched = true;
         loop {
             let leaving = self.phase.is_leaving();
-            if leaving && self.slots.is_empty() && inflight.is_none() {
+            let idle = self.slots.is_empty() && inflight.is_none();
+            if leaving && idle {
                 break;
             }
-            let can_send = inflight.is_none() && self.phase.may_heartbeat(self.slots.is_empty());
+            if idle {
+                self.aside_progress().await;
+            }
+            let can_send = inflight.is_none()
+                && self.phase.may_heartbeat(self.slots.is_empty())
+                && self.may_join();
             let fence_at = if self.slots.is_empty() {
                 None
             } else {
                 self.lease.fence_deadline()
             };
+            let aside_at = self.aside_deadline();
             tokio::select! {
                 _ = shutdown.cancelled(), if !leaving => {
                     info!(shards = ?self.slots.keys().collect::<Vec<_>>(), "shutting down: finishing in-flight messages");
@@ -336,6 +375,11 @@ impl MemberRuntime {
                 _ = tokio::time::sleep_until(fence_at.unwrap_or_else(Instant::now)), if fence_at.is_some() => {
                     self.self_fence();
                 }
+                _ = tokio::time::sleep_until(aside_at.unwrap_or_else(Instant::now)), if aside_at.is_some() => {
+                    self.give_shards_back();
+                }
+                // The data Redis' health changed: the loop looks again (join, step aside, return).
+                changed = health.changed(), if health_watched => health_watched = changed.is_ok(),
                 _ = async { wake.as_ref().expect("guarded").notified().await }, if wake.is_some() && self.session.is_some() && !leaving => {
                     debug!("woken by the coordinator: heartbeat now");
                     if inflight.is_some() {
@@ -373,8 +417,70 @@ impl MemberRuntime {
                 source,
             });
         }
-        self.leave().await;
+        self.leave(false).await;
         Ok(())
+    }
+
+    /// Whether a join (epoch 0) may go out: only once the data Redis answers, so that a
+    /// member that cannot read never takes shards a healthy member could work.
+    fn may_join(&self) -> bool {
+        !matches!(self.phase, Phase::Joining | Phase::Rejoining)
+            || self.shared.data_health.borrow().is_up()
+    }
+
+    /// When the member gives its shards back, if the data Redis keeps not answering: the
+    /// grace after its first unanswered probe.
+    fn aside_deadline(&self) -> Option<Instant> {
+        if !self.phase.may_step_aside() {
+            return None;
+        }
+        let since = self.shared.data_health.borrow().down_since()?;
+        Some(since + self.shared.data_redis_grace)
+    }
+
+    /// The data Redis has not answered within the grace: stop every worker, then leave the
+    /// group (see [`Self::aside_progress`]), so that members that can read take the shards.
+    fn give_shards_back(&mut self) {
+        warn!(grace_ms = self.shared.data_redis_grace.as_millis() as u64,
+            shards = ?self.slots.keys().collect::<Vec<_>>(),
+            "the data Redis has not answered within the grace: giving the shards back \
+             (leaving the group) until it answers again");
+        metrics::counter!("rsc_client_stepped_aside_total", "group" => self.shared.group.clone())
+            .increment(1);
+        self.phase.step_aside();
+        self.stop_all(StopReason::Aside);
+        // The workers' Redis calls could only time out (each after seconds, with retries):
+        // past a short bound for the handlers in flight, the workers end where they are.
+        let abandon: Vec<CancellationToken> = self
+            .slots
+            .values()
+            .map(|s| s.flags.abandon.clone())
+            .collect();
+        tokio::spawn(async move {
+            tokio::time::sleep(ABANDON_AFTER).await;
+            abandon.iter().for_each(CancellationToken::cancel);
+        });
+    }
+
+    /// Out of the group while the data Redis does not answer, once every worker stopped and
+    /// no heartbeat is in flight: leaves the group (−1, static members too: the shards must
+    /// move now); once the data Redis answers again, joins again owning nothing.
+    async fn aside_progress(&mut self) {
+        match self.phase {
+            Phase::Aside { left: false } => {
+                self.leave(true).await;
+                self.phase = Phase::Aside { left: true };
+                self.epoch = 0;
+                self.assignment.clear();
+                self.tokens.clear();
+            }
+            Phase::Aside { left: true } if self.shared.data_health.borrow().is_up() => {
+                info!("the data Redis answers again: joining the group again");
+                self.phase = Phase::Joining;
+                self.next_heartbeat = Instant::now();
+            }
+            _ => {}
+        }
     }
 
     fn send_heartbeat(&mut self) -> HeartbeatFuture {
@@ -780,9 +886,9 @@ impl MemberRuntime {
         }
     }
 
-    /// Leaves with epoch −1, or −2 for a static member (a few attempts, on each coordinator
-    /// URL in turn).
-    async fn leave(&mut self) {
+    /// Leaves with epoch −1, or −2 for a static member unless `for_good` (a few attempts, on
+    /// each coordinator URL in turn).
+    async fn leave(&mut self, for_good: bool) {
         let Some(session) = self.session else {
             return;
         };
@@ -791,13 +897,13 @@ impl MemberRuntime {
         let incarnation = self.shared.incarnation.as_deref();
         for attempt in 1..=3 {
             let left = match incarnation {
-                Some(inc) if self.shared.static_member => {
+                Some(inc) if self.shared.static_member && !for_good => {
                     self.coord.step_away(group, member, inc, timeout).await
                 }
                 _ => self.coord.leave(group, member, incarnation, timeout).await,
             };
             match left {
-                Ok(()) if self.shared.static_member => {
+                Ok(()) if self.shared.static_member && !for_good => {
                     info!(
                         "left the group for a restart (static member): the shards wait for this id"
                     );
@@ -930,6 +1036,100 @@ mod tests {
             "fenced when the lease ran out"
         );
         assert!(!m.lease_ran_out(Instant::now()), "once per lease");
+    }
+
+    fn member_with_health(
+        health: tokio::sync::watch::Receiver<super::super::health::DataRedis>,
+    ) -> MemberRuntime {
+        let listener = crate::Listener::new("g", "s", |_msg: crate::Message<crate::Raw>| async {
+            Ok::<_, std::convert::Infallible>(())
+        });
+        let coord = CoordinatorClient::builder(["http://127.0.0.1:1"])
+            .build()
+            .expect("a valid URL");
+        MemberRuntime::new(
+            MemberShared::for_tests_with_health(listener, health),
+            coord.clone(),
+            Heartbeats::single(coord),
+            ClientInfo::default(),
+        )
+    }
+
+    /// No join while the data Redis does not answer; a member in the group whose data Redis
+    /// stays unreachable past the grace stops its workers, leaves, and joins again (owning
+    /// nothing) once it answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_without_its_data_redis_stays_out_of_the_group_until_it_answers() {
+        use super::super::health::DataRedis;
+        let down = || DataRedis::Down {
+            since: Instant::now(),
+            error: "refused".into(),
+        };
+        let (tx, rx) = tokio::sync::watch::channel(DataRedis::Unknown);
+        let mut m = member_with_health(rx);
+        assert!(!m.may_join(), "not before the first answer");
+        tx.send_replace(down());
+        assert!(
+            !m.may_join() && m.aside_deadline().is_none(),
+            "not a member yet"
+        );
+        tx.send_replace(DataRedis::Up);
+        assert!(m.may_join());
+
+        m.phase = Phase::Stable;
+        m.epoch = 4;
+        let grace = m.shared.data_redis_grace;
+        tx.send_replace(down());
+        assert_eq!(m.aside_deadline(), Some(Instant::now() + grace));
+        assert!(m.may_join(), "a member heartbeats on through the grace");
+        tokio::time::advance(grace).await;
+        m.give_shards_back();
+        assert!(matches!(m.phase, Phase::Aside { left: false }));
+        assert!(
+            m.phase.may_heartbeat(false),
+            "keeps its lease while workers stop"
+        );
+        assert!(!m.phase.can_work() && m.aside_deadline().is_none());
+        m.phase.answered();
+        assert!(
+            matches!(m.phase, Phase::Aside { left: false }),
+            "an answer keeps it aside"
+        );
+
+        m.aside_progress().await; // every worker stopped: leaves
+        assert!(matches!(m.phase, Phase::Aside { left: true }) && m.epoch == 0);
+        assert!(!m.phase.may_heartbeat(true));
+        m.aside_progress().await;
+        assert!(
+            matches!(m.phase, Phase::Aside { left: true }),
+            "still down: stays out"
+        );
+        tx.send_replace(DataRedis::Up);
+        m.aside_progress().await;
+        assert!(matches!(m.phase, Phase::Joining) && m.may_join());
+    }
+
+    #[test]
+    fn an_aside_member_forgotten_or_shut_down_does_not_heartbeat_for_its_old_membership() {
+        let mut p = Phase::Stable;
+        p.step_aside();
+        p.membership_lost();
+        assert!(matches!(p, Phase::Aside { left: true }));
+        p.shut_down();
+        assert!(matches!(standing(&p), Some(Standing::Forgotten)));
+        let mut p = Phase::Fenced;
+        p.step_aside();
+        p.shut_down();
+        assert!(
+            matches!(standing(&p), Some(Standing::Member)),
+            "leaves as it would have"
+        );
+        let mut p = Phase::Joining;
+        p.step_aside();
+        assert!(
+            matches!(p, Phase::Joining),
+            "owns nothing: nothing to give back"
+        );
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   fallback poll), one subscriber connection per app.
 //! - [`heartbeats`]: the heartbeat path shared by the members of one app: batched on
 //!   `POST /v1/heartbeats` when the app runs several members, else the single-member route.
+//! - [`health`]: whether the data Redis answers (one probe per app): members join only once
+//!   it does, and give their shards back while it stays unreachable past a grace.
 //! - [`drain`]: the drain check of a draining shard, made when the member reports it.
 //! - [`fence`]: strict fencing: the guarded read (a `WATCH`ed transaction), takeover and
 //!   acknowledgement scripts.
@@ -21,6 +23,7 @@ pub(crate) mod backoff;
 pub(crate) mod doorbell;
 pub(crate) mod drain;
 pub(crate) mod fence;
+pub(crate) mod health;
 pub(crate) mod heartbeats;
 pub(crate) mod hygiene;
 pub(crate) mod lease;
@@ -70,6 +73,10 @@ pub(crate) struct MemberShared {
     /// The group's ordering through reshards is `key` (from the heartbeat answer; `true`
     /// until the first answer says otherwise).
     pub(crate) ordered: std::sync::atomic::AtomicBool,
+    /// Whether the app's data Redis answers (see [`health`]).
+    pub(crate) data_health: watch::Receiver<health::DataRedis>,
+    /// How long the data Redis may stay unreachable before the member gives its shards back.
+    pub(crate) data_redis_grace: std::time::Duration,
 }
 
 /// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's
@@ -136,6 +143,15 @@ impl MemberShared {
     /// (they connect on first use; a test that reaches Redis fails).
     #[cfg(test)]
     pub(crate) fn for_tests(listener: Listener) -> std::sync::Arc<Self> {
+        Self::for_tests_with_health(listener, watch::channel(health::DataRedis::Up).1)
+    }
+
+    /// [`Self::for_tests`] with the data Redis health the test drives.
+    #[cfg(test)]
+    pub(crate) fn for_tests_with_health(
+        listener: Listener,
+        data_health: watch::Receiver<health::DataRedis>,
+    ) -> std::sync::Arc<Self> {
         let settings = rsc_redis::ConnSettings {
             connect_timeout: std::time::Duration::from_millis(100),
             response_timeout: std::time::Duration::from_millis(100),
@@ -166,6 +182,8 @@ impl MemberShared {
             pause,
             lease_until: std::sync::Mutex::new(None),
             ordered: AtomicBool::new(false),
+            data_health,
+            data_redis_grace: std::time::Duration::from_secs(15),
         })
     }
 

@@ -74,6 +74,10 @@ pub(crate) struct ShardFlags {
     pub(crate) refused: AtomicBool,
     /// The worker's stop signal (cancelled on a refusal too).
     pub(crate) stop: CancellationToken,
+    /// Ends the worker where it is, after `stop`: handler calls and acknowledgements in
+    /// flight are dropped (their entries stay pending, for the next owner to claim). For a
+    /// member whose data Redis does not answer, whose Redis calls could only time out.
+    pub(crate) abandon: CancellationToken,
 }
 
 impl ShardFlags {
@@ -199,7 +203,17 @@ impl ShardWorker {
         let shard = self.origin.shard;
         let span = info_span!("shard", group = %self.origin.group,
             member = %self.origin.member_id, shard, key = %self.origin.shard_key);
-        self.work().instrument(span).await;
+        let abandon = self.flags.abandon.clone();
+        async {
+            tokio::select! {
+                () = self.work() => {}
+                () = abandon.cancelled() => {
+                    warn!("shard abandoned: what was in flight stays pending for the next owner");
+                }
+            }
+        }
+        .instrument(span)
+        .await;
         shard
     }
 

@@ -153,6 +153,8 @@ pub struct Producer {
 
 struct Inner {
     conn: LazyRedis,
+    /// The data Redis in errors (password hidden).
+    label: String,
     /// On a cluster a pipeline stays within one slot: one pipeline per shard.
     cluster: bool,
     routes: Arc<RoutingCache>,
@@ -222,11 +224,14 @@ impl ProducerBuilder {
     /// Creates the producer (Redis is connected on first use).
     pub fn build(self) -> Result<Producer, ClientError> {
         let coord = self.config.coordinator()?;
-        let redis = self.config.data_redis()?;
+        let redis = self
+            .config
+            .data_redis_with(&crate::data::PRODUCER_SETTINGS)?;
         Ok(Producer {
             inner: Arc::new(Inner {
                 cluster: redis.is_cluster(),
                 conn: redis,
+                label: self.config.data_redis_label(),
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 stale_budget: self.stale_budget,
@@ -326,7 +331,7 @@ impl Producer {
                     self.inner.routes.mark_stale(stream);
                     metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
                         .increment(1);
-                    return Err(e.into());
+                    return Err(self.redis_error(e));
                 }
             };
             if let Some((wanted, _)) = self.inner.wait
@@ -357,6 +362,23 @@ impl Producer {
             routing = self.newer_routing(&stale, &routing, &mut delay).await?;
         }
         Ok(out.into_iter().flatten().collect())
+    }
+
+    /// A publish's Redis error; one of the connection (refused, dropped, timed out) names
+    /// the data Redis.
+    fn redis_error(&self, e: redis::RedisError) -> ClientError {
+        if e.is_connection_refusal()
+            || e.is_connection_dropped()
+            || e.is_timeout()
+            || e.is_io_error()
+        {
+            ClientError::DataRedisUnreachable {
+                url: self.inner.label.clone(),
+                source: e,
+            }
+        } else {
+            e.into()
+        }
     }
 
     /// The round-robin sequence number of each record without a key (0 for those with one).

@@ -4,7 +4,7 @@
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
 //!   --concurrency N --pod-ip IP [--key-concurrency N] [--token T] [--handle-ms N] [--fail-rate F]
 //!   [--poison-key K] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
-//!   [--health-listen ADDR] [--static-id ID]
+//!   [--health-listen ADDR] [--static-id ID] [--data-redis-grace-ms N]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
@@ -15,7 +15,9 @@
 //! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0 (with `--static-id`
 //! the pod leaves for a restart: its shards wait for it). A crash of the app (a panic, a
 //! refusal by the coordinator, a shutdown past its deadline) exits non-zero.
-//! With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
+//! A member joins only once the data Redis answers; while it stays unreachable past
+//! `--data-redis-grace-ms` (default 15 s) the pod's members give their shards back and join
+//! again when it answers. With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
 //! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on; `/metrics` serves the
 //! client's metrics in the Prometheus format. With `--redis-sentinel` (and
 //! `--redis-sentinel-master`) the data Redis master is found through Redis Sentinel
@@ -100,6 +102,10 @@ struct Args {
     /// address, e.g. `0.0.0.0:8080`.
     #[arg(long, env = "RSC_HEALTH_LISTEN")]
     health_listen: Option<SocketAddr>,
+    /// How long the data Redis may stay unreachable before the pod's members give their
+    /// shards back (leave the group until it answers again), in ms (default 15,000).
+    #[arg(long, env = "RSC_DATA_REDIS_GRACE_MS")]
+    data_redis_grace_ms: Option<u64>,
 }
 
 /// The sample producer's payload.
@@ -228,6 +234,9 @@ fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
     }
     if let Some(t) = &args.token {
         builder = builder.token(t);
+    }
+    if let Some(ms) = args.data_redis_grace_ms {
+        builder = builder.data_redis_grace(Duration::from_millis(ms));
     }
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
         builder = builder.redis_sentinel(addrs, master);
