@@ -477,6 +477,11 @@ async fn errors_and_exit_statuses() {
         )),
         "{r:?}"
     );
+    assert!(
+        r.stderr
+            .contains("--coordinator URL or RSC_COORDINATOR_URL"),
+        "says where the CLI looks: {r:?}"
+    );
     // A wrong base path reaches the coordinator's 404 fallback: a refusal.
     let r = cli(&format!("{url}/not-here"), &["group", "list"]);
     assert_eq!(r.code, 1, "{r:?}");

@@ -47,10 +47,6 @@ fn guide_quick_start_runs() {
         .env("PATH", path)
         .env("RSC_LISTEN", &coordinator)
         .env("RSC_COORDINATOR_URL", format!("http://{coordinator}"))
-        .env(
-            "RSC_DATA_REDIS_URL",
-            format!("redis://127.0.0.1:{redis_port}"),
-        )
         .stdin(Stdio::null())
         .output()
         .expect("bash runs");
@@ -78,4 +74,45 @@ fn guide_quick_start_runs() {
             .then_some(())
     })
     .expect("the script's background jobs are stopped");
+}
+
+/// `quickstart.rs` uses no crate of this repository but `rsc-client`, and only the crates its
+/// header tells a new project to add: it compiles when copied out.
+#[test]
+fn quickstart_needs_only_the_crates_it_names() {
+    let source = include_str!("../examples/src/bin/quickstart.rs");
+    let (header, code): (Vec<&str>, Vec<&str>) = source.lines().partition(|l| l.starts_with("//!"));
+    let header = header.join("\n");
+    let named: Vec<&str> = header
+        .lines()
+        .filter_map(|l| {
+            l.trim_start_matches("//!")
+                .trim()
+                .strip_prefix("cargo add ")
+        })
+        .flat_map(|l| l.split_whitespace().take_while(|w| !w.starts_with("--")))
+        .collect();
+    let code = code.join("\n");
+    let mut used: Vec<String> = Vec::new();
+    for (i, _) in code.match_indices("::") {
+        let start = code[..i]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |p| p + 1);
+        let path_start = code[..start].ends_with("::");
+        let name = &code[start..i];
+        if !path_start && !name.is_empty() && name.chars().next().is_some_and(char::is_lowercase) {
+            used.push(name.replace('_', "-"));
+        }
+    }
+    used.sort();
+    used.dedup();
+    let std_or_self = ["std", "core", "crate", "self", "super"];
+    for krate in used.iter().filter(|c| !std_or_self.contains(&c.as_str())) {
+        assert!(
+            named.contains(&krate.as_str()),
+            "quickstart.rs uses `{krate}`, which its header does not tell a new project to add \
+             (it names {named:?})"
+        );
+    }
+    assert!(used.contains(&"rsc-client".to_owned()), "{used:?}");
 }

@@ -499,7 +499,7 @@ impl Members {
         match done {
             Ok((_, Ok(()))) => None,
             Ok((_, Err(e))) => {
-                error!(error = %e, "a member stopped; shutting the app down");
+                error!(error = %e.chain(), "a member stopped; shutting the app down");
                 Some(e)
             }
             Err(e) => {
@@ -515,7 +515,7 @@ impl Members {
                     shard: None,
                     message,
                 };
-                error!(error = %e, "a member task panicked; shutting the app down");
+                error!(error = %e.chain(), "a member task panicked; shutting the app down");
                 Some(e)
             }
         }

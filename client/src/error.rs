@@ -10,15 +10,17 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// Classify it with [`is_timeout`](Self::is_timeout) and [`is_retriable`](Self::is_retriable)
 /// (which ask the cause: the Redis error, the [`CoordinatorError`]) rather than by its
-/// message; the cause is also its [`source`](std::error::Error::source).
+/// message; the cause is also its [`source`](std::error::Error::source). A message never
+/// repeats its source's (so `anyhow`'s `Error: … Caused by: …` prints each once): log the
+/// whole chain with [`ClientError::chain`], or anyhow's `{:#}`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The configuration is incomplete or invalid: which setting, and what to do.
-    #[error("configuration: {0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     /// A Redis command failed.
-    #[error("redis: {0}")]
+    #[error(transparent)]
     Redis(#[from] redis::RedisError),
     /// The data Redis did not answer: the connection was refused, dropped, or timed out.
     #[error("the data Redis at {url} does not answer")]
@@ -65,10 +67,10 @@ pub enum ClientError {
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
     /// A payload could not be encoded as JSON.
-    #[error("payload encoding: {0}")]
+    #[error("payload encoding as JSON")]
     Encode(#[from] serde_json::Error),
     /// A payload could not be encoded with a codec (see [`crate::codec`]).
-    #[error("payload encoding as {content_type}: {source}")]
+    #[error("payload encoding as {content_type}")]
     Codec {
         /// The codec's content type.
         content_type: &'static str,
@@ -103,7 +105,7 @@ pub enum ClientError {
     },
     /// A member was refused by the coordinator in a way retrying cannot fix (bad token,
     /// missing scope, invalid request): the listener stopped.
-    #[error("member {member} of group {group} stopped: {source}")]
+    #[error("member {member} of group {group} stopped")]
     MemberRejected {
         /// The group.
         group: String,
@@ -206,6 +208,22 @@ pub enum ConfigError {
 }
 
 impl ClientError {
+    /// The message and every cause below it, `: `-separated (as anyhow's `{:#}`), each once
+    /// (redis-rs repeats an I/O error's text in its own): for logs.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let more = c.to_string();
+            if !text.ends_with(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            cause = c.source();
+        }
+        text
+    }
+
     /// Whether the operation gave up because Redis or the coordinator did not answer in
     /// time.
     pub fn is_timeout(&self) -> bool {
@@ -243,6 +261,52 @@ impl ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_message_repeats_its_cause_and_the_chain_has_each_once() {
+        let refused = || redis::RedisError::from(std::io::Error::other("refused"));
+        let cases = [
+            ClientError::Redis(refused()),
+            ClientError::DataRedisUnreachable {
+                url: "redis://r:6379".into(),
+                source: refused(),
+            },
+            ClientError::MemberRejected {
+                group: "g".into(),
+                member: "m".into(),
+                source: CoordinatorError::Unexpected {
+                    url: "http://c".into(),
+                    status: 400,
+                    body: "refused".into(),
+                },
+            },
+            ClientError::Config(ConfigError::NoCoordinator),
+        ];
+        for e in cases {
+            let mut messages = vec![e.to_string()];
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                messages.push(c.to_string());
+                cause = c.source();
+            }
+            // (Below the first cause, redis-rs repeats an I/O error in its own message.)
+            if let [ours, cause, ..] = &messages[..]
+                && !matches!(e, ClientError::Redis(_))
+            {
+                assert!(
+                    !ours.contains(cause.as_str()),
+                    "{messages:?} repeats its cause"
+                );
+            }
+            let chain = e.chain();
+            assert!(
+                messages
+                    .iter()
+                    .all(|m| chain.matches(m.as_str()).count() == 1),
+                "{chain:?} has each of {messages:?} once"
+            );
+        }
+    }
 
     #[test]
     fn redis_errors_are_classified_by_redis_rs() {

@@ -125,9 +125,23 @@ impl fmt::Debug for HandlerError {
     }
 }
 
+/// The error and its causes (`source()` chain), `: `-separated as anyhow's `{:#}` prints
+/// them: the dead letter's `error` field and the logs keep the whole chain. A cause whose
+/// text the message before it already ends with (`"redis: {0}"` over its own source) is not
+/// printed twice.
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.error, f)
+        let mut text = self.error.to_string();
+        let mut cause = self.error.source();
+        while let Some(c) = cause {
+            let more = c.to_string();
+            if !text.ends_with(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            cause = c.source();
+        }
+        f.write_str(&text)
     }
 }
 
@@ -364,3 +378,26 @@ handler_impls!(A1);
 handler_impls!(A1, A2);
 handler_impls!(A1, A2, A3);
 handler_impls!(A1, A2, A3, A4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Db {
+        #[error("db: {0}")]
+        Io(#[from] std::io::Error),
+    }
+
+    #[test]
+    fn the_error_text_keeps_every_cause_once() {
+        use anyhow::Context as _;
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Err::<(), _>(Db::from(io))
+            .context("saving order 7")
+            .unwrap_err();
+        let handler_error = HandlerError::from(err);
+        assert_eq!(handler_error.to_string(), "saving order 7: db: refused");
+        assert_eq!(HandlerError::retry("plain").to_string(), "plain");
+    }
+}

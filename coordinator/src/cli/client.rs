@@ -30,6 +30,10 @@ pub(super) fn is_refusal(e: &ClientError) -> bool {
     matches!(e, ClientError::Api { status, .. } if (400..500).contains(status))
 }
 
+/// Where the CLI looks for the coordinator, printed under a transport error.
+const WHERE_HINT: &str = "hint: point the CLI at the coordinator with --coordinator URL or RSC_COORDINATOR_URL \
+     (default http://127.0.0.1:7070)";
+
 /// The message printed after `error: `: `CODE: message` for a refusal; the URL requested
 /// (or, for an answer that is not the API's, the coordinator's) and what went wrong
 /// otherwise.
@@ -38,8 +42,12 @@ pub(super) fn message(e: &ClientError) -> String {
         ClientError::Api { code, message, .. } => format!("{code}: {message}"),
         ClientError::Transport { url, source } if e.is_timeout() => {
             let url = source.url().map_or(url.as_str(), reqwest::Url::as_str);
-            format!("cannot reach the coordinator at {url}: no answer within {REQUEST_TIMEOUT:?}")
+            format!(
+                "cannot reach the coordinator at {url}: no answer within {REQUEST_TIMEOUT:?}\n\
+                 {WHERE_HINT}"
+            )
         }
+        ClientError::Transport { .. } => format!("{e}\n{WHERE_HINT}"),
         ClientError::Unexpected { url, status, body } => {
             let status = reqwest::StatusCode::from_u16(*status)
                 .map_or_else(|_| status.to_string(), |s| s.to_string());

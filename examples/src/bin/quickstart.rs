@@ -1,7 +1,16 @@
-//! The smallest real listener program: copy this file to start.
+//! The smallest real listener program: copy this file to start. It uses nothing of this
+//! repository but `rsc-client`; a project of its own needs these dependencies:
 //!
 //! ```text
-//! rsc-coordinator serve &                       # the control plane (memory store)
+//! cargo add rsc-client anyhow tracing tracing-subscriber --features tracing-subscriber/env-filter
+//! cargo add serde --features derive
+//! cargo add tokio --features macros,rt-multi-thread,signal
+//! ```
+//!
+//! Run it against a coordinator and a Redis:
+//!
+//! ```text
+//! rsc-coordinator serve --data-redis-url redis://127.0.0.1:6379 &   # the control plane (memory store)
 //! rsc-coordinator group create billing --stream orders --shards 8
 //! RSC_COORDINATOR_URL=http://127.0.0.1:7070 RSC_REDIS_URL=redis://127.0.0.1:6379 \
 //!   POD_IP=10.0.0.7 cargo run --bin quickstart
@@ -44,7 +53,13 @@ async fn on_order(msg: Message<Order>, billing: Data<Billing>) -> Result<(), Han
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    rsc_examples::init_logging();
+    // Logs to stderr, at the level RSC_LOG names (default info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RSC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     ConsumerApp::builder()
         .data(Billing {
             max_cents: 1_000_000,

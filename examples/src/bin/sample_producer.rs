@@ -91,7 +91,7 @@ async fn publish_retrying(
         match producer.publish_batch(stream, batch.clone()).await {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() < deadline => {
-                tracing::warn!(error = %e, "publish failed; retrying the batch");
+                tracing::warn!(error = %e.chain(), "publish failed; retrying the batch");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => return Err(e.into()),

@@ -11,6 +11,20 @@ use syn::{Expr, ExprLit, FnArg, Lit, MetaNameValue, Token};
 const KEYS: &str =
     "group, stream, concurrency, key_concurrency, name, ack, max_retries, batch, linger_ms";
 
+/// The error for an unknown key: with the known key it most likely misspells (at most two
+/// edits away), then every key.
+fn unknown_key(key: &str) -> String {
+    let closest = KEYS
+        .split(", ")
+        .map(|k| (strsim::levenshtein(key, k), k))
+        .min()
+        .filter(|&(distance, _)| distance <= 2);
+    match closest {
+        Some((_, k)) => format!("unknown key `{key}`: did you mean `{k}`? The keys are: {KEYS}"),
+        None => format!("unknown key `{key}`; the keys are: {KEYS}"),
+    }
+}
+
 /// How the runtime acknowledges entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ack {
@@ -108,10 +122,7 @@ impl Given {
             }),
             "linger_ms" => once(&mut self.linger_ms, pair, |v| int_value(v, "linger_ms")),
             "ack" => once(&mut self.ack, pair, ack_value),
-            _ => Err(syn::Error::new(
-                pair.path.span(),
-                format!("unknown key `{key}`; the keys are: {KEYS}"),
-            )),
+            _ => Err(syn::Error::new(pair.path.span(), unknown_key(&key))),
         }
     }
 
@@ -409,7 +420,11 @@ mod tests {
             (quote!(group = "g"), "missing `stream`"),
             (
                 quote!(group = "g", stream = "s", colour = "red"),
-                "unknown key `colour`",
+                "unknown key `colour`; the keys are",
+            ),
+            (
+                quote!(group = "g", stream = "s", concurency = 2),
+                "unknown key `concurency`: did you mean `concurrency`?",
             ),
             (
                 quote!(group = "g", group = "h", stream = "s"),

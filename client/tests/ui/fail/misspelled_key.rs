@@ -1,0 +1,9 @@
+use rsc_client::prelude::*;
+
+#[stream_listener(group = "billing", stream = "orders", concurency = 4)]
+async fn on_order(msg: Message<String>) -> Result<(), HandlerError> {
+    let _ = msg;
+    Ok(())
+}
+
+fn main() {}
