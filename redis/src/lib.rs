@@ -52,6 +52,7 @@ mod conn;
 mod node;
 pub mod sentinel;
 pub mod tls;
+pub mod watch;
 
 pub use conn::{Conn, ConnSettings, LazyRedis, ModeError, OpenError, Reconnect, check_mode};
 pub use node::NodeConn;
