@@ -275,7 +275,7 @@ fn sentinel_infos(config: &SentinelConfig) -> Vec<ConnectionInfo> {
 
 /// The error a connection to an old master returns instead of sending (an I/O kind: the
 /// callers' failover handling applies).
-fn switched_error() -> RedisError {
+pub(crate) fn switched_error() -> RedisError {
     RedisError::from((ErrorKind::Io, SWITCHED))
 }
 

@@ -6,11 +6,15 @@
 //! until the sentinels convert it, and what it accepted meanwhile is thrown away when it
 //! resyncs. The watcher learns of a switch within about a second, from two sources:
 //!
-//! - a subscription to the `+switch-master` channel of every sentinel (the event names the
-//!   new master at once), kept open across sentinel restarts, reconnected with a backoff of
-//!   100 ms doubling to 5 s;
-//! - a poll of every sentinel (`SENTINEL MASTER NAME`) every second, and at once after an
-//!   event or a resubscription (events sent while a subscription was down are lost).
+//! - a subscription to the `+promoted-slave` and `+switch-master` channels of every sentinel,
+//!   kept open across sentinel restarts, reconnected with a backoff of 100 ms doubling to
+//!   5 s. `+promoted-slave` comes first: the failover's replica answers as master, and from
+//!   then on the old master's writes are lost when it is converted; `+switch-master` only
+//!   ends the failover, once the other replicas were reconfigured (a second or more later);
+//! - a poll of every sentinel (`SENTINEL MASTER NAME`, for the `config-epoch`, and
+//!   `SENTINEL GET-MASTER-ADDR-BY-NAME`, which names the promoted replica as soon as the
+//!   failover reconfigures replicas) every second, and at once after an event or a
+//!   resubscription (events sent while a subscription was down are lost).
 //!
 //! Sentinels may disagree for a moment after a failover (the configuration spreads through
 //! their hello messages): the master with the highest `config-epoch` wins, and an answer of
@@ -34,8 +38,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between subscription attempts.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// The channel the sentinels announce a new master on.
+/// The channel the sentinels announce a new master on, at the end of a failover.
 const SWITCH_CHANNEL: &str = "+switch-master";
+/// The channel the sentinels announce the failover's replica on, once it answers as master.
+const PROMOTED_CHANNEL: &str = "+promoted-slave";
 
 /// A master as the sentinels name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,12 +119,38 @@ pub fn parse_switch(payload: &str, master_name: &str) -> Option<(String, u16)> {
     }
 }
 
-/// The master in a `SENTINEL MASTER NAME` reply (field → value).
-pub fn parse_master(fields: &HashMap<String, String>) -> Option<NamedMaster> {
-    Some(NamedMaster {
+/// The replica promoted for `master_name` in a `+promoted-slave` payload (`slave IP:PORT IP
+/// PORT @ NAME MASTER-IP MASTER-PORT`).
+pub fn parse_promoted(payload: &str, master_name: &str) -> Option<(String, u16)> {
+    let parts: Vec<&str> = payload.split_whitespace().collect();
+    match parts.as_slice() {
+        [_, _, host, port, "@", name, _, _] if *name == master_name => {
+            Some(((*host).to_owned(), port.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// The master in a `SENTINEL MASTER NAME` reply (field → value) and the address
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME` gave with it. When that address is another one, the
+/// sentinel is failing over to it: it is named at the epoch the failover will end at (one
+/// more, at least).
+pub fn parse_master(
+    fields: &HashMap<String, String>,
+    addr: Option<(String, u16)>,
+) -> Option<NamedMaster> {
+    let configured = NamedMaster {
         host: fields.get("ip")?.clone(),
         port: fields.get("port")?.parse().ok()?,
         epoch: fields.get("config-epoch")?.parse().ok()?,
+    };
+    Some(match addr {
+        Some((host, port)) if !configured.is_at(&host, port) => NamedMaster {
+            host,
+            port,
+            epoch: configured.epoch + 1,
+        },
+        _ => configured,
     })
 }
 
@@ -256,7 +288,7 @@ async fn subscribe_loop(state: Weak<State>, sentinel: ConnectionInfo, timeout: D
             let mut p = redis::Client::open(sentinel.clone())?
                 .get_async_pubsub()
                 .await?;
-            p.subscribe(SWITCH_CHANNEL).await?;
+            p.subscribe(&[SWITCH_CHANNEL, PROMOTED_CHANNEL]).await?;
             Ok::<_, redis::RedisError>(p)
         };
         match tokio::time::timeout(timeout, opened).await {
@@ -274,7 +306,11 @@ async fn subscribe_loop(state: Weak<State>, sentinel: ConnectionInfo, timeout: D
                 while let Some(msg) = messages.next().await {
                     let Some(s) = state.upgrade() else { return };
                     let payload: String = msg.get_payload().unwrap_or_default();
-                    if let Some((host, port)) = parse_switch(&payload, &s.master_name) {
+                    let named = match msg.get_channel_name() {
+                        PROMOTED_CHANNEL => parse_promoted(&payload, &s.master_name),
+                        _ => parse_switch(&payload, &s.master_name),
+                    };
+                    if let Some((host, port)) = named {
                         let to = s
                             .tracker
                             .lock()
@@ -336,6 +372,9 @@ async fn poll_loop(state: Weak<State>, config: WatchConfig) {
     }
 }
 
+/// `SENTINEL MASTER NAME`'s fields and `SENTINEL GET-MASTER-ADDR-BY-NAME`'s address.
+type MasterReply = (HashMap<String, String>, Option<(String, u16)>);
+
 /// One sentinel's answer to `SENTINEL MASTER NAME` (`None`: it does not know the name).
 async fn ask(
     conn: &mut Option<MultiplexedConnection>,
@@ -355,13 +394,14 @@ async fn ask(
     let Some(c) = conn.as_mut() else {
         return Ok(None);
     };
-    let reply: redis::RedisResult<HashMap<String, String>> = redis::cmd("SENTINEL")
-        .arg("MASTER")
-        .arg(&config.master_name)
-        .query_async(c)
-        .await;
+    let mut pipe = redis::pipe();
+    pipe.cmd("SENTINEL").arg("MASTER").arg(&config.master_name);
+    pipe.cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(&config.master_name);
+    let reply: redis::RedisResult<MasterReply> = pipe.query_async(c).await;
     match reply {
-        Ok(fields) => Ok(parse_master(&fields)),
+        Ok((fields, addr)) => Ok(parse_master(&fields, addr)),
         // "No such master with that name": a sentinel that does not monitor it (yet).
         Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => Ok(None),
         Err(e) => Err(e),
@@ -435,7 +475,29 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into_iter()
         .collect();
-        assert_eq!(parse_master(&fields), Some(m("10.0.0.1", 6379, 4)));
-        assert_eq!(parse_master(&HashMap::new()), None);
+        assert_eq!(parse_master(&fields, None), Some(m("10.0.0.1", 6379, 4)));
+        let same = Some(("10.0.0.1".to_owned(), 6379));
+        assert_eq!(parse_master(&fields, same), Some(m("10.0.0.1", 6379, 4)));
+        let failing_over = Some(("10.0.0.2".to_owned(), 6380));
+        assert_eq!(
+            parse_master(&fields, failing_over),
+            Some(m("10.0.0.2", 6380, 5)),
+            "the promoted replica, at the failover's epoch"
+        );
+        assert_eq!(parse_master(&HashMap::new(), None), None);
+        assert_eq!(
+            parse_promoted(
+                "slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379",
+                "mymaster"
+            ),
+            Some(("127.0.0.1".to_owned(), 6380))
+        );
+        assert_eq!(
+            parse_promoted(
+                "slave 127.0.0.1:6380 127.0.0.1 6380 @ other 127.0.0.1 6379",
+                "mymaster"
+            ),
+            None
+        );
     }
 }
