@@ -208,6 +208,9 @@ struct Inner {
     current: Mutex<Option<Current>>,
     generation: AtomicU64,
     lookups: AtomicU64,
+    /// How many times the connection in use was abandoned (master lost, demoted or
+    /// switched).
+    left: AtomicU64,
     /// The generation of the connection in use, 0 while there is none: a connection made
     /// from another generation must not send anything any more.
     live: tokio::sync::watch::Sender<u64>,
@@ -238,6 +241,7 @@ impl Follower for Inner {
                 "leaving the old Redis master: its connections send nothing more");
             *g = None;
             self.live.send_replace(0);
+            self.left.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -274,8 +278,8 @@ fn sentinel_infos(config: &SentinelConfig) -> Vec<ConnectionInfo> {
 }
 
 /// The error a connection to an old master returns instead of sending (an I/O kind: the
-/// callers' failover handling applies).
-pub(crate) fn switched_error() -> RedisError {
+/// callers' failover handling applies; [`is_switched`] tells it).
+pub fn switched_error() -> RedisError {
     RedisError::from((ErrorKind::Io, SWITCHED))
 }
 
@@ -363,6 +367,7 @@ impl SentinelRedis {
             current: Mutex::new(None),
             generation: AtomicU64::new(0),
             lookups: AtomicU64::new(0),
+            left: AtomicU64::new(0),
             live: tokio::sync::watch::Sender::new(0),
             template: Mutex::new(None),
             watch: OnceLock::new(),
@@ -422,10 +427,18 @@ impl SentinelRedis {
             );
             *g = None;
             self.0.live.send_replace(0);
+            self.0.left.fetch_add(1, Ordering::Relaxed);
             if let Some(w) = self.0.watch.get() {
                 w.poke();
             }
         }
+    }
+
+    /// How many times the connection in use was abandoned so far (its master lost, demoted
+    /// or switched). A caller that sends through the handle (a new connection each time)
+    /// and must know when what it wrote may have been lost compares it between commands.
+    pub fn masters_left(&self) -> u64 {
+        self.0.left.load(Ordering::Relaxed)
     }
 
     /// Whether connection `generation` is still the one in use: `false` once the master was
@@ -551,10 +564,18 @@ impl SentinelRedis {
                 )));
             }
         };
+        let mut current = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
+        // The watcher may have moved on while this connected (a master that was frozen and
+        // answers again): checked under the lock its switches take, so that a switch either
+        // finds this connection and drops it or is seen here.
+        if let (Some(named), Some(at)) = (self.watch().current(), host_port(&info))
+            && !named.is_at(at.0, at.1)
+        {
+            return Err(switched_error());
+        }
         self.0.lookups.fetch_add(1, Ordering::Relaxed);
         let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
         info!(master = %cfg.master_name, addr = %info.addr(), generation, "Redis master found through the sentinels");
-        let mut current = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
         *current = Some(Current {
             generation,
             info: info.clone(),

@@ -22,9 +22,13 @@ pub(super) struct DocCache {
     owed: Mutex<HashMap<String, (u64, u64)>>,
     /// Per group, when this coordinator first saw each of its latest revisions (Unix ms):
     /// how far back a rollback went ([`Self::went_back`]).
-    seen: Mutex<HashMap<String, (BTreeMap<u64, u64>, Instant)>>,
+    seen: Mutex<HashMap<String, SeenRevisions>>,
     idle: Duration,
 }
+
+/// A group's latest revisions, each with when it was first seen (Unix ms), and when they
+/// were last used.
+type SeenRevisions = (BTreeMap<u64, u64>, Instant);
 
 /// How many revisions per group [`DocCache::went_back`] remembers.
 const SEEN_REVISIONS: usize = 256;
