@@ -12,6 +12,12 @@
 //!
 //! Connections that need their own socket (blocking reads, `WATCH`) take the master's address
 //! from [`SentinelRedis::master`] and report a failure with [`SentinelRedis::report`].
+//!
+//! Errors are not the only signal: the process-wide [`crate::watch`] tells every handle of a
+//! master switch as soon as the sentinels announce it. The connection in use is then dropped,
+//! commands on clones of it fail unsent ([`is_switched`]), [`SentinelRedis::is_live`] turns
+//! false for connections made from it, and [`SentinelRedis::left`] wakes subscribers, which
+//! resubscribe on the new master (PROTOCOL §19).
 
 use crate::watch::{Follower, NamedMaster, Watch, WatchConfig};
 use redis::IntoConnectionInfo;
