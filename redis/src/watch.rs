@@ -20,7 +20,7 @@
 //! their hello messages): the master with the highest `config-epoch` wins, and an answer of
 //! an older epoch never moves the watcher back ([`Tracker`], the pure core).
 //!
-//! On a switch every registered [`Follower`] (each [`crate::sentinel::SentinelRedis`]) is
+//! On a switch every registered follower (each [`crate::sentinel::SentinelRedis`]) is
 //! told synchronously; it drops its connection to the old master, and the connections made
 //! from it (shared, dedicated, pub/sub) stop sending there (see [`crate::sentinel`]).
 
