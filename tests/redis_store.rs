@@ -785,3 +785,56 @@ async fn exactly_one_coordinator_expires_each_silent_member() {
         assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "UNKNOWN_MEMBER_ID"));
     }
 }
+
+/// `--store-wait-replicas 1` on a master without a replica: a group document commit is not
+/// acknowledged (503 STORE_UNAVAILABLE, counted) instead of being acknowledged on a server
+/// that no replica follows (PROTOCOL §19); with a replica attached it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_no_replica_acknowledged_is_refused() {
+    let master = RedisServer::start().unwrap();
+    let prefix = rsc_e2e::unique_key_prefix();
+    let c = CoordinatorProcess::start(&[
+        "--store",
+        "redis",
+        "--redis-url",
+        &master.url(),
+        "--key-prefix",
+        &prefix,
+        "--store-wait-replicas",
+        "1",
+    ])
+    .unwrap();
+    let api = Api::new(c.url());
+    let body = json!({"group": GROUP, "stream": STREAM, "shard_count": 2});
+    let (s, v) = api
+        .try_call(reqwest::Method::POST, "/v1/groups", Some(body.clone()))
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(code(&v), "STORE_UNAVAILABLE", "{v}");
+    let refused = api
+        .metric("rsc_store_commits_refused_total", &[("reason", "replicas")])
+        .await;
+    assert!(refused >= 1.0, "{refused}");
+
+    // A replica follows the master: the next change is acknowledged.
+    let replica = RedisServer::start().unwrap();
+    let r = replica
+        .command(&format!("REPLICAOF 127.0.0.1 {}", master.port()))
+        .unwrap();
+    assert!(r.starts_with('+'), "{r}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !master
+        .command("INFO replication")
+        .is_ok_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
+    {
+        assert!(Instant::now() < deadline, "the replica never got in sync");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = json!({"group": "other", "stream": "other-stream", "shard_count": 2});
+    let (s, v) = api
+        .try_call(reqwest::Method::POST, "/v1/groups", Some(body))
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}

@@ -74,6 +74,13 @@ pub struct ServeArgs {
     /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
     #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
     pub redis_sentinel_password: Option<String>,
+    /// Redis store: after each group document commit, wait (`WAIT N 250`) until this many
+    /// replicas have it, and refuse the commit (503 STORE_UNAVAILABLE, counted in
+    /// `rsc_store_commits_refused_total`) when fewer did: a master that lost its replicas to
+    /// a newer master cannot acknowledge group changes (RUNBOOK "Redis Sentinel") [default:
+    /// 0, no wait].
+    #[arg(long, env = "RSC_STORE_WAIT_REPLICAS")]
+    pub store_wait_replicas: Option<u32>,
     /// Connect to the sentinels of `--redis-sentinel` over TLS, and to the master too
     /// (verified as with `rediss://`: `--redis-tls-ca`, else the system's roots).
     #[arg(long, env = "RSC_REDIS_SENTINEL_TLS")]
@@ -195,6 +202,8 @@ pub struct ServeConfig {
     pub redis_cluster: bool,
     /// The store's master is found through these sentinels.
     pub redis_sentinel: Option<SentinelTarget>,
+    /// Replicas that must acknowledge a group document commit (0: none).
+    pub store_wait_replicas: u32,
     /// CA and client certificate of the store's TLS connections (loaded).
     pub redis_tls: Tls,
     /// Key prefix.
@@ -280,6 +289,7 @@ impl std::fmt::Debug for ServeArgs {
             .field("sweep_interval_ms", &self.sweep_interval_ms)
             .field("history_interval_ms", &self.history_interval_ms)
             .field("tombstone_retention_ms", &self.tombstone_retention_ms)
+            .field("store_wait_replicas", &self.store_wait_replicas)
             .field("body_limit", &self.body_limit)
             .field("log_format", &self.log_format)
             .finish()
@@ -302,6 +312,7 @@ impl std::fmt::Debug for ServeConfig {
             )
             .field("redis_cluster", &self.redis_cluster)
             .field("redis_sentinel", &self.redis_sentinel)
+            .field("store_wait_replicas", &self.store_wait_replicas)
             .field("redis_tls", &self.redis_tls)
             .field("key_prefix", &self.key_prefix)
             .field("allow_anonymous", &self.allow_anonymous)
@@ -503,6 +514,10 @@ impl ServeArgs {
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
                 .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
+            store_wait_replicas: self
+                .store_wait_replicas
+                .or(file.store_wait_replicas)
+                .unwrap_or(0),
             body_limit: self
                 .body_limit
                 .or(file.body_limit)

@@ -13,6 +13,12 @@
 //!
 //! The outage is measured conservatively, from the last success before the failures to the
 //! first success after them (a failed call may have started well before it failed).
+//!
+//! A metadata rollback is treated the same way ([`StoreOutages::rolled_back`]): when the
+//! store's documents go back in time (a Redis failover that lost writes, a demoted master
+//! resynced from the real one), the liveness recorded beside them went back too, and members
+//! that did heartbeat would look silent. The rollback's length (how far back the documents
+//! went, see `DocCache::went_back`) becomes a credit like an outage's.
 
 /// Outages closer together than this add up (a flapping store).
 const MERGE_WINDOW_MS: u64 = 60_000;
@@ -59,6 +65,24 @@ impl StoreOutages {
         }
         self.last_ok_ms = Some(self.last_ok_ms.map_or(now_ms, |t| t.max(now_ms)));
         closed
+    }
+
+    /// At `now_ms` the store was found to hold documents `length_ms` older than ones this
+    /// coordinator had seen (a rollback): a credit of that length, merged with a recent
+    /// outage's (a failover usually causes both). Returns the credit.
+    pub(crate) fn rolled_back(&mut self, now_ms: u64, length_ms: u64) -> OutageCredit {
+        let mut length_ms = length_ms;
+        if let Some(prev) = self.credit
+            && now_ms <= prev.ended_ms + MERGE_WINDOW_MS
+        {
+            length_ms += prev.length_ms;
+        }
+        let credit = OutageCredit {
+            length_ms,
+            ended_ms: now_ms,
+        };
+        self.credit = Some(credit);
+        credit
     }
 
     /// A store call failed (the store was unreachable).
@@ -126,6 +150,27 @@ mod tests {
         o.failed();
         assert_eq!(o.ok(5_000), None);
         assert_eq!(o.shift_ms(5_000, 10_000), 0);
+    }
+
+    #[test]
+    fn a_rollback_extends_sessions_like_an_outage_and_adds_to_one() {
+        let mut o = StoreOutages::default();
+        o.ok(0);
+        // Liveness went 10 s back; no outage before.
+        let c = o.rolled_back(20_000, 10_000);
+        assert_eq!(c.length_ms, 10_000);
+        assert_eq!(o.shift_ms(20_000, 2_000), 10_000);
+        assert_eq!(o.shift_ms(22_000, 2_000), 10_000);
+        assert_eq!(o.shift_ms(22_001, 2_000), 0);
+        // A member heard last at 9 000 (rolled back), seen at 20 000 with a 2 s session:
+        // judged at 10 000, it stays.
+        assert!(20_000 - o.shift_ms(20_000, 2_000) - 9_000 <= 2_000);
+        // The failover's own outage, then the rollback it caused: both count.
+        let mut o = StoreOutages::default();
+        o.ok(0);
+        o.failed();
+        o.ok(3_000);
+        assert_eq!(o.rolled_back(3_500, 8_000).length_ms, 3_000 + 8_000);
     }
 
     #[test]

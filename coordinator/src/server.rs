@@ -50,6 +50,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
                 tls: cfg.redis_tls.clone(),
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
+                wait_replicas: cfg.store_wait_replicas,
                 ..RedisStoreConfig::default()
             })
             .await?;

@@ -430,6 +430,7 @@ async fn subscriber(
         commands,
         attempt: 0,
         backoff: Duration::from_millis(100),
+        master: 0,
     }
     .run()
     .await;
@@ -445,6 +446,8 @@ struct Subscriber {
     attempt: usize,
     /// The wait before the next connection attempt.
     backoff: Duration,
+    /// Behind sentinels: the master connection the current one was made from.
+    master: u64,
 }
 
 /// Why a subscriber connection is given up.
@@ -509,7 +512,10 @@ impl Subscriber {
             None => Duration::from_secs(2),
         };
         match tokio::time::timeout(bound, connected).await {
-            Ok(Ok(p)) => Some(p),
+            Ok(Ok(p)) => {
+                self.master = master.unwrap_or(0);
+                Some(p)
+            }
             Ok(Err(e)) => {
                 if let (Some(s), Some(generation)) = (&sentinel, master) {
                     // A dead master: the next attempt asks the sentinels again.
@@ -557,8 +563,14 @@ impl Subscriber {
     ) -> Ended {
         use futures::StreamExt;
         let marker = format!("{prefix}:wake:{{");
+        let sentinel = self.redis.sentinel().cloned();
         loop {
             tokio::select! {
+                // The sentinels named a new master: resubscribe there at once.
+                _ = left(sentinel.as_ref(), self.master) => {
+                    info!("wake-up subscriber: the Redis master switched; resubscribing on the new one");
+                    return Ended::Reconnect;
+                }
                 cmd = self.commands.recv() => {
                     let Some(cmd) = cmd else { return Ended::Stop };
                     if let Err(e) = apply(sink, prefix, cmd).await {
@@ -585,6 +597,15 @@ impl Subscriber {
                 }
             }
         }
+    }
+}
+
+/// Resolves when connection `master` of `sentinel` is no longer the one in use; never
+/// without sentinels.
+async fn left(sentinel: Option<&rsc_redis::sentinel::SentinelRedis>, master: u64) {
+    match sentinel {
+        Some(s) => s.left(master).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -13,7 +13,9 @@
 //!   its connections, so that a caller knows when a `WATCH` was lost with one.
 //! - Behind Redis Sentinel ([`LazyRedis::open_sentinel`], [`sentinel`]) the master is looked
 //!   up through the sentinels; a connection to a master that died or was demoted
-//!   (`READONLY`) is dropped and the new master looked up on next use.
+//!   (`READONLY`) is dropped and the new master looked up on next use, and one watcher per
+//!   process and master name ([`watch`]) moves every connection as soon as the sentinels
+//!   name a new master.
 //!
 //! - TLS ([`tls`]): a `rediss://` URL connects over TLS (standalone, cluster seeds, the
 //!   master behind sentinels), verified against the system's roots or the CA of a [`Tls`]
@@ -52,6 +54,7 @@ mod conn;
 mod node;
 pub mod sentinel;
 pub mod tls;
+pub mod watch;
 
 pub use conn::{Conn, ConnSettings, LazyRedis, ModeError, OpenError, Reconnect, check_mode};
 pub use node::NodeConn;

@@ -78,7 +78,26 @@ impl NodeConn {
         }
     }
 
+    /// Behind sentinels: drops the connection once its master was lost, demoted or switched
+    /// (nothing more may be sent to it); `true` when it did.
+    fn drop_if_left(&mut self) -> bool {
+        if let Some(s) = self.redis.sentinel()
+            && self.conn.is_some()
+            && !s.is_live(self.master)
+        {
+            debug!("the sentinels named a new master: dropping the dedicated connection");
+            self.conn = None;
+            return true;
+        }
+        false
+    }
+
     async fn connection(&mut self) -> RedisResult<&mut MultiplexedConnection> {
+        if self.drop_if_left() {
+            // Said as an error once, like a lost connection: what the caller read or wrote
+            // on the old master may be gone (a worker then reads its pending entries again).
+            return Err(crate::sentinel::switched_error());
+        }
         if self.conn.is_none() {
             let target = match self.redis.sentinel() {
                 Some(s) => {
@@ -161,6 +180,7 @@ impl NodeConn {
         generation: u64,
         pipeline: &Pipeline,
     ) -> RedisResult<Option<Vec<Value>>> {
+        self.drop_if_left();
         let conn = match self.conn.as_mut() {
             Some(c) if self.generation == generation => c,
             _ => return Ok(None),

@@ -12,7 +12,15 @@
 //!
 //! Connections that need their own socket (blocking reads, `WATCH`) take the master's address
 //! from [`SentinelRedis::master`] and report a failure with [`SentinelRedis::report`].
+//!
+//! Errors are not the only signal: the process-wide [`crate::watch`] tells every handle of a
+//! master switch as soon as the sentinels announce it. The connection in use is then dropped,
+//! commands on clones of it fail unsent ([`is_switched`]), [`SentinelRedis::is_live`] turns
+//! false for connections made from it, and [`SentinelRedis::left`] wakes subscribers, which
+//! resubscribe on the new master (PROTOCOL §19).
 
+use crate::watch::{Follower, NamedMaster, Watch, WatchConfig};
+use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -20,7 +28,7 @@ use redis::{
     RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -206,6 +214,104 @@ struct Inner {
     current: Mutex<Option<Current>>,
     generation: AtomicU64,
     lookups: AtomicU64,
+    /// How many times the connection in use was abandoned (master lost, demoted or
+    /// switched).
+    left: AtomicU64,
+    /// The generation of the connection in use, 0 while there is none: a connection made
+    /// from another generation must not send anything any more.
+    live: tokio::sync::watch::Sender<u64>,
+    /// The first master found through redis-rs: its TLS settings and credentials, for the
+    /// masters the watcher names later.
+    template: Mutex<Option<ConnectionInfo>>,
+    /// The process-wide watcher of this master's switches, started on first use.
+    watch: OnceLock<Arc<Watch>>,
+}
+
+/// The host and port of `info`.
+fn host_port(info: &ConnectionInfo) -> Option<(&str, u16)> {
+    match info.addr() {
+        ConnectionAddr::Tcp(h, p) => Some((h.as_str(), *p)),
+        ConnectionAddr::TcpTls { host, port, .. } => Some((host.as_str(), *port)),
+        _ => None,
+    }
+}
+
+impl Follower for Inner {
+    fn follow(&self, to: &NamedMaster) {
+        let mut g = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = g
+            .as_ref()
+            .is_some_and(|c| host_port(&c.info) != Some((to.host.as_str(), to.port)));
+        if stale {
+            info!(master = %self.config.master_name, host = %to.host, port = to.port,
+                "leaving the old Redis master: its connections send nothing more");
+            *g = None;
+            self.live.send_replace(0);
+            self.left.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The sentinels' connection descriptions (TLS and credentials included).
+fn sentinel_infos(config: &SentinelConfig) -> Vec<ConnectionInfo> {
+    let mut redis = redis::RedisConnectionInfo::default();
+    if let Some(u) = &config.sentinel_username {
+        redis = redis.set_username(u);
+    }
+    if let Some(p) = &config.sentinel_password {
+        redis = redis.set_password(p);
+    }
+    config
+        .sentinels
+        .iter()
+        .filter_map(|(h, p)| {
+            let addr = match config.sentinel_tls {
+                true => ConnectionAddr::TcpTls {
+                    host: h.clone(),
+                    port: *p,
+                    insecure: config.master_tls == Some(redis::TlsMode::Insecure),
+                    tls_params: None,
+                },
+                false => ConnectionAddr::Tcp(h.clone(), *p),
+            };
+            let info = addr
+                .into_connection_info()
+                .ok()?
+                .set_redis_settings(redis.clone());
+            Some(config.tls.apply(info.clone()).unwrap_or(info))
+        })
+        .collect()
+}
+
+/// The error a connection to an old master returns instead of sending (an I/O kind: the
+/// callers' failover handling applies; [`is_switched`] tells it).
+pub fn switched_error() -> RedisError {
+    RedisError::from((ErrorKind::Io, SWITCHED))
+}
+
+/// Whether `e` is the refusal of a connection to a master the sentinels no longer name
+/// (nothing was sent).
+pub fn is_switched(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Io && e.to_string().contains(SWITCHED)
+}
+
+const SWITCHED: &str = "the sentinels named a new Redis master: not sent to the old one";
+
+/// redis-rs's look-up error, said as an operator needs it: "not found" there means that no
+/// sentinel named a reachable master right now (the master is down, or being failed over),
+/// not that the name is unknown.
+fn explain_lookup(e: RedisError, master_name: &str) -> RedisError {
+    if e.kind() != ErrorKind::MasterNameNotFoundBySentinel {
+        return e;
+    }
+    RedisError::from((
+        ErrorKind::Io,
+        "no reachable master",
+        format!(
+            "the sentinels name no reachable master for {master_name:?} right now (the master \
+             is down or being failed over; checked again on next use)"
+        ),
+    ))
 }
 
 /// A master found through the sentinels; connects on first use, cheap to clone.
@@ -267,6 +373,10 @@ impl SentinelRedis {
             current: Mutex::new(None),
             generation: AtomicU64::new(0),
             lookups: AtomicU64::new(0),
+            left: AtomicU64::new(0),
+            live: tokio::sync::watch::Sender::new(0),
+            template: Mutex::new(None),
+            watch: OnceLock::new(),
         })))
     }
 
@@ -322,10 +432,119 @@ impl SentinelRedis {
                 "Redis master lost or demoted: asking the sentinels again on next use"
             );
             *g = None;
+            self.0.live.send_replace(0);
+            self.0.left.fetch_add(1, Ordering::Relaxed);
+            if let Some(w) = self.0.watch.get() {
+                w.poke();
+            }
         }
     }
 
+    /// How many times the connection in use was abandoned so far (its master lost, demoted
+    /// or switched). A caller that sends through the handle (a new connection each time)
+    /// and must know when what it wrote may have been lost compares it between commands.
+    pub fn masters_left(&self) -> u64 {
+        self.0.left.load(Ordering::Relaxed)
+    }
+
+    /// Whether connection `generation` is still the one in use: `false` once the master was
+    /// lost, demoted or switched (a connection made from it must then send nothing more).
+    pub fn is_live(&self, generation: u64) -> bool {
+        *self.0.live.borrow() == generation
+    }
+
+    /// Resolves when connection `generation` is no longer the one in use (for a
+    /// subscriber connection made from [`Self::master`], which then reconnects).
+    pub async fn left(&self, generation: u64) {
+        let mut rx = self.0.live.subscribe();
+        let _ = rx.wait_for(|g| *g != generation).await;
+    }
+
+    /// The master the process-wide watcher last heard the sentinels name (see
+    /// [`crate::watch`]); `None` before the first answer.
+    pub fn named(&self) -> Option<NamedMaster> {
+        self.0.watch.get().and_then(|w| w.current())
+    }
+
+    /// The process-wide watcher of this master, started on first use.
+    fn watch(&self) -> &Arc<Watch> {
+        self.0.watch.get_or_init(|| {
+            let cfg = &self.0.config;
+            let w = Watch::shared(&WatchConfig {
+                sentinels: sentinel_infos(cfg),
+                master_name: cfg.master_name.clone(),
+                timeout: cfg.connect_timeout,
+            });
+            let me: Arc<dyn Follower> = self.0.clone();
+            w.follow(Arc::downgrade(&me));
+            w
+        })
+    }
+
+    /// Where the master is: the watcher's address once known (with the first look-up's TLS
+    /// settings and credentials), else redis-rs's look-up (`SENTINEL MASTERS`, then `ROLE`).
+    async fn locate(&self, client: &mut SentinelClient) -> RedisResult<ConnectionInfo> {
+        let template = self
+            .0
+            .template
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let found = match template {
+            Some(t) => t,
+            None => {
+                let found = client
+                    .async_get_client()
+                    .await
+                    .map_err(|e| explain_lookup(e, &self.0.config.master_name))?;
+                let info = found.get_connection_info().clone();
+                *self.0.template.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
+                return Ok(match self.watch().current() {
+                    Some(m) => crate::tls::same_tls_at(&info, m.host, m.port),
+                    None => info,
+                });
+            }
+        };
+        match self.watch().current() {
+            Some(m) => Ok(crate::tls::same_tls_at(&found, m.host, m.port)),
+            None => {
+                let info = client
+                    .async_get_client()
+                    .await
+                    .map_err(|e| explain_lookup(e, &self.0.config.master_name))?;
+                Ok(info.get_connection_info().clone())
+            }
+        }
+    }
+
+    /// Connects to `info` and checks that it calls itself master.
+    async fn connect(&self, info: &ConnectionInfo) -> RedisResult<MultiplexedConnection> {
+        let cfg = &self.0.config;
+        let mut conn = redis::Client::open(info.clone())?
+            .get_multiplexed_async_connection_with_config(
+                &AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(cfg.connect_timeout))
+                    .set_response_timeout(Some(cfg.response_timeout)),
+            )
+            .await?;
+        let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+        if is_master_role(&role) {
+            return Ok(conn);
+        }
+        self.watch().poke();
+        Err(RedisError::from((
+            ErrorKind::Io,
+            "not a master",
+            format!(
+                "{} is not (or no longer) a master: the sentinels are asked again",
+                info.addr()
+            ),
+        )))
+    }
+
     async fn resolve(&self) -> RedisResult<(u64, ConnectionInfo, MultiplexedConnection)> {
+        // Started here: the watcher needs the runtime, which `open` may run without.
+        self.watch();
         if let Some(c) = self.cached() {
             return Ok(c);
         }
@@ -338,15 +557,8 @@ impl SentinelRedis {
         // Bounded: each sentinel and the candidate master get a connect timeout.
         let bound = cfg.connect_timeout * (cfg.sentinels.len() as u32 + 2);
         let lookup = async {
-            let master = client.async_get_client().await?;
-            let info = master.get_connection_info().clone();
-            let conn = master
-                .get_multiplexed_async_connection_with_config(
-                    &AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(cfg.connect_timeout))
-                        .set_response_timeout(Some(cfg.response_timeout)),
-                )
-                .await?;
+            let info = self.locate(&mut client).await?;
+            let conn = self.connect(&info).await?;
             Ok::<_, RedisError>((info, conn))
         };
         let (info, conn) = match tokio::time::timeout(bound, lookup).await {
@@ -358,15 +570,35 @@ impl SentinelRedis {
                 )));
             }
         };
+        let mut current = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
+        // The watcher may have moved on while this connected (a master that was frozen and
+        // answers again): checked under the lock its switches take, so that a switch either
+        // finds this connection and drops it or is seen here.
+        if let (Some(named), Some(at)) = (self.watch().current(), host_port(&info))
+            && !named.is_at(at.0, at.1)
+        {
+            return Err(switched_error());
+        }
         self.0.lookups.fetch_add(1, Ordering::Relaxed);
         let generation = self.0.generation.fetch_add(1, Ordering::Relaxed) + 1;
         info!(master = %cfg.master_name, addr = %info.addr(), generation, "Redis master found through the sentinels");
-        *self.0.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Current {
+        *current = Some(Current {
             generation,
             info: info.clone(),
             conn: conn.clone(),
         });
+        self.0.live.send_replace(generation);
         Ok((generation, info, conn))
+    }
+}
+
+/// Whether a `ROLE` reply says master.
+fn is_master_role(v: &Value) -> bool {
+    match v {
+        Value::Array(items) => {
+            matches!(items.first(), Some(Value::BulkString(b)) if b == b"master")
+        }
+        _ => false,
     }
 }
 
@@ -393,6 +625,9 @@ impl SentinelConn {
 impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
+            if !self.owner.is_live(self.generation) {
+                return Err(switched_error());
+            }
             let r = self.conn.req_packed_command(cmd).await;
             self.check(&r);
             r
@@ -406,6 +641,9 @@ impl ConnectionLike for SentinelConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
+            if !self.owner.is_live(self.generation) {
+                return Err(switched_error());
+            }
             let r = self.conn.req_packed_commands(pipeline, offset, count).await;
             match &r {
                 Err(e) => self.owner.report(self.generation, e),

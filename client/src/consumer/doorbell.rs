@@ -364,8 +364,11 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken) {
                 backoff.reset();
             }
         }
+        let on = sub.as_ref().map(|s| s.master);
         let lost = tokio::select! {
             _ = stop.cancelled() => return,
+            // The sentinels named a new master: resubscribe there at once.
+            () = master_left(&redis, on) => true,
             _ = s.changed.notified() => match sub.as_mut() {
                 Some(sub) => sub.sync(&s).await.is_err(),
                 None => false,
@@ -437,6 +440,15 @@ async fn next_message(sub: &mut Option<Subscriber>) -> Option<redis::Msg> {
     match sub {
         Some(s) => s.messages.next().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Behind Sentinel: resolves when the master connection `on` (the subscriber's) is no longer
+/// the one in use. Pending forever without Sentinel or a subscriber.
+async fn master_left(redis: &LazyRedis, on: Option<u64>) {
+    match (redis.sentinel(), on) {
+        (Some(s), Some(generation)) => s.left(generation).await,
+        _ => std::future::pending().await,
     }
 }
 

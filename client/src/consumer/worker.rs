@@ -223,6 +223,7 @@ impl ShardWorker {
             conn::WorkerConn::Shared {
                 shared: self.shared.ack_conn.clone(),
                 guards: self.shared.guards.clone(),
+                left: conn::masters_left(&self.shared.ack_conn),
             }
         } else {
             // A blocked XREADGROUP would stall any command queued behind it: its own

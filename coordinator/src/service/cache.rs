@@ -2,7 +2,7 @@
 
 use crate::engine::{GroupDoc, StreamDoc};
 use crate::store::Versioned;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,18 @@ pub(super) struct DocCache {
     streams: Mutex<HashMap<String, Arc<Versioned<StreamDoc>>>>,
     /// Deadline-index updates that failed: group → (revision, deadline), retried by the sweep.
     owed: Mutex<HashMap<String, (u64, u64)>>,
+    /// Per group, when this coordinator first saw each of its latest revisions (Unix ms):
+    /// how far back a rollback went ([`Self::went_back`]).
+    seen: Mutex<HashMap<String, SeenRevisions>>,
     idle: Duration,
 }
+
+/// A group's latest revisions, each with when it was first seen (Unix ms), and when they
+/// were last used.
+type SeenRevisions = (BTreeMap<u64, u64>, Instant);
+
+/// How many revisions per group [`DocCache::went_back`] remembers.
+const SEEN_REVISIONS: usize = 256;
 
 /// A cached group document and when it was last used.
 type CachedGroup = (Arc<Versioned<GroupDoc>>, Instant);
@@ -32,6 +42,7 @@ impl DocCache {
             groups: Mutex::default(),
             streams: Mutex::default(),
             owed: Mutex::default(),
+            seen: Mutex::default(),
             idle,
         }
     }
@@ -51,6 +62,11 @@ impl DocCache {
     pub(super) fn evict_idle(&self) {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         groups.retain(|_, (_, used)| used.elapsed() < self.idle);
+        drop(groups);
+        // Unused this long, a group may have been deleted and its tombstone collected: its
+        // revisions may start again at 1.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, (_, used)| used.elapsed() < self.idle);
     }
 
     pub(super) fn stream(&self, stream: &str) -> Option<Arc<Versioned<StreamDoc>>> {
@@ -64,6 +80,36 @@ impl DocCache {
             doc.group.clone(),
             (Arc::new(Versioned { revision, doc }), Instant::now()),
         );
+    }
+
+    /// Records that `group` was read at `revision` at `now_ms`. When this coordinator saw a
+    /// higher revision before, the store went back in time (a rollback): returns how far,
+    /// from when it first saw the revision after `revision` (the earliest time the store
+    /// can have lost; the oldest remembered when that one is forgotten). A group created
+    /// again is not a rollback: revisions continue over its tombstone (PROTOCOL §2).
+    pub(super) fn went_back(&self, group: &str, revision: u64, now_ms: u64) -> Option<u64> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (revs, used) = seen
+            .entry(group.to_owned())
+            .or_insert_with(|| (BTreeMap::new(), Instant::now()));
+        *used = Instant::now();
+        let back = match revs.last_key_value() {
+            Some((&top, _)) if top > revision => {
+                let lost_from = revs
+                    .range(revision + 1..)
+                    .next()
+                    .map_or(now_ms, |(_, &t)| t);
+                // Revisions past the rollback will be written again: forget them.
+                revs.retain(|&r, _| r <= revision);
+                Some(now_ms.saturating_sub(lost_from))
+            }
+            _ => None,
+        };
+        revs.entry(revision).or_insert(now_ms);
+        while revs.len() > SEEN_REVISIONS {
+            revs.pop_first();
+        }
+        back
     }
 
     pub(super) fn put_stream(&self, v: Versioned<StreamDoc>) {
@@ -86,5 +132,33 @@ impl DocCache {
     pub(super) fn forget_group(&self, group: &str) {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         groups.remove(group);
+        drop(groups);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.remove(group);
+    }
+}
+
+#[cfg(test)]
+mod rollback_tests {
+    use super::*;
+
+    #[test]
+    fn a_revision_lower_than_one_seen_is_a_rollback_measured_from_the_lost_revision() {
+        let c = DocCache::new(Duration::from_secs(60));
+        assert_eq!(c.went_back("g", 1, 1_000), None);
+        assert_eq!(c.went_back("g", 2, 2_000), None);
+        assert_eq!(c.went_back("g", 3, 5_000), None);
+        assert_eq!(c.went_back("g", 3, 6_000), None, "read again");
+        // The store lost revisions 2 and 3: back to how it was since 2 000.
+        assert_eq!(c.went_back("g", 1, 12_000), Some(10_000));
+        // Revision 2 written again: not a rollback.
+        assert_eq!(c.went_back("g", 2, 12_100), None);
+        assert_eq!(c.went_back("other", 1, 12_100), None);
+        c.forget_group("g");
+        assert_eq!(
+            c.went_back("g", 1, 13_000),
+            None,
+            "deleted, then created again"
+        );
     }
 }

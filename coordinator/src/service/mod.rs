@@ -384,7 +384,32 @@ impl Coordinator {
             return Err(ServiceError::GroupNotFound(group.to_owned()));
         };
         overlay_liveness(&mut v.doc, &live);
+        self.saw_revision(group, v.revision);
         Ok(v)
+    }
+
+    /// `group` was read or written at `revision`: when the store went back in time (a
+    /// rollback, see [`crate::outage`]), sessions are extended by how far.
+    pub(super) fn saw_revision(&self, group: &str, revision: u64) {
+        let now = self.now();
+        let Some(back_ms) = self.cache.went_back(group, revision, now) else {
+            return;
+        };
+        let credit = self
+            .outages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rolled_back(now, back_ms);
+        warn!(
+            group,
+            revision,
+            back_ms,
+            credit_ms = credit.length_ms,
+            "the metadata store went back in time (a failover lost writes): sessions are \
+             extended by that much for one session timeout instead of expiring members"
+        );
+        ::metrics::counter!("rsc_store_rollbacks_total").increment(1);
+        ::metrics::gauge!("rsc_store_last_outage_seconds").set(credit.length_ms as f64 / 1000.0);
     }
 
     async fn load_stream(&self, stream: &str) -> Result<Versioned<StreamDoc>> {

@@ -130,6 +130,7 @@ impl Coordinator {
     pub(super) fn close_write(&self, w: GroupWrite<'_>) -> Mutated {
         let next_deadline_ms = w.doc.next_deadline_ms();
         if w.kept {
+            self.saw_revision(w.group, w.revision);
             self.cache.put_group(w.revision, w.doc);
         }
         self.cache.put_stream(w.stream);

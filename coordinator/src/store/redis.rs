@@ -87,7 +87,14 @@ pub struct RedisStoreConfig {
     pub lock_wait: Duration,
     /// How long a deleted group's revision tombstone is kept before Redis expires it.
     pub tombstone_retention: Duration,
+    /// Replicas that must have a group document commit before it is acknowledged
+    /// (`WAIT N` [`WAIT_TIMEOUT`] on the same connection); 0: no wait.
+    pub wait_replicas: u32,
 }
+
+/// How long a commit waits for [`RedisStoreConfig::wait_replicas`] replicas. Short: the
+/// `WAIT` holds back the store's other commands on the shared connection meanwhile.
+pub(crate) const WAIT_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl RedisStoreConfig {
     fn settings(&self) -> ConnSettings {
@@ -114,6 +121,7 @@ impl Default for RedisStoreConfig {
             lock_hold: Duration::from_millis(2000),
             lock_wait: Duration::from_millis(3000),
             tombstone_retention: super::TOMBSTONE_RETENTION,
+            wait_replicas: 0,
         }
     }
 }
@@ -332,6 +340,25 @@ impl RedisStore {
         // The message says it all (a wrong mode or a refused TLS handshake): no source, so
         // that it is not printed twice.
         .map_err(|e| StoreError::unavailable(e.to_string()))
+    }
+
+    /// After a committed `put_group` reply: with [`RedisStoreConfig::wait_replicas`] set,
+    /// `WAIT`s for them on the same connection; `Some(acknowledged)` when too few did.
+    async fn wait_replicas(
+        &self,
+        c: &mut Conn,
+        reply: &[Value],
+    ) -> Result<Option<i64>, RedisError> {
+        let want = self.0.config.wait_replicas;
+        if want == 0 || !matches!(reply.first(), Some(Value::Int(1))) {
+            return Ok(None);
+        }
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(want)
+            .arg(WAIT_TIMEOUT.as_millis() as u64)
+            .query_async(c)
+            .await?;
+        Ok((acked < i64::from(want)).then_some(acked))
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -615,6 +642,13 @@ impl RedisStore {
         out.sort();
         Ok(out)
     }
+}
+
+/// Counts a group document commit refused because the server may no longer be the master
+/// (`reason`: `switched`, the sentinels named another; `replicas`, too few replicas
+/// acknowledged it).
+fn refused(reason: &'static str) {
+    ::metrics::counter!("rsc_store_commits_refused_total", "reason" => reason).increment(1);
 }
 
 fn encode<T: Serialize>(doc: &T) -> Result<Vec<u8>, StoreError> {
@@ -952,7 +986,7 @@ impl MetadataStore for RedisStore {
         let json = encode(doc)?;
         let (key, live) = (self.0.keys.group(&doc.group), self.0.keys.live(&doc.group));
         let k = key.clone();
-        let reply: Vec<Value> = self
+        let (reply, acked) = self
             .run("put", |mut c| async move {
                 let mut inv = self.0.scripts.put_group.key(&k);
                 inv.key(&live).arg(expected).arg(json);
@@ -968,9 +1002,24 @@ impl MetadataStore for RedisStore {
                     Some((member, now)) => inv.arg(member).arg(*now),
                     None => inv.arg("").arg(0),
                 };
-                inv.invoke_async(&mut c).await
+                let reply: Vec<Value> = inv.invoke_async(&mut c).await.inspect_err(|e| {
+                    if rsc_redis::sentinel::is_switched(e) {
+                        refused("switched");
+                    }
+                })?;
+                let acked = self.wait_replicas(&mut c, &reply).await?;
+                Ok((reply, acked))
             })
             .await?;
+        if let Some(acked) = acked {
+            refused("replicas");
+            return Err(StoreError::unavailable(format!(
+                "{key}: committed on a server only {acked} of {} replicas acknowledged within \
+                 {WAIT_TIMEOUT:?} (a master cut off from its replicas, or lagging ones): not \
+                 acknowledged",
+                self.0.config.wait_replicas
+            )));
+        }
         let status: Vec<i64> = reply
             .iter()
             .take(2)

@@ -21,6 +21,9 @@ pub(crate) enum WorkerConn {
         shared: LazyRedis,
         /// The app's guard connections.
         guards: Arc<GuardConns>,
+        /// Behind Sentinel: [`rsc_redis::sentinel::SentinelRedis::masters_left`] when the
+        /// worker last read (or started); see [`WorkerConn::master_left`].
+        left: Option<u64>,
     },
     /// Redis Cluster, or an app with `shared_reader(false)`: the worker's own connection to
     /// the node that serves the shard's slot, on which it waits in a blocked read
@@ -38,6 +41,29 @@ impl WorkerConn {
     /// BLOCK` instead of on the doorbell).
     pub(crate) fn may_block(&self) -> bool {
         matches!(self, WorkerConn::Dedicated { .. })
+    }
+}
+
+/// [`SentinelRedis::masters_left`](rsc_redis::sentinel::SentinelRedis::masters_left) of
+/// `shared` now (for a new [`WorkerConn::Shared`]).
+pub(crate) fn masters_left(shared: &LazyRedis) -> Option<u64> {
+    shared.sentinel().map(|s| s.masters_left())
+}
+
+impl WorkerConn {
+    /// Behind Sentinel, on the shared connection: whether its master was left (lost,
+    /// demoted or switched) since the last call. The worker's next read then fails as if
+    /// its connection was lost, which it is to the worker: what it wrote on the old master
+    /// (acknowledgements, claims) may be gone, so it reads its own pending entries again
+    /// before new ones. (A dedicated connection fails its next command by itself.)
+    pub(crate) fn master_left(&mut self) -> bool {
+        let WorkerConn::Shared { shared, left, .. } = self else {
+            return false;
+        };
+        let now = masters_left(shared);
+        let changed = left.is_some() && now != *left;
+        *left = now;
+        changed
     }
 }
 

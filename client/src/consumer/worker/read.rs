@@ -308,6 +308,9 @@ impl ShardWorker {
         acks: &[String],
         plan: &Plan,
     ) -> Result<Found, RedisError> {
+        if conn.master_left() {
+            return Err(rsc_redis::sentinel::switched_error());
+        }
         if let Some((guard, token)) = guarded {
             let (from, count) = (plan.from.as_str(), plan.count);
             let read = match conn {
