@@ -7,7 +7,8 @@ use crate::client::{CoordinatorClient, Fetched, Request};
 use crate::error::CoordinatorError;
 use reqwest::Method;
 use rsc_protocol::{
-    CreateGroupRequest, GroupList, GroupView, ReshardRequest, StreamList, StreamView,
+    CreateGroupRequest, GroupList, GroupView, PatchStreamRequest, ReshardRequest, StreamList,
+    StreamView,
 };
 use serde::de::DeserializeOwned;
 
@@ -87,6 +88,18 @@ impl CoordinatorClient {
         let path = ["v1", "streams", stream, "reshard"];
         let body = ReshardRequest { shard_count };
         self.json(Request::new(Method::POST, &path).body(&body))
+            .await
+            .1
+    }
+
+    /// `PATCH /v1/streams/{stream}`: the stream's retention policies (PROTOCOL §18).
+    pub async fn patch_stream(
+        &self,
+        stream: &str,
+        patch: &PatchStreamRequest,
+    ) -> Result<Fetched<StreamView>, CoordinatorError> {
+        let path = ["v1", "streams", stream];
+        self.json(Request::new(Method::PATCH, &path).body(patch))
             .await
             .1
     }

@@ -1,12 +1,15 @@
 //! Admin routes (role `admin`; audited and rate-limited by the access middleware): groups,
-//! members, reshard, rollback.
+//! members, stream settings, reshard, rollback.
 
 use super::AppState;
 use super::extract::{Json, Path, Query};
 use crate::http_error::ApiError;
 use axum::extract::State;
 use axum::http::StatusCode;
-use rsc_protocol::{CreateGroupRequest, GroupView, PatchGroupRequest, ReshardRequest, StreamView};
+use rsc_protocol::{
+    CreateGroupRequest, GroupView, PatchGroupRequest, PatchStreamRequest, ReshardRequest,
+    StreamView,
+};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -19,6 +22,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(remove_member))
         .routes(routes!(pause_group))
         .routes(routes!(resume_group))
+        .routes(routes!(patch_stream))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
 }
@@ -135,6 +139,24 @@ async fn remove_member(
 ) -> Result<StatusCode, ApiError> {
     s.coordinator.remove_member(&group, &member).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Change a stream's retention policies (PROTOCOL §18): what the coordinator trims from its
+/// shard keys and from its dead-letter stream.
+#[utoipa::path(
+    patch, path = "/v1/streams/{stream}", tag = "admin",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    request_body = PatchStreamRequest,
+    responses(
+        (status = 200, description = "The stream after the change", body = StreamView),
+    )
+)]
+async fn patch_stream(
+    State(s): State<AppState>,
+    Path(stream): Path<String>,
+    Json(req): Json<PatchStreamRequest>,
+) -> Result<Json<StreamView>, ApiError> {
+    Ok(Json(s.coordinator.patch_stream(&stream, &req).await?))
 }
 
 /// Start resharding a stream to a new shard count (PROTOCOL §6).

@@ -125,6 +125,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
         Scope::Group,
     ),
     admin(
+        "PATCH",
+        "/v1/streams/{stream}",
+        "stream.update",
+        Scope::Stream,
+    ),
+    admin(
         "POST",
         "/v1/streams/{stream}/reshard",
         "stream.reshard",
