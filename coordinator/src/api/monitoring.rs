@@ -219,7 +219,12 @@ async fn describe_stream(
     State(s): State<AppState>,
     Path(stream): Path<String>,
 ) -> Result<Json<StreamView>, ApiError> {
-    Ok(Json(s.coordinator.describe_stream(&stream).await?))
+    let mut view = s.coordinator.describe_stream(&stream).await?;
+    if let Some(probe) = s.lag.as_deref() {
+        view.retention_blocked_by =
+            crate::retention::blocked_by(probe, &view, s.coordinator.clock().now_ms()).await;
+    }
+    Ok(Json(view))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

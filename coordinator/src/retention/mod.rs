@@ -6,3 +6,7 @@
 //! the shards that tick read.
 
 pub mod point;
+pub(crate) mod trimmer;
+mod view;
+
+pub(crate) use view::blocked_by;

@@ -1,0 +1,281 @@
+//! Coordinated retention (PROTOCOL §18) end to end: a real redis-server, a real coordinator
+//! reading it (`--data-redis-url`, sampling every 200 ms) and sample consumer pods. What every
+//! group handled is trimmed; what any group still needs (no members, paused) stays until it
+//! is handled; hard caps count what they drop.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`.
+
+#[allow(dead_code)]
+mod pods;
+
+use pods::{
+    Consumer, SERIAL, Stack, eventually, eventually_async, finish_producer, handled,
+    spawn_producer, xlen,
+};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use std::collections::HashSet;
+use std::time::Duration;
+
+const SHARDS: u32 = 4;
+const SESSION_MS: u64 = 3000;
+const HEARTBEAT_MS: u64 = 300;
+
+/// A stack whose coordinator samples (and so trims) every 200 ms.
+fn stack() -> Stack {
+    Stack::start_with_data_redis_args(&["--history-interval-ms", "200"])
+}
+
+async fn set_retention(stack: &Stack, stream: &str, retention: serde_json::Value) {
+    let (s, v) = stack
+        .api
+        .call(
+            Method::PATCH,
+            &format!("/v1/streams/{stream}"),
+            Some(json!({ "retention": retention })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+/// A pod of concurrency 2 for `group`, recording what it handles in `record`.
+fn pod(stack: &Stack, ip: &str, group: &str, stream: &str, record: &str) -> Consumer {
+    Consumer::start(
+        stack,
+        ip,
+        &[
+            "--group",
+            group,
+            "--stream",
+            stream,
+            "--concurrency",
+            "2",
+            "--record-stream",
+            record,
+        ],
+    )
+}
+
+/// Entries left in the stream's shard keys.
+fn shard_entries(con: &mut redis::Connection, stream: &str) -> u64 {
+    (0..SHARDS)
+        .map(|i| xlen(con, &format!("{stream}:{i}")))
+        .sum()
+}
+
+/// Waits until `record` holds `count` distinct shard entries (each handled at least once).
+async fn wait_handled(stack: &Stack, record: &str, count: u64) {
+    let mut con = stack.redis();
+    eventually(&format!("{record}: all {count} handled"), 90, || {
+        if xlen(&mut con, record) < count {
+            return None;
+        }
+        let entries: HashSet<(u32, String)> = handled(&mut con, record)
+            .into_iter()
+            .map(|r| (r.shard, r.entry_id))
+            .collect();
+        (entries.len() as u64 == count).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the stream's shards hold at most [`SLACK`] entries; past 90 s, panics with
+/// what the coordinator's trimmer logged. (New entries on a shard that was idle are seen at
+/// the sampler's once-a-minute re-read of it, ARCHITECTURE "How lag is sampled".)
+async fn wait_trimmed(stack: &Stack, stream: &str) {
+    let mut con = stack.redis();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while shard_entries(&mut con, stream) > SLACK {
+        if tokio::time::Instant::now() > deadline {
+            let log: Vec<String> = stack
+                .coordinator
+                .log()
+                .into_iter()
+                .filter(|l| l.contains("retention"))
+                .collect();
+            panic!(
+                "{stream} not trimmed: {} entries left; trimmer log:\n{}",
+                shard_entries(&mut con, stream),
+                log.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Entries a `~` trim may leave: up to one Redis stream node (100 entries) per shard.
+const SLACK: u64 = 100 * SHARDS as u64;
+
+/// The window of a negative check: ten sampling passes.
+const WINDOW: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn entries_every_group_acknowledged_are_trimmed() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("a", "ret", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    stack
+        .create_group("b", "ret", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let (_, v) = stack.api.get("/v1/streams/ret").await;
+    assert_eq!(
+        v["retention"]["keep_acked_ms"], 3_600_000,
+        "the default keeps an hour"
+    );
+    set_retention(&stack, "ret", json!({"keep_acked_ms": 0})).await;
+    let _pa = pod(&stack, "127.0.0.21", "a", "ret", "rec-a");
+    let _pb = pod(&stack, "127.0.0.22", "b", "ret", "rec-b");
+    stack.wait_stable("a", 2, SHARDS as usize).await;
+    stack.wait_stable("b", 2, SHARDS as usize).await;
+    let count = 5_000;
+    finish_producer(spawn_producer(&stack, "ret", count, 50, None), count);
+    wait_handled(&stack, "rec-a", count).await;
+    wait_handled(&stack, "rec-b", count).await;
+    let mut con = stack.redis();
+    let left = eventually("the acknowledged entries trimmed", 90, || {
+        let n = shard_entries(&mut con, "ret");
+        (n <= SLACK).then_some(n)
+    })
+    .await;
+    let trimmed = stack
+        .api
+        .metric("rsc_retention_trimmed_entries_total", &[("stream", "ret")])
+        .await;
+    assert_eq!(trimmed as u64 + left, count, "trimmed + left = written");
+    assert_eq!(
+        stack
+            .api
+            .metric("rsc_retention_dropped_undelivered_total", &[])
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_group_without_members_keeps_what_it_has_not_handled() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("a", "idle", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    stack
+        .create_group("late", "idle", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    set_retention(&stack, "idle", json!({"keep_acked_ms": 0})).await;
+    let _pa = pod(&stack, "127.0.0.23", "a", "idle", "rec-a");
+    stack.wait_stable("a", 2, SHARDS as usize).await;
+    // `late` has members for a while, handles the first batch and leaves.
+    let mut late = pod(&stack, "127.0.0.24", "late", "idle", "rec-late");
+    stack.wait_stable("late", 2, SHARDS as usize).await;
+    finish_producer(spawn_producer(&stack, "idle", 1_000, 50, None), 1_000);
+    wait_handled(&stack, "rec-late", 1_000).await;
+    late.terminate();
+    let mut con = stack.redis();
+    eventually_async("late has no members", 30, || async {
+        let g = stack.group("late").await;
+        g["members"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            .then_some(())
+    })
+    .await;
+    // More entries while `late` has none: `a` handles them, `late` still needs them.
+    finish_producer(spawn_producer(&stack, "idle", 3_000, 50, None), 3_000);
+    wait_handled(&stack, "rec-a", 4_000).await;
+    tokio::time::sleep(WINDOW).await;
+    let left = shard_entries(&mut con, "idle");
+    assert!(
+        left >= 3_000,
+        "entries `late` has not handled were trimmed: {left} left"
+    );
+    let (_, v) = stack.api.get("/v1/streams/idle").await;
+    assert_eq!(v["retention_blocked_by"], "late", "{v}");
+    // Back with members, it handles every one of them: nothing lost.
+    let _late = pod(&stack, "127.0.0.25", "late", "idle", "rec-late");
+    wait_handled(&stack, "rec-late", 4_000).await;
+    wait_trimmed(&stack, "idle").await;
+}
+
+#[tokio::test]
+async fn a_paused_group_holds_retention() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("a", "held", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    stack
+        .create_group("p", "held", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    set_retention(&stack, "held", json!({"keep_acked_ms": 0})).await;
+    let _pa = pod(&stack, "127.0.0.26", "a", "held", "rec-a");
+    let _pp = pod(&stack, "127.0.0.27", "p", "held", "rec-p");
+    stack.wait_stable("a", 2, SHARDS as usize).await;
+    stack.wait_stable("p", 2, SHARDS as usize).await;
+    let (s, _) = stack.api.post("/v1/groups/p/pause", json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    let count = 2_000;
+    finish_producer(spawn_producer(&stack, "held", count, 50, None), count);
+    wait_handled(&stack, "rec-a", count).await;
+    tokio::time::sleep(WINDOW).await;
+    let mut con = stack.redis();
+    assert_eq!(
+        shard_entries(&mut con, "held"),
+        count,
+        "nothing trimmed while p is paused"
+    );
+    let (s, _) = stack.api.post("/v1/groups/p/resume", json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    wait_handled(&stack, "rec-p", count).await;
+    wait_trimmed(&stack, "held").await;
+}
+
+#[tokio::test]
+async fn hard_caps_trim_undelivered_entries_and_count_them() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    // A paused group (its consumer groups exist, it reads nothing): only the cap trims.
+    stack
+        .create_group("slow", "capped", SHARDS, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let _pod = pod(&stack, "127.0.0.28", "slow", "capped", "rec-slow");
+    stack.wait_stable("slow", 2, SHARDS as usize).await;
+    let (s, _) = stack.api.post("/v1/groups/slow/pause", json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    set_retention(
+        &stack,
+        "capped",
+        json!({"keep_acked_ms": 0, "max_entries_per_shard": 200}),
+    )
+    .await;
+    let count = 4_000;
+    finish_producer(spawn_producer(&stack, "capped", count, 50, None), count);
+    let mut con = stack.redis();
+    let left = eventually("the shards capped", 90, || {
+        let n = shard_entries(&mut con, "capped");
+        (n <= SHARDS as u64 * (200 + 100)).then_some(n)
+    })
+    .await;
+    let dropped = eventually_async("the drops counted", 90, || async {
+        let n = stack
+            .api
+            .metric(
+                "rsc_retention_dropped_undelivered_total",
+                &[("stream", "capped"), ("group", "slow")],
+            )
+            .await as u64;
+        (n + shard_entries(&mut stack.redis(), "capped") == count).then_some(n)
+    })
+    .await;
+    assert!(dropped >= count - left, "{dropped} counted, {left} left");
+    let (_, audit) = stack.api.get("/v1/audit?stream=capped").await;
+    let entries = audit["entries"].as_array().expect("entries");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["action"] == "stream.retention_dropped_undelivered"
+                && e["request"]["body"]["dropped_undelivered"]["slow"].as_u64() > Some(0)),
+        "{audit}"
+    );
+}
