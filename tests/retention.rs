@@ -279,3 +279,40 @@ async fn hard_caps_trim_undelivered_entries_and_count_them() {
         "{audit}"
     );
 }
+
+#[tokio::test]
+async fn dead_letters_past_their_max_age_are_trimmed() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    let mut con = stack.redis();
+    // One entry per stream node, so that the `~` trim is exact here.
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "stream-node-max-entries", "1"][..])
+        .query(&mut con)
+        .expect("CONFIG SET");
+    for id in ["1000-1", "1000-2", "*"] {
+        let _: String = redis::cmd("XADD")
+            .arg(&["dl:dlq", id, "error", "boom"][..])
+            .query(&mut con)
+            .expect("XADD");
+    }
+    stack
+        .create_group("a", "dl", 1, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let (_, v) = stack.api.get("/v1/streams/dl").await;
+    assert_eq!(v["dlq_retention"]["max_age_ms"], 604_800_000_u64, "{v}");
+    eventually("the dead letters older than 7 days trimmed", 30, || {
+        (xlen(&mut con, "dl:dlq") == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        stack
+            .api
+            .metric(
+                "rsc_retention_dlq_trimmed_entries_total",
+                &[("stream", "dl")]
+            )
+            .await,
+        2.0
+    );
+}

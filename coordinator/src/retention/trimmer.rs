@@ -60,7 +60,12 @@ pub(crate) struct Trimmer {
     auditor: Auditor,
     timeout: Duration,
     memos: Mutex<HashMap<String, Memo>>,
+    /// When each stream's dead-letter stream was last trimmed (Unix ms).
+    dlq_trimmed: Mutex<HashMap<String, u64>>,
 }
+
+/// How often a dead-letter stream `<stream>:dlq` is trimmed to its policy.
+const DLQ_EVERY_MS: u64 = 60_000;
 
 /// One key to decide on: its stream, shard, reading and the stream's groups on it.
 struct Candidate<'a> {
@@ -145,6 +150,7 @@ impl Trimmer {
             auditor,
             timeout,
             memos: Mutex::new(HashMap::new()),
+            dlq_trimmed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -259,6 +265,7 @@ impl AfterTick for Trimmer {
         now_ms: u64,
     ) {
         let streams = self.streams(groups).await;
+        self.trim_dead_letters(&streams, now_ms).await;
         let mut cands = candidates(self, groups, &streams, fresh, now_ms);
         if cands.is_empty() {
             return;
@@ -359,6 +366,44 @@ impl Trimmer {
                 &c.stream.retention,
             ))
             .await;
+    }
+}
+
+impl Trimmer {
+    /// Trims the dead-letter stream of each of `streams` to its caps (`dlq_retention`), each
+    /// once per [`DLQ_EVERY_MS`]: at most two commands per stream per minute.
+    async fn trim_dead_letters(&self, streams: &HashMap<String, StreamDoc>, now_ms: u64) {
+        let due: Vec<&StreamDoc> = {
+            let mut last = self.dlq_trimmed.lock().unwrap_or_else(|e| e.into_inner());
+            last.retain(|s, _| streams.contains_key(s));
+            streams
+                .values()
+                .filter(|s| s.dlq_retention.has_hard_cap())
+                .filter(|s| {
+                    let at = last.entry(s.stream.clone()).or_insert(0);
+                    let due = now_ms.saturating_sub(*at) >= DLQ_EVERY_MS;
+                    if due {
+                        *at = now_ms;
+                    }
+                    due
+                })
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        let Some(mut conn) = self.connection().await else {
+            return;
+        };
+        match self.trim_dlq(&mut conn, &due, now_ms).await {
+            Ok(trimmed) => {
+                for (s, n) in due.iter().zip(trimmed) {
+                    metrics::counter!("rsc_retention_dlq_trimmed_entries_total", "stream" => s.stream.clone())
+                        .increment(n);
+                }
+            }
+            Err(e) => debug!(error = %e, "dead-letter XTRIM failed; retried in a minute"),
+        }
     }
 }
 

@@ -203,6 +203,51 @@ impl Trimmer {
     }
 }
 
+impl Trimmer {
+    /// `XTRIM <stream>:dlq MINID ~ <now − max_age_ms>` and `MAXLEN ~ <max_entries_per_shard>`
+    /// per stream, as its `dlq_retention` says; answers the entries removed per stream.
+    pub(super) async fn trim_dlq(
+        &self,
+        conn: &mut Conn,
+        streams: &[&crate::engine::StreamDoc],
+        now_ms: u64,
+    ) -> RedisResult<Vec<u64>> {
+        let batches: Vec<Vec<Cmd>> = streams
+            .iter()
+            .map(|s| {
+                let key = rsc_protocol::routing::dlq_key(&s.stream);
+                let p = &s.dlq_retention;
+                let mut cmds = Vec::new();
+                if let Some(age) = p.max_age_ms {
+                    let mut x = redis::cmd("XTRIM");
+                    let point = EntryId::at_ms(now_ms.saturating_sub(age));
+                    x.arg(&key).arg("MINID").arg("~").arg(point.to_string());
+                    cmds.push(x);
+                }
+                if let Some(n) = p.max_entries_per_shard {
+                    let mut x = redis::cmd("XTRIM");
+                    x.arg(&key).arg("MAXLEN").arg("~").arg(n);
+                    cmds.push(x);
+                }
+                cmds
+            })
+            .collect();
+        let replies = tokio::time::timeout(self.timeout, run(conn, &batches))
+            .await
+            .map_err(|_| timed_out("dead-letter XTRIM timed out"))??;
+        ::metrics::counter!("rsc_retention_trim_commands_total")
+            .increment(batches.iter().map(Vec::len).sum::<usize>() as u64);
+        Ok(replies
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|t| redis::from_redis_value::<u64>(t.as_ref().ok()?.clone()).ok())
+                    .sum()
+            })
+            .collect())
+    }
+}
+
 /// The audit entry of a hard cap that trimmed undelivered entries.
 pub(super) fn audit_entry(
     now_ms: u64,
