@@ -715,6 +715,10 @@ pub struct ShardView {
     /// Entries delivered but not acknowledged, where the data Redis is reachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<u64>,
+    /// Time lag (PROTOCOL §18): how old (ms, from its id) the oldest entry not yet delivered
+    /// to the group is; `0` when nothing waits. Where the data Redis is reachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_lag_ms: Option<u64>,
     /// Consumers of the shard's Redis consumer group that are not members of the group
     /// (departed members not yet cleaned up), with their pending entries; read from the
     /// data Redis in the single-group view only.
@@ -830,6 +834,11 @@ pub struct ScalingView {
     pub pending: Option<u64>,
     /// `lag + pending`: the work waiting for the group.
     pub backlog: Option<u64>,
+    /// Time lag (PROTOCOL §18): the largest of the shards' `time_lag_ms` (the age of the
+    /// oldest entry not yet delivered), over the shards that reported; like Kinesis'
+    /// `MillisBehindLatest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_lag_ms: Option<u64>,
     /// Shards the group reads (active and draining).
     pub shards: u32,
     /// Shards whose lag was read; below `shards` the sums are partial.

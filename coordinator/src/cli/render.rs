@@ -421,6 +421,7 @@ mod tests {
                     state: ShardState::Active,
                     lag: Some(12),
                     pending: Some(3),
+                    time_lag_ms: None,
                     stale_consumers: vec![rsc_protocol::StaleConsumer {
                         name: "gone-0".into(),
                         pending: 2,
@@ -434,6 +435,7 @@ mod tests {
                     state: ShardState::Draining,
                     lag: None,
                     pending: None,
+                    time_lag_ms: None,
                     stale_consumers: Vec::new(),
                 },
             ],

@@ -179,6 +179,7 @@ fn shard_views(
                 state,
                 lag,
                 pending,
+                time_lag_ms: None,
                 stale_consumers: Vec::new(),
             })
         })
