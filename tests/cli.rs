@@ -625,4 +625,9 @@ async fn stream_retention_and_describe() {
     )
     .refused("INVALID_REQUEST");
     cli(&url, &["stream", "retention", "nope", "--keep-acked", "1h"]).refused("STREAM_NOT_FOUND");
+    // `group seek` (PROTOCOL §18): a bad target is a usage error; without a data Redis the
+    // coordinator refuses it.
+    let r = cli(&url, &["group", "seek", "g", "--to", "yesterday"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    cli(&url, &["group", "seek", "g", "--to", "earliest"]).refused("INVALID_REQUEST");
 }

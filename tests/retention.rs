@@ -388,3 +388,86 @@ async fn an_ordered_reshard_and_rollback_with_retention_at_zero_loses_nothing() 
         0.0
     );
 }
+
+/// `POST /v1/groups/{group}/seek` by time (PROTOCOL §18): refused while the group runs, then,
+/// paused, the group is moved back and handles again exactly the entries from that time on.
+#[tokio::test]
+async fn seek_by_time_replays_the_entries_from_then_on() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("g", "sk", 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let _pod = pod(&stack, "127.0.0.35", "g", "sk", "rec-sk");
+    stack.wait_stable("g", 2, 2).await;
+    finish_producer(spawn_producer(&stack, "sk", 600, 20, None), 600);
+    wait_handled(&stack, "rec-sk", 600).await;
+    let t = pods::now_ms() + 1;
+    eventually("a later millisecond", 5, || {
+        (pods::now_ms() > t).then_some(())
+    })
+    .await;
+    finish_producer(spawn_producer(&stack, "sk", 400, 20, None), 400);
+    wait_handled(&stack, "rec-sk", 1_000).await;
+    let (s, body) = stack
+        .api
+        .post("/v1/groups/g/seek", json!({"to": {"time_ms": t}}))
+        .await;
+    assert_eq!(
+        (s, rsc_e2e::code(&body)),
+        (StatusCode::CONFLICT, "GROUP_NOT_EMPTY"),
+        "{body}"
+    );
+    let (s, _) = stack.api.post("/v1/groups/g/pause", json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body) = stack
+        .api
+        .post("/v1/groups/g/seek", json!({"to": {"time_ms": t}}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["shards"].as_object().map(|m| m.len()),
+        Some(2),
+        "{body}"
+    );
+    let (s, _) = stack.api.post("/v1/groups/g/resume", json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    // Workers waiting on an idle shard read again at its next entry (the doorbell, PROTOCOL
+    // §16): a few new entries on every shard.
+    finish_producer(spawn_producer(&stack, "sk", 20, 20, None), 20);
+    let mut con = stack.redis();
+    let records = eventually("the entries after the seek handled again", 60, || {
+        let rs = handled(&mut con, "rec-sk");
+        (rs.len() >= 1_420).then_some(rs)
+    })
+    .await;
+    let id_ms = |id: &str| -> u64 { id.split('-').next().unwrap().parse().unwrap() };
+    let from_t: HashSet<(u32, String)> = records
+        .iter()
+        .filter(|r| id_ms(&r.entry_id) >= t)
+        .map(|r| (r.shard, r.entry_id.clone()))
+        .collect();
+    assert_eq!(
+        from_t.len(),
+        420,
+        "the second and third batches were written after t"
+    );
+    let again: HashSet<(u32, String)> = records[1_000..]
+        .iter()
+        .map(|r| (r.shard, r.entry_id.clone()))
+        .collect();
+    assert_eq!(records.len(), 1_420, "nothing before t handled again");
+    assert_eq!(
+        again, from_t,
+        "exactly the entries from t on are handled after the seek"
+    );
+    let (_, audit) = stack.api.get("/v1/audit?group=g").await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "group.seek" && e["result"]["status"] == 200),
+        "{audit}"
+    );
+}

@@ -104,6 +104,19 @@ impl CoordinatorClient {
             .1
     }
 
+    /// `POST /v1/groups/{group}/seek` (PROTOCOL §18).
+    pub async fn seek(
+        &self,
+        group: &str,
+        to: rsc_protocol::SeekTarget,
+    ) -> Result<Fetched<rsc_protocol::SeekResponse>, CoordinatorError> {
+        let path = ["v1", "groups", group, "seek"];
+        let body = rsc_protocol::SeekRequest { to };
+        self.json(Request::new(Method::POST, &path).body(&body))
+            .await
+            .1
+    }
+
     /// `POST /v1/streams/{stream}/rollback`.
     pub async fn rollback(&self, stream: &str) -> Result<Fetched<StreamView>, CoordinatorError> {
         let path = ["v1", "streams", stream, "rollback"];

@@ -594,6 +594,57 @@ pub struct PatchStreamRequest {
     pub dlq_retention: Option<RetentionPolicy>,
 }
 
+/// Where `POST /v1/groups/{group}/seek` moves the group (PROTOCOL §18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum SeekTarget {
+    /// `"earliest"`: every entry still in the shards; `"latest"`: only entries written after.
+    Position(StartPosition),
+    /// `{"time_ms": T}`: the entries whose id is at or after Unix ms `T`.
+    Time(SeekTime),
+}
+
+/// `{"time_ms": T}` of a [`SeekTarget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekTime {
+    /// Unix ms.
+    pub time_ms: u64,
+}
+
+impl SeekTarget {
+    /// The id `XGROUP SETID` is given: the group is then delivered the entries after it.
+    pub fn setid_id(self) -> String {
+        match self {
+            SeekTarget::Position(StartPosition::Earliest)
+            | SeekTarget::Time(SeekTime { time_ms: 0 }) => "0".into(),
+            SeekTarget::Position(StartPosition::Latest) => "$".into(),
+            SeekTarget::Time(SeekTime { time_ms }) => format!("{}-{}", time_ms - 1, u64::MAX),
+        }
+    }
+}
+
+/// `POST /v1/groups/{group}/seek` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekRequest {
+    /// `"earliest"`, `"latest"` or `{"time_ms": T}`.
+    pub to: SeekTarget,
+}
+
+/// `POST /v1/groups/{group}/seek` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SeekResponse {
+    /// Group id.
+    pub group: String,
+    /// The id each shard key's Redis consumer group was set to (`XGROUP SETID`), by key.
+    pub shards: std::collections::BTreeMap<String, String>,
+}
+
 /// `POST /v1/streams/{stream}/reshard` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

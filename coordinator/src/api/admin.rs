@@ -22,6 +22,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(remove_member))
         .routes(routes!(pause_group))
         .routes(routes!(resume_group))
+        .routes(routes!(seek_group))
         .routes(routes!(patch_stream))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
@@ -93,6 +94,25 @@ async fn resume_group(
     Path(group): Path<String>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
+}
+
+/// Move a paused (or member-less) group's position on every shard (PROTOCOL §18): to
+/// `earliest`, `latest` or `{"time_ms": T}` (`XGROUP SETID` per shard).
+#[utoipa::path(
+    post, path = "/v1/groups/{group}/seek", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    request_body = rsc_protocol::SeekRequest,
+    responses(
+        (status = 200, description = "The id each shard's Redis consumer group was set to", body = rsc_protocol::SeekResponse),
+        (status = 409, description = "GROUP_NOT_EMPTY: live members and not paused", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn seek_group(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+    Json(req): Json<rsc_protocol::SeekRequest>,
+) -> Result<Json<rsc_protocol::SeekResponse>, ApiError> {
+    Ok(Json(s.coordinator.seek(&group, &req).await?))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -119,6 +119,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
         Scope::Group,
     ),
     admin(
+        "POST",
+        "/v1/groups/{group}/seek",
+        "group.seek",
+        Scope::Group,
+    ),
+    admin(
         "DELETE",
         "/v1/groups/{group}/members/{member}",
         "member.remove",

@@ -131,6 +131,15 @@ enum GroupCommand {
         /// Group id.
         group: String,
     },
+    /// Move a paused (or member-less) group on every shard: to the earliest entry kept, to
+    /// the latest, or to a time (Unix ms): entries from then on are delivered again.
+    Seek {
+        /// Group id.
+        group: String,
+        /// `earliest`, `latest`, or a Unix time in ms.
+        #[arg(long, value_parser = parse_seek)]
+        to: rsc_protocol::SeekTarget,
+    },
     /// Delete a group.
     Delete {
         /// Group id.
@@ -452,6 +461,19 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         }
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
+        GroupCommand::Seek { group, to } => {
+            let f = c.seek(&group, to).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                let ids: Vec<&String> = f.view.shards.values().collect();
+                emit(&format!(
+                    "Moved group {group} on {} shards (to {}).",
+                    ids.len(),
+                    ids.first().map_or("-", |s| s.as_str())
+                ));
+            }
+        }
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
@@ -569,7 +591,20 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
+/// `--to` of `group seek`.
+fn parse_seek(text: &str) -> Result<rsc_protocol::SeekTarget, String> {
+    use rsc_protocol::{SeekTarget, SeekTime};
+    match text {
+        "earliest" => Ok(SeekTarget::Position(StartPosition::Earliest)),
+        "latest" => Ok(SeekTarget::Position(StartPosition::Latest)),
+        t => t
+            .parse()
+            .map(|time_ms| SeekTarget::Time(SeekTime { time_ms }))
+            .map_err(|_| format!("{t:?}: give earliest, latest or a Unix time in ms")),
+    }
+}
+
+/// `stream retention`: `PATCH /v1/streams/{stream}`/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
 /// stream with `dlq`), then the stream as the coordinator answered it.
 async fn set_retention(
     c: &Client,

@@ -353,3 +353,73 @@ impl Coordinator {
         }
     }
 }
+
+impl Coordinator {
+    /// Moves every shard's Redis consumer group of `group` to `req.to` (admin; PROTOCOL
+    /// §18): `XGROUP SETID` (`CREATE … MKSTREAM` where it does not exist yet). Only while the
+    /// group is paused or has no live member (`409 GROUP_NOT_EMPTY` otherwise).
+    #[tracing::instrument(skip(self))]
+    pub async fn seek(
+        &self,
+        group: &str,
+        req: &rsc_protocol::SeekRequest,
+    ) -> Result<rsc_protocol::SeekResponse> {
+        check_name("group", group)?;
+        let Some(sealer) = self.sealer.clone() else {
+            return Err(invalid(
+                "seek needs the data Redis (--data-redis-url)".into(),
+            ));
+        };
+        let _g = self.lock_group(group).await?;
+        let Versioned { mut doc, .. } = self.load_group(group).await?;
+        let stream = self.load_stream(&doc.stream).await?.doc;
+        doc.expire(&stream, self.now());
+        if !doc.members.is_empty() && doc.config.paused_since_ms.is_none() {
+            return Err(ServiceError::SeekWhileLive {
+                group: group.to_owned(),
+                members: doc.members.len(),
+            });
+        }
+        let id = req.to.setid_id();
+        let keys: Vec<String> = stream
+            .assignable_shards()
+            .into_iter()
+            .map(|s| rsc_protocol::routing::shard_key(&stream.stream, s))
+            .collect();
+        let mut conn = sealer
+            .redis()
+            .get()
+            .await
+            .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
+        let mut shards = std::collections::BTreeMap::new();
+        for key in keys {
+            let set: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("SETID")
+                .arg(&key)
+                .arg(group)
+                .arg(&id)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = set {
+                if e.code() != Some("NOGROUP") && !e.to_string().contains("NOGROUP") {
+                    return Err(ServiceError::DataRedis(e.to_string()));
+                }
+                let () = redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(&key)
+                    .arg(group)
+                    .arg(&id)
+                    .arg("MKSTREAM")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
+            }
+            shards.insert(key, id.clone());
+        }
+        info!(group, to = %id, shards = shards.len(), "group moved (seek)");
+        Ok(rsc_protocol::SeekResponse {
+            group: group.to_owned(),
+            shards,
+        })
+    }
+}
