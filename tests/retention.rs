@@ -144,6 +144,13 @@ async fn entries_every_group_acknowledged_are_trimmed() {
         .metric("rsc_retention_trimmed_entries_total", &[("stream", "ret")])
         .await;
     assert_eq!(trimmed as u64 + left, count, "trimmed + left = written");
+    let commands = stack
+        .api
+        .metric("rsc_retention_trim_commands_total", &[])
+        .await;
+    eprintln!(
+        "RETENTION: {count} written to {SHARDS} shards, 2 groups: {left} left after both acked, {trimmed} trimmed with {commands} trim commands"
+    );
     assert_eq!(
         stack
             .api
