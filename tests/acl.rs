@@ -77,6 +77,19 @@ fn rows() -> Vec<Row> {
             ADMIN_ONLY(204),
         ),
         row(
+            Method::PATCH,
+            "/v1/streams/{stream}",
+            "/v1/streams/s1",
+            ADMIN_ONLY(200),
+        ),
+        // Allowed, then refused: this coordinator has no data Redis to seek in.
+        row(
+            Method::POST,
+            "/v1/groups/{group}/seek",
+            "/v1/groups/g1/seek",
+            ADMIN_ONLY(400),
+        ),
+        row(
             Method::POST,
             "/v1/streams/{stream}/reshard",
             "/v1/streams/s1/reshard",
@@ -188,7 +201,9 @@ fn rows() -> Vec<Row> {
 fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
     match (row.method.as_str(), row.template) {
         ("POST", "/v1/groups") => Some(json!({"group": format!("g-new-{who}"), "stream": "s1"})),
+        ("PATCH", "/v1/streams/{stream}") => Some(json!({"retention": {"keep_acked_ms": 0}})),
         ("PATCH", _) => Some(json!({"max_members": 100})),
+        ("POST", "/v1/groups/{group}/seek") => Some(json!({"to": "earliest"})),
         ("POST", "/v1/streams/{stream}/reshard") => Some(json!({"shard_count": 3})),
         ("POST", "/v1/groups/{group}/heartbeat") => Some(json!({
             "protocol_version": 1, "member_id": format!("m-{who}"), "member_epoch": 0, "owned_shards": []

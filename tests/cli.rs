@@ -532,3 +532,107 @@ async fn errors_and_exit_statuses() {
     );
     assert_eq!(r.code, 2, "--timeout-ms requires --wait: {r:?}");
 }
+
+/// `stream retention` sets the policy (PROTOCOL §18), `stream describe` shows it, bad
+/// durations are usage errors and a refused policy exits 1.
+#[tokio::test]
+async fn stream_retention_and_describe() {
+    let stack = Stack::start(Backend::Memory, &[]);
+    let url = stack.coordinator.url();
+    let r = cli(
+        &url,
+        &[
+            "group",
+            "create",
+            "g",
+            "--stream",
+            "s",
+            "--shards",
+            "2",
+            "--keep-acked",
+            "15m",
+        ],
+    )
+    .ok();
+    assert!(r.stdout.contains("Created group g"), "{r:?}");
+    let r = cli(&url, &["stream", "describe", "s"]).ok();
+    assert!(
+        r.stdout.contains(
+            "Retention: acknowledged entries kept 15m00s, max age none, max entries per shard none"
+        ),
+        "{r:?}"
+    );
+    assert!(
+        r.stdout
+            .contains("Dead letters (s:dlq): max age 168h00m, max entries per shard none"),
+        "{r:?}"
+    );
+    let r = cli(
+        &url,
+        &[
+            "stream",
+            "retention",
+            "s",
+            "--keep-acked",
+            "1h",
+            "--max-age",
+            "7d",
+            "--max-entries",
+            "5000",
+            "--output",
+            "json",
+        ],
+    )
+    .ok();
+    assert_eq!(
+        r.json()["retention"],
+        json!({"keep_acked_ms": 3_600_000, "max_age_ms": 604_800_000_u64, "max_entries_per_shard": 5000})
+    );
+    let r = cli(&url, &["stream", "retention", "s", "--keep-acked", "0"]).ok();
+    assert!(
+        r.stdout
+            .contains("Retention: acknowledged entries trimmed at once, max age none"),
+        "{r:?}"
+    );
+    let r = cli(
+        &url,
+        &[
+            "stream",
+            "retention",
+            "s",
+            "--keep-acked",
+            "0",
+            "--dlq",
+            "--max-age",
+            "2d",
+        ],
+    )
+    .ok();
+    assert!(
+        r.stdout.contains("Dead letters (s:dlq): max age 48h00m"),
+        "{r:?}"
+    );
+    let out = cli(&url, &["stream", "describe", "s", "--output", "json"]).json();
+    assert_eq!(out["retention"], json!({"keep_acked_ms": 0}), "{out}");
+    let r = cli(&url, &["stream", "retention", "s", "--keep-acked", "1w"]);
+    assert_eq!(r.code, 2, "a bad duration is a usage error: {r:?}");
+    cli(
+        &url,
+        &[
+            "stream",
+            "retention",
+            "s",
+            "--keep-acked",
+            "1h",
+            "--max-age",
+            "1m",
+        ],
+    )
+    .refused("INVALID_REQUEST");
+    cli(&url, &["stream", "retention", "nope", "--keep-acked", "1h"]).refused("STREAM_NOT_FOUND");
+    // `group seek` (PROTOCOL §18): a bad target is a usage error; without a data Redis the
+    // coordinator refuses it.
+    let r = cli(&url, &["group", "seek", "g", "--to", "yesterday"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    cli(&url, &["group", "seek", "g", "--to", "earliest"]).refused("INVALID_REQUEST");
+}

@@ -21,6 +21,7 @@ store_suite!(
     rollback_window_expires,
     request_validation_errors,
     unknown_routes_and_methods,
+    stream_retention_policy,
 );
 
 async fn create(api: &Api, group: &str, stream: &str, shards: u32, extra: Value) -> Value {
@@ -593,6 +594,102 @@ async fn admin_group_lifecycle(backend: Backend) {
     // The stream outlives its groups: producers keep routing.
     let (s, _) = api.get("/v1/streams/s/routing").await;
     assert_eq!(s, StatusCode::OK);
+}
+
+/// PROTOCOL §18: the default policy, `PATCH /v1/streams/{stream}`, its validation, a policy
+/// set at creation, and the audit entry of the change.
+async fn stream_retention_policy(backend: Backend) {
+    let stack = Stack::start(backend, &[]);
+    let api = &stack.api;
+    create(api, "g", "s", 2, json!({})).await;
+    let (_, v) = api.get("/v1/streams/s").await;
+    assert_eq!(v["retention"], json!({"keep_acked_ms": 3_600_000}), "{v}");
+    assert_eq!(
+        v["dlq_retention"],
+        json!({"keep_acked_ms": 0, "max_age_ms": 604_800_000_u64})
+    );
+    let policy =
+        json!({"keep_acked_ms": 0, "max_age_ms": 86_400_000, "max_entries_per_shard": 1000});
+    let (s, v) = api
+        .call(
+            Method::PATCH,
+            "/v1/streams/s",
+            Some(json!({"retention": policy})),
+        )
+        .await;
+    assert_eq!((s, &v["retention"]), (StatusCode::OK, &policy), "{v}");
+    let (_, v) = api.get("/v1/streams/s").await;
+    assert_eq!(v["retention"], policy, "kept in the store");
+    assert_eq!(
+        v["routing_epoch"], 1,
+        "a retention change is no layout change"
+    );
+    for bad in [
+        json!({"retention": {"keep_acked_ms": 60_000, "max_age_ms": 1_000}}),
+        json!({"retention": {"keep_acked_ms": 0, "max_entries_per_shard": 0}}),
+        json!({"retention": {"keep_acked_ms": 40_000_000_000_u64}}),
+        json!({"retention": {"max_age_ms": 1_000}}),
+        json!({"retention": {"keep_acked_ms": 0, "maxage": 1}}),
+        json!({"retention": 5}),
+    ] {
+        let (s, body) = api
+            .call(Method::PATCH, "/v1/streams/s", Some(bad.clone()))
+            .await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
+            "{bad}"
+        );
+    }
+    let (s, body) = api
+        .call(
+            Method::PATCH,
+            "/v1/streams/nope",
+            Some(json!({"retention": {"keep_acked_ms": 0}})),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::NOT_FOUND, "STREAM_NOT_FOUND")
+    );
+    // Creating a stream may set it; an existing stream's policy is changed by PATCH only.
+    let (s, v) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g2", "stream": "t", "shard_count": 1, "retention": {"keep_acked_ms": 5_000}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (_, v) = api.get("/v1/streams/t").await;
+    assert_eq!(v["retention"], json!({"keep_acked_ms": 5_000}));
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g3", "stream": "t", "retention": {"keep_acked_ms": 6_000}}),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
+        "{body}"
+    );
+    let (s, _) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g3", "stream": "t", "retention": {"keep_acked_ms": 5_000}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "the same policy is accepted");
+    let (_, audit) = api.get("/v1/audit?stream=s").await;
+    let changes: Vec<&Value> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "stream.update" && e["result"]["status"] == 200)
+        .collect();
+    assert_eq!(changes.len(), 1, "{audit}");
+    assert_eq!(changes[0]["target"]["stream"], "s");
+    assert_eq!(changes[0]["request"]["body"]["retention"], policy);
 }
 
 async fn reshard_and_rollback_errors(backend: Backend) {

@@ -44,17 +44,24 @@ impl Stack {
     /// (`--data-redis-url`: lag, pending and stale consumers in the group view).
     #[allow(dead_code)]
     pub(crate) fn start_with_data_redis() -> Self {
+        Self::start_with_data_redis_args(&[])
+    }
+
+    /// Like [`Stack::start_with_data_redis`], with more coordinator arguments.
+    #[allow(dead_code)]
+    pub(crate) fn start_with_data_redis_args(extra: &[&str]) -> Self {
         let redis = RedisServer::start().expect("redis-server starts");
         let url = redis.url();
-        let coordinator = CoordinatorProcess::start(&[
+        let mut args = vec![
             "--store",
             "memory",
             "--sweep-interval-ms",
             "20",
             "--data-redis-url",
             &url,
-        ])
-        .expect("coordinator starts");
+        ];
+        args.extend_from_slice(extra);
+        let coordinator = CoordinatorProcess::start(&args).expect("coordinator starts");
         let api = Api::new(coordinator.url());
         Stack {
             redis,

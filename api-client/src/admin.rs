@@ -7,7 +7,8 @@ use crate::client::{CoordinatorClient, Fetched, Request};
 use crate::error::CoordinatorError;
 use reqwest::Method;
 use rsc_protocol::{
-    CreateGroupRequest, GroupList, GroupView, ReshardRequest, StreamList, StreamView,
+    CreateGroupRequest, GroupList, GroupView, PatchStreamRequest, ReshardRequest, StreamList,
+    StreamView,
 };
 use serde::de::DeserializeOwned;
 
@@ -86,6 +87,31 @@ impl CoordinatorClient {
     ) -> Result<Fetched<StreamView>, CoordinatorError> {
         let path = ["v1", "streams", stream, "reshard"];
         let body = ReshardRequest { shard_count };
+        self.json(Request::new(Method::POST, &path).body(&body))
+            .await
+            .1
+    }
+
+    /// `PATCH /v1/streams/{stream}`: the stream's retention policies (PROTOCOL §18).
+    pub async fn patch_stream(
+        &self,
+        stream: &str,
+        patch: &PatchStreamRequest,
+    ) -> Result<Fetched<StreamView>, CoordinatorError> {
+        let path = ["v1", "streams", stream];
+        self.json(Request::new(Method::PATCH, &path).body(patch))
+            .await
+            .1
+    }
+
+    /// `POST /v1/groups/{group}/seek` (PROTOCOL §18).
+    pub async fn seek(
+        &self,
+        group: &str,
+        to: rsc_protocol::SeekTarget,
+    ) -> Result<Fetched<rsc_protocol::SeekResponse>, CoordinatorError> {
+        let path = ["v1", "groups", group, "seek"];
+        let body = rsc_protocol::SeekRequest { to };
         self.json(Request::new(Method::POST, &path).body(&body))
             .await
             .1

@@ -57,6 +57,7 @@ pub mod fencing;
 mod http_error;
 mod metrics;
 mod outage;
+pub mod retention;
 mod retired;
 pub mod server;
 pub mod service;

@@ -289,6 +289,15 @@ fn spawn_background(
     if let Some(probe) = lag {
         let coordinator = coordinator.clone();
         let cfg_history_ms = cfg.history_interval_ms;
+        let trimmer = data_redis(cfg, LAG_TIMEOUT)?.map(|r| {
+            crate::retention::trimmer::announce();
+            crate::retention::trimmer::Trimmer::new(
+                r,
+                coordinator.store().clone(),
+                auditor.clone(),
+                LAG_TIMEOUT,
+            )
+        });
         tasks.push(tokio::spawn(async move {
             let c = &coordinator;
             let list = move || async move { c.list_groups().await.ok() };
@@ -297,6 +306,7 @@ fn spawn_background(
                 clock: c.clock(),
                 probe: &probe,
                 buckets,
+                after: trimmer.as_ref().map(|t| t as &dyn metrics::AfterTick),
             };
             let history = History::new(Duration::from_millis(cfg_history_ms));
             history.run(list, deps).await

@@ -94,6 +94,7 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
         assignor: None,
         fencing: None,
         ordering: None,
+        retention: None,
     })
     .await
     .unwrap();
@@ -228,6 +229,7 @@ async fn create_delete_cycles_leave_the_memory_store_as_it_was() {
         assignor: None,
         fencing: None,
         ordering: None,
+        retention: None,
     };
     c.create_group(&create("base")).await.unwrap();
     c.heartbeat("base", &hb("m", 0, vec![])).await.unwrap();

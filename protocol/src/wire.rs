@@ -480,6 +480,11 @@ pub struct CreateGroupRequest {
     /// Ordering through reshards: `key` (default) or `none` (PROTOCOL §15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingMode>,
+    /// The stream's retention policy, when this creates the stream (PROTOCOL §18; default
+    /// `keep_acked_ms` 1 h). For an existing stream it must equal the stream's policy (else
+    /// `400 INVALID_REQUEST`: change it with `PATCH /v1/streams/{stream}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RetentionPolicy>,
 }
 
 /// `PATCH /v1/groups/{group}` body: the settings to change.
@@ -505,6 +510,139 @@ pub struct PatchGroupRequest {
     /// Ordering through reshards: `key` (default) or `none` (PROTOCOL §15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingMode>,
+}
+
+/// A stream's retention policy (PROTOCOL §18): what the coordinator trims from its shard
+/// keys with `XTRIM <key> MINID ~ <id>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetentionPolicy {
+    /// An entry every group of the stream has acknowledged is trimmed once it is this old
+    /// (ms, from its id; `0`: at once). Default 3600000 (1 h).
+    #[cfg_attr(feature = "openapi", schema(maximum = 31_536_000_000_u64))]
+    pub keep_acked_ms: u64,
+    /// Hard cap: entries older than this are trimmed even when a group has not handled them
+    /// yet (each such entry counted in `rsc_retention_dropped_undelivered_total`). Absent: no
+    /// cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_age_ms: Option<u64>,
+    /// Hard cap: at most about this many entries per shard key, the oldest trimmed even when
+    /// a group has not handled them yet. Absent: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub max_entries_per_shard: Option<u64>,
+}
+
+impl RetentionPolicy {
+    /// The default `keep_acked_ms`: one hour (docs/RUNBOOK.md "Retention").
+    pub const DEFAULT_KEEP_ACKED_MS: u64 = 3_600_000;
+    /// The longest `keep_acked_ms` accepted: 365 days.
+    pub const MAX_KEEP_ACKED_MS: u64 = 365 * 24 * 3_600_000;
+    /// The default `max_age_ms` of a dead-letter stream `<stream>:dlq`: 7 days.
+    pub const DLQ_DEFAULT_MAX_AGE_MS: u64 = 7 * 24 * 3_600_000;
+
+    /// Whether a cap that may drop undelivered entries is set.
+    pub fn has_hard_cap(&self) -> bool {
+        self.max_age_ms.is_some() || self.max_entries_per_shard.is_some()
+    }
+
+    /// Why the policy is refused (`INVALID_REQUEST`), if it is.
+    pub fn problem(&self) -> Option<String> {
+        if self.keep_acked_ms > Self::MAX_KEEP_ACKED_MS {
+            return Some(format!(
+                "retention.keep_acked_ms is {}; it must be at most {} (365 days)",
+                self.keep_acked_ms,
+                Self::MAX_KEEP_ACKED_MS
+            ));
+        }
+        match (self.max_age_ms, self.max_entries_per_shard) {
+            (Some(0), _) => Some("retention.max_age_ms must be at least 1".into()),
+            (_, Some(0)) => Some("retention.max_entries_per_shard must be at least 1".into()),
+            (Some(age), _) if age < self.keep_acked_ms => Some(format!(
+                "retention.max_age_ms ({age}) is below keep_acked_ms ({}): acknowledged \
+                 entries would never be kept that long",
+                self.keep_acked_ms
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        RetentionPolicy {
+            keep_acked_ms: Self::DEFAULT_KEEP_ACKED_MS,
+            max_age_ms: None,
+            max_entries_per_shard: None,
+        }
+    }
+}
+
+/// `PATCH /v1/streams/{stream}` body: the stream settings to change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PatchStreamRequest {
+    /// The new retention policy of the stream's shards (replaces the whole policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RetentionPolicy>,
+    /// The new retention policy of its dead-letter stream `<stream>:dlq` (only `max_age_ms`
+    /// and `max_entries_per_shard` apply there: nothing acknowledges a dead letter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dlq_retention: Option<RetentionPolicy>,
+}
+
+/// Where `POST /v1/groups/{group}/seek` moves the group (PROTOCOL §18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum SeekTarget {
+    /// `"earliest"`: every entry still in the shards; `"latest"`: only entries written after.
+    Position(StartPosition),
+    /// `{"time_ms": T}`: the entries whose id is at or after Unix ms `T`.
+    Time(SeekTime),
+}
+
+/// `{"time_ms": T}` of a [`SeekTarget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekTime {
+    /// Unix ms.
+    pub time_ms: u64,
+}
+
+impl SeekTarget {
+    /// The id `XGROUP SETID` is given: the group is then delivered the entries after it.
+    pub fn setid_id(self) -> String {
+        match self {
+            SeekTarget::Position(StartPosition::Earliest)
+            | SeekTarget::Time(SeekTime { time_ms: 0 }) => "0".into(),
+            SeekTarget::Position(StartPosition::Latest) => "$".into(),
+            SeekTarget::Time(SeekTime { time_ms }) => format!("{}-{}", time_ms - 1, u64::MAX),
+        }
+    }
+}
+
+/// `POST /v1/groups/{group}/seek` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekRequest {
+    /// `"earliest"`, `"latest"` or `{"time_ms": T}`.
+    pub to: SeekTarget,
+}
+
+/// `POST /v1/groups/{group}/seek` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SeekResponse {
+    /// Group id.
+    pub group: String,
+    /// The id each shard key's Redis consumer group was set to (`XGROUP SETID`), by key.
+    pub shards: std::collections::BTreeMap<String, String>,
 }
 
 /// `POST /v1/streams/{stream}/reshard` body.
@@ -628,6 +766,10 @@ pub struct ShardView {
     /// Entries delivered but not acknowledged, where the data Redis is reachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<u64>,
+    /// Time lag (PROTOCOL §18): how old (ms, from its id) the oldest entry not yet delivered
+    /// to the group is; `0` when nothing waits. Where the data Redis is reachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_lag_ms: Option<u64>,
     /// Consumers of the shard's Redis consumer group that are not members of the group
     /// (departed members not yet cleaned up), with their pending entries; read from the
     /// data Redis in the single-group view only.
@@ -743,6 +885,11 @@ pub struct ScalingView {
     pub pending: Option<u64>,
     /// `lag + pending`: the work waiting for the group.
     pub backlog: Option<u64>,
+    /// Time lag (PROTOCOL §18): the largest of the shards' `time_lag_ms` (the age of the
+    /// oldest entry not yet delivered), over the shards that reported; like Kinesis'
+    /// `MillisBehindLatest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_lag_ms: Option<u64>,
     /// Shards the group reads (active and draining).
     pub shards: u32,
     /// Shards whose lag was read; below `shards` the sums are partial.
@@ -823,8 +970,34 @@ pub struct StreamView {
     /// Redis).
     #[serde(default)]
     pub retired_shards: Vec<u32>,
+    /// The retention policy of the shards (PROTOCOL §18; absent from coordinators before it).
+    #[serde(default)]
+    pub retention: RetentionPolicy,
+    /// The retention policy of the dead-letter stream `<stream>:dlq`.
+    #[serde(default = "dlq_default")]
+    pub dlq_retention: RetentionPolicy,
+    /// The group holding retention back the most (its oldest needed entry is the oldest of
+    /// every group's), when the coordinator's last trimming pass saw one that still needs
+    /// entries older than `keep_acked_ms`; `null` otherwise or when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_blocked_by: Option<String>,
     /// Document revision in the store.
     pub revision: u64,
+}
+
+fn dlq_default() -> RetentionPolicy {
+    RetentionPolicy::dlq_default()
+}
+
+impl RetentionPolicy {
+    /// The default policy of a dead-letter stream: `max_age_ms` 7 days.
+    pub fn dlq_default() -> Self {
+        RetentionPolicy {
+            keep_acked_ms: 0,
+            max_age_ms: Some(Self::DLQ_DEFAULT_MAX_AGE_MS),
+            max_entries_per_shard: None,
+        }
+    }
 }
 
 /// `GET /v1/streams` answer.

@@ -1,12 +1,15 @@
 //! Admin routes (role `admin`; audited and rate-limited by the access middleware): groups,
-//! members, reshard, rollback.
+//! members, stream settings, reshard, rollback.
 
 use super::AppState;
 use super::extract::{Json, Path, Query};
 use crate::http_error::ApiError;
 use axum::extract::State;
 use axum::http::StatusCode;
-use rsc_protocol::{CreateGroupRequest, GroupView, PatchGroupRequest, ReshardRequest, StreamView};
+use rsc_protocol::{
+    CreateGroupRequest, GroupView, PatchGroupRequest, PatchStreamRequest, ReshardRequest,
+    StreamView,
+};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -19,6 +22,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(remove_member))
         .routes(routes!(pause_group))
         .routes(routes!(resume_group))
+        .routes(routes!(seek_group))
+        .routes(routes!(patch_stream))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
 }
@@ -91,6 +96,25 @@ async fn resume_group(
     Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
 }
 
+/// Move a paused (or member-less) group's position on every shard (PROTOCOL §18): to
+/// `earliest`, `latest` or `{"time_ms": T}` (`XGROUP SETID` per shard).
+#[utoipa::path(
+    post, path = "/v1/groups/{group}/seek", tag = "admin",
+    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    request_body = rsc_protocol::SeekRequest,
+    responses(
+        (status = 200, description = "The id each shard's Redis consumer group was set to", body = rsc_protocol::SeekResponse),
+        (status = 409, description = "GROUP_NOT_EMPTY: live members and not paused", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn seek_group(
+    State(s): State<AppState>,
+    Path(group): Path<String>,
+    Json(req): Json<rsc_protocol::SeekRequest>,
+) -> Result<Json<rsc_protocol::SeekResponse>, ApiError> {
+    Ok(Json(s.coordinator.seek(&group, &req).await?))
+}
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -135,6 +159,24 @@ async fn remove_member(
 ) -> Result<StatusCode, ApiError> {
     s.coordinator.remove_member(&group, &member).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Change a stream's retention policies (PROTOCOL §18): what the coordinator trims from its
+/// shard keys and from its dead-letter stream.
+#[utoipa::path(
+    patch, path = "/v1/streams/{stream}", tag = "admin",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    request_body = PatchStreamRequest,
+    responses(
+        (status = 200, description = "The stream after the change", body = StreamView),
+    )
+)]
+async fn patch_stream(
+    State(s): State<AppState>,
+    Path(stream): Path<String>,
+    Json(req): Json<PatchStreamRequest>,
+) -> Result<Json<StreamView>, ApiError> {
+    Ok(Json(s.coordinator.patch_stream(&stream, &req).await?))
 }
 
 /// Start resharding a stream to a new shard count (PROTOCOL §6).

@@ -38,8 +38,9 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(readyz))
 }
 
-/// Fills `lag` and `pending` of the view's shards from the data Redis, when configured.
-async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView) -> GroupView {
+/// Fills `lag`, `pending` and `time_lag_ms` of the view's shards from the data Redis, when
+/// configured.
+async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView, now_ms: u64) -> GroupView {
     if let Some(probe) = lag {
         let keys: Vec<(u32, String)> = view
             .shards
@@ -51,6 +52,7 @@ async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView) -> GroupView {
             if let Some(st) = stats.get(&s.shard) {
                 s.lag = st.lag;
                 s.pending = st.pending;
+                s.time_lag_ms = st.time_lag_ms(now_ms);
             }
         }
     }
@@ -101,7 +103,7 @@ async fn list_groups(
     let mut groups = Vec::new();
     for g in s.coordinator.list_groups().await? {
         if principal.may_group(&g.group) {
-            groups.push(with_lag(s.lag.as_deref(), g).await);
+            groups.push(with_lag(s.lag.as_deref(), g, s.coordinator.clock().now_ms()).await);
         }
     }
     Ok(Json(GroupList { groups }))
@@ -119,7 +121,7 @@ async fn describe_group(
     Path(group): Path<String>,
 ) -> Result<Json<GroupView>, ApiError> {
     let view = s.coordinator.describe_group(&group).await?;
-    let view = with_lag(s.lag.as_deref(), view).await;
+    let view = with_lag(s.lag.as_deref(), view, s.coordinator.clock().now_ms()).await;
     Ok(Json(with_stale_consumers(s.lag.as_deref(), view).await))
 }
 
@@ -158,7 +160,7 @@ async fn group_scaling(
         ));
     }
     let view = s.coordinator.describe_group(&group).await?;
-    let view = with_lag(s.lag.as_deref(), view).await;
+    let view = with_lag(s.lag.as_deref(), view, s.coordinator.clock().now_ms()).await;
     Ok(Json(metrics::scaling::scaling(&view, q.concurrency)))
 }
 
@@ -219,7 +221,12 @@ async fn describe_stream(
     State(s): State<AppState>,
     Path(stream): Path<String>,
 ) -> Result<Json<StreamView>, ApiError> {
-    Ok(Json(s.coordinator.describe_stream(&stream).await?))
+    let mut view = s.coordinator.describe_stream(&stream).await?;
+    if let Some(probe) = s.lag.as_deref() {
+        view.retention_blocked_by =
+            crate::retention::blocked_by(probe, &view, s.coordinator.clock().now_ms()).await;
+    }
+    Ok(Json(view))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

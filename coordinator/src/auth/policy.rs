@@ -119,10 +119,22 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
         Scope::Group,
     ),
     admin(
+        "POST",
+        "/v1/groups/{group}/seek",
+        "group.seek",
+        Scope::Group,
+    ),
+    admin(
         "DELETE",
         "/v1/groups/{group}/members/{member}",
         "member.remove",
         Scope::Group,
+    ),
+    admin(
+        "PATCH",
+        "/v1/streams/{stream}",
+        "stream.update",
+        Scope::Stream,
     ),
     admin(
         "POST",

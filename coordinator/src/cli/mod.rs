@@ -11,6 +11,7 @@
 //! `error: CODE: message`.
 
 mod client;
+mod duration;
 mod render;
 mod table;
 
@@ -19,7 +20,8 @@ use client::{Client, ClientError, Fetched};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rsc_protocol::{
-    CreateGroupRequest, ErrorCode, ReshardState, ReshardingView, StartPosition, StreamView,
+    CreateGroupRequest, ErrorCode, PatchStreamRequest, ReshardState, ReshardingView,
+    RetentionPolicy, StartPosition, StreamView,
 };
 use serde_json::{Value, json};
 use std::io::Write;
@@ -110,7 +112,7 @@ pub struct GroupArgs {
 #[derive(Debug, Subcommand)]
 enum GroupCommand {
     /// Create a group on a stream (creating the stream when it is new).
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Show a group: shards with target and current owners, lag, and members.
     Describe {
         /// Group id.
@@ -128,6 +130,15 @@ enum GroupCommand {
     Resume {
         /// Group id.
         group: String,
+    },
+    /// Move a paused (or member-less) group on every shard: to the earliest entry kept, to
+    /// the latest, or to a time (Unix ms): entries from then on are delivered again.
+    Seek {
+        /// Group id.
+        group: String,
+        /// `earliest`, `latest`, or a Unix time in ms.
+        #[arg(long, value_parser = parse_seek)]
+        to: rsc_protocol::SeekTarget,
     },
     /// Delete a group.
     Delete {
@@ -173,6 +184,10 @@ struct CreateArgs {
     /// Per-key ordering through reshards [coordinator default: key].
     #[arg(long, value_enum)]
     ordering: Option<OrderingArg>,
+    /// When the stream is new: keep acknowledged entries this long (PROTOCOL §18; e.g. 0,
+    /// 15m, 1h) [coordinator default: 1h]; hard caps are set with `stream retention`.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
+    keep_acked: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -255,6 +270,10 @@ enum StreamCommand {
         #[command(flatten)]
         wait: WaitArgs,
     },
+    /// Set a stream's retention policy (PROTOCOL §18): entries every group acknowledged are
+    /// trimmed once older than --keep-acked; --max-age and --max-entries are hard caps that
+    /// also trim entries some group has not handled (counted, audited).
+    Retention(Box<RetentionArgs>),
     /// Undo the stream's latest reshard (while it runs or within the rollback window).
     Rollback {
         /// Stream name.
@@ -262,6 +281,24 @@ enum StreamCommand {
         #[command(flatten)]
         wait: WaitArgs,
     },
+}
+
+#[derive(Debug, Args)]
+struct RetentionArgs {
+    /// Stream name.
+    stream: String,
+    /// Keep acknowledged entries this long (`0` = trim at once; e.g. 30s, 15m, 1h, 7d).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
+    keep_acked: u64,
+    /// Hard cap on age: older entries are trimmed even if undelivered [default: none].
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
+    max_age: Option<u64>,
+    /// Hard cap on entries per shard: older ones trimmed even if undelivered [default: none].
+    #[arg(long, value_name = "N")]
+    max_entries: Option<u64>,
+    /// Set the policy of the dead-letter stream `<stream>:dlq` instead.
+    #[arg(long)]
+    dlq: bool,
 }
 
 #[derive(Debug, Clone, Copy, Args)]
@@ -388,6 +425,10 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
                 assignor: args.assignor,
                 fencing: args.fencing.map(Into::into),
                 ordering: args.ordering.map(Into::into),
+                retention: args.keep_acked.map(|keep_acked_ms| RetentionPolicy {
+                    keep_acked_ms,
+                    ..RetentionPolicy::default()
+                }),
             };
             let f = c.create_group(&req).await?;
             if json_out {
@@ -420,6 +461,19 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         }
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
+        GroupCommand::Seek { group, to } => {
+            let f = c.seek(&group, to).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                let ids: Vec<&String> = f.view.shards.values().collect();
+                emit(&format!(
+                    "Moved group {group} on {} shards (to {}).",
+                    ids.len(),
+                    ids.first().map_or("-", |s| s.as_str())
+                ));
+            }
+        }
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
@@ -489,6 +543,14 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
             }
             return Ok(());
         }
+        StreamCommand::Retention(r) => {
+            let policy = RetentionPolicy {
+                keep_acked_ms: r.keep_acked,
+                max_age_ms: r.max_age,
+                max_entries_per_shard: r.max_entries,
+            };
+            return set_retention(&c, json_out, &r.stream, policy, r.dlq).await;
+        }
         StreamCommand::Reshard {
             stream,
             shards,
@@ -526,6 +588,48 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
         ));
     }
     emit(&text);
+    Ok(())
+}
+
+/// `--to` of `group seek`.
+fn parse_seek(text: &str) -> Result<rsc_protocol::SeekTarget, String> {
+    use rsc_protocol::{SeekTarget, SeekTime};
+    match text {
+        "earliest" => Ok(SeekTarget::Position(StartPosition::Earliest)),
+        "latest" => Ok(SeekTarget::Position(StartPosition::Latest)),
+        t => t
+            .parse()
+            .map(|time_ms| SeekTarget::Time(SeekTime { time_ms }))
+            .map_err(|_| format!("{t:?}: give earliest, latest or a Unix time in ms")),
+    }
+}
+
+/// `stream retention`: `PATCH /v1/streams/{stream}`/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
+/// stream with `dlq`), then the stream as the coordinator answered it.
+async fn set_retention(
+    c: &Client,
+    json_out: bool,
+    stream: &str,
+    policy: RetentionPolicy,
+    dlq: bool,
+) -> Result<(), CliError> {
+    let patch = if dlq {
+        PatchStreamRequest {
+            dlq_retention: Some(policy),
+            ..Default::default()
+        }
+    } else {
+        PatchStreamRequest {
+            retention: Some(policy),
+            ..Default::default()
+        }
+    };
+    let f = c.patch_stream(stream, &patch).await?;
+    if json_out {
+        emit_json(&f.json);
+    } else {
+        emit(&render::stream(&f.view, now_ms()));
+    }
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! Human tables for group and stream views (`--output table`).
 
 use super::table::{Table, duration_ms, or_dash, shard_ranges, wire_name};
-use rsc_protocol::{ClientInfo, GroupView, ReshardState, ReshardingView, StreamView};
+use rsc_protocol::{
+    ClientInfo, GroupView, ReshardState, ReshardingView, RetentionPolicy, StreamView,
+};
 use std::fmt::Write as _;
 
 /// A group's state, with `(paused)` while an operator has paused it.
@@ -252,6 +254,19 @@ pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
             out.push_str(&d.to_string());
         }
     }
+    let _ = writeln!(out, "\nRetention: {}", retention(&s.retention, true));
+    let _ = writeln!(
+        out,
+        "Dead letters ({}:dlq): {}",
+        s.stream,
+        retention(&s.dlq_retention, false)
+    );
+    if let Some(g) = &s.retention_blocked_by {
+        let _ = writeln!(
+            out,
+            "Retention held back by group {g} (it still needs the oldest entries)"
+        );
+    }
     if !s.retired_shards.is_empty() {
         let _ = writeln!(
             out,
@@ -305,6 +320,27 @@ pub(super) fn reshard_progress(r: &ReshardingView) -> (u64, u64) {
     let left = r.draining.len() as u64;
     let total = u64::from(r.from.saturating_sub(r.to)).max(left);
     (total - left, total)
+}
+
+/// A retention policy in words (`acked`: whether `keep_acked_ms` applies).
+fn retention(r: &RetentionPolicy, acked: bool) -> String {
+    let mut parts = Vec::new();
+    if acked {
+        parts.push(match r.keep_acked_ms {
+            0 => "acknowledged entries trimmed at once".to_owned(),
+            ms => format!("acknowledged entries kept {}", duration_ms(ms)),
+        });
+    }
+    parts.push(format!(
+        "max age {}",
+        r.max_age_ms.map_or_else(|| "none".into(), duration_ms)
+    ));
+    parts.push(format!(
+        "max entries per shard {}",
+        r.max_entries_per_shard
+            .map_or_else(|| "none".into(), |n| n.to_string())
+    ));
+    parts.join(", ")
 }
 
 fn rollback_window(s: &StreamView, now_ms: u64) -> String {
@@ -385,6 +421,7 @@ mod tests {
                     state: ShardState::Active,
                     lag: Some(12),
                     pending: Some(3),
+                    time_lag_ms: None,
                     stale_consumers: vec![rsc_protocol::StaleConsumer {
                         name: "gone-0".into(),
                         pending: 2,
@@ -398,6 +435,7 @@ mod tests {
                     state: ShardState::Draining,
                     lag: None,
                     pending: None,
+                    time_lag_ms: None,
                     stale_consumers: Vec::new(),
                 },
             ],

@@ -1,7 +1,7 @@
 //! Stream operations: layout, resharding, draining, rollback (PROTOCOL §6).
 
 use super::{EngineError, MAX_SHARDS};
-use rsc_protocol::ShardState;
+use rsc_protocol::{RetentionPolicy, ShardState};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +51,13 @@ pub struct StreamDoc {
     pub retired: BTreeSet<u32>,
     /// When the stream was first created.
     pub created_ms: u64,
+    /// Retention of the shard keys (PROTOCOL §18); documents written before it read the
+    /// default.
+    #[serde(default)]
+    pub retention: RetentionPolicy,
+    /// Retention of the dead-letter stream `<stream>:dlq`.
+    #[serde(default = "RetentionPolicy::dlq_default")]
+    pub dlq_retention: RetentionPolicy,
 }
 
 /// Checks a shard count against `1..=4096`.
@@ -78,6 +85,8 @@ impl StreamDoc {
             last_reshard: None,
             retired: BTreeSet::new(),
             created_ms: now_ms,
+            retention: RetentionPolicy::default(),
+            dlq_retention: RetentionPolicy::dlq_default(),
         })
     }
 

@@ -76,6 +76,9 @@ pub fn stream_view(
         rollback_until_ms: stream.rollback_until_ms(rollback_window_ms),
         rollback_allowed: stream.rollback_allowed(rollback_window_ms, now_ms),
         retired_shards: stream.retired.iter().copied().collect(),
+        retention: stream.retention,
+        dlq_retention: stream.dlq_retention,
+        retention_blocked_by: None,
         revision,
     }
 }
@@ -176,6 +179,7 @@ fn shard_views(
                 state,
                 lag,
                 pending,
+                time_lag_ms: None,
                 stale_consumers: Vec::new(),
             })
         })

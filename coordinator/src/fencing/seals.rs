@@ -25,6 +25,13 @@ pub struct Sealer {
     timeout: Duration,
 }
 
+impl Sealer {
+    /// The data Redis it writes to.
+    pub fn redis(&self) -> &LazyRedis {
+        &self.redis
+    }
+}
+
 impl std::fmt::Debug for Sealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sealer")

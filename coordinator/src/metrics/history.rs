@@ -93,6 +93,21 @@ pub(crate) struct SampleDeps<'a> {
     pub probe: &'a LagProbe,
     /// The deadline-index buckets this coordinator sweeps (the expiry sweep's division).
     pub buckets: watch::Receiver<Vec<u32>>,
+    /// Work done on what each tick read (the retention trimmer, PROTOCOL §18).
+    pub after: Option<&'a dyn AfterTick>,
+}
+
+/// Work done after each sampling tick on what it read: the readings of the keys read at that
+/// tick (those that moved, and idle ones once a minute) and the owned groups' views.
+#[async_trait::async_trait]
+pub(crate) trait AfterTick: Send + Sync {
+    /// Called once per tick, after the readings were recorded.
+    async fn after_tick(
+        &self,
+        groups: &[GroupView],
+        fresh: &HashMap<String, super::lag::KeyReading>,
+        now_ms: u64,
+    );
 }
 
 /// One tick's work: the owned groups and the shard keys they cover, by stream.
@@ -186,8 +201,12 @@ impl History {
                 .map(|(k, _)| k.clone())
                 .collect();
             ::metrics::counter!("rsc_lag_sample_reads_total").increment(due.len() as u64);
-            for (key, reading) in deps.probe.read_keys(&due).await {
-                memos.record(&key, reading, now);
+            let fresh = deps.probe.read_keys(&due).await;
+            for (key, reading) in &fresh {
+                memos.record(key, reading.clone(), now);
+            }
+            if let Some(after) = deps.after {
+                after.after_tick(&plan.groups, &fresh, now).await;
             }
             memos.retain(&plan.keys.iter().map(|(k, _)| k.as_str()).collect());
             {

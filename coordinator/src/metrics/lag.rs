@@ -26,6 +26,21 @@ pub(crate) struct ShardStats {
     pub pending: Option<u64>,
     /// The group's read counter (`entries-read`): entries delivered so far.
     pub entries_read: Option<u64>,
+    /// The milliseconds of the id of the first entry after the group's last-delivered one
+    /// (read by [`LagProbe::group_stats`] only; `None` when none or not read).
+    pub oldest_undelivered_ms: Option<u64>,
+}
+
+impl ShardStats {
+    /// Time lag at `now_ms` (PROTOCOL §18): the age of the oldest undelivered entry, `0` when
+    /// nothing waits, `None` when unknown.
+    pub(crate) fn time_lag_ms(&self, now_ms: u64) -> Option<u64> {
+        if self.lag == Some(0) {
+            return Some(0);
+        }
+        self.oldest_undelivered_ms
+            .map(|ms| now_ms.saturating_sub(ms))
+    }
 }
 
 /// One Redis consumer group on a shard key, as `XINFO GROUPS` tells it.
@@ -91,13 +106,53 @@ impl LagProbe {
     ) -> HashMap<u32, ShardStats> {
         let names: Vec<String> = keys.iter().map(|(_, k)| k.clone()).collect();
         let readings = self.read_keys(&names).await;
-        keys.iter()
-            .filter_map(|(shard, key)| {
-                let groups = readings.get(key)?.as_ref()?;
-                let g = groups.iter().find(|g| g.group == group)?;
-                Some((*shard, g.stats))
-            })
-            .collect()
+        let mut out: HashMap<u32, ShardStats> = HashMap::new();
+        let mut behind: Vec<(u32, String, String)> = Vec::new();
+        for (shard, key) in keys {
+            let Some(g) = readings
+                .get(key)
+                .and_then(|r| r.as_ref()?.iter().find(|g| g.group == group))
+            else {
+                continue;
+            };
+            if g.stats.lag != Some(0) {
+                behind.push((*shard, key.clone(), g.last_delivered.clone()));
+            }
+            out.insert(*shard, g.stats);
+        }
+        for (shard, ms) in self.first_after(&behind).await {
+            if let Some(s) = out.get_mut(&shard) {
+                s.oldest_undelivered_ms = Some(ms);
+            }
+        }
+        out
+    }
+
+    /// The milliseconds of the first entry after each `(shard, key, id)`'s id
+    /// (`XRANGE <key> (<id> + COUNT 1`): the oldest undelivered entry. Shards with none, or
+    /// not read, are missing.
+    async fn first_after(&self, at: &[(u32, String, String)]) -> HashMap<u32, u64> {
+        let mut out = HashMap::new();
+        if at.is_empty() {
+            return out;
+        }
+        let Some(mut conn) = self.connection().await else {
+            return out;
+        };
+        for chunk in at.chunks(PIPELINE_CHUNK) {
+            let read = read_first_after(&mut conn, chunk);
+            let Ok(Ok(replies)) = tokio::time::timeout(self.timeout, read).await else {
+                debug!("XRANGE failed or timed out; time lag not reported");
+                return out;
+            };
+            for ((shard, _, _), reply) in chunk.iter().zip(replies) {
+                let first = reply.ok().and_then(|r| r.ids.into_iter().next());
+                if let Some(ms) = first.and_then(|e| e.id.split('-').next()?.parse().ok()) {
+                    out.insert(*shard, ms);
+                }
+            }
+        }
+        out
     }
 
     /// `XINFO GROUPS` of each key: every Redis consumer group on it (`None` for a key that
@@ -137,6 +192,7 @@ impl LagProbe {
                                 // is then known only when nothing was read (it is the whole
                                 // stream).
                                 entries_read: g.entries_read.map(|n| n as u64).or(g.lag.map(|_| 0)),
+                                oldest_undelivered_ms: None,
                             },
                             group: g.name,
                             last_delivered: g.last_delivered_id,
@@ -215,6 +271,36 @@ async fn read_consumers(
     pipe.ignore_errors();
     for (_, key) in chunk {
         pipe.cmd("XINFO").arg("CONSUMERS").arg(key).arg(group);
+    }
+    pipe.query_async(conn).await
+}
+
+/// `XRANGE <key> (<id> + COUNT 1` of each item, in order (see [`read`]).
+async fn read_first_after(
+    conn: &mut Conn,
+    chunk: &[(u32, String, String)],
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::streams::StreamRangeReply>>> {
+    let cmd = |key: &str, id: &str| {
+        let mut c = redis::cmd("XRANGE");
+        c.arg(key)
+            .arg(format!("({id}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(1);
+        c
+    };
+    if conn.is_cluster() {
+        let reads = chunk.iter().map(|(_, key, id)| {
+            let mut conn = conn.clone();
+            let c = cmd(key, id);
+            async move { c.query_async(&mut conn).await }
+        });
+        return Ok(futures::future::join_all(reads).await);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (_, key, id) in chunk {
+        pipe.add_command(cmd(key, id));
     }
     pipe.query_async(conn).await
 }

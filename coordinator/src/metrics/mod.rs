@@ -22,9 +22,9 @@ pub(crate) mod scaling;
 pub(crate) mod state;
 mod store;
 
-pub(crate) use history::{DEFAULT_HISTORY_INTERVAL, History};
+pub(crate) use history::{AfterTick, DEFAULT_HISTORY_INTERVAL, History};
 pub(crate) use http::track_http;
-pub(crate) use lag::LagProbe;
+pub(crate) use lag::{GroupReading, KeyReading, LagProbe};
 pub(crate) use store::InstrumentedStore;
 
 use crate::engine::GroupEvent;

@@ -128,6 +128,7 @@ mod tests {
                 lag: Some(lag),
                 pending: Some(pending),
                 entries_read: Some(read),
+                oldest_undelivered_ms: None,
             },
         }])
     }

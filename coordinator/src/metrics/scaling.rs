@@ -46,6 +46,7 @@ pub(crate) fn scaling(view: &GroupView, concurrency: Option<u32>) -> ScalingView
         lag,
         pending,
         backlog: lag.map(|l| l + pending.unwrap_or(0)),
+        time_lag_ms: view.shards.iter().filter_map(|s| s.time_lag_ms).max(),
         shards: view.shards.len() as u32,
         shards_reporting: reporting.len() as u32,
         active_shards,
@@ -75,6 +76,7 @@ mod tests {
             state,
             lag,
             pending,
+            time_lag_ms: None,
             stale_consumers: vec![],
         }
     }

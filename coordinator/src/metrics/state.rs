@@ -118,7 +118,7 @@ async fn collect(
         member_gauges(f, group, doc, &view);
         group_gauges(f, group, doc, now_ms);
         if let Some(probe) = lag {
-            shard_lag_gauges(f, group, doc, &mut view, probe).await;
+            shard_lag_gauges(f, group, doc, &mut view, probe, now_ms).await;
         }
         scaling_gauges(f, &super::scaling::scaling(&view, None));
     }
@@ -270,6 +270,7 @@ async fn shard_lag_gauges(
     doc: &GroupDoc,
     view: &mut GroupView,
     probe: &LagProbe,
+    now_ms: u64,
 ) {
     let keys: Vec<(u32, String)> = view
         .shards
@@ -281,6 +282,7 @@ async fn shard_lag_gauges(
         if let Some(st) = stats.get(&s.shard) {
             s.lag = st.lag;
             s.pending = st.pending;
+            s.time_lag_ms = st.time_lag_ms(now_ms);
         }
     }
     for s in &view.shards {
@@ -343,6 +345,14 @@ fn scaling_gauges(f: &mut Families, s: &rsc_protocol::ScalingView) {
             "Lag plus pending entries of a group: the work waiting for it.",
             &labels,
             b as f64,
+        );
+    }
+    if let Some(t) = s.time_lag_ms {
+        f.gauge(
+            "rsc_group_time_lag_seconds",
+            "Age of the oldest entry not yet delivered to a group, the largest over its shards (0: nothing waits).",
+            &labels,
+            t as f64 / 1000.0,
         );
     }
     f.gauge(

@@ -5,7 +5,9 @@ use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, stream_view,
 };
 use crate::store::Versioned;
-use rsc_protocol::{CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, StreamView};
+use rsc_protocol::{
+    CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, PatchStreamRequest, StreamView,
+};
 use std::collections::HashMap;
 use tracing::{info, warn};
 
@@ -57,32 +59,14 @@ impl Coordinator {
     pub async fn create_group(&self, req: &CreateGroupRequest) -> Result<GroupView> {
         check_name("group", &req.group)?;
         check_name("stream", &req.stream)?;
-        let defaults = GroupConfig::default();
-        let config = GroupConfig {
-            start: req.start.unwrap_or(defaults.start),
-            session_timeout_ms: req
-                .session_timeout_ms
-                .unwrap_or(defaults.session_timeout_ms),
-            heartbeat_interval_ms: req
-                .heartbeat_interval_ms
-                .unwrap_or(defaults.heartbeat_interval_ms),
-            rebalance_timeout_ms: req
-                .rebalance_timeout_ms
-                .unwrap_or(defaults.rebalance_timeout_ms),
-            max_members: req.max_members,
-            assignor: req.assignor.clone().unwrap_or(defaults.assignor),
-            fencing: req.fencing.unwrap_or(if self.fencing.is_some() {
-                FencingMode::Strict
-            } else {
-                FencingMode::Lease
-            }),
-            ordering: req.ordering.unwrap_or_default(),
-            paused_since_ms: None,
-        };
+        let config = self.group_config(req);
         self.check_fencing(req.fencing)?;
         config.validate()?;
         if let Some(n) = req.shard_count {
             crate::engine::validate_shard_count(n)?;
+        }
+        if let Some(why) = req.retention.as_ref().and_then(|r| r.problem()) {
+            return Err(invalid(why));
         }
         self.retrying(|| async {
             let _s = self.lock_stream(&req.stream).await?;
@@ -102,6 +86,15 @@ impl Coordinator {
                             requested: n,
                         });
                     }
+                    if let Some(r) = req.retention
+                        && r != v.doc.retention
+                    {
+                        return Err(invalid(format!(
+                            "stream {} exists with another retention policy: change it with \
+                             PATCH /v1/streams/{}",
+                            req.stream, req.stream
+                        )));
+                    }
                     (v.doc, v.revision)
                 }
                 None => {
@@ -111,7 +104,9 @@ impl Coordinator {
                             req.stream
                         ))
                     })?;
-                    (StreamDoc::new(&req.stream, n, now)?, 0)
+                    let mut doc = StreamDoc::new(&req.stream, n, now)?;
+                    doc.retention = req.retention.unwrap_or_default();
+                    (doc, 0)
                 }
             };
             // The stream names the group before the group exists: a crash in between leaves
@@ -124,6 +119,32 @@ impl Coordinator {
             Ok(group_view(&doc, &stream, revision, now, &HashMap::new()))
         })
         .await
+    }
+
+    /// The settings of a group `req` creates: the request's, else the defaults.
+    fn group_config(&self, req: &CreateGroupRequest) -> GroupConfig {
+        let defaults = GroupConfig::default();
+        GroupConfig {
+            start: req.start.unwrap_or(defaults.start),
+            session_timeout_ms: req
+                .session_timeout_ms
+                .unwrap_or(defaults.session_timeout_ms),
+            heartbeat_interval_ms: req
+                .heartbeat_interval_ms
+                .unwrap_or(defaults.heartbeat_interval_ms),
+            rebalance_timeout_ms: req
+                .rebalance_timeout_ms
+                .unwrap_or(defaults.rebalance_timeout_ms),
+            max_members: req.max_members,
+            assignor: req.assignor.clone().unwrap_or(defaults.assignor),
+            fencing: req.fencing.unwrap_or(if self.fencing.is_some() {
+                FencingMode::Strict
+            } else {
+                FencingMode::Lease
+            }),
+            ordering: req.ordering.unwrap_or_default(),
+            paused_since_ms: None,
+        }
     }
 
     /// Deletes a group (admin). Without `force`, refuses while it has members.
@@ -167,6 +188,47 @@ impl Coordinator {
         check_name("stream", stream)?;
         self.mutate_stream(stream, |s, now| s.reshard(shard_count, now))
             .await
+    }
+
+    /// Changes a stream's settings: its retention policies (admin; PROTOCOL §18). Nothing
+    /// else of the stream changes (no new revision of its groups, no routing change).
+    #[tracing::instrument(skip(self, patch), fields(stream))]
+    pub async fn patch_stream(
+        &self,
+        stream: &str,
+        patch: &PatchStreamRequest,
+    ) -> Result<StreamView> {
+        check_name("stream", stream)?;
+        for p in [&patch.retention, &patch.dlq_retention]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(why) = p.problem() {
+                return Err(invalid(why));
+            }
+        }
+        let (doc, revision) = self
+            .retrying(|| async {
+                let _s = self.lock_stream(stream).await?;
+                let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                if let Some(r) = patch.retention {
+                    doc.retention = r;
+                }
+                if let Some(r) = patch.dlq_retention {
+                    doc.dlq_retention = r;
+                }
+                let revision = self.store.put_stream(&doc, revision).await?;
+                info!(stream, retention = ?doc.retention, dlq_retention = ?doc.dlq_retention,
+                    "stream retention changed");
+                Ok((doc, revision))
+            })
+            .await?;
+        Ok(stream_view(
+            &doc,
+            revision,
+            self.config.rollback_window_ms,
+            self.now(),
+        ))
     }
 
     /// Rolls back the latest reshard of `stream` (admin).
@@ -289,5 +351,75 @@ impl Coordinator {
                 self.schedule(group, 0, self.now()).await;
             }
         }
+    }
+}
+
+impl Coordinator {
+    /// Moves every shard's Redis consumer group of `group` to `req.to` (admin; PROTOCOL
+    /// §18): `XGROUP SETID` (`CREATE … MKSTREAM` where it does not exist yet). Only while the
+    /// group is paused or has no live member (`409 GROUP_NOT_EMPTY` otherwise).
+    #[tracing::instrument(skip(self))]
+    pub async fn seek(
+        &self,
+        group: &str,
+        req: &rsc_protocol::SeekRequest,
+    ) -> Result<rsc_protocol::SeekResponse> {
+        check_name("group", group)?;
+        let Some(sealer) = self.sealer.clone() else {
+            return Err(invalid(
+                "seek needs the data Redis (--data-redis-url)".into(),
+            ));
+        };
+        let _g = self.lock_group(group).await?;
+        let Versioned { mut doc, .. } = self.load_group(group).await?;
+        let stream = self.load_stream(&doc.stream).await?.doc;
+        doc.expire(&stream, self.now());
+        if !doc.members.is_empty() && doc.config.paused_since_ms.is_none() {
+            return Err(ServiceError::SeekWhileLive {
+                group: group.to_owned(),
+                members: doc.members.len(),
+            });
+        }
+        let id = req.to.setid_id();
+        let keys: Vec<String> = stream
+            .assignable_shards()
+            .into_iter()
+            .map(|s| rsc_protocol::routing::shard_key(&stream.stream, s))
+            .collect();
+        let mut conn = sealer
+            .redis()
+            .get()
+            .await
+            .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
+        let mut shards = std::collections::BTreeMap::new();
+        for key in keys {
+            let set: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("SETID")
+                .arg(&key)
+                .arg(group)
+                .arg(&id)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = set {
+                if e.code() != Some("NOGROUP") && !e.to_string().contains("NOGROUP") {
+                    return Err(ServiceError::DataRedis(e.to_string()));
+                }
+                let () = redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(&key)
+                    .arg(group)
+                    .arg(&id)
+                    .arg("MKSTREAM")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
+            }
+            shards.insert(key, id.clone());
+        }
+        info!(group, to = %id, shards = shards.len(), "group moved (seek)");
+        Ok(rsc_protocol::SeekResponse {
+            group: group.to_owned(),
+            shards,
+        })
     }
 }

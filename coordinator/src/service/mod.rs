@@ -129,6 +129,20 @@ pub enum ServiceError {
         /// Live members.
         members: usize,
     },
+    /// Seek of a running group with live members (PROTOCOL §18).
+    #[error(
+        "group {group} has {members} live members and is not paused: pause it \
+         (POST /v1/groups/{group}/pause) or stop its members, then seek"
+    )]
+    SeekWhileLive {
+        /// Group.
+        group: String,
+        /// Live members.
+        members: usize,
+    },
+    /// The data Redis failed or is not configured for a data-path operation.
+    #[error("data Redis: {0}")]
+    DataRedis(String),
 }
 
 impl ServiceError {
@@ -142,7 +156,10 @@ impl ServiceError {
             ServiceError::StreamNotFound(_) => ErrorCode::StreamNotFound,
             ServiceError::GroupAlreadyExists(_) => ErrorCode::GroupAlreadyExists,
             ServiceError::ShardCountMismatch { .. } => ErrorCode::ShardCountMismatch,
-            ServiceError::GroupNotEmpty { .. } => ErrorCode::GroupNotEmpty,
+            ServiceError::GroupNotEmpty { .. } | ServiceError::SeekWhileLive { .. } => {
+                ErrorCode::GroupNotEmpty
+            }
+            ServiceError::DataRedis(_) => ErrorCode::StoreUnavailable,
         }
     }
 
