@@ -98,7 +98,8 @@ impl HandlerError {
     pub(crate) fn duplicate(&self) -> HandlerError {
         HandlerError {
             action: self.action,
-            error: self.error.to_string().into(),
+            // The whole chain: the copy has no source of its own.
+            error: self.to_string().into(),
         }
     }
 
@@ -398,6 +399,11 @@ mod tests {
             .unwrap_err();
         let handler_error = HandlerError::from(err);
         assert_eq!(handler_error.to_string(), "saving order 7: db: refused");
+        assert_eq!(
+            handler_error.duplicate().to_string(),
+            "saving order 7: db: refused",
+            "each message of a failed batch keeps the chain"
+        );
         assert_eq!(HandlerError::retry("plain").to_string(), "plain");
     }
 }
