@@ -18,6 +18,15 @@ use std::time::Duration;
 const GROUP: &str = "g";
 const STREAM: &str = "orders";
 const RECORD: &str = "handled";
+/// A sample pod of the group that records every handling.
+const POD_ARGS: [&str; 6] = [
+    "--group",
+    GROUP,
+    "--stream",
+    STREAM,
+    "--record-stream",
+    RECORD,
+];
 
 /// The consumers (name, pending) of the group on every shard of the stream.
 fn consumers(con: &mut redis::Connection, shards: u32) -> BTreeMap<u32, Vec<(String, usize)>> {
@@ -70,14 +79,7 @@ async fn killed_pods_leave_no_consumers_behind_and_nothing_is_lost() {
     const PODS: usize = 50;
     let stack = Stack::start_with_data_redis();
     stack.create_group(GROUP, STREAM, SHARDS, 1000, 200).await;
-    let member_args = [
-        "--group",
-        GROUP,
-        "--stream",
-        STREAM,
-        "--record-stream",
-        RECORD,
-    ];
+    let member_args = POD_ARGS;
     let _stable = Consumer::start(&stack, "127.0.0.20", &member_args);
     stack.wait_stable(GROUP, 1, SHARDS as usize).await;
     let count = 3_000;
@@ -441,14 +443,7 @@ async fn a_pod_whose_data_redis_does_not_answer_never_joins() {
     const SHARDS: u32 = 8;
     let stack = Stack::start();
     stack.create_group(GROUP, STREAM, SHARDS, 1500, 200).await;
-    let args = [
-        "--group",
-        GROUP,
-        "--stream",
-        STREAM,
-        "--record-stream",
-        RECORD,
-    ];
+    let args = POD_ARGS;
     let healthy = Consumer::start(&stack, "127.0.0.36", &args);
     stack.wait_stable(GROUP, 1, SHARDS as usize).await;
     let count = 3_000;
@@ -531,14 +526,7 @@ async fn a_pod_that_loses_its_data_redis_gives_its_shards_back_and_returns() {
     let proxy = rsc_e2e::Proxy::start(format!("127.0.0.1:{}", stack.redis.port()))
         .await
         .expect("proxy");
-    let args = [
-        "--group",
-        GROUP,
-        "--stream",
-        STREAM,
-        "--record-stream",
-        RECORD,
-    ];
+    let args = POD_ARGS;
     let healthy = Consumer::start(&stack, "127.0.0.38", &args);
     let grace = GRACE_MS.to_string();
     let mut cut_args = args.to_vec();

@@ -207,21 +207,28 @@ pub enum ConfigError {
     },
 }
 
+/// An error's message and every cause below it, `: `-separated, each once: a cause whose
+/// text the message so far already ends with (redis-rs repeats an I/O error's text in its
+/// own; `"db: {0}"` over its own source) is not written again.
+pub(crate) fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 impl ClientError {
     /// The message and every cause below it, `: `-separated (as anyhow's `{:#}`), each once
     /// (redis-rs repeats an I/O error's text in its own): for logs.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            let more = c.to_string();
-            if !text.ends_with(&more) {
-                text.push_str(": ");
-                text.push_str(&more);
-            }
-            cause = c.source();
-        }
-        text
+        chain_text(self)
     }
 
     /// Whether the operation gave up because Redis or the coordinator did not answer in

@@ -132,17 +132,7 @@ impl fmt::Debug for HandlerError {
 /// printed twice.
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut text = self.error.to_string();
-        let mut cause = self.error.source();
-        while let Some(c) = cause {
-            let more = c.to_string();
-            if !text.ends_with(&more) {
-                text.push_str(": ");
-                text.push_str(&more);
-            }
-            cause = c.source();
-        }
-        f.write_str(&text)
+        f.write_str(&crate::error::chain_text(&*self.error))
     }
 }
 
