@@ -1,8 +1,8 @@
 //! Coordinated retention (PROTOCOL §18): trimming the shard keys of the data Redis up to what
 //! every group of the stream has handled.
 //!
-//! [`point`] decides, per shard, what may go (pure); [`trimmer`] reads what it needs and
-//! runs the `XTRIM`s after each lag sampling tick ([`crate::metrics`]' history sampler), for
+//! [`point`] decides, per shard, what may go (pure); `trimmer` reads what it needs and
+//! runs the `XTRIM`s after each lag sampling tick (the history sampler of `metrics`), for
 //! the shards that tick read.
 
 pub mod point;

@@ -88,7 +88,7 @@ pub struct RedisStoreConfig {
     /// How long a deleted group's revision tombstone is kept before Redis expires it.
     pub tombstone_retention: Duration,
     /// Replicas that must have a group document commit before it is acknowledged
-    /// (`WAIT N` [`WAIT_TIMEOUT`] on the same connection); 0: no wait.
+    /// (`WAIT N` on the same connection, bounded by a short timeout); 0: no wait.
     pub wait_replicas: u32,
 }
 
