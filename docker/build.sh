@@ -145,9 +145,15 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 bins=(rsc-coordinator sample-consumer sample-producer)
 if [ -n "$run_cargo" ]; then
   log "cargo build --profile $profile (${bins[*]})"
-  flag=(); [ "$profile" = release ] && flag=(--release)
-  cargo build --locked "${flag[@]}" -p rsc-coordinator -p rsc-examples \
-    --bin rsc-coordinator --bin sample-consumer --bin sample-producer
+  if [ "$profile" = release ]; then
+    cargo build --locked --release -p rsc-coordinator -p rsc-examples \
+      --bin rsc-coordinator --bin sample-consumer --bin sample-producer
+  else
+    # Debug binaries are the ones scripts/test.sh builds: the same command, so the same
+    # feature set, and cargo has nothing to recompile (a `-p … --bin …` selection unifies
+    # features differently and compiles every dependency again).
+    cargo build --locked --workspace --bins --tests
+  fi
 fi
 
 # Each image gets a build context holding only its Dockerfile and its files.

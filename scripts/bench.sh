@@ -32,7 +32,8 @@ echo "== building ($profile)"
 if [ "$profile" = release ]; then
   cargo build --release -q --workspace --bins
 else
-  cargo build -q --workspace --bins
+  # With the tests, as scripts/test.sh builds: the same feature set, so nothing is recompiled.
+  cargo build -q --workspace --bins --tests
 fi
 bin="${CARGO_TARGET_DIR:-target}/$profile"
 

@@ -3,7 +3,7 @@
 # missing (redis-server, chromium, curl; schemathesis and the Docker base images install
 # themselves), builds every binary the end-to-end tests spawn, runs the whole test suite, the
 # API fuzzing, the container smoke test, a quick pass of the benchmarks, the packaging dry
-# runs and the API documentation build, then the lints. Tests start their own redis-server /
+# runs, the lints, then the API documentation build. Tests start their own redis-server /
 # coordinator processes on free loopback ports; nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +37,11 @@ if [ -z "${RSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
 fi
 # The packaged service is not used: tests start their own servers. Leave 6379 alone.
 
-echo "== build (all binaries the end-to-end tests spawn)"
-cargo build --workspace --bins --locked
+echo "== build (all binaries the end-to-end tests spawn, and every test)"
+# With the tests selected, cargo unifies the dev-dependencies' features into this build, so
+# the binaries and `cargo test` below share one feature set and every dependency is compiled
+# once (with `--bins` alone, tokio, serde, hyper, reqwest, redis, … are compiled twice).
+cargo build --workspace --bins --tests --locked
 
 echo "== test"
 cargo test --workspace --locked
@@ -55,12 +58,14 @@ scripts/bench.sh --quick
 echo "== packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
 scripts/package.sh
 
-echo "== API documentation: cargo doc, warnings are errors (default and all features)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
-
 echo "== lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# After clippy: the dependencies' metadata it checked is what rustdoc needs, so this step only
+# documents the workspace's own crates.
+echo "== API documentation: cargo doc, warnings are errors (default and all features)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 
 echo "== all tests passed"

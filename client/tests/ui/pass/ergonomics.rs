@@ -4,7 +4,11 @@ struct Pool;
 struct Settings;
 
 #[stream_listener(group = "billing", stream = "orders")]
-async fn with_state(msg: Message<u64>, pool: Data<Pool>, cfg: Data<Settings>) -> Result<(), HandlerError> {
+async fn with_state(
+    msg: Message<u64>,
+    pool: Data<Pool>,
+    cfg: Data<Settings>,
+) -> Result<(), HandlerError> {
     let _ = (msg, pool, cfg);
     Ok(())
 }
@@ -27,7 +31,7 @@ async fn batch_one_verdict(batch: Batch<u64>) -> Result<(), HandlerError> {
     Ok(())
 }
 
-fn main() {
+pub(crate) fn main() {
     let _ = with_state(Message::test(1), Data::new(Pool), Data::new(Settings));
     let _ = batch(Batch::test(vec![1, 2]), Data::new(Pool));
 }

@@ -11,13 +11,19 @@ async fn on_order(msg: Message<Order>) -> Result<(), HandlerError> {
     Ok(())
 }
 
-#[stream_listener(group = "audit", stream = "orders", name = "audit-raw", ack = "manual", max_retries = 0)]
+#[stream_listener(
+    group = "audit",
+    stream = "orders",
+    name = "audit-raw",
+    ack = "manual",
+    max_retries = 0
+)]
 async fn on_raw(msg: rsc_client::Message<Raw>) -> Result<(), HandlerError> {
     msg.ack().await?;
     Ok(())
 }
 
-fn main() {
+pub(crate) fn main() {
     // Still plain functions.
     let _ = on_order(Message::test(Order { id: 1 }));
     let _ = on_raw(Message::test(Raw(vec![])));
