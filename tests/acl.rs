@@ -3,14 +3,12 @@
 //! the coordinator's own OpenAPI document lists: a route missing from this table, or a
 //! table row missing from the document, fails the test.
 
-#[path = "support/security.rs"]
-mod support;
-
+use crate::security as support;
+use crate::security::Secured;
 use reqwest::{Method, StatusCode};
 use rsc_e2e::code;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
-use support::Secured;
 
 /// Column order of the expectations.
 const WHO: [&str; 10] = [

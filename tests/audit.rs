@@ -1,13 +1,11 @@
 //! The audit log (allowed and refused admin mutations, filters, revisions), the admin rate
 //! limit under a burst, and JSON logs, against a real coordinator with an ACL.
 
-#[path = "support/security.rs"]
-mod support;
-
+use crate::security as support;
+use crate::security::Secured;
 use reqwest::{Method, StatusCode};
 use rsc_e2e::code;
 use serde_json::{Value, json};
-use support::Secured;
 
 fn entries(v: &Value) -> &Vec<Value> {
     v["entries"].as_array().expect("entries")

@@ -4,11 +4,8 @@
 //! derived from shards and concurrency; the metrics-api trigger reads a field the route
 //! serves). No Kubernetes cluster needed.
 
-#[path = "support/security.rs"]
-mod security;
-
+use crate::security::Secured;
 use rsc_testkit::RedisServer;
-use security::Secured;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::PathBuf;

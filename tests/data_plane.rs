@@ -6,10 +6,7 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
-
-use pods::{
+use crate::pods::{
     Consumer, SERIAL, Stack, eventually, eventually_async, finish_producer, spawn_producer,
 };
 use std::time::Duration;

@@ -6,10 +6,9 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
+use crate::pods;
 
-use pods::{
+use crate::pods::{
     Consumer, SERIAL, Stack, eventually, eventually_async, finish_producer, handled, spawn_producer,
 };
 use rsc_e2e::Api;

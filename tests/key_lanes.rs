@@ -8,10 +8,9 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
+use crate::pods;
 
-use pods::{
+use crate::pods::{
     Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, order_violations,
     spawn_producer, xlen,
 };

@@ -4,10 +4,9 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
+use crate::pods;
 
-use pods::{
+use crate::pods::{
     Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms, spawn_producer,
     xlen,
 };

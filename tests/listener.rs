@@ -3,9 +3,7 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-mod pods;
-
-use pods::{
+use crate::pods::{
     Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms, owned_by,
     read_stream, spawn_producer, xlen,
 };

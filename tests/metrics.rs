@@ -1,14 +1,12 @@
 //! `/metrics` in Prometheus text format, and lag / pending per shard read from a real data
 //! Redis (`XINFO GROUPS`) into both the metrics and the group view.
 
-#[path = "support/security.rs"]
-mod support;
-
+use crate::security as support;
+use crate::security::Secured;
 use reqwest::StatusCode;
 use rsc_testkit::{RedisServer, free_port};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-use support::Secured;
 
 /// One sample: name, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);

@@ -10,10 +10,9 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
+use crate::pods;
 
-use pods::{
+use crate::pods::{
     Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, now_ms,
     order_violations, spawn_producer,
 };

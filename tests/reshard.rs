@@ -5,10 +5,9 @@
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
-#[allow(dead_code)]
-mod pods;
-
-use pods::{Consumer, SERIAL, Stack, eventually, finish_producer, handled, now_ms, spawn_producer};
+use crate::pods::{
+    Consumer, SERIAL, Stack, eventually, finish_producer, handled, now_ms, spawn_producer,
+};
 use rsc_client::producer::{Producer, Record};
 use rsc_e2e::{Api, code};
 use rsc_protocol::routing::shard_for_key;

@@ -4,7 +4,7 @@
 //! - `chaos_ci` (default `cargo test`): Redis with AOF, 2 coordinators on the redis store,
 //!   5 `sample-consumer` pods, a `sample-producer` at a steady rate, and every fault kind
 //!   once, in an order and with gaps drawn from the seed.
-//! - `chaos_soak` (ignored; `cargo test -p rsc-e2e --test chaos -- --ignored chaos_soak
+//! - `chaos_soak` (ignored; `cargo test -p rsc-e2e --test e2e -- --ignored chaos::chaos_soak
 //!   --nocapture`): the same for `RSC_CHAOS_SECS` (default 180) seconds of random faults.
 //! - `partition_self_fences_before_reassignment`: a pod cut off from the coordinator (through
 //!   a TCP proxy the test controls) but not from Redis.
@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::{Instant, sleep};
 
 /// Heavy scenarios run one at a time on a small machine.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::pods::SERIAL;
 
 const GROUP: &str = "g";
 const STREAM: &str = "s";

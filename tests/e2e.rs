@@ -1,0 +1,44 @@
+//! The end-to-end tests: real redis-server, rsc-coordinator and sample-pod processes on
+//! loopback ports (start them with `cargo build --workspace --bins` first).
+//!
+//! One test binary, one module per area (`cargo test -p rsc-e2e --test e2e <module>::`), rather
+//! than a binary per file: each binary links the whole client and Redis stack again, and
+//! `cargo test` runs binaries one after another, so a binary with one long test left the other
+//! core idle. Heavy scenarios still take `pods::SERIAL` to run one at a time.
+
+#[allow(dead_code)]
+mod pods;
+#[path = "support/security.rs"]
+mod security;
+
+mod acl;
+mod audit;
+mod autoscaling;
+mod chaos;
+mod cli;
+mod client_batching;
+mod compat;
+mod contract;
+mod dashboard;
+mod data_path;
+mod data_plane;
+mod deploy;
+mod expiry;
+mod fencing;
+mod guide;
+mod heartbeat_batch;
+mod http_api;
+mod key_lanes;
+mod lag_sampling;
+mod lifecycle;
+mod listener;
+mod metrics;
+mod ordered_reshard;
+mod readme;
+mod redis_store;
+mod reshard;
+mod retention;
+mod sentinel_failover;
+mod structure;
+mod tls;
+mod wakeups;
