@@ -213,6 +213,43 @@ pub(super) fn group_list(groups: &[GroupView]) -> String {
     t.to_string()
 }
 
+/// `dlq redrive`: what was redriven (or would be, in a dry run), one row per dead letter.
+pub(super) fn redrive(r: &rsc_protocol::RedriveResponse) -> String {
+    let head = if r.dry_run {
+        format!(
+            "Dry run: {} dead letters of group {} in {}:dlq would be redriven (nothing written or removed).",
+            r.redriven, r.group, r.stream
+        )
+    } else {
+        format!(
+            "Redrove {} dead letters of group {} from {}:dlq to their shards.",
+            r.redriven, r.group, r.stream
+        )
+    };
+    if r.entries.is_empty() {
+        return format!(
+            "{head}
+"
+        );
+    }
+    let mut t = Table::new(["DLQ ID", "KEY", "SHARD", "NEW ID", "REDRIVES", "ERROR"]);
+    for e in &r.entries {
+        t.row([
+            e.dlq_id.clone(),
+            e.key.clone().unwrap_or_else(|| "-".into()),
+            e.shard.to_string(),
+            e.id.clone().unwrap_or_else(|| "-".into()),
+            e.redrive_count.to_string(),
+            e.error.chars().take(60).collect(),
+        ]);
+    }
+    format!(
+        "{head}
+
+{t}"
+    )
+}
+
 /// `stream describe`: layout, groups, reshard progress and rollback window.
 pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
     let mut out = String::new();
