@@ -547,4 +547,33 @@ mod tests {
             "Reshard of orders 2 -> 1: complete"
         );
     }
+
+    #[test]
+    fn redrive_lists_each_dead_letter_and_says_a_dry_run() {
+        let mut r = rsc_protocol::RedriveResponse {
+            stream: "orders".into(),
+            group: "billing".into(),
+            dry_run: true,
+            redriven: 1,
+            entries: vec![rsc_protocol::RedrivenEntry {
+                dlq_id: "7-0".into(),
+                key: Some("k3".into()),
+                shard: 2,
+                id: None,
+                error: "boom".into(),
+                redrive_count: 1,
+            }],
+        };
+        let text = redrive(&r);
+        assert!(
+            text.starts_with("Dry run: 1 dead letters of group billing in orders:dlq"),
+            "{text}"
+        );
+        let row: Vec<&str> = text.lines().last().unwrap().split_whitespace().collect();
+        assert_eq!(row, ["7-0", "k3", "2", "-", "1", "boom"], "{text}");
+        r.dry_run = false;
+        r.entries[0].id = Some("9-0".into());
+        assert!(redrive(&r).starts_with("Redrove 1 dead letters"));
+        assert!(redrive(&r).contains("9-0"));
+    }
 }
