@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark suite (docs/BENCHMARKS.md): builds in release mode, then runs P1–P7, D1–D3 and
-# S1–S3.
+# The benchmark suite (docs/BENCHMARKS.md): builds in release mode, then runs P1–P7, D1–D3,
+# R-MEM/R-IDLE and S1–S3.
 # Every binary starts its own redis-server and rsc-coordinator on free loopback ports and
 # prints its rows; at the end one table gathers them all, with the machine described.
 #
@@ -63,6 +63,8 @@ run wake $quick
 run dataplane $quick
 # L1–L3: key concurrency (drain rate, CPU per entry, a poison key) against key_concurrency(1).
 run lanes $quick
+# R-MEM, R-IDLE: retention's bounded memory under load, trimming's cost at 1,000 idle shards.
+run retention $quick
 # S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
 run scale $quick
 

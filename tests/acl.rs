@@ -87,6 +87,13 @@ fn rows() -> Vec<Row> {
             "/v1/groups/g1/seek",
             ADMIN_ONLY(400),
         ),
+        // Allowed, then refused: no data Redis to redrive in.
+        row(
+            Method::POST,
+            "/v1/streams/{stream}/dlq/redrive",
+            "/v1/streams/s1/dlq/redrive",
+            ADMIN_ONLY(400),
+        ),
         row(
             Method::POST,
             "/v1/streams/{stream}/reshard",
@@ -202,6 +209,7 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
         ("PATCH", "/v1/streams/{stream}") => Some(json!({"retention": {"keep_acked_ms": 0}})),
         ("PATCH", _) => Some(json!({"max_members": 100})),
         ("POST", "/v1/groups/{group}/seek") => Some(json!({"to": "earliest"})),
+        ("POST", "/v1/streams/{stream}/dlq/redrive") => Some(json!({"group": "g1"})),
         ("POST", "/v1/streams/{stream}/reshard") => Some(json!({"shard_count": 3})),
         ("POST", "/v1/groups/{group}/heartbeat") => Some(json!({
             "protocol_version": 1, "member_id": format!("m-{who}"), "member_epoch": 0, "owned_shards": []

@@ -97,6 +97,14 @@ fn run_chromium(url: &str, extra: &[String]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 DOM")
 }
 
+/// The first tag of `dom` (its text up to `>`) that contains `needle`.
+fn tag_with<'a>(dom: &'a str, needle: &str) -> Option<&'a str> {
+    let i = dom.find(needle)?;
+    let start = dom[..i].rfind('<')?;
+    let end = dom[i..].find('>')? + i;
+    Some(&dom[start..end])
+}
+
 /// The value of attribute `name` in the tag text `tag`.
 fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
     let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
@@ -421,6 +429,64 @@ async fn dashboard_chart_shows_the_history_the_api_reports() {
     assert!(
         points.iter().any(|p| p.2.is_some_and(|r| r > 0.0)),
         "a handling rate is drawn: {points:?}"
+    );
+    // Retention and time lag (PROTOCOL §18): with keep_acked 0, billing (not yet delivered
+    // most of the entries) is the group that holds retention back; the page shows it, the
+    // policy, and each shard's time lag as the API reports it.
+    let (s, v) = api
+        .call(
+            reqwest::Method::PATCH,
+            "/v1/streams/orders",
+            Some(json!({"retention": {"keep_acked_ms": 0}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    while api.get("/v1/streams/orders").await.1["retention_blocked_by"] != "billing" {
+        assert!(
+            std::time::Instant::now() < deadline + Duration::from_secs(10),
+            "retention_blocked_by never named billing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let time_lags = || async {
+        let (_, g) = api.get("/v1/groups/billing").await;
+        g["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["shard"].as_u64().unwrap() as u32,
+                    s["time_lag_ms"].as_u64(),
+                )
+            })
+            .collect::<BTreeMap<u32, Option<u64>>>()
+    };
+    let before = time_lags().await;
+    assert!(
+        before.values().all(|t| t.is_some_and(|ms| ms > 0)),
+        "{before:?}"
+    );
+    let dom = run_chromium(&page, &["--dump-dom".to_owned()]);
+    let after = time_lags().await;
+    let row = tag_with(&dom, " data-stream-row=\"orders\"").expect("the stream's row");
+    assert_eq!(attr(row, "data-blocked-by"), Some("billing"), "{row}");
+    let keep = tag_with(&dom, " data-keep-acked-ms=\"").expect("the retention cell");
+    assert_eq!(attr(keep, "data-keep-acked-ms"), Some("0"), "{keep}");
+    for (shard, lo) in &before {
+        let cell = tag_with(&dom, &format!(" data-shard=\"{shard}\"")).expect("the shard's cell");
+        let shown: u64 = attr(cell, "data-time-lag-ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("shard {shard}: no time lag shown"));
+        let hi = after[shard].unwrap();
+        assert!(
+            (lo.unwrap()..=hi).contains(&shown),
+            "shard {shard}: time lag shown {shown} ms, API {lo:?}..{hi} ms"
+        );
+    }
+    assert!(
+        dom.contains("id=\"group-time-lag\""),
+        "the group's time lag fact"
     );
     let shot = artifacts_dir().join("dashboard-chart.png");
     let _ = std::fs::remove_file(&shot);

@@ -477,3 +477,314 @@ async fn seek_by_time_replays_the_entries_from_then_on() {
         "{audit}"
     );
 }
+
+/// Runs `rsc-coordinator <args> --coordinator <url>`: (exit code, stdout, stderr).
+fn operator_cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out =
+        std::process::Command::new(rsc_testkit::binary_path("rsc-coordinator").expect("built"))
+            .args(args)
+            .args(["--coordinator", url])
+            .env_remove("RSC_TOKEN")
+            .output()
+            .expect("the CLI runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Dead-letter redrive (PROTOCOL §18): a pod dead-letters every entry of a poison key; a dry
+/// run lists them and changes nothing; bad input is refused clearly; the redrive (API with
+/// a limit, then the CLI) republishes them to the key's shard with `rsc-redrive-count` and
+/// empties `<stream>:dlq`; a healthy pod of the group then handles them all, in key order.
+#[tokio::test]
+async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("g", "rd", 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let mut sick = Consumer::start(
+        &stack,
+        "127.0.0.36",
+        &[
+            "--group",
+            "g",
+            "--stream",
+            "rd",
+            "--record-stream",
+            "rec-rd",
+            "--poison-key",
+            "k3",
+            "--max-retries",
+            "0",
+        ],
+    );
+    stack.wait_stable("g", 1, 2).await;
+    finish_producer(spawn_producer(&stack, "rd", 200, 10, None), 200);
+    let mut con = stack.redis();
+    eventually("20 dead letters of k3 and 180 handled", 30, || {
+        (xlen(&mut con, "rd:dlq") == 20 && xlen(&mut con, "rec-rd") >= 180).then_some(())
+    })
+    .await;
+    sick.terminate();
+    let shards_before = xlen(&mut con, "rd:0") + xlen(&mut con, "rd:1");
+    let redrive = |body: serde_json::Value| {
+        let api = &stack.api;
+        async move { api.post("/v1/streams/rd/dlq/redrive", body).await }
+    };
+    // A dry run lists the 20 and changes nothing.
+    let (s, dry) = redrive(json!({"group": "g", "dry_run": true})).await;
+    assert_eq!(s, StatusCode::OK, "{dry}");
+    assert_eq!(
+        (dry["dry_run"].as_bool(), dry["redriven"].as_u64()),
+        (Some(true), Some(20)),
+        "{dry}"
+    );
+    let k3_shard = dry["entries"][0]["shard"].as_u64().unwrap();
+    assert!(
+        dry["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["key"] == "k3"
+                && e["shard"] == k3_shard
+                && e.get("id").is_none()
+                && e["redrive_count"] == 1),
+        "{dry}"
+    );
+    assert_eq!(xlen(&mut con, "rd:dlq"), 20, "a dry run removes nothing");
+    assert_eq!(
+        xlen(&mut con, "rd:0") + xlen(&mut con, "rd:1"),
+        shards_before,
+        "nor writes"
+    );
+    // Bad input: clear refusals.
+    for (body, path, status, code) in [
+        (
+            json!({"group": "nope"}),
+            "/v1/streams/rd/dlq/redrive",
+            StatusCode::NOT_FOUND,
+            "GROUP_NOT_FOUND",
+        ),
+        (
+            json!({"group": "g"}),
+            "/v1/streams/nope/dlq/redrive",
+            StatusCode::NOT_FOUND,
+            "STREAM_NOT_FOUND",
+        ),
+        (
+            json!({"group": "g", "limit": 0}),
+            "/v1/streams/rd/dlq/redrive",
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+        ),
+        (
+            json!({"group": "g", "since_ms": "yesterday"}),
+            "/v1/streams/rd/dlq/redrive",
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+        ),
+    ] {
+        let (s, b) = stack.api.post(path, body).await;
+        assert_eq!((s, rsc_e2e::code(&b)), (status, code), "{path}: {b}");
+    }
+    let url = stack.coordinator.url();
+    let (code, _, err) = operator_cli(
+        &url,
+        &[
+            "dlq",
+            "redrive",
+            "rd",
+            "--group",
+            "g",
+            "--since",
+            "yesterday",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("Unix time in ms"), "{err}");
+    let (code, _, err) = operator_cli(&url, &["dlq", "redrive", "rd", "--group", "nope"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("GROUP_NOT_FOUND"), "{err}");
+    // A since after every dead letter takes none.
+    let (s, none) = redrive(json!({"group": "g", "since_ms": pods::now_ms() + 60_000})).await;
+    assert_eq!(
+        (s, none["redriven"].as_u64()),
+        (StatusCode::OK, Some(0)),
+        "{none}"
+    );
+    // The redrive: 5 through the API, the other 15 through the CLI.
+    let (s, first) = redrive(json!({"group": "g", "limit": 5})).await;
+    assert_eq!(
+        (s, first["redriven"].as_u64()),
+        (StatusCode::OK, Some(5)),
+        "{first}"
+    );
+    assert_eq!(xlen(&mut con, "rd:dlq"), 15);
+    let (code, out, err) = operator_cli(
+        &url,
+        &["dlq", "redrive", "rd", "--group", "g", "--output", "json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let rest: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(rest["redriven"].as_u64(), Some(15), "{rest}");
+    assert_eq!(
+        xlen(&mut con, "rd:dlq"),
+        0,
+        "the dead-letter stream is emptied"
+    );
+    assert_eq!(
+        xlen(&mut con, "rd:0") + xlen(&mut con, "rd:1"),
+        shards_before + 20,
+        "each republished once"
+    );
+    let shard_key = format!("rd:{k3_shard}");
+    let republished: Vec<_> = pods::read_stream(&mut con, &shard_key)
+        .into_iter()
+        .filter(|e| {
+            e.get("headers")
+                .is_some_and(|h| h.contains("rsc-redrive-count"))
+        })
+        .collect();
+    assert_eq!(republished.len(), 20, "on the key's shard");
+    assert!(
+        republished.iter().all(|e| e["key"] == "k3"
+            && e["headers"].contains(r#""rsc-redrive-count":"1""#)
+            && e["headers"].contains(r#""rsc-redrive-group":"g""#)
+            && !e.contains_key("error")),
+        "{republished:?}"
+    );
+    // A healthy pod handles them all, in per-key order.
+    let _healthy = pod(&stack, "127.0.0.37", "g", "rd", "rec-rd");
+    let records = eventually("the 20 redriven entries handled", 30, || {
+        let rs = handled(&mut con, "rec-rd");
+        let k3: Vec<_> = rs.into_iter().filter(|r| r.key == "k3").collect();
+        (k3.len() >= 20).then_some(k3)
+    })
+    .await;
+    let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+    let mut sorted = seqs.clone();
+    sorted.sort_unstable();
+    assert_eq!(seqs, sorted, "per-key order of the redriven entries");
+    assert_eq!(seqs.len(), 20, "each handled once");
+    let (_, audit) = stack.api.get("/v1/audit").await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "stream.dlq_redrive" && e["result"]["status"] == 200),
+        "{audit}"
+    );
+}
+
+/// Retention on a Redis Cluster data Redis (PROTOCOL §18): the shard keys sit in different
+/// slots (the lag reads and the trims go one pipeline per key); what both groups handled is
+/// trimmed.
+#[tokio::test]
+async fn entries_every_group_acknowledged_are_trimmed_on_a_redis_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::shared().expect("cluster");
+    let seeds = cluster.urls().join(",");
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &seeds,
+        "--data-redis-cluster",
+        "--history-interval-ms",
+        "200",
+    ])
+    .expect("coordinator");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let stream = format!("{}-ret", rsc_e2e::unique_key_prefix());
+    for g in ["a", "b"] {
+        let (s, b) = api
+            .post(
+                "/v1/groups",
+                json!({"group": g, "stream": stream, "shard_count": SHARDS,
+                    "session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": HEARTBEAT_MS,
+                    "retention": {"keep_acked_ms": 0}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    let seen: std::sync::Arc<std::sync::Mutex<HashSet<(String, String)>>> = Default::default();
+    let mut app = rsc_client::ConsumerApp::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(&seeds)
+        .redis_cluster(true)
+        .instance_id("127.0.0.38");
+    for g in ["a", "b"] {
+        let seen = seen.clone();
+        app = app.listener(
+            rsc_client::Listener::new(
+                g,
+                &stream,
+                move |m: rsc_client::Message<rsc_client::Raw>| {
+                    let seen = seen.clone();
+                    async move {
+                        let id = format!("{}/{}", m.shard(), m.id());
+                        seen.lock().unwrap().insert((g.to_owned(), id));
+                        Ok::<(), rsc_client::HandlerError>(())
+                    }
+                },
+            )
+            .batch_size(64),
+        );
+    }
+    let app = app.build().expect("app");
+    let run = tokio::spawn(app.run_until(std::future::pending()));
+    let producer = rsc_client::producer::Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(&seeds)
+        .redis_cluster(true)
+        .build()
+        .expect("producer");
+    let n = 2_000u64;
+    for chunk in 0..(n / 200) {
+        let records = (0..200).map(|i| {
+            rsc_client::producer::Record::raw(format!("m{}", chunk * 200 + i)).key(format!("k{i}"))
+        });
+        producer
+            .publish_batch(&stream, records)
+            .await
+            .expect("publish");
+    }
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let mut con = client.get_connection().expect("cluster");
+    let on_shards = |con: &mut redis::cluster::ClusterConnection| -> u64 {
+        (0..SHARDS)
+            .map(|i| {
+                redis::cmd("XLEN")
+                    .arg(format!("{stream}:{i}"))
+                    .query::<u64>(con)
+                    .unwrap()
+            })
+            .sum()
+    };
+    assert_eq!(on_shards(&mut con), n);
+    eventually("both groups handled every entry", 30, || {
+        (seen.lock().unwrap().len() as u64 == 2 * n).then_some(())
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while on_shards(&mut con) > SLACK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stream} not trimmed on the cluster: {} entries left",
+            on_shards(&mut con)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let trimmed = api
+        .metric(
+            "rsc_retention_trimmed_entries_total",
+            &[("stream", stream.as_str())],
+        )
+        .await;
+    assert!(trimmed >= (n - SLACK) as f64, "trimmed {trimmed}");
+    run.abort();
+}

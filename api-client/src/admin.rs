@@ -117,6 +117,19 @@ impl CoordinatorClient {
             .1
     }
 
+    /// `POST /v1/streams/{stream}/dlq/redrive` (PROTOCOL §18): republishes a group's dead
+    /// letters (or, with `dry_run`, lists what would be).
+    pub async fn redrive(
+        &self,
+        stream: &str,
+        req: &rsc_protocol::RedriveRequest,
+    ) -> Result<Fetched<rsc_protocol::RedriveResponse>, CoordinatorError> {
+        let path = ["v1", "streams", stream, "dlq", "redrive"];
+        self.json(Request::new(Method::POST, &path).body(req))
+            .await
+            .1
+    }
+
     /// `POST /v1/streams/{stream}/rollback`.
     pub async fn rollback(&self, stream: &str) -> Result<Fetched<StreamView>, CoordinatorError> {
         let path = ["v1", "streams", stream, "rollback"];

@@ -50,3 +50,11 @@ pub const FAILED_MS: &str = "failed_ms";
 /// written. A field of the original entry with one of these names is replaced.
 pub const DEAD_LETTER_FIELDS: [&str; 7] =
     [ERROR, ORIGIN, ORIGIN_ID, GROUP, MEMBER, ATTEMPTS, FAILED_MS];
+
+/// Header of a dead letter republished by a redrive (PROTOCOL §18): how many times it was
+/// redriven (`"1"` after the first).
+pub const REDRIVE_COUNT_HEADER: &str = "rsc-redrive-count";
+
+/// Header of a dead letter republished by a redrive: the group it was redriven for (every
+/// group of the stream is delivered the republished entry).
+pub const REDRIVE_GROUP_HEADER: &str = "rsc-redrive-group";

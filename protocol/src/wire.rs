@@ -645,6 +645,61 @@ pub struct SeekResponse {
     pub shards: std::collections::BTreeMap<String, String>,
 }
 
+/// `POST /v1/streams/{stream}/dlq/redrive` body (PROTOCOL §18).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RedriveRequest {
+    /// The group whose dead letters are redriven (the `group` field of each dead letter).
+    pub group: String,
+    /// Only dead letters written at or after this Unix ms (by their dead-letter entry id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// At most this many dead letters (1..=10000, default 1000), oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10000))]
+    pub limit: Option<u32>,
+    /// Only say what would be redriven: nothing is written or removed.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One dead letter of a [`RedriveResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RedrivenEntry {
+    /// Its id in `<stream>:dlq`.
+    pub dlq_id: String,
+    /// Its routing key, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The shard it is (or would be) written to, under the stream's current routing.
+    pub shard: u32,
+    /// The id of the republished entry (absent in a dry run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Why it was dead-lettered (its `error` field).
+    pub error: String,
+    /// Its `rsc-redrive-count` header once republished (1 on a first redrive).
+    pub redrive_count: u64,
+}
+
+/// `POST /v1/streams/{stream}/dlq/redrive` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RedriveResponse {
+    /// Stream name.
+    pub stream: String,
+    /// Group id.
+    pub group: String,
+    /// Whether this was a dry run (nothing written, nothing removed).
+    pub dry_run: bool,
+    /// Dead letters republished and removed from `<stream>:dlq` (in a dry run: that would be).
+    pub redriven: u64,
+    /// Each of them, oldest first.
+    pub entries: Vec<RedrivenEntry>,
+}
+
 /// `POST /v1/streams/{stream}/reshard` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

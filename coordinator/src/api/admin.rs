@@ -24,6 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(resume_group))
         .routes(routes!(seek_group))
         .routes(routes!(patch_stream))
+        .routes(routes!(redrive))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
 }
@@ -177,6 +178,28 @@ async fn patch_stream(
     Json(req): Json<PatchStreamRequest>,
 ) -> Result<Json<StreamView>, ApiError> {
     Ok(Json(s.coordinator.patch_stream(&stream, &req).await?))
+}
+
+/// Republish a group's dead letters (PROTOCOL §18): each dead letter of `group` in
+/// `<stream>:dlq` (oldest first, since `since_ms`, at most `limit`) is written again to its
+/// key's shard under the current routing, with the header `rsc-redrive-count` counting its
+/// redrives, and removed from the dead-letter stream once the write is confirmed. Every
+/// group of the stream is delivered the republished entry (header `rsc-redrive-group`
+/// names the group it was redriven for). `dry_run` only lists what would be redriven.
+#[utoipa::path(
+    post, path = "/v1/streams/{stream}/dlq/redrive", tag = "admin",
+    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    request_body = rsc_protocol::RedriveRequest,
+    responses(
+        (status = 200, description = "The dead letters redriven (or, in a dry run, that would be)", body = rsc_protocol::RedriveResponse),
+    )
+)]
+async fn redrive(
+    State(s): State<AppState>,
+    Path(stream): Path<String>,
+    Json(req): Json<rsc_protocol::RedriveRequest>,
+) -> Result<Json<rsc_protocol::RedriveResponse>, ApiError> {
+    Ok(Json(s.coordinator.redrive(&stream, &req).await?))
 }
 
 /// Start resharding a stream to a new shard count (PROTOCOL §6).

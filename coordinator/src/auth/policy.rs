@@ -138,6 +138,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
     ),
     admin(
         "POST",
+        "/v1/streams/{stream}/dlq/redrive",
+        "stream.dlq_redrive",
+        Scope::Stream,
+    ),
+    admin(
+        "POST",
         "/v1/streams/{stream}/reshard",
         "stream.reshard",
         Scope::Stream,

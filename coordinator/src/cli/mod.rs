@@ -97,6 +97,8 @@ pub enum OperatorCommand {
     Stream(StreamArgs),
     /// Members: remove (fence) a member.
     Member(MemberArgs),
+    /// Dead letters: redrive a group's dead letters to their shards.
+    Dlq(DlqArgs),
 }
 
 /// `rsc-coordinator group …`.
@@ -332,6 +334,46 @@ enum MemberCommand {
     },
 }
 
+/// `rsc-coordinator dlq …`.
+#[derive(Debug, Args)]
+#[command(after_help = EXIT_HELP)]
+pub struct DlqArgs {
+    #[command(flatten)]
+    client: ClientOptions,
+    #[command(subcommand)]
+    command: DlqCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// Republish a group's dead letters from `<stream>:dlq` to their shards (PROTOCOL §18).
+    ///
+    /// The coordinator writes each dead letter of the group again, oldest first, to its key's
+    /// shard under the stream's current routing (so the redriven entries of one key keep
+    /// their order), with the header `rsc-redrive-count` counting its redrives, and removes
+    /// it from the dead-letter stream only once the write is confirmed: a crash in between
+    /// leaves both copies (a duplicate, never a loss). Every group of the stream is delivered
+    /// the republished entry; the header `rsc-redrive-group` names the group it was redriven
+    /// for.
+    #[command(after_help = EXIT_HELP)]
+    Redrive {
+        /// Stream name.
+        stream: String,
+        /// The group whose dead letters are redriven.
+        #[arg(long)]
+        group: String,
+        /// Only dead letters written at or after this Unix time in ms (as `group seek --to`).
+        #[arg(long, value_name = "UNIX_MS", value_parser = parse_since)]
+        since: Option<u64>,
+        /// At most this many dead letters (1..=10000) [coordinator default: 1000].
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// Only print what would be redriven: nothing is written or removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
@@ -370,6 +412,7 @@ pub async fn run(cmd: OperatorCommand) -> ExitCode {
         OperatorCommand::Group(a) => group(a).await,
         OperatorCommand::Stream(a) => stream(a).await,
         OperatorCommand::Member(a) => member(a).await,
+        OperatorCommand::Dlq(a) => dlq(a).await,
     };
     match result {
         Ok(()) => ExitCode::from(EXIT_OK),
@@ -521,6 +564,30 @@ async fn member(a: MemberArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+async fn dlq(a: DlqArgs) -> Result<(), CliError> {
+    let c = connect(&a.client)?;
+    let DlqCommand::Redrive {
+        stream,
+        group,
+        since,
+        limit,
+        dry_run,
+    } = a.command;
+    let req = rsc_protocol::RedriveRequest {
+        group,
+        since_ms: since,
+        limit,
+        dry_run,
+    };
+    let f = c.redrive(&stream, &req).await?;
+    if a.client.output == OutputFormat::Json {
+        emit_json(&f.json);
+    } else {
+        emit(&render::redrive(&f.view));
+    }
+    Ok(())
+}
+
 async fn stream(a: StreamArgs) -> Result<(), CliError> {
     let c = connect(&a.client)?;
     let json_out = a.client.output == OutputFormat::Json;
@@ -602,6 +669,13 @@ fn parse_seek(text: &str) -> Result<rsc_protocol::SeekTarget, String> {
             .map(|time_ms| SeekTarget::Time(SeekTime { time_ms }))
             .map_err(|_| format!("{t:?}: give earliest, latest or a Unix time in ms")),
     }
+}
+
+/// `--since` of `dlq redrive`: a Unix time in ms, as `group seek --to` takes it.
+fn parse_since(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: give a Unix time in ms (e.g. 1767225600000)"))
 }
 
 /// `stream retention`: `PATCH /v1/streams/{stream}`/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter

@@ -213,6 +213,43 @@ pub(super) fn group_list(groups: &[GroupView]) -> String {
     t.to_string()
 }
 
+/// `dlq redrive`: what was redriven (or would be, in a dry run), one row per dead letter.
+pub(super) fn redrive(r: &rsc_protocol::RedriveResponse) -> String {
+    let head = if r.dry_run {
+        format!(
+            "Dry run: {} dead letters of group {} in {}:dlq would be redriven (nothing written or removed).",
+            r.redriven, r.group, r.stream
+        )
+    } else {
+        format!(
+            "Redrove {} dead letters of group {} from {}:dlq to their shards.",
+            r.redriven, r.group, r.stream
+        )
+    };
+    if r.entries.is_empty() {
+        return format!(
+            "{head}
+"
+        );
+    }
+    let mut t = Table::new(["DLQ ID", "KEY", "SHARD", "NEW ID", "REDRIVES", "ERROR"]);
+    for e in &r.entries {
+        t.row([
+            e.dlq_id.clone(),
+            e.key.clone().unwrap_or_else(|| "-".into()),
+            e.shard.to_string(),
+            e.id.clone().unwrap_or_else(|| "-".into()),
+            e.redrive_count.to_string(),
+            e.error.chars().take(60).collect(),
+        ]);
+    }
+    format!(
+        "{head}
+
+{t}"
+    )
+}
+
 /// `stream describe`: layout, groups, reshard progress and rollback window.
 pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
     let mut out = String::new();
@@ -509,5 +546,34 @@ mod tests {
             reshard_line("orders", &r),
             "Reshard of orders 2 -> 1: complete"
         );
+    }
+
+    #[test]
+    fn redrive_lists_each_dead_letter_and_says_a_dry_run() {
+        let mut r = rsc_protocol::RedriveResponse {
+            stream: "orders".into(),
+            group: "billing".into(),
+            dry_run: true,
+            redriven: 1,
+            entries: vec![rsc_protocol::RedrivenEntry {
+                dlq_id: "7-0".into(),
+                key: Some("k3".into()),
+                shard: 2,
+                id: None,
+                error: "boom".into(),
+                redrive_count: 1,
+            }],
+        };
+        let text = redrive(&r);
+        assert!(
+            text.starts_with("Dry run: 1 dead letters of group billing in orders:dlq"),
+            "{text}"
+        );
+        let row: Vec<&str> = text.lines().last().unwrap().split_whitespace().collect();
+        assert_eq!(row, ["7-0", "k3", "2", "-", "1", "boom"], "{text}");
+        r.dry_run = false;
+        r.entries[0].id = Some("9-0".into());
+        assert!(redrive(&r).starts_with("Redrove 1 dead letters"));
+        assert!(redrive(&r).contains("9-0"));
     }
 }

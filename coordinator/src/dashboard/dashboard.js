@@ -145,12 +145,22 @@ function renderGroup(g) {
     fact('heartbeat', ago(g.heartbeat_interval_ms)),
     fact('max members', g.max_members == null ? '∞' : g.max_members),
     fact('assignor', g.assignor),
+    ...timeLagFact(g),
   );
   const r = g.resharding;
   $('reshard-note').replaceChildren(r ? el('div', { class: 'note' },
     (r.rollback ? 'Rollback ' : 'Reshard ') + r.from + ' → ' + r.to + ' running: draining shards stay assigned until every group has drained them.') : '');
   renderGrid(g);
   renderMembers(g);
+}
+
+// Time lag (PROTOCOL §18): the largest of the shards' ages of the oldest undelivered entry.
+function timeLagFact(g) {
+  const lags = g.shards.map(s => s.time_lag_ms).filter(v => v != null);
+  if (!lags.length) return [];
+  const max = Math.max(...lags);
+  return [el('span', { class: 'fact', id: 'group-time-lag', 'data-ms': max, title: 'age of the oldest entry not yet delivered, over the shards' },
+    'time lag ', el('b', {}, ago(max)))];
 }
 
 function renderGrid(g) {
@@ -172,6 +182,7 @@ function renderGrid(g) {
     if (revoking.has(s.shard)) title.push('pending revocation from ' + revoking.get(s.shard));
     if (s.lag != null) title.push('lag: ' + s.lag);
     if (s.pending != null) title.push('pending: ' + s.pending);
+    if (s.time_lag_ms != null) title.push('time lag: ' + ago(s.time_lag_ms) + ' (age of the oldest entry not yet delivered)');
     const style = owner ? '--cell-color:' + strong(owner) + ';--cell-bg:' + tint(owner) : null;
     let targetLine = null;
     if (target && target !== owner) targetLine = el('div', { class: 'tgt' }, '→ ' + target);
@@ -179,6 +190,7 @@ function renderGrid(g) {
     const metrics = [];
     if (s.lag != null) metrics.push('lag ' + s.lag);
     if (s.pending != null) metrics.push('pending ' + s.pending);
+    if (s.time_lag_ms) metrics.push('behind ' + ago(s.time_lag_ms));
     return el('div', {
       class: classes.join(' '),
       style,
@@ -188,6 +200,7 @@ function renderGrid(g) {
       'data-target': target || '',
       'data-state': s.state,
       'data-revoking': revoking.has(s.shard) ? 'true' : 'false',
+      'data-time-lag-ms': s.time_lag_ms == null ? null : s.time_lag_ms,
     },
     el('div', { class: 'idx' }, el('span', { class: 'mono' }, '#' + s.shard), el('span', {}, ...tags)),
     el('div', { class: 'own' }, owner || 'unassigned'),
@@ -316,18 +329,32 @@ function reshardBlock(s, r) {
     ...waiting);
 }
 
+// A retention policy (PROTOCOL §18) in a few words; `acked`: show keep-acked (shard keys).
+function policyText(p, acked) {
+  if (!p) return '–';
+  const parts = [];
+  if (acked) parts.push('keep acked ' + (p.keep_acked_ms ? ago(p.keep_acked_ms) : '0'));
+  if (p.max_age_ms != null) parts.push('max age ' + ago(p.max_age_ms));
+  if (p.max_entries_per_shard != null) parts.push('max ' + p.max_entries_per_shard + '/shard');
+  return parts.join(' · ') || 'no cap';
+}
+
 function renderStreams(streams) {
   if (!streams.length) {
     $('streams').replaceChildren(el('div', { class: 'empty-note' }, 'No streams yet.'));
     return;
   }
   const table = el('table', {},
-    el('thead', {}, el('tr', {}, ...['stream', 'shards', 'routing epoch', 'groups'].map(h => el('th', {}, h)))),
-    el('tbody', {}, ...streams.map(s => el('tr', {},
+    el('thead', {}, el('tr', {}, ...['stream', 'shards', 'routing epoch', 'groups', 'retention', 'dead letters', 'held back by'].map(h => el('th', {}, h)))),
+    el('tbody', {}, ...streams.map(s => el('tr', { 'data-stream-row': s.stream, 'data-blocked-by': s.retention_blocked_by || '' },
       el('td', { class: 'mono' }, s.stream),
       el('td', { class: 'num' }, s.shard_count),
       el('td', { class: 'num' }, s.routing_epoch),
-      el('td', {}, s.groups.join(', ') || '–')))));
+      el('td', {}, s.groups.join(', ') || '–'),
+      el('td', { class: 'retention', 'data-keep-acked-ms': s.retention ? s.retention.keep_acked_ms : null }, policyText(s.retention, true)),
+      el('td', { class: 'retention' }, policyText(s.dlq_retention, false)),
+      el('td', { class: 'mono', title: s.detailed ? 'the group whose position holds retention back the most, when older than keep-acked' : 'shown for the selected group\'s stream' },
+        s.retention_blocked_by ? badge('blocked') : '', s.retention_blocked_by ? ' ' + s.retention_blocked_by : (s.detailed ? 'none' : '–'))))));
   const blocks = streams.filter(s => s.resharding || s.last_reshard).map(s => reshardBlock(s, s.resharding || s.last_reshard));
   $('streams').replaceChildren(table, blocks.length ? el('h3', {}, 'Resharding') : '', ...blocks);
 }
@@ -411,15 +438,20 @@ async function poll(now) {
       state.selected = list.length ? list[0].group : null;
     }
     const sel = state.selected ? encodeURIComponent(state.selected) : null;
-    const [detail, audit, history] = await Promise.all([
+    const selStream = (list.find(g => g.group === state.selected) || {}).stream;
+    // The stream view names the group holding retention back (PROTOCOL §18) only when
+    // asked for one stream: the selected group's.
+    const [detail, audit, history, streamDetail] = await Promise.all([
       sel ? api('/v1/groups/' + sel) : Promise.resolve(null),
       api('/v1/audit?limit=20').catch(() => null),
       sel ? api('/v1/groups/' + sel + '/history').catch(() => null) : Promise.resolve(null),
+      selStream ? api('/v1/streams/' + encodeURIComponent(selStream)).catch(() => null) : Promise.resolve(null),
     ]);
     renderGroups(list);
     renderGroup(detail && detail.ok ? detail.body : (list.find(g => g.group === state.selected) || null));
     renderChart(history && history.ok ? history.body : null);
-    renderStreams(streams.body.streams || []);
+    renderStreams((streams.body.streams || []).map(s =>
+      streamDetail && streamDetail.ok && streamDetail.body.stream === s.stream ? Object.assign({ detailed: true }, streamDetail.body) : s));
     renderAudit(audit);
     state.lastOk = Date.now();
     setBanner('');

@@ -31,6 +31,7 @@
 mod admin;
 mod cache;
 mod heartbeat;
+mod redrive;
 mod sweep;
 mod views;
 mod write;
