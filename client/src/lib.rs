@@ -80,7 +80,10 @@ mod handler;
 pub mod layer;
 mod listener;
 mod message;
+#[cfg(feature = "ops")]
+pub mod ops;
 mod otel;
+mod overrides;
 pub mod producer;
 mod state;
 
