@@ -103,7 +103,8 @@ pub enum ClientError {
         /// The shutdown timeout.
         timeout: std::time::Duration,
     },
-    /// The ops endpoints ([`crate::ConsumerAppBuilder::ops`]) cannot listen on their address.
+    /// The ops endpoints (`ConsumerAppBuilder::ops`, feature `ops`) cannot listen on their
+    /// address.
     #[error("ops endpoints on {addr}")]
     OpsListen {
         /// The address.
