@@ -590,3 +590,144 @@ async fn eventually_owned_by(stack: &Stack, member: &str, shards: u32, secs: u64
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The shards whose `rsc_client_shard_lag` series a pod's `/metrics` shows for `group`.
+async fn lag_series(pod: &Consumer, group: &str) -> Option<BTreeSet<u32>> {
+    let text = reqwest::get(format!("{}/metrics", pod.health_url()))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let wanted = format!("group=\"{group}\"");
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("rsc_client_shard_lag{") && l.contains(&wanted))
+            .filter_map(|l| l.split("shard=\"").nth(1)?.split('"').next()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// The ops endpoints of the client (`--health-listen` serves them): `/healthz` is alive,
+/// `/readyz` is ready once the member joined, and once a second pod took half of the
+/// shards, the first pod's `/metrics` keeps the lag series of the shards it still owns only.
+#[tokio::test]
+async fn ops_endpoints_serve_probes_and_drop_the_lag_series_of_shards_given_up() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 4;
+    let t0 = std::time::Instant::now();
+    let stack = Stack::start();
+    stack
+        .create_group("ops", "ops-events", SHARDS, 1500, 200)
+        .await;
+    let args = ["--group", "ops", "--stream", "ops-events"];
+    let first = Consumer::start(&stack, "127.0.0.41", &args);
+    eventually_ready(&first).await;
+    let healthz = reqwest::get(format!("{}/healthz", first.health_url()))
+        .await
+        .expect("healthz answers");
+    assert_eq!(healthz.status().as_u16(), 200);
+    let all: BTreeSet<u32> = (0..SHARDS).collect();
+    pods::eventually_async("the first pod's lag series of every shard", 10, || async {
+        (lag_series(&first, "ops").await? == all).then_some(())
+    })
+    .await;
+    let second = Consumer::start(&stack, "127.0.0.42", &args);
+    let view = stack.wait_stable("ops", 2, SHARDS as usize).await;
+    eventually_ready(&second).await;
+    let kept: BTreeSet<u32> = pods::owned_by(&view)
+        .remove("127.0.0.41-ops-0")
+        .expect("the first pod is a member")
+        .into_iter()
+        .collect();
+    assert!(!kept.is_empty() && kept.len() < SHARDS as usize, "{kept:?}");
+    let series = pods::eventually_async("the given-up shards' series gone", 10, || async {
+        let s = lag_series(&first, "ops").await?;
+        (s == kept).then_some(s)
+    })
+    .await;
+    eprintln!(
+        "first pod: {} lag series before the second joined, {} after (owns {kept:?}); {} ms",
+        SHARDS,
+        series.len(),
+        t0.elapsed().as_millis()
+    );
+}
+
+/// Waits until a pod's `/readyz` answers 200.
+async fn eventually_ready(pod: &Consumer) {
+    pods::eventually_async("the pod is ready", 10, || async {
+        pod.ready().await.filter(|r| *r).map(|_| ())
+    })
+    .await;
+}
+
+/// Listener settings outside the code: the file (`RSC_CONFIG_FILE`) moves the listener to
+/// another group with 3 members, the environment (`RSC_LISTENER_<NAME>_CONCURRENCY`) wins
+/// over the file with 2; a value of the wrong kind stops the process at start, naming the
+/// variable.
+#[tokio::test]
+async fn listener_settings_from_the_environment_and_a_file_override_the_code() {
+    let _serial = SERIAL.lock().await;
+    let t0 = std::time::Instant::now();
+    let stack = Stack::start();
+    stack
+        .create_group("cfg-file", "cfg-events", 4, 1500, 200)
+        .await;
+    let file =
+        std::env::temp_dir().join(format!("rsc-cfg-{}-{}.toml", std::process::id(), now_ms()));
+    std::fs::write(
+        &file,
+        "[listeners.cfg-code]\ngroup = \"cfg-file\"\nstream = \"cfg-events\"\nconcurrency = 3\n",
+    )
+    .expect("write the configuration file");
+    let path = file.to_string_lossy().into_owned();
+    // The code (the pod's flags) says group cfg-code, one member; no such group exists.
+    let args = [
+        "--group",
+        "cfg-code",
+        "--stream",
+        "elsewhere",
+        "--concurrency",
+        "1",
+    ];
+    let pod = Consumer::start_env(
+        &stack,
+        "127.0.0.43",
+        &args,
+        &[
+            ("RSC_CONFIG_FILE", path.as_str()),
+            ("RSC_LISTENER_CFG_CODE_CONCURRENCY", "2"),
+        ],
+    );
+    let view = stack.wait_stable("cfg-file", 2, 4).await;
+    let members: BTreeSet<String> = pods::owned_by(&view).into_keys().collect();
+    assert_eq!(
+        members,
+        BTreeSet::from([
+            "127.0.0.43-cfg-code-0".to_owned(),
+            "127.0.0.43-cfg-code-1".to_owned()
+        ]),
+        "2 members (the variable over the file's 3 and the code's 1), named by the listener"
+    );
+    drop(pod);
+
+    let mut bad = Consumer::start_env(
+        &stack,
+        "127.0.0.44",
+        &args,
+        &[("RSC_LISTENER_CFG_CODE_CONCURRENCY", "two")],
+    );
+    let status = bad.wait_exit(Duration::from_secs(10));
+    assert!(!status.success(), "{status:?}");
+    let log = bad.log().join("\n");
+    assert!(
+        log.contains("RSC_LISTENER_CFG_CODE_CONCURRENCY=\"two\": expected a whole number"),
+        "{log}"
+    );
+    let _ = std::fs::remove_file(&file);
+    eprintln!(
+        "config override and bad value checked in {} ms",
+        t0.elapsed().as_millis()
+    );
+}

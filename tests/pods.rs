@@ -269,6 +269,12 @@ impl Consumer {
         Some(rsc_e2e::metric_sum(&text, metric, labels))
     }
 
+    /// Where the pod serves `/healthz`, `/readyz` and `/metrics` (`http://IP:PORT`).
+    #[allow(dead_code)]
+    pub(crate) fn health_url(&self) -> &str {
+        &self.health
+    }
+
     /// Whether the pod's `/readyz` answers 200 (`None` while it does not answer at all).
     #[allow(dead_code)]
     pub(crate) async fn ready(&self) -> Option<bool> {

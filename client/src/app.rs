@@ -44,16 +44,33 @@ pub struct ConsumerApp {
     config: ClientConfig,
     listeners: Vec<Listener>,
     handle: AppHandle,
+    /// Where the ops endpoints listen ([`ConsumerAppBuilder::ops`]).
+    #[cfg(feature = "ops")]
+    ops: Option<std::net::SocketAddr>,
 }
 
-/// Controls a running [`ConsumerApp`] from elsewhere: pause, resume, shut down.
+/// Controls a running [`ConsumerApp`] from elsewhere: pause, resume, shut down; tells
+/// whether it is ready.
 #[derive(Debug, Clone)]
 pub struct AppHandle {
     shutdown: CancellationToken,
     paused: Arc<HashMap<String, Arc<PauseState>>>,
+    readiness: Arc<crate::consumer::readiness::Readiness>,
 }
 
 impl AppHandle {
+    /// Why the app is not ready to work its share of the stream (`None`: it is): it is
+    /// shutting down (`"shutting down"`), its data Redis does not answer (the reason begins
+    /// with `data Redis`), or a member has not joined its group (yet, or again after a
+    /// self-fence, a rejoin or while the data Redis was away). What `/readyz` reports with
+    /// the `ops` feature.
+    pub fn not_ready(&self) -> Option<String> {
+        if self.shutdown.is_cancelled() {
+            return Some("shutting down".into());
+        }
+        self.readiness.not_ready()
+    }
+
     /// Starts a graceful shutdown (as SIGTERM does).
     pub fn shutdown(&self) {
         self.shutdown.cancel();
@@ -106,6 +123,12 @@ pub struct ConsumerAppBuilder {
     data: DataMap,
     /// A variable of the environment that could not be read ([`Self::build`] reports it).
     env_error: Option<ConfigError>,
+    /// Where the ops endpoints listen ([`Self::ops`]).
+    #[cfg(feature = "ops")]
+    ops: Option<std::net::SocketAddr>,
+    /// Where listener settings are overridden from (the environment and its file); `None`
+    /// for a builder made from a configuration alone.
+    overrides: Option<crate::overrides::Sources>,
 }
 
 impl ConsumerAppBuilder {
@@ -113,20 +136,49 @@ impl ConsumerAppBuilder {
     pub fn from_env() -> Self {
         let mut builder = Self::with_config(ClientConfig::from_env());
         builder.env_error = crate::config::env_error(|k| std::env::var(k).ok());
+        builder.overrides = Some(crate::overrides::Sources::from_env());
         builder
     }
 
-    /// Starts from a configuration.
+    /// Starts from a configuration. Listener settings are not overridden from the
+    /// environment (unlike [`Self::from_env`]'s), only from a file given with
+    /// [`Self::config_file`].
     pub fn with_config(config: ClientConfig) -> Self {
         ConsumerAppBuilder {
             config,
             listeners: Vec::new(),
             data: DataMap::default(),
             env_error: None,
+            #[cfg(feature = "ops")]
+            ops: None,
+            overrides: None,
         }
     }
 
     crate::config::connection_setters!();
+
+    /// Overrides listener settings from this TOML file (instead of the one `RSC_CONFIG_FILE`
+    /// names): `[listeners.<name>]` sections, and with `RSC_PROFILE` its
+    /// `[profiles.<profile>.listeners.<name>]` section; `RSC_LISTENER_<NAME>_<SETTING>`
+    /// variables still take precedence. GUIDE "Configuration outside the code".
+    pub fn config_file(mut self, path: impl Into<String>) -> Self {
+        self.overrides.get_or_insert_with(Default::default).file = Some(path.into());
+        self
+    }
+
+    /// Serves the ops endpoints on `addr` while the app runs (feature `ops`, see
+    /// [`crate::ops`]): `/healthz`, `/readyz` (200 once every member joined and the data Redis
+    /// answers; 503 with the reason otherwise, and from the start of a graceful shutdown) and
+    /// `/metrics` (Prometheus text). Installs the metrics recorder now
+    /// ([`crate::ops::install_metrics`]), so that every metric of the app is in it.
+    #[cfg(feature = "ops")]
+    pub fn ops(mut self, addr: std::net::SocketAddr) -> Self {
+        if let Err(e) = crate::ops::install_metrics() {
+            tracing::warn!(error = %e, "/metrics will answer 404");
+        }
+        self.ops = Some(addr);
+        self
+    }
 
     /// This process's identity in member ids (default: `POD_IP`, else `POD_NAME`, else
     /// `<HOSTNAME>-<process id>`; see [`ClientConfig::from_env`]).
@@ -226,6 +278,13 @@ impl ConsumerAppBuilder {
         let mut paused = HashMap::new();
         let data = Arc::new(self.data);
         let mut listeners = self.listeners;
+        if let Some(sources) = &self.overrides {
+            let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+            let overrides = sources.resolve(&names)?;
+            for l in &mut listeners {
+                overrides.apply(l)?;
+            }
+        }
         for l in &mut listeners {
             if let Some(missing) = l.handler.requires().into_iter().find(|k| !data.contains(k)) {
                 return Err(ConfigError::MissingData {
@@ -259,13 +318,21 @@ impl ConsumerAppBuilder {
                 return Err(ConfigError::DuplicateListener(l.name.clone()).into());
             }
         }
+        let readiness = crate::consumer::readiness::Readiness::new(
+            listeners
+                .iter()
+                .flat_map(|l| (0..l.concurrency).map(|i| format!("{instance}-{}-{i}", l.name))),
+        );
         Ok(ConsumerApp {
             config: cfg,
             listeners,
             handle: AppHandle {
                 shutdown: CancellationToken::new(),
                 paused: Arc::new(paused),
+                readiness: Arc::new(readiness),
             },
+            #[cfg(feature = "ops")]
+            ops: self.ops,
         })
     }
 }
@@ -327,6 +394,14 @@ impl ConsumerApp {
             cfg.data_redis_grace,
             wake_stop.clone(),
         );
+        self.handle
+            .readiness
+            .watch_data(health.clone(), cfg.data_redis_label());
+        #[cfg(feature = "ops")]
+        let _ops = match self.ops {
+            Some(addr) => Some(crate::ops::serve_app(addr, self.handle.clone()).await?),
+            None => None,
+        };
         let members = self.spawn_members(&redis, &coord, &wake_signals, &health);
         let first_error = self.supervise(members, signal).await;
         info!("consumer app stopped");
@@ -382,10 +457,12 @@ impl ConsumerApp {
             let pause = self.handle.paused[&l.name].clone();
             let paused = pause.subscribe();
             for i in 0..l.concurrency {
+                let member_id = format!("{instance}-{}-{i}", l.name);
                 let shared = Arc::new(MemberShared {
+                    joined: self.handle.readiness.joined(&member_id),
                     group: l.group.clone(),
                     stream: l.stream.clone(),
-                    member_id: format!("{instance}-{}-{i}", l.name),
+                    member_id: member_id.clone(),
                     incarnation: incarnation.clone(),
                     static_member: cfg.static_membership,
                     listener: l.clone(),
@@ -409,9 +486,8 @@ impl ConsumerApp {
                     version: Some(env!("CARGO_PKG_VERSION").into()),
                     concurrency: Some(l.concurrency),
                 };
-                let member_id = shared.member_id.clone();
                 let signal = wake_signals
-                    .get(&(shared.group.clone(), shared.member_id.clone()))
+                    .get(&(shared.group.clone(), member_id.clone()))
                     .cloned();
                 let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info)
                     .with_wake(signal);

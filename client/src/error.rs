@@ -103,6 +103,15 @@ pub enum ClientError {
         /// The shutdown timeout.
         timeout: std::time::Duration,
     },
+    /// The ops endpoints (`ConsumerAppBuilder::ops`, feature `ops`) cannot listen on their
+    /// address.
+    #[error("ops endpoints on {addr}")]
+    OpsListen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why not.
+        source: std::io::Error,
+    },
     /// A member was refused by the coordinator in a way retrying cannot fix (bad token,
     /// missing scope, invalid request): the listener stopped.
     #[error("member {member} of group {group} stopped")]
@@ -155,6 +164,31 @@ pub enum ConfigError {
     /// The Redis Sentinel settings are incomplete or invalid.
     #[error("{0}")]
     Sentinel(String),
+    /// A listener setting from the environment or the configuration file (GUIDE
+    /// "Configuration outside the code") has a value of the wrong kind, or names no listener
+    /// of the app.
+    #[error("{setting}={value:?}: expected {expected}")]
+    InvalidSetting {
+        /// Where it was read: the variable (`RSC_LISTENER_BILLING_CONCURRENCY`) or the file
+        /// and key (`rsc.toml: listeners.billing.concurrency`).
+        setting: String,
+        /// Its value, as written.
+        value: String,
+        /// What it must be.
+        expected: String,
+    },
+    /// The configuration file (`RSC_CONFIG_FILE`) cannot be read or is not valid TOML.
+    #[error("configuration file {path}: {reason}")]
+    ConfigFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The metrics recorder of the ops endpoints cannot be installed (the program installed
+    /// another one first).
+    #[error("metrics recorder: {0}")]
+    Metrics(String),
     /// The TLS files of the data Redis cannot be used (unreadable, not PEM, a certificate
     /// without its key, …).
     #[error("data Redis TLS (RSC_REDIS_TLS_CA / RSC_REDIS_TLS_CERT / RSC_REDIS_TLS_KEY): {0}")]

@@ -1,6 +1,6 @@
 //! What a listener function returns, and the trait that turns an `async fn` into a handler.
 
-use crate::message::{Batch, Message, Payload};
+use crate::message::{Batch, Message};
 use crate::state::{Data, DataKey, DataMap};
 use futures::future::BoxFuture;
 use std::fmt;
@@ -318,7 +318,9 @@ macro_rules! handler_impls {
             F: Fn(Message<T> $(, Data<$d>)*) -> Fut + Send + Sync + 'static,
             Fut: Future<Output = Result<(), E>> + Send + 'static,
             E: Into<HandlerError>,
-            T: Payload,
+            // No `T: Payload` here: `Listener::new` asks it, so that a payload type that does
+            // not decode gets one error saying so (`Payload`'s), not a second one here.
+            T: Send + 'static,
             $($d: Send + Sync + 'static,)*
         {
             fn requires() -> Vec<DataKey> {
@@ -342,7 +344,7 @@ macro_rules! handler_impls {
             F: Fn(Batch<T> $(, Data<$d>)*) -> Fut + Send + Sync + 'static,
             Fut: Future<Output = Result<(), E>> + Send + 'static,
             E: IntoBatchError,
-            T: Payload,
+            T: Send + 'static,
             $($d: Send + Sync + 'static,)*
         {
             fn requires() -> Vec<DataKey> {

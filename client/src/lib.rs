@@ -68,6 +68,26 @@
 //! `rsc_client_published_total`, `rsc_client_publish_errors_total`,
 //! `rsc_client_routing_refresh_failures_total` (`stream`).
 //! Tracing spans: `member` (group, member), `shard` (shard, key), `message` (entry_id, attempt).
+//!
+//! # Configuration outside the code
+//! An app built from the environment ([`ConsumerApp::from_env`], [`ConsumerApp::builder`])
+//! takes each listener's settings (`group`, `stream`, `concurrency`, `key_concurrency`,
+//! `max_retries`, `retry_backoff_ms`, `retry_backoff_max_ms`, `batch_size`, `max_batch`,
+//! `linger_ms`) from, highest precedence first: a variable `RSC_LISTENER_<NAME>_<SETTING>`
+//! (e.g. `RSC_LISTENER_BILLING_CONCURRENCY=8`), the section of the profile `RSC_PROFILE`
+//! names in the TOML file `RSC_CONFIG_FILE` (`[profiles.<profile>.listeners.<name>]`), that
+//! file's `[listeners.<name>]`, then the code. A bad value, or one naming no listener, fails
+//! [`ConsumerAppBuilder::build`] with [`ConfigError::InvalidSetting`] naming the variable or
+//! key. GUIDE "Configuration outside the code".
+//!
+//! # Features
+//! - `tls` (default): TLS to the data Redis (`rediss://`).
+//! - `msgpack`: MessagePack payloads (`codec::MsgPack`).
+//! - `otel`: W3C trace context from the producer to the handler.
+//! - `ops`: the ops endpoints and defaults of a pod (`ops` module): `ConsumerAppBuilder::ops`
+//!   serves `/healthz`, `/readyz` (every member joined, the data Redis answers) and
+//!   `/metrics` (Prometheus text; the series of shards the process gave up are removed), and
+//!   `ops::init_tracing` logs by `RSC_LOG` / `RSC_LOG_FORMAT` (`text`, `json`).
 #![deny(missing_docs)]
 
 mod app;
@@ -80,7 +100,10 @@ mod handler;
 pub mod layer;
 mod listener;
 mod message;
+#[cfg(feature = "ops")]
+pub mod ops;
 mod otel;
+mod overrides;
 pub mod producer;
 mod state;
 

@@ -20,6 +20,11 @@ pub type Headers = BTreeMap<String, String>;
 /// [`crate::Listener::codec`] says otherwise); [`Raw`] takes the bytes as sent, whatever
 /// their content type. A payload that does not decode is dead-lettered at once (retrying
 /// cannot fix it).
+#[diagnostic::on_unimplemented(
+    message = "the payload type `{Self}` cannot be decoded: it does not implement `serde::Deserialize`",
+    label = "not `serde::Deserialize`",
+    note = "derive it (`#[derive(serde::Deserialize)]`), or take `Message<Raw>` for the bytes as sent"
+)]
 pub trait Payload: Sized + Send + 'static {
     /// Whether any content type is accepted (the bytes are not decoded): `true` for [`Raw`].
     const ANY_CONTENT_TYPE: bool = false;

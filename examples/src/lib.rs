@@ -6,8 +6,6 @@
 //! - `quickstart`: the smallest real listener program; start from this one.
 #![deny(missing_docs)]
 
-pub mod health;
-
 use rsc_redis::sentinel::{SentinelTarget, parse_addrs};
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect, TlsFiles};
 use std::time::Duration;
@@ -58,23 +56,6 @@ pub fn data_redis(
     Ok(LazyRedis::open_sentinel(
         &target, redis_url, &settings, &tls,
     )?)
-}
-
-/// Installs the Prometheus recorder for the client's metrics (`rsc_client_*`) and returns
-/// the handle that renders them (served at `/metrics` by [`health::Health::serve`]).
-pub fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
-    Ok(metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?)
-}
-
-/// Sets up logging to stderr: `RSC_LOG` (default `info`), as text.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RSC_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
 }
 
 /// Milliseconds since the Unix epoch.

@@ -332,6 +332,8 @@ impl MemberRuntime {
         let mut health = self.shared.data_health.clone();
         let mut health_watched = true;
         loop {
+            // Readiness: a member in good standing (not joining, fenced, aside or leaving).
+            (self.shared.joined).store(matches!(self.phase, Phase::Stable), Ordering::Relaxed);
             let leaving = self.phase.is_leaving();
             let idle = self.slots.is_empty() && inflight.is_none();
             if leaving && idle {
@@ -391,6 +393,7 @@ impl MemberRuntime {
                 }
             }
         }
+        (self.shared.joined).store(false, Ordering::Relaxed);
         self.finish().await
     }
 

@@ -29,6 +29,7 @@ pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;
 pub(crate) mod order;
+pub(crate) mod readiness;
 pub(crate) mod reply;
 pub(crate) mod wake;
 pub(crate) mod worker;
@@ -77,6 +78,9 @@ pub(crate) struct MemberShared {
     pub(crate) data_health: watch::Receiver<health::DataRedis>,
     /// How long the data Redis may stay unreachable before the member gives its shards back.
     pub(crate) data_redis_grace: std::time::Duration,
+    /// Set by the member while it is a member of its group in good standing (see
+    /// [`readiness`]).
+    pub(crate) joined: std::sync::Arc<AtomicBool>,
 }
 
 /// Why a listener is paused: by the app ([`crate::AppHandle::pause`]), or by an operator's
@@ -184,6 +188,7 @@ impl MemberShared {
             ordered: AtomicBool::new(false),
             data_health,
             data_redis_grace: std::time::Duration::from_secs(15),
+            joined: Default::default(),
         })
     }
 

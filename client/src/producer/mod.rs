@@ -166,6 +166,8 @@ struct Inner {
     wait: Option<(u32, Duration)>,
     /// The epoch check ran once on this Redis (see [`Producer::probe_check`]).
     check_usable: AtomicBool,
+    /// The coordinators' base URLs, for [`Producer::not_ready`].
+    coordinators: Vec<String>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -238,6 +240,9 @@ impl ProducerBuilder {
                 check_usable: AtomicBool::new(false),
                 codec: self.codec,
                 wait: self.wait,
+                coordinators: (self.config.coordinator_urls.iter())
+                    .map(|u| u.trim().trim_end_matches('/').to_owned())
+                    .collect(),
             }),
         })
     }
@@ -264,6 +269,36 @@ impl Producer {
                     (n as u32, Duration::from_millis(ms))
                 }),
         }
+    }
+
+    /// Why the producer could not publish now (`None`: it could): the data Redis does not
+    /// answer `PING`, or no coordinator answers its `/readyz` (each within 1 s). For a
+    /// producer pod's readiness probe (see `ops::Ops` with the `ops` feature).
+    pub async fn not_ready(&self) -> Option<String> {
+        const BOUND: Duration = Duration::from_secs(1);
+        let mut conn = self.inner.conn.clone();
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(BOUND, ping.query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Some(format!("data Redis {}: {e}", self.inner.label)),
+            Err(_) => {
+                return Some(format!(
+                    "data Redis {}: no answer to PING within {BOUND:?}",
+                    self.inner.label
+                ));
+            }
+        }
+        let http = reqwest::Client::new();
+        let mut errors = Vec::new();
+        for base in &self.inner.coordinators {
+            let get = http.get(format!("{base}/readyz")).timeout(BOUND).send();
+            match get.await {
+                Ok(r) if r.status().is_success() => return None,
+                Ok(r) => errors.push(format!("{base}: {}", r.status())),
+                Err(e) => errors.push(format!("{base}: {e}")),
+            }
+        }
+        Some(format!("no coordinator ready ({})", errors.join("; ")))
     }
 
     /// Publishes `payload` with the producer's codec (JSON unless

@@ -18,8 +18,11 @@
 //! A member joins only once the data Redis answers; while it stays unreachable past
 //! `--data-redis-grace-ms` (default 15 s) the pod's members give their shards back and join
 //! again when it answers. With `--health-listen`, `/healthz` and `/readyz` serve Kubernetes probes
-//! ([`rsc_examples::health`]); `/readyz` answers 503 from the SIGTERM on; `/metrics` serves the
-//! client's metrics in the Prometheus format. With `--redis-sentinel` (and
+//! (the client's ops endpoints, `rsc_client::ops`: ready once every member joined and the data
+//! Redis answers); `/readyz` answers 503 from the SIGTERM on; `/metrics` serves the client's
+//! metrics in the Prometheus format. Logs: `RSC_LOG` (filter), `RSC_LOG_FORMAT` (`text`,
+//! `json`). Listener settings may be overridden as any app's (`RSC_LISTENER_<GROUP>_*`,
+//! `RSC_CONFIG_FILE`, `RSC_PROFILE`: GUIDE "Configuration outside the code"). With `--redis-sentinel` (and
 //! `--redis-sentinel-master`) the data Redis master is found through Redis Sentinel
 //! (`RSC_REDIS_SENTINEL_PASSWORD` for the sentinels' password). A `rediss://` URL connects
 //! over TLS; `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY` and
@@ -28,7 +31,6 @@
 use anyhow::Context;
 use clap::Parser;
 use rsc_client::prelude::*;
-use rsc_examples::health::Health;
 use rsc_examples::unix_ms;
 use rsc_redis::LazyRedis;
 use std::net::SocketAddr;
@@ -172,13 +174,12 @@ impl Pod {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    rsc_examples::init_logging();
+    rsc_client::ops::init_tracing()?;
     let args = Args::parse();
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.fail_rate),
         "--fail-rate must be within 0..=1"
     );
-    let metrics = rsc_examples::install_metrics()?;
     let sentinel = args
         .redis_sentinel
         .as_deref()
@@ -188,12 +189,8 @@ async fn main() -> anyhow::Result<()> {
     let pod = Pod::new(&args, &data);
     let app = consumer_app(&args, pod)?;
     tracing::info!(members = ?app.member_ids(), "sample consumer starting");
-    let Some(addr) = args.health_listen else {
-        app.run().await?;
-        return Ok(());
-    };
-    let health = Health::new(&args.coordinator, &data)?.metrics(metrics);
-    run_with_health(app, health, addr).await
+    app.run().await?;
+    Ok(())
 }
 
 impl Pod {
@@ -241,28 +238,9 @@ fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
         builder = builder.redis_sentinel(addrs, master);
     }
+    if let Some(addr) = args.health_listen {
+        // `/healthz`, `/readyz` and `/metrics` while the app runs, until it has stopped.
+        builder = builder.ops(addr);
+    }
     Ok(builder.build()?)
-}
-
-/// Runs the app with the health endpoints on `addr`: they report shutting down as soon as
-/// the signal arrives, and stop once the app has.
-async fn run_with_health(app: ConsumerApp, health: Health, addr: SocketAddr) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--health-listen {addr}"))?;
-    tracing::info!(addr = %listener.local_addr()?, "health endpoints listening");
-    let (stop_health, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(health.clone().serve(listener, async {
-        let _ = stopped.await;
-    }));
-    let result = app
-        .run_until(async move {
-            rsc_client::shutdown_signal().await;
-            health.shutting_down();
-        })
-        .await;
-    let _ = stop_health.send(());
-    server.await??;
-    result?;
-    Ok(())
 }

@@ -14,9 +14,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use metrics_exporter_prometheus::PrometheusHandle;
 use rsc_client::producer::{Producer, Record};
-use rsc_examples::health::Health;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -108,12 +106,13 @@ fn record(seq: u64, keys: u64) -> anyhow::Result<Record> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    rsc_examples::init_logging();
+    rsc_client::ops::init_tracing()?;
     let args = Args::parse();
-    let metrics = rsc_examples::install_metrics()?;
+    // The recorder first, so that every metric of the producer is in it.
+    let _ = rsc_client::ops::install_metrics()?;
     let producer = producer(&args)?;
     let health = match args.health_listen {
-        Some(addr) => Some(serve_health(&args, metrics, addr).await?),
+        Some(addr) => Some(serve_health(&producer, addr).await?),
         None => None,
     };
     let mut acked = match &args.acked_log {
@@ -177,23 +176,22 @@ fn producer(args: &Args) -> anyhow::Result<Producer> {
     Ok(builder.build()?)
 }
 
-/// Serves the health and metrics endpoints on `addr` until the pod is stopped.
+/// Serves the ops endpoints (`rsc_client::ops`) on `addr` until the pod is stopped: ready
+/// while the data Redis answers and a coordinator is ready ([`Producer::not_ready`]).
 async fn serve_health(
-    args: &Args,
-    metrics: PrometheusHandle,
+    producer: &Producer,
     addr: SocketAddr,
 ) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    let sentinel = args
-        .redis_sentinel
-        .as_deref()
-        .zip(args.redis_sentinel_master.as_deref());
-    let data = rsc_examples::data_redis(&args.redis_url, args.redis_cluster, sentinel)?;
-    let health = Health::new(&args.coordinator, &data)?.metrics(metrics);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--health-listen {addr}"))?;
     tracing::info!(addr = %listener.local_addr()?, "health and metrics endpoints listening");
-    Ok(tokio::spawn(health.serve(listener, async {
-        rsc_client::shutdown_signal().await;
-    })))
+    let producer = producer.clone();
+    let ops = rsc_client::ops::Ops::new().readiness(move || {
+        let producer = producer.clone();
+        async move { producer.not_ready().await }
+    });
+    Ok(tokio::spawn(
+        ops.serve(listener, rsc_client::shutdown_signal()),
+    ))
 }

@@ -7,6 +7,11 @@ use quote::quote;
 
 pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler) -> TokenStream {
     let ident = &handler.ident;
+    // The payload and `Data` types named, so that the compiler picks the one handler impl
+    // that fits and reports what the function lacks (a `Send` future, a `Deserialize`
+    // payload) rather than "not a listener handler".
+    let payload = &handler.payload;
+    let data = &handler.data;
     let group = &args.group;
     let stream = &args.stream;
     let mut chain = TokenStream::new();
@@ -28,24 +33,30 @@ pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler)
         Some(Ack::Auto) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Auto))),
         None => {}
     }
-    let ctor = if let Some(n) = args.batch {
+    let ctor_kind = if args.batch.is_some() {
+        quote!(batch)
+    } else {
+        quote!(new)
+    };
+    // Spanned at the function's name: what the compiler says of the handler points there.
+    let ctor = quote::quote_spanned! {ident.span()=>
+        ::rsc_client::Listener::#ctor_kind::<#payload, (#(#data,)*), _>(#group, #stream, #ident)
+    };
+    if let Some(n) = args.batch {
         let n = n as usize;
         chain.extend(quote!(.max_batch(#n)));
         if let Some(ms) = args.linger_ms {
             let ms = u64::from(ms);
             chain.extend(quote!(.linger(::std::time::Duration::from_millis(#ms))));
         }
-        quote!(batch)
-    } else {
-        quote!(new)
-    };
+    }
     quote! {
         #func
 
         #[doc(hidden)]
         const _: () = {
             fn __rsc_build_listener() -> ::rsc_client::Listener {
-                ::rsc_client::Listener::#ctor(#group, #stream, #ident) #chain
+                #ctor #chain
             }
             ::rsc_client::__private::inventory::submit! {
                 ::rsc_client::__private::Registration::new(__rsc_build_listener)

@@ -50,9 +50,12 @@ pub(crate) struct ListenerArgs {
 }
 
 /// What the expansion needs to know about the function.
-#[derive(Debug)]
 pub(crate) struct Handler {
     pub(crate) ident: syn::Ident,
+    /// The payload type `T` of the `Message<T>` (or `Batch<T>`) argument.
+    pub(crate) payload: syn::Type,
+    /// The types of the `Data<A>` arguments, in order.
+    pub(crate) data: Vec<syn::Type>,
 }
 
 impl ListenerArgs {
@@ -73,6 +76,15 @@ impl ListenerArgs {
             given.set(pair)?;
         }
         given.finish(&args)
+    }
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("ident", &self.ident)
+            .field("data", &self.data.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -261,9 +273,40 @@ pub(crate) fn check_handler(func: &syn::ItemFn, batch: bool) -> syn::Result<Hand
             },
         ));
     }
+    let types: Vec<&syn::Type> = (sig.inputs.iter())
+        .filter_map(|input| match input {
+            FnArg::Typed(t) => Some(&*t.ty),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
     Ok(Handler {
         ident: sig.ident.clone(),
+        payload: types
+            .first()
+            .and_then(|t| type_argument(t))
+            .cloned()
+            .ok_or_else(|| {
+                syn::Error::new(
+                    sig.ident.span(),
+                    format!("a listener takes `{}`", expected.shape),
+                )
+            })?,
+        data: types.iter().skip(1).map(|t| (*t).clone()).collect(),
     })
+}
+
+/// The one type argument of `Message<T>`, `Batch<T>` (the last path segment's).
+fn type_argument(ty: &syn::Type) -> Option<&syn::Type> {
+    let syn::Type::Path(p) = ty else {
+        return None;
+    };
+    let syn::PathArguments::AngleBracketed(a) = &p.path.segments.last()?.arguments else {
+        return None;
+    };
+    match a.args.first()? {
+        syn::GenericArgument::Type(t) => Some(t),
+        _ => None,
+    }
 }
 
 /// What a listener's signature looks like: a message or a batch listener.

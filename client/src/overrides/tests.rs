@@ -1,0 +1,152 @@
+use super::*;
+use crate::prelude::*;
+
+async fn on_order(_msg: Message<serde_json::Value>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn listener() -> Listener {
+    Listener::new("billing", "orders", on_order)
+        .concurrency(2)
+        .max_retries(3)
+}
+
+const FILE: &str = r#"
+[listeners.billing]
+stream = "orders-file"
+concurrency = 4
+key_concurrency = 8
+retry_backoff_ms = 50
+retry_backoff_max_ms = 2000
+
+[profiles.eu.listeners.billing]
+stream = "orders-eu"
+max_retries = 9
+
+[profiles.us.listeners.billing]
+group = "billing-us"
+"#;
+
+#[test]
+fn the_variables_override_the_profile_which_overrides_the_file_which_overrides_the_code() {
+    let names = ["billing"];
+    let vars = env(&[
+        ("RSC_PROFILE", "eu"),
+        ("RSC_LISTENER_BILLING_CONCURRENCY", "6"),
+        ("RSC_LISTENER_BILLING_LINGER_MS", "20"),
+    ]);
+    let o = resolve(&vars, Some(("rsc.toml", FILE)), &names).expect("valid");
+    let mut l = listener();
+    o.apply(&mut l).expect("applies");
+    assert_eq!(l.group, "billing", "not overridden: the code's");
+    assert_eq!(l.stream, "orders-eu", "the profile over the file");
+    assert_eq!(l.concurrency, 6, "the variable over the file");
+    assert_eq!(l.settings.key_concurrency, 8, "the file over the code");
+    assert_eq!(l.settings.max_retries, 9, "the profile over the code");
+    assert_eq!(l.settings.retry_min, Duration::from_millis(50));
+    assert_eq!(l.settings.retry_max, Duration::from_millis(2000));
+    assert_eq!(l.settings.linger, Duration::from_millis(20));
+
+    // Without a profile: the file's base section only.
+    let o = resolve(&[], Some(("rsc.toml", FILE)), &names).expect("valid");
+    let mut l = listener();
+    o.apply(&mut l).expect("applies");
+    assert_eq!(
+        (l.stream.as_str(), l.concurrency, l.settings.max_retries),
+        ("orders-file", 4, 3)
+    );
+
+    // Neither: the code's values stay.
+    let o = resolve(&[], None, &names).expect("nothing to read");
+    let mut l = listener();
+    o.apply(&mut l).expect("applies");
+    assert_eq!((l.stream.as_str(), l.concurrency), ("orders", 2));
+}
+
+#[test]
+fn a_variable_names_its_listener_upper_cased_with_underscores() {
+    assert_eq!(env_name("billing-eu.v2"), "BILLING_EU_V2");
+    let vars = env(&[
+        ("RSC_LISTENER_BILLING_EU_KEY_CONCURRENCY", "3"),
+        ("RSC_LISTENER_BILLING_MAX_BATCH", "100"),
+        ("RSC_LISTENER_BILLING_BATCH_SIZE", ""),
+    ]);
+    let o = resolve(&vars, None, &["billing", "billing-eu"]).expect("valid");
+    let mut eu = Listener::new("billing-eu", "orders", on_order);
+    o.apply(&mut eu).expect("applies");
+    assert_eq!(eu.settings.key_concurrency, 3);
+    assert_eq!(eu.settings.max_batch, 64, "the other listener's variable");
+    let mut b = listener();
+    o.apply(&mut b).expect("applies");
+    assert_eq!((b.settings.max_batch, b.settings.batch_size), (100, 100));
+    assert_eq!(
+        b.settings.key_concurrency, 1,
+        "an empty variable is not set"
+    );
+}
+
+fn err(vars: &[(&str, &str)], file: Option<&str>) -> ConfigError {
+    let names = ["billing"];
+    let o = match resolve(&env(vars), file.map(|f| ("rsc.toml", f)), &names) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    o.apply(&mut listener()).expect_err("a bad value")
+}
+
+fn setting_of(e: &ConfigError) -> &str {
+    match e {
+        ConfigError::InvalidSetting { setting, .. } => setting,
+        other => panic!("not an invalid setting: {other}"),
+    }
+}
+
+#[test]
+fn a_bad_value_is_an_error_naming_the_variable_or_the_files_key() {
+    let e = err(&[("RSC_LISTENER_BILLING_CONCURRENCY", "four")], None);
+    assert_eq!(setting_of(&e), "RSC_LISTENER_BILLING_CONCURRENCY");
+    assert_eq!(
+        e.to_string(),
+        "RSC_LISTENER_BILLING_CONCURRENCY=\"four\": expected a whole number of at least 1"
+    );
+    let e = err(&[("RSC_LISTENER_BILLING_KEY_CONCURRENCY", "0")], None);
+    assert_eq!(setting_of(&e), "RSC_LISTENER_BILLING_KEY_CONCURRENCY");
+    let e = err(&[], Some("[listeners.billing]\nmax_retries = -1\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listeners.billing.max_retries");
+    let e = err(&[], Some("[listeners.billing]\nlinger_ms = 1.5\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listeners.billing.linger_ms");
+}
+
+#[test]
+fn what_names_no_listener_setting_or_profile_is_an_error_not_ignored() {
+    let e = err(&[("RSC_LISTENER_BILING_CONCURRENCY", "2")], None);
+    assert_eq!(setting_of(&e), "RSC_LISTENER_BILING_CONCURRENCY");
+    assert!(e.to_string().contains("(BILLING)"), "{e}");
+    let e = err(&[("RSC_LISTENER_BILLING_RETRIES", "2")], None);
+    assert!(
+        e.to_string().contains("MAX_RETRIES"),
+        "lists the settings: {e}"
+    );
+    let e = err(&[], Some("[listeners.shipping]\nconcurrency = 2\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listeners.shipping");
+    let e = err(&[], Some("[listeners.billing]\nconcurency = 2\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listeners.billing.concurency");
+    let e = err(&[("RSC_PROFILE", "apac")], Some(FILE));
+    assert_eq!(setting_of(&e), "RSC_PROFILE");
+    assert!(e.to_string().contains("eu, us"), "names the profiles: {e}");
+    let e = err(&[("RSC_PROFILE", "eu")], None);
+    assert_eq!(setting_of(&e), "RSC_PROFILE");
+    let e = err(&[], Some("listeners = 3\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listeners");
+    let e = err(&[], Some("[listener.billing]\n"));
+    assert_eq!(setting_of(&e), "rsc.toml: listener");
+    let e = err(&[], Some("[listeners.billing\n"));
+    assert!(matches!(e, ConfigError::ConfigFile { .. }), "{e}");
+}
