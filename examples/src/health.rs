@@ -47,11 +47,12 @@ impl Health {
     /// Redis `data` names ([`crate::data_redis`]): its server or cluster seed nodes (with its
     /// TLS settings), or behind Redis Sentinel the master the sentinels name.
     pub fn new(coordinators: &str, data: &rsc_redis::LazyRedis) -> anyhow::Result<Self> {
-        let coordinators = coordinators
+        let coordinators: Vec<String> = coordinators
             .split(',')
             .map(|u| u.trim().trim_end_matches('/').to_owned())
             .filter(|u| !u.is_empty())
             .collect();
+        let https = coordinators.iter().any(|u| u.starts_with("https://"));
         Ok(Health {
             inner: Arc::new(Inner {
                 coordinators,
@@ -63,7 +64,16 @@ impl Health {
                 },
                 sentinel: data.sentinel().map(|_| data.clone()),
                 metrics: None,
-                http: reqwest::Client::builder().timeout(CHECK_TIMEOUT).build()?,
+                // The coordinator's TLS files as the client library reads them
+                // (`RSC_COORDINATOR_CA`, `RSC_COORDINATOR_CERT`, `RSC_COORDINATOR_KEY`).
+                http: reqwest::Client::builder()
+                    .tls_backend_preconfigured(
+                        rsc_client::ClientConfig::from_env()
+                            .coordinator_tls
+                            .rustls_config(https)?,
+                    )
+                    .timeout(CHECK_TIMEOUT)
+                    .build()?,
                 shutting_down: AtomicBool::new(false),
             }),
         })
