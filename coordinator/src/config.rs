@@ -476,11 +476,6 @@ impl ServeArgs {
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
-        let listener_tls = listener_tls(
-            self.tls_cert.take().or(file.tls_cert.take()),
-            self.tls_key.take().or(file.tls_key.take()),
-            self.tls_client_ca.take().or(file.tls_client_ca.take()),
-        )?;
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
@@ -551,7 +546,11 @@ impl ServeArgs {
                 .or(file.wake_idle_timeout_ms)
                 .unwrap_or(300_000),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
-            listener_tls,
+            listener_tls: listener_tls(
+                self.tls_cert.or(file.tls_cert),
+                self.tls_key.or(file.tls_key),
+                self.tls_client_ca.or(file.tls_client_ca),
+            )?,
         })
     }
 }
