@@ -761,7 +761,65 @@ async fn a_certificate_swapped_on_disk_is_served_to_new_connections() {
         .await
         .unwrap();
     assert!(rsc_testkit::metric_sum(&text, "rsc_tls_reload_errors_total", &[]) >= 1.0);
-    assert!(rsc_testkit::metric_sum(&text, "rsc_tls_reloads_total", &[]) >= 1.0);
+
+    // SIGHUP re-reads the files even when they did not change.
+    let reloads = |text: &str| rsc_testkit::metric_sum(text, "rsc_tls_reloads_total", &[]);
+    let before = reloads(&text);
+    assert!(before >= 1.0);
+    signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !coordinator
+        .log()
+        .iter()
+        .any(|l| l.contains("SIGHUP received"))
+    {
+        assert!(Instant::now() < deadline, "SIGHUP is logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The file is still the bad one: the forced reload fails and keeps the certificate.
+    let fresh = https_client(&second.ca(), None);
+    let (s, _) = get_json(&fresh, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(
+        s, 200,
+        "a failed SIGHUP reload keeps the certificate served"
+    );
+    swap_in(&second.server_cert(), &cert);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = fresh
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if reloads(&text) > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the good file is read again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = fresh
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if reloads(&text) >= before + 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP reloads unchanged good files"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A certificate file that is not one, a key of another certificate, a missing key: the
