@@ -187,7 +187,7 @@ async fn admin_mutations_are_rate_limited_per_principal_under_a_burst() {
     let mut statuses = Vec::new();
     let mut retry_after = None;
     for i in 0..10 {
-        let resp = reqwest::Client::new()
+        let resp = rsc_e2e::http()
             .patch(format!("{}/v1/groups/g1", stack.url))
             .bearer_auth(support::token_of("admin"))
             .json(&json!({"max_members": 10 + i}))

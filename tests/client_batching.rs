@@ -76,7 +76,7 @@ async fn steady_heartbeats_of_a_concurrent_app_ride_the_batch_route() {
         CoordinatorProcess::start(&["--store", "memory", "--sweep-interval-ms", "20"])
             .expect("coordinator (cargo build -p rsc-coordinator --bin rsc-coordinator)");
     let base = coordinator.url();
-    let http = reqwest::Client::new();
+    let http = rsc_e2e::http();
     let created = http
         .post(format!("{base}/v1/groups"))
         .json(

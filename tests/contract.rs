@@ -248,7 +248,9 @@ fn documented_routes() -> BTreeSet<(String, String)> {
 #[tokio::test]
 async fn route_table_and_codes_match_the_openapi_document() {
     let coordinator = CoordinatorProcess::start(&[]).expect("coordinator starts");
-    let doc: Value = reqwest::get(format!("{}/openapi.json", coordinator.url()))
+    let doc: Value = rsc_e2e::http()
+        .get(format!("{}/openapi.json", coordinator.url()))
+        .send()
         .await
         .unwrap()
         .json()
@@ -322,7 +324,9 @@ fn documented_heartbeat_fields() -> BTreeMap<String, bool> {
 #[tokio::test]
 async fn heartbeat_request_fields_match_the_openapi_document() {
     let coordinator = CoordinatorProcess::start(&[]).expect("coordinator starts");
-    let doc: Value = reqwest::get(format!("{}/openapi.json", coordinator.url()))
+    let doc: Value = rsc_e2e::http()
+        .get(format!("{}/openapi.json", coordinator.url()))
+        .send()
         .await
         .unwrap()
         .json()

@@ -161,7 +161,7 @@ async fn dashboard_grid_shows_the_real_owners() {
     let url = stack.coordinator.url();
 
     // The page shell: HTML, self-contained, locked to this origin.
-    let resp = reqwest::get(format!("{url}/")).await.unwrap();
+    let resp = rsc_e2e::http().get(format!("{url}/")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let headers = resp.headers().clone();
     assert_eq!(headers["content-type"], "text/html; charset=utf-8");

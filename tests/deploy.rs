@@ -217,6 +217,62 @@ fn coordinator_manifest_matches_the_binary_and_graceful_shutdown() {
     );
 }
 
+/// Whether `path` lies on one of `container`'s volume mounts.
+fn on_a_mount(container: &Value, path: &str) -> bool {
+    container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| path.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap_or("\0"))))
+}
+
+#[test]
+fn https_manifest_mounts_every_tls_file_and_probes_the_tls_port() {
+    let docs = manifest("coordinator-https.yaml");
+    let deploy = find(&docs, "Deployment", "rsc-coordinator");
+    assert_deployment_basics(deploy, "rsc-coordinator");
+    let c = container(deploy);
+    let a = args(c);
+    assert_flags_exist(&a[1..], "rsc-coordinator", &["serve"]);
+    for name in [
+        "RSC_ACL",
+        "RSC_TLS_CERT",
+        "RSC_TLS_KEY",
+        "RSC_TLS_CLIENT_CA",
+    ] {
+        let file = env(c, name)["value"].as_str().expect(name);
+        assert!(on_a_mount(c, file), "{name}={file} is on a mounted volume");
+        let flag = format!(
+            "--{}",
+            name["RSC_".len()..].to_lowercase().replace('_', "-")
+        );
+        assert_flags_exist(&[flag], "rsc-coordinator", &["serve"]);
+    }
+    // The kubelet has no client certificate: the probes only open a connection.
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(c[probe]["tcpSocket"]["port"], "https", "{probe}");
+    }
+    let consumer = find(&docs, "Deployment", "rsc-sample-consumer");
+    let c = container(consumer);
+    assert_flags_exist(&args(c), "sample-consumer", &[]);
+    let url = env(c, "RSC_COORDINATOR_URL")["value"].as_str().unwrap();
+    assert!(url.starts_with("https://rsc-coordinator:"), "{url}");
+    for name in [
+        "RSC_COORDINATOR_CA",
+        "RSC_COORDINATOR_CERT",
+        "RSC_COORDINATOR_KEY",
+        "RSC_TOKEN_FILE",
+    ] {
+        let file = env(c, name)["value"].as_str().expect(name);
+        assert!(on_a_mount(c, file), "{name}={file} is on a mounted volume");
+    }
+    let volumes = consumer["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains("serviceAccountToken"),
+        "a projected token: {volumes}"
+    );
+}
+
 #[test]
 fn statefulset_manifest_gives_each_pod_a_static_id_from_its_name() {
     let docs = manifest("sample-consumer-statefulset.yaml");
@@ -432,7 +488,7 @@ async fn sample_consumer_probes_follow_redis_and_shutdown() {
         }
     });
     let mut pod = Pod { child, log };
-    let http = reqwest::Client::new();
+    let http = rsc_e2e::http();
     let healthz = format!("http://127.0.0.1:{port}/healthz");
     let readyz = format!("http://127.0.0.1:{port}/readyz");
 

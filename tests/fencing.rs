@@ -309,7 +309,9 @@ async fn fencing_mode_is_validated_and_defaults_to_lease_without_a_data_redis() 
 
 /// Heartbeats the coordinator answered on the steady path so far (its store metrics).
 async fn steady_touches(stack: &Stack) -> u64 {
-    let metrics = reqwest::get(format!("{}/metrics", stack.coordinator.url()))
+    let metrics = rsc_e2e::http()
+        .get(format!("{}/metrics", stack.coordinator.url()))
+        .send()
         .await
         .expect("metrics")
         .text()

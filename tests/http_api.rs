@@ -412,7 +412,7 @@ async fn static_member_steps_away_and_resumes(backend: Backend) {
             .expect("retry_after_ms");
         assert!(after > 20_000 && after <= 30_001, "{after}");
     }
-    let raw = reqwest::Client::new()
+    let raw = rsc_e2e::http()
         .post(format!("{}/v1/groups/g/heartbeat", api.base()))
         .json(&hb(0, &[], Some("run-2")))
         .send()
@@ -839,7 +839,7 @@ async fn request_validation_errors(backend: Backend) {
         );
     }
     // Not JSON at all.
-    let resp = reqwest::Client::new()
+    let resp = rsc_e2e::http()
         .post(format!("{}/v1/groups", stack.coordinator.url()))
         .header("content-type", "application/json")
         .body("{not json")

@@ -149,7 +149,7 @@ async fn metrics_and_lag_from_the_data_redis() {
 
     let (s, _) = stack.api("none").get("/metrics").await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
-    let resp = reqwest::Client::new()
+    let resp = rsc_e2e::http()
         .get(format!("{}/metrics", stack.url))
         .bearer_auth(support::token_of("viewer"))
         .send()

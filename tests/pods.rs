@@ -262,7 +262,9 @@ impl Consumer {
     /// while the pod does not answer.
     #[allow(dead_code)]
     pub(crate) async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let r = reqwest::get(format!("{}/metrics", self.health))
+        let r = rsc_e2e::http()
+            .get(format!("{}/metrics", self.health))
+            .send()
             .await
             .ok()?;
         let text = r.error_for_status().ok()?.text().await.ok()?;
@@ -278,7 +280,11 @@ impl Consumer {
     /// Whether the pod's `/readyz` answers 200 (`None` while it does not answer at all).
     #[allow(dead_code)]
     pub(crate) async fn ready(&self) -> Option<bool> {
-        let r = reqwest::get(format!("{}/readyz", self.health)).await.ok()?;
+        let r = rsc_e2e::http()
+            .get(format!("{}/readyz", self.health))
+            .send()
+            .await
+            .ok()?;
         Some(r.status().is_success())
     }
 

@@ -187,7 +187,11 @@ async fn members(api: &Api) -> Option<BTreeSet<String>> {
 }
 
 async fn scrape(port: u16, needle: &str) -> bool {
-    match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+    match rsc_e2e::http()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+    {
         Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| t.contains(needle)),
         _ => false,
     }

@@ -8,6 +8,12 @@
 //! TLS-only (`tls-replication yes`), the coordinator's store found through them
 //! (`--redis-sentinel-tls`), and a client handle writing through a failover.
 //!
+//! Then the coordinator's own API over HTTPS (PROTOCOL §20): with mutual TLS, the CLI, a
+//! `sample-producer`, a listener and its wake-up channel all present a client certificate
+//! an ACL entry names by `cert_subject`; a client without a certificate, with one of another
+//! CA, or of a subject no entry names is refused. A certificate swapped on disk is served to
+//! new connections while an open one keeps working; bad files stop startup, named.
+//!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
 use rsc_client::{AppHandle, ConsumerApp, Listener, Message, Raw};
@@ -425,4 +431,429 @@ async fn sentinel_over_tls_finds_the_master_and_the_next_one() {
         redis.sentinel().map_or(0, |s| s.lookups())
     );
     deployment.servers[master].kill();
+}
+
+/// An HTTPS client trusting `ca` only (not the system's roots), presenting `identity`
+/// (certificate, key) when given. ALPN offers HTTP/2 first, as rsc-api does.
+fn https_client(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::Client {
+    https_client_alpn(ca, identity, &[b"h2", b"http/1.1"])
+}
+
+/// [`https_client`] offering the ALPN protocols `alpn`.
+fn https_client_alpn(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    alpn: &[&[u8]],
+) -> reqwest::Client {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |p: &Path| -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_file_iter(p)
+            .expect("PEM file")
+            .map(|c| c.expect("certificate"))
+            .collect()
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(ca) {
+        roots.add(c).expect("CA certificate");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(certs(cert), PrivateKeyDer::from_pem_file(key).expect("key"))
+            .expect("client certificate"),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("HTTPS client")
+}
+
+/// `GET base/path` with `client`: status and JSON body, or the transport error's text.
+async fn get_json(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, serde_json::Value), String> {
+    let mut req = client.get(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(json!(text))))
+}
+
+/// An ACL with an admin token and an entry for the test client certificate's subject.
+const MTLS_ACL: &str = r#"
+[[tokens]]
+principal = "ops"
+token = "ops-token"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+
+[[tokens]]
+principal = "billing-pods"
+cert_subject = "CN=rsc test client"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+"#;
+
+/// HTTPS with required client certificates: the CLI creates a group, a listener (and its
+/// wake-up channel) and a producer work, every one with the client certificate and no
+/// token; the audit names the principal and the credential kind. Refused: no certificate,
+/// another CA's, a subject no entry names (401 unless a token is sent), plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_carries_the_cli_producer_listener_and_wakeups() {
+    let certs = TlsCerts::generate().expect("openssl makes the certificates");
+    let other = TlsCerts::generate().expect("openssl makes the certificates");
+    let redis = RedisServer::start().expect("redis-server starts");
+    let acl = certs.dir().join("acl.toml");
+    std::fs::write(&acl, MTLS_ACL).unwrap();
+    let (ca, cert, key) = (certs.ca(), certs.client_cert(), certs.client_key());
+    let coordinator = CoordinatorProcess::start(&[
+        "--acl",
+        &path(&acl),
+        "--tls-cert",
+        &path(&certs.server_cert()),
+        "--tls-key",
+        &path(&certs.server_key()),
+        "--tls-client-ca",
+        &path(&ca),
+        "--data-redis-url",
+        &redis.url(),
+    ])
+    .expect("the coordinator starts on HTTPS");
+    let base = format!("https://{}", coordinator.addr());
+    let started = Instant::now();
+
+    let cli = Command::new(binary_path("rsc-coordinator").expect("built"))
+        .args([
+            "group", "create", "billing", "--stream", "orders", "--shards", "4",
+        ])
+        .env("RSC_COORDINATOR_URL", &base)
+        .env("RSC_COORDINATOR_CA", &ca)
+        .env("RSC_COORDINATOR_CERT", &cert)
+        .env("RSC_COORDINATOR_KEY", &key)
+        .env_remove("RSC_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the CLI runs");
+    assert!(
+        cli.status.success(),
+        "CLI over mutual TLS: {}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let sink = seen.clone();
+    let listener = Listener::new("billing", "orders", move |msg: Message<Raw>| {
+        let sink = sink.clone();
+        async move {
+            let id = format!("{}/{}", msg.shard(), msg.id());
+            sink.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+            Ok::<(), rsc_client::HandlerError>(())
+        }
+    });
+    let app = ConsumerApp::builder()
+        .coordinator(&base)
+        .coordinator_tls(rsc_client::CoordinatorTls {
+            ca: Some(ca.clone()),
+            cert: Some(cert.clone()),
+            key: Some(key.clone()),
+        })
+        .redis_url(redis.url())
+        .instance_id("127.0.0.72")
+        .listener(listener)
+        .build()
+        .expect("app");
+    let handle = app.handle();
+    let app = tokio::spawn(app.run_until(std::future::pending()));
+
+    const ENTRIES: u64 = 300;
+    let out = Command::new(binary_path("sample-producer").expect("built"))
+        .args(["--coordinator", &base, "--redis-url", &redis.url()])
+        .args(["--stream", "orders", "--count", &ENTRIES.to_string()])
+        .env("RSC_COORDINATOR_CA", &ca)
+        .env("RSC_COORDINATOR_CERT", &cert)
+        .env("RSC_COORDINATOR_KEY", &key)
+        .env_remove("RSC_TOKEN")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("sample-producer runs");
+    assert!(out.status.success(), "producer over mutual TLS failed");
+    eventually("every entry handled, membership over HTTPS", 12, || {
+        seen.lock().unwrap_or_else(|e| e.into_inner()).len() as u64 >= ENTRIES
+    })
+    .await;
+
+    let client = https_client(&ca, Some((&cert, &key)));
+    let mut wakes = 0.0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while wakes < 1.0 && Instant::now() < deadline {
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        wakes = rsc_testkit::metric_sum(&text, "rsc_wake_channels_open", &[]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        wakes >= 1.0,
+        "the listener's wake-up channel is open over HTTPS"
+    );
+    let (s, audit) = get_json(&client, &base, "/v1/audit", None).await.unwrap();
+    assert_eq!(s, 200, "{audit}");
+    let create = &audit["entries"][0];
+    assert_eq!(create["action"], "group.create", "{audit}");
+    assert_eq!(create["principal"], "billing-pods", "{audit}");
+    assert_eq!(create["credential"], "cert_subject", "{audit}");
+
+    // Refused at the handshake: no certificate, another CA's certificate, plain HTTP.
+    for (what, refused) in [
+        ("no client certificate", https_client(&ca, None)),
+        (
+            "a certificate of another CA",
+            https_client(&ca, Some((&other.client_cert(), &other.client_key()))),
+        ),
+    ] {
+        let r = get_json(&refused, &base, "/v1/groups", Some("ops-token")).await;
+        assert!(r.is_err(), "{what}: {r:?}");
+    }
+    let plain = format!("http://{}", coordinator.addr());
+    let r = get_json(&rsc_e2e::http(), &plain, "/v1/groups", Some("ops-token")).await;
+    assert!(r.is_err(), "plain HTTP to an HTTPS listener: {r:?}");
+    // A valid certificate whose subject no entry names: 401, unless a token says who.
+    let stranger = https_client(&ca, Some((&certs.server_cert(), &certs.server_key())));
+    let (s, body) = get_json(&stranger, &base, "/v1/groups", None)
+        .await
+        .unwrap();
+    assert_eq!(s, 401, "{body}");
+    assert_eq!(body["error"]["code"], "UNAUTHENTICATED", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("CN=rsc test server"),
+        "{body}"
+    );
+    let (s, body) = get_json(&stranger, &base, "/v1/groups", Some("ops-token"))
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "{body}");
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let failed = rsc_testkit::metric_sum(&text, "rsc_tls_handshake_errors_total", &[]);
+    assert!(failed >= 3.0, "refused handshakes are counted: {failed}");
+    println!(
+        "mutual TLS: {ENTRIES} entries over HTTPS membership in {:?}",
+        started.elapsed()
+    );
+    handle.shutdown();
+    app.await.expect("app task").expect("app ends cleanly");
+}
+
+/// Replaces `to` with `from`'s content by a rename (as a certificate manager does).
+fn swap_in(from: &Path, to: &Path) {
+    let tmp = to.with_extension("new");
+    std::fs::copy(from, &tmp).unwrap();
+    std::fs::rename(&tmp, to).unwrap();
+}
+
+/// A certificate and key swapped on disk are served to new connections within the poll
+/// period, while a connection opened before keeps working; a bad file at reload keeps the
+/// certificate served and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_swapped_on_disk_is_served_to_new_connections() {
+    let first = TlsCerts::generate().expect("openssl makes the certificates");
+    let second = TlsCerts::generate().expect("openssl makes the certificates");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    swap_in(&first.server_cert(), &cert);
+    swap_in(&first.server_key(), &key);
+    let coordinator =
+        CoordinatorProcess::start(&["--tls-cert", &path(&cert), "--tls-key", &path(&key)])
+            .expect("the coordinator starts on HTTPS");
+    let base = format!("https://{}", coordinator.addr());
+    let open = https_client(&first.ca(), None);
+    let resp = open.get(format!("{base}/v1/groups")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2, "ALPN h2");
+    // HTTP/1.1 by ALPN, and the dashboard, on the same listener.
+    let h1 = https_client_alpn(&first.ca(), None, &[b"http/1.1"]);
+    let resp = h1.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "the dashboard over HTTPS");
+    assert_eq!(resp.version(), reqwest::Version::HTTP_11, "ALPN http/1.1");
+    assert!(
+        get_json(&https_client(&second.ca(), None), &base, "/v1/groups", None)
+            .await
+            .is_err()
+    );
+
+    swap_in(&second.server_key(), &key);
+    swap_in(&second.server_cert(), &cert);
+    let swapped = Instant::now();
+    loop {
+        let fresh = https_client(&second.ca(), None);
+        if get_json(&fresh, &base, "/v1/groups", None).await.is_ok() {
+            break;
+        }
+        assert!(
+            swapped.elapsed() < Duration::from_secs(5),
+            "the new certificate is served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "new certificate served {:?} after the swap",
+        swapped.elapsed()
+    );
+    let (s, _) = get_json(&open, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(
+        s, 200,
+        "the connection opened before the swap keeps working"
+    );
+    let r = get_json(&https_client(&first.ca(), None), &base, "/v1/groups", None).await;
+    assert!(r.is_err(), "new connections get the new certificate: {r:?}");
+
+    std::fs::write(dir.path().join("bad.pem"), "not a certificate\n").unwrap();
+    swap_in(&dir.path().join("bad.pem"), &cert);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !coordinator
+        .log()
+        .iter()
+        .any(|l| l.contains("TLS certificate reload failed"))
+    {
+        assert!(Instant::now() < deadline, "the failed reload is logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fresh = https_client(&second.ca(), None);
+    let (s, _) = get_json(&fresh, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(s, 200, "a bad file keeps the certificate served");
+    let text = fresh
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(rsc_testkit::metric_sum(&text, "rsc_tls_reload_errors_total", &[]) >= 1.0);
+
+    // SIGHUP re-reads the files even when they did not change.
+    let reloads = |text: &str| rsc_testkit::metric_sum(text, "rsc_tls_reloads_total", &[]);
+    let before = reloads(&text);
+    assert!(before >= 1.0);
+    signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !coordinator
+        .log()
+        .iter()
+        .any(|l| l.contains("SIGHUP received"))
+    {
+        assert!(Instant::now() < deadline, "SIGHUP is logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The file is still the bad one: the forced reload fails and keeps the certificate.
+    let fresh = https_client(&second.ca(), None);
+    let (s, _) = get_json(&fresh, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(
+        s, 200,
+        "a failed SIGHUP reload keeps the certificate served"
+    );
+    swap_in(&second.server_cert(), &cert);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = fresh
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if reloads(&text) > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the good file is read again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = fresh
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if reloads(&text) >= before + 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP reloads unchanged good files"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A certificate file that is not one, a key of another certificate, a missing key: the
+/// coordinator does not start, and says which file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_certificate_files_stop_startup_naming_the_file() {
+    let certs = TlsCerts::generate().expect("openssl makes the certificates");
+    let other = TlsCerts::generate().expect("openssl makes the certificates");
+    let garbage = certs.dir().join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN NOTHING-----\n").unwrap();
+    let missing = certs.dir().join("missing.key");
+    for (cert, key, want) in [
+        (
+            garbage.clone(),
+            certs.server_key(),
+            format!("{}", garbage.display()),
+        ),
+        (
+            certs.server_cert(),
+            other.server_key(),
+            "does not match the certificate".into(),
+        ),
+        (
+            certs.server_cert(),
+            missing.clone(),
+            format!("cannot read {}", missing.display()),
+        ),
+    ] {
+        let started =
+            CoordinatorProcess::start(&["--tls-cert", &path(&cert), "--tls-key", &path(&key)]);
+        let Err(e) = started else {
+            panic!("startup with {cert:?} and {key:?} is refused");
+        };
+        let e = e.to_string();
+        assert!(e.contains(&want), "want {want:?} in: {e}");
+    }
 }

@@ -29,7 +29,7 @@ impl Channel {
     /// Opens a channel on `base` for `members` of `group`; returns once `ready` arrived.
     async fn open(base: &str, group: &str, members: &[&str]) -> Channel {
         let body = json!({"members": members.iter().map(|m| json!({"group": group, "member_id": m})).collect::<Vec<_>>()});
-        let resp = reqwest::Client::new()
+        let resp = rsc_e2e::http()
             .post(format!("{base}/v1/wakeups"))
             .json(&body)
             .send()
@@ -266,7 +266,7 @@ async fn channel_limits_and_errors(backend: Backend) {
     let stack = Stack::start(backend, &["--wake-max-channels", "1"]);
     let url = stack.coordinator.url();
     let _first = Channel::open(&url, "g", &["a"]).await;
-    let http = reqwest::Client::new();
+    let http = rsc_e2e::http();
     let r = http
         .post(format!("{url}/v1/wakeups"))
         .json(&json!({"members": [{"group": "g", "member_id": "b"}]}))

@@ -1,11 +1,13 @@
 //! [`CoordinatorClient`]: the URLs, the token, the timeouts and the request plumbing.
 
 use crate::error::CoordinatorError;
+use crate::tls::{ClientTls, TokenFile};
 use reqwest::{Method, Url};
 use rsc_protocol::ErrorBody;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -23,6 +25,8 @@ struct Inner {
     urls: Vec<Url>,
     current: AtomicUsize,
     token: Option<String>,
+    /// Read again when it changes; takes the place of `token` when set.
+    token_file: Option<TokenFile>,
 }
 
 impl std::fmt::Debug for CoordinatorClient {
@@ -37,6 +41,10 @@ impl std::fmt::Debug for CoordinatorClient {
                 "token",
                 &rsc_protocol::redact::redact_opt(&self.inner.token),
             )
+            .field(
+                "token_file",
+                &self.inner.token_file.as_ref().map(TokenFile::path),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -46,6 +54,8 @@ impl std::fmt::Debug for CoordinatorClient {
 pub struct CoordinatorClientBuilder {
     urls: Vec<String>,
     token: Option<String>,
+    token_file: Option<PathBuf>,
+    tls: ClientTls,
     timeout: Option<Duration>,
     connect_timeout: Duration,
     user_agent: String,
@@ -56,6 +66,21 @@ impl CoordinatorClientBuilder {
     /// one).
     pub fn token(mut self, token: Option<String>) -> Self {
         self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Reads the bearer token from this file, and again whenever the file changes (a
+    /// Kubernetes projected service-account token, `RSC_TOKEN_FILE`); takes the place of
+    /// [`token`](Self::token). The file must hold a token when the client is built.
+    pub fn token_file(mut self, path: Option<PathBuf>) -> Self {
+        self.token_file = path;
+        self
+    }
+
+    /// The CA, client certificate and key for `https://` URLs (default: the system's roots,
+    /// no client certificate).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -79,7 +104,8 @@ impl CoordinatorClientBuilder {
     }
 
     /// The client, or [`CoordinatorError::InvalidUrl`] for the first URL that is not an
-    /// `http`/`https` base URL (or when there is none).
+    /// `http`/`https` base URL (or when there is none), or [`CoordinatorError::Setup`] for
+    /// a TLS or token file that cannot be used.
     pub fn build(self) -> Result<CoordinatorClient, CoordinatorError> {
         let urls = self
             .urls
@@ -89,7 +115,10 @@ impl CoordinatorClientBuilder {
         if urls.is_empty() {
             return Err(CoordinatorError::InvalidUrl(String::new()));
         }
+        let https = urls.iter().any(|u| u.scheme() == "https");
+        let token_file = self.token_file.map(TokenFile::open).transpose()?;
         let mut http = reqwest::Client::builder()
+            .tls_backend_preconfigured(self.tls.rustls_config(https)?)
             .connect_timeout(self.connect_timeout)
             .user_agent(self.user_agent);
         if let Some(t) = self.timeout {
@@ -105,6 +134,7 @@ impl CoordinatorClientBuilder {
                 urls,
                 current: AtomicUsize::new(0),
                 token: self.token,
+                token_file,
             }),
         })
     }
@@ -141,6 +171,8 @@ impl CoordinatorClient {
         CoordinatorClientBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
             token: None,
+            token_file: None,
+            tls: ClientTls::default(),
             timeout: None,
             connect_timeout: Duration::from_secs(2),
             user_agent: concat!("rsc-api/", env!("CARGO_PKG_VERSION")).to_owned(),
@@ -211,7 +243,9 @@ impl CoordinatorClient {
         if let Some(t) = request.timeout {
             req = req.timeout(t);
         }
-        if let Some(t) = &self.inner.token {
+        if let Some(f) = &self.inner.token_file {
+            req = req.bearer_auth(f.token());
+        } else if let Some(t) = &self.inner.token {
             req = req.bearer_auth(t);
         }
         if let Some(b) = request.body {

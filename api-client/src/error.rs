@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Transport,
     /// A coordinator URL is not a usable `http`/`https` base URL.
     InvalidUrl,
+    /// The client's own files (CA, client certificate and key, token file) cannot be used.
+    Setup,
 }
 
 /// The outcome of one failed call to the coordinator. Cloneable: a failed batched heartbeat
@@ -65,6 +67,14 @@ pub enum CoordinatorError {
     },
     /// A coordinator URL is not a usable base URL.
     InvalidUrl(String),
+    /// A file the client was given (`RSC_COORDINATOR_CA`, `RSC_COORDINATOR_CERT` /
+    /// `RSC_COORDINATOR_KEY`, `RSC_TOKEN_FILE`) cannot be read or used.
+    Setup {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl CoordinatorError {
@@ -77,6 +87,7 @@ impl CoordinatorError {
             CoordinatorError::Transport { source, .. } if source.is_connect() => ErrorKind::Connect,
             CoordinatorError::Transport { .. } => ErrorKind::Transport,
             CoordinatorError::InvalidUrl(_) => ErrorKind::InvalidUrl,
+            CoordinatorError::Setup { .. } => ErrorKind::Setup,
         }
     }
 
@@ -93,7 +104,7 @@ impl CoordinatorError {
             CoordinatorError::Api { code, .. } => code.is_retryable(),
             CoordinatorError::Unexpected { status, .. } => *status >= 500 || *status == 429,
             CoordinatorError::Transport { .. } => true,
-            CoordinatorError::InvalidUrl(_) => false,
+            CoordinatorError::InvalidUrl(_) | CoordinatorError::Setup { .. } => false,
         }
     }
 
@@ -132,7 +143,7 @@ impl CoordinatorError {
                 *status >= 500
             }
             CoordinatorError::Transport { .. } => true,
-            CoordinatorError::InvalidUrl(_) => false,
+            CoordinatorError::InvalidUrl(_) | CoordinatorError::Setup { .. } => false,
         }
     }
 }
@@ -160,6 +171,7 @@ impl fmt::Display for CoordinatorError {
                 f,
                 "invalid coordinator URL {url:?}: expected e.g. http://127.0.0.1:7070"
             ),
+            CoordinatorError::Setup { path, reason } => write!(f, "{path}: {reason}"),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! of `rsc-client` (heartbeats, leaving, routing, the wake-up channel) and the operators'
 //! command line of `rsc-coordinator` (groups, streams, resharding, pausing, member removal).
 //! It holds the coordinator URLs (moving to the next one after a transport error or a 5xx),
-//! the bearer token and the timeouts, and decodes every error answer (`{"error": {"code": …,
+//! the bearer token (or a token file it re-reads when it changes), the TLS files of
+//! `https://` URLs (CA, client certificate) and the timeouts, and decodes every error answer (`{"error": {"code": …,
 //! "message": …}}`) into one typed [`CoordinatorError`].
 //!
 //! ```no_run
@@ -31,6 +32,8 @@ mod admin;
 mod client;
 mod error;
 mod member;
+mod tls;
 
 pub use client::{CoordinatorClient, CoordinatorClientBuilder, Fetched};
 pub use error::{CoordinatorError, ErrorKind};
+pub use tls::{ClientTls, install_crypto_provider};

@@ -117,11 +117,14 @@ pub fn rss_mib(pid: u32) -> std::io::Result<f64> {
 
 /// `POST /v1/groups` with `body` on the coordinator at `url`; an error unless it answers 201.
 pub async fn create_group(url: &str, body: serde_json::Value) -> anyhow::Result<()> {
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/v1/groups"))
-        .json(&body)
-        .send()
-        .await?;
+    let resp = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .post(format!("{url}/v1/groups"))
+    .json(&body)
+    .send()
+    .await?;
     anyhow::ensure!(
         resp.status().as_u16() == 201,
         "create group {body}: {}",

@@ -43,6 +43,12 @@ pub struct ClientConfig {
     pub redis_tls_key: Option<PathBuf>,
     /// Bearer token for the coordinator.
     pub token: Option<String>,
+    /// File holding the bearer token, read again whenever it changes (a Kubernetes
+    /// projected service-account token); takes the place of [`Self::token`].
+    pub token_file: Option<PathBuf>,
+    /// For `https://` coordinator URLs: a CA certificate (PEM) trusted besides the system's
+    /// roots, and a client certificate and key (PEM) for mutual TLS.
+    pub coordinator_tls: rsc_api::ClientTls,
     /// This process's identity in member ids (`<instance>-<listener>-<index>`): the pod IP,
     /// else the pod name; with [`Self::static_membership`], the pod name first.
     pub instance_id: Option<String>,
@@ -100,6 +106,8 @@ impl Default for ClientConfig {
             redis_tls_cert: None,
             redis_tls_key: None,
             token: None,
+            token_file: None,
+            coordinator_tls: rsc_api::ClientTls::default(),
             instance_id: None,
             static_membership: false,
             host: None,
@@ -117,6 +125,7 @@ impl ClientConfig {
     /// seed nodes with `RSC_REDIS_CLUSTER=true`), `RSC_REDIS_SENTINEL`,
     /// `RSC_REDIS_SENTINEL_MASTER`, `RSC_REDIS_SENTINEL_PASSWORD`, `RSC_REDIS_SENTINEL_TLS`,
     /// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_TOKEN`,
+    /// `RSC_TOKEN_FILE`, `RSC_COORDINATOR_CA`, `RSC_COORDINATOR_CERT`, `RSC_COORDINATOR_KEY`,
     /// `RSC_HEARTBEAT_BATCHING` (`false` turns batching off), `RSC_WAKE_CHANNEL` (`false` turns
     /// the wake-up channel off), `RSC_SHARED_READER` (`false`: a connection per shard),
     /// `RSC_DATA_REDIS_GRACE_MS` ([`Self::data_redis_grace`]), and the instance id of member
@@ -170,6 +179,12 @@ impl ClientConfig {
             cfg.data_redis_grace = std::time::Duration::from_millis(ms);
         }
         cfg.token = get("RSC_TOKEN");
+        cfg.token_file = get("RSC_TOKEN_FILE").map(PathBuf::from);
+        cfg.coordinator_tls = rsc_api::ClientTls {
+            ca: get("RSC_COORDINATOR_CA").map(PathBuf::from),
+            cert: get("RSC_COORDINATOR_CERT").map(PathBuf::from),
+            key: get("RSC_COORDINATOR_KEY").map(PathBuf::from),
+        };
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
         cfg.static_membership = get("RSC_STATIC_MEMBERSHIP").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
@@ -196,12 +211,15 @@ impl ClientConfig {
     }
 
     /// The HTTP client of the configured coordinators (a URL that is not `http`/`https` is
-    /// [`crate::CoordinatorError::InvalidUrl`]).
+    /// [`crate::CoordinatorError::InvalidUrl`]; a TLS or token file that cannot be used,
+    /// `CoordinatorError::Setup`).
     pub(crate) fn coordinator(&self) -> Result<CoordinatorClient, ClientError> {
         self.check_coordinator()?;
         Ok(
             CoordinatorClient::builder(self.coordinator_urls.iter().cloned())
                 .token(self.token.clone())
+                .token_file(self.token_file.clone())
+                .tls(self.coordinator_tls.clone())
                 .build()?,
         )
     }
@@ -224,6 +242,8 @@ impl std::fmt::Debug for ClientConfig {
             .field("redis_tls_cert", &self.redis_tls_cert)
             .field("redis_tls_key", &self.redis_tls_key)
             .field("token", &redact_opt(&self.token))
+            .field("token_file", &self.token_file)
+            .field("coordinator_tls", &self.coordinator_tls)
             .field("instance_id", &self.instance_id)
             .field("static_membership", &self.static_membership)
             .field("host", &self.host)
@@ -412,6 +432,21 @@ macro_rules! connection_setters {
             self.config.token = Some(token.into());
             self
         }
+
+        /// A file holding the bearer token, read again whenever it changes (default:
+        /// `RSC_TOKEN_FILE`); see [`ClientConfig::token_file`].
+        pub fn token_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+            self.config.token_file = Some(path.into());
+            self
+        }
+
+        /// The CA and client certificate for an `https://` coordinator (default:
+        /// `RSC_COORDINATOR_CA`, `RSC_COORDINATOR_CERT`, `RSC_COORDINATOR_KEY`); see
+        /// [`ClientConfig::coordinator_tls`].
+        pub fn coordinator_tls(mut self, tls: rsc_api::ClientTls) -> Self {
+            self.config.coordinator_tls = tls;
+            self
+        }
     };
 }
 pub(crate) use connection_setters;
@@ -499,6 +534,8 @@ mod tests {
             ("RSC_COORDINATOR_URL", "http://a:1, http://b:2,"),
             ("RSC_REDIS_URL", "redis://r:7"),
             ("RSC_TOKEN", "t"),
+            ("RSC_TOKEN_FILE", "/var/run/secrets/tokens/rsc"),
+            ("RSC_COORDINATOR_CA", "/etc/rsc/ca.pem"),
             ("RSC_REDIS_CLUSTER", "true"),
             ("POD_NAME", "pod-1"),
         ]
@@ -507,6 +544,15 @@ mod tests {
         assert_eq!(cfg.coordinator_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(cfg.redis_url, "redis://r:7");
         assert_eq!(cfg.token.as_deref(), Some("t"));
+        assert_eq!(
+            cfg.token_file.as_deref(),
+            Some(std::path::Path::new("/var/run/secrets/tokens/rsc"))
+        );
+        assert_eq!(
+            cfg.coordinator_tls.ca.as_deref(),
+            Some(std::path::Path::new("/etc/rsc/ca.pem"))
+        );
+        assert_eq!(cfg.coordinator_tls.cert, None);
         assert!(cfg.redis_cluster);
         assert_eq!(cfg.instance_id.as_deref(), Some("pod-1"));
         assert!(cfg.heartbeat_batching);

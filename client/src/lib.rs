@@ -113,6 +113,7 @@ pub use error::{BoxError, ClientError, ConfigError, CoordinatorError, Coordinato
 pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError, IntoBatchError};
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
+pub use rsc_api::{ClientTls as CoordinatorTls, install_crypto_provider};
 pub use state::Data;
 
 /// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run

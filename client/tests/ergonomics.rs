@@ -34,15 +34,18 @@ impl Stack {
     }
 
     async fn create_group(&self, group: &str, stream: &str, shards: u32) {
-        let resp = reqwest::Client::new()
-            .post(format!("{}/v1/groups", self.coordinator.url()))
-            .json(
-                &json!({"group": group, "stream": stream, "shard_count": shards,
+        let resp = {
+            rsc_client::install_crypto_provider();
+            reqwest::Client::new()
+        }
+        .post(format!("{}/v1/groups", self.coordinator.url()))
+        .json(
+            &json!({"group": group, "stream": stream, "shard_count": shards,
                 "session_timeout_ms": 3000, "heartbeat_interval_ms": 100}),
-            )
-            .send()
-            .await
-            .unwrap();
+        )
+        .send()
+        .await
+        .unwrap();
         assert_eq!(resp.status().as_u16(), 201);
     }
 

@@ -48,12 +48,17 @@ fn cli(url: &str, action: &str) -> Value {
 }
 
 async fn group_view(url: &str) -> Value {
-    reqwest::get(format!("{url}/v1/groups/g"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .get(format!("{url}/v1/groups/g"))
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap()
 }
 
 struct App {
@@ -121,13 +126,16 @@ async fn an_operator_pause_holds_every_member_through_rebalances_and_restarts() 
     ];
     let mut coordinator = CoordinatorProcess::start(&args).expect("coordinator");
     let url = coordinator.url();
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/v1/groups"))
-        .json(&json!({"group": "g", "stream": "s", "shard_count": 4,
+    let resp = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .post(format!("{url}/v1/groups"))
+    .json(&json!({"group": "g", "stream": "s", "shard_count": 4,
             "session_timeout_ms": 3000, "heartbeat_interval_ms": 100}))
-        .send()
-        .await
-        .unwrap();
+    .send()
+    .await
+    .unwrap();
     assert_eq!(resp.status().as_u16(), 201);
     let producer = Producer::builder()
         .coordinator(&url)
@@ -169,24 +177,34 @@ async fn an_operator_pause_holds_every_member_through_rebalances_and_restarts() 
     assert_eq!(view["group_epoch"], epoch_before, "{view}");
     assert!(owners(&view).iter().all(Option::is_some), "{view}");
     assert_eq!(view["members"].as_array().unwrap().len(), 2, "{view}");
-    let metrics = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .get(format!("{url}/metrics"))
+    .send()
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
     assert!(
         metrics.contains("rsc_group_paused{group=\"g\"} 1"),
         "{metrics}"
     );
 
     // Audited.
-    let audit: Value = reqwest::get(format!("{url}/v1/audit"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit: Value = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .get(format!("{url}/v1/audit"))
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
     let pause = audit["entries"]
         .as_array()
         .and_then(|e| e.iter().find(|e| e["action"] == "group.pause"))

@@ -65,13 +65,16 @@ async fn run(batch: bool) -> (Vec<SpanData>, Vec<SpanData>) {
     let redis = RedisServer::start().expect("redis-server");
     let coordinator = CoordinatorProcess::start(&["--store", "memory"]).expect("coordinator");
     let stream = if batch { "sb" } else { "ss" };
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/groups", coordinator.url()))
-        .json(&json!({"group": "g", "stream": stream, "shard_count": 1,
+    let resp = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    }
+    .post(format!("{}/v1/groups", coordinator.url()))
+    .json(&json!({"group": "g", "stream": stream, "shard_count": 1,
             "session_timeout_ms": 3000, "heartbeat_interval_ms": 100}))
-        .send()
-        .await
-        .unwrap();
+    .send()
+    .await
+    .unwrap();
     assert_eq!(resp.status().as_u16(), 201);
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();

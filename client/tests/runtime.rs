@@ -32,7 +32,10 @@ impl Stack {
                 "20",
             ])
             .expect("coordinator (cargo build --workspace --bins)"),
-            http: reqwest::Client::new(),
+            http: {
+                rsc_client::install_crypto_provider();
+                reqwest::Client::new()
+            },
         }
     }
 

@@ -184,6 +184,18 @@ pub struct ServeArgs {
     /// Log format [default: text].
     #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2) with this certificate chain (PEM, leaf first);
+    /// needs `--tls-key`. Re-read when it changes and on SIGHUP (PROTOCOL §20).
+    #[arg(long, env = "RSC_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "RSC_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Require a client certificate chaining to these CA certificates (PEM) on every
+    /// connection: mutual TLS. ACL entries may then name a certificate subject
+    /// (`cert_subject`, PROTOCOL §8). Needs `--tls-cert`.
+    #[arg(long, env = "RSC_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// Fully resolved serve settings.
@@ -241,6 +253,8 @@ pub struct ServeConfig {
     pub wake_idle_timeout_ms: u64,
     /// Log format.
     pub log_format: LogFormat,
+    /// HTTPS on the listener (certificate, key, client CA); `None`: plain HTTP.
+    pub listener_tls: Option<crate::tls::ListenerTls>,
 }
 
 impl std::fmt::Debug for ServeArgs {
@@ -335,6 +349,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("tombstone_retention_ms", &self.tombstone_retention_ms)
             .field("body_limit", &self.body_limit)
             .field("log_format", &self.log_format)
+            .field("listener_tls", &self.listener_tls)
             .finish()
     }
 }
@@ -531,6 +546,11 @@ impl ServeArgs {
                 .or(file.wake_idle_timeout_ms)
                 .unwrap_or(300_000),
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
+            listener_tls: listener_tls(
+                self.tls_cert.or(file.tls_cert),
+                self.tls_key.or(file.tls_key),
+                self.tls_client_ca.or(file.tls_client_ca),
+            )?,
         })
     }
 }
@@ -664,6 +684,31 @@ fn sentinel_target(
     }
 }
 
+/// The listener's TLS files: a certificate and its key together, a client CA only with
+/// them. (The files are read when the server starts, which names a file it cannot use.)
+fn listener_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<crate::tls::ListenerTls>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(crate::tls::ListenerTls {
+            cert,
+            key,
+            client_ca,
+        })),
+        (None, None) if client_ca.is_some() => Err(ConfigError::Invalid(
+            "--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked \
+             for in the TLS handshake"
+                .into(),
+        )),
+        (None, None) => Ok(None),
+        _ => Err(ConfigError::Invalid(
+            "--tls-cert and --tls-key go together: give both, or neither for plain HTTP".into(),
+        )),
+    }
+}
+
 /// Comma-separated URLs, trimmed, empty ones dropped.
 fn split_urls(urls: &str) -> Vec<String> {
     urls.split(',')
@@ -676,6 +721,24 @@ fn split_urls(urls: &str) -> Vec<String> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn listener_tls_needs_a_certificate_and_its_key() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(listener_tls(None, None, None).unwrap(), None);
+        let t = listener_tls(p("c.pem"), p("k.pem"), p("ca.pem"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.client_ca, p("ca.pem"));
+        for (c, k, ca, want) in [
+            (p("c"), None, None, "go together"),
+            (None, p("k"), None, "go together"),
+            (None, None, p("ca"), "needs --tls-cert"),
+        ] {
+            let e = listener_tls(c, k, ca).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
 
     #[test]
     fn security_settings_from_a_toml_file_and_defaults() {

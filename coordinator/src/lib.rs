@@ -62,4 +62,5 @@ mod retired;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;
 mod wake;

@@ -97,6 +97,7 @@ impl RetiredKeyCleaner {
 
 fn audit_entry(now_ms: u64, p: &PurgedKeys) -> AuditEntry {
     AuditEntry {
+        credential: None,
         time_ms: now_ms,
         principal: "rsc-coordinator".into(),
         action: "stream.delete_retired_keys".into(),

@@ -11,13 +11,15 @@ use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{
     DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
 };
+use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 /// How long writing owner tokens to the data Redis may take before a heartbeat fails.
@@ -107,6 +109,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     metrics::prometheus();
     let acl = load_acl(&cfg)?;
+    let tls = load_listener_tls(&cfg)?;
     check_data_redis(&cfg).await?;
     let lag = data_redis(&cfg, LAG_TIMEOUT)?.map(|r| Arc::new(LagProbe::new(r, LAG_TIMEOUT)));
     let history = History::new(Duration::from_millis(cfg.history_interval_ms));
@@ -129,7 +132,11 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    let tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
+    let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
+    let acceptor = tls.map(|(acceptor, resolver)| {
+        tasks.push(tokio::spawn(resolver.watch()));
+        acceptor
+    });
     let app = api::router(
         AppState::new(api::Shared {
             coordinator,
@@ -139,7 +146,12 @@ pub async fn serve(
         }),
         cfg.body_limit,
     );
-    info!(store = ?cfg.store, "listening on {addr}");
+    info!(
+        store = ?cfg.store,
+        tls = acceptor.is_some(),
+        client_certificates = cfg.listener_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        "listening on {addr}"
+    );
     // Open wake-up streams would hold a graceful shutdown up: they end first.
     let shutdown = async move {
         shutdown.await;
@@ -147,12 +159,32 @@ pub async fn serve(
             hub.close_all();
         }
     };
-    let result = serve_http1(listener, app, shutdown).await;
+    let result = serve_connections(listener, app, acceptor, shutdown).await;
     for task in tasks {
         task.abort();
     }
     info!("stopped");
     result.map_err(Into::into)
+}
+
+/// The listener's TLS acceptor and certificate resolver (to be watched for changes), when
+/// the configuration asks for HTTPS. A file that cannot be used stops startup, named.
+fn load_listener_tls(
+    cfg: &ServeConfig,
+) -> anyhow::Result<Option<(TlsAcceptor, Arc<tls::CertResolver>)>> {
+    let Some(files) = &cfg.listener_tls else {
+        return Ok(None);
+    };
+    let fail =
+        |e: tls::TlsSetupError| anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca: {e}");
+    let resolver = tls::CertResolver::load(files.clone()).map_err(fail)?;
+    let config = tls::server_config(resolver.clone(), files.client_ca.as_deref()).map_err(fail)?;
+    info!(
+        cert = %files.cert.display(),
+        client_ca = ?files.client_ca,
+        "HTTPS: certificate loaded"
+    );
+    Ok(Some((TlsAcceptor::from(Arc::new(config)), resolver)))
 }
 
 /// The ACL the configuration names, loaded; `None` (every request anonymous) without one.
@@ -322,8 +354,12 @@ fn spawn_background(
     Ok(tasks)
 }
 
-/// Serves `app` on `listener` over HTTP/1.1 until `shutdown` resolves, then lets the open
-/// connections finish (each is told to close after its request in flight) and returns.
+/// How long a client may take to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown` resolves, then lets the open connections
+/// finish (each is told to close after its request in flight) and returns. Plain HTTP is
+/// HTTP/1.1; with `tls` each connection is HTTPS, HTTP/2 or HTTP/1.1 as ALPN chose.
 ///
 /// This is `axum::serve` with graceful shutdown, on hyper's HTTP/1 connection directly: an
 /// idle or streaming connection (a keep-alive heartbeat client, a wake-up channel) costs
@@ -331,14 +367,12 @@ fn spawn_background(
 /// connection, and the router is shared by all connections rather than rebuilt per
 /// connection (`Router::with_state(())`, which cost another ~25 KiB each) — 10,000 wake-up
 /// channels thus fit in well under 200 MB.
-async fn serve_http1(
+async fn serve_connections(
     listener: TcpListener,
     app: axum::Router,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
-    use tower::ServiceExt;
     // Dropped when shutdown begins: connections see it and close gracefully.
     let (signal_tx, _) = tokio::sync::watch::channel(());
     // Each connection holds a receiver; the server returns once all are gone.
@@ -357,22 +391,17 @@ async fn serve_http1(
             },
             () = &mut shutdown => break,
         };
-        let service = app
-            .clone()
-            .map_request(|req: axum::http::Request<hyper::body::Incoming>| {
-                req.map(axum::body::Body::new)
-            });
-        let mut signal = signal_tx.subscribe();
+        let app = app.clone();
+        let signal = signal_tx.subscribe();
         let close = close_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = signal.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            match tls {
+                None => serve_connection(stream, false, None, app, signal).await,
+                Some(acceptor) => {
+                    if let Some((stream, h2, peer)) = handshake(&acceptor, stream).await {
+                        serve_connection(stream, h2, peer, app, signal).await;
+                    }
                 }
             }
             drop(close);
@@ -383,6 +412,91 @@ async fn serve_http1(
     drop(listener);
     close_tx.closed().await;
     Ok(())
+}
+
+/// The TLS handshake of one connection: the stream, whether ALPN chose HTTP/2, and the
+/// client certificate it presented. `None` (counted, logged at debug) when it fails: a
+/// client without the certificate `--tls-client-ca` asks for is refused here, by a TLS
+/// alert (PROTOCOL §20).
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+) -> Option<(
+    tokio_rustls::server::TlsStream<TcpStream>,
+    bool,
+    Option<Arc<ClientCertificate>>,
+)> {
+    let failed = |reason: &str| {
+        ::metrics::counter!("rsc_tls_handshake_errors_total").increment(1);
+        tracing::debug!(reason, "TLS handshake failed");
+    };
+    let stream = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            failed(&e.to_string());
+            return None;
+        }
+        Err(_) => {
+            failed("timed out");
+            return None;
+        }
+    };
+    let conn = stream.get_ref().1;
+    let h2 = conn.alpn_protocol() == Some(b"h2");
+    let peer = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| ClientCertificate::from_der(c.as_ref()))
+        .map(Arc::new);
+    Some((stream, h2, peer))
+}
+
+/// Serves one connection until it closes, or gracefully after `signal` fires. Every
+/// request carries the connection's client certificate (when it presented one) in its
+/// extensions, for authentication (PROTOCOL §8).
+async fn serve_connection<I>(
+    io: I,
+    h2: bool,
+    peer: Option<Arc<ClientCertificate>>,
+    app: axum::Router,
+    mut signal: tokio::sync::watch::Receiver<()>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
+    let service = app.map_request(move |req: axum::http::Request<hyper::body::Incoming>| {
+        let mut req = req.map(axum::body::Body::new);
+        if let Some(peer) = &peer {
+            req.extensions_mut().insert(peer.clone());
+        }
+        req
+    });
+    let service = TowerToHyperService::new(service);
+    if h2 {
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(io), service);
+        let mut conn = std::pin::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = signal.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    } else {
+        let conn =
+            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
+        let mut conn = std::pin::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = signal.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
 }
 
 /// How often a coordinator renews its registration and learns who else is live.

@@ -413,6 +413,7 @@ async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
     use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget};
     let f = fixture(kind).await;
     let entry = |i: u64| AuditEntry {
+        credential: None,
         time_ms: i,
         principal: "ops".into(),
         action: "group.update".into(),

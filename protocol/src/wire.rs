@@ -1071,6 +1071,11 @@ pub struct AuditEntry {
     pub time_ms: u64,
     /// Who asked: the ACL entry's `principal`, or `anonymous` (no ACL, or no valid token).
     pub principal: String,
+    /// How the principal was authenticated (PROTOCOL §8): `token`, `cert_subject` (a client
+    /// certificate), or `anonymous` (no ACL, or no valid credential). Absent in entries the
+    /// coordinator writes itself and in entries older coordinators wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
     /// What was asked, e.g. `group.create`, `stream.reshard`.
     pub action: String,
     /// What it was asked on.

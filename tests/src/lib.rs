@@ -6,6 +6,14 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// A plain `reqwest::Client`, built after installing the ring crypto provider (the
+/// workspace's reqwest has rustls without a built-in provider: see
+/// `rsc_api::install_crypto_provider`).
+pub fn http() -> reqwest::Client {
+    rsc_client::install_crypto_provider();
+    reqwest::Client::new()
+}
+
 /// A JSON client for one coordinator.
 #[derive(Debug, Clone)]
 pub struct Api {
@@ -21,7 +29,7 @@ impl Api {
     /// A client for the coordinator at `base` (`http://HOST:PORT`).
     pub fn new(base: impl Into<String>) -> Self {
         Api {
-            http: reqwest::Client::new(),
+            http: crate::http(),
             base: base.into(),
             token: None,
             alternate: None,
@@ -154,7 +162,9 @@ impl Api {
 
 /// The Prometheus text a `/metrics` route at `base` serves (panics when it does not answer).
 pub async fn scrape(base: &str) -> String {
-    let r = reqwest::get(format!("{base}/metrics"))
+    let r = crate::http()
+        .get(format!("{base}/metrics"))
+        .send()
         .await
         .unwrap_or_else(|e| panic!("{base}/metrics: {e}"));
     assert!(r.status().is_success(), "{base}/metrics: {}", r.status());

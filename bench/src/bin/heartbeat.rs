@@ -245,6 +245,7 @@ async fn main() -> Result<()> {
     let coordinator = CoordinatorProcess::start(&coordinator_args)
         .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
     let base = coordinator.url();
+    rsc_client::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;

@@ -90,7 +90,10 @@ async fn create_group(s: &Setup<'_>) -> anyhow::Result<()> {
 
 /// Waits until every shard of the group is owned by a stable member.
 async fn wait_stable(s: &Setup<'_>) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+    let http = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let g: serde_json::Value = http

@@ -262,7 +262,10 @@ async fn main() -> Result<()> {
     ])
     .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
     let b = Bench {
-        http: reqwest::Client::new(),
+        http: {
+            rsc_client::install_crypto_provider();
+            reqwest::Client::new()
+        },
         base: coordinator.url(),
         redis_url: redis.url(),
         heartbeat_ms: args.heartbeat_ms,

@@ -542,7 +542,10 @@ async fn main() -> anyhow::Result<()> {
         CoordinatorProcess::start(&["--store", "memory", "--data-redis-url", &redis.url()])
             .context("rsc-coordinator (cargo build --release --bins first)")?;
     let url = coordinator.url();
-    let http = reqwest::Client::new();
+    let http = {
+        rsc_client::install_crypto_provider();
+        reqwest::Client::new()
+    };
     let client = redis::Client::open(redis.url())?;
     let mut con = client.get_multiplexed_async_connection().await?;
     let producer = Producer::builder()

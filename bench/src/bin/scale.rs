@@ -827,6 +827,7 @@ fn prepared_batches(fleet: &Fleet, bases: &[String]) -> Vec<Prepared> {
 }
 
 fn http_client(concurrency: usize) -> Result<reqwest::Client> {
+    rsc_client::install_crypto_provider();
     Ok(reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency.max(32))
         .timeout(Duration::from_secs(30))

@@ -46,6 +46,7 @@ impl Auditor {
         info!(
             target: "rsc::audit",
             principal = %entry.principal,
+            credential = entry.credential.as_deref(),
             action = %entry.action,
             group = entry.target.group.as_deref(),
             stream = entry.target.stream.as_deref(),

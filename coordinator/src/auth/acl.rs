@@ -3,7 +3,8 @@
 //! ```toml
 //! [[tokens]]
 //! principal = "ops"          # who, as written in the audit log
-//! token_sha256 = "<hex>"     # or: token = "plain" (dev only)
+//! token_sha256 = "<hex>"     # or: token = "plain" (dev only),
+//!                            # or: cert_subject = "CN=ops" (mutual TLS, a subject or SAN URI)
 //! roles = ["admin"]          # admin | member | producer | viewer
 //! groups = ["*"]             # glob scopes; a missing list grants nothing of that kind
 //! streams = ["orders*"]
@@ -48,6 +49,28 @@ impl Role {
     }
 }
 
+/// How a principal proved who it is (PROTOCOL §8); the audit log records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Credential {
+    /// A bearer token of the ACL (`token` or `token_sha256`).
+    Token,
+    /// A client certificate whose subject or SAN URI an entry's `cert_subject` names.
+    CertSubject,
+    /// None: the coordinator runs without an ACL.
+    Anonymous,
+}
+
+impl Credential {
+    /// The name written in the audit log.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Credential::Token => "token",
+            Credential::CertSubject => "cert_subject",
+            Credential::Anonymous => "anonymous",
+        }
+    }
+}
+
 /// Who made a request: an ACL entry, or `anonymous`.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Principal(Arc<Grant>);
@@ -55,6 +78,7 @@ pub(crate) struct Principal(Arc<Grant>);
 #[derive(Debug, PartialEq, Eq)]
 struct Grant {
     name: String,
+    credential: Credential,
     roles: Vec<Role>,
     groups: Vec<Glob>,
     streams: Vec<Glob>,
@@ -69,6 +93,7 @@ impl Principal {
     pub(crate) fn open() -> Self {
         Principal(Arc::new(Grant {
             name: ANONYMOUS.to_owned(),
+            credential: Credential::Anonymous,
             roles: vec![Role::Admin],
             groups: vec![Glob::new("*")],
             streams: vec![Glob::new("*")],
@@ -78,6 +103,11 @@ impl Principal {
     /// The name written in the audit log.
     pub(crate) fn name(&self) -> &str {
         &self.0.name
+    }
+
+    /// How it was authenticated.
+    pub(crate) fn credential(&self) -> Credential {
+        self.0.credential
     }
 
     /// Whether the principal has `role`; `admin` has every role.
@@ -128,14 +158,17 @@ impl fmt::Debug for Principal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Principal")
             .field("name", &self.0.name)
+            .field("credential", &self.0.credential)
             .field("roles", &self.0.roles)
             .finish_non_exhaustive()
     }
 }
 
-/// A loaded ACL: token digests and the principals they authenticate.
+/// A loaded ACL: token digests and certificate subjects, and the principals they
+/// authenticate.
 pub(crate) struct Acl {
     entries: Vec<([u8; 32], Principal)>,
+    subjects: Vec<(String, Principal)>,
 }
 
 impl fmt::Debug for Acl {
@@ -148,6 +181,7 @@ impl fmt::Debug for Acl {
                     .entries
                     .iter()
                     .map(|(_, p)| p.name())
+                    .chain(self.subjects.iter().map(|(_, p)| p.name()))
                     .collect::<Vec<_>>(),
             )
             .finish()
@@ -195,6 +229,8 @@ struct EntryFile {
     token: Option<String>,
     #[serde(default)]
     token_sha256: Option<String>,
+    #[serde(default)]
+    cert_subject: Option<String>,
     roles: Vec<Role>,
     #[serde(default)]
     groups: Vec<String>,
@@ -209,6 +245,35 @@ pub(crate) fn token_sha256_hex(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// What an entry authenticates with.
+enum EntryCredential {
+    /// SHA-256 of its token.
+    Digest([u8; 32]),
+    /// A certificate subject or SAN URI.
+    Subject(String),
+}
+
+/// The one credential of an entry: `token`, `token_sha256` or `cert_subject`.
+fn credential_of(e: &EntryFile) -> Result<EntryCredential, &'static str> {
+    const ONE: &str = "give exactly one of token, token_sha256 and cert_subject";
+    Ok(match (&e.token, &e.token_sha256, &e.cert_subject) {
+        (Some(t), None, None) if !t.is_empty() => {
+            EntryCredential::Digest(Sha256::digest(t.as_bytes()).into())
+        }
+        (None, Some(h), None) => EntryCredential::Digest(
+            parse_hex32(h).ok_or("token_sha256 must be 64 hexadecimal characters")?,
+        ),
+        (None, None, Some(s)) if !s.trim().is_empty() => {
+            EntryCredential::Subject(s.trim().to_owned())
+        }
+        (None, None, Some(_)) => return Err("cert_subject must not be empty"),
+        (None, None, None) | (Some(_), None, None) => {
+            return Err("token, token_sha256 or cert_subject is required");
+        }
+        _ => return Err(ONE),
+    })
 }
 
 fn parse_hex32(s: &str) -> Option<[u8; 32]> {
@@ -236,7 +301,10 @@ impl Acl {
     /// Parses and checks ACL text.
     pub(crate) fn from_toml(text: &str) -> Result<Self, AclError> {
         let file: AclFile = toml::from_str(text).map_err(|e| AclError::Parse(e.to_string()))?;
-        let mut entries: Vec<([u8; 32], Principal)> = Vec::with_capacity(file.tokens.len());
+        let mut acl = Acl {
+            entries: Vec::with_capacity(file.tokens.len()),
+            subjects: Vec::new(),
+        };
         for (index, e) in file.tokens.into_iter().enumerate() {
             let bad = |reason: &str| AclError::Entry {
                 index,
@@ -246,33 +314,51 @@ impl Acl {
             if e.principal.trim().is_empty() {
                 return Err(bad("principal must not be empty"));
             }
-            let digest = match (&e.token, &e.token_sha256) {
-                (Some(t), None) if !t.is_empty() => Sha256::digest(t.as_bytes()).into(),
-                (None, Some(h)) => parse_hex32(h)
-                    .ok_or_else(|| bad("token_sha256 must be 64 hexadecimal characters"))?,
-                (Some(_), Some(_)) => return Err(bad("give token or token_sha256, not both")),
-                _ => return Err(bad("token or token_sha256 is required")),
-            };
             if e.roles.is_empty() {
                 return Err(bad("roles must name at least one role"));
             }
-            if entries.iter().any(|(d, _)| d == &digest) {
-                return Err(bad("the same token appears in another entry"));
+            let grant = |credential| {
+                Principal(Arc::new(Grant {
+                    name: e.principal.clone(),
+                    credential,
+                    roles: e.roles.clone(),
+                    groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
+                    streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
+                }))
+            };
+            match credential_of(&e).map_err(&bad)? {
+                EntryCredential::Digest(digest) => {
+                    if acl.entries.iter().any(|(d, _)| d == &digest) {
+                        return Err(bad("the same token appears in another entry"));
+                    }
+                    acl.entries.push((digest, grant(Credential::Token)));
+                }
+                EntryCredential::Subject(subject) => {
+                    if acl.subjects.iter().any(|(s, _)| *s == subject) {
+                        return Err(bad("the same cert_subject appears in another entry"));
+                    }
+                    acl.subjects.push((subject, grant(Credential::CertSubject)));
+                }
             }
-            let principal = Principal(Arc::new(Grant {
-                name: e.principal.clone(),
-                roles: e.roles.clone(),
-                groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
-                streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
-            }));
-            entries.push((digest, principal));
         }
-        Ok(Acl { entries })
+        Ok(acl)
     }
 
-    /// How many tokens the ACL holds.
+    /// The principal of a client certificate whose subject or SAN URI an entry's
+    /// `cert_subject` names (the first such entry in file order).
+    pub(crate) fn authenticate_certificate(
+        &self,
+        cert: &crate::tls::ClientCertificate,
+    ) -> Option<Principal> {
+        self.subjects
+            .iter()
+            .find(|(s, _)| cert.matches(s))
+            .map(|(_, p)| p.clone())
+    }
+
+    /// How many entries (tokens and certificate subjects) the ACL holds.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.subjects.len()
     }
 
     /// The principal `token` authenticates, if any. Constant time in the token's content
@@ -339,6 +425,46 @@ streams = ["orders*"]
     }
 
     #[test]
+    fn certificate_subjects_authenticate_their_principal() {
+        use crate::tls::ClientCertificate;
+        let acl = Acl::from_toml(
+            "[[tokens]]\nprincipal = \"billing\"\ncert_subject = \"CN=billing-consumer\"\n\
+             roles = [\"member\"]\ngroups = [\"billing*\"]\n\
+             [[tokens]]\nprincipal = \"spiffe-pod\"\ncert_subject = \"spiffe://prod/ns/a\"\n\
+             roles = [\"viewer\"]\n\
+             [[tokens]]\nprincipal = \"ops\"\ntoken = \"ops-token\"\nroles = [\"admin\"]",
+        )
+        .unwrap();
+        assert_eq!(acl.len(), 3);
+        let cert = |subject: &str, uris: &[&str]| ClientCertificate {
+            subject: subject.into(),
+            uris: uris.iter().map(|u| (*u).to_owned()).collect(),
+        };
+        let p = acl
+            .authenticate_certificate(&cert("CN=billing-consumer", &[]))
+            .unwrap();
+        assert_eq!(
+            (p.name(), p.credential()),
+            ("billing", Credential::CertSubject)
+        );
+        assert!(p.has_role(Role::Member) && p.may_group("billing-eu"));
+        let p = acl
+            .authenticate_certificate(&cert("CN=x", &["spiffe://prod/ns/a"]))
+            .unwrap();
+        assert_eq!(p.name(), "spiffe-pod");
+        assert!(
+            acl.authenticate_certificate(&cert("CN=other", &[]))
+                .is_none()
+        );
+        assert_eq!(
+            acl.authenticate("ops-token").unwrap().credential(),
+            Credential::Token
+        );
+        // A subject is not a token.
+        assert!(acl.authenticate("CN=billing-consumer").is_none());
+    }
+
+    #[test]
     fn bad_entries_are_refused() {
         let cases = [
             (
@@ -347,7 +473,7 @@ streams = ["orders*"]
             ),
             (
                 "[[tokens]]\nprincipal = \"a\"\ntoken = \"t\"\ntoken_sha256 = \"00\"\nroles = [\"admin\"]",
-                "not both",
+                "exactly one of",
             ),
             (
                 "[[tokens]]\nprincipal = \"a\"\ntoken_sha256 = \"xyz\"\nroles = [\"admin\"]",
@@ -367,6 +493,18 @@ streams = ["orders*"]
             ),
             (
                 "[[tokens]]\nprincipal = \"a\"\ntoken = \"t\"\nroles = [\"admin\"]\n[[tokens]]\nprincipal = \"b\"\ntoken = \"t\"\nroles = [\"viewer\"]",
+                "another entry",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ntoken = \"t\"\ncert_subject = \"CN=a\"\nroles = [\"admin\"]",
+                "exactly one of",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_subject = \" \"\nroles = [\"admin\"]",
+                "must not be empty",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_subject = \"CN=a\"\nroles = [\"admin\"]\n[[tokens]]\nprincipal = \"b\"\ncert_subject = \"CN=a\"\nroles = [\"viewer\"]",
                 "another entry",
             ),
         ];

@@ -2,9 +2,10 @@
 //! limit and audit.
 
 use super::policy::{self, Access, Lookup, Scope};
-use super::{ANONYMOUS, Principal, Role, Security, retry_after_secs};
+use super::{ANONYMOUS, Credential, Principal, Role, Security, retry_after_secs};
 use crate::audit::RevisionLog;
 use crate::http_error::ApiError;
+use crate::tls::ClientCertificate;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::HeaderValue;
@@ -62,6 +63,14 @@ pub(crate) async fn enforce(
     }
 }
 
+/// The client certificate of the request's connection (mutual TLS), if it presented one.
+fn client_certificate(parts: &Parts) -> Option<&ClientCertificate> {
+    parts
+        .extensions
+        .get::<Arc<ClientCertificate>>()
+        .map(|c| c.as_ref())
+}
+
 fn refuse(e: ApiError) -> Response {
     metrics::counter!("rsc_access_refusals_total", "code" => e.code.as_str()).increment(1);
     e.into_response()
@@ -75,7 +84,7 @@ fn authorize(
     scope: Scope,
     target: &AuditTarget,
 ) -> Result<Principal, ApiError> {
-    let principal = sec.authenticate(&parts.headers)?;
+    let principal = sec.authenticate(&parts.headers, client_certificate(parts))?;
     if !principal.has_any_role(roles) {
         let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
         return Err(ApiError::new(
@@ -195,11 +204,14 @@ async fn admin(
             target.stream = as_string(names.stream);
         }
     }
-    let principal = sec.authenticate(&parts.headers);
+    let principal = sec.authenticate(&parts.headers, client_certificate(&parts));
     let principal_name = principal
         .as_ref()
         .map_or(ANONYMOUS, |p| p.name())
         .to_owned();
+    let credential = principal
+        .as_ref()
+        .map_or(Credential::Anonymous, |p| p.credential());
     let log = RevisionLog::new();
     let response = match admit(sec, principal, scope, &target, bytes.is_some()) {
         Err(refusal) => *refusal,
@@ -213,6 +225,7 @@ async fn admin(
     let entry = AuditEntry {
         time_ms: sec.auditor.now_ms(),
         principal: principal_name,
+        credential: Some(credential.as_str().to_owned()),
         action: action.to_owned(),
         target,
         request,

@@ -2,8 +2,9 @@
 //! glob scopes, the per-route access policy, and the admin rate limit.
 //!
 //! [`enforce`] is the axum middleware in front of every route. It looks the route up in
-//! [`policy::ROUTES`], authenticates the bearer token against the [`Acl`] (or, without an
-//! ACL, treats every request as the all-powerful `anonymous` principal), checks role and
+//! [`policy::ROUTES`], authenticates the bearer token — or, over mutual TLS, the connection's
+//! client certificate by an entry's `cert_subject` (PROTOCOL §20) — against the [`Acl`] (or,
+//! without an ACL, treats every request as the all-powerful `anonymous` principal), checks role and
 //! scope, and hands the handler a [`Principal`] in the request extensions. Admin mutations
 //! additionally pass the per-principal rate limit and are audited, whatever the outcome.
 
@@ -13,12 +14,13 @@ mod middleware;
 pub(crate) mod policy;
 mod rate_limit;
 
-pub(crate) use acl::{ANONYMOUS, Acl, Principal, Role};
+pub(crate) use acl::{ANONYMOUS, Acl, Credential, Principal, Role};
 pub(crate) use middleware::{check_item_group, enforce};
 pub(crate) use rate_limit::{AdminRateLimiter, retry_after_secs};
 
 use crate::audit::Auditor;
 use crate::http_error::ApiError;
+use crate::tls::ClientCertificate;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use rsc_protocol::ErrorCode;
@@ -48,20 +50,35 @@ impl Security {
         }
     }
 
-    /// The principal of a request: from its bearer token with an ACL, `anonymous` (every
-    /// role) without one. `401 UNAUTHENTICATED` for a missing, malformed or unknown token.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    /// The principal of a request (PROTOCOL §8): with an ACL, from its bearer token when it
+    /// sends one, else from the client certificate of its connection (`cert`, mutual TLS)
+    /// when an entry's `cert_subject` names it; `anonymous` (every role) without an ACL.
+    /// `401 UNAUTHENTICATED` for a missing, malformed or unknown token, or a certificate
+    /// no entry names.
+    pub(crate) fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        cert: Option<&ClientCertificate>,
+    ) -> Result<Principal, ApiError> {
         let Some(acl) = &self.acl else {
             return Ok(Principal::open());
         };
-        let token = bearer_token(headers).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Unauthenticated,
-                "missing bearer token: send `Authorization: Bearer <token>`",
-            )
-        })?;
-        acl.authenticate(token)
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "unknown token"))
+        let unauthenticated = |m: String| ApiError::new(ErrorCode::Unauthenticated, m);
+        match (bearer_token(headers), cert) {
+            (Some(token), _) => acl
+                .authenticate(token)
+                .ok_or_else(|| unauthenticated("unknown token".into())),
+            (None, Some(cert)) => acl.authenticate_certificate(cert).ok_or_else(|| {
+                unauthenticated(format!(
+                    "no ACL entry names the client certificate (subject {:?}) in its \
+                     cert_subject; send a bearer token or use a certificate the ACL names",
+                    cert.subject
+                ))
+            }),
+            (None, None) => Err(unauthenticated(
+                "missing bearer token: send `Authorization: Bearer <token>`".into(),
+            )),
+        }
     }
 }
 

@@ -14,10 +14,18 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A client for the coordinator at `base` (e.g. `http://127.0.0.1:7070`), sending
-/// `Authorization: Bearer TOKEN` when a token is given.
-pub(super) fn connect(base: &str, token: Option<String>) -> Result<Client, ClientError> {
+/// `Authorization: Bearer TOKEN` when a token (or token file) is given, with `tls` for an
+/// `https://` base.
+pub(super) fn connect(
+    base: &str,
+    token: Option<String>,
+    token_file: Option<std::path::PathBuf>,
+    tls: rsc_api::ClientTls,
+) -> Result<Client, ClientError> {
     Client::builder([base])
         .token(token)
+        .token_file(token_file)
+        .tls(tls)
         .timeout(REQUEST_TIMEOUT)
         .connect_timeout(CONNECT_TIMEOUT)
         .user_agent(concat!("rsc-coordinator-cli/", env!("CARGO_PKG_VERSION")))
@@ -91,7 +99,7 @@ mod tests {
 
     #[test]
     fn bad_base_urls_are_refused() {
-        let e = connect("127.0.0.1:7070", None).unwrap_err();
+        let e = connect("127.0.0.1:7070", None, None, rsc_api::ClientTls::default()).unwrap_err();
         assert!(matches!(e, ClientError::InvalidUrl(_)));
         assert_eq!(
             message(&e),

@@ -73,6 +73,19 @@ pub struct ClientOptions {
     /// Bearer token (role admin for changes, viewer for reads).
     #[arg(long, global = true, env = "RSC_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the bearer token, read again when it changes (a Kubernetes projected
+    /// service-account token); takes the place of `--token`.
+    #[arg(long, global = true, env = "RSC_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) trusted for an `https://` coordinator, besides the system's.
+    #[arg(long, global = true, env = "RSC_COORDINATOR_CA", value_name = "FILE")]
+    pub coordinator_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for a coordinator that asks for one (mutual TLS).
+    #[arg(long, global = true, env = "RSC_COORDINATOR_CERT", value_name = "FILE")]
+    pub coordinator_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--coordinator-cert`.
+    #[arg(long, global = true, env = "RSC_COORDINATOR_KEY", value_name = "FILE")]
+    pub coordinator_key: Option<std::path::PathBuf>,
     /// Output format: human tables, or the API's JSON for scripts.
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
@@ -83,6 +96,10 @@ impl std::fmt::Debug for ClientOptions {
         f.debug_struct("ClientOptions")
             .field("coordinator", &self.coordinator)
             .field("token", &rsc_protocol::redact::redact_opt(&self.token))
+            .field("token_file", &self.token_file)
+            .field("coordinator_ca", &self.coordinator_ca)
+            .field("coordinator_cert", &self.coordinator_cert)
+            .field("coordinator_key", &self.coordinator_key)
             .field("output", &self.output)
             .finish()
     }
@@ -396,7 +413,9 @@ impl CliError {
     fn hint(&self) -> Option<&'static str> {
         match self {
             CliError::Client(e) => match e.code()? {
-                ErrorCode::Unauthenticated => Some("pass --token or set RSC_TOKEN"),
+                ErrorCode::Unauthenticated => {
+                    Some("pass --token (or --token-file), or set RSC_TOKEN (or RSC_TOKEN_FILE)")
+                }
                 ErrorCode::Forbidden => Some("the token lacks the role or scope for this"),
                 ErrorCode::GroupNotEmpty => Some("add --force to delete it anyway"),
                 _ => None,
@@ -428,7 +447,17 @@ pub async fn run(cmd: OperatorCommand) -> ExitCode {
 }
 
 fn connect(o: &ClientOptions) -> Result<Client, CliError> {
-    Ok(client::connect(&o.coordinator, o.token.clone())?)
+    let tls = rsc_api::ClientTls {
+        ca: o.coordinator_ca.clone(),
+        cert: o.coordinator_cert.clone(),
+        key: o.coordinator_key.clone(),
+    };
+    Ok(client::connect(
+        &o.coordinator,
+        o.token.clone(),
+        o.token_file.clone(),
+        tls,
+    )?)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.

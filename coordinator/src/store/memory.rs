@@ -502,6 +502,7 @@ mod tests {
 
     fn entry(i: u64, group: &str) -> AuditEntry {
         AuditEntry {
+            credential: None,
             time_ms: i,
             principal: "ops".into(),
             action: "group.update".into(),

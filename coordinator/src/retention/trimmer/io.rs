@@ -261,6 +261,7 @@ pub(super) fn audit_entry(
         .map(|(g, n)| (g.clone(), serde_json::json!(n)))
         .collect();
     AuditEntry {
+        credential: None,
         time_ms: now_ms,
         principal: "rsc-coordinator".into(),
         action: "stream.retention_dropped_undelivered".into(),
