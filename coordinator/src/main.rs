@@ -31,6 +31,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at startup: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the coordinator server.
