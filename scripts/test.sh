@@ -37,6 +37,9 @@ if [ -z "${RSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
 fi
 # The packaged service is not used: tests start their own servers. Leave 6379 alone.
 
+target_dir="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$target_dir"
+echo "== disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free where the build goes ($target_dir; a full build takes about 3 GiB)"
 echo "== build (all binaries the end-to-end tests spawn, and every test)"
 # With the tests selected, cargo unifies the dev-dependencies' features into this build, so
 # the binaries and `cargo test` below share one feature set and every dependency is compiled
