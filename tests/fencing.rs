@@ -102,17 +102,7 @@ async fn wait_sole_owner(stack: &Stack, member: &str) {
 
 /// `(pending, lag)` of the group on the shard (`XINFO GROUPS`).
 fn group_numbers(con: &mut redis::Connection) -> (u64, Option<u64>) {
-    let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(SHARD_KEY)
-        .query(con)
-        .expect("XINFO GROUPS");
-    let g = info
-        .groups
-        .iter()
-        .find(|g| g.name == GROUP)
-        .expect("group on the shard");
-    (g.pending as u64, g.lag.map(|l| l as u64))
+    pods::group_on_shard(con, SHARD_KEY, GROUP)
 }
 
 /// Entries pending for one consumer (`XINFO CONSUMERS`), 0 when it is unknown.

@@ -493,6 +493,26 @@ pub(crate) fn xlen(con: &mut redis::Connection, key: &str) -> u64 {
     redis::cmd("XLEN").arg(key).query(con).expect("XLEN")
 }
 
+/// `(pending, lag)` of consumer group `group` on the shard key `key` (`XINFO GROUPS`; lag is
+/// `None` when Redis cannot tell).
+pub(crate) fn group_on_shard(
+    con: &mut redis::Connection,
+    key: &str,
+    group: &str,
+) -> (u64, Option<u64>) {
+    let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query(con)
+        .expect("XINFO GROUPS");
+    let g = info
+        .groups
+        .iter()
+        .find(|g| g.name == group)
+        .expect("group on the shard");
+    (g.pending as u64, g.lag.map(|l| l as u64))
+}
+
 /// Waits until `cond` holds, polling every 100 ms, or panics after `secs`.
 /// Like [`eventually`], with an asynchronous condition (e.g. a pod's metric).
 #[allow(dead_code)]

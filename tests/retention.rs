@@ -497,7 +497,8 @@ fn operator_cli(url: &str, args: &[&str]) -> (i32, String, String) {
 /// Dead-letter redrive (PROTOCOL §18): a pod dead-letters every entry of a poison key; a dry
 /// run lists them and changes nothing; bad input is refused clearly; the redrive (API with
 /// a limit, then the CLI) republishes them to the key's shard with `rsc-redrive-count` and
-/// empties `<stream>:dlq`; a healthy pod of the group then handles them all, in key order.
+/// empties `<stream>:dlq`; a healthy pod of the group then handles them all, in key order,
+/// while a pod of another group of the stream acknowledges them without handling them.
 #[tokio::test]
 async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
     let _serial = SERIAL.lock().await;
@@ -505,6 +506,10 @@ async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
     stack
         .create_group("g", "rd", 2, SESSION_MS, HEARTBEAT_MS)
         .await;
+    stack
+        .create_group("other", "rd", 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let other_pod = pod(&stack, "127.0.0.45", "other", "rd", "rec-rd-other");
     let mut sick = Consumer::start(
         &stack,
         "127.0.0.36",
@@ -522,6 +527,7 @@ async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
         ],
     );
     stack.wait_stable("g", 1, 2).await;
+    stack.wait_stable("other", 2, 2).await;
     finish_producer(spawn_producer(&stack, "rd", 200, 10, None), 200);
     let mut con = stack.redis();
     eventually("20 dead letters of k3 and 180 handled", 30, || {
@@ -669,6 +675,28 @@ async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
     sorted.sort_unstable();
     assert_eq!(seqs, sorted, "per-key order of the redriven entries");
     assert_eq!(seqs.len(), 20, "each handled once");
+    // The other group was delivered the 20 too (nothing pending, no lag on either shard) and
+    // handled none of them: its record holds the 200 originals only.
+    eventually("the other group acknowledged everything", 30, || {
+        ["rd:0", "rd:1"]
+            .iter()
+            .all(|key| pods::group_on_shard(&mut con, key, "other") == (0, Some(0)))
+            .then_some(())
+    })
+    .await;
+    let other = handled(&mut con, "rec-rd-other");
+    assert_eq!(
+        other.len(),
+        200,
+        "the other group handled only the originals"
+    );
+    let skipped = other_pod
+        .metric(
+            "rsc_client_redriven_skipped_total",
+            &[("group", "other"), ("stream", "rd")],
+        )
+        .await;
+    assert_eq!(skipped, Some(20.0), "counted as skipped");
     let (_, audit) = stack.api.get("/v1/audit").await;
     assert!(
         audit["entries"]

@@ -129,6 +129,8 @@ pub(crate) struct ShardWorker {
     /// Gauges of the dispatch: entries in flight, entries queued.
     in_flight_gauge: metrics::Gauge,
     queued_gauge: metrics::Gauge,
+    /// Entries redriven for another group, acknowledged unhandled (PROTOCOL §18).
+    skipped: metrics::Counter,
     /// The last read of new entries found none: wait on the doorbell for entries after this
     /// id before reading again.
     waiting_after: Option<String>,
@@ -178,7 +180,10 @@ impl ShardWorker {
             parked: metrics::gauge!("rsc_client_shard_parked_entries", &labels),
         };
         ShardWorker {
-            dispatch: dispatch::Dispatch::new(dispatch_shape(&shared.listener)),
+            dispatch: dispatch::Dispatch::new(dispatch_shape(&shared.listener))
+                .for_group(&shared.group),
+            skipped: metrics::counter!("rsc_client_redriven_skipped_total",
+                "group" => shared.group.clone(), "stream" => shared.stream.clone()),
             calls: calls::Calls::default(),
             runner,
             in_flight_gauge: metrics::gauge!("rsc_client_shard_in_flight_entries", &labels),

@@ -21,6 +21,9 @@
 //! - At most `bound` entries wait in the queue; the driver reads no more than [`Dispatch::room`]
 //!   (a key parked in retries holds back at most that much memory; past it the shard stops
 //!   reading until the queue drains).
+//! - An entry redriven from another group's dead letters (PROTOCOL §18: its
+//!   `rsc-redrive-group` header names a group, not this one) goes to no call: it is
+//!   acknowledged at once, as that group's redrive is not this group's business.
 //! - After [`Dispatch::stop`] no call starts; the queue is dropped (those entries stay
 //!   pending in Redis); the calls in flight finish and their acknowledgements are still given.
 
@@ -32,6 +35,10 @@ pub(crate) trait Keyed {
     fn id(&self) -> &str;
     /// The routing key, if the entry has one.
     fn key(&self) -> Option<&str>;
+    /// The group a dead-letter redrive republished the entry for (PROTOCOL §18), if any.
+    fn redriven_for(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Keyed for std::sync::Arc<crate::message::Entry> {
@@ -41,6 +48,12 @@ impl Keyed for std::sync::Arc<crate::message::Entry> {
 
     fn key(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+
+    fn redriven_for(&self) -> Option<&str> {
+        self.headers
+            .get(rsc_protocol::entry::REDRIVE_GROUP_HEADER)
+            .map(String::as_str)
     }
 }
 
@@ -106,6 +119,10 @@ pub(crate) struct Dispatch<E> {
     acks: Vec<String>,
     next_call: u64,
     stopping: bool,
+    /// The group this dispatch handles for (entries redriven for another are skipped).
+    group: Option<String>,
+    /// Entries skipped as redriven for another group, since [`Self::take_skipped`].
+    skipped: u64,
 }
 
 impl<E: Keyed> Dispatch<E> {
@@ -126,18 +143,47 @@ impl<E: Keyed> Dispatch<E> {
             acks: Vec::new(),
             next_call: 0,
             stopping: false,
+            group: None,
+            skipped: 0,
         }
     }
 
-    /// Queues entries read in stream order; ids already known are skipped. Returns how many
-    /// were queued (none once stopping).
+    /// The dispatch of `group`'s worker: entries redriven for another group are acknowledged
+    /// without a call.
+    pub(crate) fn for_group(mut self, group: &str) -> Self {
+        self.group = Some(group.to_owned());
+        self
+    }
+
+    /// How many entries were skipped as redriven for another group since the last call.
+    pub(crate) fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.skipped)
+    }
+
+    /// Whether `e` was redriven for a group other than this dispatch's.
+    fn redriven_elsewhere(&self, e: &E) -> bool {
+        match (e.redriven_for(), self.group.as_deref()) {
+            (Some(for_group), Some(group)) => for_group != group,
+            _ => false,
+        }
+    }
+
+    /// Queues entries read in stream order; ids already known are skipped, and entries
+    /// redriven for another group go straight to the acknowledgements. Returns how many were
+    /// queued (none once stopping).
     pub(crate) fn offer(&mut self, entries: impl IntoIterator<Item = E>) -> usize {
         if self.stopping {
             return 0;
         }
         let mut n = 0;
         for e in entries {
-            if self.known.insert(e.id().to_owned()) {
+            if !self.known.insert(e.id().to_owned()) {
+                continue;
+            }
+            if self.redriven_elsewhere(&e) {
+                self.acks.push(e.id().to_owned());
+                self.skipped += 1;
+            } else {
                 self.queue.push_back(e);
                 n += 1;
             }

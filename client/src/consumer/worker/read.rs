@@ -202,6 +202,7 @@ impl ShardWorker {
         self.in_flight_gauge
             .set(self.dispatch.entries_in_flight() as f64);
         self.queued_gauge.set(self.dispatch.queued() as f64);
+        self.skipped.increment(self.dispatch.take_skipped());
     }
 
     /// Stopping: waits for the calls in flight (a retry's wait is cut short by the stop; a

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 struct E {
     id: String,
     key: Option<String>,
+    redriven_for: Option<String>,
 }
 
 impl Keyed for E {
@@ -18,12 +19,17 @@ impl Keyed for E {
     fn key(&self) -> Option<&str> {
         self.key.as_deref()
     }
+
+    fn redriven_for(&self) -> Option<&str> {
+        self.redriven_for.as_deref()
+    }
 }
 
 fn e(seq: u64, key: Option<&str>) -> E {
     E {
         id: format!("{seq}-0"),
         key: key.map(str::to_owned),
+        redriven_for: None,
     }
 }
 
@@ -38,6 +44,36 @@ fn shape(lanes: usize, batch: usize) -> Shape {
 
 fn ids(call: &Call<E>) -> Vec<&str> {
     call.entries.iter().map(|e| e.id.as_str()).collect()
+}
+
+#[test]
+fn an_entry_redriven_for_another_group_is_acknowledged_without_a_call() {
+    let mut d = Dispatch::new(shape(1, 1)).for_group("billing");
+    let redriven = |seq, group: &str| E {
+        redriven_for: Some(group.to_owned()),
+        ..e(seq, Some("a"))
+    };
+    let queued = d.offer([redriven(1, "audit"), redriven(2, "billing"), e(3, None)]);
+    assert_eq!(queued, 2, "another group's redrive is not queued");
+    assert_eq!(d.take_skipped(), 1);
+    assert_eq!(d.take_skipped(), 0, "counted once");
+    assert_eq!(d.take_acks(), ["1-0"], "acknowledged at once");
+    let c = d.next_call().expect("a call");
+    assert_eq!(ids(&c), ["2-0"], "this group's own redrive is handled");
+    d.acked(&["1-0".to_owned()]);
+    assert_eq!(
+        d.offer([redriven(1, "audit")]),
+        0,
+        "a re-read after the ack skips it again"
+    );
+    assert_eq!(d.take_acks(), ["1-0"]);
+
+    let mut anonymous = Dispatch::new(shape(1, 1));
+    assert_eq!(
+        anonymous.offer([redriven(4, "audit")]),
+        1,
+        "no group: nothing skipped"
+    );
 }
 
 #[test]
@@ -252,7 +288,7 @@ proptest! {
                     let room = d.room();
                     let new: Vec<E> = keys.into_iter().take(room).map(|k| {
                         seq_no += 1;
-                        E { id: format!("{seq_no}-0"), key: k.map(|k| format!("k{k}")) }
+                        E { id: format!("{seq_no}-0"), key: k.map(|k| format!("k{k}")), redriven_for: None }
                     }).collect();
                     m.read.extend(new.iter().cloned());
                     d.offer(new);
