@@ -47,11 +47,11 @@ run() { echo; echo "== $*"; "$bin/$@"; }
 
 run assignor $quick
 if [ -n "$quick" ]; then
-  run heartbeat --quick
+  run heartbeat --quick --https
   run heartbeat --quick --fencing strict
   run heartbeat --quick --members 200 --shards 1024 --rss
 else
-  run heartbeat
+  run heartbeat --https
   run heartbeat --fencing strict
   run heartbeat --members 1000 --shards 4096 --rss
 fi

@@ -719,6 +719,22 @@ async fn chaos_soak() {
     chaos(Some(secs)).await;
 }
 
+/// Checks a scenario's records against its faults (every produced entry handled, nothing
+/// else wrong), prints the report and fails the test on a finding.
+fn check_scenario(records: &[Handled], faults: &[Fault], produced: u64, name: &str) -> Report {
+    let report = check(
+        records,
+        faults,
+        CheckConfig {
+            produced,
+            aftermath_ms: AFTERMATH_MS,
+        },
+    );
+    eprintln!("{}", report.summary(name));
+    assert!(!report.failed(), "{}", report.summary(name));
+    report
+}
+
 /// The group view's owner of each shard.
 async fn owners(w: &World) -> HashMap<u64, String> {
     let (_, g) = w
@@ -796,16 +812,7 @@ async fn partition_self_fences_before_reassignment() {
             moved_ms - cut_ms
         );
     }
-    let report = check(
-        &records,
-        &w.faults,
-        CheckConfig {
-            produced: count,
-            aftermath_ms: AFTERMATH_MS,
-        },
-    );
-    eprintln!("{}", report.summary("partition"));
-    assert!(!report.failed(), "{}", report.summary("partition"));
+    let report = check_scenario(&records, &w.faults, count, "partition");
     assert!(report.stale_inflight.is_empty() && report.overlaps.is_empty());
 }
 
@@ -876,16 +883,7 @@ async fn redis_outage_recovers() {
     let records = w.drain(count, 60).await;
     let resumed = records.iter().any(|r| r.started_ms > t + 10_000);
     assert!(resumed, "nothing handled after Redis returned");
-    let report = check(
-        &records,
-        &w.faults,
-        CheckConfig {
-            produced: count,
-            aftermath_ms: AFTERMATH_MS,
-        },
-    );
-    eprintln!("{}", report.summary("redis outage"));
-    assert!(!report.failed(), "{}", report.summary("redis outage"));
+    check_scenario(&records, &w.faults, count, "redis outage");
 }
 
 /// The finding behind strict fencing (docs/FENCING.md), reproduced on purpose: a pod whose handler takes 1.5 s is SIGSTOPped
@@ -924,18 +922,5 @@ async fn sigstop_mid_handler_is_classified() {
         .expect("producer runs");
     assert!(out.status.success(), "producer failed");
     let records = w.drain(count, 60).await;
-    let report = check(
-        &records,
-        &w.faults,
-        CheckConfig {
-            produced: count,
-            aftermath_ms: AFTERMATH_MS,
-        },
-    );
-    eprintln!("{}", report.summary("sigstop mid-handler"));
-    assert!(
-        !report.failed(),
-        "{}",
-        report.summary("sigstop mid-handler")
-    );
+    check_scenario(&records, &w.faults, count, "sigstop mid-handler");
 }

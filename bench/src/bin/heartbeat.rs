@@ -6,6 +6,11 @@
 //! cargo build --release --bins && cargo run --release -p rsc-bench --bin heartbeat
 //! ```
 //! Goal: heartbeats/s at least 0.5 of the no-op's.
+//!
+//! With `--https` (P1-TLS): the same steady heartbeats to a second coordinator replica of the
+//! same store serving HTTPS (`--tls-cert`, certificates made by `openssl`), against the
+//! plain-HTTP replica, alternating, same run (goal ≥ 0.8 with keep-alive); and what one TLS
+//! handshake costs (a request on a new connection against one on a kept-alive connection).
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -46,6 +51,10 @@ struct Args {
     /// server), and every steady heartbeat re-asserts the member's owner tokens there.
     #[arg(long, default_value = "lease", value_parser = ["lease", "strict"])]
     fencing: String,
+    /// Also measure P1 over HTTPS against plain HTTP (P1-TLS; a second coordinator replica
+    /// of the same store, serving HTTPS).
+    #[arg(long)]
+    https: bool,
 }
 
 /// Builds the request a load loop sends: `(client, worker, iteration)`.
@@ -64,6 +73,132 @@ async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Result<(u16, V
     let status = r.status().as_u16();
     let v = r.json().await.unwrap_or(Value::Null);
     Ok((status, v))
+}
+
+/// The steady heartbeats of the members (`raw`: their bodies), spread over the load's
+/// workers, to `hb_url`.
+fn heartbeats_to(hb_url: Arc<String>, raw: Arc<Vec<&'static [u8]>>, workers: usize) -> MakeRequest {
+    Arc::new(move |http, worker, n| {
+        let i = (worker + n as usize * workers) % raw.len();
+        http.post(hb_url.as_str())
+            .header("content-type", "application/json")
+            .body(raw[i])
+    })
+}
+
+/// P1-TLS: the steady heartbeats over HTTPS to a second replica of the same store, against
+/// the plain-HTTP replica.
+struct TlsRun<'a> {
+    args: &'a Args,
+    store_url: &'a str,
+    plain_base: &'a str,
+    raw: Arc<Vec<&'static [u8]>>,
+}
+
+impl TlsRun<'_> {
+    async fn rows(&self) -> Result<Vec<Row>> {
+        let certs = rsc_testkit::TlsCerts::generate().context("certificates (openssl)")?;
+        let (cert, key) = (certs.server_cert(), certs.server_key());
+        let coordinator = CoordinatorProcess::start(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            self.store_url,
+            "--key-prefix",
+            "bench",
+            "--tls-cert",
+            cert.to_str().context("path")?,
+            "--tls-key",
+            key.to_str().context("path")?,
+        ])
+        .context("rsc-coordinator with --tls-cert")?;
+        let https_base = format!("https://{}", coordinator.addr());
+        let tls = rsc_client::CoordinatorTls {
+            ca: Some(certs.ca()),
+            ..Default::default()
+        };
+        let client = |alpn: &[u8], pool: usize| -> Result<reqwest::Client> {
+            let mut config = tls.rustls_config(true)?;
+            config.alpn_protocols = vec![alpn.to_vec()];
+            Ok(reqwest::Client::builder()
+                .tls_backend_preconfigured(config)
+                .pool_max_idle_per_host(pool)
+                .build()?)
+        };
+        let n = self.args.concurrency;
+        let (h1, h2) = (client(b"http/1.1", n)?, client(b"h2", n)?);
+        let plain = reqwest::Client::builder()
+            .pool_max_idle_per_host(n)
+            .build()?;
+        let to = |base: &str| {
+            let url = Arc::new(format!("{base}/v1/groups/bench/heartbeat"));
+            heartbeats_to(url, self.raw.clone(), n)
+        };
+        let (over_plain, over_tls) = (to(self.plain_base), to(&https_base));
+        let duration = Duration::from_millis(self.args.duration_ms);
+        for (http, hb) in [(&plain, &over_plain), (&h1, &over_tls), (&h2, &over_tls)] {
+            load(http, n, duration / 2, hb.clone()).await?;
+        }
+        let (mut plain_rates, mut h1_rates, mut h2_rates) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..self.args.reps {
+            plain_rates.push(load(&plain, n, duration, over_plain.clone()).await?);
+            h1_rates.push(load(&h1, n, duration, over_tls.clone()).await?);
+            h2_rates.push(load(&h2, n, duration, over_tls.clone()).await?);
+        }
+        let handshake = self.handshake_ms(&client, &https_base).await?;
+        drop(coordinator);
+        let name = |how: &str| {
+            format!(
+                "P1-TLS steady heartbeats over HTTPS ({how}, keep-alive, {} members, {n} in flight) vs plain HTTP/1.1, same store",
+                self.args.members
+            )
+        };
+        let row = |how: &str, rates: &[f64], goal: &str| Row {
+            name: name(how),
+            unit: "req/s".into(),
+            value: summarize(rates),
+            baseline: Some(summarize(&plain_rates)),
+            goal: goal.into(),
+        };
+        Ok(vec![
+            row("HTTP/1.1 by ALPN", &h1_rates, "ratio >= 0.8"),
+            row("HTTP/2 by ALPN", &h2_rates, "-"),
+            Row {
+                name: "P1-TLS one TLS handshake (a request on a new connection minus one on a kept-alive connection, sequential)".into(),
+                unit: "ms".into(),
+                value: summarize(&[handshake]),
+                baseline: None,
+                goal: "-".into(),
+            },
+        ])
+    }
+
+    /// The median request time on a new HTTPS connection minus that on a kept-alive one
+    /// (`GET /healthz`, one at a time).
+    async fn handshake_ms(
+        &self,
+        client: &dyn Fn(&[u8], usize) -> Result<reqwest::Client>,
+        https_base: &str,
+    ) -> Result<f64> {
+        let url = format!("{https_base}/healthz");
+        let kept = client(b"http/1.1", 1)?;
+        kept.get(&url).send().await?.error_for_status()?;
+        let fresh = client(b"http/1.1", 0)?;
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (mut new_conn, mut reused) = (Vec::new(), Vec::new());
+        for _ in 0..200 {
+            let t = Instant::now();
+            fresh.get(&url).send().await?.error_for_status()?;
+            new_conn.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            kept.get(&url).send().await?.error_for_status()?;
+            reused.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(median(new_conn) - median(reused))
+    }
 }
 
 fn heartbeat_body(m: &Member) -> Value {
@@ -264,21 +399,13 @@ async fn main() -> Result<()> {
     let bodies: Arc<Vec<Value>> = Arc::new(members.iter().map(heartbeat_body).collect());
     let concurrency = args.concurrency;
     // Bodies serialized once: the load generator does the same work for both routes.
-    let raw: Arc<Vec<&'static [u8]>> = Arc::new(
+    let raw_bodies: Arc<Vec<&'static [u8]>> = Arc::new(
         bodies
             .iter()
             .map(|b| &*Vec::leak(serde_json::to_vec(b).expect("json")))
             .collect(),
     );
-    let heartbeat: MakeRequest = {
-        let hb_url = hb_url.clone();
-        Arc::new(move |http, worker, n| {
-            let i = (worker + n as usize * concurrency) % raw.len();
-            http.post(hb_url.as_str())
-                .header("content-type", "application/json")
-                .body(raw[i])
-        })
-    };
+    let heartbeat = heartbeats_to(hb_url.clone(), raw_bodies.clone(), concurrency);
     let health_url = Arc::new(format!("{base}/healthz"));
     let healthz: MakeRequest = Arc::new(move |http, _, _| http.get(health_url.as_str()));
 
@@ -379,6 +506,15 @@ async fn main() -> Result<()> {
             baseline: None,
             goal: "< 100 MB".into(),
         });
+    }
+    if args.https {
+        let tls = TlsRun {
+            args: &args,
+            store_url: &url,
+            plain_base: &base,
+            raw: raw_bodies.clone(),
+        };
+        rows.extend(tls.rows().await?);
     }
     emit(&rows)?;
     println!(
