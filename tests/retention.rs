@@ -710,7 +710,7 @@ async fn redrive_republishes_the_dead_letters_and_empties_the_dlq() {
 
 /// Retention on a Redis Cluster data Redis (PROTOCOL §18): the shard keys sit in different
 /// slots (the lag reads and the trims go one pipeline per key); what both groups handled is
-/// trimmed.
+/// trimmed. Then a dead-letter redrive on the cluster reaches only its group.
 #[tokio::test]
 async fn entries_every_group_acknowledged_are_trimmed_on_a_redis_cluster() {
     let _serial = SERIAL.lock().await;
@@ -814,5 +814,67 @@ async fn entries_every_group_acknowledged_are_trimmed_on_a_redis_cluster() {
         )
         .await;
     assert!(trimmed >= (n - SLACK) as f64, "trimmed {trimmed}");
+
+    // Redrive on the cluster: dead letters of group a (in `<stream>:dlq`'s slot) go back to
+    // their keys' shards (other slots, one fenced transaction each); a handles them, b
+    // acknowledges them unhandled.
+    let dlq = format!("{stream}:dlq");
+    for i in 0..6 {
+        let _: String = redis::cmd("XADD")
+            .arg(&dlq)
+            .arg("*")
+            .arg(&[
+                ("payload", format!("dead{i}")),
+                ("key", format!("k{i}")),
+                ("group", "a".into()),
+                ("error", "boom".into()),
+                ("origin", format!("{stream}:0")),
+                ("origin_id", "1-0".into()),
+                ("attempts", "1".into()),
+            ])
+            .query(&mut con)
+            .expect("XADD dead letter");
+    }
+    let (s, b) = api
+        .post(
+            &format!("/v1/streams/{stream}/dlq/redrive"),
+            json!({"group": "a"}),
+        )
+        .await;
+    assert_eq!(
+        (s, b["redriven"].as_u64()),
+        (StatusCode::OK, Some(6)),
+        "{b}"
+    );
+    let left: u64 = redis::cmd("XLEN").arg(&dlq).query(&mut con).unwrap();
+    assert_eq!(left, 0, "the dead-letter stream is emptied");
+    let count = |g: &str| seen.lock().unwrap().iter().filter(|(h, _)| h == g).count() as u64;
+    eventually("group a handled the 6 redriven entries", 30, || {
+        (count("a") == n + 6).then_some(())
+    })
+    .await;
+    // b has been delivered everything on every shard and has nothing pending.
+    let caught_up = |con: &mut redis::cluster::ClusterConnection, key: &str| {
+        let info: redis::streams::StreamInfoStreamReply = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(key)
+            .query(con)
+            .unwrap();
+        let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(key)
+            .query(con)
+            .unwrap();
+        groups.groups.iter().any(|g| {
+            g.name == "b" && g.pending == 0 && g.last_delivered_id == info.last_generated_id
+        })
+    };
+    eventually("group b acknowledged them", 30, || {
+        (0..SHARDS)
+            .all(|i| caught_up(&mut con, &format!("{stream}:{i}")))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(count("b"), n, "group b handled none of a's redrive");
     run.abort();
 }
