@@ -9,6 +9,9 @@
 #        RSC_SCHEMATHESIS_EXAMPLES  examples per operation   [50]
 #        RSC_SCHEMATHESIS_SEED      generation seed          [20261130]
 #        RSC_SCHEMATHESIS_TIMEOUT   wall-clock cap, seconds  [900]
+#        RSC_SCHEMATHESIS_TLS       1: the coordinator serves HTTPS (PROTOCOL §20; a
+#                                   certificate made here by openssl), and the run goes
+#                                   over it                  [unset: plain HTTP]
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -52,8 +55,21 @@ ACL
 
 # A wake-up channel is an endless event stream: with a 1 s idle timeout each one ends soon
 # after its `ready` event, so that schemathesis can check it and move on.
+SCHEME=http
+TLS_ARGS=()
+CURL_TLS=()
+VERIFY=()
+if [ -n "${RSC_SCHEMATHESIS_TLS:-}" ]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=rsc schemathesis" -addext "subjectAltName=IP:127.0.0.1" \
+        -keyout "$WORK/tls.key" -out "$WORK/tls.crt" 2>/dev/null
+    SCHEME=https
+    TLS_ARGS=(--tls-cert "$WORK/tls.crt" --tls-key "$WORK/tls.key")
+    CURL_TLS=(--cacert "$WORK/tls.crt")
+    VERIFY=(--tls-verify "$WORK/tls.crt")
+fi
 "$BIN" serve --listen 127.0.0.1:0 --store memory --acl "$WORK/acl.toml" \
-    --admin-rate 100000 --admin-burst 100000 --wake-idle-timeout-ms 1000 \
+    --admin-rate 100000 --admin-burst 100000 --wake-idle-timeout-ms 1000 "${TLS_ARGS[@]}" \
     >"$WORK/coordinator.log" 2>&1 &
 COORD_PID=$!
 ADDR=""
@@ -64,12 +80,12 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 [ -n "$ADDR" ] || { echo "coordinator did not start"; cat "$WORK/coordinator.log"; exit 1; }
-BASE="http://$ADDR"
+BASE="$SCHEME://$ADDR"
 
 # Fixtures named like the document's examples, so example-driven cases reach real data.
-curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
+curl -fsS "${CURL_TLS[@]}" -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
     -d '{"group":"billing","stream":"orders","shard_count":4}' "$BASE/v1/groups"
-curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
+curl -fsS "${CURL_TLS[@]}" -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
     -d '{"protocol_version":1,"member_id":"10.0.0.7-billing-0","member_epoch":0}' \
     "$BASE/v1/groups/billing/heartbeat"
 
@@ -101,7 +117,7 @@ START=$(date +%s)
 set +e
 timeout "$TIMEOUT" "$VENV/bin/schemathesis" --config-file "$WORK/schemathesis.toml" \
     run "$BASE/openapi.json" \
-    --header "Authorization: Bearer $TOKEN" \
+    --header "Authorization: Bearer $TOKEN" "${VERIFY[@]}" \
     --max-examples "$EXAMPLES" --seed "$SEED" --generation-database none \
     --workers 1 --no-color
 STATUS=$?
