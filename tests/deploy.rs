@@ -271,6 +271,38 @@ fn https_manifest_mounts_every_tls_file_and_probes_the_tls_port() {
         volumes.contains("serviceAccountToken"),
         "a projected token: {volumes}"
     );
+    // The token is for the coordinator (its [[jwt]] audience), of a service account of its own.
+    let token = &consumer["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "token")
+        .expect("token volume")["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(token["audience"], "rsc-coordinator");
+    assert!(
+        token["expirationSeconds"]
+            .as_u64()
+            .is_some_and(|s| s >= 600)
+    );
+    let account = consumer["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    find(&docs, "ServiceAccount", account);
+    // The coordinator mounts the cluster's JWKS (a ConfigMap) for its [[jwt]] entries.
+    let volumes = deploy["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains("rsc-coordinator-jwks"), "{volumes}");
+    let mounts = mount_paths(deploy);
+    assert!(mounts.contains(&"/etc/rsc/jwks".to_owned()), "{mounts:?}");
+}
+
+/// The mount paths of a Deployment's only container.
+fn mount_paths(deployment: &Value) -> Vec<String> {
+    container(deployment)["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["mountPath"].as_str().map(str::to_owned))
+        .collect()
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod pods;
 mod security;
 
 mod acl;
+mod acl_reload;
 mod audit;
 mod autoscaling;
 mod chaos;
@@ -28,6 +29,7 @@ mod fencing;
 mod guide;
 mod heartbeat_batch;
 mod http_api;
+mod jwt;
 mod key_lanes;
 mod lag_sampling;
 mod lifecycle;

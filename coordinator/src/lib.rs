@@ -64,3 +64,4 @@ pub mod service;
 pub mod store;
 pub mod tls;
 mod wake;
+mod watch;

@@ -2,7 +2,7 @@
 
 use crate::api::{self, AppState};
 use crate::audit::{Auditor, RevisionRecordingStore};
-use crate::auth::{Acl, AdminRateLimiter, Security};
+use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, History, InstrumentedStore, LagProbe};
@@ -121,7 +121,7 @@ pub async fn serve(
     let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
     let auditor = Auditor::new(store.clone(), clock.clone());
     let security = Arc::new(Security::new(
-        acl,
+        acl.clone(),
         AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
         auditor.clone(),
         cfg.body_limit,
@@ -133,10 +133,18 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
+    // One poll (and one SIGHUP handler) for every file re-read while serving.
+    let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
     let acceptor = tls.map(|(acceptor, resolver)| {
-        tasks.push(tokio::spawn(resolver.watch()));
+        watched.push(resolver);
         acceptor
     });
+    if let Some(acl) = acl {
+        watched.push(acl);
+    }
+    if !watched.is_empty() {
+        tasks.push(tokio::spawn(crate::watch::run(watched)));
+    }
     let app = api::router(
         AppState::new(api::Shared {
             coordinator,
@@ -187,13 +195,14 @@ fn load_listener_tls(
     Ok(Some((TlsAcceptor::from(Arc::new(config)), resolver)))
 }
 
-/// The ACL the configuration names, loaded; `None` (every request anonymous) without one.
-fn load_acl(cfg: &ServeConfig) -> anyhow::Result<Option<Acl>> {
+/// The ACL the configuration names, loaded and to be watched for changes; `None` (every
+/// request anonymous) without one. A file that cannot be used stops startup, named.
+fn load_acl(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<LiveAcl>>> {
     Ok(match &cfg.acl {
         Some(path) => {
-            let acl = Acl::load(path)?;
-            info!(file = %path.display(), tokens = acl.len(), "ACL loaded");
-            Some(acl)
+            let acl = LiveAcl::load(path)?;
+            info!(file = %path.display(), entries = acl.current().len(), "ACL loaded");
+            Some(Arc::new(acl))
         }
         None => {
             warn!("no ACL: every request is served as principal `anonymous` with every role");

@@ -6,9 +6,11 @@
 //! with, so a rotation drops nothing. The files are re-read when their modification time,
 //! size or inode changes (a poll every [`POLL_EVERY`]: two `stat` calls a second, and it
 //! sees a Kubernetes secret volume's `..data` symlink swap, which a watch on the files
-//! themselves misses) and on SIGHUP. A reload that fails keeps the old certificate, logs the
-//! file at fault and counts `rsc_tls_reload_errors_total`.
+//! themselves misses) and on SIGHUP — the mechanism the ACL file shares. A reload that fails
+//! keeps the old certificate, logs the file at fault and counts
+//! `rsc_tls_reload_errors_total`.
 
+use crate::watch::{self, Stamp, stamp};
 use arc_swap::ArcSwap;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
@@ -18,11 +20,11 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// How often the certificate and key files are checked for a change.
-pub const POLL_EVERY: Duration = Duration::from_secs(1);
+pub const POLL_EVERY: Duration = watch::POLL_EVERY;
 
 /// The listener's TLS files (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,15 +207,6 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsSe
     }
 }
 
-/// What a file looked like when last read: a change of any part means "read it again".
-type Stamp = Option<(SystemTime, u64, u64)>;
-
-fn stamp(path: &Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
-}
-
 /// The served certificate, swapped in place on reload.
 #[derive(Debug)]
 pub struct CertResolver {
@@ -277,26 +270,13 @@ impl CertResolver {
 
     /// Polls the files every [`POLL_EVERY`] and reloads on SIGHUP, forever.
     pub async fn watch(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(POLL_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        loop {
-            #[cfg(unix)]
-            let force = tokio::select! {
-                _ = tick.tick() => false,
-                Some(()) = async { hup.as_mut()?.recv().await } => {
-                    info!("SIGHUP received; re-reading the TLS certificate and key");
-                    true
-                }
-            };
-            #[cfg(not(unix))]
-            let force = {
-                tick.tick().await;
-                false
-            };
-            self.reload(force);
-        }
+        watch::run(vec![self]).await
+    }
+}
+
+impl watch::Reload for CertResolver {
+    fn reload(&self, force: bool) -> bool {
+        CertResolver::reload(self, force)
     }
 }
 

@@ -1069,10 +1069,12 @@ pub struct StreamList {
 pub struct AuditEntry {
     /// When the coordinator answered (Unix ms).
     pub time_ms: u64,
-    /// Who asked: the ACL entry's `principal`, or `anonymous` (no ACL, or no valid token).
+    /// Who asked: the ACL entry's `principal`, a JWT's `sub`, or `anonymous` (no ACL, or no
+    /// valid credential).
     pub principal: String,
-    /// How the principal was authenticated (PROTOCOL §8): `token`, `cert_subject` (a client
-    /// certificate), or `anonymous` (no ACL, or no valid credential). Absent in entries the
+    /// How the principal was authenticated (PROTOCOL §8, §20): `token`, `cert_subject` (a
+    /// client certificate), `jwt` (a signed JWT a `[[jwt]]` entry accepts), or `anonymous`
+    /// (no ACL, or no valid credential). Absent in entries the
     /// coordinator writes itself and in entries older coordinators wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,

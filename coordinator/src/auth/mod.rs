@@ -2,19 +2,26 @@
 //! glob scopes, the per-route access policy, and the admin rate limit.
 //!
 //! [`enforce`] is the axum middleware in front of every route. It looks the route up in
-//! [`policy::ROUTES`], authenticates the bearer token — or, over mutual TLS, the connection's
-//! client certificate by an entry's `cert_subject` (PROTOCOL §20) — against the [`Acl`] (or,
-//! without an ACL, treats every request as the all-powerful `anonymous` principal), checks role and
-//! scope, and hands the handler a [`Principal`] in the request extensions. Admin mutations
-//! additionally pass the per-principal rate limit and are audited, whatever the outcome.
+//! [`policy::ROUTES`], authenticates the bearer token (an ACL token, or a JWT a `[[jwt]]`
+//! entry accepts) — or, over mutual TLS, the connection's client certificate by an entry's
+//! `cert_subject` (PROTOCOL §20) — against the ACL served now ([`LiveAcl`], re-read when its
+//! files change), or, without an ACL, treats every request as the all-powerful `anonymous`
+//! principal; then checks role and scope, and hands the handler a [`Principal`] in the
+//! request extensions. Admin mutations additionally pass the per-principal rate limit and
+//! are audited, whatever the outcome. Every `401` is counted in
+//! `rsc_auth_refusals_total{reason}`.
 
 mod acl;
 mod glob;
+mod jwt;
+mod live;
 mod middleware;
 pub(crate) mod policy;
 mod rate_limit;
+mod refusal;
 
-pub(crate) use acl::{ANONYMOUS, Acl, Credential, Principal, Role};
+pub(crate) use acl::{ANONYMOUS, Credential, Principal, Role};
+pub(crate) use live::LiveAcl;
 pub(crate) use middleware::{check_item_group, enforce};
 pub(crate) use rate_limit::{AdminRateLimiter, retry_after_secs};
 
@@ -23,12 +30,15 @@ use crate::http_error::ApiError;
 use crate::tls::ClientCertificate;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
+use refusal::Refusal;
 use rsc_protocol::ErrorCode;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Everything the access middleware needs.
 #[derive(Debug)]
 pub(crate) struct Security {
-    acl: Option<Acl>,
+    acl: Option<Arc<LiveAcl>>,
     limiter: AdminRateLimiter,
     auditor: Auditor,
     body_limit: usize,
@@ -37,7 +47,7 @@ pub(crate) struct Security {
 impl Security {
     /// `acl: None` serves every request as `anonymous` with every role and scope.
     pub(crate) fn new(
-        acl: Option<Acl>,
+        acl: Option<Arc<LiveAcl>>,
         limiter: AdminRateLimiter,
         auditor: Auditor,
         body_limit: usize,
@@ -50,35 +60,35 @@ impl Security {
         }
     }
 
-    /// The principal of a request (PROTOCOL §8): with an ACL, from its bearer token when it
-    /// sends one, else from the client certificate of its connection (`cert`, mutual TLS)
-    /// when an entry's `cert_subject` names it; `anonymous` (every role) without an ACL.
-    /// `401 UNAUTHENTICATED` for a missing, malformed or unknown token, or a certificate
-    /// no entry names.
+    /// The principal of a request (PROTOCOL §8, §20): with an ACL, from its bearer token
+    /// when it sends one (a token entry, else a JWT a `[[jwt]]` entry accepts), else from
+    /// the client certificate of its connection (`cert`, mutual TLS) when an entry's
+    /// `cert_subject` names it; `anonymous` (every role) without an ACL.
+    /// `401 UNAUTHENTICATED` saying which check failed otherwise, counted by reason.
     pub(crate) fn authenticate(
         &self,
         headers: &HeaderMap,
         cert: Option<&ClientCertificate>,
     ) -> Result<Principal, ApiError> {
-        let Some(acl) = &self.acl else {
+        let Some(live) = &self.acl else {
             return Ok(Principal::open());
         };
-        let unauthenticated = |m: String| ApiError::new(ErrorCode::Unauthenticated, m);
-        match (bearer_token(headers), cert) {
-            (Some(token), _) => acl
-                .authenticate(token)
-                .ok_or_else(|| unauthenticated("unknown token".into())),
-            (None, Some(cert)) => acl.authenticate_certificate(cert).ok_or_else(|| {
-                unauthenticated(format!(
-                    "no ACL entry names the client certificate (subject {:?}) in its \
-                     cert_subject; send a bearer token or use a certificate the ACL names",
-                    cert.subject
-                ))
-            }),
-            (None, None) => Err(unauthenticated(
-                "missing bearer token: send `Authorization: Bearer <token>`".into(),
+        let acl = live.current();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let outcome = match (bearer_token(headers), cert) {
+            (Some(token), _) => acl.authenticate(token, now),
+            (None, Some(cert)) => acl.authenticate_certificate(cert, now),
+            (None, None) => Err(Refusal::new(
+                "missing",
+                "missing bearer token: send `Authorization: Bearer <token>`",
             )),
-        }
+        };
+        outcome.map_err(|r| {
+            metrics::counter!("rsc_auth_refusals_total", "reason" => r.reason).increment(1);
+            ApiError::new(ErrorCode::Unauthenticated, r.message)
+        })
     }
 }
 
