@@ -487,24 +487,34 @@ async fn serve_connection<I>(
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .serve_connection(TokioIo::new(io), service);
         let mut conn = std::pin::pin!(conn);
-        tokio::select! {
-            _ = conn.as_mut() => {}
+        let ended = tokio::select! {
+            r = conn.as_mut() => r,
             _ = signal.changed() => {
                 conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
+                conn.await
             }
-        }
+        };
+        connection_ended(ended);
     } else {
         let conn =
             hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
         let mut conn = std::pin::pin!(conn);
-        tokio::select! {
-            _ = conn.as_mut() => {}
+        let ended = tokio::select! {
+            r = conn.as_mut() => r,
             _ = signal.changed() => {
                 conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
+                conn.await
             }
-        }
+        };
+        connection_ended(ended);
+    }
+}
+
+/// A connection that ended with an error (the client went away mid-request, a request that
+/// does not parse) is logged at debug level: the client's doing, and the client saw it.
+fn connection_ended(ended: Result<(), hyper::Error>) {
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 
