@@ -362,10 +362,7 @@ async fn sentinel_over_tls_finds_the_master_and_the_next_one() {
     .expect("the coordinator starts behind TLS sentinels");
     // The wake-up pub/sub goes to the master the sentinels name, over TLS too.
     eventually("the wake-up subscriber connected", 20, || {
-        coordinator
-            .log()
-            .iter()
-            .any(|l| l.contains("wake-up subscriber connected"))
+        coordinator.logged("wake-up subscriber connected")
     })
     .await;
     create_group(
@@ -740,15 +737,10 @@ async fn a_certificate_swapped_on_disk_is_served_to_new_connections() {
 
     std::fs::write(dir.path().join("bad.pem"), "not a certificate\n").unwrap();
     swap_in(&dir.path().join("bad.pem"), &cert);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !coordinator
-        .log()
-        .iter()
-        .any(|l| l.contains("TLS certificate reload failed"))
-    {
-        assert!(Instant::now() < deadline, "the failed reload is logged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the failed reload logged", 5, || {
+        coordinator.logged("TLS certificate reload failed")
+    })
+    .await;
     let fresh = https_client(&second.ca(), None);
     let (s, _) = get_json(&fresh, &base, "/v1/groups", None).await.unwrap();
     assert_eq!(s, 200, "a bad file keeps the certificate served");
@@ -767,15 +759,7 @@ async fn a_certificate_swapped_on_disk_is_served_to_new_connections() {
     let before = reloads(&text);
     assert!(before >= 1.0);
     signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !coordinator
-        .log()
-        .iter()
-        .any(|l| l.contains("SIGHUP received"))
-    {
-        assert!(Instant::now() < deadline, "SIGHUP is logged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("SIGHUP logged", 5, || coordinator.logged("SIGHUP received")).await;
     // The file is still the bad one: the forced reload fails and keeps the certificate.
     let fresh = https_client(&second.ca(), None);
     let (s, _) = get_json(&fresh, &base, "/v1/groups", None).await.unwrap();

@@ -132,6 +132,15 @@ impl CoordinatorProcess {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Whether a line of its log so far contains `text`.
+    pub fn logged(&self, text: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|l| l.contains(text))
+    }
+
     /// SIGKILL, and wait.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
