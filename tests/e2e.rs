@@ -28,6 +28,7 @@ mod fencing;
 mod guide;
 mod heartbeat_batch;
 mod http_api;
+mod idempotence;
 mod key_lanes;
 mod lag_sampling;
 mod lifecycle;
