@@ -203,7 +203,9 @@ fn entry_fields_and_owner_token_match_the_protocol_crate() {
             entry::PAYLOAD,
             entry::KEY,
             entry::CONTENT_TYPE,
-            entry::HEADERS
+            entry::HEADERS,
+            entry::PRODUCER_ID,
+            entry::PRODUCER_SEQ
         ],
         "entry fields of PROTOCOL §2.2, in the producer's order"
     );

@@ -29,6 +29,7 @@ mod fencing;
 mod guide;
 mod heartbeat_batch;
 mod http_api;
+mod idempotence;
 mod jwt;
 mod key_lanes;
 mod lag_sampling;

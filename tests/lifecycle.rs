@@ -464,6 +464,8 @@ async fn a_pod_whose_data_redis_does_not_answer_never_joins() {
     let unreachable = rsc_client::producer::Producer::builder()
         .coordinator(&stack.coordinator.url())
         .redis_url("redis://:s3cret@127.0.0.1:1")
+        // Idempotent publishes are sent again for the retry budget (PROTOCOL §21): short here.
+        .retry_budget(Duration::from_millis(300))
         .build()
         .expect("producer");
     let t = std::time::Instant::now();

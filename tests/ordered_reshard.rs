@@ -310,6 +310,13 @@ async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) 
         records.len()
     );
     assert_eq!(lost, 0);
+    // Idempotent producers (the default): no record written twice, whatever was retried.
+    let (dups, unmarked) = crate::pods::producer_duplicates(&mut con, STREAM, 8);
+    assert_eq!(
+        (dups, unmarked),
+        (0, 0),
+        "producer duplicates, unmarked entries"
+    );
     if ordering == "key" {
         let g = stack.group(GROUP).await;
         assert!(

@@ -547,3 +547,24 @@ pub(crate) async fn eventually<T>(what: &str, secs: u64, mut cond: impl FnMut() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Entries of the stream's shards `0..shards` that repeat another's `(producer_id,
+/// producer_seq)` (a record an idempotent producer wrote twice, PROTOCOL §21), and entries
+/// without that pair.
+pub(crate) fn producer_duplicates(
+    con: &mut redis::Connection,
+    stream: &str,
+    shards: u32,
+) -> (usize, usize) {
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let (mut dups, mut unmarked) = (0, 0);
+    for s in 0..shards {
+        for e in read_stream(con, &rsc_protocol::routing::shard_key(stream, s)) {
+            match (e.get("producer_id"), e.get("producer_seq")) {
+                (Some(p), Some(q)) => dups += usize::from(!seen.insert((p.clone(), q.clone()))),
+                _ => unmarked += 1,
+            }
+        }
+    }
+    (dups, unmarked)
+}

@@ -248,6 +248,17 @@ impl<T> Message<T> {
         &self.entry.headers
     }
 
+    /// The idempotent producer's id and sequence number that wrote the entry (entry fields
+    /// `producer_id`, `producer_seq`, PROTOCOL §21): one publish of one record, however many
+    /// times the producer sent it. `None`: written without idempotence. A consumer that
+    /// crashed before its acknowledgement is still given the entry again (same id, same
+    /// pair): handling stays at-least-once.
+    pub fn producer_seq(&self) -> Option<(&str, u64)> {
+        let id = std::str::from_utf8(self.entry.field(fields::PRODUCER_ID)?).ok()?;
+        let seq = std::str::from_utf8(self.entry.field(fields::PRODUCER_SEQ)?).ok()?;
+        Some((id, seq.parse().ok()?))
+    }
+
     /// Any field of the entry, raw (`payload`, `key`, `headers`, or one the producer added).
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         self.entry.field(name)

@@ -1,8 +1,8 @@
 //! The field names of a shard entry and of a dead-letter entry (PROTOCOL §2.2).
 //!
 //! A shard entry is a Redis Stream entry written by a producer: [`PAYLOAD`] always, then
-//! [`KEY`], [`CONTENT_TYPE`] and [`HEADERS`] when set, then any fields of the application, in
-//! that order (the fenced and the unfenced write send the same `XADD`). A consumer that gives up on an entry copies its fields to `<stream>:dlq` and adds
+//! [`KEY`], [`CONTENT_TYPE`] and [`HEADERS`] when set, then any fields of the application, then
+//! [`PRODUCER_ID`] and [`PRODUCER_SEQ`] from an idempotent producer, in that order. A consumer that gives up on an entry copies its fields to `<stream>:dlq` and adds
 //! the [`DEAD_LETTER_FIELDS`].
 //!
 //! ```
@@ -24,6 +24,15 @@ pub const CONTENT_TYPE: &str = "content_type";
 
 /// The message headers, as a JSON object of strings (absent: none).
 pub const HEADERS: &str = "headers";
+
+/// The idempotent producer that wrote the entry (PROTOCOL §21): 16 lowercase hex digits,
+/// random per producer and concurrent publish (absent: written without idempotence).
+pub const PRODUCER_ID: &str = "producer_id";
+
+/// The entry's sequence number for its [`PRODUCER_ID`] (decimal, from 1, increasing per
+/// publish of that producer id; unique per producer id): `(producer_id, producer_seq)`
+/// names one publish of one record, whatever retries wrote it.
+pub const PRODUCER_SEQ: &str = "producer_seq";
 
 /// Dead letter: why the entry was given up on (the handler's error).
 pub const ERROR: &str = "error";

@@ -86,6 +86,20 @@ pub fn seals_key(shard_key: &str) -> String {
 /// epoch marker is not the producer's routing epoch (see the script's header).
 pub const EPOCH_CHECK_LUA: &str = include_str!("lua/epoch_check.lua");
 
+/// A producer's write to one shard, atomic: the epoch check (refusing a write under another
+/// routing epoch), the idempotent producer's duplicate check and the `XADD`s (PROTOCOL §15,
+/// §21; see the script's header).
+pub const PUBLISH_LUA: &str = include_str!("lua/publish.lua");
+
+/// The record of an idempotent producer on a shard (PROTOCOL §21):
+/// `{<shard key>}:producer:<producer id>`, a hash in the shard's slot holding the highest
+/// sequence the producer wrote there (`s`), the id of the first entry of its last write
+/// (`f`) and how many entries that write added (`n`); it expires after the producer's idle
+/// time.
+pub fn producer_key(shard_key: &str, producer_id: &str) -> String {
+    format!("{{{shard_key}}}:producer:{producer_id}")
+}
+
 /// The script measuring how far a group is from a seal on one shard: `{undelivered,
 /// pending}` entries up to the seal (see the script's header).
 pub const SEAL_PROGRESS_LUA: &str = include_str!("lua/seal_progress.lua");

@@ -15,11 +15,11 @@
 //!   a hand-written `XREADGROUP` + `INCRBY` + `XACK` loop per shard, on one pre-filled stream,
 //!   same run, rotating which goes first. Goal: batch ≥ 1.5× the single-message listener.
 //!   `--only batch` runs this section alone.
-//! - **publish**: `Producer::publish_batch` (routing by key, pipelined XADD) against a raw
-//!   pipeline of the same XADDs. Goal: ratio ≥ 0.95 (P4, the unfenced path) and, with the
-//!   routing-epoch fence of ordered resharding (one `WATCH`ed transaction per batch, checked
-//!   by a script, on a stream resharded once so every shard has its epoch marker), ratio
-//!   ≥ 0.9 (P8).
+//! - **publish**: `Producer::publish_batch` (routing by key) against a raw pipeline of the
+//!   same XADDs. Goal: ratio ≥ 0.95 (P4, the unfenced path) and, with the routing-epoch fence
+//!   of ordered resharding and idempotence (one script call per shard, on a stream resharded
+//!   once so every shard has its epoch marker), ratio ≥ 0.9 (P8); beside them the options
+//!   measured (`listener/publish.rs`). `--only publish` runs this section alone.
 //!
 //! ```text
 //! cargo build --release --bins && cargo run --release -p rsc-bench --bin listener [-- --quick]
@@ -37,6 +37,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
+
+#[path = "listener/publish.rs"]
+mod publish;
 
 #[derive(Debug, Parser)]
 #[command(about = "Listener and producer throughput against redis-rs baselines")]
@@ -548,87 +551,34 @@ async fn main() -> anyhow::Result<()> {
     };
     let client = redis::Client::open(redis.url())?;
     let mut con = client.get_multiplexed_async_connection().await?;
-    let producer = Producer::builder()
-        .coordinator(&url)
-        .redis_url(redis.url())
-        .build()?;
     if args.only.as_deref() == Some("batch") {
         let rows = batch_section(&client, &redis.url(), &mut con, &url, &args, n, reps).await?;
         emit(&rows)?;
         return Ok(());
     }
-    if let Some(other) = args.only.as_deref() {
-        anyhow::bail!("--only {other}: the only section that runs alone is `batch`");
+    let setup = |con| publish::Setup {
+        url: &url,
+        redis_url: redis.url(),
+        http: &http,
+        con,
+        shards: args.shards,
+        batch: args.batch,
+        n,
+        reps,
+    };
+    if args.only.as_deref() == Some("publish") {
+        emit(&publish::section(setup(&mut con)).await?)?;
+        return Ok(());
     }
+    if let Some(other) = args.only.as_deref() {
+        anyhow::bail!("--only {other}: the sections that run alone are `batch` and `publish`");
+    }
+    let publish_rows = publish::section(setup(&mut con)).await?;
 
     let mut limit = vec![];
-    let (mut pub_fenced, mut pub_raw_cpu, mut pub_fenced_cpu) = (vec![], vec![], vec![]);
-    let (mut pub_raw_total, mut pub_fenced_total) = (vec![], vec![]);
-    let (mut pub_raw, mut pub_routed, mut con_raw, mut con_listener, mut con_strict) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut con_raw, mut con_listener, mut con_strict) = (vec![], vec![], vec![]);
     let (mut con_lease, mut cpu_lease, mut cpu_strict) = (vec![], vec![], vec![]);
     for rep in 0..reps {
-        // Publish: both write the same messages to their own stream.
-        let (routed_s, raw_s) = (format!("pub-routed-{rep}"), format!("pub-raw-{rep}"));
-        create_group(&url, &format!("pg-{rep}"), &routed_s, args.shards, "lease").await?;
-        // P8: the guarded stream is resharded once (to `shards` from one fewer), so every
-        // shard carries its epoch marker and each write is checked against it.
-        let fenced_s = format!("pub-fenced-{rep}");
-        let fenced_from = args.shards.saturating_sub(1).max(1);
-        create_group(&url, &format!("fg-{rep}"), &fenced_s, fenced_from, "lease").await?;
-        if fenced_from != args.shards {
-            let r = http
-                .post(format!("{url}/v1/streams/{fenced_s}/reshard"))
-                .json(&serde_json::json!({"shard_count": args.shards}))
-                .send()
-                .await?;
-            anyhow::ensure!(r.status().is_success(), "reshard: {}", r.text().await?);
-            let marker: Option<u64> = con
-                .get(rsc_protocol::routing::epoch_key(&shard_key(&fenced_s, 0)))
-                .await?;
-            anyhow::ensure!(marker == Some(2), "no epoch marker after the reshard");
-        }
-        // Interleaved in ten chunks, rotating which goes first, so that the machine's
-        // noise (and Redis's growing memory) falls on all alike.
-        let (mut raw_t, mut routed_t, mut fenced_t) =
-            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        // The Redis server's CPU time of the raw and the fenced chunks (INFO cpu around each).
-        // And this process's (the producer's) CPU time of the same chunks.
-        let (mut raw_cpu, mut fenced_cpu) = (0.0, 0.0);
-        let (mut raw_own, mut fenced_own) = (0.0, 0.0);
-        let chunk = (n / 10).max(1);
-        for c in 0..10 {
-            for k in 0..3 {
-                let before = redis_cpu(&mut con).await?;
-                let own = own_cpu()?;
-                match (c + k) % 3 {
-                    0 => {
-                        raw_t +=
-                            raw_publish(&mut con, &raw_s, args.shards, chunk, args.batch).await?;
-                        raw_own += own_cpu()? - own;
-                        raw_cpu += redis_cpu(&mut con).await? - before;
-                    }
-                    1 => {
-                        routed_t +=
-                            unfenced_publish(&producer, &routed_s, chunk, args.batch).await?
-                    }
-                    _ => {
-                        fenced_t += routed_publish(&producer, &fenced_s, chunk, args.batch).await?;
-                        fenced_own += own_cpu()? - own;
-                        fenced_cpu += redis_cpu(&mut con).await? - before;
-                    }
-                }
-            }
-        }
-        pub_raw.push((chunk * 10) as f64 / raw_t.as_secs_f64());
-        pub_routed.push((chunk * 10) as f64 / routed_t.as_secs_f64());
-        pub_fenced.push((chunk * 10) as f64 / fenced_t.as_secs_f64());
-        let per_k = |cpu: f64| cpu * 1e3 / ((chunk * 10) as f64 / 1e3);
-        pub_raw_cpu.push(per_k(raw_cpu));
-        pub_fenced_cpu.push(per_k(fenced_cpu));
-        pub_raw_total.push(per_k(raw_cpu + raw_own));
-        pub_fenced_total.push(per_k(fenced_cpu + fenced_own));
-
         // Consume: one pre-filled stream, read by two groups (baseline first, then listener).
         let stream = format!("con-{rep}");
         let group = format!("cg-{rep}");
@@ -667,11 +617,8 @@ async fn main() -> anyhow::Result<()> {
         cpu_strict.push(strict.1);
         cpu_lease.push(lease.1);
         eprintln!(
-            "rep {rep}: publish fenced {:.0} routed {:.0} raw {:.0}; consume listener {:.0} raw {:.0}; \
+            "rep {rep}: consume listener {:.0} raw {:.0}; \
              strict fencing {:.0} lease {:.0} msgs/s, Redis CPU {:.1} / {:.1} ms per 1k",
-            pub_fenced[rep],
-            pub_routed[rep],
-            pub_raw[rep],
             con_listener[rep],
             con_raw[rep],
             con_strict[rep],
@@ -713,47 +660,6 @@ async fn main() -> anyhow::Result<()> {
             goal: "- (INFO cpu of the Redis server, same stream, same run)".into(),
         },
         Row {
-            name: format!(
-                "P4 routed publish_batch, unfenced (batch {}, {n} msgs)",
-                args.batch
-            ),
-            unit: "msgs/s".into(),
-            value: summarize(&pub_routed),
-            baseline: Some(summarize(&pub_raw)),
-            goal: "ratio >= 0.95 (baseline: raw pipelined XADD)".into(),
-        },
-        Row {
-            name: format!(
-                "P8 routed, epoch-guarded publish_batch (batch {}, {n} msgs)",
-                args.batch
-            ),
-            unit: "msgs/s".into(),
-            value: summarize(&pub_fenced),
-            baseline: Some(summarize(&pub_raw)),
-            goal: "ratio >= 0.9 (baseline: raw pipelined XADD, same run)".into(),
-        },
-        Row {
-            name: "P8 the fence's own cost: epoch-guarded vs unfenced routed publish_batch".into(),
-            unit: "msgs/s".into(),
-            value: summarize(&pub_fenced),
-            baseline: Some(summarize(&pub_routed)),
-            goal: "- (baseline: the same producer without the fence, same run)".into(),
-        },
-        Row {
-            name: "P8 Redis CPU per 1,000 messages published, epoch-guarded vs raw XADD".into(),
-            unit: "ms".into(),
-            value: summarize(&pub_fenced_cpu),
-            baseline: Some(summarize(&pub_raw_cpu)),
-            goal: "- (INFO cpu of the Redis server, same run)".into(),
-        },
-        Row {
-            name: "P8 CPU per 1,000 messages published (producer process + Redis server), epoch-guarded vs raw XADD".into(),
-            unit: "ms".into(),
-            value: summarize(&pub_fenced_total),
-            baseline: Some(summarize(&pub_raw_total)),
-            goal: "- (getrusage of this process + INFO cpu of the Redis server, same chunks)".into(),
-        },
-        Row {
             name: "P3 listener consume vs redis-benchmark XADD (physical limit)".into(),
             unit: "msgs/s".into(),
             value: summarize(&con_listener),
@@ -768,6 +674,7 @@ async fn main() -> anyhow::Result<()> {
             goal: "-".into(),
         },
     ];
+    rows.extend(publish_rows);
     rows.extend(batch_section(&client, &redis.url(), &mut con, &url, &args, n, reps).await?);
     emit(&rows)?;
     Ok(())

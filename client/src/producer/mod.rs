@@ -29,10 +29,15 @@ use rsc_redis::LazyRedis;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
+
+/// How long a producer record is kept after its last write unless
+/// [`ProducerBuilder::idempotence_ttl`] says otherwise: one day, as Kafka's
+/// `producer.id.expiration.ms`, far above any retry budget.
+pub const DEFAULT_IDEMPOTENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// One message to publish: payload, optional key, headers and extra fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,6 +101,36 @@ impl Record {
     pub fn field(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
         self.fields.push((name.into(), value.into()));
         self
+    }
+
+    /// Appends the record's part of the publish script's arguments to `cmd`: its sequence
+    /// (0 without idempotence), the count of its field arguments and the fields, in
+    /// [`Record::xadd`]'s order, then `producer_id`, `producer_seq` with `idem`.
+    fn script_args(&self, cmd: &mut redis::Pipeline, idem: Option<(&str, u64)>) {
+        let mut n = 2;
+        n += 2 * usize::from(self.key.is_some());
+        n += 2 * usize::from(self.content_type.is_some());
+        n += 2 * usize::from(!self.headers.is_empty());
+        n += 2 * self.fields.len() + 4 * usize::from(idem.is_some());
+        cmd.arg(idem.map_or(0, |(_, s)| s)).arg(n);
+        cmd.arg(entry::PAYLOAD).arg(&self.payload);
+        if let Some(k) = &self.key {
+            cmd.arg(entry::KEY).arg(k);
+        }
+        if let Some(ct) = &self.content_type {
+            cmd.arg(entry::CONTENT_TYPE).arg(ct);
+        }
+        if !self.headers.is_empty() {
+            cmd.arg(entry::HEADERS)
+                .arg(serde_json::to_string(&self.headers).unwrap_or_default());
+        }
+        for (name, v) in &self.fields {
+            cmd.arg(name).arg(v);
+        }
+        if let Some((id, seq)) = idem {
+            cmd.arg(entry::PRODUCER_ID).arg(id);
+            cmd.arg(entry::PRODUCER_SEQ).arg(seq);
+        }
     }
 
     /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
@@ -164,8 +199,13 @@ struct Inner {
     codec: CodecSpec,
     /// `WAIT` after each pipeline: (replicas, timeout).
     wait: Option<(u32, Duration)>,
-    /// The epoch check ran once on this Redis (see [`Producer::probe_check`]).
-    check_usable: AtomicBool,
+    /// Idempotence (PROTOCOL §21): the idle time after which a producer record expires;
+    /// `None`: off.
+    idempotence: Option<Duration>,
+    /// How long a publish sends its records again after errors that may have written them.
+    retry_budget: Duration,
+    /// The idle lanes of an idempotent producer.
+    lanes: std::sync::Mutex<Vec<Lane>>,
     /// The coordinators' base URLs, for [`Producer::not_ready`].
     coordinators: Vec<String>,
 }
@@ -184,6 +224,9 @@ pub struct ProducerBuilder {
     stale_budget: Duration,
     codec: CodecSpec,
     wait: Option<(u32, Duration)>,
+    idempotent: bool,
+    idempotence_ttl: Duration,
+    retry_budget: Duration,
 }
 
 impl ProducerBuilder {
@@ -216,6 +259,34 @@ impl ProducerBuilder {
         self
     }
 
+    /// Idempotence (PROTOCOL §21; default on): each publish carries a producer id and
+    /// sequence numbers (the entry fields `producer_id`, `producer_seq`), and the write to a
+    /// shard, in the same script call, skips the records that an earlier attempt of the same
+    /// publish wrote, so a publish sent again after a lost reply, a dropped connection or a
+    /// `WAIT` not confirmed writes each record once. Off: such a publish fails at once and
+    /// sending it again may write it twice (at-least-once).
+    pub fn idempotent(mut self, on: bool) -> Self {
+        self.idempotent = on;
+        self
+    }
+
+    /// How long a producer record (`{<shard key>}:producer:<id>`, one per producer id and
+    /// shard written) is kept after its last write (default 24 h, as Kafka's
+    /// `producer.id.expiration.ms`): it must outlive any retry of a publish; it expires so
+    /// that short-lived producers leave nothing behind.
+    pub fn idempotence_ttl(mut self, ttl: Duration) -> Self {
+        self.idempotence_ttl = ttl.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long an idempotent publish keeps sending its records again after an error that
+    /// may have written them (a dropped connection, a timeout, a failover under way) or a
+    /// `WAIT` not confirmed, before it fails with that error (default 10 s).
+    pub fn retry_budget(mut self, budget: Duration) -> Self {
+        self.retry_budget = budget;
+        self
+    }
+
     /// How [`Producer::publish`] encodes payloads (default [`Json`]); a codec other than JSON
     /// records its content type in each entry's `content_type` field.
     pub fn codec<C: Codec>(mut self) -> Self {
@@ -237,7 +308,9 @@ impl ProducerBuilder {
                 routes: Arc::new(RoutingCache::new(coord, self.refresh_every)),
                 round_robin: AtomicU64::new(0),
                 stale_budget: self.stale_budget,
-                check_usable: AtomicBool::new(false),
+                idempotence: self.idempotent.then_some(self.idempotence_ttl),
+                retry_budget: self.retry_budget,
+                lanes: std::sync::Mutex::new(Vec::new()),
                 codec: self.codec,
                 wait: self.wait,
                 coordinators: (self.config.coordinator_urls.iter())
@@ -262,6 +335,9 @@ impl Producer {
             refresh_every: Duration::from_secs(1),
             stale_budget: Duration::from_secs(10),
             codec: CodecSpec::JSON,
+            idempotent: true,
+            idempotence_ttl: DEFAULT_IDEMPOTENCE_TTL,
+            retry_budget: Duration::from_secs(10),
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
                 .map(|n| {
@@ -333,12 +409,15 @@ impl Producer {
         Ok(out.remove(0))
     }
 
-    /// Publishes records in one pipeline (one round trip, one fenced transaction), each to
-    /// its shard; on a Redis Cluster, one transaction per shard (a transaction stays within
-    /// one slot), all sent at once. Returns where each went, in order.
+    /// Publishes records in one pipeline (one round trip: one atomic script call per shard),
+    /// each to its shard; on a Redis Cluster, one pipeline per shard, all sent at once.
+    /// Returns where each went, in order.
     /// Per-key order is kept within the batch and across a reshard: the writes of one shard
     /// are fenced by the routing epoch, and records refused for a stale epoch are written
     /// again, in order, on their shard under the new routing.
+    /// Idempotent (the default, PROTOCOL §21): after a lost reply, a dropped connection or a
+    /// `WAIT` not confirmed, the same records are sent again within
+    /// [`ProducerBuilder::retry_budget`], and what had landed is recognised, not written twice.
     pub async fn publish_batch(
         &self,
         stream: &str,
@@ -352,21 +431,23 @@ impl Producer {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let seqs = self.round_robin(&records);
+        let rr = self.round_robin(&records);
+        let mut guard = self.lane();
+        let lane = guard.as_mut().map(|g| g.take(records.len()));
         let mut routing = self.inner.routes.get(stream).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
         let started = Instant::now();
         let mut delay = Duration::from_millis(2);
         loop {
-            let sent = self.send_guarded(&routing, &records, &seqs, &todo).await;
-            let (written, refused, acked) = match sent {
+            let placed = place(&routing, &records, &rr, &todo);
+            let sent = self.send_guarded(&routing, &records, &placed, lane.as_ref());
+            let (written, refused, acked) = match sent.await {
                 Ok(r) => r,
                 Err(e) => {
-                    self.inner.routes.mark_stale(stream);
-                    metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
-                        .increment(1);
-                    return Err(self.redis_error(e));
+                    self.retry_or_fail(stream, e, lane.is_some(), started, &mut delay)
+                        .await?;
+                    continue;
                 }
             };
             if let Some((wanted, _)) = self.inner.wait
@@ -375,6 +456,15 @@ impl Producer {
             {
                 metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
                     .increment(written.len() as u64);
+                if lane.is_some() && started.elapsed() < self.inner.retry_budget {
+                    // The same records again: those written are recognised, then `WAIT`ed for.
+                    debug!(
+                        stream,
+                        acked, wanted, "publish not replicated in time: sent again"
+                    );
+                    backoff(&mut delay).await;
+                    continue;
+                }
                 return Err(ClientError::NotReplicated { acked, wanted });
             }
             metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
@@ -399,14 +489,57 @@ impl Producer {
         Ok(out.into_iter().flatten().collect())
     }
 
+    /// After a publish's Redis error: `Ok` when the same records may be sent again (an
+    /// idempotent producer, an error after which the write may or may not have landed, or
+    /// that wrote nothing and passes — a dropped connection, a timeout, a replica not yet
+    /// master — and time left in the retry budget), after a backoff; else the error.
+    async fn retry_or_fail(
+        &self,
+        stream: &str,
+        e: redis::RedisError,
+        idempotent: bool,
+        started: Instant,
+        delay: &mut Duration,
+    ) -> Result<(), ClientError> {
+        self.inner.routes.mark_stale(stream);
+        let passing = matches!(
+            e.code(),
+            Some("READONLY" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+        );
+        let retry = idempotent
+            && (passing || is_connection_error(&e))
+            && started.elapsed() < self.inner.retry_budget;
+        if !retry {
+            metrics::counter!("rsc_client_publish_errors_total", "stream" => stream.to_owned())
+                .increment(1);
+            return Err(self.redis_error(e));
+        }
+        metrics::counter!("rsc_client_publish_retries_total", "stream" => stream.to_owned())
+            .increment(1);
+        debug!(stream, error = %e, "publish failed, sending the same records again");
+        backoff(delay).await;
+        Ok(())
+    }
+
+    /// A lane for one publish of an idempotent producer (`None` without idempotence).
+    fn lane(&self) -> Option<LaneGuard<'_>> {
+        self.inner.idempotence?;
+        let pool = &self.inner.lanes;
+        let free = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let lane = free.unwrap_or_else(|| Lane {
+            id: format!("{:016x}", rand::random::<u64>()),
+            next: 1,
+        });
+        Some(LaneGuard {
+            pool,
+            lane: Some(lane),
+        })
+    }
+
     /// A publish's Redis error; one of the connection (refused, dropped, timed out) names
     /// the data Redis.
     fn redis_error(&self, e: redis::RedisError) -> ClientError {
-        if e.is_connection_refusal()
-            || e.is_connection_dropped()
-            || e.is_timeout()
-            || e.is_io_error()
-        {
+        if is_connection_error(&e) {
             ClientError::DataRedisUnreachable {
                 url: self.inner.label.clone(),
                 source: e,
@@ -469,128 +602,152 @@ impl Producer {
                 Ok(_) => {}
                 Err(e) => debug!(stream, error = %e, "routing refresh failed"),
             }
-            tokio::time::sleep(*delay).await;
-            *delay = (*delay * 2).min(Duration::from_millis(200));
+            backoff(delay).await;
         }
     }
 
-    /// Writes the records `todo` (indices, in order) under `routing`: one fenced transaction
-    /// for the whole batch (standalone), or one per shard sent at once (cluster). Returns the
-    /// records written with where they went, those refused with the highest epoch marker
-    /// that refused them, and how many replicas confirmed (`WAIT`; the fewest, `u32::MAX`
-    /// without it).
+    /// Writes the records `todo` (indices, in order) under `routing`: one script call per
+    /// shard (PROTOCOL §15, §21), all in one pipeline (standalone) or one pipeline per shard
+    /// sent at once (cluster). Returns the records written (or found written by an earlier
+    /// attempt) with where they went, those refused with the epoch marker that refused
+    /// them, and how many replicas confirmed (`WAIT`; the fewest, `u32::MAX` without it).
     #[allow(clippy::type_complexity)]
     async fn send_guarded(
         &self,
         routing: &Routing,
         records: &[Record],
-        seqs: &[u64],
-        todo: &[usize],
+        placed: &[(usize, u32)],
+        lane: Option<&LaneIds>,
     ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>, u32)> {
-        let placed: Vec<(usize, u32)> = todo
-            .iter()
-            .map(|&i| {
-                let key = records[i].key.as_deref().map(str::as_bytes);
-                (i, routing.shard_for(key, seqs[i]))
-            })
+        let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &(i, shard) in placed {
+            by_shard.entry(shard).or_default().push(i);
+        }
+        let parts: Vec<(u32, Vec<usize>)> = by_shard.into_iter().collect();
+        let (mut outcomes, mut fewest) = self
+            .send_parts(routing, records, &parts, lane, false)
+            .await?;
+        let again: Vec<usize> = (0..parts.len())
+            .filter(|&p| matches!(&outcomes[p], Err(e) if e.code() == Some("NOSCRIPT")))
             .collect();
-        self.probe_check(routing).await?;
-        let parts: Vec<Vec<(usize, u32)>> = if self.inner.cluster {
-            let mut by_shard: BTreeMap<u32, Vec<(usize, u32)>> = BTreeMap::new();
-            for &(i, shard) in &placed {
-                by_shard.entry(shard).or_default().push((i, shard));
-            }
-            by_shard.into_values().collect()
-        } else {
-            vec![placed]
-        };
-        let sends = parts.into_iter().map(|part| async move {
-            let (pipe, rings) = self.fenced_pipeline(routing, records, &part);
-            let values = self
-                .inner
-                .conn
-                .clone()
-                .req_packed_commands(&pipe, 0, pipe.len())
+        if !again.is_empty() {
+            // The script cache was empty (a restart, a failover): nothing of those ran.
+            let retry: Vec<(u32, Vec<usize>)> = again.iter().map(|&p| parts[p].clone()).collect();
+            let (redo, acked) = self
+                .send_parts(routing, records, &retry, lane, true)
                 .await?;
-            let outcome = Fenced::read(values, part.len(), rings, self.inner.wait.is_some())?;
-            Ok::<_, redis::RedisError>((part, outcome))
-        });
+            fewest = fewest.min(acked);
+            for (p, outcome) in again.into_iter().zip(redo) {
+                outcomes[p] = outcome;
+            }
+        }
         let mut written = Vec::new();
         let mut refused = Vec::new();
-        let mut fewest = u32::MAX;
-        for (part, outcome) in futures::future::try_join_all(sends).await? {
-            fewest = fewest.min(outcome.acked);
-            match outcome.ids {
-                Some(ids) => written.extend(
-                    part.into_iter()
-                        .zip(ids)
-                        .map(|((i, shard), id)| (i, Published { shard, id })),
-                ),
-                // The markers moved after the check: at least one epoch on.
-                None => {
-                    let marker = outcome.marker.unwrap_or(routing.routing_epoch + 1);
-                    refused.extend(part.into_iter().map(|(i, _)| (i, marker)));
+        for ((shard, idx), outcome) in parts.into_iter().zip(outcomes) {
+            let part = outcome?;
+            for (i, id) in idx.into_iter().zip(part.ids) {
+                match id {
+                    Some(id) => written.push((i, Published { shard, id })),
+                    None => refused.push((i, part.refused.max(routing.routing_epoch + 1))),
                 }
             }
         }
         Ok((written, refused, fewest))
     }
 
-    /// Before the first fenced write: runs the epoch check once without keys. A transaction
-    /// whose check fails to run (scripting disabled, `EVAL` denied by an ACL) would still run
-    /// its `XADD`s, unchecked; this refuses to publish instead, writing nothing.
-    async fn probe_check(&self, routing: &Routing) -> redis::RedisResult<()> {
-        if self.inner.check_usable.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut probe = redis::cmd("EVAL");
-        probe
-            .arg(epoch_check_body())
-            .arg(0)
-            .arg(routing.routing_epoch);
-        // On a cluster a command without keys goes to any node: each runs scripts alike.
-        let _: redis::Value = probe.query_async(&mut self.inner.conn.clone()).await?;
-        self.inner.check_usable.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// `WATCH <markers>; EVAL <check> <markers> <epoch>; MULTI; XADD …; PUBLISH <ring> …; EXEC
-    /// [; WAIT]` for the records `part` (index, shard), in order, and how many rings it
-    /// queued. One pipeline, so nothing else sent on the shared connection comes between the
-    /// `WATCH` and the `EXEC`. `EVAL` rather than `EVALSHA`: a `NOSCRIPT` would let the
-    /// transaction run unchecked.
-    fn fenced_pipeline(
+    /// Sends the script calls of `parts` (shard, record indices), `EVAL` with `eval` else
+    /// `EVALSHA`, with `WAIT` after them when the producer waits for replicas: each part's
+    /// answer, and how many replicas confirmed (the fewest; `u32::MAX` without `WAIT`).
+    async fn send_parts(
         &self,
         routing: &Routing,
         records: &[Record],
-        part: &[(usize, u32)],
-    ) -> (redis::Pipeline, usize) {
-        let mut shards: Vec<u32> = part.iter().map(|&(_, s)| s).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let markers: Vec<String> = shards
-            .iter()
-            .map(|&s| rsc_protocol::routing::epoch_key(&routing.shard_keys[s as usize]))
-            .collect();
-        let mut pipe = redis::pipe();
-        pipe.cmd("WATCH").arg(&markers);
-        pipe.cmd("EVAL")
-            .arg(epoch_check_body())
-            .arg(markers.len())
-            .arg(&markers)
-            .arg(routing.routing_epoch);
-        pipe.cmd("MULTI");
-        for &(i, shard) in part {
-            records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
+        parts: &[(u32, Vec<usize>)],
+        lane: Option<&LaneIds>,
+        eval: bool,
+    ) -> redis::RedisResult<(Vec<redis::RedisResult<Part>>, u32)> {
+        let pipes: Vec<(redis::Pipeline, usize)> = if self.inner.cluster {
+            (parts.iter())
+                .map(|p| self.write_pipeline(routing, records, std::slice::from_ref(p), lane, eval))
+                .map(|pipe| (pipe, 1))
+                .collect()
+        } else {
+            vec![(
+                self.write_pipeline(routing, records, parts, lane, eval),
+                parts.len(),
+            )]
+        };
+        let wait = self.inner.wait.is_some();
+        let sends = pipes.into_iter().map(|(pipe, n)| async move {
+            let mut values = (self.inner.conn.clone())
+                .req_packed_commands(&pipe, 0, pipe.len())
+                .await?;
+            let acked = if wait {
+                match values.pop() {
+                    Some(redis::Value::Int(k)) => k.max(0) as u32,
+                    _ => 0,
+                }
+            } else {
+                u32::MAX
+            };
+            if values.len() != n {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "publish: unexpected number of replies",
+                )));
+            }
+            Ok::<_, redis::RedisError>((values, acked))
+        });
+        let mut out = Vec::with_capacity(parts.len());
+        let mut fewest = u32::MAX;
+        for (values, acked) in futures::future::try_join_all(sends).await? {
+            fewest = fewest.min(acked);
+            out.extend(values.into_iter().map(Part::read));
         }
-        let rings = self.ring(&mut pipe, routing, &shards);
-        pipe.cmd("EXEC");
+        Ok((out, fewest))
+    }
+
+    /// `EVALSHA|EVAL <publish> 2|3 <shard key> <marker> [<producer record>] <epoch> <ttl>
+    /// <ring> <producer id> (<seq> <2k> <fields>…)…` for each part, in order, then `WAIT`
+    /// when the producer waits for replicas (protocol/src/lua/publish.lua).
+    fn write_pipeline(
+        &self,
+        routing: &Routing,
+        records: &[Record],
+        parts: &[(u32, Vec<usize>)],
+        lane: Option<&LaneIds>,
+        eval: bool,
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        for (shard, idx) in parts {
+            let shard_key = &routing.shard_keys[*shard as usize];
+            let cmd = pipe.cmd(if eval { "EVAL" } else { "EVALSHA" });
+            cmd.arg(if eval { publish_body() } else { publish_sha() });
+            cmd.arg(if lane.is_some() { 3 } else { 2 })
+                .arg(shard_key)
+                .arg(rsc_protocol::routing::epoch_key(shard_key));
+            if let Some(lane) = lane {
+                cmd.arg(rsc_protocol::routing::producer_key(shard_key, &lane.id));
+            }
+            let ttl = self.inner.idempotence.unwrap_or(Duration::ZERO);
+            cmd.arg(routing.routing_epoch).arg(ttl.as_millis() as u64);
+            if self.inner.cluster {
+                cmd.arg("");
+            } else {
+                cmd.arg(rsc_protocol::routing::ring_channel(shard_key));
+            }
+            cmd.arg(lane.map_or("", |l| l.id.as_str()));
+            for &i in idx {
+                let seq = lane.map_or(0, |l| l.seqs[i]);
+                records[i].script_args(cmd, lane.map(|l| (l.id.as_str(), seq)));
+            }
+        }
         if let Some((replicas, timeout)) = self.inner.wait {
             pipe.cmd("WAIT")
                 .arg(replicas)
                 .arg(timeout.as_millis() as u64);
         }
-        (pipe, rings)
+        pipe
     }
 
     /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key
@@ -717,11 +874,11 @@ impl Producer {
         self.inner.routes.fetch(stream).await
     }
 }
-/// The epoch check script without its comment lines: `EVAL` sends it with every batch, and
-/// Redis hashes what it is sent.
-fn epoch_check_body() -> &'static str {
+/// The publish script without its comment lines (`EVAL` sends it when `EVALSHA` finds it
+/// missing, and Redis hashes what it is sent).
+fn publish_body() -> &'static str {
     static BODY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        rsc_protocol::routing::EPOCH_CHECK_LUA
+        rsc_protocol::routing::PUBLISH_LUA
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))
             .collect::<Vec<_>>()
@@ -730,85 +887,130 @@ fn epoch_check_body() -> &'static str {
     &BODY
 }
 
-/// The answer to one [`Producer::fenced_pipeline`].
-#[derive(Debug)]
-struct Fenced {
-    /// The entry ids, in the records' order; `None`: refused (nothing written).
-    ids: Option<Vec<String>>,
-    /// The highest epoch marker that refused the write, when the check did.
-    marker: Option<u64>,
-    /// Replicas that confirmed (`u32::MAX` without `WAIT`).
-    acked: u32,
+/// The SHA1 of [`publish_body`], for `EVALSHA`.
+fn publish_sha() -> &'static str {
+    static SHA: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| redis::Script::new(publish_body()).get_hash().to_owned());
+    &SHA
 }
 
-impl Fenced {
-    /// Reads the replies `OK, <check>, OK, QUEUED × (n + rings), <EXEC> [, <WAIT>]` (the
-    /// `rings` doorbell rings queued after the `n` `XADD`s).
-    fn read(
-        mut values: Vec<redis::Value>,
-        n: usize,
-        rings: usize,
-        wait: bool,
-    ) -> redis::RedisResult<Self> {
+/// The answer of the publish script for one shard.
+#[derive(Debug)]
+struct Part {
+    /// The epoch marker that refused the write (0: none).
+    refused: u64,
+    /// Each record's entry id, in order; `None`: refused (not written).
+    ids: Vec<Option<String>>,
+}
+
+impl Part {
+    /// Reads `{refused, id | nil, …}` (a server error stays an error: nothing of the part ran,
+    /// or, for an `XADD` refused, nothing after it).
+    fn read(value: redis::Value) -> redis::RedisResult<Part> {
         use redis::Value;
-        let acked = if wait {
-            match values.pop() {
-                Some(Value::Int(k)) => k.max(0) as u32,
-                _ => 0,
-            }
-        } else {
-            u32::MAX
-        };
-        if values.len() != n + rings + 4 {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "fenced write: unexpected number of replies",
-            )));
-        }
-        // A server error anywhere (a queued XADD refused, an EXECABORT) fails the publish.
-        if let Some(Value::ServerError(e)) =
-            values.iter().find(|v| matches!(v, Value::ServerError(_)))
-        {
-            if matches!(values.get(1), Some(Value::ServerError(_)))
-                && matches!(values.last(), Some(Value::Array(_)))
-            {
-                warn!(error = ?e, "the epoch check failed but the XADDs ran: written unchecked");
-            }
-            return Err(e.clone().into());
-        }
-        let marker = match &values[1] {
-            Value::Int(m) => Some((*m).max(0) as u64),
-            _ => None,
-        };
-        let ids = match values.pop() {
-            Some(Value::Nil) | None => None,
-            Some(Value::Array(replies)) => {
-                if let Some(Value::ServerError(e)) =
-                    replies.iter().find(|v| matches!(v, Value::ServerError(_)))
-                {
-                    return Err(e.clone().into());
-                }
-                let mut replies = replies;
-                replies.truncate(n);
-                let ids: Vec<String> = redis::from_redis_value(Value::Array(replies))?;
-                if ids.len() != n {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::UnexpectedReturnType,
-                        "fenced write: EXEC returned another number of ids",
-                    )));
-                }
-                Some(ids)
-            }
-            Some(other) => {
+        let items = match value {
+            Value::Array(items) => items,
+            Value::ServerError(e) => return Err(e.into()),
+            other => {
                 return Err(redis::RedisError::from((
                     redis::ErrorKind::UnexpectedReturnType,
-                    "fenced write: unexpected EXEC reply",
+                    "publish script: unexpected reply",
                     format!("{other:?}"),
                 )));
             }
         };
-        Ok(Fenced { ids, marker, acked })
+        let mut items = items.into_iter();
+        let refused = match items.next() {
+            Some(Value::Int(m)) => m.max(0) as u64,
+            _ => 0,
+        };
+        let mut ids = Vec::new();
+        for item in items {
+            ids.push(match item {
+                Value::Nil => None,
+                other => {
+                    let id: String = redis::from_redis_value(other)?;
+                    if id.is_empty() {
+                        warn!("a retried record had been written, its entry id is unknown");
+                    }
+                    Some(id)
+                }
+            });
+        }
+        Ok(Part { refused, ids })
     }
+}
+
+/// The producer id and the sequence number of each record of one publish (idempotence,
+/// PROTOCOL §21).
+#[derive(Debug)]
+struct LaneIds {
+    /// 16 hex digits.
+    id: String,
+    /// By record index.
+    seqs: Vec<u64>,
+}
+
+/// One sequence of publishes, one at a time: an idempotent producer takes a lane for each
+/// publish (a new one when all are busy), so the sequences a lane writes to a shard only
+/// grow, and a retry of its publish in flight is the only one that can meet its own writes.
+#[derive(Debug)]
+struct Lane {
+    id: String,
+    next: u64,
+}
+
+/// A lane taken for one publish; given back when dropped (the publish done, or cancelled:
+/// the lane's next publish still has higher sequences).
+struct LaneGuard<'a> {
+    pool: &'a std::sync::Mutex<Vec<Lane>>,
+    lane: Option<Lane>,
+}
+
+impl LaneGuard<'_> {
+    /// The next `n` sequence numbers of the lane, with its id.
+    fn take(&mut self, n: usize) -> LaneIds {
+        let lane = self.lane.as_mut().expect("a lane until dropped");
+        let first = lane.next;
+        lane.next += n as u64;
+        LaneIds {
+            id: lane.id.clone(),
+            seqs: (first..first + n as u64).collect(),
+        }
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take() {
+            self.pool
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(lane);
+        }
+    }
+}
+
+/// Where each record of `todo` goes under `routing`: (index, shard), in order.
+fn place(routing: &Routing, records: &[Record], rr: &[u64], todo: &[usize]) -> Vec<(usize, u32)> {
+    todo.iter()
+        .map(|&i| {
+            let key = records[i].key.as_deref().map(str::as_bytes);
+            (i, routing.shard_for(key, rr[i]))
+        })
+        .collect()
+}
+
+/// An error of the connection itself (refused, dropped, timed out): the command may or may
+/// not have run.
+fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal() || e.is_connection_dropped() || e.is_timeout() || e.is_io_error()
+}
+
+/// Waits `delay`, then doubles it (up to 200 ms).
+async fn backoff(delay: &mut Duration) {
+    tokio::time::sleep(*delay).await;
+    *delay = (*delay * 2).min(Duration::from_millis(200));
 }
 
 /// Records refused for a stale routing epoch: what the routing refresh reports.

@@ -42,7 +42,7 @@ struct Args {
     #[arg(long, env = "RSC_REDIS_SENTINEL_MASTER")]
     redis_sentinel_master: Option<String>,
     /// Durability: each batch waits until this many replicas have it (`WAIT`); a batch not
-    /// confirmed in time is published again.
+    /// confirmed in time is sent again (recognised as written, not duplicated).
     #[arg(long, env = "RSC_PUBLISH_WAIT_REPLICAS")]
     wait_replicas: Option<u32>,
     /// How long a batch waits for its replicas, in ms.
@@ -77,8 +77,10 @@ struct Args {
 /// How long a batch is retried while Redis is unreachable before the producer gives up.
 const RETRY_FOR: Duration = Duration::from_secs(60);
 
-/// Publishes one batch, retrying while Redis is unreachable (a restart, an outage) for up to
-/// [`RETRY_FOR`]. At-least-once: a batch whose reply was lost may be published twice.
+/// Publishes one batch; the producer retries while Redis is unreachable (a restart, an
+/// outage) for up to [`RETRY_FOR`] without duplicates (PROTOCOL §21). An error after that, or
+/// before anything was sent (no routing), is retried here as a new publish until the deadline:
+/// at-least-once for those.
 async fn publish_retrying(
     producer: &Producer,
     stream: &str,
@@ -163,7 +165,10 @@ fn producer(args: &Args) -> anyhow::Result<Producer> {
     let mut builder = Producer::builder()
         .coordinator(&args.coordinator)
         .redis_url(&args.redis_url)
-        .redis_cluster(args.redis_cluster);
+        .redis_cluster(args.redis_cluster)
+        // The producer itself sends a batch again after a lost reply, an outage or a `WAIT`
+        // not confirmed, without writing it twice (idempotence, PROTOCOL §21).
+        .retry_budget(RETRY_FOR);
     if let Some(t) = &args.token {
         builder = builder.token(t);
     }

@@ -1,0 +1,263 @@
+//! The publish figures (P4, P8) and the write options measured for them, all in one run,
+//! interleaved in ten chunks per repetition, rotating which goes first:
+//!
+//! - `raw`: raw pipelined `XADD`s (the baseline);
+//! - `unfenced`: `Producer::publish_batch_unfenced` (routing, pipelined `XADD`s): P4;
+//! - `idem`: `Producer::publish_batch` (the script per shard, idempotent, the default) on a
+//!   stream never resharded (no epoch markers): the idempotent-but-unfenced path;
+//! - `fenced`: the same on a stream resharded once (every shard has its marker): P8;
+//! - `fenced_plain`: the same with `idempotent(false)` (the script without the duplicate check);
+//! - `watch_multi`: the write before idempotence, hand-written: `WATCH <markers>`, `EVAL
+//!   <epoch check>`, `MULTI`, the `XADD`s, `EXEC` (one transaction per batch), on the
+//!   resharded stream.
+
+use super::{
+    PAYLOAD, create_group, own_cpu, raw_publish, redis_cpu, routed_publish, unfenced_publish,
+};
+use rsc_bench::{Row, summarize};
+use rsc_client::producer::Producer;
+use rsc_protocol::routing::{epoch_key, shard_for_key, shard_key};
+use std::time::{Duration, Instant};
+
+/// The variants, in their rotation order.
+const VARIANTS: [&str; 6] = [
+    "raw",
+    "unfenced",
+    "idem",
+    "fenced",
+    "fenced_plain",
+    "watch_multi",
+];
+
+/// What one section measures: per variant, msgs/s of each repetition; and the Redis and
+/// total CPU per 1,000 messages of `raw` and `fenced`.
+#[derive(Default)]
+struct Samples {
+    rate: [Vec<f64>; 6],
+    redis_cpu: [Vec<f64>; 6],
+    total_cpu: [Vec<f64>; 6],
+}
+
+/// Everything a section needs.
+pub(crate) struct Setup<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) redis_url: String,
+    pub(crate) http: &'a reqwest::Client,
+    pub(crate) con: &'a mut redis::aio::MultiplexedConnection,
+    pub(crate) shards: u32,
+    pub(crate) batch: usize,
+    pub(crate) n: u64,
+    pub(crate) reps: usize,
+}
+
+/// Creates a stream of `shards` shards, resharded once (from one fewer) when `marked`, so that
+/// every shard carries its epoch marker.
+async fn stream(s: &mut Setup<'_>, name: &str, marked: bool) -> anyhow::Result<()> {
+    let from = if marked {
+        s.shards.saturating_sub(1).max(1)
+    } else {
+        s.shards
+    };
+    create_group(s.url, &format!("g-{name}"), name, from, "lease").await?;
+    if from != s.shards {
+        let r = (s.http)
+            .post(format!("{}/v1/streams/{name}/reshard", s.url))
+            .json(&serde_json::json!({"shard_count": s.shards}))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "reshard: {}", r.text().await?);
+    }
+    Ok(())
+}
+
+/// The write before idempotence, by hand: one `WATCH`ed, script-checked transaction per
+/// batch of keyed records (as P8 measured it until then).
+async fn watch_multi_publish(
+    con: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    shards: u32,
+    epoch: u64,
+    n: u64,
+    batch: usize,
+) -> anyhow::Result<Duration> {
+    let check: String = (rsc_protocol::routing::EPOCH_CHECK_LUA.lines())
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let started = Instant::now();
+    let mut i = 0u64;
+    while i < n {
+        let end = (i + batch as u64).min(n);
+        let placed: Vec<(String, u32)> = (i..end)
+            .map(|j| {
+                let key = format!("k{}", j % 1000);
+                let shard = shard_for_key(key.as_bytes(), shards);
+                (key, shard)
+            })
+            .collect();
+        let mut touched: Vec<u32> = placed.iter().map(|p| p.1).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let markers: Vec<String> = touched
+            .iter()
+            .map(|&s| epoch_key(&shard_key(stream, s)))
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("WATCH").arg(&markers);
+        pipe.cmd("EVAL")
+            .arg(&check)
+            .arg(markers.len())
+            .arg(&markers)
+            .arg(epoch);
+        pipe.cmd("MULTI");
+        for (key, shard) in &placed {
+            pipe.cmd("XADD")
+                .arg(shard_key(stream, *shard))
+                .arg("*")
+                .arg("payload")
+                .arg(PAYLOAD)
+                .arg("key")
+                .arg(key);
+        }
+        pipe.cmd("EXEC");
+        let _: Vec<redis::Value> = pipe.query_async(con).await?;
+        i = end;
+    }
+    Ok(started.elapsed())
+}
+
+/// Runs the section; the rows of P4, P8 and the options.
+pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
+    let idem = Producer::builder()
+        .coordinator(s.url)
+        .redis_url(s.redis_url.clone())
+        .build()?;
+    let plain = Producer::builder()
+        .coordinator(s.url)
+        .redis_url(s.redis_url.clone())
+        .idempotent(false)
+        .build()?;
+    let mut samples = Samples::default();
+    for rep in 0..s.reps {
+        let names: Vec<String> = VARIANTS.iter().map(|v| format!("pub-{v}-{rep}")).collect();
+        for (v, name) in names.iter().enumerate() {
+            stream(&mut s, name, v >= 3).await?;
+        }
+        let epoch = plain.refresh_routing(&names[5]).await?.routing_epoch;
+        let chunk = (s.n / 10).max(1);
+        let mut took = [Duration::ZERO; 6];
+        let mut rcpu = [0.0; 6];
+        let mut own = [0.0; 6];
+        for c in 0..10 {
+            for k in 0..VARIANTS.len() {
+                let v = (c + k) % VARIANTS.len();
+                let (before, own0) = (redis_cpu(s.con).await?, own_cpu()?);
+                let name = &names[v];
+                took[v] += match v {
+                    0 => raw_publish(s.con, name, s.shards, chunk, s.batch).await?,
+                    1 => unfenced_publish(&idem, name, chunk, s.batch).await?,
+                    2 | 3 => routed_publish(&idem, name, chunk, s.batch).await?,
+                    4 => routed_publish(&plain, name, chunk, s.batch).await?,
+                    _ => watch_multi_publish(s.con, name, s.shards, epoch, chunk, s.batch).await?,
+                };
+                own[v] += own_cpu()? - own0;
+                rcpu[v] += redis_cpu(s.con).await? - before;
+            }
+        }
+        let msgs = (chunk * 10) as f64;
+        let per_k = |cpu: f64| cpu * 1e3 / (msgs / 1e3);
+        for v in 0..VARIANTS.len() {
+            samples.rate[v].push(msgs / took[v].as_secs_f64());
+            samples.redis_cpu[v].push(per_k(rcpu[v]));
+            samples.total_cpu[v].push(per_k(rcpu[v] + own[v]));
+        }
+        let line: Vec<String> = (0..VARIANTS.len())
+            .map(|v| {
+                let r = samples.rate[v][rep];
+                format!("{} {r:.0} ({:.2})", VARIANTS[v], r / samples.rate[0][rep])
+            })
+            .collect();
+        eprintln!(
+            "rep {rep}: publish msgs/s (ratio to raw): {}",
+            line.join(", ")
+        );
+        let _: () = redis::cmd("FLUSHALL").query_async(s.con).await?;
+    }
+    Ok(rows(&samples, s.batch, s.n))
+}
+
+fn rows(x: &Samples, batch: usize, n: u64) -> Vec<Row> {
+    let row = |name: String, unit: &str, v: &[f64], b: &[f64], goal: &str| Row {
+        name,
+        unit: unit.into(),
+        value: summarize(v),
+        baseline: Some(summarize(b)),
+        goal: goal.into(),
+    };
+    let raw_goal = "(baseline: raw pipelined XADD, same run)";
+    vec![
+        row(
+            format!("P4 routed publish_batch, unfenced (batch {batch}, {n} msgs)"),
+            "msgs/s",
+            &x.rate[1],
+            &x.rate[0],
+            "ratio >= 0.95 (baseline: raw pipelined XADD)",
+        ),
+        row(
+            format!("P8 routed, epoch-guarded, idempotent publish_batch (batch {batch}, {n} msgs)"),
+            "msgs/s",
+            &x.rate[3],
+            &x.rate[0],
+            &format!("ratio >= 0.9 {raw_goal}"),
+        ),
+        row(
+            "P8 idempotent publish_batch on a stream without epoch markers vs raw".into(),
+            "msgs/s",
+            &x.rate[2],
+            &x.rate[0],
+            &format!("- {raw_goal}"),
+        ),
+        row(
+            "P8 idempotent publish_batch without markers vs P4 (unfenced routed)".into(),
+            "msgs/s",
+            &x.rate[2],
+            &x.rate[1],
+            "- (baseline: publish_batch_unfenced, same run)",
+        ),
+        row(
+            "P8 option: epoch-guarded publish_batch, idempotent(false) vs raw".into(),
+            "msgs/s",
+            &x.rate[4],
+            &x.rate[0],
+            &format!("- {raw_goal}"),
+        ),
+        row(
+            "P8 option: WATCH + check + MULTI/XADD/EXEC (the write before idempotence) vs raw".into(),
+            "msgs/s",
+            &x.rate[5],
+            &x.rate[0],
+            &format!("- {raw_goal}"),
+        ),
+        row(
+            "P8 Redis CPU per 1,000 messages published, epoch-guarded idempotent vs raw XADD".into(),
+            "ms",
+            &x.redis_cpu[3],
+            &x.redis_cpu[0],
+            "- (INFO cpu of the Redis server, same run)",
+        ),
+        row(
+            "P8 Redis CPU per 1,000 messages, WATCH/MULTI write vs raw XADD".into(),
+            "ms",
+            &x.redis_cpu[5],
+            &x.redis_cpu[0],
+            "- (INFO cpu of the Redis server, same run)",
+        ),
+        row(
+            "P8 CPU per 1,000 messages published (producer process + Redis server), epoch-guarded idempotent vs raw XADD".into(),
+            "ms",
+            &x.total_cpu[3],
+            &x.total_cpu[0],
+            "- (getrusage of this process + INFO cpu of the Redis server, same chunks)",
+        ),
+    ]
+}

@@ -1,0 +1,526 @@
+//! The idempotent producer (PROTOCOL §21): a publish whose first attempt landed and whose
+//! reply was lost is sent again and not written twice. A real redis-server and coordinator;
+//! between the producer and Redis a TCP proxy of the test that forwards requests and, when
+//! armed, drops the reply of the next request (at once, after holding it past the response
+//! timeout, or once the test releases it). The checker reads every shard: duplicates by
+//! `(producer_id, producer_seq)` and records lost or written twice by their number.
+
+use crate::pods::{self, SERIAL, Stack, eventually};
+use rsc_client::producer::{Producer, Published, Record};
+use rsc_protocol::routing::{shard_for_key, shard_key};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+const SESSION_MS: u64 = 6_000;
+const HEARTBEAT_MS: u64 = 500;
+
+/// Forward every reply.
+const PASS: u8 = 0;
+/// Drop the next reply and close that connection.
+const CUT: u8 = 1;
+/// Hold the next reply for [`HOLD`] (past the producer's 5 s response timeout), then drop it
+/// and close the connection.
+const TIMEOUT: u8 = 2;
+/// Hold the next reply until [`Proxy::release`], then drop it and close the connection.
+const UNTIL_RELEASED: u8 = 3;
+
+const HOLD: Duration = Duration::from_millis(5_500);
+
+/// A loopback TCP proxy to a Redis port that can lose one reply.
+struct Proxy {
+    port: u16,
+    mode: Arc<AtomicU8>,
+    /// Replies dropped so far.
+    dropped: Arc<AtomicU64>,
+    /// Notified when a reply is being held ([`UNTIL_RELEASED`]).
+    holding: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+impl Proxy {
+    async fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let proxy = Proxy {
+            port,
+            mode: Arc::new(AtomicU8::new(PASS)),
+            dropped: Arc::default(),
+            holding: Arc::default(),
+            release: Arc::default(),
+        };
+        let (mode, dropped) = (proxy.mode.clone(), proxy.dropped.clone());
+        let (holding, release) = (proxy.holding.clone(), proxy.release.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let state = (
+                    mode.clone(),
+                    dropped.clone(),
+                    holding.clone(),
+                    release.clone(),
+                );
+                tokio::spawn(pump(client, server, state));
+            }
+        });
+        proxy
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn arm(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
+type PumpState = (Arc<AtomicU8>, Arc<AtomicU64>, Arc<Notify>, Arc<Notify>);
+
+/// Requests go through untouched; a reply is forwarded unless the proxy is armed, in which
+/// case it is dropped (after its hold) and both sockets closed.
+async fn pump(client: TcpStream, server: TcpStream, state: PumpState) {
+    let (mode, dropped, holding, release) = state;
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        match mode.swap(PASS, Ordering::SeqCst) {
+            PASS => {
+                if cw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            armed => {
+                if armed == TIMEOUT {
+                    tokio::time::sleep(HOLD).await;
+                } else if armed == UNTIL_RELEASED {
+                    holding.notify_one();
+                    release.notified().await;
+                }
+                dropped.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+        }
+    }
+    up.abort();
+}
+
+/// Every entry of the stream's `shards` shards: (shard, entry id, fields).
+fn entries(
+    stack: &Stack,
+    stream: &str,
+    shards: u32,
+) -> Vec<(u32, String, HashMap<String, String>)> {
+    let mut con = stack.redis();
+    let mut out = Vec::new();
+    for s in 0..shards {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(shard_key(stream, s))
+            .arg("-")
+            .arg("+")
+            .query(&mut con)
+            .expect("XRANGE");
+        for e in reply.ids {
+            let map = (e.map.iter())
+                .map(|(k, v)| {
+                    let v = redis::from_redis_value_ref::<String>(v).unwrap_or_default();
+                    (k.clone(), v)
+                })
+                .collect();
+            out.push((s, e.id, map));
+        }
+    }
+    out
+}
+
+/// What the checker found.
+#[derive(Debug, PartialEq, Eq)]
+struct Check {
+    /// Entries whose `(producer_id, producer_seq)` another entry has too.
+    duplicates: usize,
+    /// Record numbers `0..n` not found.
+    lost: usize,
+    /// Record numbers found more than once.
+    twice: usize,
+    /// Entries without `producer_id` / `producer_seq`.
+    unmarked: usize,
+}
+
+fn check(stack: &Stack, stream: &str, shards: u32, n: u64) -> Check {
+    let all = entries(stack, stream, shards);
+    let mut pairs: HashMap<(String, String), usize> = HashMap::new();
+    let mut numbers: HashMap<u64, usize> = HashMap::new();
+    let mut unmarked = 0;
+    for (_, _, f) in &all {
+        match (f.get("producer_id"), f.get("producer_seq")) {
+            (Some(p), Some(s)) => *pairs.entry((p.clone(), s.clone())).or_default() += 1,
+            _ => unmarked += 1,
+        }
+        if let Some(i) = f.get("n").and_then(|v| v.parse().ok()) {
+            *numbers.entry(i).or_default() += 1;
+        }
+    }
+    Check {
+        duplicates: pairs.values().map(|&c| c - 1).sum(),
+        lost: (0..n).filter(|i| !numbers.contains_key(i)).count(),
+        twice: numbers.values().filter(|&&c| c > 1).count(),
+        unmarked,
+    }
+}
+
+fn batch(range: std::ops::Range<u64>) -> Vec<Record> {
+    range
+        .map(|i| {
+            Record::raw(format!("m{i}"))
+                .key(format!("k{}", i % 37))
+                .field("n", i.to_string())
+        })
+        .collect()
+}
+
+/// The entry ids the publish returned are those of the entries in the stream (also for
+/// records found written by an earlier attempt).
+fn assert_ids_match(stack: &Stack, stream: &str, shards: u32, first: u64, at: &[Published]) {
+    let all = entries(stack, stream, shards);
+    let by_n: HashMap<u64, (u32, String)> = (all.into_iter())
+        .filter_map(|(s, id, f)| Some((f.get("n")?.parse().ok()?, (s, id))))
+        .collect();
+    for (k, p) in at.iter().enumerate() {
+        let n = first + k as u64;
+        assert_eq!(by_n.get(&n), Some(&(p.shard, p.id.clone())), "record {n}");
+    }
+}
+
+async fn stack_with(stream: &str, shards: u32) -> Stack {
+    let stack = Stack::start_with_data_redis();
+    stack
+        .create_group(
+            &format!("g-{stream}"),
+            stream,
+            shards,
+            SESSION_MS,
+            HEARTBEAT_MS,
+        )
+        .await;
+    stack
+}
+
+fn producer(stack: &Stack, redis_url: String, idempotent: bool) -> Producer {
+    Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(redis_url)
+        .idempotent(idempotent)
+        .build()
+        .expect("producer")
+}
+
+/// The reply of a landed publish is lost and the connection reset: the producer sends the
+/// same records again, they are recognised, the caller gets success with the entries' real
+/// ids, and nothing is written twice. Without idempotence the same loss fails the publish,
+/// and the caller's retry writes the batch twice (the checker sees it).
+#[tokio::test]
+async fn a_lost_reply_after_a_reset_is_not_written_twice() {
+    const STREAM: &str = "idem-reset";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 3).await;
+    let proxy = Proxy::start(stack.redis.port()).await;
+    let p = producer(&stack, proxy.url(), true);
+    p.publish_batch(STREAM, batch(0..10))
+        .await
+        .expect("warm-up");
+    proxy.arm(CUT);
+    let at = (p.publish_batch(STREAM, batch(10..110)).await).expect("retried publish succeeds");
+    assert_eq!(proxy.dropped(), 1, "the first attempt's reply was dropped");
+    p.publish_batch(STREAM, batch(110..150))
+        .await
+        .expect("after");
+    let found = check(&stack, STREAM, 3, 150);
+    let clean = Check {
+        duplicates: 0,
+        lost: 0,
+        twice: 0,
+        unmarked: 0,
+    };
+    assert_eq!(found, clean);
+    assert_ids_match(&stack, STREAM, 3, 10, &at);
+
+    // The control: the same loss without idempotence.
+    let plain = producer(&stack, proxy.url(), false);
+    // Connected first (a PING), so that the dropped reply is the publish's.
+    assert_eq!(
+        plain.not_ready().await.filter(|e| e.contains("data Redis")),
+        None
+    );
+    proxy.arm(CUT);
+    let first = plain.publish_batch(STREAM, batch(150..200)).await;
+    assert!(
+        first.is_err(),
+        "a lost reply fails an at-least-once publish"
+    );
+    plain
+        .publish_batch(STREAM, batch(150..200))
+        .await
+        .expect("retry");
+    let found = check(&stack, STREAM, 3, 200);
+    assert_eq!((found.duplicates, found.lost), (0, 0));
+    assert_eq!((found.twice, found.unmarked), (50, 100), "{found:?}");
+}
+
+/// The reply is held past the response timeout, then lost: the publish fails over to a new
+/// connection and still writes each record once.
+#[tokio::test]
+async fn a_reply_lost_after_the_response_timeout_is_not_written_twice() {
+    const STREAM: &str = "idem-timeout";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let proxy = Proxy::start(stack.redis.port()).await;
+    let p = producer(&stack, proxy.url(), true);
+    p.publish_batch(STREAM, batch(0..10))
+        .await
+        .expect("warm-up");
+    proxy.arm(TIMEOUT);
+    let at = (p.publish_batch(STREAM, batch(10..60)).await).expect("retried publish succeeds");
+    assert!(
+        proxy.dropped() >= 1,
+        "the first attempt's reply was dropped"
+    );
+    let found = check(&stack, STREAM, 2, 60);
+    assert_eq!(
+        (found.duplicates, found.lost, found.twice),
+        (0, 0, 0),
+        "{found:?}"
+    );
+    assert_ids_match(&stack, STREAM, 2, 10, &at);
+}
+
+/// The first attempt lands, its reply is held while the stream is resharded (the epoch
+/// markers move), then lost: the retry under the old routing is refused by the markers, but
+/// the records are resolved against the shards they were sent to first — found written
+/// there — and not rerouted to the new layout (no second copy on another shard).
+#[tokio::test]
+async fn an_epoch_refusal_after_an_ambiguous_attempt_is_resolved_on_the_old_shard() {
+    const STREAM: &str = "idem-epoch";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let proxy = Proxy::start(stack.redis.port()).await;
+    let p = producer(&stack, proxy.url(), true);
+    // A first reshard so every shard carries an epoch marker (PROTOCOL §15).
+    let (s, v) = (stack.api)
+        .post(
+            &format!("/v1/streams/{STREAM}/reshard"),
+            json!({"shard_count": 3}),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+    p.refresh_routing(STREAM).await.expect("routing");
+    p.publish_batch(STREAM, batch(0..10))
+        .await
+        .expect("warm-up");
+    proxy.arm(UNTIL_RELEASED);
+    let publish = {
+        let p = p.clone();
+        tokio::spawn(async move { p.publish_batch(STREAM, batch(10..90)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(5), proxy.holding.notified())
+        .await
+        .expect("the first attempt's reply is held");
+    let (s, v) = (stack.api)
+        .post(
+            &format!("/v1/streams/{STREAM}/reshard"),
+            json!({"shard_count": 5}),
+        )
+        .await;
+    assert!(s.is_success(), "{s} {v}");
+    proxy.release();
+    let at = publish
+        .await
+        .expect("task")
+        .expect("publish resolved as written");
+    assert_eq!(proxy.dropped(), 1);
+    for (k, p) in at.iter().enumerate() {
+        let key = format!("k{}", (10 + k as u64) % 37);
+        assert_eq!(
+            p.shard,
+            shard_for_key(key.as_bytes(), 3),
+            "{key}: on its first shard"
+        );
+    }
+    let found = check(&stack, STREAM, 5, 90);
+    assert_eq!(
+        (found.duplicates, found.lost, found.twice),
+        (0, 0, 0),
+        "{found:?}"
+    );
+    assert_ids_match(&stack, STREAM, 5, 10, &at);
+    // And the next publish goes to the new layout.
+    let next = p.publish_batch(STREAM, batch(90..100)).await.expect("next");
+    for (k, p) in next.iter().enumerate() {
+        let key = format!("k{}", (90 + k as u64) % 37);
+        assert_eq!(p.shard, shard_for_key(key.as_bytes(), 5), "{key}");
+    }
+}
+
+/// `WAIT` not confirmed: the producer sends the records again (recognised as written) and
+/// waits again until a replica confirms; each record is written once.
+#[tokio::test]
+async fn a_wait_not_confirmed_is_retried_without_writing_twice() {
+    const STREAM: &str = "idem-wait";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let replica = rsc_testkit::RedisServer::start().expect("replica");
+    let p = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .build()
+        .expect("producer");
+    let publish = {
+        let p = p.clone();
+        tokio::spawn(async move { p.publish_batch(STREAM, batch(0..40)).await })
+    };
+    // Written, not confirmed (no replica yet): still publishing.
+    let mut con = stack.redis();
+    eventually("the first attempt landed", 5, || {
+        let n = pods::xlen(&mut con, &shard_key(STREAM, 0))
+            + pods::xlen(&mut con, &shard_key(STREAM, 1));
+        (n == 40).then_some(())
+    })
+    .await;
+    assert!(!publish.is_finished(), "not confirmed yet");
+    let mut rcon = redis::Client::open(replica.url())
+        .and_then(|c| c.get_connection())
+        .expect("replica connection");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(stack.redis.port())
+        .query(&mut rcon)
+        .expect("REPLICAOF");
+    let at = tokio::time::timeout(Duration::from_secs(10), publish)
+        .await
+        .expect("confirmed within the retry budget")
+        .expect("task")
+        .expect("publish");
+    let found = check(&stack, STREAM, 2, 40);
+    assert_eq!(
+        (found.duplicates, found.lost, found.twice, found.unmarked),
+        (0, 0, 0, 0),
+        "{found:?}"
+    );
+    assert_ids_match(&stack, STREAM, 2, 0, &at);
+}
+
+/// 1,000 short-lived producers leave a bounded number of producer records, and none once
+/// their idle time passed; a default producer's record expires after a day.
+#[tokio::test]
+async fn short_lived_producers_leave_no_state_behind() {
+    const STREAM: &str = "idem-ttl";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let records = |con: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{{{STREAM}:*}}:producer:*"))
+            .query(con)
+            .expect("KEYS")
+    };
+    let url = stack.coordinator.url();
+    let redis_url = stack.redis.url();
+    let tasks = (0..1_000u64).map(|i| {
+        let (url, redis_url) = (url.clone(), redis_url.clone());
+        async move {
+            let p = Producer::builder()
+                .coordinator(&url)
+                .redis_url(redis_url)
+                .idempotence_ttl(Duration::from_secs(2))
+                .build()
+                .expect("producer");
+            p.publish_batch(STREAM, batch(i..i + 1)).await.map(|_| ())
+        }
+    });
+    use futures::StreamExt;
+    let results: Vec<_> = futures::stream::iter(tasks)
+        .buffer_unordered(50)
+        .collect()
+        .await;
+    let done = results.into_iter().map(|r| r.expect("publish")).count();
+    assert_eq!(done, 1_000);
+    let mut con = stack.redis();
+    let left = records(&mut con);
+    assert!(
+        left.len() <= 1_000,
+        "one record per producer and shard written: {}",
+        left.len()
+    );
+    for key in left.iter().take(20) {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).expect("PTTL");
+        assert!((0..=2_000).contains(&ttl), "{key}: {ttl}");
+    }
+    eventually("every producer record expired", 10, || {
+        records(&mut con).is_empty().then_some(())
+    })
+    .await;
+    // The default idle time: a day.
+    let p = producer(&stack, stack.redis.url(), true);
+    p.publish_batch(STREAM, batch(0..1)).await.expect("publish");
+    let left = records(&mut con);
+    assert_eq!(left.len(), 1);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&left[0])
+        .query(&mut con)
+        .expect("PTTL");
+    assert!(ttl > 23 * 3600 * 1000 && ttl <= 24 * 3600 * 1000, "{ttl}");
+}
+
+/// A Redis user without script permission (`-@scripting`) gets a clear error and nothing is
+/// written: the write is the script.
+#[tokio::test]
+async fn a_user_without_scripting_gets_an_error_and_nothing_written() {
+    const STREAM: &str = "idem-noscript";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let mut con = stack.redis();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "noscript",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@scripting",
+        ])
+        .query(&mut con)
+        .expect("ACL SETUSER");
+    let url = format!("redis://noscript:pw@127.0.0.1:{}", stack.redis.port());
+    for idempotent in [true, false] {
+        let p = producer(&stack, url.clone(), idempotent);
+        let err = (p.publish_batch(STREAM, batch(0..10)).await).expect_err("no script, no write");
+        assert!(err.to_string().to_lowercase().contains("noperm"), "{err}");
+    }
+    for s in 0..2 {
+        assert_eq!(pods::xlen(&mut con, &shard_key(STREAM, s)), 0);
+    }
+}
