@@ -242,6 +242,8 @@ async fn main() -> Result<()> {
     .context("rsc-coordinator (build it first: cargo build --release --bins)")?;
     let base = coordinator.url();
     let pid = coordinator.pid().context("coordinator pid")?;
+    // reqwest is built with rustls but no built-in provider (rsc_api::install_crypto_provider).
+    rsc_client::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
