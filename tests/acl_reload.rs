@@ -73,6 +73,21 @@ impl ProjectedDir {
     }
 }
 
+/// A coordinator (memory store) on the ACL file `path`, with group `g` created by `t-ops`.
+async fn serving(path: &std::path::Path) -> CoordinatorProcess {
+    let acl = path.display().to_string();
+    let coordinator = CoordinatorProcess::start(&["--store", "memory", "--acl", &acl]).unwrap();
+    let (s, _) = Api::new(&coordinator.url())
+        .with_token("t-ops")
+        .post(
+            "/v1/groups",
+            json!({"group": "g", "stream": "s", "shard_count": 1}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201);
+    coordinator
+}
+
 fn join(member: &str) -> serde_json::Value {
     json!({"protocol_version": 1, "member_id": member, "member_epoch": 0, "owned_shards": []})
 }
@@ -185,17 +200,8 @@ async fn an_acl_file_that_does_not_parse_keeps_the_old_acl_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("acl.toml");
     std::fs::write(&path, format!("{}{}", ops(), member("a"))).unwrap();
-    let acl = path.display().to_string();
-    let coordinator = CoordinatorProcess::start(&["--store", "memory", "--acl", &acl]).unwrap();
+    let coordinator = serving(&path).await;
     let base = coordinator.url();
-    let (s, _) = Api::new(&base)
-        .with_token("t-ops")
-        .post(
-            "/v1/groups",
-            json!({"group": "g", "stream": "s", "shard_count": 1}),
-        )
-        .await;
-    assert_eq!(s.as_u16(), 201);
 
     replace(&path, "[[tokens]\nprincipal = \"broken");
     let since = Instant::now();
@@ -214,7 +220,7 @@ async fn an_acl_file_that_does_not_parse_keeps_the_old_acl_and_is_counted() {
     assert_eq!(heartbeat(&base, "t-b").await, 401);
     let log = coordinator.log().join("\n");
     assert!(
-        log.contains("ACL reload failed") && log.contains(&acl),
+        log.contains("ACL reload failed") && log.contains(&path.display().to_string()),
         "the log names the file: {log}"
     );
 
@@ -263,17 +269,8 @@ async fn an_entry_past_its_not_after_is_refused_as_expired() {
         )
     };
     std::fs::write(&path, acl_with("2099-01-01T02:00:00+02:00")).unwrap();
-    let acl = path.display().to_string();
-    let coordinator = CoordinatorProcess::start(&["--store", "memory", "--acl", &acl]).unwrap();
+    let coordinator = serving(&path).await;
     let base = coordinator.url();
-    let (s, _) = Api::new(&base)
-        .with_token("t-ops")
-        .post(
-            "/v1/groups",
-            json!({"group": "g", "stream": "s", "shard_count": 1}),
-        )
-        .await;
-    assert_eq!(s.as_u16(), 201);
 
     let (s, body) = Api::new(&base)
         .with_token("t-old")

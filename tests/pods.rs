@@ -496,21 +496,29 @@ pub(crate) fn xlen(con: &mut redis::Connection, key: &str) -> u64 {
 /// `(pending, lag)` of consumer group `group` on the shard key `key` (`XINFO GROUPS`; lag is
 /// `None` when Redis cannot tell).
 pub(crate) fn group_on_shard(
-    con: &mut redis::Connection,
+    con: &mut impl redis::ConnectionLike,
     key: &str,
     group: &str,
 ) -> (u64, Option<u64>) {
+    let g = group_info(con, key, group);
+    (g.pending as u64, g.lag.map(|l| l as u64))
+}
+
+/// Consumer group `group` on the stream key `key`, as `XINFO GROUPS` describes it.
+pub(crate) fn group_info(
+    con: &mut impl redis::ConnectionLike,
+    key: &str,
+    group: &str,
+) -> redis::streams::StreamInfoGroup {
     let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
         .arg("GROUPS")
         .arg(key)
         .query(con)
         .expect("XINFO GROUPS");
-    let g = info
-        .groups
-        .iter()
+    info.groups
+        .into_iter()
         .find(|g| g.name == group)
-        .expect("group on the shard");
-    (g.pending as u64, g.lag.map(|l| l as u64))
+        .unwrap_or_else(|| panic!("no group {group} on {key}"))
 }
 
 /// Waits until `cond` holds, polling every 100 ms, or panics after `secs`.

@@ -153,16 +153,7 @@ fn exists(con: &mut redis::Connection, key: &str) -> bool {
 
 /// `(pending, last-delivered id)` of the group on `key`.
 fn group_state(con: &mut redis::Connection, key: &str) -> (usize, String) {
-    let info: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(key)
-        .query(con)
-        .expect("XINFO GROUPS");
-    let g = info
-        .groups
-        .into_iter()
-        .find(|g| g.name == GROUP)
-        .unwrap_or_else(|| panic!("no group on {key}"));
+    let g = crate::pods::group_info(con, key, GROUP);
     (g.pending, g.last_delivered_id)
 }
 

@@ -860,14 +860,8 @@ async fn entries_every_group_acknowledged_are_trimmed_on_a_redis_cluster() {
             .arg(key)
             .query(con)
             .unwrap();
-        let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
-            .arg("GROUPS")
-            .arg(key)
-            .query(con)
-            .unwrap();
-        groups.groups.iter().any(|g| {
-            g.name == "b" && g.pending == 0 && g.last_delivered_id == info.last_generated_id
-        })
+        let b = pods::group_info(con, key, "b");
+        b.pending == 0 && b.last_delivered_id == info.last_generated_id
     };
     eventually("group b acknowledged them", 30, || {
         (0..SHARDS)

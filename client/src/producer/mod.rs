@@ -113,20 +113,7 @@ impl Record {
         n += 2 * usize::from(!self.headers.is_empty());
         n += 2 * self.fields.len() + 4 * usize::from(idem.is_some());
         cmd.arg(idem.map_or(0, |(_, s)| s)).arg(n);
-        cmd.arg(entry::PAYLOAD).arg(&self.payload);
-        if let Some(k) = &self.key {
-            cmd.arg(entry::KEY).arg(k);
-        }
-        if let Some(ct) = &self.content_type {
-            cmd.arg(entry::CONTENT_TYPE).arg(ct);
-        }
-        if !self.headers.is_empty() {
-            cmd.arg(entry::HEADERS)
-                .arg(serde_json::to_string(&self.headers).unwrap_or_default());
-        }
-        for (name, v) in &self.fields {
-            cmd.arg(name).arg(v);
-        }
+        self.field_args(cmd);
         if let Some((id, seq)) = idem {
             cmd.arg(entry::PRODUCER_ID).arg(id);
             cmd.arg(entry::PRODUCER_SEQ).arg(seq);
@@ -135,11 +122,14 @@ impl Record {
 
     /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
     fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str) {
-        pipe.cmd("XADD")
-            .arg(shard_key)
-            .arg("*")
-            .arg(entry::PAYLOAD)
-            .arg(&self.payload);
+        pipe.cmd("XADD").arg(shard_key).arg("*");
+        self.field_args(pipe);
+    }
+
+    /// Appends the entry's fields to the last command of `pipe`: `payload`, then `key`,
+    /// `content_type` and `headers` when set, then the record's own fields (PROTOCOL §2.2).
+    fn field_args(&self, pipe: &mut redis::Pipeline) {
+        pipe.arg(entry::PAYLOAD).arg(&self.payload);
         if let Some(k) = &self.key {
             pipe.arg(entry::KEY).arg(k);
         }
