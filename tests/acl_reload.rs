@@ -77,7 +77,7 @@ impl ProjectedDir {
 async fn serving(path: &std::path::Path) -> CoordinatorProcess {
     let acl = path.display().to_string();
     let coordinator = CoordinatorProcess::start(&["--store", "memory", "--acl", &acl]).unwrap();
-    let (s, _) = Api::new(&coordinator.url())
+    let (s, _) = Api::new(coordinator.url())
         .with_token("t-ops")
         .post(
             "/v1/groups",
