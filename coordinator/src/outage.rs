@@ -85,9 +85,30 @@ impl StoreOutages {
         credit
     }
 
-    /// A store call failed (the store was unreachable).
-    pub(crate) fn failed(&mut self) {
-        self.failing = true;
+    /// A store call that started at `started_ms` failed at `now_ms` (the store was
+    /// unreachable, or did not answer in time).
+    ///
+    /// A call that was already in flight when the last outage was declared over (it started
+    /// before the first success after it) was part of that outage: its caller — a member's
+    /// heartbeat held on a frozen server until its deadline — could not be heard until
+    /// `now_ms`, however well the store answered others meanwhile. That outage's credit is
+    /// extended to `now_ms`, so the caller's retry is judged as if it had heartbeat then.
+    pub(crate) fn failed(&mut self, started_ms: u64, now_ms: u64) {
+        match &mut self.credit {
+            Some(c) if !self.failing && started_ms < c.ended_ms => {
+                if now_ms > c.ended_ms {
+                    c.length_ms += now_ms - c.ended_ms;
+                    c.ended_ms = now_ms;
+                }
+            }
+            _ => self.failing = true,
+        }
+    }
+
+    /// The last outage's credit, if any.
+    #[cfg(test)]
+    pub(crate) fn credit(&self) -> Option<OutageCredit> {
+        self.credit
     }
 
     /// Whether calls have been failing since the last success.
@@ -123,8 +144,8 @@ mod tests {
     fn an_outage_extends_sessions_by_its_length_for_one_session() {
         let mut o = StoreOutages::default();
         o.ok(1_000);
-        o.failed();
-        o.failed();
+        o.failed(1_000, 3_500);
+        o.failed(1_100, 3_600);
         assert!(o.failing());
         // Measured from the last success, not from the first failure.
         let credit = o.ok(9_000).unwrap();
@@ -147,7 +168,7 @@ mod tests {
         // A coordinator started during the outage knows no start: members it has never seen
         // heartbeat are judged by their recorded heartbeats.
         let mut o = StoreOutages::default();
-        o.failed();
+        o.failed(0, 100);
         assert_eq!(o.ok(5_000), None);
         assert_eq!(o.shift_ms(5_000, 10_000), 0);
     }
@@ -168,7 +189,7 @@ mod tests {
         // The failover's own outage, then the rollback it caused: both count.
         let mut o = StoreOutages::default();
         o.ok(0);
-        o.failed();
+        o.failed(0, 1_000);
         o.ok(3_000);
         assert_eq!(o.rolled_back(3_500, 8_000).length_ms, 3_000 + 8_000);
     }
@@ -177,12 +198,42 @@ mod tests {
     fn close_outages_add_up_and_distant_ones_do_not() {
         let mut o = StoreOutages::default();
         o.ok(0);
-        o.failed();
+        o.failed(0, 500);
         o.ok(2_000);
-        o.failed();
+        o.failed(2_000, 2_500);
         assert_eq!(o.ok(5_000).unwrap().length_ms, 2_000 + 3_000);
         o.ok(200_000);
-        o.failed();
+        o.failed(200_000, 200_500);
         assert_eq!(o.ok(201_000).unwrap().length_ms, 1_000);
+    }
+
+    #[test]
+    fn a_call_held_across_the_recovery_extends_the_outage_to_its_failure() {
+        let mut o = StoreOutages::default();
+        o.ok(1_000);
+        // Frozen from 1 000: a heartbeat's call starts at 2 000 and is held until its 2 s
+        // deadline; another caller reaches the store again at 3 000 (a new master).
+        o.failed(1_100, 2_100);
+        assert_eq!(o.ok(3_000).unwrap().length_ms, 2_000);
+        o.ok(3_500);
+        o.failed(2_000, 4_000);
+        assert!(!o.failing(), "the store answers the others");
+        assert_eq!(
+            o.credit(),
+            Some(OutageCredit {
+                length_ms: 3_000,
+                ended_ms: 4_000
+            })
+        );
+        // Its member retries at 4 400, last heard at 900, 2 s session: judged at 1 400.
+        assert_eq!(o.shift_ms(4_400, 2_000), 3_000);
+        assert!(4_400 - o.shift_ms(4_400, 2_000) - 900 <= 2_000);
+        // It had a full session from 4 000 to come back in.
+        assert_eq!(o.shift_ms(6_000, 2_000), 3_000);
+        assert_eq!(o.shift_ms(6_001, 2_000), 0);
+        // A call that started after the recovery and failed is a new outage, not this one.
+        o.failed(5_000, 5_100);
+        assert!(o.failing());
+        assert_eq!(o.ok(5_200).unwrap().length_ms, 3_000 + 1_700);
     }
 }

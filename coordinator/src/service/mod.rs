@@ -31,6 +31,7 @@
 mod admin;
 mod cache;
 mod heartbeat;
+mod outages;
 mod redrive;
 mod sweep;
 mod views;
@@ -44,7 +45,7 @@ use crate::clock::Clock;
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc, members_to_wake};
 use crate::fencing::{FencingError, OwnerTokens, Sealer};
 use crate::outage::StoreOutages;
-use crate::store::{LockGuard, LockResource, MetadataStore, StoreError, Versioned};
+use crate::store::{Layered, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
@@ -52,7 +53,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -214,14 +215,20 @@ impl Coordinator {
         clock: Arc<dyn Clock>,
         config: ServiceConfig,
     ) -> Self {
+        let outages: Arc<Mutex<StoreOutages>> = Arc::default();
+        // Every call's outcome feeds the outage record (see `crate::outage`).
+        let watch = outages::OutageWatch {
+            outages: outages.clone(),
+            clock: clock.clone(),
+        };
         Coordinator {
-            store,
+            store: Arc::new(Layered::with_layer(store, watch)),
             clock,
             cache: Arc::new(DocCache::new(config.cache_idle)),
             config,
             fencing: None,
             sealer: None,
-            outages: Arc::default(),
+            outages,
             wakes: None,
         }
     }
@@ -239,36 +246,9 @@ impl Coordinator {
         self.sealer.as_ref()
     }
 
-    /// The store answered at `now`: closes an outage if calls were failing.
-    fn store_ok(&self, now: u64) {
-        let closed = self
-            .outages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ok(now);
-        if let Some(c) = closed {
-            info!(
-                outage_ms = c.length_ms,
-                "metadata store reachable again: sessions are extended by the outage's length \
-                 for one session timeout"
-            );
-            ::metrics::counter!("rsc_store_outages_total").increment(1);
-            ::metrics::gauge!("rsc_store_last_outage_seconds").set(c.length_ms as f64 / 1000.0);
-        }
-    }
-
-    /// The store could not be reached.
-    fn store_failed(&self) {
-        self.outages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .failed();
-    }
-
     /// The time expiry is judged at, for a group with `session_timeout_ms`: `now` set back
     /// by a recent store outage (see [`crate::outage`]). Called after the store answered.
     fn expiry_now(&self, now: u64, session_timeout_ms: u64) -> u64 {
-        self.store_ok(now);
         let shift = self
             .outages
             .lock()

@@ -58,16 +58,8 @@ impl Coordinator {
             .claim_due(buckets, now, self.config.claim_ms, self.config.sweep_batch)
             .await
         {
-            Ok(due) => {
-                self.store_ok(now);
-                due
-            }
-            Err(e) => {
-                if e.is_unavailable() {
-                    self.store_failed();
-                }
-                return Err(e.into());
-            }
+            Ok(due) => due,
+            Err(e) => return Err(e.into()),
         };
         if due.is_empty() {
             return Ok(0);
