@@ -199,3 +199,72 @@ async fn idle_sampling_costs_at_most_one_command_per_shard_per_minute() {
     assert_eq!(ha[0], hb[0]);
     assert_eq!(ha.last().map(|s| s["lag"].clone()), Some(json!(0)));
 }
+
+/// Views asked often — a dashboard, an autoscaler, scrapes — cost the data Redis at most one
+/// read per shard key (and group, and position) per second, however often they are asked
+/// (PROTOCOL §12, "lag in views"): 75 group views, autoscaling signals and scrapes of two
+/// groups on 16 shards with a backlog. Without the one-second reuse, each of them read every
+/// key again: about 3,000 commands.
+#[tokio::test]
+async fn views_asked_often_read_each_key_at_most_once_a_second() {
+    const SHARDS: u32 = 16;
+    let data = RedisServer::start().expect("redis");
+    let data_url = data.url();
+    let coordinator = CoordinatorProcess::start(&[
+        "--data-redis-url",
+        &data_url,
+        "--history-interval-ms",
+        "60000",
+    ])
+    .expect("coordinator");
+    let api = Api::new(coordinator.url());
+    let mut con = redis(&data);
+    let keys = create_group(&api, &mut con, "g1", "orders", SHARDS).await;
+    create_group(&api, &mut con, "g2", "orders", SHARDS).await;
+    for key in &keys {
+        for _ in 0..5 {
+            let _: String = redis::cmd("XADD")
+                .arg(&[key.as_str(), "*", "v", "1"][..])
+                .query(&mut con)
+                .expect("XADD");
+        }
+    }
+    let (_, view) = api.get("/v1/groups/g1").await;
+    assert_eq!(view["shards"][0]["lag"], json!(5), "{view:#}");
+    let before = command_calls(&mut con);
+    let started = Instant::now();
+    for i in 0..15 {
+        for group in ["g1", "g2"] {
+            let (s, v) = api.get(&format!("/v1/groups/{group}")).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            assert_eq!(v["shards"][(i % SHARDS) as usize]["lag"], json!(5), "{v:#}");
+            let (s, v) = api.get(&format!("/v1/groups/{group}/scaling")).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+        }
+        let scrape = rsc_e2e::http()
+            .get(format!("{}/metrics", coordinator.url()))
+            .send()
+            .await
+            .expect("scrape");
+        assert!(scrape.status().is_success());
+    }
+    let elapsed = started.elapsed();
+    let after = command_calls(&mut con);
+    let reads: u64 = ["xinfo|groups", "xinfo|consumers", "xrange"]
+        .iter()
+        .map(|c| {
+            let name = c.to_string();
+            after.get(&name).copied().unwrap_or(0) - before.get(&name).copied().unwrap_or(0)
+        })
+        .sum();
+    // Per started second: XINFO GROUPS per key (both groups share it), XINFO CONSUMERS and
+    // XRANGE per key and group; plus the sampler's one read per key in the minute.
+    let seconds = elapsed.as_secs() + 1;
+    let bound = seconds * u64::from(SHARDS) * (1 + 2 + 2) + u64::from(SHARDS);
+    eprintln!("75 requests in {elapsed:?}: {reads} data-Redis reads (bound {bound})");
+    assert!(
+        reads <= bound,
+        "{reads} reads for 75 requests in {elapsed:?} (bound {bound}): {:?}",
+        after
+    );
+}

@@ -201,7 +201,7 @@ impl History {
                 .map(|(k, _)| k.clone())
                 .collect();
             ::metrics::counter!("rsc_lag_sample_reads_total").increment(due.len() as u64);
-            let fresh = deps.probe.read_keys(&due).await;
+            let fresh = deps.probe.read_keys_fresh(&due).await;
             for (key, reading) in &fresh {
                 memos.record(key, reading.clone(), now);
             }

@@ -6,12 +6,23 @@
 //! flight at once (each routed to its slot's node). Every read is bounded by
 //! a timeout; an unreachable Redis, a missing shard key or a shard whose Redis consumer
 //! group does not exist yet simply leaves the numbers out — never an error to the caller.
+//!
+//! What views read (a group's view, `/scaling`, `/metrics`, retention's view) is kept for
+//! [`VIEW_MAX_AGE`] ([`super::recent`]): however often they are asked, each shard key costs
+//! the data Redis at most one `XINFO GROUPS`, one `XINFO CONSUMERS` per group and one
+//! `XRANGE` per position per interval. The lag sampler reads fresh and refreshes them.
 
+use super::recent::Recent;
 use redis::streams::{StreamInfoConsumersReply, StreamInfoGroupsReply};
 use rsc_redis::{Conn, LazyRedis};
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use tokio::time::Instant;
 use tracing::debug;
+
+/// How long a view's reading of the data Redis is answered again (PROTOCOL §12).
+pub(crate) const VIEW_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// Keys asked per pipeline round trip (per batch of concurrent commands on a cluster).
 const PIPELINE_CHUNK: usize = 512;
@@ -64,6 +75,17 @@ pub(crate) type KeyReading = Option<Vec<GroupReading>>;
 pub(crate) struct LagProbe {
     redis: LazyRedis,
     timeout: Duration,
+    /// `XINFO GROUPS` per shard key.
+    groups: Mutex<Recent<String, KeyReading>>,
+    /// The milliseconds of the first entry after (key, id), `None` when there is none.
+    first: Mutex<Recent<(String, String), Option<u64>>>,
+    /// `XINFO CONSUMERS` per (group, key).
+    consumers: Mutex<Recent<(String, String), Vec<(String, u64)>>>,
+}
+
+/// A cache's lock; a poisoned one is still consistent (each entry is written whole).
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for LagProbe {
@@ -80,7 +102,13 @@ impl LagProbe {
     /// A probe reading the data Redis `redis` (connected on first use); each read is
     /// abandoned past `timeout`.
     pub(crate) fn new(redis: LazyRedis, timeout: Duration) -> Self {
-        LagProbe { redis, timeout }
+        LagProbe {
+            redis,
+            timeout,
+            groups: Mutex::new(Recent::new(VIEW_MAX_AGE)),
+            first: Mutex::new(Recent::new(VIEW_MAX_AGE)),
+            consumers: Mutex::new(Recent::new(VIEW_MAX_AGE)),
+        }
     }
 
     async fn connection(&self) -> Option<Conn> {
@@ -130,27 +158,64 @@ impl LagProbe {
 
     /// The milliseconds of the first entry after each `(shard, key, id)`'s id
     /// (`XRANGE <key> (<id> + COUNT 1`): the oldest undelivered entry. Shards with none, or
-    /// not read, are missing.
+    /// not read, are missing. Answered from what was read within [`VIEW_MAX_AGE`] where it
+    /// can be.
     async fn first_after(&self, at: &[(u32, String, String)]) -> HashMap<u32, u64> {
+        let now = Instant::now();
         let mut out = HashMap::new();
-        if at.is_empty() {
+        let mut missing = Vec::new();
+        {
+            let cache = locked(&self.first);
+            for item @ (shard, key, id) in at {
+                match cache.get(&(key.clone(), id.clone()), now) {
+                    Some(ms) => out.extend(ms.map(|ms| (*shard, ms))),
+                    None => missing.push(item.clone()),
+                }
+            }
+        }
+        if missing.is_empty() {
             return out;
         }
         let Some(mut conn) = self.connection().await else {
             return out;
         };
-        for chunk in at.chunks(PIPELINE_CHUNK) {
+        for chunk in missing.chunks(PIPELINE_CHUNK) {
             let read = read_first_after(&mut conn, chunk);
             let Ok(Ok(replies)) = tokio::time::timeout(self.timeout, read).await else {
                 debug!("XRANGE failed or timed out; time lag not reported");
                 return out;
             };
-            for ((shard, _, _), reply) in chunk.iter().zip(replies) {
-                let first = reply.ok().and_then(|r| r.ids.into_iter().next());
-                if let Some(ms) = first.and_then(|e| e.id.split('-').next()?.parse().ok()) {
-                    out.insert(*shard, ms);
+            let mut cache = locked(&self.first);
+            for ((shard, key, id), reply) in chunk.iter().zip(replies) {
+                let Ok(range) = reply else { continue };
+                let first = range.ids.into_iter().next();
+                let ms = first.and_then(|e| e.id.split('-').next()?.parse().ok());
+                cache.put((key.clone(), id.clone()), ms, now);
+                out.extend(ms.map(|ms| (*shard, ms)));
+            }
+        }
+        out
+    }
+
+    /// [`Self::read_keys_fresh`] for the keys not read within [`VIEW_MAX_AGE`]; the others
+    /// as they were read then.
+    pub(crate) async fn read_keys(&self, keys: &[String]) -> HashMap<String, KeyReading> {
+        let now = Instant::now();
+        let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let cache = locked(&self.groups);
+            for key in keys {
+                match cache.get(key, now) {
+                    Some(reading) => {
+                        out.insert(key.clone(), reading);
+                    }
+                    None => missing.push(key.clone()),
                 }
             }
+        }
+        if !missing.is_empty() {
+            out.extend(self.read_keys_fresh(&missing).await);
         }
         out
     }
@@ -158,8 +223,10 @@ impl LagProbe {
     /// `XINFO GROUPS` of each key: every Redis consumer group on it (`None` for a key that
     /// does not exist). Keys it could not read (the data Redis failed or did not answer in
     /// time) are missing from the answer; one command per key, in pipelines of
-    /// [`PIPELINE_CHUNK`] on standalone Redis.
-    pub(crate) async fn read_keys(&self, keys: &[String]) -> HashMap<String, KeyReading> {
+    /// [`PIPELINE_CHUNK`] on standalone Redis. What is read is answered to views for
+    /// [`VIEW_MAX_AGE`] ([`Self::read_keys`]).
+    pub(crate) async fn read_keys_fresh(&self, keys: &[String]) -> HashMap<String, KeyReading> {
+        let now = Instant::now();
         let mut out = HashMap::new();
         if keys.is_empty() {
             return out;
@@ -199,6 +266,7 @@ impl LagProbe {
                         })
                         .collect()
                 });
+                locked(&self.groups).put(key.clone(), reading.clone(), now);
                 out.insert(key.clone(), reading);
             }
         }
@@ -208,17 +276,34 @@ impl LagProbe {
 
 impl LagProbe {
     /// The consumers (name, pending entries) of `group`'s Redis consumer group on each
-    /// `(shard, key)` (`XINFO CONSUMERS`). Shards it could not read are missing.
+    /// `(shard, key)` (`XINFO CONSUMERS`). Shards it could not read are missing. Answered
+    /// from what was read within [`VIEW_MAX_AGE`] where it can be.
     pub(crate) async fn group_consumers(
         &self,
         group: &str,
         keys: &[(u32, String)],
     ) -> HashMap<u32, Vec<(String, u64)>> {
+        let now = Instant::now();
         let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let cache = locked(&self.consumers);
+            for (shard, key) in keys {
+                match cache.get(&(group.to_owned(), key.clone()), now) {
+                    Some(list) => {
+                        out.insert(*shard, list);
+                    }
+                    None => missing.push((*shard, key.clone())),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return out;
+        }
         let Some(mut conn) = self.connection().await else {
             return out;
         };
-        for chunk in keys.chunks(PIPELINE_CHUNK) {
+        for chunk in missing.chunks(PIPELINE_CHUNK) {
             let replies =
                 match tokio::time::timeout(self.timeout, read_consumers(&mut conn, group, chunk))
                     .await
@@ -233,13 +318,15 @@ impl LagProbe {
                         return out;
                     }
                 };
-            for ((shard, _), reply) in chunk.iter().zip(replies) {
+            let mut cache = locked(&self.consumers);
+            for ((shard, key), reply) in chunk.iter().zip(replies) {
                 let Ok(reply) = reply else { continue };
-                let list = reply
+                let list: Vec<(String, u64)> = reply
                     .consumers
                     .into_iter()
                     .map(|c| (c.name, c.pending as u64))
                     .collect();
+                cache.put((group.to_owned(), key.clone()), list.clone(), now);
                 out.insert(*shard, list);
             }
         }

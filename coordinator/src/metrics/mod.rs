@@ -17,6 +17,7 @@
 pub(crate) mod history;
 mod http;
 mod lag;
+mod recent;
 mod sampler;
 pub(crate) mod scaling;
 pub(crate) mod state;
