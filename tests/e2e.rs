@@ -31,6 +31,7 @@ mod heartbeat_batch;
 mod http_api;
 mod idempotence;
 mod jwt;
+mod keep_alive;
 mod key_lanes;
 mod lag_sampling;
 mod lifecycle;

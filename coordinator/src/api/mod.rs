@@ -8,6 +8,7 @@
 
 mod admin;
 mod extract;
+mod keep_alive;
 mod members;
 mod monitoring;
 mod openapi;
@@ -81,7 +82,8 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The whole `/v1` API plus health, metrics and the OpenAPI document, behind the access
 /// middleware, with the protocol's fallbacks for unknown routes and methods and the body size
-/// limit.
+/// limit; an HTTP/1 response to a request whose body was not read says `Connection: close`
+/// (PROTOCOL §20).
 pub(crate) fn router(state: AppState, body_limit: usize) -> Router {
     let (router, _) = routes().split_for_parts();
     router
@@ -96,6 +98,7 @@ pub(crate) fn router(state: AppState, body_limit: usize) -> Router {
         .layer(from_fn_with_state(state.security.clone(), auth::enforce))
         .layer(from_fn(metrics::track_http))
         .layer(TraceLayer::new_for_http())
+        .layer(from_fn(keep_alive::close_if_body_unread))
         .with_state(state)
 }
 
