@@ -23,7 +23,18 @@ pub(super) struct DocCache {
     /// Per group, when this coordinator first saw each of its latest revisions (Unix ms):
     /// how far back a rollback went ([`Self::went_back`]).
     seen: Mutex<HashMap<String, SeenRevisions>>,
+    /// Per group, the liveness this coordinator wrote for each member (Unix ms): a store
+    /// found holding an older one went back in time ([`Self::restore_liveness`]).
+    touches: Mutex<HashMap<String, HashMap<String, Touch>>>,
     idle: Duration,
+}
+
+/// A member's liveness this coordinator wrote, and whether a store found behind it was
+/// reported already.
+#[derive(Debug, Default, Clone, Copy)]
+struct Touch {
+    at_ms: u64,
+    reported: bool,
 }
 
 /// A group's latest revisions, each with when it was first seen (Unix ms), and when they
@@ -43,6 +54,7 @@ impl DocCache {
             streams: Mutex::default(),
             owed: Mutex::default(),
             seen: Mutex::default(),
+            touches: Mutex::default(),
             idle,
         }
     }
@@ -135,6 +147,48 @@ impl DocCache {
         drop(groups);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.remove(group);
+        drop(seen);
+        let mut touches = self.touches.lock().unwrap_or_else(|p| p.into_inner());
+        touches.remove(group);
+    }
+
+    /// This coordinator recorded `member`'s heartbeat at `at_ms` in the store.
+    pub(super) fn touched(&self, group: &str, member: &str, at_ms: u64) {
+        let mut touches = self.touches.lock().unwrap_or_else(|p| p.into_inner());
+        let t = touches
+            .entry(group.to_owned())
+            .or_default()
+            .entry(member.to_owned())
+            .or_default();
+        if at_ms > t.at_ms {
+            *t = Touch {
+                at_ms,
+                reported: false,
+            };
+        }
+    }
+
+    /// Gives each member of `doc` at least the liveness this coordinator wrote for it: a
+    /// heartbeat it recorded was heard, whatever a store that lost the write says. Returns
+    /// how far the store was behind at most, counting each lost touch once (`None`:
+    /// nowhere, or already told). Members no longer in `doc` are forgotten.
+    pub(super) fn restore_liveness(&self, group: &str, doc: &mut GroupDoc) -> Option<u64> {
+        let mut touches = self.touches.lock().unwrap_or_else(|p| p.into_inner());
+        let written = touches.get_mut(group)?;
+        written.retain(|m, _| doc.members.contains_key(m));
+        let mut behind = None;
+        for (id, m) in doc.members.iter_mut() {
+            if let Some(t) = written.get_mut(id)
+                && t.at_ms > m.last_heartbeat_ms
+            {
+                if !t.reported {
+                    behind = behind.max(Some(t.at_ms - m.last_heartbeat_ms));
+                    t.reported = true;
+                }
+                m.last_heartbeat_ms = t.at_ms;
+            }
+        }
+        behind
     }
 }
 

@@ -175,6 +175,7 @@ impl Coordinator {
         if !steady {
             return Ok(None);
         }
+        self.cache.touched(group, &req.member_id, now_ms);
         asserted?;
         Ok(Some(response))
     }

@@ -381,7 +381,7 @@ impl Coordinator {
             self.cache.forget_group(group);
             return Err(ServiceError::GroupNotFound(group.to_owned()));
         };
-        overlay_liveness(&mut v.doc, &live);
+        self.overlay_liveness(group, &mut v.doc, &live);
         self.saw_revision(group, v.revision);
         Ok(v)
     }
@@ -390,9 +390,33 @@ impl Coordinator {
     /// rollback, see [`crate::outage`]), sessions are extended by how far.
     pub(super) fn saw_revision(&self, group: &str, revision: u64) {
         let now = self.now();
-        let Some(back_ms) = self.cache.went_back(group, revision, now) else {
-            return;
-        };
+        if let Some(back_ms) = self.cache.went_back(group, revision, now) {
+            self.rolled_back(group, "revision", back_ms, now);
+        }
+    }
+
+    /// The liveness of `doc` as read from the store (`live`), and at least what this
+    /// coordinator wrote: a steady heartbeat's touch changes no revision, so a store that
+    /// lost touches (a failover, PROTOCOL §12) is found out here, and sessions are extended
+    /// by how far it went back — beyond [`CLOCK_SKEW_MS`], which coordinators' clocks may
+    /// differ by.
+    pub(super) fn overlay_liveness(
+        &self,
+        group: &str,
+        doc: &mut GroupDoc,
+        live: &HashMap<String, u64>,
+    ) {
+        overlay_liveness(doc, live);
+        if let Some(back_ms) = self.cache.restore_liveness(group, doc)
+            && back_ms > CLOCK_SKEW_MS
+        {
+            self.rolled_back(group, "liveness", back_ms, self.now());
+        }
+    }
+
+    /// The store was found `back_ms` behind what this coordinator had seen of `group`
+    /// (`what`: a document revision or a member's liveness): a credit like an outage's.
+    fn rolled_back(&self, group: &str, what: &'static str, back_ms: u64, now: u64) {
         let credit = self
             .outages
             .lock()
@@ -400,13 +424,13 @@ impl Coordinator {
             .rolled_back(now, back_ms);
         warn!(
             group,
-            revision,
+            what,
             back_ms,
             credit_ms = credit.length_ms,
             "the metadata store went back in time (a failover lost writes): sessions are \
              extended by that much for one session timeout instead of expiring members"
         );
-        ::metrics::counter!("rsc_store_rollbacks_total").increment(1);
+        ::metrics::counter!("rsc_store_rollbacks_total", "what" => what).increment(1);
         ::metrics::gauge!("rsc_store_last_outage_seconds").set(credit.length_ms as f64 / 1000.0);
     }
 
@@ -464,6 +488,11 @@ impl Coordinator {
 }
 
 /// Liveness lives beside the document: a member was last heard from at the later of the two.
+/// How far coordinators' clocks may differ: a member's liveness found behind what this
+/// coordinator wrote by no more than this is another coordinator's later touch, not a
+/// rollback.
+const CLOCK_SKEW_MS: u64 = 1_000;
+
 fn overlay_liveness(doc: &mut GroupDoc, live: &HashMap<String, u64>) {
     for (id, m) in doc.members.iter_mut() {
         if let Some(&t) = live.get(id) {
@@ -515,5 +544,66 @@ mod tests {
         );
         let cause = e.source().and_then(Error::source).expect("Redis's error");
         assert!(cause.downcast_ref::<redis::RedisError>().is_some());
+    }
+
+    /// A store that lost steady heartbeats' touches (they change no revision) is found out
+    /// by what this coordinator wrote: the member is not expired for it, and sessions are
+    /// credited with how far the store went back.
+    #[tokio::test]
+    async fn touches_a_store_lost_are_restored_from_what_was_written() {
+        use crate::clock::ManualClock;
+        use crate::store::{MemoryStore, buckets_of};
+        use rsc_protocol::{CreateGroupRequest, HeartbeatRequest};
+        let clock = ManualClock::new(1_000);
+        let c = Coordinator::new(
+            Arc::new(MemoryStore::new()),
+            Arc::new(clock.clone()),
+            ServiceConfig::default(),
+        );
+        c.create_group(&CreateGroupRequest {
+            group: "g".into(),
+            stream: "s".into(),
+            shard_count: Some(2),
+            start: None,
+            session_timeout_ms: Some(2_000),
+            heartbeat_interval_ms: Some(100),
+            rebalance_timeout_ms: None,
+            max_members: None,
+            assignor: None,
+            fencing: None,
+            ordering: None,
+            retention: None,
+        })
+        .await
+        .unwrap();
+        let hb = |epoch, owned| HeartbeatRequest {
+            protocol_version: 1,
+            member_id: "m".into(),
+            member_epoch: epoch,
+            owned_shards: Some(owned),
+            drained_shards: vec![],
+            client: None,
+            incarnation: None,
+        };
+        let r = c.heartbeat("g", &hb(0, vec![])).await.unwrap();
+        c.heartbeat("g", &hb(r.member_epoch, r.assignment.clone()))
+            .await
+            .unwrap();
+        // Heartbeats recorded at 1 500 … 3 000 and acknowledged, then lost by the store (a
+        // failover to a replica that never received them): it still says 1 000.
+        c.cache.touched("g", "m", 3_000);
+        clock.set(3_200);
+        assert_eq!(c.sweep(&buckets_of(0, 1)).await.unwrap(), 0, "expired");
+        let view = c.describe_group("g").await.unwrap();
+        assert_eq!(view.members.len(), 1);
+        let credit = c.outages.lock().unwrap().shift_ms(3_200, 2_000);
+        // The store's last heartbeat (1 000, or the millisecond after) to 3 000.
+        assert!(
+            (1_990..=2_000).contains(&credit),
+            "sessions credited with how far the store went back: {credit}"
+        );
+        // A member really silent since still expires once the credit is over.
+        clock.set(7_500);
+        assert_eq!(c.sweep(&buckets_of(0, 1)).await.unwrap(), 1);
     }
 }

@@ -1,6 +1,6 @@
 //! The expiry sweep over the deadline index, and the purge of retired shard keys.
 
-use super::{Coordinator, Result, ServiceError, overlay_liveness};
+use super::{Coordinator, Result, ServiceError};
 use crate::engine::{GroupDoc, GroupEvent};
 use crate::store::Versioned;
 use futures::StreamExt;
@@ -20,7 +20,7 @@ impl Coordinator {
         {
             let live = self.store.liveness(group).await?;
             let mut v = Versioned::clone(&cached);
-            overlay_liveness(&mut v.doc, &live);
+            self.overlay_liveness(group, &mut v.doc, &live);
             return Ok(v);
         }
         self.load_group(group).await

@@ -105,6 +105,9 @@ impl Coordinator {
                 .store
                 .put_group_live(&w.doc, w.revision, &change)
                 .await?;
+            if let Some((member, at)) = &change.touch {
+                self.cache.touched(w.group, member, *at);
+            }
             self.lower_deadline(&w.doc, w.revision).await;
             self.wake(w.group, Some(&w.before), Some(&w.doc), w.requester);
             w.kept = true;
@@ -120,6 +123,7 @@ impl Coordinator {
                 ))
                 .into());
             }
+            self.cache.touched(group, member, *at);
             w.kept = true;
         }
         log_events(w.group, &w.events);
