@@ -418,7 +418,7 @@ impl Producer {
         }
         let rr = self.round_robin(&records);
         let mut guard = self.lane();
-        let lane = guard.as_mut().map(|g| g.take(records.len()));
+        let mut lane = guard.as_mut().map(|g| g.take(records.len()));
         let mut routing = self.inner.routes.get(stream).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
@@ -478,6 +478,11 @@ impl Producer {
             metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
                 .increment(refused as u64);
             routing = self.newer_routing(&stale, &routing, &mut delay).await?;
+            if let (Some(g), Some(ids)) = (guard.as_mut(), lane.as_mut()) {
+                // Not written anywhere; placed anew, they must not meet the sequences this
+                // publish wrote to their new shard (PROTOCOL §21).
+                g.renumber(ids, &todo);
+            }
         }
         Ok(out.into_iter().flatten().collect())
     }
@@ -839,6 +844,16 @@ impl LaneGuard<'_> {
         LaneIds {
             id: lane.id.clone(),
             seqs: (first..first + n as u64).collect(),
+        }
+    }
+}
+
+impl LaneGuard<'_> {
+    /// Gives the records `todo` (indices, in order) the lane's next sequence numbers.
+    fn renumber(&mut self, ids: &mut LaneIds, todo: &[usize]) {
+        let fresh = self.take(todo.len());
+        for (&i, seq) in todo.iter().zip(fresh.seqs) {
+            ids.seqs[i] = seq;
         }
     }
 }

@@ -18,7 +18,8 @@
 //! other ids watch other records and never abort each other; one id has one publish in flight
 //! (a lane), so its own transactions only meet across attempts of that publish.
 
-use super::{LaneIds, Published, Record, Routing};
+use super::routing::Routing;
+use super::{LaneIds, Published, Record};
 use redis::Value;
 use std::time::Duration;
 use tracing::warn;
