@@ -452,15 +452,8 @@ impl Producer {
             }
             metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
                 .increment(written as u64);
-            for (i, p) in outcome.written {
-                out[i] = Some(p);
-            }
-            let marker = outcome.refused.iter().map(|&(_, m)| m).max();
-            let refused = outcome.refused.len();
-            todo = (outcome.refused.into_iter().map(|(i, _)| i))
-                .chain(outcome.again)
-                .collect();
-            todo.sort_unstable();
+            let (marker, refused);
+            (todo, marker, refused) = settle(&mut out, outcome);
             if todo.is_empty() {
                 break;
             }
@@ -867,6 +860,25 @@ impl Drop for LaneGuard<'_> {
                 .push(lane);
         }
     }
+}
+
+/// Takes the records `outcome` wrote into `out`; the records still to write (those refused for
+/// a stale epoch and those to send again, in order), the highest marker that refused, and how
+/// many it refused.
+fn settle(
+    out: &mut [Option<Published>],
+    outcome: write::Outcome,
+) -> (Vec<usize>, Option<u64>, usize) {
+    for (i, p) in outcome.written {
+        out[i] = Some(p);
+    }
+    let marker = outcome.refused.iter().map(|&(_, m)| m).max();
+    let refused = outcome.refused.len();
+    let mut todo: Vec<usize> = (outcome.refused.into_iter().map(|(i, _)| i))
+        .chain(outcome.again)
+        .collect();
+    todo.sort_unstable();
+    (todo, marker, refused)
 }
 
 /// Where each record of `todo` goes under `routing`: (index, shard), in order.

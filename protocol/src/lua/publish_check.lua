@@ -18,7 +18,8 @@ local k = idem and #KEYS / 3 or #KEYS
 local ttl = tonumber(ARGV[3])
 -- The entries of the id's last write to a shard (contiguous: one transaction), by sequence:
 -- read backwards from the write's time (the record's expiry less the idle time), then from
--- the stream's end (a stream whose last id is ahead of this server's clock).
+-- the stream's end (a stream whose last id is ahead of this server's clock; a Redis before 7.0,
+-- without PEXPIRETIME). An error here would let the transaction run unchecked: none is raised.
 local function landed(stream, rec, want, left)
   local found = {}
   local function scan(hi, cap)
@@ -38,8 +39,8 @@ local function landed(stream, rec, want, left)
       cap = cap - #es
     end
   end
-  local at = redis.call('PEXPIRETIME', rec)
-  if at > 0 then scan(string.format('%d', at - ttl), 1024) end
+  local at = redis.pcall('PEXPIRETIME', rec)
+  if type(at) == 'number' and at > 0 then scan(string.format('%d', at - ttl), 1024) end
   if left > 0 then scan('+', 16384) end
   return found
 end
