@@ -661,21 +661,70 @@ impl Producer {
             acked: u32::MAX,
             ..write::Outcome::default()
         };
+        let mut answered = Vec::with_capacity(parts.len());
         for (group, answers, acked) in futures::future::try_join_all(sends).await? {
             out.acked = out.acked.min(acked);
-            for ((shard, idx), answer) in group.iter().zip(answers) {
-                for (&i, id) in idx.iter().zip(answer.ids) {
-                    match id {
-                        Some(id) => out.written.push((i, Published { shard: *shard, id })),
-                        None if answer.marker > 0 => {
-                            out.refused.push((i, answer.marker.max(routing.routing_epoch + 1)))
-                        }
-                        None => out.again.push(i),
+            answered.extend(group.iter().zip(answers));
+        }
+        self.read_landed(&writer, &mut answered).await?;
+        for ((shard, idx), answer) in answered {
+            for (&i, id) in idx.iter().zip(answer.ids) {
+                match id {
+                    Some(id) => out.written.push((i, Published { shard: *shard, id })),
+                    None if answer.marker > 0 => {
+                        out.refused.push((i, answer.marker.max(routing.routing_epoch + 1)))
                     }
+                    None => out.again.push(i),
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Fills in the entry ids of the records that an earlier attempt wrote, as the check
+    /// found them (an idempotent retry, PROTOCOL §21): one script call per such shard, in one
+    /// pipeline (standalone) or one per shard (cluster), all sent at once.
+    async fn read_landed(
+        &self,
+        writer: &write::Writer<'_>,
+        answered: &mut [(&write::Part, write::ShardAnswer)],
+    ) -> redis::RedisResult<()> {
+        let Some(lane) = writer.lane else {
+            return Ok(());
+        };
+        // (answer, shard, positions in the part, record indices) of the records to read.
+        let mut asks: Vec<(usize, u32, Vec<usize>, Vec<usize>)> = Vec::new();
+        for (a, ((shard, idx), answer)) in answered.iter().enumerate() {
+            let Some(top) = answer.landed else { continue };
+            let (pos, recs): (Vec<usize>, Vec<usize>) = (idx.iter().enumerate())
+                .filter(|&(_, &i)| lane.seqs[i] <= top)
+                .map(|(p, &i)| (p, i))
+                .unzip();
+            asks.push((a, *shard, pos, recs));
+        }
+        let groups: Vec<&[(usize, u32, Vec<usize>, Vec<usize>)]> = if self.inner.cluster {
+            asks.chunks(1).collect()
+        } else {
+            vec![&asks[..]]
+        };
+        let sends = (groups.into_iter().filter(|g| !g.is_empty())).map(|group| {
+            let pipe = writer.landed_pipeline(group.iter().map(|a| (a.1, &a.3[..])));
+            async move {
+                let values = (self.inner.conn.clone())
+                    .req_packed_commands(&pipe, 0, pipe.len())
+                    .await?;
+                Ok::<_, redis::RedisError>((group, values))
+            }
+        });
+        for (group, values) in futures::future::try_join_all(sends).await? {
+            for ((a, _, pos, recs), v) in group.iter().zip(values) {
+                let ids = write::read_landed(v, recs.len())?;
+                for (&p, id) in pos.iter().zip(ids) {
+                    answered[*a].1.ids[p] = Some(id);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key

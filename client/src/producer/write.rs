@@ -2,9 +2,10 @@
 //! Redis, one per shard on a Redis Cluster, each sent as one pipeline
 //! `WATCH <markers> [<records>]; EVAL <check> …; MULTI; XADD …; EVAL <tail> …; EXEC [; WAIT]`.
 //!
-//! The check, before `MULTI`, refuses a stale routing epoch and resolves the records that an
-//! earlier attempt of an idempotent producer wrote (reading their entry ids, in that retry
-//! only); in either case it touches a watched key, which aborts the transaction. The `XADD`s
+//! The check, before `MULTI`, refuses a stale routing epoch and finds the records that an
+//! earlier attempt of an idempotent producer wrote; in either case it touches a watched key,
+//! which aborts the transaction. The entry ids of such records are then read by another
+//! script (`publish_landed.lua`), in that retry only. The `XADD`s
 //! run natively inside `MULTI`. The tail, queued after them, records the highest sequence
 //! written in each producer record and rings the doorbells; queued with the check's keys, it
 //! is refused at queueing time (and the whole transaction with it, `EXECABORT`) wherever an
@@ -46,7 +47,10 @@ pub(super) struct Outcome {
 pub(super) struct ShardAnswer {
     /// The epoch marker that refused the shard's records (0: none).
     pub(super) marker: u64,
-    /// Each record's entry id, in order; `None`: not written.
+    /// Records with a sequence up to this one were written by an earlier attempt (their ids
+    /// still to read, [`Writer::landed_pipeline`]).
+    pub(super) landed: Option<u64>,
+    /// Each record's entry id, in order; `None`: not written (or not read yet).
     pub(super) ids: Vec<Option<String>>,
 }
 
@@ -66,7 +70,7 @@ pub(super) struct Writer<'a> {
 
 impl Writer<'_> {
     /// The keys of the check and the tail over `parts`: the markers, then, for an idempotent
-    /// producer, the producer records and the shard keys.
+    /// producer, the producer records.
     fn keys(&self, parts: &[Part]) -> Vec<String> {
         let shard_key = |s: u32| &self.routing.shard_keys[s as usize];
         let mut keys: Vec<String> = (parts.iter())
@@ -77,28 +81,45 @@ impl Writer<'_> {
                 (parts.iter())
                     .map(|(s, _)| rsc_protocol::routing::producer_key(shard_key(*s), &lane.id)),
             );
-            keys.extend(parts.iter().map(|(s, _)| shard_key(*s).clone()));
         }
         keys
+    }
+
+    /// `EVAL <landed> 2 <shard key> <record> <producer id> <ttl> <seq>…` for each part
+    /// `(shard, record indices)`: the entry ids of records an earlier attempt wrote.
+    pub(super) fn landed_pipeline<'p>(
+        &self,
+        parts: impl IntoIterator<Item = (u32, &'p [usize])>,
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let Some(lane) = self.lane else {
+            return pipe;
+        };
+        for (shard, idx) in parts {
+            let shard_key = &self.routing.shard_keys[shard as usize];
+            let cmd = pipe.cmd("EVAL").arg(landed_body()).arg(2).arg(shard_key);
+            cmd.arg(rsc_protocol::routing::producer_key(shard_key, &lane.id))
+                .arg(&lane.id)
+                .arg(self.ttl_ms);
+            for &i in idx {
+                cmd.arg(lane.seqs[i]);
+            }
+        }
+        pipe
     }
 
     /// The pipeline of one transaction writing `parts`.
     pub(super) fn pipeline(&self, parts: &[Part]) -> redis::Pipeline {
         let keys = self.keys(parts);
-        let watched = parts.len() * if self.lane.is_some() { 2 } else { 1 };
         let mut pipe = redis::pipe();
-        pipe.cmd("WATCH").arg(&keys[..watched]);
+        pipe.cmd("WATCH").arg(&keys);
         let check = pipe.cmd("EVAL").arg(check_body()).arg(keys.len()).arg(&keys);
         check
             .arg(self.routing.routing_epoch)
-            .arg(self.lane.map_or("", |l| l.id.as_str()))
-            .arg(self.ttl_ms);
+            .arg(self.lane.map_or("", |l| l.id.as_str()));
         if let Some(lane) = self.lane {
             for (_, idx) in parts {
-                check.arg(idx.len());
-                for &i in idx {
-                    check.arg(lane.seqs[i]);
-                }
+                check.arg(idx.first().map_or(0, |&i| lane.seqs[i]));
             }
         }
         pipe.cmd("MULTI");
@@ -192,6 +213,7 @@ fn executed(replies: Vec<Value>, parts: &[Part]) -> redis::RedisResult<Vec<Shard
         }
         out.push(ShardAnswer {
             marker: 0,
+            landed: None,
             ids: part,
         });
     }
@@ -199,54 +221,46 @@ fn executed(replies: Vec<Value>, parts: &[Part]) -> redis::RedisResult<Vec<Shard
 }
 
 /// The answers of an aborted transaction: from the check's reply (`nil`: it passed, a watched
-/// key changed before the `EXEC`, nothing was written), per shard `{marker, id | nil …}`.
+/// key changed before the `EXEC`, nothing was written), per shard `{marker, s}`.
 fn aborted(check: &Value, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>> {
-    let none = |idx: &Vec<usize>| vec![None; idx.len()];
-    let Value::Array(shards) = check else {
-        return Ok((parts.iter())
-            .map(|(_, idx)| ShardAnswer {
-                marker: 0,
-                ids: none(idx),
-            })
-            .collect());
+    let passed = vec![Value::Array(vec![Value::Int(0), Value::Int(-1)]); parts.len()];
+    let shards = match check {
+        Value::Nil => &passed,
+        Value::Array(shards) if shards.len() == parts.len() => shards,
+        _ => return Err(unexpected("publish check: unexpected reply", check)),
     };
-    if shards.len() != parts.len() {
-        return Err(unexpected("publish check: unexpected reply", check));
-    }
     let mut out = Vec::with_capacity(parts.len());
     for ((_, idx), shard) in parts.iter().zip(shards) {
-        let Value::Array(items) = shard else {
-            return Err(unexpected("publish check: unexpected reply", shard));
-        };
-        let marker = match items.first() {
-            Some(Value::Int(m)) => (*m).max(0) as u64,
+        let (marker, hw) = match shard {
+            Value::Array(items) => match items[..] {
+                [Value::Int(m), Value::Int(s)] => (m, s),
+                _ => return Err(unexpected("publish check: unexpected reply", shard)),
+            },
             _ => return Err(unexpected("publish check: unexpected reply", shard)),
         };
-        let ids = if items.len() == 1 {
-            none(idx)
-        } else if items.len() == idx.len() + 1 {
-            (items[1..].iter())
-                .map(landed_id)
-                .collect::<redis::RedisResult<_>>()?
-        } else {
-            return Err(unexpected("publish check: unexpected reply", shard));
-        };
-        out.push(ShardAnswer { marker, ids });
+        out.push(ShardAnswer {
+            marker: marker.max(0) as u64,
+            landed: u64::try_from(hw).ok(),
+            ids: vec![None; idx.len()],
+        });
     }
     Ok(out)
 }
 
-/// One record's answer in a check that found records written before: the entry id (empty
-/// when the check did not find it), `None` when not written.
-fn landed_id(v: &Value) -> redis::RedisResult<Option<String>> {
-    if matches!(v, Value::Nil) {
-        return Ok(None);
+/// Reads one reply of [`Writer::landed_pipeline`]: `n` entry ids (empty when the script did
+/// not find one: written, id unknown).
+pub(super) fn read_landed(v: Value, n: usize) -> redis::RedisResult<Vec<String>> {
+    if let Value::ServerError(e) = v {
+        return Err(e.into());
     }
-    let id: String = redis::from_redis_value(v.clone())?;
-    if id.is_empty() {
+    let ids: Vec<String> = redis::from_redis_value(v)?;
+    if ids.len() != n {
+        return Err(unexpected("publish landed: unexpected number of ids", &ids));
+    }
+    if ids.iter().any(String::is_empty) {
         warn!("a retried record had been written, its entry id is unknown");
     }
-    Ok(Some(id))
+    Ok(ids)
 }
 
 fn unexpected(what: &'static str, got: &dyn std::fmt::Debug) -> redis::RedisError {
@@ -271,6 +285,13 @@ fn compact(lua: &str) -> String {
 fn check_body() -> &'static str {
     static BODY: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| compact(rsc_protocol::routing::PUBLISH_CHECK_LUA));
+    &BODY
+}
+
+/// The landed-ids script (`protocol/src/lua/publish_landed.lua`), compacted.
+fn landed_body() -> &'static str {
+    static BODY: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| compact(rsc_protocol::routing::PUBLISH_LANDED_LUA));
     &BODY
 }
 
@@ -315,8 +336,8 @@ mod tests {
     #[test]
     fn an_abort_reports_landed_refused_and_again() {
         let check = Value::Array(vec![
-            Value::Array(vec![Value::Int(0), id("5-0"), Value::Nil]),
-            Value::Array(vec![Value::Int(7)]),
+            Value::Array(vec![Value::Int(0), Value::Int(12)]),
+            Value::Array(vec![Value::Int(7), Value::Int(-1)]),
         ]);
         let mut v = vec![ok(), check, ok()];
         v.extend(queued(4));
@@ -324,9 +345,9 @@ mod tests {
         v.push(Value::Int(1));
         let (answers, acked) = read(v, &parts(), true).expect("read");
         assert_eq!(acked, 1);
-        assert_eq!(answers[0].marker, 0);
-        assert_eq!(answers[0].ids, [Some("5-0".into()), None]);
-        assert_eq!(answers[1].marker, 7);
+        assert_eq!((answers[0].marker, answers[0].landed), (0, Some(12)));
+        assert_eq!(answers[0].ids, [None, None]);
+        assert_eq!((answers[1].marker, answers[1].landed), (7, None));
         assert_eq!(answers[1].ids, [None]);
     }
 
@@ -336,7 +357,9 @@ mod tests {
         v.extend(queued(4));
         v.push(Value::Nil);
         let (answers, _) = read(v, &parts(), false).expect("read");
-        assert!(answers.iter().all(|a| a.marker == 0 && a.ids.iter().all(Option::is_none)));
+        assert!(answers.iter().all(|a| a.marker == 0
+            && a.landed.is_none()
+            && a.ids.iter().all(Option::is_none)));
     }
 
     #[test]
@@ -352,7 +375,8 @@ mod tests {
 
     #[test]
     fn an_abort_the_check_asked_for_that_ran_anyway_is_an_error() {
-        let check = Value::Array(vec![Value::Array(vec![Value::Int(7)]), Value::Array(vec![Value::Int(7)])]);
+        let stale = Value::Array(vec![Value::Int(7), Value::Int(-1)]);
+        let check = Value::Array(vec![stale.clone(), stale]);
         let mut v = vec![ok(), check, ok()];
         v.extend(queued(4));
         v.push(Value::Array(vec![id("1-0"), id("1-1"), id("2-0"), Value::Int(0)]));
@@ -362,7 +386,7 @@ mod tests {
     #[test]
     fn the_scripts_lose_their_comments() {
         assert!(!check_body().contains("--"));
-        assert!(check_body().contains("PEXPIRETIME"));
+        assert!(landed_body().contains("PEXPIRETIME"));
         assert!(tail_body().lines().all(|l| l == l.trim()));
     }
 }

@@ -175,7 +175,14 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
         let line: Vec<String> = (0..VARIANTS.len())
             .map(|v| {
                 let r = samples.rate[v][rep];
-                format!("{} {r:.0} ({:.2})", VARIANTS[v], r / samples.rate[0][rep])
+                let cpu = (samples.redis_cpu[v][rep], samples.total_cpu[v][rep]);
+                format!(
+                    "{} {r:.0} ({:.2}; Redis {:.2} ms, total {:.2} ms per 1k)",
+                    VARIANTS[v],
+                    r / samples.rate[0][rep],
+                    cpu.0,
+                    cpu.1
+                )
             })
             .collect();
         eprintln!(
