@@ -654,7 +654,14 @@ async fn a_batch_refused_on_one_cluster_shard_is_written_in_full_after_the_resha
         .redis_cluster(true)
         .build()
         .expect("producer");
-    assert_eq!(producer.refresh_routing(&stream).await.expect("routing").routing_epoch, 1);
+    assert_eq!(
+        producer
+            .refresh_routing(&stream)
+            .await
+            .expect("routing")
+            .routing_epoch,
+        1
+    );
     let mut con = redis::cluster::ClusterClient::new(cluster.urls())
         .unwrap()
         .get_connection()
@@ -677,9 +684,15 @@ async fn a_batch_refused_on_one_cluster_shard_is_written_in_full_after_the_resha
         .query(&mut con)
         .unwrap();
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
-    let on1 = keys.iter().filter(|k| shard_for_key(k.as_bytes(), 2) == 1).count();
+    let on1 = keys
+        .iter()
+        .filter(|k| shard_for_key(k.as_bytes(), 2) == 1)
+        .count();
     assert!(on1 > 0 && on1 < keys.len());
-    let records: Vec<Record> = keys.iter().map(|k| Record::raw("x").key(k.clone())).collect();
+    let records: Vec<Record> = keys
+        .iter()
+        .map(|k| Record::raw("x").key(k.clone()))
+        .collect();
     let publish = {
         let (producer, stream) = (producer.clone(), stream.clone());
         tokio::spawn(async move { producer.publish_batch(&stream, records).await })

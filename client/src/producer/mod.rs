@@ -444,7 +444,10 @@ impl Producer {
                     .increment(written as u64);
                 if lane.is_some() && started.elapsed() < self.inner.retry_budget {
                     // The same records again: those written are recognised, then `WAIT`ed for.
-                    debug!(stream, acked, wanted, "publish not replicated in time: sent again");
+                    debug!(
+                        stream,
+                        acked, wanted, "publish not replicated in time: sent again"
+                    );
                     backoff(&mut delay).await;
                     continue;
                 }
@@ -570,7 +573,11 @@ impl Producer {
                 shard_epoch: stale.marker,
             });
         }
-        debug!(stream = stale.stream, records = stale.records, "publish aborted after its check: sent again");
+        debug!(
+            stream = stale.stream,
+            records = stale.records,
+            "publish aborted after its check: sent again"
+        );
         backoff(delay).await;
         Ok(())
     }
@@ -671,9 +678,9 @@ impl Producer {
             for (&i, id) in idx.iter().zip(answer.ids) {
                 match id {
                     Some(id) => out.written.push((i, Published { shard: *shard, id })),
-                    None if answer.marker > 0 => {
-                        out.refused.push((i, answer.marker.max(routing.routing_epoch + 1)))
-                    }
+                    None if answer.marker > 0 => out
+                        .refused
+                        .push((i, answer.marker.max(routing.routing_epoch + 1))),
                     None => out.again.push(i),
                 }
             }
@@ -692,8 +699,7 @@ impl Producer {
         let Some(lane) = writer.lane else {
             return Ok(());
         };
-        // (answer, shard, positions in the part, record indices) of the records to read.
-        let mut asks: Vec<(usize, u32, Vec<usize>, Vec<usize>)> = Vec::new();
+        let mut asks: Vec<LandedAsk> = Vec::new();
         for (a, ((shard, idx), answer)) in answered.iter().enumerate() {
             let Some(top) = answer.landed else { continue };
             let (pos, recs): (Vec<usize>, Vec<usize>) = (idx.iter().enumerate())
@@ -702,7 +708,7 @@ impl Producer {
                 .unzip();
             asks.push((a, *shard, pos, recs));
         }
-        let groups: Vec<&[(usize, u32, Vec<usize>, Vec<usize>)]> = if self.inner.cluster {
+        let groups: Vec<&[LandedAsk]> = if self.inner.cluster {
             asks.chunks(1).collect()
         } else {
             vec![&asks[..]]
@@ -951,6 +957,10 @@ async fn backoff(delay: &mut Duration) {
     tokio::time::sleep(*delay).await;
     *delay = (*delay * 2).min(Duration::from_millis(200));
 }
+
+/// Records of one shard whose entry ids are to read after a check found them written: the
+/// answer's index, the shard, the records' positions in their part and their indices.
+type LandedAsk = (usize, u32, Vec<usize>, Vec<usize>);
 
 /// Records refused for a stale routing epoch: what the routing refresh reports.
 struct Stale<'a> {

@@ -113,7 +113,11 @@ impl Writer<'_> {
         let keys = self.keys(parts);
         let mut pipe = redis::pipe();
         pipe.cmd("WATCH").arg(&keys);
-        let check = pipe.cmd("EVAL").arg(check_body()).arg(keys.len()).arg(&keys);
+        let check = pipe
+            .cmd("EVAL")
+            .arg(check_body())
+            .arg(keys.len())
+            .arg(&keys);
         check
             .arg(self.routing.routing_epoch)
             .arg(self.lane.map_or("", |l| l.id.as_str()));
@@ -326,7 +330,12 @@ mod tests {
     fn a_transaction_that_ran_answers_its_ids() {
         let mut v = vec![ok(), Value::Nil, ok()];
         v.extend(queued(4));
-        v.push(Value::Array(vec![id("1-0"), id("1-1"), id("2-0"), Value::Int(0)]));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
         let (answers, acked) = read(v, &parts(), false).expect("read");
         assert_eq!(acked, u32::MAX);
         assert_eq!(answers[0].ids, [Some("1-0".into()), Some("1-1".into())]);
@@ -357,9 +366,11 @@ mod tests {
         v.extend(queued(4));
         v.push(Value::Nil);
         let (answers, _) = read(v, &parts(), false).expect("read");
-        assert!(answers.iter().all(|a| a.marker == 0
-            && a.landed.is_none()
-            && a.ids.iter().all(Option::is_none)));
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.marker == 0 && a.landed.is_none() && a.ids.iter().all(Option::is_none))
+        );
     }
 
     #[test]
@@ -379,7 +390,12 @@ mod tests {
         let check = Value::Array(vec![stale.clone(), stale]);
         let mut v = vec![ok(), check, ok()];
         v.extend(queued(4));
-        v.push(Value::Array(vec![id("1-0"), id("1-1"), id("2-0"), Value::Int(0)]));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
         assert!(read(v, &parts(), false).is_err());
     }
 
