@@ -20,7 +20,7 @@ use rsc_client::ClientError;
 use rsc_client::producer::{Producer, Record};
 use rsc_protocol::routing::shard_for_key;
 use serde_json::json;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 const GROUP: &str = "g";
@@ -621,6 +621,111 @@ async fn fenced_publish_and_seals_on_a_redis_cluster() {
         waiting.iter().all(|p| p["parent"].as_u64().unwrap() < 4),
         "{g}"
     );
+}
+
+/// On a Redis Cluster (one transaction per shard) a batch refused on one shard while its other
+/// shard took its records is written in full, once each, after the routing changes: the
+/// refused records, placed anew onto the shard the batch wrote to, are not taken for records
+/// it wrote there (they get new sequences, PROTOCOL §21).
+#[tokio::test]
+async fn a_batch_refused_on_one_cluster_shard_is_written_in_full_after_the_reshard() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &cluster.url(),
+        "--data-redis-cluster",
+    ])
+    .expect("coordinator starts");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let stream = format!("op{}", std::process::id());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "gp", "stream": stream, "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let producer = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(cluster.urls().join(","))
+        .redis_cluster(true)
+        .build()
+        .expect("producer");
+    assert_eq!(
+        producer
+            .refresh_routing(&stream)
+            .await
+            .expect("routing")
+            .routing_epoch,
+        1
+    );
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let xlen = |con: &mut redis::cluster::ClusterConnection, key: &str| -> u64 {
+        redis::cmd("XLEN").arg(key).query(con).expect("XLEN")
+    };
+    // Shard 1 fenced and sealed at the next epoch ahead of the others (as a switch does it,
+    // shard by shard).
+    let shard1 = rsc_protocol::routing::shard_key(&stream, 1);
+    let _: () = redis::cmd("SET")
+        .arg(rsc_protocol::routing::epoch_key(&shard1))
+        .arg(2)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(rsc_protocol::routing::seals_key(&shard1))
+        .arg(2)
+        .arg("0-0/2")
+        .query(&mut con)
+        .unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let on1 = keys
+        .iter()
+        .filter(|k| shard_for_key(k.as_bytes(), 2) == 1)
+        .count();
+    assert!(on1 > 0 && on1 < keys.len());
+    let records: Vec<Record> = keys
+        .iter()
+        .map(|k| Record::raw("x").key(k.clone()))
+        .collect();
+    let publish = {
+        let (producer, stream) = (producer.clone(), stream.clone());
+        tokio::spawn(async move { producer.publish_batch(&stream, records).await })
+    };
+    let shard0 = rsc_protocol::routing::shard_key(&stream, 0);
+    let written = keys.len() - on1;
+    eventually("shard 0 took its records", 10, || {
+        (xlen(&mut con, &shard0) == written as u64).then_some(())
+    })
+    .await;
+    let (s, body) = api
+        .post(
+            &format!("/v1/streams/{stream}/reshard"),
+            json!({"shard_count": 1}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 202, "{body}");
+    let at = (publish.await.expect("task")).expect("publish");
+    assert_eq!(at.len(), keys.len());
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&shard0)
+        .arg("-")
+        .arg("+")
+        .query(&mut con)
+        .unwrap();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (_, fields) in &entries {
+        *seen.entry(fields["key"].clone()).or_default() += 1;
+    }
+    assert_eq!(xlen(&mut con, &shard1), 0);
+    for k in &keys {
+        assert_eq!(seen.get(k), Some(&1), "{k}: {seen:?}");
+    }
 }
 
 /// A producer whose Redis user may not run scripts (`EVAL` denied by an ACL) cannot fence its

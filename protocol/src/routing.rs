@@ -86,16 +86,25 @@ pub fn seals_key(shard_key: &str) -> String {
 /// epoch marker is not the producer's routing epoch (see the script's header).
 pub const EPOCH_CHECK_LUA: &str = include_str!("lua/epoch_check.lua");
 
-/// A producer's write to one shard, atomic: the epoch check (refusing a write under another
-/// routing epoch), the idempotent producer's duplicate check and the `XADD`s (PROTOCOL §15,
-/// §21; see the script's header).
-pub const PUBLISH_LUA: &str = include_str!("lua/publish.lua");
+/// The check of a producer's write (PROTOCOL §15, §21): sent between `WATCH <markers>
+/// [<records>]` and `MULTI`, it finds the records an earlier attempt of an idempotent
+/// producer wrote and the epoch refusal, and aborts the transaction when either applies (see
+/// the script's header).
+pub const PUBLISH_CHECK_LUA: &str = include_str!("lua/publish_check.lua");
+
+/// The end of a producer's write, queued inside its `MULTI` after the `XADD`s: updates the
+/// producer records and rings the doorbells; queued with the check's keys, it makes the
+/// transaction abort where the check may not run (see the script's header).
+pub const PUBLISH_TAIL_LUA: &str = include_str!("lua/publish_tail.lua");
+
+/// The entry ids of the records an idempotent producer's earlier attempt wrote to a shard,
+/// read only in that retry (PROTOCOL §21; see the script's header).
+pub const PUBLISH_LANDED_LUA: &str = include_str!("lua/publish_landed.lua");
 
 /// The record of an idempotent producer on a shard (PROTOCOL §21):
 /// `{<shard key>}:producer:<producer id>`, a hash in the shard's slot holding the highest
-/// sequence the producer wrote there (`s`), the id of the first entry of its last write
-/// (`f`) and how many entries that write added (`n`); it expires after the producer's idle
-/// time.
+/// sequence the producer wrote there (`s`); it expires after the producer's idle time (so
+/// its expiry, less that time, is the time of its last write).
 pub fn producer_key(shard_key: &str, producer_id: &str) -> String {
     format!("{{{shard_key}}}:producer:{producer_id}")
 }

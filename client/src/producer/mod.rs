@@ -14,8 +14,14 @@
 //! the new epoch, in their order, transparently to the caller. Past [`ProducerBuilder::stale_retry_budget`]
 //! without a routing the markers accept (coordinator unreachable), the publish fails with
 //! [`ClientError::StaleRouting`] rather than write into a sealed or retired shard.
+//!
+//! An idempotent producer (the default, PROTOCOL §21) also `WATCH`es its producer record on
+//! each shard; the same script refuses, and answers with their entry ids, the records an
+//! earlier attempt of the publish wrote, and the transaction records the highest sequence
+//! written (module `write`).
 
 mod routing;
+mod write;
 
 pub use routing::Routing;
 
@@ -103,27 +109,15 @@ impl Record {
         self
     }
 
-    /// Appends the record's part of the publish script's arguments to `cmd`: its sequence
-    /// (0 without idempotence), the count of its field arguments and the fields, in
-    /// [`Record::xadd`]'s order, then `producer_id`, `producer_seq` with `idem`.
-    fn script_args(&self, cmd: &mut redis::Pipeline, idem: Option<(&str, u64)>) {
-        let mut n = 2;
-        n += 2 * usize::from(self.key.is_some());
-        n += 2 * usize::from(self.content_type.is_some());
-        n += 2 * usize::from(!self.headers.is_empty());
-        n += 2 * self.fields.len() + 4 * usize::from(idem.is_some());
-        cmd.arg(idem.map_or(0, |(_, s)| s)).arg(n);
-        self.field_args(cmd);
-        if let Some((id, seq)) = idem {
-            cmd.arg(entry::PRODUCER_ID).arg(id);
-            cmd.arg(entry::PRODUCER_SEQ).arg(seq);
-        }
-    }
-
-    /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`.
-    fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str) {
+    /// Appends `XADD <shard_key> * payload … [key …] [headers …] [fields …]` to `pipe`, and
+    /// `producer_id <id> producer_seq <seq>` last with `idem` (PROTOCOL §2.2, §21).
+    fn xadd(&self, pipe: &mut redis::Pipeline, shard_key: &str, idem: Option<(&str, u64)>) {
         pipe.cmd("XADD").arg(shard_key).arg("*");
         self.field_args(pipe);
+        if let Some((id, seq)) = idem {
+            pipe.arg(entry::PRODUCER_ID).arg(id);
+            pipe.arg(entry::PRODUCER_SEQ).arg(seq);
+        }
     }
 
     /// Appends the entry's fields to the last command of `pipe`: `payload`, then `key`,
@@ -251,7 +245,7 @@ impl ProducerBuilder {
 
     /// Idempotence (PROTOCOL §21; default on): each publish carries a producer id and
     /// sequence numbers (the entry fields `producer_id`, `producer_seq`), and the write to a
-    /// shard, in the same script call, skips the records that an earlier attempt of the same
+    /// shard, in the same round trip, skips the records that an earlier attempt of the same
     /// publish wrote, so a publish sent again after a lost reply, a dropped connection or a
     /// `WAIT` not confirmed writes each record once. Off: such a publish fails at once and
     /// sending it again may write it twice (at-least-once).
@@ -399,8 +393,9 @@ impl Producer {
         Ok(out.remove(0))
     }
 
-    /// Publishes records in one pipeline (one round trip: one atomic script call per shard),
-    /// each to its shard; on a Redis Cluster, one pipeline per shard, all sent at once.
+    /// Publishes records in one pipeline (one round trip: one `MULTI`/`EXEC` transaction), each
+    /// to its shard; on a Redis Cluster, one pipeline and transaction per shard, all sent at
+    /// once.
     /// Returns where each went, in order.
     /// Per-key order is kept within the batch and across a reshard: the writes of one shard
     /// are fenced by the routing epoch, and records refused for a stale epoch are written
@@ -423,7 +418,7 @@ impl Producer {
         }
         let rr = self.round_robin(&records);
         let mut guard = self.lane();
-        let lane = guard.as_mut().map(|g| g.take(records.len()));
+        let mut lane = guard.as_mut().map(|g| g.take(records.len()));
         let mut routing = self.inner.routes.get(stream).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
@@ -432,7 +427,7 @@ impl Producer {
         loop {
             let placed = place(&routing, &records, &rr, &todo);
             let sent = self.send_guarded(&routing, &records, &placed, lane.as_ref());
-            let (written, refused, acked) = match sent.await {
+            let outcome = match sent.await {
                 Ok(r) => r,
                 Err(e) => {
                     self.retry_or_fail(stream, e, lane.is_some(), started, &mut delay)
@@ -440,12 +435,13 @@ impl Producer {
                     continue;
                 }
             };
+            let (written, acked) = (outcome.written.len(), outcome.acked);
             if let Some((wanted, _)) = self.inner.wait
                 && acked < wanted
-                && !written.is_empty()
+                && written > 0
             {
                 metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
-                    .increment(written.len() as u64);
+                    .increment(written as u64);
                 if lane.is_some() && started.elapsed() < self.inner.retry_budget {
                     // The same records again: those written are recognised, then `WAIT`ed for.
                     debug!(
@@ -458,23 +454,31 @@ impl Producer {
                 return Err(ClientError::NotReplicated { acked, wanted });
             }
             metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
-                .increment(written.len() as u64);
-            for (i, p) in written {
-                out[i] = Some(p);
-            }
-            let Some(marker) = refused.iter().map(|&(_, m)| m).max() else {
+                .increment(written as u64);
+            let (marker, refused);
+            (todo, marker, refused) = settle(&mut out, outcome);
+            if todo.is_empty() {
                 break;
-            };
-            todo = refused.into_iter().map(|(i, _)| i).collect();
-            metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
-                .increment(todo.len() as u64);
+            }
             let stale = Stale {
                 stream,
-                marker,
+                marker: marker.unwrap_or(routing.routing_epoch),
                 records: todo.len(),
                 started,
             };
+            if marker.is_none() {
+                // Aborted after the check passed: nothing written, sent again as it was.
+                self.again(&stale, &routing, &mut delay).await?;
+                continue;
+            }
+            metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
+                .increment(refused as u64);
             routing = self.newer_routing(&stale, &routing, &mut delay).await?;
+            if let (Some(g), Some(ids)) = (guard.as_mut(), lane.as_mut()) {
+                // Not written anywhere; placed anew, they must not meet the sequences this
+                // publish wrote to their new shard (PROTOCOL §21).
+                g.renumber(ids, &todo);
+            }
         }
         Ok(out.into_iter().flatten().collect())
     }
@@ -553,6 +557,31 @@ impl Producer {
             .collect()
     }
 
+    /// After a transaction was aborted although its check passed (a marker or the producer
+    /// record changed in between; nothing was written): waits a backoff before the records
+    /// are sent again, or fails with [`ClientError::StaleRouting`] past the retry budget.
+    async fn again(
+        &self,
+        stale: &Stale<'_>,
+        routing: &Routing,
+        delay: &mut Duration,
+    ) -> Result<(), ClientError> {
+        if stale.started.elapsed() >= self.inner.stale_budget {
+            return Err(ClientError::StaleRouting {
+                stream: stale.stream.to_owned(),
+                routing_epoch: routing.routing_epoch,
+                shard_epoch: stale.marker,
+            });
+        }
+        debug!(
+            stream = stale.stream,
+            records = stale.records,
+            "publish aborted after its check: sent again"
+        );
+        backoff(delay).await;
+        Ok(())
+    }
+
     /// After records were refused for a stale routing epoch: refreshes the routing until the
     /// coordinator answers with a newer one (it moves the markers before it answers the
     /// reshard, so the answer follows at once), within the producer's retry budget.
@@ -596,148 +625,112 @@ impl Producer {
         }
     }
 
-    /// Writes the records `todo` (indices, in order) under `routing`: one script call per
-    /// shard (PROTOCOL §15, §21), all in one pipeline (standalone) or one pipeline per shard
-    /// sent at once (cluster). Returns the records written (or found written by an earlier
-    /// attempt) with where they went, those refused with the epoch marker that refused
-    /// them, and how many replicas confirmed (`WAIT`; the fewest, `u32::MAX` without it).
-    #[allow(clippy::type_complexity)]
+    /// Writes the records `placed` (index, shard; in order) under `routing`: one transaction
+    /// (PROTOCOL §15, §21; [`write`]) for the batch (standalone) or per shard (cluster), all
+    /// sent at once. What became of each record.
     async fn send_guarded(
         &self,
         routing: &Routing,
         records: &[Record],
         placed: &[(usize, u32)],
         lane: Option<&LaneIds>,
-    ) -> redis::RedisResult<(Vec<(usize, Published)>, Vec<(usize, u64)>, u32)> {
+    ) -> redis::RedisResult<write::Outcome> {
         let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for &(i, shard) in placed {
             by_shard.entry(shard).or_default().push(i);
         }
-        let parts: Vec<(u32, Vec<usize>)> = by_shard.into_iter().collect();
-        let (mut outcomes, mut fewest) = self
-            .send_parts(routing, records, &parts, lane, false)
-            .await?;
-        let again: Vec<usize> = (0..parts.len())
-            .filter(|&p| matches!(&outcomes[p], Err(e) if e.code() == Some("NOSCRIPT")))
-            .collect();
-        if !again.is_empty() {
-            // The script cache was empty (a restart, a failover): nothing of those ran.
-            let retry: Vec<(u32, Vec<usize>)> = again.iter().map(|&p| parts[p].clone()).collect();
-            let (redo, acked) = self
-                .send_parts(routing, records, &retry, lane, true)
-                .await?;
-            fewest = fewest.min(acked);
-            for (p, outcome) in again.into_iter().zip(redo) {
-                outcomes[p] = outcome;
-            }
-        }
-        let mut written = Vec::new();
-        let mut refused = Vec::new();
-        for ((shard, idx), outcome) in parts.into_iter().zip(outcomes) {
-            let part = outcome?;
-            for (i, id) in idx.into_iter().zip(part.ids) {
-                match id {
-                    Some(id) => written.push((i, Published { shard, id })),
-                    None => refused.push((i, part.refused.max(routing.routing_epoch + 1))),
-                }
-            }
-        }
-        Ok((written, refused, fewest))
-    }
-
-    /// Sends the script calls of `parts` (shard, record indices), `EVAL` with `eval` else
-    /// `EVALSHA`, with `WAIT` after them when the producer waits for replicas: each part's
-    /// answer, and how many replicas confirmed (the fewest; `u32::MAX` without `WAIT`).
-    async fn send_parts(
-        &self,
-        routing: &Routing,
-        records: &[Record],
-        parts: &[(u32, Vec<usize>)],
-        lane: Option<&LaneIds>,
-        eval: bool,
-    ) -> redis::RedisResult<(Vec<redis::RedisResult<Part>>, u32)> {
-        let pipes: Vec<(redis::Pipeline, usize)> = if self.inner.cluster {
-            (parts.iter())
-                .map(|p| self.write_pipeline(routing, records, std::slice::from_ref(p), lane, eval))
-                .map(|pipe| (pipe, 1))
-                .collect()
+        let parts: Vec<write::Part> = by_shard.into_iter().collect();
+        let groups: Vec<&[write::Part]> = if self.inner.cluster {
+            parts.chunks(1).collect()
         } else {
-            vec![(
-                self.write_pipeline(routing, records, parts, lane, eval),
-                parts.len(),
-            )]
+            vec![&parts[..]]
+        };
+        let writer = write::Writer {
+            routing,
+            records,
+            lane,
+            ttl_ms: self.inner.idempotence.unwrap_or(Duration::ZERO).as_millis() as u64,
+            ring: !self.inner.cluster,
+            wait: self.inner.wait,
         };
         let wait = self.inner.wait.is_some();
-        let sends = pipes.into_iter().map(|(pipe, n)| async move {
-            let mut values = (self.inner.conn.clone())
-                .req_packed_commands(&pipe, 0, pipe.len())
-                .await?;
-            let acked = if wait {
-                match values.pop() {
-                    Some(redis::Value::Int(k)) => k.max(0) as u32,
-                    _ => 0,
-                }
-            } else {
-                u32::MAX
-            };
-            if values.len() != n {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "publish: unexpected number of replies",
-                )));
+        let sends = groups.into_iter().map(|group| {
+            let pipe = writer.pipeline(group);
+            async move {
+                let values = (self.inner.conn.clone())
+                    .req_packed_commands(&pipe, 0, pipe.len())
+                    .await?;
+                let (answers, acked) = write::read(values, group, wait)?;
+                Ok::<_, redis::RedisError>((group, answers, acked))
             }
-            Ok::<_, redis::RedisError>((values, acked))
         });
-        let mut out = Vec::with_capacity(parts.len());
-        let mut fewest = u32::MAX;
-        for (values, acked) in futures::future::try_join_all(sends).await? {
-            fewest = fewest.min(acked);
-            out.extend(values.into_iter().map(Part::read));
+        let mut out = write::Outcome {
+            acked: u32::MAX,
+            ..write::Outcome::default()
+        };
+        let mut answered = Vec::with_capacity(parts.len());
+        for (group, answers, acked) in futures::future::try_join_all(sends).await? {
+            out.acked = out.acked.min(acked);
+            answered.extend(group.iter().zip(answers));
         }
-        Ok((out, fewest))
+        self.read_landed(&writer, &mut answered).await?;
+        for ((shard, idx), answer) in answered {
+            for (&i, id) in idx.iter().zip(answer.ids) {
+                match id {
+                    Some(id) => out.written.push((i, Published { shard: *shard, id })),
+                    None if answer.marker > 0 => out
+                        .refused
+                        .push((i, answer.marker.max(routing.routing_epoch + 1))),
+                    None => out.again.push(i),
+                }
+            }
+        }
+        Ok(out)
     }
 
-    /// `EVALSHA|EVAL <publish> 2|3 <shard key> <marker> [<producer record>] <epoch> <ttl>
-    /// <ring> <producer id> (<seq> <2k> <fields>…)…` for each part, in order, then `WAIT`
-    /// when the producer waits for replicas (protocol/src/lua/publish.lua).
-    fn write_pipeline(
+    /// Fills in the entry ids of the records that an earlier attempt wrote, as the check
+    /// found them (an idempotent retry, PROTOCOL §21): one script call per such shard, in one
+    /// pipeline (standalone) or one per shard (cluster), all sent at once.
+    async fn read_landed(
         &self,
-        routing: &Routing,
-        records: &[Record],
-        parts: &[(u32, Vec<usize>)],
-        lane: Option<&LaneIds>,
-        eval: bool,
-    ) -> redis::Pipeline {
-        let mut pipe = redis::pipe();
-        for (shard, idx) in parts {
-            let shard_key = &routing.shard_keys[*shard as usize];
-            let cmd = pipe.cmd(if eval { "EVAL" } else { "EVALSHA" });
-            cmd.arg(if eval { publish_body() } else { publish_sha() });
-            cmd.arg(if lane.is_some() { 3 } else { 2 })
-                .arg(shard_key)
-                .arg(rsc_protocol::routing::epoch_key(shard_key));
-            if let Some(lane) = lane {
-                cmd.arg(rsc_protocol::routing::producer_key(shard_key, &lane.id));
+        writer: &write::Writer<'_>,
+        answered: &mut [(&write::Part, write::ShardAnswer)],
+    ) -> redis::RedisResult<()> {
+        let Some(lane) = writer.lane else {
+            return Ok(());
+        };
+        let mut asks: Vec<LandedAsk> = Vec::new();
+        for (a, ((shard, idx), answer)) in answered.iter().enumerate() {
+            let Some(top) = answer.landed else { continue };
+            let (pos, recs): (Vec<usize>, Vec<usize>) = (idx.iter().enumerate())
+                .filter(|&(_, &i)| lane.seqs[i] <= top)
+                .map(|(p, &i)| (p, i))
+                .unzip();
+            asks.push((a, *shard, pos, recs));
+        }
+        let groups: Vec<&[LandedAsk]> = if self.inner.cluster {
+            asks.chunks(1).collect()
+        } else {
+            vec![&asks[..]]
+        };
+        let sends = (groups.into_iter().filter(|g| !g.is_empty())).map(|group| {
+            let pipe = writer.landed_pipeline(group.iter().map(|a| (a.1, &a.3[..])));
+            async move {
+                let values = (self.inner.conn.clone())
+                    .req_packed_commands(&pipe, 0, pipe.len())
+                    .await?;
+                Ok::<_, redis::RedisError>((group, values))
             }
-            let ttl = self.inner.idempotence.unwrap_or(Duration::ZERO);
-            cmd.arg(routing.routing_epoch).arg(ttl.as_millis() as u64);
-            if self.inner.cluster {
-                cmd.arg("");
-            } else {
-                cmd.arg(rsc_protocol::routing::ring_channel(shard_key));
-            }
-            cmd.arg(lane.map_or("", |l| l.id.as_str()));
-            for &i in idx {
-                let seq = lane.map_or(0, |l| l.seqs[i]);
-                records[i].script_args(cmd, lane.map(|l| (l.id.as_str(), seq)));
+        });
+        for (group, values) in futures::future::try_join_all(sends).await? {
+            for ((a, _, pos, recs), v) in group.iter().zip(values) {
+                let ids = write::read_landed(v, recs.len())?;
+                for (&p, id) in pos.iter().zip(ids) {
+                    answered[*a].1.ids[p] = Some(id);
+                }
             }
         }
-        if let Some((replicas, timeout)) = self.inner.wait {
-            pipe.cmd("WAIT")
-                .arg(replicas)
-                .arg(timeout.as_millis() as u64);
-        }
-        pipe
+        Ok(())
     }
 
     /// Raw pipelined `XADD`s without the epoch fence (the bench baseline for P8; not per-key
@@ -761,7 +754,7 @@ impl Producer {
         } else {
             let mut pipe = redis::pipe();
             for (record, &shard) in records.iter().zip(&shards) {
-                record.xadd(&mut pipe, &routing.shard_keys[shard as usize]);
+                record.xadd(&mut pipe, &routing.shard_keys[shard as usize], None);
             }
             let mut touched = shards.clone();
             touched.sort_unstable();
@@ -791,7 +784,7 @@ impl Producer {
         let sends = by_shard.into_iter().map(|(shard, idx)| {
             let mut pipe = redis::pipe();
             for &i in &idx {
-                records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize]);
+                records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize], None);
             }
             async move {
                 let (ids, acked) = self.send(pipe, 0).await?;
@@ -864,73 +857,6 @@ impl Producer {
         self.inner.routes.fetch(stream).await
     }
 }
-/// The publish script without its comment lines (`EVAL` sends it when `EVALSHA` finds it
-/// missing, and Redis hashes what it is sent).
-fn publish_body() -> &'static str {
-    static BODY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        rsc_protocol::routing::PUBLISH_LUA
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    });
-    &BODY
-}
-
-/// The SHA1 of [`publish_body`], for `EVALSHA`.
-fn publish_sha() -> &'static str {
-    static SHA: std::sync::LazyLock<String> =
-        std::sync::LazyLock::new(|| redis::Script::new(publish_body()).get_hash().to_owned());
-    &SHA
-}
-
-/// The answer of the publish script for one shard.
-#[derive(Debug)]
-struct Part {
-    /// The epoch marker that refused the write (0: none).
-    refused: u64,
-    /// Each record's entry id, in order; `None`: refused (not written).
-    ids: Vec<Option<String>>,
-}
-
-impl Part {
-    /// Reads `{refused, id | nil, …}` (a server error stays an error: nothing of the part ran,
-    /// or, for an `XADD` refused, nothing after it).
-    fn read(value: redis::Value) -> redis::RedisResult<Part> {
-        use redis::Value;
-        let items = match value {
-            Value::Array(items) => items,
-            Value::ServerError(e) => return Err(e.into()),
-            other => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "publish script: unexpected reply",
-                    format!("{other:?}"),
-                )));
-            }
-        };
-        let mut items = items.into_iter();
-        let refused = match items.next() {
-            Some(Value::Int(m)) => m.max(0) as u64,
-            _ => 0,
-        };
-        let mut ids = Vec::new();
-        for item in items {
-            ids.push(match item {
-                Value::Nil => None,
-                other => {
-                    let id: String = redis::from_redis_value(other)?;
-                    if id.is_empty() {
-                        warn!("a retried record had been written, its entry id is unknown");
-                    }
-                    Some(id)
-                }
-            });
-        }
-        Ok(Part { refused, ids })
-    }
-}
-
 /// The producer id and the sequence number of each record of one publish (idempotence,
 /// PROTOCOL §21).
 #[derive(Debug)]
@@ -970,6 +896,16 @@ impl LaneGuard<'_> {
     }
 }
 
+impl LaneGuard<'_> {
+    /// Gives the records `todo` (indices, in order) the lane's next sequence numbers.
+    fn renumber(&mut self, ids: &mut LaneIds, todo: &[usize]) {
+        let fresh = self.take(todo.len());
+        for (&i, seq) in todo.iter().zip(fresh.seqs) {
+            ids.seqs[i] = seq;
+        }
+    }
+}
+
 impl Drop for LaneGuard<'_> {
     fn drop(&mut self) {
         if let Some(lane) = self.lane.take() {
@@ -979,6 +915,25 @@ impl Drop for LaneGuard<'_> {
                 .push(lane);
         }
     }
+}
+
+/// Takes the records `outcome` wrote into `out`; the records still to write (those refused for
+/// a stale epoch and those to send again, in order), the highest marker that refused, and how
+/// many it refused.
+fn settle(
+    out: &mut [Option<Published>],
+    outcome: write::Outcome,
+) -> (Vec<usize>, Option<u64>, usize) {
+    for (i, p) in outcome.written {
+        out[i] = Some(p);
+    }
+    let marker = outcome.refused.iter().map(|&(_, m)| m).max();
+    let refused = outcome.refused.len();
+    let mut todo: Vec<usize> = (outcome.refused.into_iter().map(|(i, _)| i))
+        .chain(outcome.again)
+        .collect();
+    todo.sort_unstable();
+    (todo, marker, refused)
 }
 
 /// Where each record of `todo` goes under `routing`: (index, shard), in order.
@@ -1002,6 +957,10 @@ async fn backoff(delay: &mut Duration) {
     tokio::time::sleep(*delay).await;
     *delay = (*delay * 2).min(Duration::from_millis(200));
 }
+
+/// Records of one shard whose entry ids are to read after a check found them written: the
+/// answer's index, the shard, the records' positions in their part and their indices.
+type LandedAsk = (usize, u32, Vec<usize>, Vec<usize>);
 
 /// Records refused for a stale routing epoch: what the routing refresh reports.
 struct Stale<'a> {

@@ -3,10 +3,11 @@
 //!
 //! - `raw`: raw pipelined `XADD`s (the baseline);
 //! - `unfenced`: `Producer::publish_batch_unfenced` (routing, pipelined `XADD`s): P4;
-//! - `idem`: `Producer::publish_batch` (the script per shard, idempotent, the default) on a
+//! - `idem`: `Producer::publish_batch` (idempotent, the default: `WATCH` of markers and
+//!   producer records, the check script, `MULTI`, the `XADD`s, the tail script, `EXEC`) on a
 //!   stream never resharded (no epoch markers): the idempotent-but-unfenced path;
 //! - `fenced`: the same on a stream resharded once (every shard has its marker): P8;
-//! - `fenced_plain`: the same with `idempotent(false)` (the script without the duplicate check);
+//! - `fenced_plain`: the same with `idempotent(false)` (no records, no producer fields);
 //! - `watch_multi`: the write before idempotence, hand-written: `WATCH <markers>`, `EVAL
 //!   <epoch check>`, `MULTI`, the `XADD`s, `EXEC` (one transaction per batch), on the
 //!   resharded stream.
@@ -174,7 +175,14 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
         let line: Vec<String> = (0..VARIANTS.len())
             .map(|v| {
                 let r = samples.rate[v][rep];
-                format!("{} {r:.0} ({:.2})", VARIANTS[v], r / samples.rate[0][rep])
+                let cpu = (samples.redis_cpu[v][rep], samples.total_cpu[v][rep]);
+                format!(
+                    "{} {r:.0} ({:.2}; Redis {:.2} ms, total {:.2} ms per 1k)",
+                    VARIANTS[v],
+                    r / samples.rate[0][rep],
+                    cpu.0,
+                    cpu.1
+                )
             })
             .collect();
         eprintln!(

@@ -1,0 +1,408 @@
+//! The producer's guarded write (PROTOCOL §15, §21): one transaction per batch on a standalone
+//! Redis, one per shard on a Redis Cluster, each sent as one pipeline
+//! `WATCH <markers> [<records>]; EVAL <check> …; MULTI; XADD …; EVAL <tail> …; EXEC [; WAIT]`.
+//!
+//! The check, before `MULTI`, refuses a stale routing epoch and finds the records that an
+//! earlier attempt of an idempotent producer wrote; in either case it touches a watched key,
+//! which aborts the transaction. The entry ids of such records are then read by another
+//! script (`publish_landed.lua`), in that retry only. The `XADD`s
+//! run natively inside `MULTI`. The tail, queued after them, records the highest sequence
+//! written in each producer record and rings the doorbells; queued with the check's keys, it
+//! is refused at queueing time (and the whole transaction with it, `EXECABORT`) wherever an
+//! ACL refuses the check, so a write never runs unchecked. `EVAL` rather than `EVALSHA` for
+//! both: a `NOSCRIPT` of the check would let the transaction run unchecked.
+//!
+//! Races: the markers are watched, so a reshard between the check and the `EXEC` aborts the
+//! transaction; so is the producer record of an idempotent write, so two attempts of one
+//! publish that overlap in Redis (a reply lost while the first attempt still travels) cannot
+//! both pass the check: the first `EXEC` writes the record and aborts the other. Producers of
+//! other ids watch other records and never abort each other; one id has one publish in flight
+//! (a lane), so its own transactions only meet across attempts of that publish.
+
+use super::routing::Routing;
+use super::{LaneIds, Published, Record};
+use redis::Value;
+use std::time::Duration;
+use tracing::warn;
+
+/// One shard's records of a write: the shard and the record indices, in order.
+pub(super) type Part = (u32, Vec<usize>);
+
+/// What became of the records of a write.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    /// Written now, or found written by an earlier attempt: where.
+    pub(super) written: Vec<(usize, Published)>,
+    /// Refused for a stale routing epoch (nothing written), with the marker that refused.
+    pub(super) refused: Vec<(usize, u64)>,
+    /// Not written: their transaction was aborted after its check passed (a watched key
+    /// changed in between); sending them again is safe.
+    pub(super) again: Vec<usize>,
+    /// How many replicas confirmed (`WAIT`; the fewest, `u32::MAX` without it).
+    pub(super) acked: u32,
+}
+
+/// The answer of one transaction for one of its shards.
+#[derive(Debug)]
+pub(super) struct ShardAnswer {
+    /// The epoch marker that refused the shard's records (0: none).
+    pub(super) marker: u64,
+    /// Records with a sequence up to this one were written by an earlier attempt (their ids
+    /// still to read, [`Writer::landed_pipeline`]).
+    pub(super) landed: Option<u64>,
+    /// Each record's entry id, in order; `None`: not written (or not read yet).
+    pub(super) ids: Vec<Option<String>>,
+}
+
+/// Builds and reads the transactions of one attempt.
+pub(super) struct Writer<'a> {
+    pub(super) routing: &'a Routing,
+    pub(super) records: &'a [Record],
+    /// The producer id and sequences of an idempotent producer.
+    pub(super) lane: Option<&'a LaneIds>,
+    /// The producer records' idle expiry (ms).
+    pub(super) ttl_ms: u64,
+    /// Ring the shards' doorbells (not on a Redis Cluster, PROTOCOL §16).
+    pub(super) ring: bool,
+    /// `WAIT` after the transaction: (replicas, timeout).
+    pub(super) wait: Option<(u32, Duration)>,
+}
+
+impl Writer<'_> {
+    /// The keys of the check and the tail over `parts`: the markers, then, for an idempotent
+    /// producer, the producer records.
+    fn keys(&self, parts: &[Part]) -> Vec<String> {
+        let shard_key = |s: u32| &self.routing.shard_keys[s as usize];
+        let mut keys: Vec<String> = (parts.iter())
+            .map(|(s, _)| rsc_protocol::routing::epoch_key(shard_key(*s)))
+            .collect();
+        if let Some(lane) = self.lane {
+            keys.extend(
+                (parts.iter())
+                    .map(|(s, _)| rsc_protocol::routing::producer_key(shard_key(*s), &lane.id)),
+            );
+        }
+        keys
+    }
+
+    /// `EVAL <landed> 2 <shard key> <record> <producer id> <ttl> <seq>…` for each part
+    /// `(shard, record indices)`: the entry ids of records an earlier attempt wrote.
+    pub(super) fn landed_pipeline<'p>(
+        &self,
+        parts: impl IntoIterator<Item = (u32, &'p [usize])>,
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let Some(lane) = self.lane else {
+            return pipe;
+        };
+        for (shard, idx) in parts {
+            let shard_key = &self.routing.shard_keys[shard as usize];
+            let cmd = pipe.cmd("EVAL").arg(landed_body()).arg(2).arg(shard_key);
+            cmd.arg(rsc_protocol::routing::producer_key(shard_key, &lane.id))
+                .arg(&lane.id)
+                .arg(self.ttl_ms);
+            for &i in idx {
+                cmd.arg(lane.seqs[i]);
+            }
+        }
+        pipe
+    }
+
+    /// The pipeline of one transaction writing `parts`.
+    pub(super) fn pipeline(&self, parts: &[Part]) -> redis::Pipeline {
+        let keys = self.keys(parts);
+        let mut pipe = redis::pipe();
+        pipe.cmd("WATCH").arg(&keys);
+        let check = pipe
+            .cmd("EVAL")
+            .arg(check_body())
+            .arg(keys.len())
+            .arg(&keys);
+        check
+            .arg(self.routing.routing_epoch)
+            .arg(self.lane.map_or("", |l| l.id.as_str()));
+        if let Some(lane) = self.lane {
+            for (_, idx) in parts {
+                check.arg(idx.first().map_or(0, |&i| lane.seqs[i]));
+            }
+        }
+        pipe.cmd("MULTI");
+        for (shard, idx) in parts {
+            let shard_key = &self.routing.shard_keys[*shard as usize];
+            for &i in idx {
+                let idem = self.lane.map(|l| (l.id.as_str(), l.seqs[i]));
+                self.records[i].xadd(&mut pipe, shard_key, idem);
+            }
+        }
+        let tail = pipe.cmd("EVAL").arg(tail_body()).arg(keys.len()).arg(&keys);
+        tail.arg(self.ttl_ms).arg(parts.len());
+        if let Some(lane) = self.lane {
+            for (_, idx) in parts {
+                tail.arg(idx.last().map_or(0, |&i| lane.seqs[i]));
+            }
+        }
+        if self.ring {
+            for (shard, _) in parts {
+                let shard_key = &self.routing.shard_keys[*shard as usize];
+                tail.arg(rsc_protocol::routing::ring_channel(shard_key));
+            }
+        }
+        pipe.cmd("EXEC");
+        if let Some((replicas, timeout)) = self.wait {
+            pipe.cmd("WAIT")
+                .arg(replicas)
+                .arg(timeout.as_millis() as u64);
+        }
+        pipe
+    }
+}
+
+/// Reads the replies of [`Writer::pipeline`] over `parts`: `OK, <check>, OK, QUEUED × (n + 1),
+/// <EXEC> [, <WAIT>]`. Each part's answer, and how many replicas confirmed (`u32::MAX`
+/// without `WAIT`). A server error anywhere fails the write: the check's first (an ACL
+/// refusal names itself there), else the first of the `WATCH`, the queueing or the `EXEC`.
+pub(super) fn read(
+    mut values: Vec<Value>,
+    parts: &[Part],
+    wait: bool,
+) -> redis::RedisResult<(Vec<ShardAnswer>, u32)> {
+    let acked = if wait {
+        match values.pop() {
+            Some(Value::Int(k)) => k.max(0) as u32,
+            _ => 0,
+        }
+    } else {
+        u32::MAX
+    };
+    let n: usize = parts.iter().map(|(_, idx)| idx.len()).sum();
+    if values.len() != n + 5 {
+        return Err(unexpected("publish: unexpected number of replies", &values));
+    }
+    let exec = values.pop().unwrap_or(Value::Nil);
+    if let Value::ServerError(e) = &values[1] {
+        if matches!(exec, Value::Array(_)) {
+            warn!(error = ?e, "the publish check failed but the XADDs ran: written unchecked");
+        }
+        return Err(e.clone().into());
+    }
+    if let Some(Value::ServerError(e)) = values.iter().find(|v| matches!(v, Value::ServerError(_)))
+    {
+        return Err(e.clone().into());
+    }
+    let answers = match exec {
+        Value::Array(replies) if matches!(values[1], Value::Nil) => executed(replies, parts)?,
+        Value::Nil => aborted(&values[1], parts)?,
+        Value::ServerError(e) => return Err(e.into()),
+        other => return Err(unexpected("publish: unexpected EXEC reply", &other)),
+    };
+    Ok((answers, acked))
+}
+
+/// The answers of a transaction that ran: the `XADD`s' ids, then the tail's reply.
+fn executed(replies: Vec<Value>, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>> {
+    if let Some(Value::ServerError(e)) = replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+    {
+        return Err(e.clone().into());
+    }
+    let mut ids = replies.into_iter();
+    let mut out = Vec::with_capacity(parts.len());
+    for (_, idx) in parts {
+        let mut part = Vec::with_capacity(idx.len());
+        for _ in idx {
+            let id: String = match ids.next() {
+                Some(v) => redis::from_redis_value(v)?,
+                None => return Err(unexpected("publish: EXEC returned too few replies", &())),
+            };
+            part.push(Some(id));
+        }
+        out.push(ShardAnswer {
+            marker: 0,
+            landed: None,
+            ids: part,
+        });
+    }
+    Ok(out)
+}
+
+/// The answers of an aborted transaction: from the check's reply (`nil`: it passed, a watched
+/// key changed before the `EXEC`, nothing was written), per shard `{marker, s}`.
+fn aborted(check: &Value, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>> {
+    let passed = vec![Value::Array(vec![Value::Int(0), Value::Int(-1)]); parts.len()];
+    let shards = match check {
+        Value::Nil => &passed,
+        Value::Array(shards) if shards.len() == parts.len() => shards,
+        _ => return Err(unexpected("publish check: unexpected reply", check)),
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for ((_, idx), shard) in parts.iter().zip(shards) {
+        let (marker, hw) = match shard {
+            Value::Array(items) => match items[..] {
+                [Value::Int(m), Value::Int(s)] => (m, s),
+                _ => return Err(unexpected("publish check: unexpected reply", shard)),
+            },
+            _ => return Err(unexpected("publish check: unexpected reply", shard)),
+        };
+        out.push(ShardAnswer {
+            marker: marker.max(0) as u64,
+            landed: u64::try_from(hw).ok(),
+            ids: vec![None; idx.len()],
+        });
+    }
+    Ok(out)
+}
+
+/// Reads one reply of [`Writer::landed_pipeline`]: `n` entry ids (empty when the script did
+/// not find one: written, id unknown).
+pub(super) fn read_landed(v: Value, n: usize) -> redis::RedisResult<Vec<String>> {
+    if let Value::ServerError(e) = v {
+        return Err(e.into());
+    }
+    let ids: Vec<String> = redis::from_redis_value(v)?;
+    if ids.len() != n {
+        return Err(unexpected("publish landed: unexpected number of ids", &ids));
+    }
+    if ids.iter().any(String::is_empty) {
+        warn!("a retried record had been written, its entry id is unknown");
+    }
+    Ok(ids)
+}
+
+fn unexpected(what: &'static str, got: &dyn std::fmt::Debug) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        what,
+        format!("{got:?}"),
+    ))
+}
+
+/// A script without its comment lines and indentation (`EVAL` sends it with every write,
+/// and Redis hashes what it is sent).
+fn compact(lua: &str) -> String {
+    (lua.lines())
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The check script (`protocol/src/lua/publish_check.lua`), compacted.
+fn check_body() -> &'static str {
+    static BODY: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| compact(rsc_protocol::routing::PUBLISH_CHECK_LUA));
+    &BODY
+}
+
+/// The landed-ids script (`protocol/src/lua/publish_landed.lua`), compacted.
+fn landed_body() -> &'static str {
+    static BODY: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| compact(rsc_protocol::routing::PUBLISH_LANDED_LUA));
+    &BODY
+}
+
+/// The tail script (`protocol/src/lua/publish_tail.lua`), compacted.
+fn tail_body() -> &'static str {
+    static BODY: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| compact(rsc_protocol::routing::PUBLISH_TAIL_LUA));
+    &BODY
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts() -> Vec<Part> {
+        vec![(0, vec![0, 2]), (1, vec![1])]
+    }
+
+    fn ok() -> Value {
+        Value::Okay
+    }
+
+    fn queued(n: usize) -> Vec<Value> {
+        vec![Value::SimpleString("QUEUED".into()); n]
+    }
+
+    fn id(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_transaction_that_ran_answers_its_ids() {
+        let mut v = vec![ok(), Value::Nil, ok()];
+        v.extend(queued(4));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
+        let (answers, acked) = read(v, &parts(), false).expect("read");
+        assert_eq!(acked, u32::MAX);
+        assert_eq!(answers[0].ids, [Some("1-0".into()), Some("1-1".into())]);
+        assert_eq!(answers[1].ids, [Some("2-0".into())]);
+    }
+
+    #[test]
+    fn an_abort_reports_landed_refused_and_again() {
+        let check = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(12)]),
+            Value::Array(vec![Value::Int(7), Value::Int(-1)]),
+        ]);
+        let mut v = vec![ok(), check, ok()];
+        v.extend(queued(4));
+        v.push(Value::Nil);
+        v.push(Value::Int(1));
+        let (answers, acked) = read(v, &parts(), true).expect("read");
+        assert_eq!(acked, 1);
+        assert_eq!((answers[0].marker, answers[0].landed), (0, Some(12)));
+        assert_eq!(answers[0].ids, [None, None]);
+        assert_eq!((answers[1].marker, answers[1].landed), (7, None));
+        assert_eq!(answers[1].ids, [None]);
+    }
+
+    #[test]
+    fn an_abort_after_a_passed_check_writes_nothing() {
+        let mut v = vec![ok(), Value::Nil, ok()];
+        v.extend(queued(4));
+        v.push(Value::Nil);
+        let (answers, _) = read(v, &parts(), false).expect("read");
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.marker == 0 && a.landed.is_none() && a.ids.iter().all(Option::is_none))
+        );
+    }
+
+    #[test]
+    fn a_refused_check_is_the_error() {
+        let noperm = redis::parse_redis_value(b"-NOPERM no scripts\r\n").expect("parse");
+        let mut v = vec![ok(), noperm, ok()];
+        v.extend(queued(3));
+        v.push(redis::parse_redis_value(b"-NOPERM no scripts\r\n").expect("parse"));
+        v.push(redis::parse_redis_value(b"-EXECABORT discarded\r\n").expect("parse"));
+        let err = read(v, &parts(), false).expect_err("refused");
+        assert_eq!(err.code(), Some("NOPERM"), "{err}");
+    }
+
+    #[test]
+    fn an_abort_the_check_asked_for_that_ran_anyway_is_an_error() {
+        let stale = Value::Array(vec![Value::Int(7), Value::Int(-1)]);
+        let check = Value::Array(vec![stale.clone(), stale]);
+        let mut v = vec![ok(), check, ok()];
+        v.extend(queued(4));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
+        assert!(read(v, &parts(), false).is_err());
+    }
+
+    #[test]
+    fn the_scripts_lose_their_comments() {
+        assert!(!check_body().contains("--"));
+        assert!(landed_body().contains("PEXPIRETIME"));
+        assert!(tail_body().lines().all(|l| l == l.trim()));
+    }
+}

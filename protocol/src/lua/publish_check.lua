@@ -1,0 +1,39 @@
+-- The check of a producer's write (PROTOCOL §15 fence, §21 idempotence), sent in one pipeline:
+-- WATCH <markers> [<records>]; EVAL <this>; MULTI; XADD …; EVAL <publish_tail.lua>; EXEC.
+-- KEYS: the epoch markers {<shard key>}:epoch of the k shards written; for an idempotent
+-- producer then their producer records {<shard key>}:producer:<id>, in the same order (2k
+-- keys). A record holds s = the highest sequence the id wrote to the shard.
+-- ARGV[1]: the producer's routing epoch; ARGV[2]: the producer id ('' none); idempotent only,
+-- then per shard the lowest sequence of its records.
+-- Returns nil when the transaction may run (it still aborts if a watched key changes before
+-- the EXEC). Else it touches a watched key, which aborts the transaction (EXEC answers nil),
+-- and returns per shard {refused, s}: refused = the marker when it is not ARGV[1] (0 when it
+-- is or is absent); s = the record's highest sequence when records of the shard were written
+-- before (sequence <= s: a retry of what had landed; their entry ids are read by
+-- publish_landed.lua), else -1.
+-- Duplicates and the marker are both reported: a retry of a landed write is recognised even
+-- after a reshard moved the marker.
+local idem = ARGV[2] ~= ''
+local k = idem and #KEYS / 2 or #KEYS
+local out, abort = {}, false
+for j = 1, k do
+  local m = redis.call('GET', KEYS[j])
+  local refused = 0
+  if m and m ~= ARGV[1] then
+    refused = tonumber(m) or 1
+    redis.call('SET', KEYS[j], m, 'KEEPTTL')
+    abort = true
+  end
+  local hw = -1
+  if idem then
+    local s = redis.call('HGET', KEYS[k + j], 's')
+    if s and tonumber(ARGV[2 + j]) <= tonumber(s) then
+      hw = tonumber(s)
+      redis.call('HSET', KEYS[k + j], 's', s)
+      abort = true
+    end
+  end
+  out[j] = {refused, hw}
+end
+if abort then return out end
+return nil
