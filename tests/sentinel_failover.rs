@@ -68,9 +68,13 @@ struct Figures {
     expired: f64,
     pod_metrics_ok: bool,
     producer_metrics_ok: bool,
-    /// Entries in the stream without a handling record (only within the failovers' window
-    /// after a second failover: the record was written on the old master).
+    /// Entries in the stream without a handling record (only within the failovers' window:
+    /// the record, the application's own write, went to a master that died or was left
+    /// before replicating it, while the acknowledgement reached the new one).
     unrecorded: usize,
+    /// The coordinator's log lines about expiries, outages, rollbacks and master switches,
+    /// for the message of a failed check.
+    expiry_log: String,
     /// After a second failover: what the old (first promoted) master saw.
     second: Option<SecondFigures>,
 }
@@ -166,6 +170,26 @@ fn handled(con: &mut redis::Connection) -> Vec<(u64, u64)> {
     seqs.iter()
         .zip(&done)
         .filter_map(|(s, f)| Some((s.parse().ok()?, f.parse().ok()?)))
+        .collect()
+}
+
+/// Each shard key's Redis consumer groups (`XINFO GROUPS`) and the group's pending entries
+/// per consumer (`XPENDING` summary), for the message of a failed check.
+fn pending_report(con: &mut redis::Connection, keys: &[String]) -> String {
+    keys.iter()
+        .map(|k| {
+            let groups: redis::Value = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(k)
+                .query(con)
+                .unwrap_or(redis::Value::Nil);
+            let pending: redis::Value = redis::cmd("XPENDING")
+                .arg(k)
+                .arg(GROUP)
+                .query(con)
+                .unwrap_or(redis::Value::Nil);
+            format!("\n{k}: groups {groups:?}; pending {pending:?}")
+        })
         .collect()
 }
 
@@ -420,6 +444,7 @@ async fn scenario(
         }
     };
     keys.pop();
+    let last_switch_ms = now_ms();
 
     // Producer finishes; every entry that is in the stream gets handled.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -449,34 +474,39 @@ async fn scenario(
         .flat_map(|k| stream_field(&mut con, k, "seq"))
         .filter_map(|s| s.parse().ok())
         .collect();
-    // After a second failover, a handling recorded on the old master between the promotion
-    // and the sentinels' announcement is lost with it (the record is an unreplicated write
-    // of the application's): such entries, produced within the failovers' window, are
-    // counted, not required.
-    let window = second.map(|_| (killed_ms.saturating_sub(1_000), now_ms()));
-    let times: HashMap<u64, u64> = match window {
-        Some(_) => keys.iter().flat_map(|k| seq_times(&mut con, k)).collect(),
-        None => HashMap::new(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(if window.is_some() { 20 } else { 60 });
+    // A handling recorded on a master that died, or that was left, before replicating the
+    // record is lost with it (the record is the application's own unreplicated write),
+    // while the entry's acknowledgement, sent after the switch, reached the new master:
+    // such entries, produced from the replicas' lag before the kill to a second after the
+    // last switch, are counted, not required.
+    let lag_ms = replica_lag.map_or(0, |l| l.as_millis() as u64);
+    let window = (
+        killed_ms.saturating_sub(1_000 + lag_ms),
+        last_switch_ms + 1_000,
+    );
+    let times: HashMap<u64, u64> = keys.iter().flat_map(|k| seq_times(&mut con, k)).collect();
+    // Entries outside the window must all be handled within a minute; those inside are
+    // waited for 20 s.
+    let settle = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let (records, unrecorded) = loop {
         let records = handled(&mut con);
         let seen: BTreeSet<u64> = records.iter().map(|r| r.0).collect();
         let missing: Vec<u64> = in_stream.difference(&seen).copied().collect();
         let outside = missing
             .iter()
-            .filter(|s| {
-                window.is_none_or(|(from, to)| times.get(s).is_none_or(|t| *t < from || *t > to))
-            })
+            .filter(|s| times.get(s).is_none_or(|t| *t < window.0 || *t > window.1))
             .count();
-        if missing.is_empty() || (outside == 0 && Instant::now() >= deadline) {
+        if missing.is_empty() || (outside == 0 && Instant::now() >= settle) {
             break (records, missing.len());
         }
         assert!(
             Instant::now() < deadline,
-            "entries in the stream were never handled: {} of {} ({outside} outside the failovers)",
+            "entries in the stream were never handled: {} of {} ({outside} outside the failovers); \
+             the shards' groups and pending entries: {}",
             missing.len(),
-            in_stream.len()
+            in_stream.len(),
+            pending_report(&mut con, &keys)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
@@ -502,6 +532,22 @@ async fn scenario(
     let producer_metrics_ok = scrape(producer_port, "rsc_client_published_total").await;
     let store_outage_s = api.metric("rsc_store_last_outage_seconds", &[]).await;
     let expired = api.metric("rsc_members_expired_total", &[]).await;
+    let expiry_log = coordinator
+        .log()
+        .into_iter()
+        .filter(|l| {
+            [
+                "expired",
+                "outage",
+                "went back",
+                "reachable again",
+                "new Redis master",
+            ]
+            .iter()
+            .any(|n| l.contains(n))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     drop(producer);
     drop(pods);
     Figures {
@@ -519,6 +565,7 @@ async fn scenario(
         pod_metrics_ok,
         producer_metrics_ok,
         unrecorded,
+        expiry_log,
         second,
     }
 }
@@ -685,8 +732,8 @@ async fn master_killed_under_load_with_and_without_wait() {
         );
         assert_eq!(
             f.expired, 0.0,
-            "{}: the store outage expired members (they could not heartbeat)",
-            f.label
+            "{}: the store outage expired members (they could not heartbeat):\n{}",
+            f.label, f.expiry_log
         );
         assert!(
             f.heartbeats_back_ms < 30_000,
@@ -775,7 +822,11 @@ async fn a_second_failover_in_a_row_loses_nothing_and_expires_no_one() {
     for f in &runs {
         let s = f.second.expect("a second failover");
         assert_eq!(f.acked_lost, 0, "{}: acknowledged entries lost", f.label);
-        assert_eq!(f.expired, 0.0, "{}: members expired", f.label);
+        assert_eq!(
+            f.expired, 0.0,
+            "{}: members expired:\n{}",
+            f.label, f.expiry_log
+        );
         assert_eq!(
             f.members_after, f.members_before,
             "{}: members replaced",
