@@ -80,8 +80,11 @@ pub(crate) struct LagProbe {
     /// The milliseconds of the first entry after (key, id), `None` when there is none.
     first: Mutex<Recent<(String, String), Option<u64>>>,
     /// `XINFO CONSUMERS` per (group, key).
-    consumers: Mutex<Recent<(String, String), Vec<(String, u64)>>>,
+    consumers: Mutex<Recent<(String, String), Consumers>>,
 }
+
+/// A Redis consumer group's consumers on one key: (name, pending entries).
+type Consumers = Vec<(String, u64)>;
 
 /// A cache's lock; a poisoned one is still consistent (each entry is written whole).
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,7 +324,7 @@ impl LagProbe {
             let mut cache = locked(&self.consumers);
             for ((shard, key), reply) in chunk.iter().zip(replies) {
                 let Ok(reply) = reply else { continue };
-                let list: Vec<(String, u64)> = reply
+                let list: Consumers = reply
                     .consumers
                     .into_iter()
                     .map(|c| (c.name, c.pending as u64))
