@@ -27,7 +27,8 @@ impl StoreLayer for OutageWatch {
         let now = self.clock.now_ms();
         match &r {
             Ok(_) => self.answered(now),
-            Err(e) if e.is_unavailable() => self.lock().failed(started, now),
+            // A lock held by another request is no outage of the store.
+            Err(e) if e.is_outage() => self.lock().failed(started, now),
             Err(_) => {}
         }
         r
@@ -52,5 +53,29 @@ impl OutageWatch {
         );
         ::metrics::counter!("rsc_store_outages_total").increment(1);
         ::metrics::gauge!("rsc_store_last_outage_seconds").set(c.length_ms as f64 / 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[tokio::test]
+    async fn unanswered_calls_count_and_a_busy_lock_does_not() {
+        let watch = OutageWatch {
+            outages: Arc::default(),
+            clock: Arc::new(ManualClock::new(1_000)),
+        };
+        let ok = watch.around("load_group", async { Ok::<_, StoreError>(()) });
+        ok.await.unwrap();
+        let busy = StoreError::busy("lock group:g held by another request".into());
+        let _ = watch.around("lock", async { Err::<(), _>(busy) }).await;
+        assert!(!watch.lock().failing(), "a lock wait is no outage");
+        let down = StoreError::timed_out("load_group: no reply".into());
+        let _ = watch
+            .around("load_group", async { Err::<(), _>(down) })
+            .await;
+        assert!(watch.lock().failing());
     }
 }

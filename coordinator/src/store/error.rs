@@ -39,6 +39,7 @@ pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
     timeout: bool,
+    busy: bool,
     source: Option<Arc<dyn Error + Send + Sync>>,
 }
 
@@ -52,6 +53,16 @@ impl StoreError {
     pub fn timed_out(message: String) -> Self {
         StoreError {
             timeout: true,
+            ..Self::unavailable(message)
+        }
+    }
+
+    /// The store answered, but the operation waited too long for another request (a lock
+    /// held past the wait): answered like an unavailable store, not counted as an outage
+    /// of it.
+    pub fn busy(message: String) -> Self {
+        StoreError {
+            busy: true,
             ..Self::unavailable(message)
         }
     }
@@ -90,6 +101,7 @@ impl StoreError {
             kind,
             message,
             timeout: false,
+            busy: false,
             source: None,
         }
     }
@@ -103,6 +115,12 @@ impl StoreError {
     /// timeout).
     pub fn is_timeout(&self) -> bool {
         self.timeout
+    }
+
+    /// Whether the store could not be reached or did not answer — an outage of it, unlike
+    /// a [`Self::busy`] wait for another request.
+    pub fn is_outage(&self) -> bool {
+        self.is_unavailable() && !self.busy
     }
 
     /// Whether a compare-and-set lost to a concurrent write.
@@ -170,6 +188,10 @@ mod tests {
         assert!(e.is_unavailable() && e.is_retriable() && !e.is_timeout() && !e.is_conflict());
         let cause = e.source().expect("the Redis error");
         assert!(cause.downcast_ref::<redis::RedisError>().is_some());
+
+        assert!(e.is_outage());
+        let busy = StoreError::busy("lock group:g held".into());
+        assert!(busy.is_unavailable() && busy.is_retriable() && !busy.is_outage());
 
         let slow = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         assert!(StoreError::from_redis("load", slow).is_timeout());

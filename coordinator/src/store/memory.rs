@@ -251,7 +251,7 @@ impl MetadataStore for MemoryStore {
         };
         match tokio::time::timeout(LOCK_WAIT, mutex.lock_owned()).await {
             Ok(guard) => Ok(LockGuard::new(guard)),
-            Err(_) => Err(StoreError::unavailable(format!(
+            Err(_) => Err(StoreError::busy(format!(
                 "lock on {resource:?} not acquired within {LOCK_WAIT:?}"
             ))),
         }

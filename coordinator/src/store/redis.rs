@@ -894,7 +894,7 @@ impl MetadataStore for RedisStore {
                 }));
             }
             if start.elapsed() >= wait {
-                return Err(StoreError::unavailable(format!(
+                return Err(StoreError::busy(format!(
                     "lock {key} is held by another request and was not released within {wait:?}"
                 )));
             }
