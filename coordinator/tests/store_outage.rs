@@ -95,15 +95,9 @@ async fn stable_member(c: &Coordinator) -> HeartbeatRequest {
         group: "g".into(),
         stream: "s".into(),
         shard_count: Some(4),
-        start: None,
         session_timeout_ms: Some(2_000),
         heartbeat_interval_ms: Some(100),
-        rebalance_timeout_ms: None,
-        max_members: None,
-        assignor: None,
-        fencing: None,
-        ordering: None,
-        retention: None,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -111,6 +105,17 @@ async fn stable_member(c: &Coordinator) -> HeartbeatRequest {
     let steady = hb(r.member_epoch, r.assignment.clone());
     c.heartbeat("g", &steady).await.unwrap();
     steady
+}
+
+/// `steady` sent in a task of its own (it may be held by the store).
+fn spawn_heartbeat(
+    c: &Coordinator,
+    steady: &HeartbeatRequest,
+) -> tokio::task::JoinHandle<
+    Result<rsc_protocol::HeartbeatResponse, rsc_coordinator::service::ServiceError>,
+> {
+    let (c, steady) = (c.clone(), steady.clone());
+    tokio::spawn(async move { c.heartbeat("g", &steady).await })
 }
 
 /// The member's heartbeat is the only call that sees the store fail (no sweep ran during
@@ -121,10 +126,7 @@ async fn a_heartbeat_that_found_the_store_down_counts_as_an_outage() {
     let steady = stable_member(&c).await;
     store.layer().frozen.store(true, Ordering::SeqCst);
     clock.set(1_100);
-    let held = tokio::spawn({
-        let (c, steady) = (c.clone(), steady.clone());
-        async move { c.heartbeat("g", &steady).await }
-    });
+    let held = spawn_heartbeat(&c, &steady);
     store.layer().holding(1).await;
     clock.set(2_100);
     store.layer().fail(0);
@@ -145,10 +147,7 @@ async fn a_heartbeat_held_across_the_recovery_extends_the_outage() {
     let steady = stable_member(&c).await;
     store.layer().frozen.store(true, Ordering::SeqCst);
     clock.set(1_100);
-    let held = tokio::spawn({
-        let (c, steady) = (c.clone(), steady.clone());
-        async move { c.heartbeat("g", &steady).await }
-    });
+    let held = spawn_heartbeat(&c, &steady);
     store.layer().holding(1).await;
     clock.set(1_200);
     let sweep = tokio::spawn({

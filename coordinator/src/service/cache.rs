@@ -155,11 +155,19 @@ impl DocCache {
     /// This coordinator recorded `member`'s heartbeat at `at_ms` in the store.
     pub(super) fn touched(&self, group: &str, member: &str, at_ms: u64) {
         let mut touches = self.touches.lock().unwrap_or_else(|p| p.into_inner());
-        let t = touches
-            .entry(group.to_owned())
-            .or_default()
-            .entry(member.to_owned())
-            .or_default();
+        // On the steady-heartbeat path: allocate the names only the first time.
+        if !touches.contains_key(group) {
+            touches.insert(group.to_owned(), HashMap::new());
+        }
+        let Some(members) = touches.get_mut(group) else {
+            return;
+        };
+        if !members.contains_key(member) {
+            members.insert(member.to_owned(), Touch::default());
+        }
+        let Some(t) = members.get_mut(member) else {
+            return;
+        };
         if at_ms > t.at_ms {
             *t = Touch {
                 at_ms,

@@ -564,15 +564,9 @@ mod tests {
             group: "g".into(),
             stream: "s".into(),
             shard_count: Some(2),
-            start: None,
             session_timeout_ms: Some(2_000),
             heartbeat_interval_ms: Some(100),
-            rebalance_timeout_ms: None,
-            max_members: None,
-            assignor: None,
-            fencing: None,
-            ordering: None,
-            retention: None,
+            ..Default::default()
         })
         .await
         .unwrap();
