@@ -198,3 +198,237 @@ async fn a_strictly_fenced_pod_owning_1024_shards_holds_a_handful_of_connections
         "a strictly fenced pod owning {SHARDS} shards holds {pods} connections to the data Redis"
     );
 }
+
+/// Per node of a cluster: (connections, sharded subscriptions) of clients other than the
+/// caller's own (`CLIENT LIST`'s `ssub=`).
+fn node_clients(nodes: &mut [redis::Connection]) -> Vec<(usize, u64)> {
+    nodes
+        .iter_mut()
+        .map(|con| {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query(con)
+                .expect("CLIENT LIST");
+            let lines: Vec<&str> = list.lines().filter(|l| !l.trim().is_empty()).collect();
+            let ssub = lines
+                .iter()
+                .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("ssub=")))
+                .filter_map(|n| n.parse::<u64>().ok())
+                .sum();
+            (lines.len() - 1, ssub)
+        })
+        .collect()
+}
+
+/// Commands a node has run so far (`INFO commandstats`), without the `XREAD`s. While the
+/// pod idles only the doorbell's poll script reads with `XREAD`, one call per waiting shard
+/// inside one `EVAL` per node (Redis counts a script's calls as commands): they are counted
+/// apart, as work inside Redis rather than commands sent.
+fn commands_and_xreads(con: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO");
+    let mut out = (0, 0);
+    for line in info.lines() {
+        let Some(calls) = line
+            .split_once("calls=")
+            .and_then(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if line.starts_with("cmdstat_xread:") {
+            out.1 += calls;
+        } else {
+            out.0 += calls;
+        }
+    }
+    out
+}
+
+/// The cluster's commands sent per second over `window` (every node), less the two `INFO`s
+/// sent to each node, and the `XREAD`s run per second ([`commands_and_xreads`]).
+async fn cluster_command_rate(nodes: &mut [redis::Connection], window: Duration) -> (f64, f64) {
+    let sum = |nodes: &mut [redis::Connection]| {
+        nodes
+            .iter_mut()
+            .map(commands_and_xreads)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    let before = sum(nodes);
+    // The window of a negative check: how much happens while nothing should.
+    tokio::time::sleep(window).await;
+    let after = sum(nodes);
+    let secs = window.as_secs_f64();
+    (
+        after.0.saturating_sub(before.0 + nodes.len() as u64) as f64 / secs,
+        after.1.saturating_sub(before.1) as f64 / secs,
+    )
+}
+
+/// A sample consumer pod on the Redis Cluster `cluster`, owning every shard of the group.
+async fn cluster_pod(
+    stack: &Stack,
+    cluster: &rsc_testkit::RedisCluster,
+    shared_reader: bool,
+) -> Consumer {
+    let flag = if shared_reader { "true" } else { "false" };
+    let seeds = cluster.url();
+    let pod = Consumer::start_env(
+        stack,
+        "127.0.0.22",
+        &[
+            "--group",
+            GROUP,
+            "--stream",
+            STREAM,
+            "--redis-url",
+            &seeds,
+            "--redis-cluster",
+        ],
+        &[("RSC_SHARED_READER", flag)],
+    );
+    stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .and_then(|c| c.get_connection())
+        .expect("cluster connection");
+    eventually(
+        "every shard worker to create its consumer group",
+        60,
+        || {
+            let found = (0..SHARDS)
+                .filter(|&i| {
+                    redis::cmd("EXISTS")
+                        .arg(rsc_protocol::routing::shard_key(STREAM, i))
+                        .query::<u32>(&mut con)
+                        .is_ok_and(|n| n == 1)
+                })
+                .count();
+            (found == SHARDS as usize).then_some(())
+        },
+    )
+    .await;
+    pod
+}
+
+/// On a Redis Cluster (3 masters) the pod's workers share the app's cluster connection and
+/// wait on the sharded doorbell (PROTOCOL §16): each shard's channel is `SSUBSCRIBE`d on the
+/// node that serves it, the pod holds a bounded number of connections per node and sends
+/// about one poll command per node a second while idle; a ringing producer's entries and
+/// plain `XADD`s (found by the per-node poll) are handled once each. The per-shard reader is
+/// measured on a cluster of its own in the same run as the baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_a_pod_owning_1024_shards_holds_a_few_connections_per_node() {
+    let _serial = SERIAL.lock().await;
+    let (baseline_conns, baseline_rate) = {
+        let cluster = rsc_testkit::RedisCluster::start().expect("cluster");
+        let stack = Stack::start();
+        stack.create_group(GROUP, STREAM, SHARDS, 6000, 500).await;
+        let _pod = cluster_pod(&stack, &cluster, false).await;
+        let mut nodes = node_connections(&cluster);
+        let conns = eventually("a connection per shard", 60, || {
+            let n: usize = node_clients(&mut nodes).iter().map(|c| c.0).sum();
+            (n >= SHARDS as usize).then_some(n)
+        })
+        .await;
+        let (sent, _) = cluster_command_rate(&mut nodes, Duration::from_secs(5)).await;
+        (conns, sent)
+    };
+
+    let cluster = rsc_testkit::RedisCluster::start().expect("cluster");
+    let stack = Stack::start();
+    stack.create_group(GROUP, STREAM, SHARDS, 6000, 500).await;
+    let pod = cluster_pod(&stack, &cluster, true).await;
+    let mut nodes = node_connections(&cluster);
+    // Every shard's doorbell subscribed, each on its own node.
+    let clients = eventually("every doorbell channel subscribed", 30, || {
+        let c = node_clients(&mut nodes);
+        (c.iter().map(|c| c.1).sum::<u64>() == u64::from(SHARDS)).then_some(c)
+    })
+    .await;
+    assert!(
+        clients.iter().all(|&(conns, ssub)| conns <= 4 && ssub > 0),
+        "connections and sharded subscriptions per node: {clients:?}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (idle, xreads) = loop {
+        let (rate, xreads) = cluster_command_rate(&mut nodes, Duration::from_secs(3)).await;
+        if rate <= 20.0 {
+            break (rate, xreads);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pod never went idle on the cluster: {rate} commands/s"
+        );
+    };
+    assert!(
+        baseline_rate > 100.0,
+        "the per-shard baseline re-sends a blocked read per shard every 2 s: {baseline_rate}/s"
+    );
+    eprintln!(
+        "D1/D2 on a 3-node cluster at {SHARDS} shards: (connections, ssub) per node {clients:?}, \
+         {idle:.1} idle commands/s sent ({xreads:.0} XREADs/s inside the poll scripts; a \
+         connection per shard: {baseline_conns} connections, {baseline_rate:.0} commands/s)"
+    );
+
+    // A ringing producer (SPUBLISH in the shard's slot), then plain XADDs.
+    let producer =
+        std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
+            .args(["--coordinator", &stack.coordinator.url()])
+            .args(["--redis-url", &cluster.url(), "--redis-cluster"])
+            .args(["--stream", STREAM, "--count", "2000", "--keys", "500"])
+            .args(["--rate", "2000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("sample-producer starts");
+    finish_producer(producer, 2_000);
+    let handled = |n: f64| {
+        let pod = &pod;
+        eventually_async("every entry handled", 60, move || async move {
+            let got = pod
+                .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
+                .await?;
+            (got >= n).then_some(got)
+        })
+    };
+    assert_eq!(handled(2_000.0).await, 2_000.0, "handled more than once");
+    let rings = pod
+        .metric("rsc_client_doorbell_rings_total", &[])
+        .await
+        .expect("metrics");
+    assert!(rings > 0.0, "no ring reached the pod");
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .and_then(|c| c.get_connection())
+        .expect("cluster connection");
+    for i in 0..50u32 {
+        let key = rsc_protocol::routing::shard_key(STREAM, (i * 37) % SHARDS);
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("payload")
+            .arg(format!(r#"{{"seq":{i},"key":"plain-{i}"}}"#))
+            .query(&mut con)
+            .expect("XADD");
+    }
+    assert_eq!(handled(2_050.0).await, 2_050.0, "handled more than once");
+    let clients = node_clients(&mut nodes);
+    assert!(
+        clients.iter().all(|&(conns, _)| conns <= 4),
+        "the connections stay bounded under load: {clients:?}"
+    );
+}
+
+/// A connection to each node of `cluster`.
+fn node_connections(cluster: &rsc_testkit::RedisCluster) -> Vec<redis::Connection> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            redis::Client::open(n.url())
+                .and_then(|c| c.get_connection())
+                .expect("node connection")
+        })
+        .collect()
+}

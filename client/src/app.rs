@@ -436,8 +436,7 @@ impl ConsumerApp {
         let ack_conn = redis.clone();
         let doorbell = cfg
             .shared_reader
-            .then(|| crate::consumer::doorbell::Doorbell::start(redis))
-            .flatten();
+            .then(|| crate::consumer::doorbell::Doorbell::start(redis));
         let guards = Arc::new(crate::consumer::fence::GuardConns::new(redis.clone()));
         let member_count: u64 = self
             .listeners

@@ -62,6 +62,13 @@ pub fn ring_channel(shard_key: &str) -> String {
     format!("{{{shard_key}}}:ring")
 }
 
+/// The command that rings a doorbell channel ([`ring_channel`], PROTOCOL §16): `SPUBLISH` on a
+/// Redis Cluster (sharded pub/sub: the ring goes to the shard's node only, where the
+/// consumers subscribe with `SSUBSCRIBE`), else `PUBLISH`.
+pub fn ring_command(cluster: bool) -> &'static str {
+    if cluster { "SPUBLISH" } else { "PUBLISH" }
+}
+
 /// The shard key a doorbell channel ([`ring_channel`]) belongs to; `None` for another name.
 pub fn ring_channel_key(channel: &str) -> Option<&str> {
     channel.strip_prefix('{')?.strip_suffix("}:ring")

@@ -129,19 +129,21 @@ impl ConnectionLike for Conn {
     }
 }
 
-enum Backend {
+pub(crate) enum Backend {
     Single(ConnectionManager),
     /// Connects on first use (a cluster connection needs a node that answers).
     Cluster {
         client: Box<ClusterClient>,
         conn: OnceCell<ClusterConnection>,
+        /// For the clients of another kind made later ([`LazyRedis::cluster_pubsub`]).
+        tls: Tls,
     },
     /// Looks the master up through the sentinels on first use and after a failover.
     Sentinel(SentinelRedis),
 }
 
 pub(crate) struct Inner {
-    backend: Backend,
+    pub(crate) backend: Backend,
     /// The server, or the cluster's seed nodes; behind sentinels, the master's credentials
     /// and database (its host is not used).
     pub(crate) seeds: Vec<ConnectionInfo>,
@@ -207,6 +209,17 @@ fn cluster_client(
     settings: &ConnSettings,
     tls: &Tls,
 ) -> Result<ClusterClient, OpenError> {
+    cluster_builder(seeds, settings, tls)
+        .build()
+        .map_err(OpenError::Invalid)
+}
+
+/// The builder of [`cluster_client`].
+pub(crate) fn cluster_builder(
+    seeds: &[ConnectionInfo],
+    settings: &ConnSettings,
+    tls: &Tls,
+) -> redis::cluster::ClusterClientBuilder {
     let mut builder = ClusterClient::builder(seeds.to_vec())
         .connection_timeout(settings.connect_timeout)
         .response_timeout(settings.response_timeout)
@@ -226,7 +239,7 @@ fn cluster_client(
     }
     #[cfg(not(feature = "tls"))]
     let _ = tls;
-    builder.build().map_err(OpenError::Invalid)
+    builder
 }
 
 impl LazyRedis {
@@ -250,6 +263,7 @@ impl LazyRedis {
             Backend::Cluster {
                 client: Box::new(cluster_client(&seeds, settings, tls)?),
                 conn: OnceCell::new(),
+                tls: tls.clone(),
             }
         } else {
             let client = redis::Client::open(seeds[0].clone()).map_err(OpenError::Invalid)?;
@@ -355,7 +369,7 @@ impl LazyRedis {
     pub async fn get(&self) -> Result<Conn, RedisError> {
         match &self.0.backend {
             Backend::Single(m) => Ok(Conn::Single(m.clone())),
-            Backend::Cluster { client, conn } => conn
+            Backend::Cluster { client, conn, .. } => conn
                 .get_or_try_init(|| client.get_async_connection())
                 .await
                 .map(|c| Conn::Cluster(c.clone())),

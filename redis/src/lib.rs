@@ -50,6 +50,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cluster;
 mod conn;
 mod node;
 pub mod sentinel;

@@ -2,8 +2,8 @@
 //! entries without a blocked read, a connection or a periodic command of their own
 //! (ARCHITECTURE "Data plane", PROTOCOL §16).
 //!
-//! One per app and data Redis, standalone or the master behind Sentinel (on a Redis Cluster
-//! each worker still waits in a blocked read on its shard's node, see [`super::worker`]):
+//! One per app and data Redis: standalone, the master behind Sentinel, or a Redis Cluster
+//! (sharded pub/sub and a poll per node, [`cluster`]):
 //!
 //! - **Rings.** Producers publish an empty message on the shard's doorbell channel
 //!   ([`rsc_protocol::routing::ring_channel`]) in the round trip of their `XADD`s. One
@@ -19,6 +19,8 @@
 //! A wake-up is a hint only: a woken worker reads its shard (non-blocking) and finds what
 //! there is. A ring that comes while the worker is busy is kept (one permit), so a ring
 //! between the worker's last read and its wait is never lost.
+
+mod cluster;
 
 use futures::StreamExt;
 use redis::RedisError;
@@ -78,7 +80,7 @@ impl Shared {
 
     /// Wakes the workers of `key` (`polled`: for the poll's finding); `false` when none
     /// reads it.
-    fn ring(&self, key: &str, polled: bool) -> bool {
+    pub(super) fn ring(&self, key: &str, polled: bool) -> bool {
         let bells = self.bells();
         let Some(list) = bells.get(key) else {
             return false;
@@ -101,7 +103,7 @@ impl Shared {
 
     /// The keys whose workers wait, each with the lowest id after which one of them has
     /// seen everything.
-    fn waiting(&self) -> Vec<(String, String)> {
+    pub(super) fn waiting(&self) -> Vec<(String, String)> {
         let bells = self.bells();
         let mut out = Vec::new();
         for (key, list) in bells.iter() {
@@ -149,12 +151,8 @@ impl BellState {
 }
 
 impl Doorbell {
-    /// The doorbell of `redis`, or `None` on a Redis Cluster (whose workers keep their own
-    /// blocked reads). Needs a Tokio runtime: it spawns its task.
-    pub(crate) fn start(redis: &LazyRedis) -> Option<Arc<Doorbell>> {
-        if redis.is_cluster() {
-            return None;
-        }
+    /// The doorbell of `redis`. Needs a Tokio runtime: it spawns its tasks.
+    pub(crate) fn start(redis: &LazyRedis) -> Arc<Doorbell> {
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         tokio::spawn(run(Arc::downgrade(&shared), redis.clone(), stop.clone()));
@@ -165,10 +163,10 @@ impl Doorbell {
             stop.clone(),
             POLL,
         ));
-        Some(Arc::new(Doorbell {
+        Arc::new(Doorbell {
             shared,
             _stop: stop.drop_guard(),
-        }))
+        })
     }
 
     /// Registers a worker of `key`: rings on the key's channel and the fallback poll wake
@@ -253,16 +251,47 @@ impl Drop for Bell {
 
 /// The subscriber connection.
 struct Subscriber {
-    sink: PubSubSink,
-    messages: PubSubStream,
+    channel: Channel,
     /// Behind Sentinel: the master look-up it was opened on.
     master: u64,
     /// The shard keys subscribed to.
     keys: HashSet<String>,
 }
 
-/// Opens the subscriber connection to the server (behind Sentinel: the sentinels' master).
+/// The pub/sub connection of a [`Subscriber`].
+enum Channel {
+    /// Standalone or behind Sentinel: `SUBSCRIBE` on the server.
+    Plain {
+        sink: PubSubSink,
+        messages: PubSubStream,
+    },
+    /// Redis Cluster: `SSUBSCRIBE` on each node.
+    Sharded(cluster::Sharded),
+}
+
+/// What the subscriber connection received.
+enum Event {
+    /// A ring on this channel.
+    Ring(String),
+    /// The subscription of this channel was dropped by the server (Redis Cluster: its slot
+    /// moved): subscribe again.
+    Dropped(String),
+    /// Rings may have been lost (a node connection dropped and is subscribed again).
+    Gap,
+    /// Nothing to act on.
+    Other,
+}
+
+/// Opens the subscriber connection to the server (behind Sentinel: the sentinels' master;
+/// on a Redis Cluster: each node).
 async fn connect(redis: &LazyRedis) -> Result<Subscriber, RedisError> {
+    if redis.is_cluster() {
+        return Ok(Subscriber {
+            channel: Channel::Sharded(cluster::connect(redis).await?),
+            master: 0,
+            keys: HashSet::new(),
+        });
+    }
     let (master, info) = match redis.sentinel() {
         Some(s) => s.master().await?,
         None => (0, redis.seeds()[0].clone()),
@@ -273,8 +302,7 @@ async fn connect(redis: &LazyRedis) -> Result<Subscriber, RedisError> {
         .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
     let (sink, messages) = pubsub.split();
     Ok(Subscriber {
-        sink,
-        messages,
+        channel: Channel::Plain { sink, messages },
         master,
         keys: HashSet::new(),
     })
@@ -284,23 +312,40 @@ impl Subscriber {
     /// Subscribes to the channels of the keys read now and unsubscribes from the others.
     async fn sync(&mut self, shared: &Shared) -> Result<(), RedisError> {
         let want: HashSet<String> = shared.bells().keys().cloned().collect();
-        let add: Vec<String> = want
-            .difference(&self.keys)
-            .map(|k| ring_channel(k))
-            .collect();
-        let drop: Vec<String> = self
-            .keys
-            .difference(&want)
-            .map(|k| ring_channel(k))
-            .collect();
-        if !add.is_empty() {
-            self.sink.subscribe(&add).await?;
-        }
-        if !drop.is_empty() {
-            self.sink.unsubscribe(&drop).await?;
+        let add = channels(want.difference(&self.keys));
+        let drop = channels(self.keys.difference(&want));
+        match &mut self.channel {
+            Channel::Plain { sink, .. } => {
+                if !add.is_empty() {
+                    sink.subscribe(&add).await?;
+                }
+                if !drop.is_empty() {
+                    sink.unsubscribe(&drop).await?;
+                }
+            }
+            Channel::Sharded(sharded) => {
+                sharded.change(&add, true).await?;
+                sharded.change(&drop, false).await?;
+            }
         }
         self.keys = want;
         Ok(())
+    }
+
+    /// The next event; `None` when the connection closed.
+    async fn next(&mut self) -> Option<Event> {
+        match &mut self.channel {
+            Channel::Plain { messages, .. } => {
+                let msg = messages.next().await?;
+                Some(Event::Ring(msg.get_channel_name().to_owned()))
+            }
+            Channel::Sharded(sharded) => Some(match sharded.next().await? {
+                cluster::Push::Ring(ch) => Event::Ring(ch),
+                cluster::Push::Dropped(ch) => Event::Dropped(ch),
+                cluster::Push::Disconnected => Event::Gap,
+                cluster::Push::Other => Event::Other,
+            }),
+        }
     }
 }
 
@@ -328,6 +373,7 @@ async fn poll_loop(
     poll: Duration,
 ) {
     let wakeups = metrics::counter!("rsc_client_doorbell_poll_wakeups_total");
+    let mut slots = None;
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -336,7 +382,12 @@ async fn poll_loop(
             _ = stop.cancelled() => return,
         }
         let Some(s) = shared.upgrade() else { return };
-        wakeups.increment(poll_once(&s, &redis).await);
+        let woken = if redis.is_cluster() {
+            cluster::poll_once(&s, &redis, &mut slots).await
+        } else {
+            poll_once(&s, &redis).await
+        };
+        wakeups.increment(woken);
     }
 }
 
@@ -373,13 +424,9 @@ async fn run(shared: Weak<Shared>, redis: LazyRedis, stop: CancellationToken) {
                 Some(sub) => sub.sync(&s).await.is_err(),
                 None => false,
             },
-            msg = next_message(&mut sub) => match msg {
-                Some(msg) => {
-                    if let Some(key) = ring_channel_key(msg.get_channel_name())
-                        && s.ring(key, false)
-                    {
-                        m.rings.increment(1);
-                    }
+            event = next_event(&mut sub) => match event {
+                Some(event) => {
+                    on_event(&s, sub.as_mut(), &m, event);
                     false
                 }
                 None => true,
@@ -434,12 +481,42 @@ async fn open(
     }
 }
 
-/// The next message of the subscriber connection; `None` when it closed. Pending forever
+/// The doorbell channels of `keys`.
+fn channels<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<String> {
+    keys.map(|k| ring_channel(k)).collect()
+}
+
+/// The next event of the subscriber connection; `None` when it closed. Pending forever
 /// without a connection.
-async fn next_message(sub: &mut Option<Subscriber>) -> Option<redis::Msg> {
+async fn next_event(sub: &mut Option<Subscriber>) -> Option<Event> {
     match sub {
-        Some(s) => s.messages.next().await,
+        Some(s) => s.next().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Acts on an event of the subscriber connection.
+fn on_event(shared: &Shared, sub: Option<&mut Subscriber>, m: &Metrics, event: Event) {
+    match event {
+        Event::Ring(channel) => {
+            if let Some(key) = ring_channel_key(&channel)
+                && shared.ring(key, false)
+            {
+                m.rings.increment(1);
+            }
+        }
+        Event::Dropped(channel) => {
+            // Still wanted: forget it was subscribed, so the next sync subscribes it again
+            // (on the node that serves the slot now); rings sent meanwhile may be lost.
+            if let (Some(key), Some(sub)) = (ring_channel_key(&channel), sub)
+                && shared.ring(key, false)
+                && sub.keys.remove(key)
+            {
+                shared.changed.notify_one();
+            }
+        }
+        Event::Gap => shared.ring_all(),
+        Event::Other => {}
     }
 }
 

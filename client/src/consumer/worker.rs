@@ -139,8 +139,8 @@ pub(crate) struct ShardWorker {
     pending_from: Option<String>,
     /// Ordered resharding: held entries and seals.
     order: OrderState,
-    /// The shard's registration with the app's doorbell (`None`: a Redis Cluster or the
-    /// per-shard reader, where the worker waits in a blocked read).
+    /// The shard's registration with the app's doorbell (`None`: the per-shard reader, or a
+    /// strictly fenced shard on a Redis Cluster, where the worker waits in a blocked read).
     bell: Option<super::doorbell::Bell>,
     /// Where the worker is in the shard, for the doorbell's poll.
     cursor: cursor::Cursor,
@@ -167,7 +167,13 @@ impl ShardWorker {
         });
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
         let order = OrderState::new(&shared.group, &shared.stream, shard);
-        let bell = shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key));
+        // On a Redis Cluster a strictly fenced shard keeps a connection of its own to its
+        // node for its guarded reads (a `WATCH` is connection state and the app's guard
+        // connections serve one node each time), and waits there in a blocked read.
+        let own_node = shared.redis.is_cluster() && flags.token().is_some();
+        let bell = (!own_node)
+            .then(|| shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key)))
+            .flatten();
         let labels = [
             ("group", shared.group.clone()),
             ("stream", shared.stream.clone()),

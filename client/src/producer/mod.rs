@@ -650,7 +650,7 @@ impl Producer {
             records,
             lane,
             ttl_ms: self.inner.idempotence.unwrap_or(Duration::ZERO).as_millis() as u64,
-            ring: !self.inner.cluster,
+            cluster: self.inner.cluster,
             wait: self.inner.wait,
         };
         let wait = self.inner.wait.is_some();
@@ -786,8 +786,9 @@ impl Producer {
             for &i in &idx {
                 records[i].xadd(&mut pipe, &routing.shard_keys[shard as usize], None);
             }
+            let rings = self.ring(&mut pipe, routing, &[shard]);
             async move {
-                let (ids, acked) = self.send(pipe, 0).await?;
+                let (ids, acked) = self.send(pipe, rings).await?;
                 Ok::<_, redis::RedisError>((idx.into_iter().zip(ids), acked))
             }
         });
@@ -829,16 +830,12 @@ impl Producer {
         Ok((ids, acked))
     }
 
-    /// Appends a ring of each shard's doorbell (`PUBLISH {<shard key>}:ring ""`, PROTOCOL
-    /// §16) to `pipe`, so that consumers waiting on those shards read at once; `shards` are
-    /// distinct. Returns how many were appended: none on a Redis Cluster, whose consumers
-    /// wait in blocked reads (a `PUBLISH` there reaches every node).
+    /// Appends a ring of each shard's doorbell (`PUBLISH {<shard key>}:ring ""`, `SPUBLISH`
+    /// on a Redis Cluster; PROTOCOL §16) to `pipe`, so that consumers waiting on those shards
+    /// read at once; `shards` are distinct. Returns how many were appended.
     fn ring(&self, pipe: &mut redis::Pipeline, routing: &Routing, shards: &[u32]) -> usize {
-        if self.inner.cluster {
-            return 0;
-        }
         for &s in shards {
-            pipe.cmd("PUBLISH")
+            pipe.cmd(rsc_protocol::routing::ring_command(self.inner.cluster))
                 .arg(rsc_protocol::routing::ring_channel(
                     &routing.shard_keys[s as usize],
                 ))

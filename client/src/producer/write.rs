@@ -62,8 +62,8 @@ pub(super) struct Writer<'a> {
     pub(super) lane: Option<&'a LaneIds>,
     /// The producer records' idle expiry (ms).
     pub(super) ttl_ms: u64,
-    /// Ring the shards' doorbells (not on a Redis Cluster, PROTOCOL §16).
-    pub(super) ring: bool,
+    /// A Redis Cluster: the doorbells are rung with `SPUBLISH` (PROTOCOL §16).
+    pub(super) cluster: bool,
     /// `WAIT` after the transaction: (replicas, timeout).
     pub(super) wait: Option<(u32, Duration)>,
 }
@@ -135,17 +135,17 @@ impl Writer<'_> {
             }
         }
         let tail = pipe.cmd("EVAL").arg(tail_body()).arg(keys.len()).arg(&keys);
-        tail.arg(self.ttl_ms).arg(parts.len());
+        tail.arg(self.ttl_ms)
+            .arg(parts.len())
+            .arg(rsc_protocol::routing::ring_command(self.cluster));
         if let Some(lane) = self.lane {
             for (_, idx) in parts {
                 tail.arg(idx.last().map_or(0, |&i| lane.seqs[i]));
             }
         }
-        if self.ring {
-            for (shard, _) in parts {
-                let shard_key = &self.routing.shard_keys[*shard as usize];
-                tail.arg(rsc_protocol::routing::ring_channel(shard_key));
-            }
+        for (shard, _) in parts {
+            let shard_key = &self.routing.shard_keys[*shard as usize];
+            tail.arg(rsc_protocol::routing::ring_channel(shard_key));
         }
         pipe.cmd("EXEC");
         if let Some((replicas, timeout)) = self.wait {

@@ -183,14 +183,14 @@ fn parse_range(reply: Value) -> redis::RedisResult<Vec<DeadLetter>> {
 
 /// Writes `entries` (all of shard `shard`, in order) with the producer's fenced write under
 /// routing epoch `epoch`: their new ids, or `None` when the shard's epoch marker refused the
-/// write (a reshard moved it: nothing was written). `ring`: ring the shard's doorbell
-/// (PROTOCOL §16; not on a Redis Cluster).
+/// write (a reshard moved it: nothing was written). The shard's doorbell is rung (PROTOCOL
+/// §16; `SPUBLISH` on a Redis Cluster, `cluster`).
 pub(crate) async fn write_shard(
     conn: &mut Conn,
     shard_key: &str,
     epoch: u64,
     entries: &[&Republish],
-    ring: bool,
+    cluster: bool,
 ) -> redis::RedisResult<Option<Vec<String>>> {
     use redis::aio::ConnectionLike;
     let marker = routing::epoch_key(shard_key);
@@ -208,11 +208,9 @@ pub(crate) async fn write_shard(
             pipe.arg(n).arg(v.as_slice());
         }
     }
-    if ring {
-        pipe.cmd("PUBLISH")
-            .arg(routing::ring_channel(shard_key))
-            .arg("");
-    }
+    pipe.cmd(routing::ring_command(cluster))
+        .arg(routing::ring_channel(shard_key))
+        .arg("");
     pipe.cmd("EXEC");
     let values = conn.req_packed_commands(&pipe, 0, pipe.len()).await?;
     read_exec(values, entries.len())

@@ -116,12 +116,12 @@ impl Coordinator {
         for &i in todo {
             by_shard.entry(placed[i].0).or_default().push(i);
         }
-        let ring = !conn.is_cluster();
+        let cluster = conn.is_cluster();
         let mut refused = Vec::new();
         for (shard, idx) in by_shard {
             let key = routing::shard_key(stream, shard);
             let batch: Vec<&Republish> = idx.iter().map(|&i| &found[i]).collect();
-            let Some(ids) = redrive::write_shard(conn, &key, epoch, &batch, ring)
+            let Some(ids) = redrive::write_shard(conn, &key, epoch, &batch, cluster)
                 .await
                 .map_err(data_redis)?
             else {
