@@ -76,10 +76,11 @@ pub struct ClientConfig {
     pub wake_channel: bool,
     /// Whether the shard workers of a consumer app share its connection to the data Redis
     /// and wait for new entries on the app's doorbell (default on): a process then holds two
-    /// connections to a standalone Redis (or the sentinels' master) however many shards it
-    /// owns, and an idle shard costs Redis no command. Off: each shard worker has its own
-    /// connection and waits in a blocked `XREADGROUP` (the behaviour of a Redis Cluster,
-    /// where this setting has no effect yet). ARCHITECTURE "Data plane".
+    /// connections to a standalone Redis (or the sentinels' master), two per node of a Redis
+    /// Cluster, however many shards it owns, and an idle shard costs Redis no command (a
+    /// strictly fenced shard on a cluster keeps a connection of its own). Off: each shard
+    /// worker has its own connection and waits in a blocked `XREADGROUP`. ARCHITECTURE
+    /// "Data plane".
     pub shared_reader: bool,
     /// How long a consumer app's data Redis may stay unreachable before its members give
     /// their shards back (they leave the group, so that members that can read take them at

@@ -11,6 +11,8 @@
 //! - [`LazyRedis::dedicated`] makes a [`NodeConn`], a connection of its own to the node that
 //!   serves one slot, for blocking reads and `WATCH`: it follows `MOVED` itself and numbers
 //!   its connections, so that a caller knows when a `WATCH` was lost with one.
+//! - [`cluster`]: for callers that address a cluster's nodes rather than keys: the slot map,
+//!   a command sent to one node, and a RESP3 connection for sharded pub/sub.
 //! - Behind Redis Sentinel ([`LazyRedis::open_sentinel`], [`sentinel`]) the master is looked
 //!   up through the sentinels; a connection to a master that died or was demoted
 //!   (`READONLY`) is dropped and the new master looked up on next use, and one watcher per

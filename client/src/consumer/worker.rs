@@ -12,10 +12,11 @@
 //! command goes on the app's shared connection and none blocks: a worker reads
 //! (`XREADGROUP … COUNT n STREAMS key >`, non-blocking) until the shard has nothing new, then
 //! waits on the app's [`super::doorbell`] (a ring from the producer, or the doorbell's
-//! fallback poll), so an idle shard costs Redis no command and no connection. Strict fencing
-//! keeps a connection of the worker's own for its `WATCH` (see [`super::fence`]). On a Redis
-//! Cluster the worker waits in `XREADGROUP … BLOCK` on its own connection to the shard's node
-//! (see [`crate::data::NodeConn`]).
+//! fallback poll), so an idle shard costs Redis no command and no connection; on a Redis
+//! Cluster the shared connection routes each read to the shard's node. Strict fencing's
+//! guarded reads take one of the app's guard connections for their `WATCH` (see
+//! [`super::fence`]); a strictly fenced shard on a Redis Cluster waits in `XREADGROUP …
+//! BLOCK` on its own connection to the shard's node instead (see [`crate::data::NodeConn`]).
 //!
 //! Entries go to the handler through the worker's [`dispatch`] (pure; unit- and
 //! property-tested): with `key_concurrency` 1 (the default) a shard is handled one call at a

@@ -13,9 +13,10 @@ pub(crate) const GUARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a worker's commands go.
 pub(crate) enum WorkerConn {
-    /// Standalone or Sentinel, with the [`crate::consumer::doorbell`]: every command on the
-    /// app's shared connection (none of them blocks); strict fencing's guarded reads (a
-    /// `WATCH` is connection state) on one of the app's few guard connections.
+    /// With the [`crate::consumer::doorbell`]: every command on the app's shared connection
+    /// (none of them blocks; on a Redis Cluster routed to the shard's node); strict
+    /// fencing's guarded reads (a `WATCH` is connection state) on one of the app's few guard
+    /// connections.
     Shared {
         /// The app's shared connection.
         shared: LazyRedis,
@@ -25,7 +26,8 @@ pub(crate) enum WorkerConn {
         /// worker last read (or started); see [`WorkerConn::master_left`].
         left: Option<u64>,
     },
-    /// Redis Cluster, or an app with `shared_reader(false)`: the worker's own connection to
+    /// A strictly fenced shard on a Redis Cluster, or an app with `shared_reader(false)`: the
+    /// worker's own connection to
     /// the node that serves the shard's slot, on which it waits in a blocked read
     /// (`response_timeout` above the `BLOCK`), and reads guarded under strict fencing.
     Dedicated {

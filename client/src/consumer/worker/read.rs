@@ -1,7 +1,7 @@
 //! The driver of the shard worker: the read loop around the pure [`super::dispatch`] —
 //! `XREADGROUP` (lease fencing) or the guarded transaction (strict fencing), the
 //! acknowledgements given since in the same round trip, recovery after a lost reply, the
-//! wait for new entries (the doorbell, or a blocked read on a cluster), the drained check and
+//! wait for new entries (the doorbell, or a blocked read on a connection of its own), the drained check and
 //! the lag gauge. The calls in flight run on beside every read and wait.
 
 use super::conn::{GUARD_TIMEOUT, WorkerConn};
