@@ -432,3 +432,78 @@ fn node_connections(cluster: &rsc_testkit::RedisCluster) -> Vec<redis::Connectio
         })
         .collect()
 }
+
+/// Strict fencing on a Redis Cluster: every read is a `WATCH`ed transaction on one of the
+/// app's guard connections of the shard's node (2 per node), so the pod's connections per
+/// node stay bounded too, and entries are handled once each. The coordinator reads the
+/// cluster as data Redis (it writes the owner tokens): the pod's connections are what
+/// disappears when it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_a_strictly_fenced_pod_holds_a_few_connections_per_node() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::start().expect("cluster");
+    let seeds = cluster.url();
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--sweep-interval-ms",
+        "20",
+        "--data-redis-url",
+        &seeds,
+        "--data-redis-cluster",
+    ])
+    .expect("coordinator starts");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let stack = Stack {
+        redis: rsc_testkit::RedisServer::start().expect("redis-server starts"),
+        coordinator,
+        api,
+    };
+    stack.create_group(GROUP, STREAM, SHARDS, 6000, 500).await;
+    assert_eq!(stack.group(GROUP).await["fencing"], "strict");
+    let mut pod = cluster_pod(&stack, &cluster, true).await;
+    let producer =
+        std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
+            .args(["--coordinator", &stack.coordinator.url()])
+            .args(["--redis-url", &seeds, "--redis-cluster"])
+            .args(["--stream", STREAM, "--count", "2000", "--keys", "500"])
+            .args(["--rate", "2000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("sample-producer starts");
+    finish_producer(producer, 2_000);
+    let handled = eventually_async("every entry handled", 60, || async {
+        let n = pod
+            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
+            .await?;
+        (n >= 2_000.0).then_some(n)
+    })
+    .await;
+    assert_eq!(handled, 2_000.0, "handled more than once");
+    let mut nodes = node_connections(&cluster);
+    let with_pod = node_clients(&mut nodes);
+    pod.kill9();
+    let without = eventually("the pod's connections to close", 30, || {
+        let c = node_clients(&mut nodes);
+        c.iter()
+            .zip(&with_pod)
+            .all(|(now, before)| now.0 < before.0)
+            .then_some(c)
+    })
+    .await;
+    let pods: Vec<usize> = with_pod
+        .iter()
+        .zip(&without)
+        .map(|(w, o)| w.0 - o.0)
+        .collect();
+    eprintln!(
+        "D1 strict on a 3-node cluster at {SHARDS} shards: {pods:?} connections of the pod per \
+         node ({without:?} of the coordinator)"
+    );
+    assert!(
+        pods.iter().all(|&n| n <= 4),
+        "a strictly fenced pod owning {SHARDS} shards holds {pods:?} connections per node"
+    );
+}

@@ -77,8 +77,8 @@ pub struct ClientConfig {
     /// Whether the shard workers of a consumer app share its connection to the data Redis
     /// and wait for new entries on the app's doorbell (default on): a process then holds two
     /// connections to a standalone Redis (or the sentinels' master), two per node of a Redis
-    /// Cluster, however many shards it owns, and an idle shard costs Redis no command (a
-    /// strictly fenced shard on a cluster keeps a connection of its own). Off: each shard
+    /// Cluster, however many shards it owns (with strict fencing two more, its guard
+    /// connections), and an idle shard costs Redis no command. Off: each shard
     /// worker has its own connection and waits in a blocked `XREADGROUP`. ARCHITECTURE
     /// "Data plane".
     pub shared_reader: bool,

@@ -13,7 +13,8 @@
 //!   plain `XREADGROUP` does.
 //! - **Where**: a `WATCH` is connection state, so a guarded read holds a connection for its
 //!   round trip: one of the app's few guard connections ([`GuardConns`], shared by every
-//!   strictly fenced shard of the process), or, on a Redis Cluster, the worker's own. Each
+//!   strictly fenced shard of the process; per master on a Redis Cluster), or, with
+//!   `shared_reader(false)`, the worker's own. Each
 //!   connection records which guard armed it last ([`ArmedBy`]); a guard whose `WATCH` is not
 //!   the last one armed there (another shard's read came in between, or the connection was
 //!   replaced) arms again before its transaction, so a transaction never runs unwatched.
@@ -22,6 +23,10 @@
 //!
 //! The owner key shares the shard key's cluster slot (hash tag), so each transaction or
 //! script touches one slot.
+
+mod guards;
+
+pub(crate) use guards::GuardConns;
 
 use super::reply::{OrderedClaim, OrderedId, OrderedRead};
 use crate::data::NodeConn;
@@ -242,91 +247,6 @@ impl Guard {
             Value::Array(items) => exec_read(items, acked).map(Some),
             other => Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
         }
-    }
-}
-
-/// The app's guard connections: a guarded read takes one for its round trip (the one it used
-/// last when free, so that its `WATCH` stays armed), at most [`GuardConns::SIZE`] for the
-/// whole process, whatever its number of strictly fenced shards. Made when first used.
-pub(crate) struct GuardConns {
-    redis: rsc_redis::LazyRedis,
-    slots: Vec<std::sync::Arc<tokio::sync::Mutex<GuardSlot>>>,
-    next: std::sync::atomic::AtomicUsize,
-}
-
-/// One guard connection and who armed it last.
-#[derive(Default)]
-pub(crate) struct GuardSlot {
-    conn: Option<NodeConn>,
-    armed_by: ArmedBy,
-}
-
-/// A guard connection taken for one read (given back when dropped).
-pub(crate) struct TakenGuardConn {
-    slot: tokio::sync::OwnedMutexGuard<GuardSlot>,
-    /// The slot's index.
-    pub(crate) index: usize,
-}
-
-impl GuardConns {
-    /// Connections per process (with the shared one and the doorbell's subscriber: 4).
-    pub(crate) const SIZE: usize = 2;
-
-    pub(crate) fn new(redis: rsc_redis::LazyRedis) -> Self {
-        GuardConns {
-            redis,
-            slots: (0..Self::SIZE).map(|_| std::sync::Arc::default()).collect(),
-            next: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// A connection: `prefer` if it is free, else any free one, else the next in turn once
-    /// it is free.
-    pub(crate) async fn take(&self, prefer: Option<usize>) -> TakenGuardConn {
-        let order = prefer
-            .into_iter()
-            .chain(0..self.slots.len())
-            .filter(|i| *i < self.slots.len());
-        for i in order {
-            if let Ok(slot) = self.slots[i].clone().try_lock_owned() {
-                return TakenGuardConn { slot, index: i };
-            }
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        TakenGuardConn {
-            slot: self.slots[i].clone().lock_owned().await,
-            index: i,
-        }
-    }
-
-    /// A guarded read on a guard connection. The connection and its [`ArmedBy`] are taken out
-    /// of the slot for the round trip and put back only when it completes: a read cancelled
-    /// midway (the worker stopped) leaves no connection in an unknown state behind.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn read(
-        &self,
-        guard: &mut Guard,
-        origin: &Origin,
-        token: &str,
-        acks: &[String],
-        from: &str,
-        count: usize,
-        timeout: std::time::Duration,
-    ) -> Result<Read, RedisError> {
-        let mut taken = self.take(guard.slot).await;
-        guard.slot = Some(taken.index);
-        let slot = &mut *taken.slot;
-        let mut conn = slot
-            .conn
-            .take()
-            .unwrap_or_else(|| self.redis.dedicated(timeout));
-        let mut armed_by = slot.armed_by.take();
-        let r = guard
-            .read(&mut conn, &mut armed_by, origin, token, acks, from, count)
-            .await;
-        slot.conn = Some(conn);
-        slot.armed_by = armed_by;
-        r
     }
 }
 

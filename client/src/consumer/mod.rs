@@ -6,7 +6,7 @@
 //!   leaves on shutdown.
 //! - [`worker`]: one task per owned shard: `XGROUP CREATE … MKSTREAM`, `XAUTOCLAIM` of the
 //!   previous owner's pending entries, then `XREADGROUP` on the app's shared connection
-//!   (own connections for strictly fenced shards on a cluster); retries, dead letters, acknowledgements.
+//!   (own connections with `shared_reader(false)`); retries, dead letters, acknowledgements.
 //! - [`doorbell`]: wakes the workers of shards with new entries (producers' rings, a
 //!   fallback poll), one subscriber connection per app.
 //! - [`heartbeats`]: the heartbeat path shared by the members of one app: batched on
@@ -51,7 +51,7 @@ pub(crate) struct MemberShared {
     /// Static membership: the member leaves with -2 (its shards wait for its return).
     pub(crate) static_member: bool,
     pub(crate) listener: Listener,
-    /// The data Redis (strictly fenced workers on a cluster open their own connections to it).
+    /// The data Redis (workers of the per-shard reader open their own connections to it).
     pub(crate) redis: LazyRedis,
     /// The app's doorbell on the data Redis (`None` when the app reads with a connection per
     /// shard).

@@ -15,8 +15,8 @@
 //! fallback poll), so an idle shard costs Redis no command and no connection; on a Redis
 //! Cluster the shared connection routes each read to the shard's node. Strict fencing's
 //! guarded reads take one of the app's guard connections for their `WATCH` (see
-//! [`super::fence`]); a strictly fenced shard on a Redis Cluster waits in `XREADGROUP …
-//! BLOCK` on its own connection to the shard's node instead (see [`crate::data::NodeConn`]).
+//! [`super::fence`]). With `shared_reader(false)` the worker waits in `XREADGROUP … BLOCK` on
+//! its own connection to the shard's node instead (see [`crate::data::NodeConn`]).
 //!
 //! Entries go to the handler through the worker's [`dispatch`] (pure; unit- and
 //! property-tested): with `key_concurrency` 1 (the default) a shard is handled one call at a
@@ -140,8 +140,8 @@ pub(crate) struct ShardWorker {
     pending_from: Option<String>,
     /// Ordered resharding: held entries and seals.
     order: OrderState,
-    /// The shard's registration with the app's doorbell (`None`: the per-shard reader, or a
-    /// strictly fenced shard on a Redis Cluster, where the worker waits in a blocked read).
+    /// The shard's registration with the app's doorbell (`None`: the per-shard reader, where
+    /// the worker waits in a blocked read).
     bell: Option<super::doorbell::Bell>,
     /// Where the worker is in the shard, for the doorbell's poll.
     cursor: cursor::Cursor,
@@ -168,13 +168,7 @@ impl ShardWorker {
         });
         let lag = super::WorkerMetrics::lag(&shared.group, &shared.stream, shard);
         let order = OrderState::new(&shared.group, &shared.stream, shard);
-        // On a Redis Cluster a strictly fenced shard keeps a connection of its own to its
-        // node for its guarded reads (a `WATCH` is connection state and the app's guard
-        // connections serve one node each time), and waits there in a blocked read.
-        let own_node = shared.redis.is_cluster() && flags.token().is_some();
-        let bell = (!own_node)
-            .then(|| shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key)))
-            .flatten();
+        let bell = shared.doorbell.as_ref().map(|d| d.bell(&origin.shard_key));
         let labels = [
             ("group", shared.group.clone()),
             ("stream", shared.stream.clone()),

@@ -26,8 +26,7 @@ pub(crate) enum WorkerConn {
         /// worker last read (or started); see [`WorkerConn::master_left`].
         left: Option<u64>,
     },
-    /// A strictly fenced shard on a Redis Cluster, or an app with `shared_reader(false)`: the
-    /// worker's own connection to
+    /// An app with `shared_reader(false)`: the worker's own connection to
     /// the node that serves the shard's slot, on which it waits in a blocked read
     /// (`response_timeout` above the `BLOCK`), and reads guarded under strict fencing.
     Dedicated {
