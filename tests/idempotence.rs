@@ -524,3 +524,143 @@ async fn a_user_without_scripting_gets_an_error_and_nothing_written() {
         assert_eq!(pods::xlen(&mut con, &shard_key(STREAM, s)), 0);
     }
 }
+
+/// `XLEN` of each of the stream's shards.
+fn xlens<C: redis::ConnectionLike>(con: &mut C, stream: &str, shards: u32) -> Vec<u64> {
+    (0..shards)
+        .map(|s| {
+            redis::cmd("XLEN")
+                .arg(shard_key(stream, s))
+                .query(con)
+                .expect("XLEN")
+        })
+        .collect()
+}
+
+/// With a list at `bad` (a marker or a producer record of the wrong type: the check fails at
+/// run time), publishing `records` fails with the check's error naming `bad`, nothing is
+/// written on any shard, `bad` is left as it was and no abort key holds a value; once `bad`
+/// is gone the same records are published.
+async fn a_wrong_type_fails_the_publish<C: redis::ConnectionLike>(
+    p: &Producer,
+    con: &mut C,
+    (stream, shards): (&str, u32),
+    bad: &str,
+    records: Vec<Record>,
+) {
+    let n = records.len() as u64;
+    let _: () = redis::cmd("DEL").arg(bad).query(con).expect("DEL");
+    let _: () = redis::cmd("RPUSH")
+        .arg(bad)
+        .arg("x")
+        .query(con)
+        .expect("RPUSH");
+    let before = xlens(con, stream, shards);
+    let err = (p.publish_batch(stream, records.clone()).await).expect_err("the check failed");
+    let msg = err.to_string();
+    assert!(msg.contains("WRONGTYPE") && msg.contains(bad), "{msg}");
+    assert_eq!(xlens(con, stream, shards), before, "nothing written: {msg}");
+    let kept: Vec<String> = (redis::cmd("LRANGE").arg(bad).arg(0).arg(-1))
+        .query(con)
+        .expect("LRANGE");
+    assert_eq!(kept, ["x"], "{bad} is left as it was");
+    for s in 0..shards {
+        let abort = rsc_protocol::routing::publish_abort_key(&shard_key(stream, s));
+        let exists: u64 = redis::cmd("EXISTS").arg(&abort).query(con).expect("EXISTS");
+        assert_eq!(exists, 0, "{abort} holds nothing");
+    }
+    let _: () = redis::cmd("DEL").arg(bad).query(con).expect("DEL");
+    p.publish_batch(stream, records).await.expect("published");
+    let after: u64 = xlens(con, stream, shards).iter().sum();
+    assert_eq!(after, before.iter().sum::<u64>() + n);
+}
+
+/// A check that fails at run time — an epoch marker, then a producer record, holding a value
+/// of the wrong type — fails the publish with its error and writes nothing: the check aborts
+/// the transaction before the `XADD`s run (fail closed, PROTOCOL §15). The bad key is on the
+/// batch's second shard, so the check fails after the first shard passed, and the abort key
+/// is the first shard's.
+#[tokio::test]
+async fn a_check_that_fails_writes_nothing() {
+    const STREAM: &str = "idem-wrongtype";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let mut con = stack.redis();
+    let on = |r: std::ops::Range<u64>, s: u32| {
+        r.into_iter()
+            .any(|i| shard_for_key(format!("k{}", i % 37).as_bytes(), 2) == s)
+    };
+    assert!(
+        on(10..20, 0) && on(10..20, 1),
+        "the batch writes both shards"
+    );
+    let shard1 = shard_key(STREAM, 1);
+    let marker = rsc_protocol::routing::epoch_key(&shard1);
+    for idempotent in [true, false] {
+        let p = producer(&stack, stack.redis.url(), idempotent);
+        p.publish_batch(STREAM, batch(0..10))
+            .await
+            .expect("warm-up");
+        a_wrong_type_fails_the_publish(&p, &mut con, (STREAM, 2), &marker, batch(10..20)).await;
+    }
+    let p = producer(&stack, stack.redis.url(), true);
+    p.publish_batch(STREAM, batch(0..10))
+        .await
+        .expect("warm-up");
+    let id = (entries(&stack, STREAM, 2).into_iter())
+        .filter_map(|(_, _, f)| f.get("producer_id").cloned())
+        .last()
+        .expect("an idempotent entry");
+    let record = rsc_protocol::routing::producer_key(&shard1, &id);
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(&record)
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(exists, 1, "the producer record {record} exists");
+    a_wrong_type_fails_the_publish(&p, &mut con, (STREAM, 2), &record, batch(10..20)).await;
+}
+
+/// The same on a Redis Cluster (one transaction per shard, its abort key in its slot): a
+/// marker of the wrong type fails the publish to its shard and writes nothing there.
+#[tokio::test]
+async fn a_check_that_fails_writes_nothing_on_a_redis_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &cluster.url(),
+        "--data-redis-cluster",
+    ])
+    .expect("coordinator starts");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let stream = format!("iw{}", std::process::id());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g-iw", "stream": stream, "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let p = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(cluster.urls().join(","))
+        .redis_cluster(true)
+        .build()
+        .expect("producer");
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .and_then(|c| c.get_connection())
+        .expect("cluster connection");
+    // Records of shard 1 only: the other shard's transaction is not the one that fails.
+    let on1: Vec<Record> = (0..40)
+        .filter(|i| shard_for_key(format!("k{i}").as_bytes(), 2) == 1)
+        .map(|i| Record::raw(format!("m{i}")).key(format!("k{i}")))
+        .collect();
+    assert!(!on1.is_empty());
+    p.publish_batch(&stream, on1.clone())
+        .await
+        .expect("warm-up");
+    let marker = rsc_protocol::routing::epoch_key(&shard_key(&stream, 1));
+    a_wrong_type_fails_the_publish(&p, &mut con, (&stream, 2), &marker, on1).await;
+}
