@@ -3,7 +3,9 @@
 //! between the producer and Redis a TCP proxy of the test that forwards requests and, when
 //! armed, drops the reply of the next request (at once, after holding it past the response
 //! timeout, or once the test releases it). The checker reads every shard: duplicates by
-//! `(producer_id, producer_seq)` and records lost or written twice by their number.
+//! `(producer_id, producer_seq)` and records lost or written twice by their number. Also: a
+//! check that fails at run time writes nothing (standalone and Redis Cluster), and a master
+//! killed behind Redis Sentinel neither duplicates nor loses a confirmed record.
 
 use crate::pods::{self, SERIAL, Stack, eventually};
 use rsc_client::producer::{Producer, Published, Record};
@@ -128,20 +130,23 @@ async fn pump(client: TcpStream, server: TcpStream, state: PumpState) {
     up.abort();
 }
 
-/// Every entry of the stream's `shards` shards: (shard, entry id, fields).
-fn entries(
-    stack: &Stack,
-    stream: &str,
-    shards: u32,
-) -> Vec<(u32, String, HashMap<String, String>)> {
-    let mut con = stack.redis();
+/// One entry: (shard, entry id, fields).
+type Entry = (u32, String, HashMap<String, String>);
+
+/// Every entry of the stream's `shards` shards.
+fn entries(stack: &Stack, stream: &str, shards: u32) -> Vec<Entry> {
+    entries_on(&mut stack.redis(), stream, shards)
+}
+
+/// Every entry of the stream's `shards` shards, read on `con`.
+fn entries_on(con: &mut redis::Connection, stream: &str, shards: u32) -> Vec<Entry> {
     let mut out = Vec::new();
     for s in 0..shards {
         let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
             .arg(shard_key(stream, s))
             .arg("-")
             .arg("+")
-            .query(&mut con)
+            .query(con)
             .expect("XRANGE");
         for e in reply.ids {
             let map = (e.map.iter())
@@ -523,4 +528,310 @@ async fn a_user_without_scripting_gets_an_error_and_nothing_written() {
     for s in 0..2 {
         assert_eq!(pods::xlen(&mut con, &shard_key(STREAM, s)), 0);
     }
+}
+
+/// `XLEN` of each of the stream's shards.
+fn xlens<C: redis::ConnectionLike>(con: &mut C, stream: &str, shards: u32) -> Vec<u64> {
+    (0..shards)
+        .map(|s| {
+            redis::cmd("XLEN")
+                .arg(shard_key(stream, s))
+                .query(con)
+                .expect("XLEN")
+        })
+        .collect()
+}
+
+/// With a list at `bad` (a marker or a producer record of the wrong type: the check fails at
+/// run time), publishing `records` fails with the check's error naming `bad`, nothing is
+/// written on any shard, `bad` is left as it was and no abort key holds a value; once `bad`
+/// is gone the same records are published.
+async fn a_wrong_type_fails_the_publish<C: redis::ConnectionLike>(
+    p: &Producer,
+    con: &mut C,
+    (stream, shards): (&str, u32),
+    bad: &str,
+    records: Vec<Record>,
+) {
+    let n = records.len() as u64;
+    let _: () = redis::cmd("DEL").arg(bad).query(con).expect("DEL");
+    let _: () = redis::cmd("RPUSH")
+        .arg(bad)
+        .arg("x")
+        .query(con)
+        .expect("RPUSH");
+    let before = xlens(con, stream, shards);
+    let err = (p.publish_batch(stream, records.clone()).await).expect_err("the check failed");
+    let msg = err.to_string();
+    assert!(msg.contains("WRONGTYPE") && msg.contains(bad), "{msg}");
+    assert_eq!(xlens(con, stream, shards), before, "nothing written: {msg}");
+    let kept: Vec<String> = (redis::cmd("LRANGE").arg(bad).arg(0).arg(-1))
+        .query(con)
+        .expect("LRANGE");
+    assert_eq!(kept, ["x"], "{bad} is left as it was");
+    for s in 0..shards {
+        let abort = rsc_protocol::routing::publish_abort_key(&shard_key(stream, s));
+        let exists: u64 = redis::cmd("EXISTS").arg(&abort).query(con).expect("EXISTS");
+        assert_eq!(exists, 0, "{abort} holds nothing");
+    }
+    let _: () = redis::cmd("DEL").arg(bad).query(con).expect("DEL");
+    p.publish_batch(stream, records).await.expect("published");
+    let after: u64 = xlens(con, stream, shards).iter().sum();
+    assert_eq!(after, before.iter().sum::<u64>() + n);
+}
+
+/// A check that fails at run time — an epoch marker, then a producer record, holding a value
+/// of the wrong type — fails the publish with its error and writes nothing: the check aborts
+/// the transaction before the `XADD`s run (fail closed, PROTOCOL §15). The bad key is on the
+/// batch's second shard, so the check fails after the first shard passed, and the abort key
+/// is the first shard's.
+#[tokio::test]
+async fn a_check_that_fails_writes_nothing() {
+    const STREAM: &str = "idem-wrongtype";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let mut con = stack.redis();
+    let on = |r: std::ops::Range<u64>, s: u32| {
+        r.into_iter()
+            .any(|i| shard_for_key(format!("k{}", i % 37).as_bytes(), 2) == s)
+    };
+    assert!(
+        on(10..20, 0) && on(10..20, 1),
+        "the batch writes both shards"
+    );
+    let shard1 = shard_key(STREAM, 1);
+    let marker = rsc_protocol::routing::epoch_key(&shard1);
+    for idempotent in [true, false] {
+        let p = producer(&stack, stack.redis.url(), idempotent);
+        p.publish_batch(STREAM, batch(0..10))
+            .await
+            .expect("warm-up");
+        a_wrong_type_fails_the_publish(&p, &mut con, (STREAM, 2), &marker, batch(10..20)).await;
+    }
+    let p = producer(&stack, stack.redis.url(), true);
+    let at = (p.publish_batch(STREAM, batch(0..10)).await).expect("warm-up");
+    let id = (entries(&stack, STREAM, 2).into_iter())
+        .find(|(s, id, _)| (*s, id) == (at[0].shard, &at[0].id))
+        .and_then(|(_, _, f)| f.get("producer_id").cloned())
+        .expect("the producer's entry");
+    let record = rsc_protocol::routing::producer_key(&shard1, &id);
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(&record)
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(exists, 1, "the producer record {record} exists");
+    a_wrong_type_fails_the_publish(&p, &mut con, (STREAM, 2), &record, batch(10..20)).await;
+}
+
+/// The same on a Redis Cluster (one transaction per shard, its abort key in its slot): a
+/// marker of the wrong type fails the publish to its shard and writes nothing there.
+#[tokio::test]
+async fn a_check_that_fails_writes_nothing_on_a_redis_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &cluster.url(),
+        "--data-redis-cluster",
+    ])
+    .expect("coordinator starts");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let stream = format!("iw{}", std::process::id());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            json!({"group": "g-iw", "stream": stream, "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let p = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(cluster.urls().join(","))
+        .redis_cluster(true)
+        .build()
+        .expect("producer");
+    let mut con = redis::cluster::ClusterClient::new(cluster.urls())
+        .and_then(|c| c.get_connection())
+        .expect("cluster connection");
+    // Records of shard 1 only: the other shard's transaction is not the one that fails.
+    let on1: Vec<Record> = (0..40)
+        .filter(|i| shard_for_key(format!("k{i}").as_bytes(), 2) == 1)
+        .map(|i| Record::raw(format!("m{i}")).key(format!("k{i}")))
+        .collect();
+    assert!(!on1.is_empty());
+    p.publish_batch(&stream, on1.clone())
+        .await
+        .expect("warm-up");
+    let marker = rsc_protocol::routing::epoch_key(&shard_key(&stream, 1));
+    a_wrong_type_fails_the_publish(&p, &mut con, (&stream, 2), &marker, on1).await;
+}
+
+/// What became of one publish of [`a_sentinel_failover_neither_duplicates_nor_loses`]: its
+/// batch number and where its records went, or its error.
+type Outcome = (u64, Result<Vec<Published>, String>);
+
+/// Sentinel failover (PROTOCOL §21, "Across a failover"): an idempotent producer behind Redis
+/// Sentinel, waiting for one replica (`WAIT 1`), publishes batches of 10 records numbered
+/// in a loop (field `n`); the only replica is paused (SIGSTOP) so that the publish in flight
+/// has its transaction sent to the replica but not confirmed, the master is killed (SIGKILL)
+/// and the replica resumed: it reads what the master sent (the entries and the producer
+/// records) and is promoted. The publish in flight is sent again to the new master, where
+/// its records are found written (their entry ids are from before the kill) and not written
+/// again; it returns success, with those ids, once a fresh replica confirms. The checker reads every shard on the final master: no two entries
+/// share a `(producer_id, producer_seq)` or a number, and every record of a publish that
+/// returned success is there (`WAIT 1` with one replica: the promoted server had each of
+/// them). A publish that returned an error (none is expected here) may be missing; it must
+/// not be duplicated either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_neither_duplicates_nor_loses() {
+    use rsc_testkit::{SENTINEL_MASTER, SentinelDeployment, Signal, signal};
+    const STREAM: &str = "idem-sentinel";
+    const SHARDS: u32 = 3;
+    let _serial = SERIAL.lock().await;
+    let mut deployment = SentinelDeployment::start(1, 3).expect("sentinel deployment starts");
+    let coordinator =
+        rsc_testkit::CoordinatorProcess::start(&["--store", "memory"]).expect("coordinator");
+    let api = rsc_e2e::Api::new(coordinator.url());
+    let (s, body) = (api.post(
+        "/v1/groups",
+        json!({"group": "g-sentinel", "stream": STREAM,
+        "shard_count": SHARDS}),
+    ))
+    .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    let p = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_sentinel(deployment.sentinel_addrs(), SENTINEL_MASTER)
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .retry_budget(Duration::from_secs(60))
+        .build()
+        .expect("producer");
+    let (old, replica) = (deployment.servers[0].port(), deployment.servers[1].port());
+    assert_eq!(deployment.master_port(), Some(old));
+    let ok = Arc::new(AtomicU64::new(0));
+    let current = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishing = {
+        let (ok, current, stop) = (ok.clone(), current.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut out: Vec<Outcome> = Vec::new();
+            for b in 0u64.. {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                current.store(b, Ordering::SeqCst);
+                let r = p.publish_batch(STREAM, batch(b * 10..b * 10 + 10)).await;
+                if r.is_ok() {
+                    ok.fetch_add(1, Ordering::SeqCst);
+                }
+                out.push((b, r.map_err(|e| format!("{e:#}"))));
+            }
+            out
+        })
+    };
+    eventually("20 publishes confirmed", 20, || {
+        (ok.load(Ordering::SeqCst) >= 20).then_some(())
+    })
+    .await;
+    let replica_pid = deployment.servers[1].pid().expect("the replica runs");
+    signal(replica_pid, Signal::SIGSTOP).expect("pause the replica");
+    // The publish in flight waits for the paused replica (`WAIT`): its transaction ran and
+    // was sent to the replica's socket, unconfirmed.
+    eventually("a publish waits for the paused replica", 10, || {
+        let info = deployment.servers[0].command("INFO clients").ok()?;
+        info.contains("blocked_clients:1").then_some(())
+    })
+    .await;
+    let in_flight = current.load(Ordering::SeqCst);
+    let ok_at_kill = ok.load(Ordering::SeqCst);
+    let kill_ms = pods::now_ms();
+    deployment.servers[0].kill();
+    signal(replica_pid, Signal::SIGCONT).expect("resume the replica");
+    // The first sentinel that answers may lag the leader by a couple of seconds.
+    eventually("the sentinels name the replica as master", 30, || {
+        (deployment.master_port() == Some(replica)).then_some(())
+    })
+    .await;
+    let fresh = rsc_testkit::RedisServer::start().expect("a new replica");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(replica)
+        .query(&mut redis_on(fresh.port()))
+        .expect("REPLICAOF");
+    eventually("20 more publishes confirmed after the failover", 60, || {
+        (ok.load(Ordering::SeqCst) >= ok_at_kill + 20).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let outcomes = publishing.await.expect("publishing task");
+    let failed: Vec<(u64, &String)> = (outcomes.iter())
+        .filter_map(|(b, r)| Some((*b, r.as_ref().err()?)))
+        .collect();
+    let (b, r) = &outcomes[in_flight as usize];
+    assert_eq!(*b, in_flight);
+    let at = r
+        .as_ref()
+        .expect("the publish in flight at the kill succeeds");
+
+    let mut master = redis_on(replica);
+    let role: redis::Value = redis::cmd("ROLE").query(&mut master).expect("ROLE");
+    assert!(format!("{role:?}").contains("master"), "{role:?}");
+    let all = entries_on(&mut master, STREAM, SHARDS);
+    let mut pairs: HashMap<(String, String), usize> = HashMap::new();
+    let mut numbers: HashMap<u64, usize> = HashMap::new();
+    for (_, _, f) in &all {
+        let pair = (
+            f.get("producer_id").cloned(),
+            f.get("producer_seq").cloned(),
+        );
+        let (Some(id), Some(seq)) = pair else {
+            panic!("an entry without producer fields: {f:?}")
+        };
+        *pairs.entry((id, seq)).or_default() += 1;
+        let n = f.get("n").and_then(|v| v.parse().ok()).expect("numbered");
+        *numbers.entry(n).or_default() += 1;
+    }
+    let duplicates: usize = pairs.values().map(|&c| c - 1).sum();
+    let twice = numbers.values().filter(|&&c| c > 1).count();
+    let confirmed = outcomes.iter().filter(|(_, r)| r.is_ok());
+    let lost: Vec<u64> = (confirmed.flat_map(|(b, _)| b * 10..b * 10 + 10))
+        .filter(|n| !numbers.contains_key(n))
+        .collect();
+    println!(
+        "Sentinel failover: {} publishes ({} failed: {failed:?}), in flight at the kill: \
+         #{in_flight}; {} entries on the new master, {duplicates} duplicates, {} confirmed \
+         records lost",
+        outcomes.len(),
+        failed.len(),
+        all.len(),
+        lost.len()
+    );
+    assert_eq!((duplicates, twice), (0, 0), "nothing written twice");
+    assert!(lost.is_empty(), "confirmed records lost: {lost:?}");
+    // Its records were replicated before the kill, not written again by the new master.
+    let by_n: HashMap<u64, (u32, String)> = (all.into_iter())
+        .filter_map(|(s, id, f)| Some((f.get("n")?.parse().ok()?, (s, id))))
+        .collect();
+    for (k, p) in at.iter().enumerate() {
+        let n = in_flight * 10 + k as u64;
+        assert_eq!(by_n.get(&n), Some(&(p.shard, p.id.clone())), "record {n}");
+        let ms: u64 =
+            p.id.split('-')
+                .next()
+                .and_then(|t| t.parse().ok())
+                .expect("id");
+        assert!(
+            ms <= kill_ms,
+            "record {n} ({}) written before the kill",
+            p.id
+        );
+    }
+}
+
+fn redis_on(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("redis connection")
 }

@@ -94,9 +94,9 @@ pub fn seals_key(shard_key: &str) -> String {
 pub const EPOCH_CHECK_LUA: &str = include_str!("lua/epoch_check.lua");
 
 /// The check of a producer's write (PROTOCOL §15, §21): sent between `WATCH <markers>
-/// [<records>]` and `MULTI`, it finds the records an earlier attempt of an idempotent
-/// producer wrote and the epoch refusal, and aborts the transaction when either applies (see
-/// the script's header).
+/// [<records>] <abort key>` and `MULTI`, it finds the records an earlier attempt of an
+/// idempotent producer wrote and the epoch refusal, and aborts the transaction when either
+/// applies, or when it fails (answering its error; see the script's header).
 pub const PUBLISH_CHECK_LUA: &str = include_str!("lua/publish_check.lua");
 
 /// The end of a producer's write, queued inside its `MULTI` after the `XADD`s: updates the
@@ -114,6 +114,13 @@ pub const PUBLISH_LANDED_LUA: &str = include_str!("lua/publish_landed.lua");
 /// its expiry, less that time, is the time of its last write).
 pub fn producer_key(shard_key: &str, producer_id: &str) -> String {
     format!("{{{shard_key}}}:producer:{producer_id}")
+}
+
+/// The abort key of a producer's write (PROTOCOL §15): `{<shard key>}:publish-abort`, in the
+/// slot of the transaction's first shard. It never holds a value: the write `WATCH`es it, and
+/// the check sets and deletes it when it fails, which aborts the transaction (fail closed).
+pub fn publish_abort_key(shard_key: &str) -> String {
+    format!("{{{shard_key}}}:publish-abort")
 }
 
 /// The script measuring how far a group is from a seal on one shard: `{undelivered,
@@ -197,6 +204,7 @@ mod tests {
         assert_eq!(owner_key("orders:3", "billing"), "{orders:3}:owner:billing");
         assert_eq!(epoch_key("orders:3"), "{orders:3}:epoch");
         assert_eq!(seals_key("orders:3"), "{orders:3}:seals");
+        assert_eq!(publish_abort_key("orders:3"), "{orders:3}:publish-abort");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The producer's guarded write (PROTOCOL §15, §21): one transaction per batch on a standalone
 //! Redis, one per shard on a Redis Cluster, each sent as one pipeline
-//! `WATCH <markers> [<records>]; EVAL <check> …; MULTI; XADD …; EVAL <tail> …; EXEC [; WAIT]`.
+//! `WATCH <markers> [<records>] <abort>; EVAL <check> …; MULTI; XADD …; EVAL <tail> …; EXEC
+//! [; WAIT]`.
 //!
 //! The check, before `MULTI`, refuses a stale routing epoch and finds the records that an
 //! earlier attempt of an idempotent producer wrote; in either case it touches a watched key,
@@ -11,6 +12,12 @@
 //! is refused at queueing time (and the whole transaction with it, `EXECABORT`) wherever an
 //! ACL refuses the check, so a write never runs unchecked. `EVAL` rather than `EVALSHA` for
 //! both: a `NOSCRIPT` of the check would let the transaction run unchecked.
+//!
+//! Fail closed: the check runs under `pcall`; on any error (a marker or producer record of
+//! the wrong type, a write refused inside it, a Lua error) it sets and deletes the abort key
+//! `{<first shard key>}:publish-abort` (watched, in the transaction's slot, never holding a
+//! value; no user key is written), which aborts the transaction, and answers the error
+//! naming the key: the publish fails with it and nothing is written ([`read`]).
 //!
 //! Races: the markers are watched, so a reshard between the check and the `EXEC` aborts the
 //! transaction; so is the producer record of an idempotent write, so two attempts of one
@@ -70,7 +77,8 @@ pub(super) struct Writer<'a> {
 
 impl Writer<'_> {
     /// The keys of the check and the tail over `parts`: the markers, then, for an idempotent
-    /// producer, the producer records.
+    /// producer, the producer records, then the abort key in the first shard's slot (one
+    /// transaction has all its keys in one slot on a Redis Cluster).
     fn keys(&self, parts: &[Part]) -> Vec<String> {
         let shard_key = |s: u32| &self.routing.shard_keys[s as usize];
         let mut keys: Vec<String> = (parts.iter())
@@ -81,6 +89,9 @@ impl Writer<'_> {
                 (parts.iter())
                     .map(|(s, _)| rsc_protocol::routing::producer_key(shard_key(*s), &lane.id)),
             );
+        }
+        if let Some((s, _)) = parts.first() {
+            keys.push(rsc_protocol::routing::publish_abort_key(shard_key(*s)));
         }
         keys
     }
@@ -159,8 +170,9 @@ impl Writer<'_> {
 
 /// Reads the replies of [`Writer::pipeline`] over `parts`: `OK, <check>, OK, QUEUED × (n + 1),
 /// <EXEC> [, <WAIT>]`. Each part's answer, and how many replicas confirmed (`u32::MAX`
-/// without `WAIT`). A server error anywhere fails the write: the check's first (an ACL
-/// refusal names itself there), else the first of the `WATCH`, the queueing or the `EXEC`.
+/// without `WAIT`). A server error anywhere fails the write: the check's first (its own
+/// failure, which aborted the transaction; an ACL refusal names itself there), else the first
+/// of the `WATCH`, the queueing or the `EXEC`.
 pub(super) fn read(
     mut values: Vec<Value>,
     parts: &[Part],
@@ -180,8 +192,12 @@ pub(super) fn read(
     }
     let exec = values.pop().unwrap_or(Value::Nil);
     if let Value::ServerError(e) = &values[1] {
+        // A check that ran and failed aborted the transaction (`EXEC` nil); one refused before
+        // it ran (ACL, `BUSY`, `LOADING`) has its `XADD`s refused too (`EXECABORT`). Only a
+        // refusal whose cause ended between the check and the `XADD`s (a busy script that
+        // finished, a load that completed, within one pipeline) lets them run: still an error.
         if matches!(exec, Value::Array(_)) {
-            warn!(error = ?e, "the publish check failed but the XADDs ran: written unchecked");
+            warn!(error = ?e, "the publish check was refused before it ran, the XADDs ran: written unchecked");
         }
         return Err(e.clone().into());
     }
@@ -382,6 +398,57 @@ mod tests {
         v.push(redis::parse_redis_value(b"-EXECABORT discarded\r\n").expect("parse"));
         let err = read(v, &parts(), false).expect_err("refused");
         assert_eq!(err.code(), Some("NOPERM"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_check_is_the_error_and_its_abort_writes_nothing() {
+        let failed = redis::parse_redis_value(
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value \
+              (publish check, key {s:0}:epoch: nothing written)\r\n",
+        )
+        .expect("parse");
+        let mut v = vec![ok(), failed, ok()];
+        v.extend(queued(4));
+        v.push(Value::Nil);
+        let err = read(v, &parts(), false).expect_err("failed check");
+        assert_eq!(err.code(), Some("WRONGTYPE"), "{err}");
+        assert!(err.to_string().contains("{s:0}:epoch"), "{err}");
+    }
+
+    #[test]
+    fn the_keys_end_with_the_abort_key_of_the_first_shard() {
+        let routing = Routing {
+            stream: "s".into(),
+            shard_count: 2,
+            routing_epoch: 1,
+            shard_keys: vec!["s:0".into(), "s:1".into()],
+        };
+        let lane = LaneIds {
+            id: "p".into(),
+            seqs: vec![1, 2, 3],
+        };
+        let mut w = Writer {
+            routing: &routing,
+            records: &[],
+            lane: Some(&lane),
+            ttl_ms: 1,
+            cluster: false,
+            wait: None,
+        };
+        let idem = [
+            "{s:0}:epoch",
+            "{s:1}:epoch",
+            "{s:0}:producer:p",
+            "{s:1}:producer:p",
+        ];
+        let mut want: Vec<&str> = idem.to_vec();
+        want.push("{s:0}:publish-abort");
+        assert_eq!(w.keys(&parts()), want);
+        w.lane = None;
+        assert_eq!(
+            w.keys(&parts()[1..]),
+            ["{s:1}:epoch", "{s:1}:publish-abort"]
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 -- The check of a producer's write (PROTOCOL §15 fence, §21 idempotence), sent in one pipeline:
--- WATCH <markers> [<records>]; EVAL <this>; MULTI; XADD …; EVAL <publish_tail.lua>; EXEC.
+-- WATCH <markers> [<records>] <abort>; EVAL <this>; MULTI; XADD …; EVAL <publish_tail.lua>; EXEC.
 -- KEYS: the epoch markers {<shard key>}:epoch of the k shards written; for an idempotent
--- producer then their producer records {<shard key>}:producer:<id>, in the same order (2k
--- keys). A record holds s = the highest sequence the id wrote to the shard.
+-- producer then their producer records {<shard key>}:producer:<id>, in the same order; last
+-- the abort key {<first shard key>}:publish-abort, which never holds a value (k + 1 or
+-- 2k + 1 keys). A record holds s = the highest sequence the id wrote to the shard.
 -- ARGV[1]: the producer's routing epoch; ARGV[2]: the producer id ('' none); idempotent only,
 -- then per shard the lowest sequence of its records.
 -- Returns nil when the transaction may run (it still aborts if a watched key changes before
@@ -13,27 +14,42 @@
 -- publish_landed.lua), else -1.
 -- Duplicates and the marker are both reported: a retry of a landed write is recognised even
 -- after a reshard moved the marker.
+-- Fails closed: on any error (a key of the wrong type, a refused write, a Lua error) it sets
+-- and deletes the abort key (both invalidate the WATCH, nothing is left; no user key is
+-- written) and answers the error, naming the key it was reading: nothing is written.
 local idem = ARGV[2] ~= ''
-local k = idem and #KEYS / 2 or #KEYS
-local out, abort = {}, false
-for j = 1, k do
-  local m = redis.call('GET', KEYS[j])
-  local refused = 0
-  if m and m ~= ARGV[1] then
-    refused = tonumber(m) or 1
-    redis.call('SET', KEYS[j], m, 'KEEPTTL')
-    abort = true
-  end
-  local hw = -1
-  if idem then
-    local s = redis.call('HGET', KEYS[k + j], 's')
-    if s and tonumber(ARGV[2 + j]) <= tonumber(s) then
-      hw = tonumber(s)
-      redis.call('HSET', KEYS[k + j], 's', s)
+local k = idem and (#KEYS - 1) / 2 or #KEYS - 1
+local at = KEYS[1]
+local function check()
+  local out, abort = {}, false
+  for j = 1, k do
+    at = KEYS[j]
+    local m = redis.call('GET', at)
+    local refused = 0
+    if m and m ~= ARGV[1] then
+      refused = tonumber(m) or 1
+      redis.call('SET', at, m, 'KEEPTTL')
       abort = true
     end
+    local hw = -1
+    if idem then
+      at = KEYS[k + j]
+      local s = redis.call('HGET', at, 's')
+      if s and tonumber(ARGV[2 + j]) <= tonumber(s) then
+        hw = tonumber(s)
+        redis.call('HSET', at, 's', s)
+        abort = true
+      end
+    end
+    out[j] = {refused, hw}
   end
-  out[j] = {refused, hw}
+  if abort then return out end
+  return nil
 end
-if abort then return out end
-return nil
+local ok, res = pcall(check)
+if ok then return res end
+redis.pcall('SET', KEYS[#KEYS], '1')
+redis.pcall('DEL', KEYS[#KEYS])
+local msg = type(res) == 'table' and tostring(res.err) or tostring(res)
+if not msg:match('^%u+ ') then msg = 'ERR ' .. msg end
+return redis.error_reply(msg .. ' (publish check, key ' .. at .. ': nothing written)')
