@@ -757,9 +757,12 @@ fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
             req.protocol_version,
         ));
     }
-    validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
+    // The member id stays a string on the wire, so that a batch answers a bad one in its
+    // own result (PROTOCOL §10): this is where it is checked, for both routes.
+    let invalid = |e: rsc_protocol::IdError| EngineError::Invalid(e.to_string());
+    validate_name("member", &req.member_id).map_err(invalid)?;
     if let Some(incarnation) = &req.incarnation {
-        validate_name("incarnation", incarnation).map_err(EngineError::Invalid)?;
+        validate_name("incarnation", incarnation).map_err(invalid)?;
     }
     Ok(())
 }
