@@ -3,7 +3,7 @@
 use super::{Coordinator, Result, check_name, invalid};
 use crate::engine::GroupEvent;
 use crate::store::{SteadyTouch, StoreError, TouchOutcome};
-use rsc_protocol::GroupId;
+use rsc_protocol::{GroupId, MemberEpoch};
 use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
 use std::collections::HashMap;
 use tracing::{debug, warn};
@@ -125,7 +125,8 @@ impl Coordinator {
             Err(e) => return self.refuse_write(w, e).await,
         };
         w.events.extend(outcome.events);
-        let touch = (outcome.response.member_epoch >= 0).then(|| (req.member_id.clone(), w.now));
+        let touch = (!MemberEpoch::new(outcome.response.member_epoch).is_leave())
+            .then(|| (req.member_id.clone(), w.now));
         self.commit_write(&mut w, touch).await?;
         // Under the group lock, after the document write, before the answer leaves:
         // the member cannot learn of a grant whose owner token is not in place.
@@ -193,7 +194,8 @@ impl Coordinator {
     #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id))]
     pub async fn leave(&self, group: &GroupId, req: &LeaveRequest) -> Result<LeaveResponse> {
         let group = group.as_str();
-        if req.member_epoch < -1 {
+        // `POST leave` takes a generation or -1; -2 (step away) is a heartbeat's (PROTOCOL §5.1).
+        if req.member_epoch < MemberEpoch::LEAVE.get() {
             return Err(invalid(format!(
                 "member_epoch {} is invalid",
                 req.member_epoch
@@ -206,7 +208,7 @@ impl Coordinator {
         .await?;
         Ok(LeaveResponse {
             member_id: req.member_id.to_string(),
-            member_epoch: -1,
+            member_epoch: MemberEpoch::LEAVE.get(),
         })
     }
 }

@@ -307,7 +307,9 @@ impl Coordinator {
     /// With strict fencing, writes the owner tokens of the answer's assignment before the
     /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
     async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
-        if response.owner_tokens.is_empty() || response.member_epoch < 0 {
+        if response.owner_tokens.is_empty()
+            || rsc_protocol::MemberEpoch::new(response.member_epoch).is_leave()
+        {
             return Ok(());
         }
         let Some(fencing) = &self.fencing else {
