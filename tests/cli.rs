@@ -449,8 +449,15 @@ async fn errors_and_exit_statuses() {
         r.stderr,
         "error: GROUP_NOT_FOUND: group nope does not exist\n"
     );
-    // A name the protocol forbids reaches the coordinator encoded, and is refused by it.
-    cli(&url, &["group", "describe", "a/b"]).refused("INVALID_REQUEST");
+    // A name the protocol forbids (PROTOCOL §1) is refused by the argument parser, before any
+    // request: a usage error (exit status 2) that says what is wrong with it.
+    let r = cli(&url, &["group", "describe", "a/b"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr
+            .contains(r#"group id "a/b" contains '/'; allowed are letters, digits and . _ : -"#),
+        "{r:?}"
+    );
     cli(
         &url,
         &["group", "create", "g", "--stream", "s", "--shards", "0"],

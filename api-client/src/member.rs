@@ -8,7 +8,7 @@ use crate::error::CoordinatorError;
 use reqwest::Method;
 use rsc_protocol::{
     HeartbeatBatchRequest, HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse,
-    RoutingResponse, WakeChannelRequest,
+    MemberEpoch, RoutingResponse, WakeChannelRequest,
 };
 use std::time::Duration;
 
@@ -49,8 +49,14 @@ impl CoordinatorClient {
         incarnation: Option<&str>,
         timeout: Duration,
     ) -> Result<(), CoordinatorError> {
-        self.leave_with(group, member_id, -1, incarnation, timeout)
-            .await
+        self.leave_with(
+            group,
+            member_id,
+            MemberEpoch::LEAVE.get(),
+            incarnation,
+            timeout,
+        )
+        .await
     }
 
     /// A heartbeat with epoch -2: a static member stops for a restart (PROTOCOL §11). It keeps
@@ -62,8 +68,14 @@ impl CoordinatorClient {
         incarnation: &str,
         timeout: Duration,
     ) -> Result<(), CoordinatorError> {
-        self.leave_with(group, member_id, -2, Some(incarnation), timeout)
-            .await
+        self.leave_with(
+            group,
+            member_id,
+            MemberEpoch::STEP_AWAY.get(),
+            Some(incarnation),
+            timeout,
+        )
+        .await
     }
 
     async fn leave_with(

@@ -296,10 +296,10 @@ impl ConsumerAppBuilder {
             l.handler = l.handler.bind(data.clone(), l.codec);
             l.service = Some(crate::listener::stack(&l.handler, &l.layers));
             let check = |kind: &'static str, v: &str| {
-                validate_name(kind, v).map_err(|reason| ConfigError::InvalidName {
+                validate_name(kind, v).map_err(|e| ConfigError::InvalidName {
                     listener: l.name.clone(),
                     kind,
-                    reason,
+                    reason: e.to_string(),
                 })
             };
             check("group", &l.group)?;
@@ -415,9 +415,13 @@ impl ConsumerApp {
             .iter()
             .flat_map(|l| {
                 let instance = &instance;
-                (0..l.concurrency).map(move |i| rsc_protocol::WakeMember {
-                    group: l.group.clone(),
-                    member_id: format!("{instance}-{}-{i}", l.name),
+                // Both ids passed the name rule when the app was built (the member id of
+                // the highest index was checked: the others differ only in digits).
+                (0..l.concurrency).filter_map(move |i| {
+                    Some(rsc_protocol::WakeMember {
+                        group: l.group.parse().ok()?,
+                        member_id: format!("{instance}-{}-{i}", l.name).parse().ok()?,
+                    })
                 })
             })
             .collect()

@@ -58,7 +58,8 @@ pub struct ChannelLimit(pub usize);
 /// What a channel and the hub share: the wake-ups not yet written, and the signal.
 #[derive(Debug, Default)]
 struct Inbox {
-    pending: Mutex<BTreeSet<WakeMember>>,
+    /// `(group, member)` pairs to wake.
+    pending: Mutex<BTreeSet<(String, String)>>,
     notify: Notify,
 }
 
@@ -174,14 +175,14 @@ impl WakeHub {
         }
         ::metrics::gauge!("rsc_wake_channels_open").increment(1.0);
         let members: BTreeSet<WakeMember> = members.into_iter().collect();
-        let groups: BTreeSet<String> = members.iter().map(|m| m.group.clone()).collect();
+        let groups: BTreeSet<String> = members.iter().map(|m| m.group.to_string()).collect();
         let inbox = Arc::new(Inbox::default());
         let mut first = Vec::new();
         {
             let mut reg = self.lock();
             for m in &members {
                 reg.members
-                    .entry((m.group.clone(), m.member_id.clone()))
+                    .entry((m.group.to_string(), m.member_id.to_string()))
                     .or_default()
                     .push(inbox.clone());
             }
@@ -225,7 +226,7 @@ impl WakeHub {
         {
             let mut reg = self.lock();
             for m in &ch.members {
-                let key = (m.group.clone(), m.member_id.clone());
+                let key = (m.group.to_string(), m.member_id.to_string());
                 if let Some(list) = reg.members.get_mut(&key) {
                     list.retain(|i| !Arc::ptr_eq(i, &ch.inbox));
                     if list.is_empty() {
@@ -309,10 +310,7 @@ impl WakeHub {
                     .pending
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(WakeMember {
-                        group: group.to_owned(),
-                        member_id: m.clone(),
-                    });
+                    .insert((group.to_owned(), m.clone()));
                 inbox.notify.notify_one();
             }
         }
@@ -368,10 +366,7 @@ impl Channel {
                 return Next::Wake(
                     taken
                         .into_iter()
-                        .map(|m| WakeEvent {
-                            group: m.group,
-                            member_id: m.member_id,
-                        })
+                        .map(|(group, member_id)| WakeEvent { group, member_id })
                         .collect(),
                 );
             }
@@ -633,8 +628,8 @@ mod tests {
 
     fn wm(g: &str, m: &str) -> WakeMember {
         WakeMember {
-            group: g.into(),
-            member_id: m.into(),
+            group: g.parse().unwrap(),
+            member_id: m.parse().unwrap(),
         }
     }
 

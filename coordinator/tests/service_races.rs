@@ -83,8 +83,8 @@ fn hb(member: &str, epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
 
 async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u32>) {
     c.create_group(&CreateGroupRequest {
-        group: "g".into(),
-        stream: "s".into(),
+        group: "g".parse().unwrap(),
+        stream: "s".parse().unwrap(),
         shard_count: Some(4),
         start: None,
         session_timeout_ms: Some(session_timeout_ms),
@@ -98,11 +98,17 @@ async fn stable_member(c: &Coordinator, session_timeout_ms: u64) -> (i64, Vec<u3
     })
     .await
     .unwrap();
-    let r = c.heartbeat("g", &hb("m", 0, vec![])).await.unwrap();
+    let r = c
+        .heartbeat(&"g".parse().unwrap(), &hb("m", 0, vec![]))
+        .await
+        .unwrap();
     // The first heartbeat reporting the granted shards records them (a write); from then on
     // the member is steady.
     let r2 = c
-        .heartbeat("g", &hb("m", r.member_epoch, r.assignment.clone()))
+        .heartbeat(
+            &"g".parse().unwrap(),
+            &hb("m", r.member_epoch, r.assignment.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -125,7 +131,7 @@ async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
     for _ in 0..5 {
         clock.advance(100);
         let r = c
-            .heartbeat("g", &hb("m", epoch, owned.clone()))
+            .heartbeat(&"g".parse().unwrap(), &hb("m", epoch, owned.clone()))
             .await
             .unwrap();
         assert_eq!((r.member_epoch, &r.assignment), (epoch, &owned));
@@ -142,7 +148,9 @@ async fn steady_heartbeat_takes_no_lock_and_writes_nothing() {
     );
     assert_eq!(store.liveness("g").await.unwrap()["m"], 1_500);
     // Anything that changes state takes the full path.
-    c.heartbeat("g", &hb("m", epoch, vec![])).await.unwrap();
+    c.heartbeat(&"g".parse().unwrap(), &hb("m", epoch, vec![]))
+        .await
+        .unwrap();
     assert!(store.layer().locks.load(Ordering::SeqCst) > locks);
 }
 
@@ -168,7 +176,7 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
     // A holds the group lock and has decided; B answers a steady heartbeat without a lock.
     clock_b.advance(900);
     let r = b
-        .heartbeat("g", &hb("m", epoch, owned.clone()))
+        .heartbeat(&"g".parse().unwrap(), &hb("m", epoch, owned.clone()))
         .await
         .expect("the member is alive for B");
     assert_eq!(r.assignment, owned);
@@ -178,7 +186,7 @@ async fn a_sweep_never_removes_a_member_a_steady_heartbeat_just_kept() {
         removed, 0,
         "A's expiry lost to the heartbeat it had not seen"
     );
-    let view = a.describe_group("g").await.unwrap();
+    let view = a.describe_group(&"g".parse().unwrap()).await.unwrap();
     assert_eq!(
         view.members.len(),
         1,
@@ -203,7 +211,14 @@ async fn exactly_one_coordinator_expires_a_member() {
     .await;
     let removed: usize = results.into_iter().map(Result::unwrap).sum();
     assert_eq!(removed, 1);
-    assert!(first.describe_group("g").await.unwrap().members.is_empty());
+    assert!(
+        first
+            .describe_group(&"g".parse().unwrap())
+            .await
+            .unwrap()
+            .members
+            .is_empty()
+    );
 }
 
 /// 1,000 create / join / delete cycles on the memory store leave it holding what it held
@@ -218,8 +233,8 @@ async fn create_delete_cycles_leave_the_memory_store_as_it_was() {
         ServiceConfig::default(),
     );
     let create = |group: &str| CreateGroupRequest {
-        group: group.into(),
-        stream: "s".into(),
+        group: group.parse().unwrap(),
+        stream: "s".parse().unwrap(),
         shard_count: Some(2),
         start: None,
         session_timeout_ms: None,
@@ -232,13 +247,17 @@ async fn create_delete_cycles_leave_the_memory_store_as_it_was() {
         retention: None,
     };
     c.create_group(&create("base")).await.unwrap();
-    c.heartbeat("base", &hb("m", 0, vec![])).await.unwrap();
+    c.heartbeat(&"base".parse().unwrap(), &hb("m", 0, vec![]))
+        .await
+        .unwrap();
     let start = store.footprint();
     for i in 0..1_000 {
         let group = format!("c{i}");
         c.create_group(&create(&group)).await.unwrap();
-        c.heartbeat(&group, &hb("m", 0, vec![])).await.unwrap();
-        c.delete_group(&group, true).await.unwrap();
+        c.heartbeat(&group.parse().unwrap(), &hb("m", 0, vec![]))
+            .await
+            .unwrap();
+        c.delete_group(&group.parse().unwrap(), true).await.unwrap();
         clock.advance(1);
     }
     assert_eq!(store.footprint(), start);

@@ -92,18 +92,19 @@ fn hb(epoch: i64, owned: Vec<u32>) -> HeartbeatRequest {
 /// One member owning every shard of a group with a 2 s session, heard last at 1 000.
 async fn stable_member(c: &Coordinator) -> HeartbeatRequest {
     c.create_group(&CreateGroupRequest {
-        group: "g".into(),
-        stream: "s".into(),
         shard_count: Some(4),
         session_timeout_ms: Some(2_000),
         heartbeat_interval_ms: Some(100),
-        ..Default::default()
+        ..CreateGroupRequest::new("g".parse().unwrap(), "s".parse().unwrap())
     })
     .await
     .unwrap();
-    let r = c.heartbeat("g", &hb(0, vec![])).await.unwrap();
+    let r = c
+        .heartbeat(&"g".parse().unwrap(), &hb(0, vec![]))
+        .await
+        .unwrap();
     let steady = hb(r.member_epoch, r.assignment.clone());
-    c.heartbeat("g", &steady).await.unwrap();
+    c.heartbeat(&"g".parse().unwrap(), &steady).await.unwrap();
     steady
 }
 
@@ -115,7 +116,7 @@ fn spawn_heartbeat(
     Result<rsc_protocol::HeartbeatResponse, rsc_coordinator::service::ServiceError>,
 > {
     let (c, steady) = (c.clone(), steady.clone());
-    tokio::spawn(async move { c.heartbeat("g", &steady).await })
+    tokio::spawn(async move { c.heartbeat(&"g".parse().unwrap(), &steady).await })
 }
 
 /// The member's heartbeat is the only call that sees the store fail (no sweep ran during
@@ -133,9 +134,19 @@ async fn a_heartbeat_that_found_the_store_down_counts_as_an_outage() {
     assert!(held.await.unwrap().is_err(), "the store did not answer");
     store.layer().frozen.store(false, Ordering::SeqCst);
     clock.set(3_400);
-    let r = c.heartbeat("g", &steady).await.expect("still a member");
+    let r = c
+        .heartbeat(&"g".parse().unwrap(), &steady)
+        .await
+        .expect("still a member");
     assert_eq!(r.member_epoch, steady.member_epoch);
-    assert_eq!(c.describe_group("g").await.unwrap().members.len(), 1);
+    assert_eq!(
+        c.describe_group(&"g".parse().unwrap())
+            .await
+            .unwrap()
+            .members
+            .len(),
+        1
+    );
 }
 
 /// The member's heartbeat is held on the frozen store until its deadline, past the moment
@@ -164,12 +175,12 @@ async fn a_heartbeat_held_across_the_recovery_extends_the_outage() {
     // The heartbeat held since 1 100 fails at its deadline, 2 s after the recovery; others
     // are answered all along (other members' heartbeats, here reads).
     clock.set(5_050);
-    c.describe_group("g").await.unwrap();
+    c.describe_group(&"g".parse().unwrap()).await.unwrap();
     clock.set(5_100);
     store.layer().fail(0);
     assert!(held.await.unwrap().is_err());
     clock.set(5_150);
-    c.describe_group("g").await.unwrap();
+    c.describe_group(&"g".parse().unwrap()).await.unwrap();
     // Its retry comes 300 ms later; a sweep runs just before it.
     clock.set(5_400);
     assert_eq!(
@@ -177,7 +188,10 @@ async fn a_heartbeat_held_across_the_recovery_extends_the_outage() {
         0,
         "the member whose heartbeat the outage held was expired"
     );
-    let r = c.heartbeat("g", &steady).await.expect("still a member");
+    let r = c
+        .heartbeat(&"g".parse().unwrap(), &steady)
+        .await
+        .expect("still a member");
     assert_eq!(r.member_epoch, steady.member_epoch);
     // A member that really went silent still expires, a session after the extended outage.
     clock.set(7_500);

@@ -98,6 +98,9 @@ pub enum HarnessError {
     /// A call to the coordinator failed.
     #[error(transparent)]
     Coordinator(#[from] rsc_api::CoordinatorError),
+    /// A group or stream id given to the harness is not a valid id (PROTOCOL §1).
+    #[error(transparent)]
+    InvalidId(#[from] rsc_protocol::IdError),
 }
 
 /// A `redis-server` and an in-process coordinator for one test. Dropping it stops both.
@@ -198,12 +201,10 @@ impl Harness {
         shards: u32,
     ) -> Result<(), HarnessError> {
         let req = CreateGroupRequest {
-            group: group.to_owned(),
-            stream: stream.to_owned(),
             shard_count: Some(shards),
             session_timeout_ms: Some(3_000),
             heartbeat_interval_ms: Some(300),
-            ..Default::default()
+            ..CreateGroupRequest::new(group.parse()?, stream.parse()?)
         };
         self.api.create_group(&req).await?;
         Ok(())

@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod entry;
+pub mod epoch;
 pub mod error;
 pub mod names;
 pub mod owner;
@@ -27,7 +28,9 @@ pub mod redact;
 pub mod routing;
 pub mod wire;
 
+pub use epoch::MemberEpoch;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use names::{GroupId, IdError, MemberId, StreamId};
 pub use wire::*;
 
 /// The protocol version this crate speaks (`protocol_version` in heartbeats).

@@ -1,7 +1,10 @@
 //! Request and response bodies of the `/v1` HTTP API (PROTOCOL §4, §5).
 //!
 //! Request types reject unknown fields (`INVALID_REQUEST`), so that a typo in a field name is
-//! an error rather than a silently ignored setting.
+//! an error rather than a silently ignored setting. Ids in request bodies are typed
+//! ([`crate::GroupId`], [`crate::StreamId`], [`crate::MemberId`]): a bad one is refused when
+//! the body is parsed. The `pattern` literals below are utoipa's (it takes no constant);
+//! the coordinator's OpenAPI test checks each equals [`crate::names::NAME_PATTERN`].
 
 use serde::{Deserialize, Serialize};
 
@@ -175,6 +178,8 @@ pub struct HeartbeatBatchRequest {
 #[serde(deny_unknown_fields)]
 pub struct BatchedHeartbeat {
     /// The group the member belongs to.
+    // Kept a string: a bad group is answered in its own result (PROTOCOL §10), not by
+    // refusing the whole batch.
     #[cfg_attr(
         feature = "openapi",
         schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
@@ -234,15 +239,15 @@ pub struct WakeMember {
     /// The member's group.
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
-    pub group: String,
+    pub group: crate::GroupId,
     /// The member id.
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
-    pub member_id: String,
+    pub member_id: crate::MemberId,
 }
 
 /// The `data` of the first event of a wake-up channel, `event: ready`: the channel is
@@ -321,6 +326,8 @@ pub struct HeartbeatRequest {
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1))]
     pub protocol_version: u32,
     /// The member's id (`<pod_ip>-<group>-<index>` for the sample pods).
+    // Kept a string: in a batch, a bad member id is answered in that heartbeat's own result
+    // (PROTOCOL §10); the single route checks it as it enters the service.
     #[cfg_attr(
         feature = "openapi",
         schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
@@ -416,9 +423,9 @@ pub struct LeaveRequest {
     /// The leaving member.
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
-    pub member_id: String,
+    pub member_id: crate::MemberId,
     /// Its current epoch.
     #[cfg_attr(feature = "openapi", schema(minimum = -1))]
     pub member_epoch: i64,
@@ -435,22 +442,22 @@ pub struct LeaveResponse {
 }
 
 /// `POST /v1/groups` body.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateGroupRequest {
     /// The group id.
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
-    pub group: String,
+    pub group: crate::GroupId,
     /// The stream it reads.
     #[cfg_attr(
         feature = "openapi",
-        schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
     )]
-    pub stream: String,
+    pub stream: crate::StreamId,
     /// Required when the stream is new (1..=4096); must match when it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
@@ -485,6 +492,26 @@ pub struct CreateGroupRequest {
     /// `400 INVALID_REQUEST`: change it with `PATCH /v1/streams/{stream}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<RetentionPolicy>,
+}
+
+impl CreateGroupRequest {
+    /// A request for `group` on `stream` with every setting left to its default.
+    pub fn new(group: crate::GroupId, stream: crate::StreamId) -> Self {
+        CreateGroupRequest {
+            group,
+            stream,
+            shard_count: None,
+            start: None,
+            session_timeout_ms: None,
+            heartbeat_interval_ms: None,
+            rebalance_timeout_ms: None,
+            max_members: None,
+            assignor: None,
+            fencing: None,
+            ordering: None,
+            retention: None,
+        }
+    }
 }
 
 /// `PATCH /v1/groups/{group}` body: the settings to change.
@@ -651,7 +678,11 @@ pub struct SeekResponse {
 #[serde(deny_unknown_fields)]
 pub struct RedriveRequest {
     /// The group whose dead letters are redriven (the `group` field of each dead letter).
-    pub group: String,
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub group: crate::GroupId,
     /// Only dead letters written at or after this Unix ms (by their dead-letter entry id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since_ms: Option<u64>,

@@ -23,7 +23,7 @@ use futures::future::{BoxFuture, join_all};
 use rsc_api::CoordinatorClient;
 use rsc_protocol::{
     BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest, HeartbeatRequest,
-    HeartbeatResponse, MAX_HEARTBEAT_BATCH,
+    HeartbeatResponse, MAX_HEARTBEAT_BATCH, MemberEpoch,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -161,7 +161,7 @@ impl Heartbeats {
     ) -> Answer {
         // A leave is not batched: it is sent once, on shutdown.
         if let Some(batch) = &self.batch
-            && req.member_epoch >= 0
+            && !MemberEpoch::new(req.member_epoch).is_leave()
             && !batch.state.use_single(Instant::now())
         {
             let (reply, answer) = oneshot::channel();

@@ -29,7 +29,9 @@ use crate::handler::panic_text;
 use crate::listener::Rebalance;
 use futures::future::BoxFuture;
 use rsc_api::CoordinatorClient;
-use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, StartPosition};
+use rsc_protocol::{
+    ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, MemberEpoch, StartPosition,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -291,7 +293,7 @@ impl MemberRuntime {
             heartbeats,
             client_info,
             phase: Phase::Joining,
-            epoch: 0,
+            epoch: MemberEpoch::JOIN.get(),
             assignment: BTreeSet::new(),
             slots: BTreeMap::new(),
             tasks: JoinSet::new(),
@@ -473,7 +475,7 @@ impl MemberRuntime {
             Phase::Aside { left: false } => {
                 self.leave(true).await;
                 self.phase = Phase::Aside { left: true };
-                self.epoch = 0;
+                self.epoch = MemberEpoch::JOIN.get();
                 self.assignment.clear();
                 self.tokens.clear();
             }
@@ -510,7 +512,7 @@ impl MemberRuntime {
             owned_shards: Some(owned),
             drained_shards: Vec::new(),
             client: Some(self.client_info.clone()),
-            incarnation: if self.epoch == 0 {
+            incarnation: if MemberEpoch::new(self.epoch).is_join() {
                 self.shared.incarnation.clone()
             } else {
                 None
@@ -567,7 +569,7 @@ impl MemberRuntime {
         self.failures = 0;
         self.in_use_until = None;
         self.backoff.reset();
-        if sent_epoch == 0 {
+        if MemberEpoch::new(sent_epoch).is_join() {
             info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
         }
         self.phase.answered();
@@ -726,7 +728,7 @@ impl MemberRuntime {
     /// with epoch 0 owning nothing.
     fn start_rejoin(&mut self) {
         self.phase.membership_lost();
-        self.epoch = 0;
+        self.epoch = MemberEpoch::JOIN.get();
         self.assignment.clear();
         self.stop_all(StopReason::Rejoin);
     }

@@ -44,7 +44,7 @@ pub(crate) fn spawn(
         .iter()
         .map(|m| {
             (
-                (m.group.clone(), m.member_id.clone()),
+                (m.group.to_string(), m.member_id.to_string()),
                 Arc::new(Notify::new()),
             )
         })

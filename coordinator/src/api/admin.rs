@@ -10,6 +10,7 @@ use rsc_protocol::{
     CreateGroupRequest, GroupView, PatchGroupRequest, PatchStreamRequest, ReshardRequest,
     StreamView,
 };
+use rsc_protocol::{GroupId, MemberId, StreamId};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -51,7 +52,7 @@ async fn create_group(
 /// Change a group's timeouts or member limit (bumps the group epoch).
 #[utoipa::path(
     patch, path = "/v1/groups/{group}", tag = "admin",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     request_body = PatchGroupRequest,
     responses(
         (status = 200, description = "The group after the change", body = GroupView),
@@ -59,7 +60,7 @@ async fn create_group(
 )]
 async fn patch_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Json(req): Json<PatchGroupRequest>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.patch_group(&group, &req).await?))
@@ -70,14 +71,14 @@ async fn patch_group(
 /// paused through rebalances, member restarts and coordinator restarts, until resumed.
 #[utoipa::path(
     post, path = "/v1/groups/{group}/pause", tag = "admin",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     responses(
         (status = 200, description = "The group, paused (pausing a paused group changes nothing)", body = GroupView),
     )
 )]
 async fn pause_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.set_group_paused(&group, true).await?))
 }
@@ -85,14 +86,14 @@ async fn pause_group(
 /// Resume a paused group: members fetch again from their next heartbeat answer.
 #[utoipa::path(
     post, path = "/v1/groups/{group}/resume", tag = "admin",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     responses(
         (status = 200, description = "The group, running (resuming a running group changes nothing)", body = GroupView),
     )
 )]
 async fn resume_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
 }
@@ -101,7 +102,7 @@ async fn resume_group(
 /// `earliest`, `latest` or `{"time_ms": T}` (`XGROUP SETID` per shard).
 #[utoipa::path(
     post, path = "/v1/groups/{group}/seek", tag = "admin",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     request_body = rsc_protocol::SeekRequest,
     responses(
         (status = 200, description = "The id each shard's Redis consumer group was set to", body = rsc_protocol::SeekResponse),
@@ -110,7 +111,7 @@ async fn resume_group(
 )]
 async fn seek_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Json(req): Json<rsc_protocol::SeekRequest>,
 ) -> Result<Json<rsc_protocol::SeekResponse>, ApiError> {
     Ok(Json(s.coordinator.seek(&group, &req).await?))
@@ -128,7 +129,7 @@ struct DeleteParams {
 /// Delete a group.
 #[utoipa::path(
     delete, path = "/v1/groups/{group}", tag = "admin",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"), DeleteParams),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing"), DeleteParams),
     responses(
         (status = 204, description = "The group was deleted"),
         (status = 409, description = "GROUP_NOT_EMPTY: live members and no `force=true`", body = rsc_protocol::ErrorBody),
@@ -136,7 +137,7 @@ struct DeleteParams {
 )]
 async fn delete_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Query(p): Query<DeleteParams>,
 ) -> Result<StatusCode, ApiError> {
     s.coordinator.delete_group(&group, p.force).await?;
@@ -147,8 +148,8 @@ async fn delete_group(
 #[utoipa::path(
     delete, path = "/v1/groups/{group}/members/{member}", tag = "admin",
     params(
-        ("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"),
-        ("member" = String, Path, description = "Member id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "10.0.0.7-billing-0"),
+        ("group" = inline(GroupId), Path, description = "Group id", example = "billing"),
+        ("member" = inline(MemberId), Path, description = "Member id", example = "10.0.0.7-billing-0"),
     ),
     responses(
         (status = 204, description = "The member was removed"),
@@ -156,7 +157,7 @@ async fn delete_group(
 )]
 async fn remove_member(
     State(s): State<AppState>,
-    Path((group, member)): Path<(String, String)>,
+    Path((group, member)): Path<(GroupId, MemberId)>,
 ) -> Result<StatusCode, ApiError> {
     s.coordinator.remove_member(&group, &member).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -166,7 +167,7 @@ async fn remove_member(
 /// shard keys and from its dead-letter stream.
 #[utoipa::path(
     patch, path = "/v1/streams/{stream}", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     request_body = PatchStreamRequest,
     responses(
         (status = 200, description = "The stream after the change", body = StreamView),
@@ -174,7 +175,7 @@ async fn remove_member(
 )]
 async fn patch_stream(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
     Json(req): Json<PatchStreamRequest>,
 ) -> Result<Json<StreamView>, ApiError> {
     Ok(Json(s.coordinator.patch_stream(&stream, &req).await?))
@@ -188,7 +189,7 @@ async fn patch_stream(
 /// names the group it was redriven for). `dry_run` only lists what would be redriven.
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/dlq/redrive", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     request_body = rsc_protocol::RedriveRequest,
     responses(
         (status = 200, description = "The dead letters redriven (or, in a dry run, that would be)", body = rsc_protocol::RedriveResponse),
@@ -196,7 +197,7 @@ async fn patch_stream(
 )]
 async fn redrive(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
     Json(req): Json<rsc_protocol::RedriveRequest>,
 ) -> Result<Json<rsc_protocol::RedriveResponse>, ApiError> {
     Ok(Json(s.coordinator.redrive(&stream, &req).await?))
@@ -205,7 +206,7 @@ async fn redrive(
 /// Start resharding a stream to a new shard count (PROTOCOL §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/reshard", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     request_body = ReshardRequest,
     responses(
         (status = 202, description = "The reshard started", body = StreamView),
@@ -214,7 +215,7 @@ async fn redrive(
 )]
 async fn reshard(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
     Json(req): Json<ReshardRequest>,
 ) -> Result<(StatusCode, Json<StreamView>), ApiError> {
     let view = s.coordinator.reshard(&stream, req.shard_count).await?;
@@ -224,7 +225,7 @@ async fn reshard(
 /// Roll back the latest reshard of a stream (PROTOCOL §6).
 #[utoipa::path(
     post, path = "/v1/streams/{stream}/rollback", tag = "admin",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     responses(
         (status = 202, description = "The rollback started", body = StreamView),
         (status = 409, description = "RESHARD_IN_PROGRESS, ROLLBACK_WINDOW_EXPIRED or NOTHING_TO_ROLLBACK", body = rsc_protocol::ErrorBody),
@@ -232,7 +233,7 @@ async fn reshard(
 )]
 async fn rollback(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
 ) -> Result<(StatusCode, Json<StreamView>), ApiError> {
     Ok((
         StatusCode::ACCEPTED,

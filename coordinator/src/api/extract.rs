@@ -1,7 +1,8 @@
 //! Extractors and a JSON response whose rejections are protocol error bodies ([`ApiError`]).
 
 use crate::http_error::ApiError;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
@@ -78,9 +79,20 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let axum::extract::Path(v) =
-            axum::extract::Path::<T>::from_request_parts(parts, state).await?;
-        Ok(Path(v))
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            // A typed id refused by the name rule (PROTOCOL §1): its explanation alone, as
+            // for a bad id in a body ("group id \"-x\" must start with a letter or a digit").
+            Err(PathRejection::FailedToDeserializePathParams(e))
+                if matches!(e.kind(), ErrorKind::Message(_)) =>
+            {
+                let ErrorKind::Message(m) = e.into_kind() else {
+                    unreachable!("matched above")
+                };
+                Err(ApiError::new(ErrorCode::InvalidRequest, m))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

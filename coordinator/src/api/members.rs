@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use rsc_protocol::names::validate_name;
+use rsc_protocol::GroupId;
 use rsc_protocol::{
     BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest,
     HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse,
@@ -36,7 +36,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// member's assignment (PROTOCOL §5).
 #[utoipa::path(
     post, path = "/v1/groups/{group}/heartbeat", tag = "members",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The member's epoch and assignment", body = HeartbeatResponse),
@@ -45,7 +45,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 )]
 async fn heartbeat(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Json(req): Json<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let r = s.coordinator.heartbeat(&group, &req).await;
@@ -161,7 +161,7 @@ fn batch_result(
 /// Leave the group at once; the member's shards are freed without waiting.
 #[utoipa::path(
     post, path = "/v1/groups/{group}/leave", tag = "members",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     request_body = LeaveRequest,
     responses(
         (status = 200, description = "The member left", body = LeaveResponse),
@@ -170,7 +170,7 @@ fn batch_result(
 )]
 async fn leave(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Json(req): Json<LeaveRequest>,
 ) -> Result<Json<LeaveResponse>, ApiError> {
     let r = s.coordinator.leave(&group, &req).await;
@@ -229,9 +229,6 @@ async fn wakeups(
         ));
     }
     for m in &req.members {
-        validate_name("group", &m.group)
-            .and_then(|()| validate_name("member", &m.member_id))
-            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e))?;
         check_item_group(&principal, &m.group)?;
     }
     let channel = hub.open(req.members).await.map_err(|e| {

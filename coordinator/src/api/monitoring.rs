@@ -10,11 +10,11 @@ use crate::store::{AUDIT_RETAINED, AuditFilter};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use rsc_protocol::names::validate_name;
 use rsc_protocol::{
     AuditEntry, AuditList, ErrorCode, GroupHistory, GroupList, GroupView, ScalingView,
     StaleConsumer, StreamList, StreamView,
 };
+use rsc_protocol::{GroupId, StreamId};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -113,12 +113,12 @@ async fn list_groups(
 /// data Redis is reachable) and the stream's reshard.
 #[utoipa::path(
     get, path = "/v1/groups/{group}", tag = "monitoring",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     responses((status = 200, description = "The group", body = GroupView))
 )]
 async fn describe_group(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     let view = s.coordinator.describe_group(&group).await?;
     let view = with_lag(s.lag.as_deref(), view, s.coordinator.clock().now_ms()).await;
@@ -141,14 +141,14 @@ struct ScalingQuery {
 #[utoipa::path(
     get, path = "/v1/groups/{group}/scaling", tag = "monitoring",
     params(
-        ("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing"),
+        ("group" = inline(GroupId), Path, description = "Group id", example = "billing"),
         ScalingQuery,
     ),
     responses((status = 200, description = "The group's scaling signal", body = ScalingView))
 )]
 async fn group_scaling(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
     Query(q): Query<ScalingQuery>,
 ) -> Result<Json<ScalingView>, ApiError> {
     if let Some(c) = q.concurrency
@@ -169,12 +169,12 @@ async fn group_scaling(
 /// store, so every coordinator answers the same (no samples without a data Redis).
 #[utoipa::path(
     get, path = "/v1/groups/{group}/history", tag = "monitoring",
-    params(("group" = String, Path, description = "Group id", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "billing")),
+    params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     responses((status = 200, description = "The group's recent lag and handling rate", body = GroupHistory))
 )]
 async fn group_history(
     State(s): State<AppState>,
-    Path(group): Path<String>,
+    Path(group): Path<GroupId>,
 ) -> Result<Json<GroupHistory>, ApiError> {
     // 404 for a group that does not exist.
     s.coordinator.describe_group(&group).await?;
@@ -185,7 +185,7 @@ async fn group_history(
             .await
             .map_err(crate::service::ServiceError::from)?,
         None => GroupHistory {
-            group,
+            group: group.into(),
             interval_ms: metrics::DEFAULT_HISTORY_INTERVAL.as_millis() as u64,
             samples: Vec::new(),
         },
@@ -214,12 +214,12 @@ async fn list_streams(
 /// A stream: layout, routing epoch, groups and reshard state.
 #[utoipa::path(
     get, path = "/v1/streams/{stream}", tag = "monitoring",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     responses((status = 200, description = "The stream", body = StreamView))
 )]
 async fn describe_stream(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
 ) -> Result<Json<StreamView>, ApiError> {
     let mut view = s.coordinator.describe_stream(&stream).await?;
     if let Some(probe) = s.lag.as_deref() {
@@ -237,11 +237,11 @@ struct AuditQuery {
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
     /// Only entries about this group.
-    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
-    group: Option<String>,
+    #[param(inline)]
+    group: Option<GroupId>,
     /// Only entries about this stream.
-    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")]
-    stream: Option<String>,
+    #[param(inline)]
+    stream: Option<StreamId>,
 }
 
 fn in_scope(p: &Principal, e: &AuditEntry) -> bool {
@@ -268,14 +268,9 @@ async fn audit(
             format!("limit is {limit}; it must be within 1..={AUDIT_MAX_LIMIT}"),
         ));
     }
-    for (kind, name) in [("group", &q.group), ("stream", &q.stream)] {
-        if let Some(n) = name {
-            validate_name(kind, n).map_err(|m| ApiError::new(ErrorCode::InvalidRequest, m))?;
-        }
-    }
     let filter = AuditFilter {
-        group: q.group,
-        stream: q.stream,
+        group: q.group.map(String::from),
+        stream: q.stream.map(String::from),
     };
     // A scoped viewer sees only entries in scope: read further back, then filter.
     let read = if principal.unrestricted() {

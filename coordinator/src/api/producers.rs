@@ -5,6 +5,7 @@ use super::extract::{Json, Path};
 use crate::http_error::ApiError;
 use axum::extract::State;
 use rsc_protocol::RoutingResponse;
+use rsc_protocol::StreamId;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -15,14 +16,14 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// The routing layout producers use: shard count, routing epoch, hash, shard keys.
 #[utoipa::path(
     get, path = "/v1/streams/{stream}/routing", tag = "producers",
-    params(("stream" = String, Path, description = "Stream name", pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$", example = "orders")),
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
     responses(
         (status = 200, description = "The stream's routing", body = RoutingResponse),
     )
 )]
 async fn routing(
     State(s): State<AppState>,
-    Path(stream): Path<String>,
+    Path(stream): Path<StreamId>,
 ) -> Result<Json<RoutingResponse>, ApiError> {
     Ok(Json(s.coordinator.routing(&stream).await?))
 }

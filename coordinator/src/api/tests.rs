@@ -287,3 +287,68 @@ async fn an_oversized_admin_body_is_refused_and_audited() {
     assert_eq!(log[0].result.code, Some(ErrorCode::PayloadTooLarge));
     assert_eq!(log[0].request.body, None, "an oversized body is not kept");
 }
+
+/// A bad id is refused where it enters (PROTOCOL §1): in a body when it is parsed, in a path
+/// or query by the extractor; each answer is `400 INVALID_REQUEST` naming the id and why.
+#[tokio::test]
+async fn bad_ids_are_refused_at_the_edge_with_the_name_rule_s_explanation() {
+    let app = app();
+    let cases = [
+        (
+            "POST",
+            "/v1/groups",
+            r#"{"group":"-bad","stream":"s","shard_count":1}"#,
+            r#"group: group id "-bad" must start with a letter or a digit"#,
+        ),
+        (
+            "POST",
+            "/v1/groups",
+            r#"{"group":"g","stream":"s s","shard_count":1}"#,
+            r#"stream id "s s" contains ' '"#,
+        ),
+        (
+            "POST",
+            "/v1/groups/g/leave",
+            r#"{"member_id":"","member_epoch":1}"#,
+            "member id must not be empty",
+        ),
+        (
+            "GET",
+            "/v1/groups/-g",
+            "",
+            r#"group id "-g" must start with a letter or a digit"#,
+        ),
+        (
+            "DELETE",
+            "/v1/groups/g/members/a%20b",
+            "",
+            r#"member id "a b" contains ' '"#,
+        ),
+        (
+            "GET",
+            "/v1/streams/s%7Bx%7D/routing",
+            "",
+            r#"stream id "s{x}" contains '{'"#,
+        ),
+        ("GET", "/v1/audit?group=a%20b", "", r#"group id "a b""#),
+    ];
+    for (method, uri, body, why) in cases {
+        let mut req = Request::builder().method(method).uri(uri);
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        let resp = app
+            .clone()
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{method} {uri}");
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["error"]["code"], "INVALID_REQUEST", "{method} {uri}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(why), "{method} {uri}: {message}");
+    }
+}

@@ -20,8 +20,8 @@ use client::{Client, ClientError, Fetched};
 use clap::{Args, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rsc_protocol::{
-    CreateGroupRequest, ErrorCode, PatchStreamRequest, ReshardState, ReshardingView,
-    RetentionPolicy, StartPosition, StreamView,
+    CreateGroupRequest, ErrorCode, GroupId, MemberId, PatchStreamRequest, ReshardState,
+    ReshardingView, RetentionPolicy, StartPosition, StreamId, StreamView,
 };
 use serde_json::{Value, json};
 use std::io::Write;
@@ -135,7 +135,7 @@ enum GroupCommand {
     /// Show a group: shards with target and current owners, lag, and members.
     Describe {
         /// Group id.
-        group: String,
+        group: GroupId,
     },
     /// List every group.
     List,
@@ -143,18 +143,18 @@ enum GroupCommand {
     /// durable until `resume` (survives rebalances and restarts).
     Pause {
         /// Group id.
-        group: String,
+        group: GroupId,
     },
     /// Resume a paused group.
     Resume {
         /// Group id.
-        group: String,
+        group: GroupId,
     },
     /// Move a paused (or member-less) group on every shard: to the earliest entry kept, to
     /// the latest, or to a time (Unix ms): entries from then on are delivered again.
     Seek {
         /// Group id.
-        group: String,
+        group: GroupId,
         /// `earliest`, `latest`, or a Unix time in ms.
         #[arg(long, value_parser = parse_seek)]
         to: rsc_protocol::SeekTarget,
@@ -162,7 +162,7 @@ enum GroupCommand {
     /// Delete a group.
     Delete {
         /// Group id.
-        group: String,
+        group: GroupId,
         /// Delete even when the group has live members (they are fenced).
         #[arg(long)]
         force: bool,
@@ -172,10 +172,10 @@ enum GroupCommand {
 #[derive(Debug, Args)]
 struct CreateArgs {
     /// Group id.
-    group: String,
+    group: GroupId,
     /// The stream the group reads.
     #[arg(long)]
-    stream: String,
+    stream: StreamId,
     /// Shard count; required when the stream is new, must match when it exists.
     #[arg(long, value_name = "N")]
     shards: Option<u32>,
@@ -275,14 +275,14 @@ enum StreamCommand {
     /// Show a stream: layout, groups, reshard progress, rollback window.
     Describe {
         /// Stream name.
-        stream: String,
+        stream: StreamId,
     },
     /// List every stream.
     List,
     /// Change a stream's shard count, for every group reading it.
     Reshard {
         /// Stream name.
-        stream: String,
+        stream: StreamId,
         /// The new shard count.
         #[arg(long, value_name = "M")]
         shards: u32,
@@ -296,7 +296,7 @@ enum StreamCommand {
     /// Undo the stream's latest reshard (while it runs or within the rollback window).
     Rollback {
         /// Stream name.
-        stream: String,
+        stream: StreamId,
         #[command(flatten)]
         wait: WaitArgs,
     },
@@ -305,7 +305,7 @@ enum StreamCommand {
 #[derive(Debug, Args)]
 struct RetentionArgs {
     /// Stream name.
-    stream: String,
+    stream: StreamId,
     /// Keep acknowledged entries this long (`0` = trim at once; e.g. 30s, 15m, 1h, 7d).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
     keep_acked: u64,
@@ -345,9 +345,9 @@ enum MemberCommand {
     /// Fence a member and remove it from its group; its shards are reassigned at once.
     Remove {
         /// Group id.
-        group: String,
+        group: GroupId,
         /// Member id.
-        member: String,
+        member: MemberId,
     },
 }
 
@@ -375,10 +375,10 @@ enum DlqCommand {
     #[command(after_help = EXIT_HELP)]
     Redrive {
         /// Stream name.
-        stream: String,
+        stream: StreamId,
         /// The group whose dead letters are redriven.
         #[arg(long)]
-        group: String,
+        group: GroupId,
         /// Only dead letters written at or after this Unix time in ms (as `group seek --to`).
         #[arg(long, value_name = "UNIX_MS", value_parser = parse_since)]
         since: Option<u64>,

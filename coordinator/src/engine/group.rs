@@ -3,6 +3,7 @@
 use super::{EngineError, GroupConfig, GroupDoc, MemberDoc, StreamDoc};
 use crate::assignor::{self, AssignorMember, StickyAssignor};
 use rsc_protocol::FencingMode;
+use rsc_protocol::MemberEpoch;
 use rsc_protocol::names::validate_name;
 use rsc_protocol::owner::OwnerToken;
 use rsc_protocol::{
@@ -90,7 +91,7 @@ impl GroupDoc {
         self.members.values().all(|m| {
             m.away_since_ms.is_some()
                 || (m.state == MemberState::Stable
-                    && m.member_epoch == self.assignment_epoch as i64)
+                    && MemberEpoch::new(m.member_epoch).is(self.assignment_epoch))
         })
     }
 
@@ -159,20 +160,20 @@ impl GroupDoc {
     ) -> Result<HeartbeatOutcome, EngineError> {
         validate_heartbeat(req)?;
         let id = req.member_id.as_str();
-        let events = match req.member_epoch {
-            -1 => {
+        let events = match MemberEpoch::new(req.member_epoch) {
+            MemberEpoch::LEAVE => {
                 self.check_leaving_incarnation(id, req.incarnation.as_deref(), now_ms)?;
                 return self.heartbeat_leave(stream, id);
             }
-            -2 => return self.heartbeat_step_away(stream, id, req, now_ms),
-            0 => self.heartbeat_join(stream, id, req, now_ms)?,
-            epoch if epoch < -2 => {
+            MemberEpoch::STEP_AWAY => return self.heartbeat_step_away(stream, id, req, now_ms),
+            MemberEpoch::JOIN => self.heartbeat_join(stream, id, req, now_ms)?,
+            epoch if epoch.is_invalid() => {
                 return Err(EngineError::Invalid(format!(
                     "member_epoch {epoch} is invalid: send 0 to join, -1 to leave, -2 to leave for a restart (static members), or the epoch last received"
                 )));
             }
             epoch => {
-                self.check_fenced(id, epoch, req)?;
+                self.check_fenced(id, epoch.get(), req)?;
                 Vec::new()
             }
         };
@@ -185,9 +186,9 @@ impl GroupDoc {
         stream: &StreamDoc,
         id: &str,
     ) -> Result<HeartbeatOutcome, EngineError> {
-        self.leave(stream, id, -1)?;
+        self.leave(stream, id, MemberEpoch::LEAVE.get())?;
         Ok(HeartbeatOutcome {
-            response: self.response(stream, id, -1, Vec::new()),
+            response: self.response(stream, id, MemberEpoch::LEAVE.get(), Vec::new()),
             drained: Vec::new(),
             events: vec![
                 GroupEvent::Left(id.to_owned()),
@@ -205,7 +206,7 @@ impl GroupDoc {
         now_ms: u64,
     ) -> Result<HeartbeatOutcome, EngineError> {
         self.step_away(id, req.incarnation.as_deref(), now_ms)?;
-        let mut response = self.response(stream, id, -2, Vec::new());
+        let mut response = self.response(stream, id, MemberEpoch::STEP_AWAY.get(), Vec::new());
         response.owner_tokens.clear();
         Ok(HeartbeatOutcome {
             response,
@@ -260,7 +261,7 @@ impl GroupDoc {
             return Err(EngineError::Fenced {
                 member: id.to_owned(),
                 sent: epoch,
-                current: -2,
+                current: MemberEpoch::STEP_AWAY.get(),
             });
         }
         let tolerated = epoch == m.previous_epoch
@@ -305,7 +306,7 @@ impl GroupDoc {
     /// report releasing.
     fn reported_owned(&self, req: &HeartbeatRequest) -> BTreeSet<u32> {
         match (&req.owned_shards, self.members.get(&req.member_id)) {
-            _ if req.member_epoch == 0 => BTreeSet::new(),
+            _ if MemberEpoch::new(req.member_epoch).is_join() => BTreeSet::new(),
             (Some(owned), _) => owned.iter().copied().collect(),
             (None, Some(m)) => m.assigned.union(&m.pending_revocation).copied().collect(),
             (None, None) => BTreeSet::new(),
@@ -332,8 +333,9 @@ impl GroupDoc {
             m.client.clone_from(&req.client);
         }
         // Without a list, what the member last reported stays on record (the view shows it).
-        let last_report =
-            (req.member_epoch != 0 && req.owned_shards.is_none()).then(|| m.reported.clone());
+        let last_report = (!MemberEpoch::new(req.member_epoch).is_join()
+            && req.owned_shards.is_none())
+        .then(|| m.reported.clone());
         if let Some(e) = self.reconcile(id, reported, now_ms) {
             events.push(e);
         }
@@ -383,14 +385,14 @@ impl GroupDoc {
         req: &HeartbeatRequest,
     ) -> Option<HeartbeatResponse> {
         if req.protocol_version != PROTOCOL_VERSION
-            || req.member_epoch <= 0
+            || !MemberEpoch::new(req.member_epoch).is_generation()
             || self.layout_version != stream.layout_version
         {
             return None;
         }
         let m = self.members.get(&req.member_id)?;
         let steady = m.member_epoch == req.member_epoch
-            && m.member_epoch == self.assignment_epoch as i64
+            && MemberEpoch::new(m.member_epoch).is(self.assignment_epoch)
             && m.state == MemberState::Stable
             && m.pending_revocation.is_empty()
             && m.revoke_started_ms.is_none()
@@ -462,8 +464,8 @@ impl GroupDoc {
         m.pending_revocation.clear();
         m.reported.clear();
         m.revoke_started_ms = None;
-        m.member_epoch = 0;
-        m.previous_epoch = 0;
+        m.member_epoch = MemberEpoch::JOIN.get();
+        m.previous_epoch = MemberEpoch::JOIN.get();
         m.away_since_ms = None;
         m.incarnation = incarnation.map(str::to_owned);
         Ok(GroupEvent::Rejoined(id.to_owned()))
@@ -524,8 +526,8 @@ impl GroupDoc {
             .members
             .get(member_id)
             .ok_or_else(|| EngineError::UnknownMember(member_id.to_owned()))?;
-        let tolerated = epoch > 0 && epoch == m.previous_epoch;
-        if epoch != -1 && epoch != m.member_epoch && !tolerated {
+        let tolerated = MemberEpoch::new(epoch).is_generation() && epoch == m.previous_epoch;
+        if MemberEpoch::new(epoch) != MemberEpoch::LEAVE && epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: member_id.to_owned(),
                 sent: epoch,
@@ -543,7 +545,7 @@ impl GroupDoc {
         stream: &StreamDoc,
         member_id: &str,
     ) -> Result<(), EngineError> {
-        self.leave(stream, member_id, -1)
+        self.leave(stream, member_id, MemberEpoch::LEAVE.get())
     }
 
     /// Applies a settings change; bumps the group epoch when anything changed.
@@ -638,7 +640,7 @@ impl GroupDoc {
             .filter(|s| reported.contains(s))
             .copied()
             .collect();
-        let assignment_epoch = self.assignment_epoch as i64;
+        let assignment_epoch = MemberEpoch::of_assignment(self.assignment_epoch).get();
         if !still_owned.is_empty() {
             let m = self.members.get_mut(id).expect("member exists");
             let first = m.revoke_started_ms.is_none();
@@ -757,9 +759,12 @@ fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
             req.protocol_version,
         ));
     }
-    validate_name("member", &req.member_id).map_err(EngineError::Invalid)?;
+    // The member id stays a string on the wire, so that a batch answers a bad one in its
+    // own result (PROTOCOL §10): this is where it is checked, for both routes.
+    let invalid = |e: rsc_protocol::IdError| EngineError::Invalid(e.to_string());
+    validate_name("member", &req.member_id).map_err(invalid)?;
     if let Some(incarnation) = &req.incarnation {
-        validate_name("incarnation", incarnation).map_err(EngineError::Invalid)?;
+        validate_name("incarnation", incarnation).map_err(invalid)?;
     }
     Ok(())
 }

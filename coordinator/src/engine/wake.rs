@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 /// assignment epoch, owning its whole target, nothing to revoke.
 pub fn settled(doc: &GroupDoc, m: &MemberDoc) -> bool {
     m.state == MemberState::Stable
-        && m.member_epoch == doc.assignment_epoch as i64
+        && rsc_protocol::MemberEpoch::new(m.member_epoch).is(doc.assignment_epoch)
         && m.pending_revocation.is_empty()
         && m.assigned == m.target
 }

@@ -1,6 +1,6 @@
 //! Operators' mutations: groups, members, pause, reshard and rollback.
 
-use super::{Coordinator, Result, ServiceError, check_name, invalid};
+use super::{Coordinator, Result, ServiceError, invalid};
 use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, stream_view,
 };
@@ -8,15 +8,16 @@ use crate::store::Versioned;
 use rsc_protocol::{
     CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, PatchStreamRequest, StreamView,
 };
+use rsc_protocol::{GroupId, MemberId, StreamId};
 use std::collections::HashMap;
 use tracing::{info, warn};
 
 impl Coordinator {
     /// Fences and removes a member (admin).
     #[tracing::instrument(skip(self))]
-    pub async fn remove_member(&self, group: &str, member: &str) -> Result<()> {
-        check_name("group", group)?;
-        check_name("member", member)?;
+    pub async fn remove_member(&self, group: &GroupId, member: &MemberId) -> Result<()> {
+        let group = group.as_str();
+        let member = member.as_str();
         self.mutate_group(group, |doc, stream, _now| {
             doc.remove_member(stream, member)?;
             Ok(vec![GroupEvent::Removed(member.to_owned())])
@@ -27,22 +28,26 @@ impl Coordinator {
 
     /// Changes a group's settings (admin).
     #[tracing::instrument(skip(self))]
-    pub async fn patch_group(&self, group: &str, patch: &PatchGroupRequest) -> Result<GroupView> {
-        check_name("group", group)?;
+    pub async fn patch_group(
+        &self,
+        group: &GroupId,
+        patch: &PatchGroupRequest,
+    ) -> Result<GroupView> {
+        let group = group.as_str();
         self.check_fencing(patch.fencing)?;
         self.mutate_group(group, |doc, stream, _now| {
             doc.update_config(stream, patch)?;
             Ok(Vec::new())
         })
         .await?;
-        self.describe_group(group).await
+        self.view_group(group).await
     }
 
     /// Pauses or resumes a group (admin; PROTOCOL §14): durable in the group document, so it
     /// outlives rebalances, member restarts and coordinator restarts.
     #[tracing::instrument(skip(self))]
-    pub async fn set_group_paused(&self, group: &str, paused: bool) -> Result<GroupView> {
-        check_name("group", group)?;
+    pub async fn set_group_paused(&self, group: &GroupId, paused: bool) -> Result<GroupView> {
+        let group = group.as_str();
         self.mutate_group(group, |doc, _stream, now| {
             if doc.set_paused(paused, now) {
                 tracing::info!(group, paused, "group pause changed");
@@ -51,14 +56,12 @@ impl Coordinator {
         })
         .await?;
         crate::metrics::record_group_paused(group, paused);
-        self.describe_group(group).await
+        self.view_group(group).await
     }
 
     /// Creates a group, and its stream when new (admin).
     #[tracing::instrument(skip_all, fields(group = %req.group, stream = %req.stream))]
     pub async fn create_group(&self, req: &CreateGroupRequest) -> Result<GroupView> {
-        check_name("group", &req.group)?;
-        check_name("stream", &req.stream)?;
         let config = self.group_config(req);
         self.check_fencing(req.fencing)?;
         config.validate()?;
@@ -72,7 +75,7 @@ impl Coordinator {
             let _s = self.lock_stream(&req.stream).await?;
             let _g = self.lock_group(&req.group).await?;
             if self.store.load_group(&req.group).await?.is_some() {
-                return Err(ServiceError::GroupAlreadyExists(req.group.clone()));
+                return Err(ServiceError::GroupAlreadyExists(req.group.to_string()));
             }
             let now = self.now();
             let (mut stream, revision) = match self.store.load_stream(&req.stream).await? {
@@ -81,7 +84,7 @@ impl Coordinator {
                         && n != v.doc.shard_count
                     {
                         return Err(ServiceError::ShardCountMismatch {
-                            stream: req.stream.clone(),
+                            stream: req.stream.to_string(),
                             existing: v.doc.shard_count,
                             requested: n,
                         });
@@ -149,8 +152,8 @@ impl Coordinator {
 
     /// Deletes a group (admin). Without `force`, refuses while it has members.
     #[tracing::instrument(skip(self))]
-    pub async fn delete_group(&self, group: &str, force: bool) -> Result<()> {
-        check_name("group", group)?;
+    pub async fn delete_group(&self, group: &GroupId, force: bool) -> Result<()> {
+        let group = group.as_str();
         let stream_name = self.load_group(group).await?.doc.stream;
         let stream = self
             .retrying(|| async {
@@ -184,8 +187,8 @@ impl Coordinator {
 
     /// Starts a reshard of `stream` to `shard_count` shards (admin).
     #[tracing::instrument(skip(self))]
-    pub async fn reshard(&self, stream: &str, shard_count: u32) -> Result<StreamView> {
-        check_name("stream", stream)?;
+    pub async fn reshard(&self, stream: &StreamId, shard_count: u32) -> Result<StreamView> {
+        let stream = stream.as_str();
         self.mutate_stream(stream, |s, now| s.reshard(shard_count, now))
             .await
     }
@@ -195,10 +198,10 @@ impl Coordinator {
     #[tracing::instrument(skip(self, patch), fields(stream))]
     pub async fn patch_stream(
         &self,
-        stream: &str,
+        stream: &StreamId,
         patch: &PatchStreamRequest,
     ) -> Result<StreamView> {
-        check_name("stream", stream)?;
+        let stream = stream.as_str();
         for p in [&patch.retention, &patch.dlq_retention]
             .into_iter()
             .flatten()
@@ -233,8 +236,8 @@ impl Coordinator {
 
     /// Rolls back the latest reshard of `stream` (admin).
     #[tracing::instrument(skip(self))]
-    pub async fn rollback(&self, stream: &str) -> Result<StreamView> {
-        check_name("stream", stream)?;
+    pub async fn rollback(&self, stream: &StreamId) -> Result<StreamView> {
+        let stream = stream.as_str();
         let window = self.config.rollback_window_ms;
         self.mutate_stream(stream, |s, now| s.rollback(now, window))
             .await
@@ -361,10 +364,10 @@ impl Coordinator {
     #[tracing::instrument(skip(self))]
     pub async fn seek(
         &self,
-        group: &str,
+        group: &GroupId,
         req: &rsc_protocol::SeekRequest,
     ) -> Result<rsc_protocol::SeekResponse> {
-        check_name("group", group)?;
+        let group = group.as_str();
         let Some(sealer) = self.sealer.clone() else {
             return Err(invalid(
                 "seek needs the data Redis (--data-redis-url)".into(),

@@ -3,6 +3,7 @@
 use super::{Coordinator, Result, check_name, invalid};
 use crate::engine::GroupEvent;
 use crate::store::{SteadyTouch, StoreError, TouchOutcome};
+use rsc_protocol::{GroupId, MemberEpoch};
 use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
 use std::collections::HashMap;
 use tracing::{debug, warn};
@@ -11,10 +12,18 @@ impl Coordinator {
     /// Handles a heartbeat (PROTOCOL §5).
     pub async fn heartbeat(
         &self,
+        group: &GroupId,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse> {
+        self.heartbeat_valid(group, req).await
+    }
+
+    /// [`Coordinator::heartbeat`] for a group id already checked (a batch item's).
+    async fn heartbeat_valid(
+        &self,
         group: &str,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse> {
-        check_name("group", group)?;
         if let Some(response) = self.steady_heartbeat(group, req).await? {
             return Ok(response);
         }
@@ -62,7 +71,7 @@ impl Coordinator {
             let mut out = Vec::with_capacity(indices.len());
             for i in indices {
                 let (group, req) = items[i];
-                out.push((i, self.heartbeat(group, req).await));
+                out.push((i, self.heartbeat_valid(group, req).await));
             }
             out
         }))
@@ -116,7 +125,8 @@ impl Coordinator {
             Err(e) => return self.refuse_write(w, e).await,
         };
         w.events.extend(outcome.events);
-        let touch = (outcome.response.member_epoch >= 0).then(|| (req.member_id.clone(), w.now));
+        let touch = (!MemberEpoch::new(outcome.response.member_epoch).is_leave())
+            .then(|| (req.member_id.clone(), w.now));
         self.commit_write(&mut w, touch).await?;
         // Under the group lock, after the document write, before the answer leaves:
         // the member cannot learn of a grant whose owner token is not in place.
@@ -182,10 +192,10 @@ impl Coordinator {
 
     /// Handles `POST leave`.
     #[tracing::instrument(skip_all, fields(group = %group, member = %req.member_id))]
-    pub async fn leave(&self, group: &str, req: &LeaveRequest) -> Result<LeaveResponse> {
-        check_name("group", group)?;
-        check_name("member", &req.member_id)?;
-        if req.member_epoch < -1 {
+    pub async fn leave(&self, group: &GroupId, req: &LeaveRequest) -> Result<LeaveResponse> {
+        let group = group.as_str();
+        // `POST leave` takes a generation or -1; -2 (step away) is a heartbeat's (PROTOCOL §5.1).
+        if req.member_epoch < MemberEpoch::LEAVE.get() {
             return Err(invalid(format!(
                 "member_epoch {} is invalid",
                 req.member_epoch
@@ -193,12 +203,12 @@ impl Coordinator {
         }
         self.mutate_group(group, |doc, stream, _now| {
             doc.leave(stream, &req.member_id, req.member_epoch)?;
-            Ok(vec![GroupEvent::Left(req.member_id.clone())])
+            Ok(vec![GroupEvent::Left(req.member_id.to_string())])
         })
         .await?;
         Ok(LeaveResponse {
-            member_id: req.member_id.clone(),
-            member_epoch: -1,
+            member_id: req.member_id.to_string(),
+            member_epoch: MemberEpoch::LEAVE.get(),
         })
     }
 }

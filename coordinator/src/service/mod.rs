@@ -191,7 +191,7 @@ fn invalid(msg: String) -> ServiceError {
 }
 
 fn check_name(kind: &str, name: &str) -> Result<()> {
-    validate_name(kind, name).map_err(invalid)
+    validate_name(kind, name).map_err(|e| invalid(e.to_string()))
 }
 
 /// The coordinator: one per process, shared by every HTTP handler and the expiry sweep.
@@ -307,7 +307,9 @@ impl Coordinator {
     /// With strict fencing, writes the owner tokens of the answer's assignment before the
     /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
     async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
-        if response.owner_tokens.is_empty() || response.member_epoch < 0 {
+        if response.owner_tokens.is_empty()
+            || rsc_protocol::MemberEpoch::new(response.member_epoch).is_leave()
+        {
             return Ok(());
         }
         let Some(fencing) = &self.fencing else {
@@ -561,12 +563,10 @@ mod tests {
             ServiceConfig::default(),
         );
         c.create_group(&CreateGroupRequest {
-            group: "g".into(),
-            stream: "s".into(),
             shard_count: Some(2),
             session_timeout_ms: Some(2_000),
             heartbeat_interval_ms: Some(100),
-            ..Default::default()
+            ..CreateGroupRequest::new("g".parse().unwrap(), "s".parse().unwrap())
         })
         .await
         .unwrap();
@@ -579,16 +579,22 @@ mod tests {
             client: None,
             incarnation: None,
         };
-        let r = c.heartbeat("g", &hb(0, vec![])).await.unwrap();
-        c.heartbeat("g", &hb(r.member_epoch, r.assignment.clone()))
+        let r = c
+            .heartbeat(&"g".parse().unwrap(), &hb(0, vec![]))
             .await
             .unwrap();
+        c.heartbeat(
+            &"g".parse().unwrap(),
+            &hb(r.member_epoch, r.assignment.clone()),
+        )
+        .await
+        .unwrap();
         // Heartbeats recorded at 1 500 … 3 000 and acknowledged, then lost by the store (a
         // failover to a replica that never received them): it still says 1 000.
         c.cache.touched("g", "m", 3_000);
         clock.set(3_200);
         assert_eq!(c.sweep(&buckets_of(0, 1)).await.unwrap(), 0, "expired");
-        let view = c.describe_group("g").await.unwrap();
+        let view = c.describe_group(&"g".parse().unwrap()).await.unwrap();
         assert_eq!(view.members.len(), 1);
         let credit = c.outages.lock().unwrap().shift_ms(3_200, 2_000);
         // The store's last heartbeat (1 000, or the millisecond after) to 3 000.

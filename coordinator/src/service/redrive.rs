@@ -1,8 +1,9 @@
 //! Dead-letter redrive (admin; PROTOCOL §18): a group's dead letters republished through
 //! the stream's routing, then removed from `<stream>:dlq`.
 
-use super::{Coordinator, Result, ServiceError, check_name, invalid};
+use super::{Coordinator, Result, ServiceError, invalid};
 use crate::retention::redrive::{self, Republish};
+use rsc_protocol::StreamId;
 use rsc_protocol::{RedriveRequest, RedriveResponse, RedrivenEntry, routing};
 use rsc_redis::Conn;
 use std::collections::BTreeMap;
@@ -28,9 +29,12 @@ impl Coordinator {
     /// leaves both copies (redriven again later: a duplicate, never a loss). A dry run
     /// reads only.
     #[tracing::instrument(skip(self, req), fields(group = %req.group, dry_run = req.dry_run))]
-    pub async fn redrive(&self, stream: &str, req: &RedriveRequest) -> Result<RedriveResponse> {
-        check_name("stream", stream)?;
-        check_name("group", &req.group)?;
+    pub async fn redrive(
+        &self,
+        stream: &StreamId,
+        req: &RedriveRequest,
+    ) -> Result<RedriveResponse> {
+        let stream = stream.as_str();
         let limit = req.limit.unwrap_or(DEFAULT_LIMIT);
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(invalid(format!(
@@ -93,7 +97,7 @@ impl Coordinator {
                     routing::dlq_key(stream)
                 )));
             }
-            ::metrics::counter!("rsc_dlq_redriven_total", "stream" => stream.to_owned(), "group" => req.group.clone())
+            ::metrics::counter!("rsc_dlq_redriven_total", "stream" => stream.to_owned(), "group" => req.group.to_string())
                 .increment(found.len() as u64);
             info!(stream, redriven = found.len(), "dead letters redriven");
         }
@@ -162,7 +166,7 @@ fn response(
         .collect();
     RedriveResponse {
         stream: stream.to_owned(),
-        group: req.group.clone(),
+        group: req.group.to_string(),
         dry_run: req.dry_run,
         redriven: entries.len() as u64,
         entries,

@@ -1,15 +1,21 @@
 //! Read-only views: describe and list groups and streams, producers' routing.
 
-use super::{Coordinator, Result, ServiceError, check_name};
+use super::{Coordinator, Result, ServiceError};
 use crate::engine::{StreamDoc, group_view, routing_view, stream_view};
+use rsc_protocol::{GroupId, StreamId};
 use rsc_protocol::{GroupView, RoutingResponse, StreamView};
 use std::collections::HashMap;
 use tracing::debug;
 
 impl Coordinator {
     /// The group view.
-    pub async fn describe_group(&self, group: &str) -> Result<GroupView> {
-        check_name("group", group)?;
+    pub async fn describe_group(&self, group: &GroupId) -> Result<GroupView> {
+        self.view_group(group).await
+    }
+
+    /// [`Coordinator::describe_group`] of a group id read from the store, or checked by the
+    /// caller.
+    pub(super) async fn view_group(&self, group: &str) -> Result<GroupView> {
         let v = self.load_group(group).await?;
         let stream = self.load_stream(&v.doc.stream).await?;
         let mut view = group_view(&v.doc, &stream.doc, v.revision, self.now(), &HashMap::new());
@@ -68,7 +74,7 @@ impl Coordinator {
     pub async fn list_groups(&self) -> Result<Vec<GroupView>> {
         let mut out = Vec::new();
         for g in self.store.list_groups().await? {
-            match self.describe_group(&g).await {
+            match self.view_group(&g).await {
                 Ok(v) => out.push(v),
                 Err(ServiceError::GroupNotFound(_) | ServiceError::StreamNotFound(_)) => {}
                 Err(e) => return Err(e),
@@ -78,8 +84,8 @@ impl Coordinator {
     }
 
     /// The stream view.
-    pub async fn describe_stream(&self, stream: &str) -> Result<StreamView> {
-        check_name("stream", stream)?;
+    pub async fn describe_stream(&self, stream: &StreamId) -> Result<StreamView> {
+        let stream = stream.as_str();
         let v = self.load_stream(stream).await?;
         Ok(stream_view(
             &v.doc,
@@ -106,8 +112,8 @@ impl Coordinator {
     }
 
     /// Producers' routing metadata.
-    pub async fn routing(&self, stream: &str) -> Result<RoutingResponse> {
-        check_name("stream", stream)?;
+    pub async fn routing(&self, stream: &StreamId) -> Result<RoutingResponse> {
+        let stream = stream.as_str();
         Ok(routing_view(&self.load_stream(stream).await?.doc))
     }
 }
