@@ -507,3 +507,131 @@ async fn on_a_redis_cluster_a_strictly_fenced_pod_holds_a_few_connections_per_no
         "a strictly fenced pod owning {SHARDS} shards holds {pods:?} connections per node"
     );
 }
+
+/// Moves hash slot `slot` (and its keys) from the node at `from` to the node at `to` of a
+/// test cluster, as `redis-cli --cluster reshard` does: `IMPORTING`/`MIGRATING`, `MIGRATE` of
+/// its keys, then the new owner announced to every node.
+fn move_slot(nodes: &mut [redis::Connection], slot: u16, from: usize, to: usize, to_port: u16) {
+    let id = |con: &mut redis::Connection| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(con)
+            .expect("CLUSTER MYID")
+    };
+    let (from_id, to_id) = (id(&mut nodes[from]), id(&mut nodes[to]));
+    let setslot = |con: &mut redis::Connection, how: &str, node: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(node)
+            .query(con)
+            .expect("CLUSTER SETSLOT");
+    };
+    setslot(&mut nodes[to], "IMPORTING", &from_id);
+    setslot(&mut nodes[from], "MIGRATING", &to_id);
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut nodes[from])
+        .expect("CLUSTER GETKEYSINSLOT");
+    if !keys.is_empty() {
+        let () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to_port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query(&mut nodes[from])
+            .expect("MIGRATE");
+    }
+    for con in nodes.iter_mut() {
+        setslot(con, "NODE", &to_id);
+    }
+}
+
+/// The sharded doorbell follows a slot migration: a shard whose slot moves to another node
+/// is read there, its channel is subscribed again on the new node (the old one drops it,
+/// `SUNSUBSCRIBE`), and what a ringing producer writes afterwards is handled once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_the_doorbell_follows_a_slot_migration() {
+    let _serial = SERIAL.lock().await;
+    let cluster = rsc_testkit::RedisCluster::start().expect("cluster");
+    let stack = Stack::start();
+    let stream = "moving";
+    let shards = 8;
+    stack.create_group(GROUP, stream, shards, 6000, 500).await;
+    let seeds = cluster.url();
+    let pod = Consumer::start(
+        &stack,
+        "127.0.0.23",
+        &[
+            "--group",
+            GROUP,
+            "--stream",
+            stream,
+            "--redis-url",
+            &seeds,
+            "--redis-cluster",
+        ],
+    );
+    stack.wait_stable(GROUP, 1, shards as usize).await;
+    let mut nodes = node_connections(&cluster);
+    eventually("every doorbell channel subscribed", 30, || {
+        let c = node_clients(&mut nodes);
+        (c.iter().map(|c| c.1).sum::<u64>() == u64::from(shards)).then_some(())
+    })
+    .await;
+    let produce = |count: u64| {
+        let child =
+            std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
+                .args(["--coordinator", &stack.coordinator.url()])
+                .args(["--redis-url", &seeds, "--redis-cluster"])
+                .args(["--stream", stream, "--count", &count.to_string()])
+                .args(["--keys", "100"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::inherit())
+                .spawn()
+                .expect("sample-producer starts");
+        finish_producer(child, count);
+    };
+    let handled = |n: f64| {
+        let pod = &pod;
+        eventually_async("every entry handled", 60, move || async move {
+            let got = pod
+                .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
+                .await?;
+            (got >= n).then_some(got)
+        })
+    };
+    produce(200);
+    assert_eq!(handled(200.0).await, 200.0);
+
+    // Move shard 0's slot to the next node.
+    let key = rsc_protocol::routing::shard_key(stream, 0);
+    let slot = rsc_redis::cluster::key_slot(key.as_bytes());
+    let channel = rsc_protocol::routing::ring_channel(&key);
+    let serves = |con: &mut redis::Connection| -> bool {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .query(con)
+            .expect("PUBSUB SHARDCHANNELS");
+        channels.contains(&channel)
+    };
+    let from = (0..nodes.len())
+        .find(|&i| serves(&mut nodes[i]))
+        .expect("the channel is subscribed on some node");
+    let to = (from + 1) % nodes.len();
+    let to_port = cluster.nodes()[to].port();
+    move_slot(&mut nodes, slot, from, to, to_port);
+    eventually("the channel subscribed on the slot's new node", 30, || {
+        (serves(&mut nodes[to]) && !serves(&mut nodes[from])).then_some(())
+    })
+    .await;
+    produce(200);
+    assert_eq!(handled(400.0).await, 400.0, "handled more than once");
+}
