@@ -18,7 +18,9 @@
 //! An idempotent producer (the default, PROTOCOL §21) also `WATCH`es its producer record on
 //! each shard; the same script refuses, and answers with their entry ids, the records an
 //! earlier attempt of the publish wrote, and the transaction records the highest sequence
-//! written (module `write`).
+//! written (module `write`). It also passes the highest sequence it knows it wrote to each
+//! shard: a record found behind it is a loss (writes reported published and gone, e.g. a
+//! failover without `WAIT`), logged, counted and kept for [`Producer::lost_writes`].
 
 mod routing;
 mod write;
@@ -33,7 +35,7 @@ use routing::RoutingCache;
 use rsc_protocol::entry;
 use rsc_redis::LazyRedis;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -149,6 +151,28 @@ pub struct Published {
     pub id: String,
 }
 
+/// Writes of this producer that a publish had reported written and that a later write to the
+/// same shard found gone (PROTOCOL §21 "Across a failover"): the shard's producer record was
+/// behind the highest sequence the producer id had written there — a failover to a replica
+/// that had not received them, without [`ProducerBuilder::wait_for_replicas`], or the record
+/// deleted. Read with [`Producer::lost_writes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostWrites {
+    /// The stream.
+    pub stream: String,
+    /// The shard index (under the routing of the write that found the loss).
+    pub shard: u32,
+    /// The producer id (the entries' `producer_id` field).
+    pub producer_id: String,
+    /// The lowest sequence lost (`producer_seq`; the record's `s` plus one).
+    pub first_seq: u64,
+    /// The highest sequence lost: the highest the producer id had written to the shard.
+    pub last_seq: u64,
+}
+
+/// How many detected losses [`Producer::lost_writes`] keeps (the oldest are dropped first).
+pub const LOST_WRITES_KEPT: usize = 1024;
+
 /// Publishes messages to sharded streams. Cheap to clone (shares its connection and cache).
 ///
 /// ```no_run
@@ -190,6 +214,8 @@ struct Inner {
     retry_budget: Duration,
     /// The idle lanes of an idempotent producer.
     lanes: std::sync::Mutex<Vec<Lane>>,
+    /// The last [`LOST_WRITES_KEPT`] losses detected, oldest first ([`Producer::lost_writes`]).
+    lost: std::sync::Mutex<std::collections::VecDeque<LostWrites>>,
     /// The coordinators' base URLs, for [`Producer::not_ready`].
     coordinators: Vec<String>,
 }
@@ -295,6 +321,7 @@ impl ProducerBuilder {
                 idempotence: self.idempotent.then_some(self.idempotence_ttl),
                 retry_budget: self.retry_budget,
                 lanes: std::sync::Mutex::new(Vec::new()),
+                lost: std::sync::Mutex::new(std::collections::VecDeque::new()),
                 codec: self.codec,
                 wait: self.wait,
                 coordinators: (self.config.coordinator_urls.iter())
@@ -426,6 +453,7 @@ impl Producer {
         let mut delay = Duration::from_millis(2);
         loop {
             let placed = place(&routing, &records, &rr, &todo);
+            let sent_at = Instant::now();
             let sent = self.send_guarded(&routing, &records, &placed, lane.as_ref());
             let outcome = match sent.await {
                 Ok(r) => r,
@@ -435,6 +463,14 @@ impl Producer {
                     continue;
                 }
             };
+            self.written(
+                stream,
+                &routing,
+                guard.as_mut(),
+                lane.as_ref(),
+                &outcome,
+                sent_at,
+            );
             let (written, acked) = (outcome.written.len(), outcome.acked);
             if let Some((wanted, _)) = self.inner.wait
                 && acked < wanted
@@ -523,10 +559,12 @@ impl Producer {
         let lane = free.unwrap_or_else(|| Lane {
             id: format!("{:016x}", rand::random::<u64>()),
             next: 1,
+            wrote: HashMap::new(),
         });
         Some(LaneGuard {
             pool,
             lane: Some(lane),
+            window: compare_window(self.inner.idempotence?),
         })
     }
 
@@ -674,6 +712,12 @@ impl Producer {
             answered.extend(group.iter().zip(answers));
         }
         self.read_landed(&writer, &mut answered).await?;
+        for ((shard, _), answer) in &answered {
+            if let (Some(s), Some(lane)) = (answer.behind, lane) {
+                let known = lane.known_on(&routing.shard_keys[*shard as usize]);
+                out.lost.push((*shard, s, known));
+            }
+        }
         for ((shard, idx), answer) in answered {
             for (&i, id) in idx.iter().zip(answer.ids) {
                 match id {
@@ -844,6 +888,59 @@ impl Producer {
         shards.len()
     }
 
+    /// The writes this producer had reported published that a later write to the same shard
+    /// found gone, oldest first (the last [`LOST_WRITES_KEPT`]; PROTOCOL §21 "Across a
+    /// failover"). Each is also logged (`warn`) and counted in
+    /// `rsc_producer_lost_writes_total{stream}` (by sequence numbers); the publish that found
+    /// it succeeded. Only an idempotent producer detects losses, on its next write to the
+    /// shard within its records' idle expiry: a loss on a shard it never writes again, or
+    /// one of an earlier process (another producer id), is not detected.
+    pub fn lost_writes(&self) -> Vec<LostWrites> {
+        let lost = self.inner.lost.lock().unwrap_or_else(|p| p.into_inner());
+        lost.iter().cloned().collect()
+    }
+
+    /// After an attempt sent `at` answered: reports the losses its checks found
+    /// ([`Producer::lost_writes`]) and notes what it wrote in the lane.
+    fn written(
+        &self,
+        stream: &str,
+        routing: &Routing,
+        guard: Option<&mut LaneGuard<'_>>,
+        lane: Option<&LaneIds>,
+        outcome: &write::Outcome,
+        at: Instant,
+    ) {
+        let (Some(guard), Some(lane)) = (guard, lane) else {
+            return;
+        };
+        guard.wrote(routing, lane, &outcome.written, at);
+        for &(shard, s, known) in &outcome.lost {
+            let lost = LostWrites {
+                stream: stream.to_owned(),
+                shard,
+                producer_id: lane.id.clone(),
+                first_seq: s + 1,
+                last_seq: known,
+            };
+            warn!(
+                stream,
+                shard,
+                producer_id = %lane.id,
+                first_seq = lost.first_seq,
+                last_seq = lost.last_seq,
+                "writes reported published are gone from the shard (a failover without WAIT lost them, or the producer record was deleted)"
+            );
+            metrics::counter!("rsc_producer_lost_writes_total", "stream" => stream.to_owned())
+                .increment(known.saturating_sub(s));
+            let mut kept = self.inner.lost.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() == LOST_WRITES_KEPT {
+                kept.pop_front();
+            }
+            kept.push_back(lost);
+        }
+    }
+
     /// The routing the producer uses now for `stream` (fetched if unknown).
     pub async fn routing(&self, stream: &str) -> Result<Arc<Routing>, ClientError> {
         self.inner.routes.get(stream).await
@@ -856,12 +953,23 @@ impl Producer {
 }
 /// The producer id and the sequence number of each record of one publish (idempotence,
 /// PROTOCOL §21).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct LaneIds {
     /// 16 hex digits.
     id: String,
     /// By record index.
     seqs: Vec<u64>,
+    /// By shard key: the highest sequence the lane wrote there, for the shards written within
+    /// the comparison window ([`compare_window`]) when the publish began.
+    known: HashMap<String, u64>,
+}
+
+impl LaneIds {
+    /// The highest sequence the lane knows it wrote to `shard_key`, for the check to compare
+    /// with the producer record (0: nothing to compare; PROTOCOL §21 "Across a failover").
+    fn known_on(&self, shard_key: &str) -> u64 {
+        self.known.get(shard_key).copied().unwrap_or(0)
+    }
 }
 
 /// One sequence of publishes, one at a time: an idempotent producer takes a lane for each
@@ -871,6 +979,41 @@ struct LaneIds {
 struct Lane {
     id: String,
     next: u64,
+    /// By shard key: the highest sequence written there and when the attempt that wrote it
+    /// was sent (no later than the write, so the record's age is not underestimated).
+    wrote: HashMap<String, (u64, Instant)>,
+}
+
+impl Lane {
+    /// Notes that the lane wrote `seq` to `shard_key` in an attempt sent `at`.
+    fn wrote(&mut self, shard_key: &str, seq: u64, at: Instant) {
+        match self.wrote.get_mut(shard_key) {
+            Some(w) if w.0 >= seq => {}
+            Some(w) => *w = (seq, at),
+            None => {
+                self.wrote.insert(shard_key.to_owned(), (seq, at));
+            }
+        }
+    }
+
+    /// The highest sequence written per shard key, for the shards last written less than
+    /// `window` before `now` (an older record may have expired: not a loss); forgets the
+    /// others.
+    fn known(&mut self, now: Instant, window: Duration) -> HashMap<String, u64> {
+        self.wrote
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
+        (self.wrote.iter())
+            .map(|(k, (seq, _))| (k.clone(), *seq))
+            .collect()
+    }
+}
+
+/// How long after a lane's last write to a shard the check compares the shard's producer
+/// record with it: the records' idle expiry less a margin (a tenth of it, at least 1 s) for
+/// the time between the client's clock and Redis' (a record that expired because the lane
+/// was idle longer is not a loss).
+fn compare_window(ttl: Duration) -> Duration {
+    ttl.saturating_sub((ttl / 10).max(Duration::from_secs(1)))
 }
 
 /// A lane taken for one publish; given back when dropped (the publish done, or cancelled:
@@ -878,10 +1021,12 @@ struct Lane {
 struct LaneGuard<'a> {
     pool: &'a std::sync::Mutex<Vec<Lane>>,
     lane: Option<Lane>,
+    /// [`compare_window`] of the producer's record expiry.
+    window: Duration,
 }
 
 impl LaneGuard<'_> {
-    /// The next `n` sequence numbers of the lane, with its id.
+    /// The next `n` sequence numbers of the lane, with its id and what it knows it wrote.
     fn take(&mut self, n: usize) -> LaneIds {
         let lane = self.lane.as_mut().expect("a lane until dropped");
         let first = lane.next;
@@ -889,6 +1034,21 @@ impl LaneGuard<'_> {
         LaneIds {
             id: lane.id.clone(),
             seqs: (first..first + n as u64).collect(),
+            known: lane.known(Instant::now(), self.window),
+        }
+    }
+
+    /// Notes the records `written` (index, where) of an attempt sent `at`.
+    fn wrote(
+        &mut self,
+        routing: &Routing,
+        ids: &LaneIds,
+        written: &[(usize, Published)],
+        at: Instant,
+    ) {
+        let lane = self.lane.as_mut().expect("a lane until dropped");
+        for (i, p) in written {
+            lane.wrote(&routing.shard_keys[p.shard as usize], ids.seqs[*i], at);
         }
     }
 }
@@ -968,4 +1128,65 @@ struct Stale<'a> {
     records: usize,
     /// When the publish began (the retry budget counts from it).
     started: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane() -> Lane {
+        Lane {
+            id: "p".into(),
+            next: 1,
+            wrote: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_lane_knows_the_highest_sequence_written_per_shard() {
+        let t0 = Instant::now();
+        let mut l = lane();
+        l.wrote("s:0", 3, t0);
+        l.wrote("s:0", 2, t0 + Duration::from_secs(5));
+        l.wrote("s:1", 4, t0);
+        let known = l.known(t0 + Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(known, [("s:0".into(), 3), ("s:1".into(), 4)].into());
+        // A lower sequence (a retry's record found written) neither lowers nor refreshes it.
+        assert_eq!(l.wrote["s:0"], (3, t0));
+        l.wrote("s:0", 9, t0 + Duration::from_secs(30));
+        assert_eq!(l.wrote["s:0"], (9, t0 + Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_shard_written_longer_ago_than_the_window_is_not_compared() {
+        let t0 = Instant::now();
+        let window = Duration::from_secs(10);
+        let mut l = lane();
+        l.wrote("s:0", 3, t0);
+        l.wrote("s:1", 4, t0 + Duration::from_secs(5));
+        let known = l.known(t0 + window, window);
+        assert_eq!(known, [("s:1".into(), 4)].into());
+        assert!(!l.wrote.contains_key("s:0"), "forgotten");
+        let ids = LaneIds {
+            known,
+            ..LaneIds::default()
+        };
+        assert_eq!((ids.known_on("s:0"), ids.known_on("s:1")), (0, 4));
+    }
+
+    #[test]
+    fn the_window_is_the_expiry_less_a_margin() {
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(compare_window(day), day - day / 10);
+        assert_eq!(
+            compare_window(Duration::from_secs(3)),
+            Duration::from_secs(2)
+        );
+        // An expiry of a second or less: never compared (it may have expired already).
+        assert_eq!(compare_window(Duration::from_millis(800)), Duration::ZERO);
+        let mut l = lane();
+        let t0 = Instant::now();
+        l.wrote("s:0", 1, t0);
+        assert!(l.known(t0, Duration::ZERO).is_empty());
+    }
 }

@@ -19,6 +19,16 @@
 //! value; no user key is written), which aborts the transaction, and answers the error
 //! naming the key: the publish fails with it and nothing is written ([`read`]).
 //!
+//! Losses (PROTOCOL §21 "Across a failover"): an idempotent write also passes, per shard, the
+//! highest sequence the lane knows it wrote there (0 when it wrote nothing there within the
+//! records' idle expiry less a margin, so an expired record is not taken for a loss). A record
+//! behind it means writes reported published are gone (a failover without `WAIT` rolled them
+//! back, or the record was deleted); the check then answers `{'behind', s…}` instead of nil,
+//! touches no key, and the transaction runs; the producer reports the range. Not detected: a
+//! loss on a shard the lane never writes again, one of an earlier producer id (a restarted
+//! process), and one found by a write whose reply is lost in turn (its retry meets the record
+//! the lost write set).
+//!
 //! Races: the markers are watched, so a reshard between the check and the `EXEC` aborts the
 //! transaction; so is the producer record of an idempotent write, so two attempts of one
 //! publish that overlap in Redis (a reply lost while the first attempt still travels) cannot
@@ -47,6 +57,9 @@ pub(super) struct Outcome {
     pub(super) again: Vec<usize>,
     /// How many replicas confirmed (`WAIT`; the fewest, `u32::MAX` without it).
     pub(super) acked: u32,
+    /// Shards whose producer record a transaction that ran found behind what the lane knows
+    /// it wrote there: (shard, the record's `s`, the lane's highest sequence written there).
+    pub(super) lost: Vec<(u32, u64, u64)>,
 }
 
 /// The answer of one transaction for one of its shards.
@@ -59,6 +72,9 @@ pub(super) struct ShardAnswer {
     pub(super) landed: Option<u64>,
     /// Each record's entry id, in order; `None`: not written (or not read yet).
     pub(super) ids: Vec<Option<String>>,
+    /// The check passed but found the shard's producer record behind the sequence the lane
+    /// knows it wrote there: the record's `s` (0: no record). Only in a transaction that ran.
+    pub(super) behind: Option<u64>,
 }
 
 /// Builds and reads the transactions of one attempt.
@@ -136,6 +152,9 @@ impl Writer<'_> {
             for (_, idx) in parts {
                 check.arg(idx.first().map_or(0, |&i| lane.seqs[i]));
             }
+            for (shard, _) in parts {
+                check.arg(lane.known_on(&self.routing.shard_keys[*shard as usize]));
+            }
         }
         pipe.cmd("MULTI");
         for (shard, idx) in parts {
@@ -205,24 +224,54 @@ pub(super) fn read(
     {
         return Err(e.clone().into());
     }
-    let answers = match exec {
-        Value::Array(replies) if matches!(values[1], Value::Nil) => executed(replies, parts)?,
-        Value::Nil => aborted(&values[1], parts)?,
-        Value::ServerError(e) => return Err(e.into()),
-        other => return Err(unexpected("publish: unexpected EXEC reply", &other)),
+    let answers = match (exec, passed(&values[1], parts.len())?) {
+        (Value::Array(replies), Some(behind)) => executed(replies, parts, behind)?,
+        (Value::Nil, Some(_)) => aborted(&Value::Nil, parts)?,
+        (Value::Nil, None) => aborted(&values[1], parts)?,
+        (Value::ServerError(e), _) => return Err(e.into()),
+        (other, _) => return Err(unexpected("publish: unexpected EXEC reply", &other)),
     };
     Ok((answers, acked))
 }
 
-/// The answers of a transaction that ran: the `XADD`s' ids, then the tail's reply.
-fn executed(replies: Vec<Value>, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>> {
+/// A check's reply that let the transaction run: per shard, the producer record's `s` when it
+/// is behind what the lane knows it wrote there (`nil`: none is; `{'behind', b…}`, −1 for a
+/// shard that is not). `None`: the check asked for an abort (or answered something else).
+fn passed(check: &Value, k: usize) -> redis::RedisResult<Option<Vec<Option<u64>>>> {
+    let items = match check {
+        Value::Nil => return Ok(Some(vec![None; k])),
+        Value::Array(items) => items,
+        _ => return Ok(None),
+    };
+    match items.first() {
+        Some(Value::BulkString(b)) if b == b"behind" => {}
+        Some(Value::SimpleString(b)) if b == "behind" => {}
+        _ => return Ok(None),
+    }
+    if items.len() != k + 1 {
+        return Err(unexpected("publish check: unexpected reply", check));
+    }
+    let behind = items[1..].iter().map(|v| match v {
+        Value::Int(s) => Ok(u64::try_from(*s).ok()),
+        _ => Err(unexpected("publish check: unexpected reply", check)),
+    });
+    behind.collect::<Result<_, _>>().map(Some)
+}
+
+/// The answers of a transaction that ran: the `XADD`s' ids, then the tail's reply; `behind`
+/// per shard from its check ([`passed`]).
+fn executed(
+    replies: Vec<Value>,
+    parts: &[Part],
+    behind: Vec<Option<u64>>,
+) -> redis::RedisResult<Vec<ShardAnswer>> {
     if let Some(Value::ServerError(e)) = replies.iter().find(|v| matches!(v, Value::ServerError(_)))
     {
         return Err(e.clone().into());
     }
     let mut ids = replies.into_iter();
     let mut out = Vec::with_capacity(parts.len());
-    for (_, idx) in parts {
+    for ((_, idx), behind) in parts.iter().zip(behind) {
         let mut part = Vec::with_capacity(idx.len());
         for _ in idx {
             let id: String = match ids.next() {
@@ -235,6 +284,7 @@ fn executed(replies: Vec<Value>, parts: &[Part]) -> redis::RedisResult<Vec<Shard
             marker: 0,
             landed: None,
             ids: part,
+            behind,
         });
     }
     Ok(out)
@@ -262,6 +312,7 @@ fn aborted(check: &Value, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>
             marker: marker.max(0) as u64,
             landed: u64::try_from(hw).ok(),
             ids: vec![None; idx.len()],
+            behind: None,
         });
     }
     Ok(out)
@@ -426,6 +477,7 @@ mod tests {
         let lane = LaneIds {
             id: "p".into(),
             seqs: vec![1, 2, 3],
+            ..LaneIds::default()
         };
         let mut w = Writer {
             routing: &routing,
@@ -464,6 +516,100 @@ mod tests {
             Value::Int(0),
         ]));
         assert!(read(v, &parts(), false).is_err());
+    }
+
+    fn behind(b: &[i64]) -> Value {
+        let mut v = vec![id("behind")];
+        v.extend(b.iter().map(|&s| Value::Int(s)));
+        Value::Array(v)
+    }
+
+    #[test]
+    fn a_transaction_that_ran_reports_the_shards_whose_record_is_behind() {
+        let mut v = vec![ok(), behind(&[-1, 0]), ok()];
+        v.extend(queued(4));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
+        let (answers, _) = read(v, &parts(), false).expect("read");
+        assert_eq!((answers[0].behind, answers[1].behind), (None, Some(0)));
+        assert_eq!(answers[1].ids, [Some("2-0".into())]);
+        let mut v = vec![ok(), behind(&[7, -1]), ok()];
+        v.extend(queued(4));
+        v.push(Value::Array(vec![
+            id("1-0"),
+            id("1-1"),
+            id("2-0"),
+            Value::Int(0),
+        ]));
+        let (answers, _) = read(v, &parts(), false).expect("read");
+        assert_eq!((answers[0].behind, answers[1].behind), (Some(7), None));
+    }
+
+    #[test]
+    fn a_behind_check_whose_transaction_aborted_wrote_nothing_and_reports_nothing() {
+        let mut v = vec![ok(), behind(&[3, -1]), ok()];
+        v.extend(queued(4));
+        v.push(Value::Nil);
+        let (answers, _) = read(v, &parts(), false).expect("read");
+        assert!(answers.iter().all(|a| a.behind.is_none()
+            && a.marker == 0
+            && a.landed.is_none()
+            && a.ids.iter().all(Option::is_none)));
+    }
+
+    #[test]
+    fn a_behind_reply_of_the_wrong_shape_is_an_error() {
+        for bad in [
+            behind(&[1]),
+            Value::Array(vec![id("behind"), Value::Int(1), id("x")]),
+        ] {
+            let mut v = vec![ok(), bad, ok()];
+            v.extend(queued(4));
+            v.push(Value::Array(vec![
+                id("1-0"),
+                id("1-1"),
+                id("2-0"),
+                Value::Int(0),
+            ]));
+            assert!(read(v, &parts(), false).is_err());
+        }
+    }
+
+    #[test]
+    fn the_check_gets_what_the_lane_knows_it_wrote_per_shard() {
+        let routing = Routing {
+            stream: "s".into(),
+            shard_count: 2,
+            routing_epoch: 4,
+            shard_keys: vec!["s:0".into(), "s:1".into()],
+        };
+        let lane = LaneIds {
+            id: "p".into(),
+            seqs: vec![10, 11, 12],
+            known: [("s:1".to_owned(), 9)].into(),
+        };
+        let w = Writer {
+            routing: &routing,
+            records: &[Record::raw("a"), Record::raw("b"), Record::raw("c")],
+            lane: Some(&lane),
+            ttl_ms: 1,
+            cluster: false,
+            wait: None,
+        };
+        let pipe = w.pipeline(&parts());
+        let check = pipe.cmd_iter().nth(1).expect("the check");
+        let args: Vec<String> = (check.args_iter())
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        // EVAL body 5 <5 keys> epoch id <lowest seq ×2> <known ×2>
+        assert_eq!(args[8..], ["4", "p", "10", "11", "0", "9"]);
     }
 
     #[test]

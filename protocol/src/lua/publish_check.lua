@@ -5,9 +5,13 @@
 -- the abort key {<first shard key>}:publish-abort, which never holds a value (k + 1 or
 -- 2k + 1 keys). A record holds s = the highest sequence the id wrote to the shard.
 -- ARGV[1]: the producer's routing epoch; ARGV[2]: the producer id ('' none); idempotent only,
--- then per shard the lowest sequence of its records.
+-- then per shard the lowest sequence of its records, then per shard the highest sequence the
+-- producer knows it wrote there (0: nothing to compare; absent: 0).
 -- Returns nil when the transaction may run (it still aborts if a watched key changes before
--- the EXEC). Else it touches a watched key, which aborts the transaction (EXEC answers nil),
+-- the EXEC); when it may run but a shard's record is behind the sequence the producer knows
+-- it wrote there (those writes are gone: a failover lost them, or the record was deleted),
+-- {'behind', b_1, ..., b_k} with b_j = the record's s (0 when there is none) for such a shard,
+-- -1 for the others: no key is touched, the transaction runs. Else it touches a watched key, which aborts the transaction (EXEC answers nil),
 -- and returns per shard {refused, s}: refused = the marker when it is not ARGV[1] (0 when it
 -- is or is absent); s = the record's highest sequence when records of the shard were written
 -- before (sequence <= s: a retry of what had landed; their entry ids are read by
@@ -21,7 +25,7 @@ local idem = ARGV[2] ~= ''
 local k = idem and (#KEYS - 1) / 2 or #KEYS - 1
 local at = KEYS[1]
 local function check()
-  local out, abort = {}, false
+  local out, abort, behind, lost = {}, false, {'behind'}, false
   for j = 1, k do
     at = KEYS[j]
     local m = redis.call('GET', at)
@@ -31,19 +35,25 @@ local function check()
       redis.call('SET', at, m, 'KEEPTTL')
       abort = true
     end
-    local hw = -1
+    local hw, b = -1, -1
     if idem then
       at = KEYS[k + j]
       local s = redis.call('HGET', at, 's')
+      local known = tonumber(ARGV[2 + k + j] or '0') or 0
       if s and tonumber(ARGV[2 + j]) <= tonumber(s) then
         hw = tonumber(s)
         redis.call('HSET', at, 's', s)
         abort = true
+      elseif known > 0 and (tonumber(s) or 0) < known then
+        b = tonumber(s) or 0
+        lost = true
       end
     end
     out[j] = {refused, hw}
+    behind[j + 1] = b
   end
   if abort then return out end
+  if lost then return behind end
   return nil
 end
 local ok, res = pcall(check)
