@@ -5,10 +5,12 @@
 //! timeout, or once the test releases it). The checker reads every shard: duplicates by
 //! `(producer_id, producer_seq)` and records lost or written twice by their number. Also: a
 //! check that fails at run time writes nothing (standalone and Redis Cluster), and a master
-//! killed behind Redis Sentinel neither duplicates nor loses a confirmed record.
+//! killed behind Redis Sentinel neither duplicates nor loses a confirmed record; writes a
+//! publish had reported published and that are gone (a failover without `WAIT`, simulated)
+//! are reported by the producer's next write to the shard.
 
 use crate::pods::{self, SERIAL, Stack, eventually};
-use rsc_client::producer::{Producer, Published, Record};
+use rsc_client::producer::{LostWrites, Producer, Published, Record};
 use rsc_protocol::routing::{shard_for_key, shard_key};
 use serde_json::json;
 use std::collections::HashMap;
@@ -834,4 +836,131 @@ fn redis_on(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .expect("redis connection")
+}
+
+/// A producer with records that expire after `ttl` idle.
+fn producer_with_ttl(stack: &Stack, ttl: Duration) -> Producer {
+    Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .idempotence_ttl(ttl)
+        .build()
+        .expect("producer")
+}
+
+/// Publishes records `range`, all with one key (so to one shard): the shard, the producer id
+/// and the entry ids written.
+async fn publish_one_shard(
+    p: &Producer,
+    stack: &Stack,
+    stream: &str,
+    range: std::ops::Range<u64>,
+) -> (u32, String, Vec<String>) {
+    let records = range.map(|i| {
+        Record::raw(format!("m{i}"))
+            .key("one")
+            .field("n", i.to_string())
+    });
+    let at = p.publish_batch(stream, records).await.expect("publish");
+    let shard = at[0].shard;
+    assert!(at.iter().all(|a| a.shard == shard));
+    let ids: Vec<String> = at.into_iter().map(|a| a.id).collect();
+    let all = entries(stack, stream, 2);
+    let (_, _, f) = (all.iter())
+        .find(|(_, id, _)| *id == ids[0])
+        .expect("the entry written");
+    (shard, f["producer_id"].clone(), ids)
+}
+
+/// Writes reported published that vanish from their shard (the entries and the producer
+/// record rolled back, as by a failover to a replica that had not received them, without
+/// `WAIT`) are reported by the next publish to that shard, which succeeds and writes: first
+/// with the record gone (sequences from 1), then with the record rewound. Successive
+/// publishes report nothing.
+#[tokio::test]
+async fn writes_lost_after_a_publish_returned_are_reported_by_the_next_write() {
+    const STREAM: &str = "idem-lost";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let p = producer_with_ttl(&stack, Duration::from_secs(60));
+    let (shard, id, first) = publish_one_shard(&p, &stack, STREAM, 0..3).await;
+    let (_, id2, _) = publish_one_shard(&p, &stack, STREAM, 3..4).await;
+    assert_eq!(
+        id2, id,
+        "one lane: successive publishes share the producer id"
+    );
+    assert_eq!(p.lost_writes(), [], "successive publishes lose nothing");
+    // Roll back everything the producer wrote: its entries and its record.
+    let key = shard_key(STREAM, shard);
+    let record = rsc_protocol::routing::producer_key(&key, &id);
+    let mut con = stack.redis();
+    let all: Vec<String> = (entries(&stack, STREAM, 2).into_iter())
+        .filter(|(_, _, f)| f.get("producer_id") == Some(&id))
+        .map(|(_, e, _)| e)
+        .collect();
+    assert_eq!(all.len(), 4);
+    let _: () = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&all)
+        .query(&mut con)
+        .expect("XDEL");
+    let _: () = redis::cmd("DEL").arg(&record).query(&mut con).expect("DEL");
+    let (_, _, again) = publish_one_shard(&p, &stack, STREAM, 4..6).await;
+    let lost = |first_seq, last_seq| LostWrites {
+        stream: STREAM.into(),
+        shard,
+        producer_id: id.clone(),
+        first_seq,
+        last_seq,
+    };
+    assert_eq!(p.lost_writes(), [lost(1, 4)]);
+    assert_eq!(
+        check(&stack, STREAM, 2, 6).lost,
+        4,
+        "the new publish was written"
+    );
+    assert!(
+        entries(&stack, STREAM, 2)
+            .iter()
+            .any(|(_, e, _)| *e == again[1])
+    );
+    assert_ne!(first, again);
+    // The record rewound (its last write, sequences 5 and 6, rolled back).
+    let _: () = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&again)
+        .query(&mut con)
+        .expect("XDEL");
+    let _: () = (redis::cmd("HSET").arg(&record).arg("s").arg(4))
+        .query(&mut con)
+        .expect("HSET");
+    publish_one_shard(&p, &stack, STREAM, 6..7).await;
+    assert_eq!(p.lost_writes(), [lost(1, 4), lost(5, 6)]);
+    publish_one_shard(&p, &stack, STREAM, 7..8).await;
+    assert_eq!(p.lost_writes().len(), 2, "nothing lost since");
+}
+
+/// A producer record that expired because its producer wrote nothing to the shard for longer
+/// than the idle expiry is not a loss: the next write does not report one.
+#[tokio::test]
+async fn a_record_expired_after_an_idle_lane_is_not_a_loss() {
+    const STREAM: &str = "idem-idle";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let p = producer_with_ttl(&stack, Duration::from_secs(2));
+    let (shard, id, _) = publish_one_shard(&p, &stack, STREAM, 0..2).await;
+    let record = rsc_protocol::routing::producer_key(&shard_key(STREAM, shard), &id);
+    let mut con = stack.redis();
+    eventually("the producer record expired", 10, || {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(&record)
+            .query(&mut con)
+            .expect("EXISTS");
+        (n == 0).then_some(())
+    })
+    .await;
+    let (_, id2, _) = publish_one_shard(&p, &stack, STREAM, 2..3).await;
+    assert_eq!(id2, id, "the same lane wrote again");
+    assert_eq!(p.lost_writes(), [], "an expired record is not a loss");
+    assert_eq!(check(&stack, STREAM, 2, 3).lost, 0);
 }
