@@ -453,7 +453,6 @@ impl Producer {
         let mut delay = Duration::from_millis(2);
         loop {
             let placed = place(&routing, &records, &rr, &todo);
-            let sent_at = Instant::now();
             let sent = self.send_guarded(&routing, &records, &placed, lane.as_ref());
             let outcome = match sent.await {
                 Ok(r) => r,
@@ -463,14 +462,7 @@ impl Producer {
                     continue;
                 }
             };
-            self.written(
-                stream,
-                &routing,
-                guard.as_mut(),
-                lane.as_ref(),
-                &outcome,
-                sent_at,
-            );
+            self.written(stream, &routing, guard.as_mut(), lane.as_ref(), &outcome);
             let (written, acked) = (outcome.written.len(), outcome.acked);
             if let Some((wanted, _)) = self.inner.wait
                 && acked < wanted
@@ -702,10 +694,8 @@ impl Producer {
                 Ok::<_, redis::RedisError>((group, answers, acked))
             }
         });
-        let mut out = write::Outcome {
-            acked: u32::MAX,
-            ..write::Outcome::default()
-        };
+        // Before the sends start (they are lazy): no later than the writes.
+        let mut out = write::Outcome::new();
         let mut answered = Vec::with_capacity(parts.len());
         for (group, answers, acked) in futures::future::try_join_all(sends).await? {
             out.acked = out.acked.min(acked);
@@ -900,7 +890,7 @@ impl Producer {
         lost.iter().cloned().collect()
     }
 
-    /// After an attempt sent `at` answered: reports the losses its checks found
+    /// After an attempt answered: reports the losses its checks found
     /// ([`Producer::lost_writes`]) and notes what it wrote in the lane.
     fn written(
         &self,
@@ -909,12 +899,11 @@ impl Producer {
         guard: Option<&mut LaneGuard<'_>>,
         lane: Option<&LaneIds>,
         outcome: &write::Outcome,
-        at: Instant,
     ) {
         let (Some(guard), Some(lane)) = (guard, lane) else {
             return;
         };
-        guard.wrote(routing, lane, &outcome.written, at);
+        guard.wrote(routing, lane, &outcome.written, outcome.sent);
         for &(shard, s, known) in &outcome.lost {
             let lost = LostWrites {
                 stream: stream.to_owned(),

@@ -40,13 +40,14 @@ use super::routing::Routing;
 use super::{LaneIds, Published, Record};
 use redis::Value;
 use std::time::Duration;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// One shard's records of a write: the shard and the record indices, in order.
 pub(super) type Part = (u32, Vec<usize>);
 
 /// What became of the records of a write.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Outcome {
     /// Written now, or found written by an earlier attempt: where.
     pub(super) written: Vec<(usize, Published)>,
@@ -60,6 +61,22 @@ pub(super) struct Outcome {
     /// Shards whose producer record a transaction that ran found behind what the lane knows
     /// it wrote there: (shard, the record's `s`, the lane's highest sequence written there).
     pub(super) lost: Vec<(u32, u64, u64)>,
+    /// When the attempt was sent (no later than its writes).
+    pub(super) sent: Instant,
+}
+
+impl Outcome {
+    /// Nothing written yet, for an attempt sent now.
+    pub(super) fn new() -> Self {
+        Outcome {
+            written: Vec::new(),
+            refused: Vec::new(),
+            again: Vec::new(),
+            acked: u32::MAX,
+            lost: Vec::new(),
+            sent: Instant::now(),
+        }
+    }
 }
 
 /// The answer of one transaction for one of its shards.
