@@ -964,3 +964,56 @@ async fn a_record_expired_after_an_idle_lane_is_not_a_loss() {
     assert_eq!(p.lost_writes(), [], "an expired record is not a loss");
     assert_eq!(check(&stack, STREAM, 2, 3).lost, 0);
 }
+
+/// A batch over both shards after only one shard was rolled back: the loss is reported for
+/// that shard alone (its sequences from 1 up to the highest the producer wrote there), and
+/// the whole batch is written.
+#[tokio::test]
+async fn a_loss_on_one_shard_of_a_batch_is_reported_for_that_shard_only() {
+    const STREAM: &str = "idem-lost-one";
+    let _serial = SERIAL.lock().await;
+    let stack = stack_with(STREAM, 2).await;
+    let p = producer_with_ttl(&stack, Duration::from_secs(60));
+    let at = p
+        .publish_batch(STREAM, batch(0..20))
+        .await
+        .expect("publish");
+    assert!(at.iter().any(|a| a.shard == 0) && at.iter().any(|a| a.shard == 1));
+    let on_0: Vec<Entry> = (entries(&stack, STREAM, 2).into_iter())
+        .filter(|(s, _, _)| *s == 0)
+        .collect();
+    let id = on_0[0].2["producer_id"].clone();
+    let top: u64 = (on_0.iter())
+        .map(|(_, _, f)| f["producer_seq"].parse::<u64>().expect("seq"))
+        .max()
+        .expect("entries on shard 0");
+    let key = shard_key(STREAM, 0);
+    let mut con = stack.redis();
+    let ids: Vec<&String> = on_0.iter().map(|(_, e, _)| e).collect();
+    let _: () = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&ids)
+        .query(&mut con)
+        .expect("XDEL");
+    let record = rsc_protocol::routing::producer_key(&key, &id);
+    let _: () = redis::cmd("DEL").arg(&record).query(&mut con).expect("DEL");
+    let again = p
+        .publish_batch(STREAM, batch(20..40))
+        .await
+        .expect("publish");
+    assert_eq!(again.len(), 20);
+    let want = LostWrites {
+        stream: STREAM.into(),
+        shard: 0,
+        producer_id: id,
+        first_seq: 1,
+        last_seq: top,
+    };
+    assert_eq!(p.lost_writes(), [want]);
+    let c = check(&stack, STREAM, 2, 40);
+    assert_eq!(
+        (c.lost, c.duplicates),
+        (on_0.len(), 0),
+        "the second batch written in full"
+    );
+}
