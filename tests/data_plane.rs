@@ -372,28 +372,12 @@ async fn on_a_redis_cluster_a_pod_owning_1024_shards_holds_a_few_connections_per
     );
 
     // A ringing producer (SPUBLISH in the shard's slot), then plain XADDs.
-    let producer =
-        std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
-            .args(["--coordinator", &stack.coordinator.url()])
-            .args(["--redis-url", &cluster.url(), "--redis-cluster"])
-            .args(["--stream", STREAM, "--count", "2000", "--keys", "500"])
-            .args(["--rate", "2000"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("sample-producer starts");
-    finish_producer(producer, 2_000);
-    let handled = |n: f64| {
-        let pod = &pod;
-        eventually_async("every entry handled", 60, move || async move {
-            let got = pod
-                .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
-                .await?;
-            (got >= n).then_some(got)
-        })
-    };
-    assert_eq!(handled(2_000.0).await, 2_000.0, "handled more than once");
+    produce_on_cluster(&stack, &cluster, STREAM, 2_000, 500);
+    assert_eq!(
+        handled(&pod, 2_000.0).await,
+        2_000.0,
+        "handled more than once"
+    );
     let rings = pod
         .metric("rsc_client_doorbell_rings_total", &[])
         .await
@@ -412,12 +396,50 @@ async fn on_a_redis_cluster_a_pod_owning_1024_shards_holds_a_few_connections_per
             .query(&mut con)
             .expect("XADD");
     }
-    assert_eq!(handled(2_050.0).await, 2_050.0, "handled more than once");
+    assert_eq!(
+        handled(&pod, 2_050.0).await,
+        2_050.0,
+        "handled more than once"
+    );
     let clients = node_clients(&mut nodes);
     assert!(
         clients.iter().all(|&(conns, _)| conns <= 4),
         "the connections stay bounded under load: {clients:?}"
     );
+}
+
+/// Runs a sample producer (ringing, 2,000 entries/s at most) of `count` entries over `keys`
+/// keys to `stream` on `cluster`, to its end.
+fn produce_on_cluster(
+    stack: &Stack,
+    cluster: &rsc_testkit::RedisCluster,
+    stream: &str,
+    count: u64,
+    keys: u64,
+) {
+    let child =
+        std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
+            .args(["--coordinator", &stack.coordinator.url()])
+            .args(["--redis-url", &cluster.url(), "--redis-cluster"])
+            .args(["--stream", stream, "--count", &count.to_string()])
+            .args(["--keys", &keys.to_string(), "--rate", "2000"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("sample-producer starts");
+    finish_producer(child, count);
+}
+
+/// Waits until `pod` handled at least `n` entries of the group; how many it handled.
+async fn handled(pod: &Consumer, n: f64) -> f64 {
+    eventually_async("every entry handled", 60, || async {
+        let got = pod
+            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
+            .await?;
+        (got >= n).then_some(got)
+    })
+    .await
 }
 
 /// A connection to each node of `cluster`.
@@ -462,26 +484,12 @@ async fn on_a_redis_cluster_a_strictly_fenced_pod_holds_a_few_connections_per_no
     stack.create_group(GROUP, STREAM, SHARDS, 6000, 500).await;
     assert_eq!(stack.group(GROUP).await["fencing"], "strict");
     let mut pod = cluster_pod(&stack, &cluster, true).await;
-    let producer =
-        std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
-            .args(["--coordinator", &stack.coordinator.url()])
-            .args(["--redis-url", &seeds, "--redis-cluster"])
-            .args(["--stream", STREAM, "--count", "2000", "--keys", "500"])
-            .args(["--rate", "2000"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("sample-producer starts");
-    finish_producer(producer, 2_000);
-    let handled = eventually_async("every entry handled", 60, || async {
-        let n = pod
-            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
-            .await?;
-        (n >= 2_000.0).then_some(n)
-    })
-    .await;
-    assert_eq!(handled, 2_000.0, "handled more than once");
+    produce_on_cluster(&stack, &cluster, STREAM, 2_000, 500);
+    assert_eq!(
+        handled(&pod, 2_000.0).await,
+        2_000.0,
+        "handled more than once"
+    );
     let mut nodes = node_connections(&cluster);
     let with_pod = node_clients(&mut nodes);
     pod.kill9();
@@ -585,31 +593,8 @@ async fn on_a_redis_cluster_the_doorbell_follows_a_slot_migration() {
         (c.iter().map(|c| c.1).sum::<u64>() == u64::from(shards)).then_some(())
     })
     .await;
-    let produce = |count: u64| {
-        let child =
-            std::process::Command::new(rsc_testkit::binary_path("sample-producer").expect("built"))
-                .args(["--coordinator", &stack.coordinator.url()])
-                .args(["--redis-url", &seeds, "--redis-cluster"])
-                .args(["--stream", stream, "--count", &count.to_string()])
-                .args(["--keys", "100"])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::inherit())
-                .spawn()
-                .expect("sample-producer starts");
-        finish_producer(child, count);
-    };
-    let handled = |n: f64| {
-        let pod = &pod;
-        eventually_async("every entry handled", 60, move || async move {
-            let got = pod
-                .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
-                .await?;
-            (got >= n).then_some(got)
-        })
-    };
-    produce(200);
-    assert_eq!(handled(200.0).await, 200.0);
+    produce_on_cluster(&stack, &cluster, stream, 200, 100);
+    assert_eq!(handled(&pod, 200.0).await, 200.0);
 
     // Move shard 0's slot to the next node.
     let key = rsc_protocol::routing::shard_key(stream, 0);
@@ -632,6 +617,6 @@ async fn on_a_redis_cluster_the_doorbell_follows_a_slot_migration() {
         (serves(&mut nodes[to]) && !serves(&mut nodes[from])).then_some(())
     })
     .await;
-    produce(200);
-    assert_eq!(handled(400.0).await, 400.0, "handled more than once");
+    produce_on_cluster(&stack, &cluster, stream, 200, 100);
+    assert_eq!(handled(&pod, 400.0).await, 400.0, "handled more than once");
 }
