@@ -139,25 +139,13 @@ async fn a_pod_owning_1024_shards_holds_a_handful_of_connections_and_idles_for_f
 
     // Ringing producers are handled; so is a plain XADD (found by the fallback poll).
     let producer = spawn_producer(&stack, STREAM, 2_000, 500, Some(2_000));
-    for i in 0..50u32 {
-        let key = rsc_protocol::routing::shard_key(STREAM, (i * 37) % SHARDS);
-        let _: String = redis::cmd("XADD")
-            .arg(&key)
-            .arg("*")
-            .arg("payload")
-            .arg(format!(r#"{{"seq":{i},"key":"plain-{i}"}}"#))
-            .query(&mut con)
-            .expect("XADD");
-    }
+    plain_xadds(&mut con);
     finish_producer(producer, 2_000);
-    let handled = eventually_async("every entry handled", 60, || async {
-        let n = pod
-            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
-            .await?;
-        (n >= 2_050.0).then_some(n)
-    })
-    .await;
-    assert_eq!(handled, 2_050.0, "handled more than once");
+    assert_eq!(
+        handled(&pod, 2_050.0).await,
+        2_050.0,
+        "handled more than once"
+    );
     assert!(
         connections(&mut con) <= 4,
         "the connections stay bounded under load"
@@ -174,13 +162,7 @@ async fn a_strictly_fenced_pod_owning_1024_shards_holds_a_handful_of_connections
     let (stack, mut pod) = pod_owning_every_shard(true, true).await;
     let producer = spawn_producer(&stack, STREAM, 2_000, 500, Some(2_000));
     finish_producer(producer, 2_000);
-    eventually_async("every entry handled", 60, || async {
-        let n = pod
-            .metric("rsc_client_messages_handled_total", &[("group", GROUP)])
-            .await?;
-        (n >= 2_000.0).then_some(n)
-    })
-    .await;
+    handled(&pod, 2_000.0).await;
     let mut con = stack.redis();
     let with_pod = connections(&mut con);
     pod.kill9();
@@ -386,16 +368,7 @@ async fn on_a_redis_cluster_a_pod_owning_1024_shards_holds_a_few_connections_per
     let mut con = redis::cluster::ClusterClient::new(cluster.urls())
         .and_then(|c| c.get_connection())
         .expect("cluster connection");
-    for i in 0..50u32 {
-        let key = rsc_protocol::routing::shard_key(STREAM, (i * 37) % SHARDS);
-        let _: String = redis::cmd("XADD")
-            .arg(&key)
-            .arg("*")
-            .arg("payload")
-            .arg(format!(r#"{{"seq":{i},"key":"plain-{i}"}}"#))
-            .query(&mut con)
-            .expect("XADD");
-    }
+    plain_xadds(&mut con);
     assert_eq!(
         handled(&pod, 2_050.0).await,
         2_050.0,
@@ -406,6 +379,21 @@ async fn on_a_redis_cluster_a_pod_owning_1024_shards_holds_a_few_connections_per
         clients.iter().all(|&(conns, _)| conns <= 4),
         "the connections stay bounded under load: {clients:?}"
     );
+}
+
+/// Writes 50 entries to shards spread over the stream with plain `XADD`s (no ring: the
+/// doorbell's fallback poll finds them).
+fn plain_xadds(con: &mut impl redis::ConnectionLike) {
+    for i in 0..50u32 {
+        let key = rsc_protocol::routing::shard_key(STREAM, (i * 37) % SHARDS);
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("payload")
+            .arg(format!(r#"{{"seq":{i},"key":"plain-{i}"}}"#))
+            .query(con)
+            .expect("XADD");
+    }
 }
 
 /// Runs a sample producer (ringing, 2,000 entries/s at most) of `count` entries over `keys`
@@ -464,17 +452,9 @@ fn node_connections(cluster: &rsc_testkit::RedisCluster) -> Vec<redis::Connectio
 async fn on_a_redis_cluster_a_strictly_fenced_pod_holds_a_few_connections_per_node() {
     let _serial = SERIAL.lock().await;
     let cluster = rsc_testkit::RedisCluster::start().expect("cluster");
-    let seeds = cluster.url();
-    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--sweep-interval-ms",
-        "20",
-        "--data-redis-url",
-        &seeds,
-        "--data-redis-cluster",
-    ])
-    .expect("coordinator starts");
+    let coordinator =
+        rsc_testkit::CoordinatorProcess::start_on_cluster(&cluster, &["--sweep-interval-ms", "20"])
+            .expect("coordinator starts");
     let api = rsc_e2e::Api::new(coordinator.url());
     let stack = Stack {
         redis: rsc_testkit::RedisServer::start().expect("redis-server starts"),

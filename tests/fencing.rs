@@ -438,14 +438,8 @@ async fn strict_groups_rebalance_without_refusals_or_losses() {
 async fn owner_tokens_on_a_redis_cluster_data_redis() {
     const SHARDS: u32 = 6;
     let cluster = rsc_testkit::RedisCluster::shared().expect("cluster starts");
-    let coordinator = CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--data-redis-url",
-        &cluster.url(),
-        "--data-redis-cluster",
-    ])
-    .expect("coordinator starts");
+    let coordinator =
+        CoordinatorProcess::start_on_cluster(cluster, &[]).expect("coordinator starts");
     let api = Api::new(coordinator.url());
     let (group, stream) = ("gc", format!("cl{}", std::process::id()));
     let (s, body) = api

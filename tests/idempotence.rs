@@ -631,14 +631,8 @@ async fn a_check_that_fails_writes_nothing() {
 async fn a_check_that_fails_writes_nothing_on_a_redis_cluster() {
     let _serial = SERIAL.lock().await;
     let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
-    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--data-redis-url",
-        &cluster.url(),
-        "--data-redis-cluster",
-    ])
-    .expect("coordinator starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start_on_cluster(cluster, &[])
+        .expect("coordinator starts");
     let api = rsc_e2e::Api::new(coordinator.url());
     let stream = format!("iw{}", std::process::id());
     let (s, body) = api

@@ -534,14 +534,8 @@ async fn per_key_order_through_a_coordinator_restart_mid_reshard() {
 async fn fenced_publish_and_seals_on_a_redis_cluster() {
     let _serial = SERIAL.lock().await;
     let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
-    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--data-redis-url",
-        &cluster.url(),
-        "--data-redis-cluster",
-    ])
-    .expect("coordinator starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start_on_cluster(cluster, &[])
+        .expect("coordinator starts");
     let api = rsc_e2e::Api::new(coordinator.url());
     let stream = format!("oc{}", std::process::id());
     let (s, body) = api
@@ -631,14 +625,8 @@ async fn fenced_publish_and_seals_on_a_redis_cluster() {
 async fn a_batch_refused_on_one_cluster_shard_is_written_in_full_after_the_reshard() {
     let _serial = SERIAL.lock().await;
     let cluster = rsc_testkit::RedisCluster::shared().expect("redis cluster starts");
-    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--data-redis-url",
-        &cluster.url(),
-        "--data-redis-cluster",
-    ])
-    .expect("coordinator starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start_on_cluster(cluster, &[])
+        .expect("coordinator starts");
     let api = rsc_e2e::Api::new(coordinator.url());
     let stream = format!("op{}", std::process::id());
     let (s, body) = api

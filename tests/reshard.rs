@@ -726,16 +726,9 @@ fn jump_hashing_moves_one_key_in_n_plus_1() {
 #[tokio::test]
 async fn retired_keys_are_deleted_from_a_redis_cluster() {
     let cluster = rsc_testkit::RedisCluster::shared().expect("cluster starts");
-    let coordinator = CoordinatorProcess::start(&[
-        "--store",
-        "memory",
-        "--data-redis-url",
-        &cluster.url(),
-        "--data-redis-cluster",
-        "--rollback-window-ms",
-        "1000",
-    ])
-    .expect("coordinator starts");
+    let coordinator =
+        CoordinatorProcess::start_on_cluster(cluster, &["--rollback-window-ms", "1000"])
+            .expect("coordinator starts");
     let api = Api::new(coordinator.url());
     let stream = format!("rc{}", std::process::id());
     let (s, body) = api

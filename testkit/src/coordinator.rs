@@ -47,6 +47,21 @@ impl CoordinatorProcess {
         Self::start_listening("127.0.0.1:0", args)
     }
 
+    /// Starts a coordinator on its memory store whose data Redis is `cluster`
+    /// (`--data-redis-url <seeds> --data-redis-cluster`), with more `args`.
+    pub fn start_on_cluster(cluster: &crate::RedisCluster, args: &[&str]) -> io::Result<Self> {
+        let seeds = cluster.url();
+        let mut all = vec![
+            "--store",
+            "memory",
+            "--data-redis-url",
+            &seeds,
+            "--data-redis-cluster",
+        ];
+        all.extend_from_slice(args);
+        Self::start(&all)
+    }
+
     /// Same, on a chosen listen address (e.g. to restart on the same port).
     pub fn start_listening(listen: &str, args: &[&str]) -> io::Result<Self> {
         let bin = binary_path("rsc-coordinator")?;

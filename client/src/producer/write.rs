@@ -402,6 +402,32 @@ mod tests {
         Value::Okay
     }
 
+    /// The routing of stream `s` over 2 shards at `epoch`.
+    fn two_shards(epoch: u64) -> Routing {
+        Routing {
+            stream: "s".into(),
+            shard_count: 2,
+            routing_epoch: epoch,
+            shard_keys: vec!["s:0".into(), "s:1".into()],
+        }
+    }
+
+    /// A standalone writer of `records` for `lane`, without `WAIT`.
+    fn writer<'a>(
+        routing: &'a Routing,
+        records: &'a [Record],
+        lane: Option<&'a LaneIds>,
+    ) -> Writer<'a> {
+        Writer {
+            routing,
+            records,
+            lane,
+            ttl_ms: 1,
+            cluster: false,
+            wait: None,
+        }
+    }
+
     fn queued(n: usize) -> Vec<Value> {
         vec![Value::SimpleString("QUEUED".into()); n]
     }
@@ -485,25 +511,13 @@ mod tests {
 
     #[test]
     fn the_keys_end_with_the_abort_key_of_the_first_shard() {
-        let routing = Routing {
-            stream: "s".into(),
-            shard_count: 2,
-            routing_epoch: 1,
-            shard_keys: vec!["s:0".into(), "s:1".into()],
-        };
+        let routing = two_shards(1);
         let lane = LaneIds {
             id: "p".into(),
             seqs: vec![1, 2, 3],
             ..LaneIds::default()
         };
-        let mut w = Writer {
-            routing: &routing,
-            records: &[],
-            lane: Some(&lane),
-            ttl_ms: 1,
-            cluster: false,
-            wait: None,
-        };
+        let mut w = writer(&routing, &[], Some(&lane));
         let idem = [
             "{s:0}:epoch",
             "{s:1}:epoch",
@@ -598,25 +612,14 @@ mod tests {
 
     #[test]
     fn the_check_gets_what_the_lane_knows_it_wrote_per_shard() {
-        let routing = Routing {
-            stream: "s".into(),
-            shard_count: 2,
-            routing_epoch: 4,
-            shard_keys: vec!["s:0".into(), "s:1".into()],
-        };
+        let routing = two_shards(4);
         let lane = LaneIds {
             id: "p".into(),
             seqs: vec![10, 11, 12],
             known: [("s:1".to_owned(), 9)].into(),
         };
-        let w = Writer {
-            routing: &routing,
-            records: &[Record::raw("a"), Record::raw("b"), Record::raw("c")],
-            lane: Some(&lane),
-            ttl_ms: 1,
-            cluster: false,
-            wait: None,
-        };
+        let records = [Record::raw("a"), Record::raw("b"), Record::raw("c")];
+        let w = writer(&routing, &records, Some(&lane));
         let pipe = w.pipeline(&parts());
         let check = pipe.cmd_iter().nth(1).expect("the check");
         let args: Vec<String> = (check.args_iter())
