@@ -26,7 +26,9 @@ const MAP_TIMEOUT: Duration = Duration::from_secs(2);
 /// The app's guard connections (see the module docs). Made when first used.
 pub(crate) struct GuardConns {
     redis: LazyRedis,
-    /// The sets, by node (`None`: standalone, Sentinel, or a node not known).
+    /// Standalone or Sentinel: the one set (no look-up on the read path).
+    single: Arc<GuardSet>,
+    /// On a Redis Cluster: the sets by node (`None`: a node not known).
     sets: std::sync::Mutex<HashMap<Option<Node>, Arc<GuardSet>>>,
     /// On a Redis Cluster: the slot map (`None`: to be read).
     map: Mutex<Option<SlotMap>>,
@@ -88,6 +90,7 @@ impl GuardConns {
     pub(crate) fn new(redis: LazyRedis) -> Self {
         GuardConns {
             redis,
+            single: Arc::new(GuardSet::new()),
             sets: std::sync::Mutex::default(),
             map: Mutex::new(None),
         }
@@ -97,11 +100,14 @@ impl GuardConns {
     /// cluster look-up's type would otherwise nest into every worker's (past the compiler's
     /// recursion limit for `Send`).
     fn set_for<'a>(&'a self, key: &'a str) -> futures::future::BoxFuture<'a, Arc<GuardSet>> {
+        if !self.redis.is_cluster() {
+            return Box::pin(std::future::ready(self.single.clone()));
+        }
         Box::pin(self.set_for_inner(key))
     }
 
     async fn set_for_inner(&self, key: &str) -> Arc<GuardSet> {
-        let node = if self.redis.is_cluster() {
+        let node = {
             let mut map = self.map.lock().await;
             if map.is_none() {
                 *map = tokio::time::timeout(MAP_TIMEOUT, self.redis.slot_map())
@@ -111,8 +117,6 @@ impl GuardConns {
             }
             map.as_ref()
                 .and_then(|m| m.node_of(key.as_bytes()).cloned())
-        } else {
-            None
         };
         // A cache of sets: a panic while it was held leaves it whole (one insert).
         let mut sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
@@ -156,15 +160,6 @@ impl GuardConns {
         }
         r
     }
-
-    /// How many guard connections are made so far (for tests).
-    #[cfg(test)]
-    fn sets(&self) -> usize {
-        self.sets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
 }
 
 #[cfg(test)]
@@ -189,7 +184,7 @@ mod tests {
         let a = guards.set_for("s:0").await;
         let b = guards.set_for("s:1").await;
         assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(guards.sets(), 1);
+        assert!(Arc::ptr_eq(&a, &guards.single));
         let first = a.take(Some(1)).await;
         assert_eq!(first.index, 1, "the preferred connection, free");
         let second = a.take(Some(1)).await;
