@@ -12,7 +12,7 @@ use crate::pods;
 
 use crate::pods::{
     Consumer, Handled, SERIAL, Stack, eventually, finish_producer, handled, order_violations,
-    spawn_producer, xlen,
+    owned_by, spawn_producer, xlen,
 };
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -240,5 +240,97 @@ async fn a_poison_key_parks_only_itself() {
     eprintln!(
         "poison key: {} other entries handled with {poison_left} of its 20 entries still retrying",
         COUNT - 20
+    );
+}
+
+/// A handler that never ends does not get its member removed (PROTOCOL §5.3, "Revocation
+/// deadline"): pod A's handlings of keys `k1…` hang; when pod B joins, A revokes two of its
+/// four shards, and at the group's rebalance timeout (3 s) less the margin it drops the stuck
+/// calls instead of outliving the timeout. The coordinator never removes A, the stuck entries
+/// of the revoked shards stay pending (A acknowledges none of them) and B, taking them over,
+/// handles them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_handler_is_dropped_at_the_revocation_deadline() {
+    let _serial = SERIAL.lock().await;
+    let stack = Stack::start();
+    let stream = "stuck";
+    let (s, g) = stack
+        .api
+        .post(
+            "/v1/groups",
+            json!({"group": GROUP, "stream": stream, "shard_count": 4,
+                "session_timeout_ms": 10_000, "heartbeat_interval_ms": 300,
+                "rebalance_timeout_ms": 3_000}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{g}");
+    const COUNT: u64 = 400;
+    let hangs = |key: &str| key.starts_with("k1");
+    let stuck_shards: HashSet<u32> = (0..100)
+        .map(|k| format!("k{k}"))
+        .filter(|k| hangs(k))
+        .map(|k| rsc_protocol::routing::shard_for_key(k.as_bytes(), 4))
+        .collect();
+    assert_eq!(stuck_shards.len(), 4, "a stuck key on every shard");
+    let pod = |ip: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--group",
+            GROUP,
+            "--stream",
+            stream,
+            "--key-concurrency",
+            "16",
+            "--record-stream",
+            RECORD,
+        ];
+        args.extend_from_slice(extra);
+        Consumer::start(&stack, ip, &args)
+    };
+    let a = pod("127.0.0.45", &["--hang-key-prefix", "k1"]);
+    stack.wait_stable(GROUP, 1, 4).await;
+    finish_producer(spawn_producer(&stack, stream, COUNT, 100, None), COUNT);
+    let stuck = (0..COUNT)
+        .filter(|s| hangs(&format!("k{}", s % 100)))
+        .count() as u64;
+    let mut con = stack.redis();
+    eventually(
+        "every entry of a key that does not hang handled",
+        30,
+        || (handled(&mut con, RECORD).len() as u64 == COUNT - stuck).then_some(()),
+    )
+    .await;
+
+    let b = pod("127.0.0.46", &[]);
+    let view = stack.wait_stable(GROUP, 2, 4).await;
+    let b_member = b.member_ids(GROUP, 1).remove(0);
+    let b_shards: HashSet<u32> = owned_by(&view)[&b_member].iter().copied().collect();
+    assert_eq!(b_shards.len(), 2, "{view:#}");
+    // What hung on the shards B took over was left pending by A and is handled by B.
+    let stuck_there = (0..COUNT)
+        .map(|s| format!("k{}", s % 100))
+        .filter(|k| {
+            hangs(k) && b_shards.contains(&rsc_protocol::routing::shard_for_key(k.as_bytes(), 4))
+        })
+        .count();
+    let by_b = eventually("B handled the entries stuck on its shards", 30, || {
+        let n = handled(&mut con, RECORD)
+            .iter()
+            .filter(|r| hangs(&r.key) && r.member == b_member)
+            .count();
+        (n >= stuck_there).then_some(n)
+    })
+    .await;
+    let log = a.log().join("\n");
+    assert!(
+        log.contains("revocation deadline"),
+        "A never cut its revocation short:\n{log}"
+    );
+    assert!(
+        !log.contains("no longer knows this member"),
+        "the coordinator removed A for outliving the rebalance timeout:\n{log}"
+    );
+    eprintln!(
+        "stuck handler: {stuck_there} stuck entries on B's shards {b_shards:?} handled by B ({by_b}); \
+         A cut its revocation short and kept its membership"
     );
 }

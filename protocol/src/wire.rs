@@ -413,6 +413,16 @@ pub struct HeartbeatResponse {
     /// addition (PROTOCOL §14).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// The group's `rebalance_timeout_ms`: a member that has not finished revoking within it
+    /// of the answer that first asked it to is removed (PROTOCOL §5.3). A member stops
+    /// waiting for the handlers of revoked shards before then. Absent from an older
+    /// coordinator: 60000 (the default).
+    #[serde(default = "default_rebalance_timeout_ms")]
+    pub rebalance_timeout_ms: u64,
+}
+
+fn default_rebalance_timeout_ms() -> u64 {
+    60_000
 }
 
 /// `POST /v1/groups/{group}/leave` body.

@@ -462,6 +462,7 @@ mod tests {
             start: StartPosition::Earliest,
             owner_tokens: BTreeMap::new(),
             ordering: Default::default(),
+            rebalance_timeout_ms: 60_000,
         })
     }
 

@@ -242,6 +242,14 @@ const IN_USE_MARGIN: Duration = Duration::from_secs(1);
 /// have to finish before they are abandoned (see [`ShardFlags::abandon`]).
 const ABANDON_AFTER: Duration = Duration::from_secs(2);
 
+/// How long after being asked a member waits for the handler calls of the shards it revokes:
+/// the rebalance timeout less a margin for ending the workers and reporting (a tenth of it, at
+/// least two heartbeat intervals, at most half of it; PROTOCOL §5.3).
+fn revocation_budget(rebalance: Duration, interval: Duration) -> Duration {
+    let margin = (rebalance / 10).max(interval * 2).min(rebalance / 2);
+    rebalance - margin
+}
+
 /// One member of a group: `<instance>-<listener>-<index>`.
 pub(crate) struct MemberRuntime {
     shared: Arc<MemberShared>,
@@ -278,6 +286,11 @@ pub(crate) struct MemberRuntime {
     /// Signalled by the app's wake-up channel: the coordinator changed what this member must
     /// do; heartbeat now rather than at the interval.
     wake: Option<Arc<tokio::sync::Notify>>,
+    /// The group's rebalance timeout, from the last answer.
+    rebalance: Duration,
+    /// Since when (the sending of the heartbeat whose answer asked) this member revokes
+    /// shards; `None` when it revokes none or the revocation was cut short.
+    revoking_since: Option<Instant>,
 }
 
 impl MemberRuntime {
@@ -312,6 +325,8 @@ impl MemberRuntime {
             recent_fences: VecDeque::new(),
             in_use_until: None,
             wake: None,
+            rebalance: Duration::from_secs(60),
+            revoking_since: None,
         }
     }
 
@@ -353,6 +368,7 @@ impl MemberRuntime {
                 self.lease.fence_deadline()
             };
             let aside_at = self.aside_deadline();
+            let cut_at = self.revocation_deadline();
             tokio::select! {
                 _ = shutdown.cancelled(), if !leaving => {
                     info!(shards = ?self.slots.keys().collect::<Vec<_>>(), "shutting down: finishing in-flight messages");
@@ -381,6 +397,9 @@ impl MemberRuntime {
                 }
                 _ = tokio::time::sleep_until(aside_at.unwrap_or_else(Instant::now)), if aside_at.is_some() => {
                     self.give_shards_back();
+                }
+                _ = tokio::time::sleep_until(cut_at.unwrap_or_else(Instant::now)), if cut_at.is_some() => {
+                    self.cut_revocation_short();
                 }
                 // The data Redis' health changed: the loop looks again (join, step aside, return).
                 changed = health.changed(), if health_watched => health_watched = changed.is_ok(),
@@ -589,7 +608,9 @@ impl MemberRuntime {
         );
         self.hand_out_tokens();
         self.refused.clear();
-        self.reconcile();
+        if self.reconcile() && self.revoking_since.is_none() {
+            self.revoking_since = Some(sent_at);
+        }
         self.next_heartbeat = if self.report_now {
             // A revocation finished while this heartbeat was in flight.
             now
@@ -608,6 +629,7 @@ impl MemberRuntime {
         let session = Duration::from_millis(resp.session_timeout_ms);
         self.session = Some(session);
         self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
+        self.rebalance = Duration::from_millis(resp.rebalance_timeout_ms);
         self.start = resp.start;
         self.shard_count = resp.shard_count;
         let resumed = self.lease.renewed(sent_at, session);
@@ -759,10 +781,11 @@ impl MemberRuntime {
         }
     }
 
-    /// Revoke what is no longer assigned, start what is newly assigned.
-    fn reconcile(&mut self) {
+    /// Revoke what is no longer assigned, start what is newly assigned; `true` when it
+    /// started revoking shards.
+    fn reconcile(&mut self) -> bool {
         if !self.phase.can_work() {
-            return;
+            return false;
         }
         let mut revoked = Vec::new();
         let now = Instant::now();
@@ -777,6 +800,7 @@ impl MemberRuntime {
         if !revoked.is_empty() {
             info!(shards = ?revoked, "revoking shards: finishing in-flight messages");
         }
+        let revoking = !revoked.is_empty();
         let new: Vec<u32> = self
             .assignment
             .iter()
@@ -794,6 +818,43 @@ impl MemberRuntime {
             self.next_heartbeat = Instant::now();
             self.report_now = true;
         }
+        revoking
+    }
+
+    /// When this member stops waiting for the handler calls of the shards it revokes: the
+    /// group's rebalance timeout, less a margin, after it was asked (PROTOCOL §5.3).
+    fn revocation_deadline(&self) -> Option<Instant> {
+        let since = self.revoking_since?;
+        let waiting = self
+            .slots
+            .values()
+            .any(|s| s.stopping == Some(StopReason::Revoked) && !s.flags.cut_short.is_cancelled());
+        waiting.then(|| since + revocation_budget(self.rebalance, self.interval))
+    }
+
+    /// The revocation's deadline came: the workers of the revoked shards drop the handler
+    /// calls still running (their entries stay pending for the next owner) and end, so that
+    /// the member is not removed with every shard it owns.
+    fn cut_revocation_short(&mut self) {
+        self.revoking_since = None;
+        let shards: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.stopping == Some(StopReason::Revoked))
+            .map(|(k, s)| {
+                s.flags.cut_short.cancel();
+                *k
+            })
+            .collect();
+        warn!(
+            ?shards,
+            rebalance_timeout_ms = self.rebalance.as_millis() as u64,
+            "revocation deadline: handlers still running on revoked shards are dropped \
+             (their entries stay pending for the next owner) so that the member is not removed"
+        );
+        metrics::counter!("rsc_client_revocations_cut_short_total",
+            "group" => self.shared.group.clone())
+        .increment(1);
     }
 
     fn spawn_worker(&mut self, shard: u32) {
@@ -855,6 +916,13 @@ impl MemberRuntime {
             self.next_heartbeat = Instant::now();
             self.report_now = true;
             return;
+        }
+        if !self
+            .slots
+            .values()
+            .any(|s| s.stopping == Some(StopReason::Revoked))
+        {
+            self.revoking_since = None;
         }
         match slot.stopping {
             Some(StopReason::Revoked) => {
@@ -973,6 +1041,45 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_revocation_deadline_leaves_a_margin_before_the_rebalance_timeout() {
+        let ms = Duration::from_millis;
+        // Defaults: 60 s rebalance, 3 s heartbeats → a tenth of it (6 s) as margin.
+        assert_eq!(revocation_budget(ms(60_000), ms(3_000)), ms(54_000));
+        // Short timeouts: at least two heartbeat intervals.
+        assert_eq!(revocation_budget(ms(3_000), ms(300)), ms(2_400));
+        // Never more than half of the timeout.
+        assert_eq!(revocation_budget(ms(1_000), ms(1_000)), ms(500));
+        assert_eq!(revocation_budget(ms(0), ms(300)), ms(0));
+    }
+
+    #[tokio::test]
+    async fn a_revocation_is_cut_short_only_while_shards_are_revoked() {
+        let mut m = member();
+        assert_eq!(m.revocation_deadline(), None);
+        let since = Instant::now();
+        m.revoking_since = Some(since);
+        assert_eq!(m.revocation_deadline(), None, "nothing being revoked");
+        let flags = Arc::new(ShardFlags::default());
+        m.slots.insert(
+            3,
+            Slot {
+                stop: CancellationToken::new(),
+                flags: flags.clone(),
+                stopping: Some(StopReason::Revoked),
+                draining_since: None,
+            },
+        );
+        assert_eq!(
+            m.revocation_deadline(),
+            Some(since + revocation_budget(m.rebalance, m.interval))
+        );
+        m.cut_revocation_short();
+        assert!(flags.cut_short.is_cancelled());
+        assert_eq!(m.revoking_since, None);
+        assert_eq!(m.revocation_deadline(), None, "cut short once");
+    }
 
     fn rejection() -> CoordinatorError {
         CoordinatorError::Unexpected {

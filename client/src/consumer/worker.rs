@@ -79,6 +79,10 @@ pub(crate) struct ShardFlags {
     /// flight are dropped (their entries stay pending, for the next owner to claim). For a
     /// member whose data Redis does not answer, whose Redis calls could only time out.
     pub(crate) abandon: CancellationToken,
+    /// After `stop`, stops waiting for the handler calls in flight: they are dropped (their
+    /// entries stay pending, for the next owner to claim); what other calls settled is still
+    /// acknowledged. A revocation past its deadline (PROTOCOL §5.3).
+    pub(crate) cut_short: CancellationToken,
 }
 
 impl ShardFlags {

@@ -718,6 +718,7 @@ impl GroupDoc {
             owner_tokens: self.owner_tokens(member_id),
             ordering: self.config.ordering,
             paused: self.config.paused_since_ms.is_some(),
+            rebalance_timeout_ms: self.config.rebalance_timeout_ms,
         }
     }
 

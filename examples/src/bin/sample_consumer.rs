@@ -3,12 +3,14 @@
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
 //!   --concurrency N --pod-ip IP [--key-concurrency N] [--token T] [--handle-ms N] [--fail-rate F]
-//!   [--poison-key K] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
+//!   [--poison-key K] [--hang-key-prefix P] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
 //!   [--health-listen ADDR] [--static-id ID] [--data-redis-grace-ms N]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
-//! `<stream>:dlq`); every attempt on an entry with key `--poison-key` fails. With
+//! `<stream>:dlq`); every attempt on an entry with key `--poison-key` fails; the handling of
+//! an entry whose key starts with `--hang-key-prefix` never ends (a stuck handler: a
+//! revocation drops it at its deadline, PROTOCOL §5.3). With
 //! `--key-concurrency N`, up to N entries of one shard are handled at once, never two of one
 //! key. With `--record-stream`, every successful handling adds one entry to KEY
 //! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
@@ -88,6 +90,9 @@ struct Args {
     /// Every handling attempt of an entry with this key fails (a poison key).
     #[arg(long)]
     poison_key: Option<String>,
+    /// The handling of an entry whose key starts with this never ends (a stuck handler).
+    #[arg(long)]
+    hang_key_prefix: Option<String>,
     /// Probability that a handling attempt fails (0..=1).
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
@@ -121,6 +126,7 @@ struct Pod {
     handle: Duration,
     fail_rate: f64,
     poison_key: Option<String>,
+    hang_key_prefix: Option<String>,
     /// Where handlings are recorded: the stream key on the data Redis.
     record: Option<(String, LazyRedis)>,
 }
@@ -132,6 +138,16 @@ impl Pod {
             tokio::time::sleep(self.handle).await;
         }
         let key = msg.key().unwrap_or(&msg.payload().key);
+        if let Some(prefix) = &self.hang_key_prefix
+            && key.starts_with(prefix.as_str())
+        {
+            tracing::info!(
+                entry_id = msg.id(),
+                key,
+                "stuck handler: this handling never ends"
+            );
+            std::future::pending::<()>().await;
+        }
         if self.poison_key.as_deref() == Some(key) {
             return Err(HandlerError::retry(format!(
                 "poison key {key} (seq {}, attempt {})",
@@ -200,6 +216,7 @@ impl Pod {
             handle: Duration::from_millis(args.handle_ms),
             fail_rate: args.fail_rate,
             poison_key: args.poison_key.clone(),
+            hang_key_prefix: args.hang_key_prefix.clone(),
             record: args.record_stream.clone().map(|key| (key, data.clone())),
         }
     }

@@ -76,6 +76,15 @@ impl Calls {
         }
     }
 
+    /// Drops the calls still running (their entries get no verdict: they stay pending);
+    /// returns how many there were.
+    pub(super) fn drop_running(&mut self) -> usize {
+        let dropped = self.count;
+        self.running().clear();
+        self.count = 0;
+        dropped
+    }
+
     /// Waits until every call has ended.
     pub(super) async fn all_done(&mut self) {
         while let Some(done) = self.running().next().await {

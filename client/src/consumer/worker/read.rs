@@ -206,10 +206,20 @@ impl ShardWorker {
     }
 
     /// Stopping: waits for the calls in flight (a retry's wait is cut short by the stop; a
-    /// handler running is not), then sends the acknowledgements of what they settled.
+    /// handler running is not) unless the wait is cut short (a revocation past its deadline:
+    /// those still running are dropped, their entries stay pending), then sends the
+    /// acknowledgements of what they settled.
     async fn finish(&mut self, conn: &mut WorkerConn) {
         self.dispatch.stop();
-        self.calls.all_done().await;
+        let cut = self.flags.cut_short.clone();
+        tokio::select! {
+            () = self.calls.all_done() => {}
+            () = cut.cancelled() => {
+                let dropped = self.calls.drop_running();
+                warn!(calls = dropped, "revocation deadline: handler calls still running are \
+                    dropped; their entries stay pending for the next owner");
+            }
+        }
         for (call, verdicts) in self.calls.take_done() {
             self.dispatch.finished(call, &verdicts);
         }
