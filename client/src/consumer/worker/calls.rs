@@ -2,9 +2,9 @@
 //! for (a read, the doorbell, a backoff), so that handlers never stall while the worker reads.
 
 use super::call::Done;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use std::future::Future;
 use std::sync::Mutex;
 
@@ -37,9 +37,20 @@ impl Calls {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A call ended; so did any other that is ready now (taken without waiting, so that a
+    /// worker whose handlers return at once takes their ends in one turn, not one each).
     fn ended(&mut self, done: Done) {
         self.count -= 1;
         self.done.push(done);
+        while self.count > 0 {
+            match self.running().next().now_or_never() {
+                Some(Some(done)) => {
+                    self.count -= 1;
+                    self.done.push(done);
+                }
+                _ => break,
+            }
+        }
     }
 
     /// The results of the calls that ended since the last take.

@@ -110,8 +110,8 @@ impl Shape {
 pub(crate) struct Dispatch<E> {
     shape: Shape,
     queue: VecDeque<E>,
-    /// Ids and keys of the calls in flight.
-    calls: HashMap<CallId, Vec<(String, Option<String>)>>,
+    /// The entries of the calls in flight (clones: an `Arc` each in the worker).
+    calls: HashMap<CallId, Vec<E>>,
     /// Keys in flight, with how many of their entries (one lane: a batch may hold several).
     busy: HashMap<String, usize>,
     /// Ids queued, in flight, or waiting for their acknowledgement.
@@ -125,7 +125,7 @@ pub(crate) struct Dispatch<E> {
     skipped: u64,
 }
 
-impl<E: Keyed> Dispatch<E> {
+impl<E: Keyed + Clone> Dispatch<E> {
     /// An empty dispatch.
     pub(crate) fn new(shape: Shape) -> Self {
         let shape = Shape {
@@ -207,16 +207,15 @@ impl<E: Keyed> Dispatch<E> {
         }
         let id = CallId(self.next_call);
         self.next_call += 1;
-        let held = entries
-            .iter()
-            .map(|e: &E| (e.id().to_owned(), e.key().map(str::to_owned)))
-            .collect::<Vec<_>>();
-        for (_, key) in &held {
-            if let Some(k) = key {
-                *self.busy.entry(k.clone()).or_default() += 1;
+        for k in entries.iter().filter_map(E::key) {
+            match self.busy.get_mut(k) {
+                Some(n) => *n += 1,
+                None => {
+                    self.busy.insert(k.to_owned(), 1);
+                }
             }
         }
-        self.calls.insert(id, held);
+        self.calls.insert(id, entries.clone());
         Some(Call { id, entries })
     }
 
@@ -225,6 +224,17 @@ impl<E: Keyed> Dispatch<E> {
     /// taken, so the first queued entry of a free key is always the one taken: a key's
     /// entries start in stream order.
     fn take_distinct_keys(&mut self) -> Vec<E> {
+        if self.shape.batch == 1 {
+            // One entry a call: the first queued entry whose key is free.
+            let free = self
+                .queue
+                .iter()
+                .position(|e| e.key().is_none_or(|k| !self.busy.contains_key(k)));
+            return free
+                .and_then(|i| self.queue.remove(i))
+                .into_iter()
+                .collect();
+        }
         let mut taken_keys: HashSet<String> = HashSet::new();
         let mut picked = Vec::new();
         let mut i = 0;
@@ -254,13 +264,14 @@ impl<E: Keyed> Dispatch<E> {
         let Some(held) = self.calls.remove(&call) else {
             return;
         };
-        for (i, (id, key)) in held.into_iter().enumerate() {
-            if let Some(k) = key
-                && let Some(n) = self.busy.get_mut(&k)
+        for (i, e) in held.into_iter().enumerate() {
+            let id = e.id();
+            if let Some(k) = e.key()
+                && let Some(n) = self.busy.get_mut(k)
             {
                 *n -= 1;
                 if *n == 0 {
-                    self.busy.remove(&k);
+                    self.busy.remove(k);
                 }
             }
             // Calls answer in the order of their entries, mostly: look there first.
@@ -277,9 +288,9 @@ impl<E: Keyed> Dispatch<E> {
                 Verdict::Abandoned => false,
             };
             if ack {
-                self.acks.push(id);
+                self.acks.push(id.to_owned());
             } else {
-                self.known.remove(&id);
+                self.known.remove(id);
             }
         }
     }
