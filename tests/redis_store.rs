@@ -33,6 +33,9 @@ struct World {
     owners: Mutex<HashMap<String, (BTreeSet<u32>, Instant)>>,
     violations: Mutex<Vec<String>>,
     stop: AtomicBool,
+    /// While set, members keep processing (and reporting) the shards they are asked to
+    /// revoke, as a slow handler would: the group stays reconciling until it is cleared.
+    hold_revocations: AtomicBool,
     ok: AtomicU64,
     unavailable: AtomicU64,
 }
@@ -149,9 +152,15 @@ async fn member_loop(world: Arc<World>, id: String, state: Arc<tokio::sync::Mute
                         .iter()
                         .map(|s| s.as_u64().unwrap() as u32)
                         .collect();
-                    world.granted(&id, assignment.clone(), sent);
+                    // Holding, it keeps what it is asked to revoke besides what it gets.
+                    let holding: BTreeSet<u32> = if world.hold_revocations.load(Ordering::SeqCst) {
+                        assignment.iter().chain(st.owned.iter()).copied().collect()
+                    } else {
+                        assignment
+                    };
+                    world.granted(&id, holding.clone(), sent);
                     st.epoch = v["member_epoch"].as_i64().unwrap();
-                    st.owned = assignment.into_iter().collect();
+                    st.owned = holding.into_iter().collect();
                     st.shard_count = v["shard_count"].as_u64().unwrap() as u32;
                     world.ok.fetch_add(1, Ordering::SeqCst);
                 }
@@ -487,7 +496,9 @@ async fn coordinator_killed_mid_rebalance_and_restarted() {
     let before = group_view(&world).await;
 
     // Rebalance: three more members join and the stream grows; kill a coordinator while
-    // the old members are still revoking.
+    // the old members are still revoking (they hold their revoked shards until told to
+    // let go, so the rebalance cannot finish before the kill).
+    world.hold_revocations.store(true, Ordering::SeqCst);
     members.extend((3..6).map(|i| Member::spawn(&world, &format!("m{i}"))));
     let (s, v) = call_retrying(
         &world,
@@ -497,13 +508,18 @@ async fn coordinator_killed_mid_rebalance_and_restarted() {
     )
     .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-    // Kill it mid-rebalance: once the group is seen reconciling (members still revoking or
-    // waiting for shards), not after a guessed delay.
+    // Kill it mid-rebalance: once the group is seen reconciling with the new members
+    // waiting for shards the old ones still hold, not after a guessed delay.
     let mid = wait_view(&world, "the group reconciling", |v| {
         v["state"] == "reconciling"
+            && v["members"].as_array().is_some_and(|m| {
+                m.iter()
+                    .any(|m| !m["pending_revocation"].as_array().unwrap().is_empty())
+            })
     })
     .await;
     victim.kill();
+    world.hold_revocations.store(false, Ordering::SeqCst);
     assert!(mid["revision"].as_u64() > before["revision"].as_u64());
 
     let view = wait_converged(&world, &members.iter().collect::<Vec<_>>(), 18).await;
