@@ -20,10 +20,18 @@ pub(super) struct Calls {
 }
 
 impl Calls {
-    /// Adds a call.
-    pub(super) fn push(&mut self, call: BoxFuture<'static, Done>) {
-        self.running().push(call);
-        self.count += 1;
+    /// Starts a call: polls it once, so a call that ends at once (a handler that did not
+    /// wait) gives its end back here and is never kept; one that waits is kept and polled
+    /// from then on beside the worker's waits.
+    pub(super) fn start(&mut self, mut call: BoxFuture<'static, Done>) -> Option<Done> {
+        // Polled with a no-op waker: a call pushed is queued to be polled again (with the
+        // set's own waker) the next time the worker polls its calls, which it does next.
+        let done = (&mut call).now_or_never();
+        if done.is_none() {
+            self.running().push(call);
+            self.count += 1;
+        }
+        done
     }
 
     /// Whether no call is running.
@@ -101,5 +109,33 @@ impl Calls {
         while let Some(done) = self.running().next().await {
             self.ended(done);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dispatch::CallId;
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_ends_at_once_is_given_back_and_one_that_waits_is_kept() {
+        let mut calls = Calls::default();
+        let done = calls.start(async { (CallId::test(1), vec![]) }.boxed());
+        assert_eq!(done.map(|(id, _)| id), Some(CallId::test(1)));
+        assert!(calls.is_idle(), "an ended call is not kept");
+
+        let waits = async {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            (CallId::test(2), vec![])
+        };
+        assert!(calls.start(waits.boxed()).is_none());
+        assert!(!calls.is_idle(), "a waiting call is kept");
+        // Polled from then on with the set's own waker: it ends while the worker waits.
+        calls
+            .beside(tokio::time::sleep(std::time::Duration::from_millis(10)))
+            .await;
+        let ended: Vec<CallId> = calls.take_done().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ended, vec![CallId::test(2)]);
+        assert!(calls.is_idle());
     }
 }

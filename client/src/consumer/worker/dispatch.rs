@@ -81,6 +81,14 @@ pub(crate) struct Call<E> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CallId(u64);
 
+#[cfg(test)]
+impl CallId {
+    /// A call's name made up by a test.
+    pub(crate) fn test(n: u64) -> Self {
+        CallId(n)
+    }
+}
+
 /// How a dispatch is shaped (from the listener's settings).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {

@@ -188,25 +188,18 @@ impl ShardWorker {
             return false;
         }
         self.release_held().await;
-        self.start_calls().await;
+        self.start_calls();
         true
     }
 
-    /// Starts the calls the dispatch allows (none while the listener is paused). Each is
-    /// polled once here: a call that ends at once (a handler that did not wait) is settled
-    /// in the dispatch straight away, so its lane takes the next entry in the same turn, as
-    /// one lane's call takes a read's worth; the others run beside the worker's reads.
-    async fn start_calls(&mut self) {
+    /// Starts the calls the dispatch allows (none while the listener is paused). A call
+    /// that ends at once is settled straight away, so its lane takes the next entry in the
+    /// same turn, as one lane's call takes a read's worth.
+    fn start_calls(&mut self) {
         if !*self.shared.paused.borrow() {
             while let Some(call) = self.dispatch.next_call() {
-                let mut running = self.runner.clone().run(call);
-                // Polled with the worker's own waker: should it wait, its later polls come
-                // from the calls in flight (a wake of the worker meanwhile is only spurious).
-                match futures::poll!(running.as_mut()) {
-                    std::task::Poll::Ready((call, verdicts)) => {
-                        self.dispatch.finished(call, &verdicts);
-                    }
-                    std::task::Poll::Pending => self.calls.push(running),
+                if let Some((call, verdicts)) = self.calls.start(self.runner.clone().run(call)) {
+                    self.dispatch.finished(call, &verdicts);
                 }
             }
         }
