@@ -22,15 +22,21 @@ ws=json.load(sys.stdin)
 print(" ".join(p["name"] for p in ws["packages"] if p.get("publish") != []))')
 echo "publishable crates: $crates"
 
-# Each published crate needs the metadata crates.io and docs.rs show.
+# Each published crate needs the metadata crates.io and docs.rs show; `repository` and
+# `homepage` are optional (the project has no public home yet), but when given they name a
+# real address, not a reserved placeholder domain (RFC 2606: .invalid, .example, .test).
 cargo metadata --no-deps --format-version 1 --locked | python3 -c 'import json,sys
 missing=[]
 for p in json.load(sys.stdin)["packages"]:
     if p.get("publish") == []:
         continue
-    for f in ("description","license","readme","repository","homepage","documentation","keywords","categories"):
+    for f in ("description","license","readme","documentation","keywords","categories"):
         if not p.get(f):
             missing.append(p["name"]+": "+f)
+    for f in ("repository","homepage"):
+        host=(p.get(f) or "").split("/")[2:3]
+        if host and host[0].rsplit(".",1)[-1] in ("invalid","example","test","localhost"):
+            missing.append(p["name"]+": "+f+" is a placeholder ("+p[f]+")")
 if missing:
     sys.exit("missing package metadata:\n  "+"\n  ".join(missing))'
 
