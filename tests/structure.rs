@@ -1,7 +1,8 @@
 //! The code's structure, kept true by tests (docs/ARCHITECTURE.md): no import circle between
 //! sibling modules of a library crate — the top-level modules, and the submodules of each
 //! folder (test modules aside) — and no function longer than 80 lines in the libraries'
-//! non-test code (the request, heartbeat and read paths live there).
+//! non-test code (the request, heartbeat and read paths live there); ARCHITECTURE names only
+//! files and modules that exist.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -456,4 +457,101 @@ fn the_length_check_finds_a_long_function() {
     assert_eq!(found, vec![(MAX_FN_LINES + 1, "x.rs:1 long".to_owned())]);
     let tests_only = format!("#[cfg(test)]\nmod tests {{\n    fn long() {{\n{body}    }}\n}}\n");
     assert!(long_functions(Path::new("x.rs"), &tests_only).is_empty());
+}
+
+/// The file and folder names a document writes in backticks (`engine/`, `worker/read.rs`,
+/// `producer/mod.rs::publish_batch` → `producer/mod.rs`): a token with a `/` or a source
+/// file's extension, not a route (`/v1/...`).
+fn named_files(doc: &str) -> BTreeSet<String> {
+    const EXTENSIONS: &[&str] = &[".rs", ".lua", ".md", ".toml", ".sh"];
+    doc.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|t| t.split("::").next().unwrap_or(t))
+        .filter(|t| {
+            !t.is_empty()
+                && !t.starts_with('/')
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-/".contains(c))
+                && (t.contains('/') || EXTENSIONS.iter().any(|e| t.ends_with(e)))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every file and folder of the repository (build output and `.git` aside), as paths from
+/// the root with `/` separators; folders end with `/`.
+fn repository_paths() -> Vec<String> {
+    let root = root();
+    let mut out = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            if name == "target" || name == ".git" {
+                continue;
+            }
+            let rel = p
+                .strip_prefix(&root)
+                .expect("under the root")
+                .to_string_lossy();
+            let rel = rel.replace('\\', "/");
+            if p.is_dir() {
+                out.push(format!("{rel}/"));
+                stack.push(p);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out
+}
+
+/// The names of `names` that no file or folder of `paths` ends with (a name is written
+/// relative to its crate or folder, so it matches any path it is the tail of).
+fn unknown_names(names: &BTreeSet<String>, paths: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| {
+            let n = n.trim_start_matches("./");
+            !paths.iter().any(|p| {
+                p == n
+                    || p.strip_suffix('/') == Some(n)
+                    || p.ends_with(&format!("/{n}"))
+                    || p.strip_suffix('/')
+                        .is_some_and(|p| p.ends_with(&format!("/{n}")))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn architecture_names_only_files_and_modules_that_exist() {
+    let doc = fs::read_to_string(root().join("docs/ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let names = named_files(&doc);
+    assert!(names.len() > 50, "too few names found: {names:?}");
+    let unknown = unknown_names(&names, &repository_paths());
+    assert!(
+        unknown.is_empty(),
+        "docs/ARCHITECTURE.md names files or modules that do not exist: {unknown:?}"
+    );
+}
+
+#[test]
+fn the_name_check_finds_a_missing_module() {
+    let names = named_files(
+        "`engine/` and `service/heartbeat.rs::steady`, `consumer/gone.rs`, a route `/v1/x`, `GroupId`",
+    );
+    assert_eq!(
+        names.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["consumer/gone.rs", "engine/", "service/heartbeat.rs"]
+    );
+    let paths = [
+        "coordinator/src/engine/".to_owned(),
+        "coordinator/src/service/heartbeat.rs".to_owned(),
+        "client/src/consumer/worker.rs".to_owned(),
+    ];
+    assert_eq!(unknown_names(&names, &paths), ["consumer/gone.rs"]);
 }
