@@ -395,6 +395,44 @@ async fn an_ordered_reshard_and_rollback_with_retention_at_zero_loses_nothing() 
     );
 }
 
+/// A seek of a group whose shards were never written (no shard key exists yet, nor its
+/// Redis consumer group) creates each shard's key and group at the target instead of failing
+/// on the missing key.
+#[tokio::test]
+async fn seek_of_a_group_never_written_to_creates_its_shards_groups() {
+    let _serial = SERIAL.lock().await;
+    let stack = stack();
+    stack
+        .create_group("fresh", "never-written", 3, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let mut con = stack.redis();
+    let exists: u32 = redis::cmd("EXISTS")
+        .arg("never-written:0")
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "nothing wrote the shard key yet");
+    for to in [json!({"time_ms": 1}), json!("latest"), json!("earliest")] {
+        let (s, body) = stack
+            .api
+            .post("/v1/groups/fresh/seek", json!({ "to": to }))
+            .await;
+        assert_eq!(s, StatusCode::OK, "seek to {to}: {body}");
+        assert_eq!(
+            body["shards"].as_object().map(|m| m.len()),
+            Some(3),
+            "{body}"
+        );
+    }
+    for shard in 0..3 {
+        let groups: Vec<redis::Value> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(format!("never-written:{shard}"))
+            .query(&mut con)
+            .expect("XINFO GROUPS");
+        assert_eq!(groups.len(), 1, "shard {shard}: one consumer group");
+    }
+}
+
 /// `POST /v1/groups/{group}/seek` by time (PROTOCOL §18): refused while the group runs, then,
 /// paused, the group is moved back and handles again exactly the entries from that time on.
 #[tokio::test]

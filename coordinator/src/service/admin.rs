@@ -404,7 +404,13 @@ impl Coordinator {
                 .query_async(&mut conn)
                 .await;
             if let Err(e) = set {
-                if e.code() != Some("NOGROUP") && !e.to_string().contains("NOGROUP") {
+                // No group on the key (`NOGROUP`), or no key at all (a shard nothing was
+                // written to yet: `ERR … requires the key to exist`): create both.
+                let text = e.to_string();
+                let missing = e.code() == Some("NOGROUP")
+                    || text.contains("NOGROUP")
+                    || text.contains("requires the key to exist");
+                if !missing {
                     return Err(ServiceError::DataRedis(e.to_string()));
                 }
                 let () = redis::cmd("XGROUP")
