@@ -403,6 +403,7 @@ pub struct HeartbeatResponse {
     /// that compare it with `{<shard key>}:owner:<group>` in the data Redis. Absent in lease
     /// mode (an addition to PROTOCOL §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = shard_map_schema))]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
     /// The group's ordering through reshards (PROTOCOL §15; absent means `key`).
     #[serde(default, skip_serializing_if = "OrderingMode::is_key")]
@@ -778,7 +779,22 @@ pub struct ReshardingView {
     /// written under the previous epoch (shard index as the key). Absent when the
     /// coordinator has no data Redis (no fence, no per-key order through the reshard).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(schema_with = shard_map_schema))]
     pub seals: std::collections::BTreeMap<u32, String>,
+}
+
+/// The OpenAPI schema of a JSON object keyed by shard index with string values: JSON keys
+/// are strings, so the key is described as a string of decimal digits (an `integer`
+/// `propertyNames`, what a `u32` key would derive, no key could ever match).
+#[cfg(feature = "openapi")]
+fn shard_map_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    let string = || ObjectBuilder::new().schema_type(Type::String);
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(string().pattern(Some("^(0|[1-9][0-9]{0,9})$"))))
+        .additional_properties(Some(AdditionalProperties::RefOr(string().into())))
+        .into()
 }
 
 /// One draining shard's progress.
