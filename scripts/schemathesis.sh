@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Property-based API test of the coordinator against its own OpenAPI document (schemathesis,
-# from PyPI), on the memory store with a data Redis of its own: no 5xx, and every response (status, content type, headers, body) matches the
+# from PyPI), on the memory store with a data Redis of its own: no 5xx, and every response
+# (status, content type, headers, body) matches the
 # document. Bounded: a fixed number of examples per operation and a wall-clock cap.
 #
 # Usage: scripts/schemathesis.sh            (from the repository root)
