@@ -68,6 +68,12 @@ struct Figures {
     expired: f64,
     pod_metrics_ok: bool,
     producer_metrics_ok: bool,
+    /// Doorbell rings pod 0 received from the last switch to the end: the producer rings on
+    /// the new master, so none means the doorbell did not follow the switch (its workers
+    /// were woken by the fallback poll only).
+    rings_after_switch: f64,
+    /// Pod 0's doorbell subscriber connected at the end (`rsc_client_doorbell_connected`).
+    doorbell_connected: f64,
     /// Entries in the stream without a handling record (only within the failovers' window:
     /// the record, the application's own write, went to a master that died or was left
     /// before replicating it, while the acknowledgement reached the new one).
@@ -219,6 +225,20 @@ async fn scrape(port: u16, needle: &str) -> bool {
         Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| t.contains(needle)),
         _ => false,
     }
+}
+
+/// The sum of `metric`'s samples on the pod whose `/metrics` listens on `port` (0 while it
+/// does not answer).
+async fn pod_metric(port: u16, metric: &str) -> f64 {
+    let text = match rsc_e2e::http()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+        _ => String::new(),
+    };
+    rsc_e2e::metric_sum(&text, metric, &[])
 }
 
 /// Heartbeats one probe member every 100 ms until `stop`; returns the times of the
@@ -445,6 +465,7 @@ async fn scenario(
     };
     keys.pop();
     let last_switch_ms = now_ms();
+    let rings_at_switch = pod_metric(metrics_port, "rsc_client_doorbell_rings_total").await;
 
     // Producer finishes; every entry that is in the stream gets handled.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -529,6 +550,9 @@ async fn scenario(
     let duplicates = per_seq.values().map(|n| n - 1).sum();
     let members_after = members(&api).await.unwrap_or_default();
     let pod_metrics_ok = scrape(metrics_port, "rsc_client_").await;
+    let rings_after_switch =
+        pod_metric(metrics_port, "rsc_client_doorbell_rings_total").await - rings_at_switch;
+    let doorbell_connected = pod_metric(metrics_port, "rsc_client_doorbell_connected").await;
     let producer_metrics_ok = scrape(producer_port, "rsc_client_published_total").await;
     let store_outage_s = api.metric("rsc_store_last_outage_seconds", &[]).await;
     let expired = api.metric("rsc_members_expired_total", &[]).await;
@@ -564,6 +588,8 @@ async fn scenario(
         expired,
         pod_metrics_ok,
         producer_metrics_ok,
+        rings_after_switch,
+        doorbell_connected,
         unrecorded,
         expiry_log,
         second,
@@ -705,12 +731,12 @@ async fn master_killed_under_load_with_and_without_wait() {
         scenario("WAIT 1, replicas 300 ms behind", Some(1), Some(LAG), once).await,
     ];
     println!(
-        "\n| run | promoted (ms) | store outage seen (s) | heartbeats back (ms) | consumption back (ms) | acked | acked lost | duplicates | members kept | members expired |"
+        "\n| run | promoted (ms) | store outage seen (s) | heartbeats back (ms) | consumption back (ms) | acked | acked lost | duplicates | members kept | members expired | pod 0's rings after the switch |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for f in &runs {
         println!(
-            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {}/{} | {} |",
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {}/{} | {} | {} |",
             f.label,
             f.promoted_ms,
             f.store_outage_s,
@@ -721,7 +747,8 @@ async fn master_killed_under_load_with_and_without_wait() {
             f.duplicates,
             f.members_after.intersection(&f.members_before).count(),
             f.members_before.len(),
-            f.expired as u64
+            f.expired as u64,
+            f.rings_after_switch
         );
     }
     for f in &runs {
@@ -754,6 +781,16 @@ async fn master_killed_under_load_with_and_without_wait() {
             f.producer_metrics_ok,
             "{}: the producer's /metrics was not scrapeable",
             f.label
+        );
+        // The master died: the doorbell's subscriber found the new one through the
+        // sentinels (PROTOCOL §16), so the producer's rings reach the pods again.
+        assert!(
+            f.rings_after_switch > 0.0 && f.doorbell_connected == 1.0,
+            "{}: pod 0's doorbell did not follow the new master ({} rings after the switch, \
+             connected {})",
+            f.label,
+            f.rings_after_switch,
+            f.doorbell_connected
         );
         assert!(
             f.store_outage_s > 0.0,
