@@ -38,6 +38,8 @@ const SESSION_MS: u64 = 2_000;
 const HEARTBEAT_MS: u64 = 250;
 const HANDLE_MS: u64 = 5;
 const KEYS: u64 = 16;
+/// The most shards a chaos reshard goes up to.
+const MAX_SHARDS: u32 = 12;
 /// A fault's effects may show this long after it ends: the session of a dead member runs
 /// out, the sweep expires it, the next owner claims its pending entries; a draining shard
 /// empties.
@@ -421,7 +423,9 @@ impl World {
                     .await;
                 let n = v["shard_count"].as_u64().unwrap_or(4) as u32;
                 let (path, body) = match action {
-                    Action::ReshardUp => ("reshard", json!({"shard_count": (n + 2).min(12)})),
+                    Action::ReshardUp => {
+                        ("reshard", json!({"shard_count": (n + 2).min(MAX_SHARDS)}))
+                    }
                     Action::ReshardDown => (
                         "reshard",
                         json!({"shard_count": n.saturating_sub(2).max(2)}),
@@ -518,6 +522,15 @@ impl World {
                 return out;
             }
         }
+    }
+
+    /// Entries on the stream's shards that repeat another's `(producer_id, producer_seq)`
+    /// (the idempotent producer wrote a record twice, PROTOCOL §21), and entries without
+    /// that pair; every shard key a reshard can create is read (retired keys outlive a run:
+    /// they are deleted a rollback window after their reshard).
+    fn producer_duplicates(&self) -> (usize, usize) {
+        let mut con = self.data.get_connection().expect("redis connection");
+        crate::pods::producer_duplicates(&mut con, STREAM, MAX_SHARDS)
     }
 
     /// Waits until every seq `0..produced` was handled, or `secs` pass.
@@ -693,6 +706,10 @@ async fn chaos(soak_secs: Option<u64>) -> Report {
         "{}",
         report.summary(&format!("chaos seed {seed} ({count} produced in {secs} s)"))
     );
+    let (producer_dups, unmarked) = w.producer_duplicates();
+    eprintln!(
+        "chaos: producer duplicates {producer_dups}, entries without a producer seq {unmarked}"
+    );
     for mut p in std::mem::take(&mut w.pods) {
         p.terminate().await;
     }
@@ -700,6 +717,13 @@ async fn chaos(soak_secs: Option<u64>) -> Report {
         !report.failed(),
         "invariants broken (seed {seed}):\n{}",
         report.summary("chaos")
+    );
+    // The producer retried through every fault (coordinator and Redis restarts, reshards):
+    // idempotence (the default) wrote nothing twice.
+    assert_eq!(
+        (producer_dups, unmarked),
+        (0, 0),
+        "seed {seed}: entries the producer wrote twice, entries without a producer seq"
     );
     report
 }
@@ -884,6 +908,12 @@ async fn redis_outage_recovers() {
     let resumed = records.iter().any(|r| r.started_ms > t + 10_000);
     assert!(resumed, "nothing handled after Redis returned");
     check_scenario(&records, &w.faults, count, "redis outage");
+    // Batches in flight when Redis stopped were retried after it returned: none twice.
+    assert_eq!(
+        w.producer_duplicates(),
+        (0, 0),
+        "entries the producer wrote twice, entries without a producer seq"
+    );
 }
 
 /// The finding behind strict fencing (docs/FENCING.md), reproduced on purpose: a pod whose handler takes 1.5 s is SIGSTOPped
