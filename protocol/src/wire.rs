@@ -403,7 +403,7 @@ pub struct HeartbeatResponse {
     /// that compare it with `{<shard key>}:owner:<group>` in the data Redis. Absent in lease
     /// mode (an addition to PROTOCOL §5: responses may gain fields).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = shard_map_schema))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = owner_tokens_schema))]
     pub owner_tokens: std::collections::BTreeMap<u32, String>,
     /// The group's ordering through reshards (PROTOCOL §15; absent means `key`).
     #[serde(default, skip_serializing_if = "OrderingMode::is_key")]
@@ -779,22 +779,46 @@ pub struct ReshardingView {
     /// written under the previous epoch (shard index as the key). Absent when the
     /// coordinator has no data Redis (no fence, no per-key order through the reshard).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(schema_with = shard_map_schema))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = seals_schema))]
     pub seals: std::collections::BTreeMap<u32, String>,
 }
+
+/// The pattern of a shard index written as a JSON object key (`seals`, `owner_tokens`):
+/// decimal digits without a leading zero, at most ten (a `u32`).
+pub const SHARD_INDEX_PATTERN: &str = "^(0|[1-9][0-9]{0,9})$";
 
 /// The OpenAPI schema of a JSON object keyed by shard index with string values: JSON keys
 /// are strings, so the key is described as a string of decimal digits (an `integer`
 /// `propertyNames`, what a `u32` key would derive, no key could ever match).
 #[cfg(feature = "openapi")]
-fn shard_map_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+fn shard_map_schema(description: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
     let string = || ObjectBuilder::new().schema_type(Type::String);
     ObjectBuilder::new()
         .schema_type(Type::Object)
-        .property_names(Some(string().pattern(Some("^(0|[1-9][0-9]{0,9})$"))))
+        .description(Some(description))
+        .property_names(Some(string().pattern(Some(SHARD_INDEX_PATTERN))))
         .additional_properties(Some(AdditionalProperties::RefOr(string().into())))
         .into()
+}
+
+/// [`HeartbeatResponse::owner_tokens`]' schema.
+#[cfg(feature = "openapi")]
+fn owner_tokens_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    shard_map_schema(
+        "With `fencing: strict`: the owner token of each shard in `assignment` (shard index \
+         as the key). Absent in lease mode.",
+    )
+}
+
+/// [`ReshardingView::seals`]' schema.
+#[cfg(feature = "openapi")]
+fn seals_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    shard_map_schema(
+        "Ordered resharding (PROTOCOL §15): per shard sealed at the switch, the last entry id \
+         written under the previous epoch (shard index as the key). Absent when the \
+         coordinator has no data Redis.",
+    )
 }
 
 /// One draining shard's progress.

@@ -203,28 +203,41 @@ fn owned_shards_is_optional_and_both_documents_say_missing_means_unchanged() {
 
 #[test]
 fn name_patterns_in_the_document_are_the_protocol_s() {
-    fn walk(v: &serde_json::Value, found: &mut Vec<String>) {
+    /// Every `pattern`, and apart those of object keys (`propertyNames`).
+    fn walk(v: &serde_json::Value, key: bool, names: &mut Vec<String>, keys: &mut Vec<String>) {
         match v {
             serde_json::Value::Object(m) => {
                 for (k, v) in m {
                     if k == "pattern" {
-                        found.push(v.as_str().unwrap_or_default().to_owned());
+                        let p = v.as_str().unwrap_or_default().to_owned();
+                        if key { keys.push(p) } else { names.push(p) }
                     } else {
-                        walk(v, found);
+                        walk(v, k == "propertyNames", names, keys);
                     }
                 }
             }
-            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, found)),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, false, names, keys)),
             _ => {}
         }
     }
-    let mut found = Vec::new();
-    walk(&serde_json::to_value(openapi()).unwrap(), &mut found);
+    let (mut names, mut keys) = (Vec::new(), Vec::new());
+    walk(
+        &serde_json::to_value(openapi()).unwrap(),
+        false,
+        &mut names,
+        &mut keys,
+    );
     // group, stream, member path parameters (9 uses), audit filters (2), body names (4).
-    assert!(found.len() >= 15, "{found:?}");
+    assert!(names.len() >= 15, "{names:?}");
     assert!(
-        found.iter().all(|p| p == rsc_protocol::names::NAME_PATTERN),
-        "{found:?}"
+        names.iter().all(|p| p == rsc_protocol::names::NAME_PATTERN),
+        "{names:?}"
+    );
+    // The objects keyed by shard index: `seals` and `owner_tokens`.
+    assert_eq!(
+        keys,
+        [rsc_protocol::SHARD_INDEX_PATTERN; 2],
+        "object keys' patterns"
     );
 }
 
