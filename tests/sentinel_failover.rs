@@ -217,28 +217,26 @@ async fn members(api: &Api) -> Option<BTreeSet<String>> {
 }
 
 async fn scrape(port: u16, needle: &str) -> bool {
+    pod_metrics(port).await.is_some_and(|t| t.contains(needle))
+}
+
+/// The Prometheus text of the process whose `/metrics` listens on `port` (`None` while it
+/// does not answer).
+async fn pod_metrics(port: u16) -> Option<String> {
     match rsc_e2e::http()
         .get(format!("http://127.0.0.1:{port}/metrics"))
         .send()
         .await
     {
-        Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| t.contains(needle)),
-        _ => false,
+        Ok(r) if r.status().is_success() => r.text().await.ok(),
+        _ => None,
     }
 }
 
 /// The sum of `metric`'s samples on the pod whose `/metrics` listens on `port` (0 while it
 /// does not answer).
 async fn pod_metric(port: u16, metric: &str) -> f64 {
-    let text = match rsc_e2e::http()
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
-        _ => String::new(),
-    };
-    rsc_e2e::metric_sum(&text, metric, &[])
+    rsc_e2e::metric_sum(&pod_metrics(port).await.unwrap_or_default(), metric, &[])
 }
 
 /// Heartbeats one probe member every 100 ms until `stop`; returns the times of the

@@ -411,7 +411,7 @@ impl Coordinator {
                     || text.contains("NOGROUP")
                     || text.contains("requires the key to exist");
                 if !missing {
-                    return Err(ServiceError::DataRedis(e.to_string()));
+                    return Err(ServiceError::DataRedis(text));
                 }
                 let () = redis::cmd("XGROUP")
                     .arg("CREATE")
