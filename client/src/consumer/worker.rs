@@ -1,5 +1,11 @@
 //! The shard worker: reads one shard for one member until it is told to stop.
 //!
+//! Its shape is the coordinator engine's: a pure core, [`machine`] (events in — entries read,
+//! a call's verdicts, an acknowledgement sent, a ring, the pause, the stop, the time now —
+//! steps out — create the group, claim, read from an id, start a call, acknowledge these
+//! ids, wait until), unit- and property-tested without Redis, and a thin driver, [`read`],
+//! that does the Redis I/O and the waits. The rules below are the machine's.
+//!
 //! Order of work on a shard it was just given: make sure the Redis consumer group exists
 //! (`XGROUP CREATE … MKSTREAM`, `BUSYGROUP` is fine), take over every entry still pending in
 //! the group (`XAUTOCLAIM` with min-idle 0, cursor loop until `0-0`; safe because the
@@ -25,40 +31,41 @@
 //! dispatch's bound of entries queued). Through reshards (ordering `key`, PROTOCOL §15), an
 //! entry whose key moved to this shard at a routing-epoch switch is held aside, with its
 //! key's later entries, until the group handled and acknowledged the key's old shard up to
-//! its seal (see [`super::order`]); at most [`hold::MAX_HELD`] entries are held, past which
+//! its seal (see [`super::order`]); at most [`machine::MAX_HELD`] entries are held, past which
 //! the worker stops reading the shard until releases make room. A stop request (revocation,
 //! self-fence, shutdown) lets the calls in flight finish (a retry's wait is cut short);
 //! acknowledgements of what succeeded are sent; entries fetched but not started stay pending
 //! for the next owner.
 //!
-//! Submodules by step: [`takeover`] (group, claim, cleanup), [`read`] (the driver: the read
-//! loop, lease or guarded, and the waits), [`dispatch`] (which entries go to the handler and
-//! which get acknowledged; pure), [`call`] and [`calls`] (one handler call with its retries
-//! and dead letters; the calls in flight), [`hold`] (ordered resharding), [`batch`] (batch
-//! listeners), [`ack`] (acknowledgements), [`conn`] (where the commands go), [`cursor`] (the
-//! position the doorbell's poll looks after; pure, property-tested).
+//! Submodules: [`machine`] (every decision; pure, unit- and property-tested), [`dispatch`]
+//! (the machine's part that says which entries go to the handler and which get
+//! acknowledged; pure) and [`cursor`] (the position the doorbell's poll looks after; pure);
+//! the driver's I/O: [`read`] (the loop around the machine, reads lease or guarded, and the
+//! waits), [`takeover`] (group, claim, cleanup), [`hold`] (ordered resharding's seals and
+//! parents), [`ack`] (acknowledgements), [`conn`] (where the commands go); [`call`] and
+//! [`calls`] (one handler call with its retries and dead letters, through the listener's
+//! layers; the calls in flight).
 
 use super::MemberShared;
-use super::backoff::Backoff;
 use crate::message::{Entry, Origin};
 use hold::OrderState;
+use machine::Machine;
 use redis::Value;
 use rsc_protocol::StartPosition;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod ack;
-mod batch;
 mod call;
 mod calls;
 mod conn;
 mod cursor;
 mod dispatch;
 mod hold;
+mod machine;
 mod read;
 mod takeover;
 
@@ -124,9 +131,8 @@ pub(crate) struct ShardWorker {
     stop: CancellationToken,
     flags: Arc<ShardFlags>,
     lag: metrics::Gauge,
-    lag_at: Option<Instant>,
-    /// Which entries go to the handler, and which are to be acknowledged.
-    dispatch: dispatch::Dispatch<Arc<Entry>>,
+    /// Every decision: what to read, start, acknowledge, wait for (pure; see [`machine`]).
+    machine: Machine<Arc<Entry>>,
     /// The handler calls in flight.
     calls: calls::Calls,
     /// What a call needs (cloned into each).
@@ -136,19 +142,13 @@ pub(crate) struct ShardWorker {
     queued_gauge: metrics::Gauge,
     /// Entries redriven for another group, acknowledged unhandled (PROTOCOL §18).
     skipped: metrics::Counter,
-    /// The last read of new entries found none: wait on the doorbell for entries after this
-    /// id before reading again.
-    waiting_after: Option<String>,
-    /// Read this member's own pending entries after this id before new ones (set after a
-    /// read whose reply may have been lost).
-    pending_from: Option<String>,
     /// Ordered resharding: held entries and seals.
     order: OrderState,
     /// The shard's registration with the app's doorbell (`None`: the per-shard reader, where
     /// the worker waits in a blocked read).
     bell: Option<super::doorbell::Bell>,
-    /// Where the worker is in the shard, for the doorbell's poll.
-    cursor: cursor::Cursor,
+    /// Entries taken over from the previous owner so far (for the takeover's log line).
+    claimed: usize,
 }
 
 impl ShardWorker {
@@ -184,27 +184,24 @@ impl ShardWorker {
             stop: stop.clone(),
             parked: metrics::gauge!("rsc_client_shard_parked_entries", &labels),
         };
+        let machine = Machine::new(machine_config(&shared, bell.is_none()));
         ShardWorker {
-            dispatch: dispatch::Dispatch::new(dispatch_shape(&shared.listener))
-                .for_group(&shared.group),
+            machine,
             skipped: metrics::counter!("rsc_client_redriven_skipped_total",
                 "group" => shared.group.clone(), "stream" => shared.stream.clone()),
             calls: calls::Calls::default(),
             runner,
             in_flight_gauge: metrics::gauge!("rsc_client_shard_in_flight_entries", &labels),
             queued_gauge: metrics::gauge!("rsc_client_shard_queued_entries", &labels),
-            waiting_after: None,
             shared,
             origin,
             start,
             stop,
             flags,
             lag,
-            lag_at: None,
-            pending_from: None,
             order,
             bell,
-            cursor: cursor::Cursor::default(),
+            claimed: 0,
         }
     }
 
@@ -234,7 +231,6 @@ impl ShardWorker {
     }
 
     async fn work(mut self) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut conn = if self.bell.is_some() {
             conn::WorkerConn::Shared {
                 shared: self.shared.ack_conn.clone(),
@@ -254,25 +250,13 @@ impl ShardWorker {
             shared_connection = !conn.may_block(),
             "shard worker started"
         );
-        if !self.ensure_group(&mut conn, &mut backoff).await {
-            return;
-        }
-        if !self.claim_pending(&mut conn, &mut backoff).await {
-            return;
-        }
-        self.clean_consumers(&mut conn).await;
-        self.read_until_stopped(&mut conn, &mut backoff).await;
+        self.drive(&mut conn).await;
         debug!("shard worker stopped");
     }
 
     /// Sleeps unless stopped first; `false` when stopped.
     async fn pause_for(&self, d: Duration) -> bool {
         sleep_unless_stopped(&self.stop, d).await
-    }
-
-    /// Waits while the listener is paused; `false` when stopped.
-    async fn wait_unpaused(&self) -> bool {
-        wait_unpaused(&self.shared.paused, &self.stop).await
     }
 }
 
@@ -301,6 +285,23 @@ async fn wait_unpaused(
             changed = paused.changed() => if changed.is_err() { return !stop.is_cancelled() },
             _ = stop.cancelled() => return false,
         }
+    }
+}
+
+/// The machine of a worker of `shared`'s listener; `blocking`: on a connection of its own,
+/// where reads of new entries block (the per-shard reader).
+fn machine_config(shared: &MemberShared, blocking: bool) -> machine::Config {
+    let listener = &shared.listener;
+    let settings = &listener.settings;
+    machine::Config {
+        shape: dispatch_shape(listener),
+        group: shared.group.clone(),
+        read_count: settings.batch_size,
+        quiet: settings.block,
+        blocking,
+        batch_linger: (listener.is_batch() && !settings.linger.is_zero())
+            .then_some((settings.linger, settings.max_batch)),
+        retry: (Duration::from_millis(100), Duration::from_secs(5)),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Acknowledgements: the worker's batched `XACK` (guarded by the owner token under strict
+//! Acknowledgements: the worker's batched `XACK` ([`Step::Ack`](super::machine::Step::Ack)) (guarded by the owner token under strict
 //! fencing), and the [`AckPath`] a message's [`crate::Acker`] uses.
 
 use super::conn::WorkerConn;
@@ -15,18 +15,6 @@ use std::time::Duration;
 use tracing::warn;
 
 impl ShardWorker {
-    /// Sends the acknowledgements the dispatch has waiting (see [`Self::ack`]).
-    pub(super) async fn flush_acks(&mut self, conn: &mut WorkerConn) {
-        if !self.dispatch.has_acks() {
-            return;
-        }
-        let ids = self.dispatch.take_acks();
-        let mut calls = std::mem::take(&mut self.calls);
-        calls.beside(self.ack(conn, &ids)).await;
-        self.calls = calls;
-        self.dispatch.acked(&ids);
-    }
-
     /// `XACK` of handled entries, retried a few times even when stopping (the handlers ran:
     /// an acknowledgement lost here means the entry is handled again by the next owner).
     pub(super) async fn ack(&self, conn: &mut WorkerConn, ids: &[String]) {

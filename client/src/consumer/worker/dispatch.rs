@@ -375,9 +375,17 @@ impl<E: Keyed + Clone> Dispatch<E> {
     }
 
     /// Calls in flight.
-    #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
         self.calls.len()
+    }
+
+    /// The calls in flight were dropped (the worker stopped waiting for them): their entries
+    /// get no verdict and stay pending for the next owner.
+    pub(crate) fn abandon_in_flight(&mut self) {
+        let calls: Vec<CallId> = self.calls.keys().copied().collect();
+        for call in calls {
+            self.finished(call, &[]);
+        }
     }
 
     /// Entries in flight (in every call).

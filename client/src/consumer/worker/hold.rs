@@ -2,6 +2,7 @@
 //! at a routing-epoch switch are held aside until the key's parent shard reached its seal.
 
 use super::ShardWorker;
+use super::machine::Event;
 use crate::consumer::backoff::Backoff;
 use crate::consumer::order::{Gate, HoldQueue, SealBook};
 use crate::message::Entry;
@@ -13,21 +14,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-/// Ordered resharding: at most this many entries are held aside per shard; past it the
-/// worker reads no more of the shard until held entries are released.
-pub(super) const MAX_HELD: usize = 10_000;
-/// Ordered resharding: how often held keys' parents are checked (and the longest a read
-/// blocks while entries are held). The worker asks the data Redis itself (one small script
-/// per parent waited for) rather than waiting for a wake-up: only the data Redis sees the
-/// parent's acknowledgements, so a coordinator relay would poll it too and add its own
-/// latency. The poll runs only while entries are held, and a release follows a parent's
-/// last acknowledgement by at most this long.
-pub(super) const HOLD_POLL: Duration = Duration::from_millis(20);
-/// The longest a blocked read (a Redis Cluster, or the per-shard reader) blocks while
-/// handler calls are in flight: the worker starts the calls their ends make possible
-/// between reads.
-pub(super) const BUSY_BLOCK: Duration = Duration::from_millis(100);
-
 /// Ordered resharding state of one shard worker (PROTOCOL §15).
 pub(super) struct OrderState {
     /// This shard's seals.
@@ -38,8 +24,6 @@ pub(super) struct OrderState {
     parent_seals: HashMap<Gate, String>,
     /// When each gate first held an entry (for the hold-time histogram).
     held_since: HashMap<Gate, Instant>,
-    /// When the parents were last checked.
-    checked: Option<Instant>,
     progress: redis::Script,
     held_gauge: metrics::Gauge,
 }
@@ -51,7 +35,6 @@ impl OrderState {
             hold: HoldQueue::default(),
             parent_seals: HashMap::new(),
             held_since: HashMap::new(),
-            checked: None,
             progress: redis::Script::new(rsc_protocol::routing::SEAL_PROGRESS_LUA),
             held_gauge: metrics::gauge!("rsc_client_order_held_entries",
                 "group" => group.to_owned(), "stream" => stream.to_owned(),
@@ -61,29 +44,9 @@ impl OrderState {
 }
 
 impl ShardWorker {
-    /// Whether entries are held for their parents (checked every [`HOLD_POLL`] between reads).
-    pub(super) fn holds_entries(&self) -> bool {
-        !self.order.hold.is_empty()
-    }
-
-    /// How long a blocked read blocks, in ms: the listener's setting, [`HOLD_POLL`] while
-    /// entries are held, [`BUSY_BLOCK`] while calls are in flight (their ends are taken in
-    /// between reads).
-    pub(super) fn block_ms(&self) -> u64 {
-        let mut block = self.shared.listener.settings.block;
-        if !self.order.hold.is_empty() {
-            block = block.min(HOLD_POLL);
-        }
-        if !self.calls.is_idle() {
-            block = block.min(BUSY_BLOCK);
-        }
-        block.as_millis().max(1) as u64
-    }
-
-    /// Whether [`MAX_HELD`] entries are held: the worker reads nothing more until releases
-    /// make room.
-    pub(super) fn hold_is_full(&self) -> bool {
-        self.order.hold.len() >= MAX_HELD
+    /// How many entries are held for their parents.
+    pub(super) fn held(&self) -> usize {
+        self.order.hold.len()
     }
 
     /// Ordering `key`: sorts a batch read in stream order into entries to handle now and
@@ -141,16 +104,10 @@ impl ShardWorker {
         Some(ready)
     }
 
-    /// Checks the parents the held keys wait for (at most every [`HOLD_POLL`]) and gives the
-    /// entries of those that reached their seals to the dispatch, in stream order per key.
-    pub(super) async fn release_held(&mut self) {
-        if self.order.hold.is_empty() {
-            return;
-        }
-        if self.order.checked.is_some_and(|t| t.elapsed() < HOLD_POLL) {
-            return;
-        }
-        self.order.checked = Some(Instant::now());
+    /// [`Step::CheckHolds`](super::machine::Step::CheckHolds): checks the parents the held
+    /// keys wait for, and releases the entries of those that reached their seals, in stream
+    /// order per key.
+    pub(super) async fn check_holds(&mut self) -> Event<Arc<Entry>> {
         let ordered = self.shared.ordered.load(Ordering::Relaxed);
         let mut freed = Vec::new();
         for gate in self.order.hold.waiting_for() {
@@ -171,10 +128,9 @@ impl ShardWorker {
             freed.extend(self.order.hold.release(gate));
         }
         self.order.held_gauge.set(self.order.hold.len() as f64);
-        if !freed.is_empty() {
-            // Other gates may open soon after (check again at the next turn).
-            self.order.checked = None;
-            self.dispatch.offer(freed.into_iter().map(Arc::new));
+        Event::Released {
+            ready: freed.into_iter().map(Arc::new).collect(),
+            held: self.order.hold.len(),
         }
     }
 

@@ -2,115 +2,82 @@
 //! entries are claimed and handled, departed consumers are cleaned up.
 
 use super::conn::WorkerConn;
+use super::machine::Event;
 use super::{ShardWorker, entry_from};
-use crate::consumer::backoff::Backoff;
 use crate::consumer::fence;
 use crate::consumer::reply::{OrderedClaim, OrderedId};
 use crate::message::Entry;
 use redis::RedisError;
+use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// How many pending entries one `XAUTOCLAIM` takes over.
 const CLAIM_COUNT: usize = 100;
 
 impl ShardWorker {
-    /// `XGROUP CREATE <key> <group> <start> MKSTREAM`, retried until it works or the worker
-    /// is stopped.
-    pub(super) async fn ensure_group(&self, conn: &mut WorkerConn, backoff: &mut Backoff) -> bool {
-        loop {
-            if self.stop.is_cancelled() {
-                return false;
+    /// [`Step::CreateGroup`](super::machine::Step::CreateGroup): `XGROUP CREATE <key>
+    /// <group> <start> MKSTREAM` (`BUSYGROUP`: it exists already).
+    pub(super) async fn create_group(&self, conn: &mut WorkerConn) -> Event<Arc<Entry>> {
+        let r: Result<(), RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.origin.shard_key)
+            .arg(&self.origin.group)
+            .arg(self.start.xgroup_id())
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match r {
+            Ok(()) => {
+                info!(
+                    start = self.start.xgroup_id(),
+                    "created the Redis consumer group"
+                );
+                Event::GroupReady
             }
-            let r: Result<(), RedisError> = redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(&self.origin.shard_key)
-                .arg(&self.origin.group)
-                .arg(self.start.xgroup_id())
-                .arg("MKSTREAM")
-                .query_async(conn)
-                .await;
-            match r {
-                Ok(()) => {
-                    info!(
-                        start = self.start.xgroup_id(),
-                        "created the Redis consumer group"
-                    );
-                    backoff.reset();
-                    return true;
-                }
-                Err(e) if e.code() == Some("BUSYGROUP") => {
-                    backoff.reset();
-                    return true;
-                }
-                Err(e) => {
-                    warn!(error = %e, "XGROUP CREATE failed; retrying");
-                    if !self.pause_for(backoff.next_delay()).await {
-                        return false;
-                    }
-                }
+            Err(e) if e.code() == Some("BUSYGROUP") => Event::GroupReady,
+            Err(e) => {
+                warn!(error = %e, "XGROUP CREATE failed; retrying");
+                Event::GroupFailed
             }
         }
     }
 
-    /// Takes over and handles every entry pending in the group on this shard. `false` when
-    /// stopped.
-    pub(super) async fn claim_pending(
+    /// [`Step::Claim`](super::machine::Step::Claim): takes over a page of the entries
+    /// pending in the group from `cursor`, with their delivery counts, admitted through the
+    /// hold (ordered resharding). `None` when stopped meanwhile.
+    pub(super) async fn claim_page(
         &mut self,
         conn: &mut WorkerConn,
-        backoff: &mut Backoff,
-    ) -> bool {
-        let mut cursor = "0-0".to_owned();
-        let mut claimed_total = 0usize;
-        loop {
-            if !self.wait_unpaused().await {
-                return false;
+        cursor: &str,
+    ) -> Option<Event<Arc<Entry>>> {
+        let mut calls = std::mem::take(&mut self.calls);
+        let event = match calls.beside(self.claim(conn, cursor)).await {
+            Ok(None) => {
+                self.flags.refuse("claim");
+                Some(Event::Fenced)
             }
-            match self.claim(conn, &cursor).await {
-                Ok(None) => {
-                    self.flags.refuse("claim");
-                    return false;
+            Ok(Some(reply)) => {
+                let entries = calls.beside(self.claimed_entries(conn, reply.claimed)).await;
+                self.claimed += entries.len();
+                if reply.next_stream_id == "0-0" && self.claimed > 0 {
+                    info!(claimed = self.claimed, "took over pending entries");
                 }
-                Ok(Some(reply)) => {
-                    backoff.reset();
-                    let entries = self.claimed_entries(conn, reply.claimed).await;
-                    claimed_total += entries.len();
-                    if !entries.is_empty() && !self.handle_claimed(conn, entries).await {
-                        return false;
-                    }
-                    if reply.next_stream_id == "0-0" {
-                        if claimed_total > 0 {
-                            info!(claimed = claimed_total, "took over pending entries");
-                        }
-                        return true;
-                    }
-                    cursor = reply.next_stream_id;
-                }
-                Err(e) if e.code() == Some("NOGROUP") => {
-                    // The group vanished (e.g. Redis restarted without persistence): nothing
-                    // is pending any more.
-                    return self.ensure_group(conn, backoff).await;
-                }
-                Err(e) => {
-                    warn!(error = %e, "XAUTOCLAIM failed; retrying");
-                    if !self.pause_for(backoff.next_delay()).await {
-                        return false;
-                    }
-                }
+                calls.beside(self.admit(entries)).await.map(|ready| Event::Claimed {
+                    ready: ready.into_iter().map(Arc::new).collect(),
+                    next: reply.next_stream_id,
+                    held: self.held(),
+                })
             }
-        }
-    }
-
-    /// Handles claimed entries (held for their parents where ordered resharding says so)
-    /// until each is settled, through the dispatch's lanes. `false` when stopped.
-    async fn handle_claimed(&mut self, conn: &mut WorkerConn, entries: Vec<Entry>) -> bool {
-        match self.admit(entries).await {
-            Some(ready) => {
-                self.dispatch
-                    .offer(ready.into_iter().map(std::sync::Arc::new));
-                self.settle_all(conn).await
+            // The group vanished (e.g. Redis restarted without persistence): nothing is
+            // pending any more.
+            Err(e) if e.code() == Some("NOGROUP") => Some(Event::ClaimFailed { nogroup: true }),
+            Err(e) => {
+                warn!(error = %e, "XAUTOCLAIM failed; retrying");
+                Some(Event::ClaimFailed { nogroup: false })
             }
-            None => false,
-        }
+        };
+        self.calls = calls;
+        event
     }
 
     /// One `XAUTOCLAIM … 0 <cursor> COUNT <n>` (through the fence with an owner token);
