@@ -368,7 +368,12 @@ impl<E: Keyed + Clone> Machine<E> {
             }
             match self.phase.clone() {
                 Phase::CreateGroup(_) => return Step::CreateGroup,
-                Phase::Claim(_) if self.paused => return Step::Wait { until: None, ring: None },
+                Phase::Claim(_) if self.paused => {
+                    return Step::Wait {
+                        until: None,
+                        ring: None,
+                    };
+                }
                 Phase::Claim(cursor) => return Step::Claim { cursor },
                 Phase::Settle(next) => {
                     if !self.dispatch.is_idle() {
@@ -550,7 +555,15 @@ impl<E: Keyed + Clone> Machine<E> {
         let block = (new && self.cfg.blocking).then(|| self.block_for());
         let may_linger =
             new && self.cfg.batch_linger.is_some_and(|(l, _)| !l.is_zero()) && !ctx.guarded;
-        self.read(from, count, acks, learn, block, false, may_linger && !ctx.ordered)
+        self.read(
+            from,
+            count,
+            acks,
+            learn,
+            block,
+            false,
+            may_linger && !ctx.ordered,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -49,7 +49,8 @@ impl ShardWorker {
         let mut pause = self.shared.paused.clone();
         loop {
             let now = Instant::now();
-            self.machine.on(Event::Paused(*pause.borrow_and_update()), now);
+            self.machine
+                .on(Event::Paused(*pause.borrow_and_update()), now);
             if self.stop.is_cancelled() || self.shared.lease_expired() {
                 // Past the lease a worker starts nothing more: the rest stays pending for
                 // the next owner.
@@ -283,7 +284,11 @@ impl ShardWorker {
     /// `XACK` of the plan's acknowledgements pipelined first, and, when the plan asks to
     /// learn the stream's last id, `XREVRANGE … COUNT 1` before the read (so that an entry
     /// added in between is read, not waited for).
-    async fn lease_read(&self, conn: &mut WorkerConn, plan: &ReadPlan) -> Result<Found, RedisError> {
+    async fn lease_read(
+        &self,
+        conn: &mut WorkerConn,
+        plan: &ReadPlan,
+    ) -> Result<Found, RedisError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.origin.group)
@@ -293,7 +298,9 @@ impl ShardWorker {
         if let Some(block) = plan.block {
             cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
         }
-        cmd.arg("STREAMS").arg(&self.origin.shard_key).arg(&plan.from);
+        cmd.arg("STREAMS")
+            .arg(&self.origin.shard_key)
+            .arg(&plan.from);
         let (reply, last) = if plan.acks.is_empty() && !plan.learn_last {
             (cmd.query_async::<Option<OrderedRead>>(conn).await?, None)
         } else {

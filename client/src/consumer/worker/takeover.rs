@@ -57,16 +57,21 @@ impl ShardWorker {
                 Some(Event::Fenced)
             }
             Ok(Some(reply)) => {
-                let entries = calls.beside(self.claimed_entries(conn, reply.claimed)).await;
+                let entries = calls
+                    .beside(self.claimed_entries(conn, reply.claimed))
+                    .await;
                 self.claimed += entries.len();
                 if reply.next_stream_id == "0-0" && self.claimed > 0 {
                     info!(claimed = self.claimed, "took over pending entries");
                 }
-                calls.beside(self.admit(entries)).await.map(|ready| Event::Claimed {
-                    ready: ready.into_iter().map(Arc::new).collect(),
-                    next: reply.next_stream_id,
-                    held: self.held(),
-                })
+                calls
+                    .beside(self.admit(entries))
+                    .await
+                    .map(|ready| Event::Claimed {
+                        ready: ready.into_iter().map(Arc::new).collect(),
+                        next: reply.next_stream_id,
+                        held: self.held(),
+                    })
             }
             // The group vanished (e.g. Redis restarted without persistence): nothing is
             // pending any more.

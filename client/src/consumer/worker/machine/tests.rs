@@ -72,6 +72,33 @@ fn reading(cfg: Config, now: Instant) -> Machine<E> {
     m
 }
 
+/// A read that found these entries (by sequence), none held.
+fn got(seqs: &[u64]) -> Event<E> {
+    Event::ReadEntries {
+        ready: seqs.iter().map(|s| e(*s)).collect(),
+        last: format!("{}-0", seqs.last().expect("an entry")),
+        held: 0,
+    }
+}
+
+/// Reads entry 1, handles it, and checks that the next read carries its acknowledgement.
+fn handle_one(m: &mut Machine<E>, now: Instant) {
+    expect_read(m.next(now, CTX));
+    m.on(got(&[1]), now);
+    let call = expect_start(m.next(now, CTX));
+    assert!(
+        matches!(m.next(now, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
+    m.on(handled(&call), now);
+    let plan = expect_read(m.next(now, CTX));
+    assert_eq!(
+        plan.acks,
+        ["1-0"],
+        "the acknowledgement rides with the read"
+    );
+}
+
 fn expect_read(step: Step<E>) -> ReadPlan {
     match step {
         Step::Read(plan) => plan,
@@ -123,7 +150,11 @@ fn the_takeover_retries_the_group_claims_every_page_then_cleans_up() {
     );
     // The page is handled and acknowledged before the next claim.
     let call = expect_start(m.next(retry, CTX));
-    assert_eq!(call.entries, vec![e(1), e(2)], "one lane: the queue's front");
+    assert_eq!(
+        call.entries,
+        vec![e(1), e(2)],
+        "one lane: the queue's front"
+    );
     assert!(matches!(m.next(retry, CTX), Step::Wait { ring: None, .. }));
     m.on(handled(&call), retry);
     let Step::Ack(ids) = m.next(retry, CTX) else {
@@ -165,7 +196,10 @@ fn an_empty_read_waits_on_the_doorbell_after_the_stream_s_last_id() {
     let mut m = reading(cfg(1, false), t0);
     let plan = expect_read(m.next(t0, CTX));
     assert_eq!(plan.from, ">");
-    assert!(plan.learn_last, "the position is unknown: learned in the same round trip");
+    assert!(
+        plan.learn_last,
+        "the position is unknown: learned in the same round trip"
+    );
     assert_eq!(plan.block, None, "a shared connection never blocks");
     m.on(
         Event::ReadNothing {
@@ -184,7 +218,10 @@ fn an_empty_read_waits_on_the_doorbell_after_the_stream_s_last_id() {
     assert_eq!(until, t0 + Duration::from_secs(2));
     // Quiet past the period: an idle shard costs no command, the wait goes on.
     let later = until + Duration::from_millis(1);
-    assert!(matches!(m.next(later, CTX), Step::Wait { ring: Some(_), .. }));
+    assert!(matches!(
+        m.next(later, CTX),
+        Step::Wait { ring: Some(_), .. }
+    ));
     // A draining shard is checked after a quiet period.
     let drain = Ctx {
         draining: true,
@@ -197,16 +234,12 @@ fn an_empty_read_waits_on_the_doorbell_after_the_stream_s_last_id() {
     m.on(Event::Woken(Woken::Ring), later);
     let plan = expect_read(m.next(later, CTX));
     assert!(!plan.learn_last, "the position is known");
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(6)],
-            last: "6-0".into(),
-            held: 0,
-        },
-        later,
-    );
+    m.on(got(&[6]), later);
     expect_start(m.next(later, CTX));
-    assert!(matches!(m.next(later, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(later, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
 }
 
 #[test]
@@ -214,31 +247,20 @@ fn acknowledgements_ride_with_the_next_read_or_go_alone_after_the_linger() {
     let t0 = Instant::now();
     let mut m = reading(cfg(2, false), t0);
     expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1), e(2)],
-            last: "2-0".into(),
-            held: 0,
-        },
-        t0,
-    );
+    m.on(got(&[1, 2]), t0);
     let a = expect_start(m.next(t0, CTX));
     let b = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
     // Both lanes busy: wait for a call.
     assert!(matches!(m.next(t0, CTX), Step::Wait { until: None, .. }));
     m.on(handled(&a), t0);
     // A lane is free: read, with the acknowledgement.
     let plan = expect_read(m.next(t0, CTX));
     assert_eq!(plan.acks, ["1-0"]);
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(3), e(4)],
-            last: "4-0".into(),
-            held: 0,
-        },
-        t0,
-    );
+    m.on(got(&[3, 4]), t0);
     let c = expect_start(m.next(t0, CTX));
     m.on(handled(&b), t0);
     let d = expect_start(m.next(t0, CTX));
@@ -246,14 +268,7 @@ fn acknowledgements_ride_with_the_next_read_or_go_alone_after_the_linger() {
     // A lane is free but the queue is empty and... it reads, with the acknowledgements.
     let plan = expect_read(m.next(t0, CTX));
     assert_eq!(plan.acks, ["2-0", "3-0"]);
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(5)],
-            last: "5-0".into(),
-            held: 0,
-        },
-        t0,
-    );
+    m.on(got(&[5]), t0);
     let f = expect_start(m.next(t0, CTX));
     m.on(handled(&f), t0);
     // Busy with `d`, one acknowledgement waits: at most ACK_LINGER.
@@ -268,17 +283,13 @@ fn acknowledgements_wait_at_most_the_linger_behind_a_slow_call() {
     let t0 = Instant::now();
     let mut m = reading(cfg(2, false), t0);
     expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1), e(2)],
-            last: "2-0".into(),
-            held: 0,
-        },
-        t0,
-    );
+    m.on(got(&[1, 2]), t0);
     let fast = expect_start(m.next(t0, CTX));
     let _slow = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
     m.on(handled(&fast), t0);
     // A lane is free: the next read takes the acknowledgement; it found nothing.
     let plan = expect_read(m.next(t0, CTX));
@@ -304,20 +315,7 @@ fn acknowledgements_wait_at_most_the_linger_behind_a_slow_call() {
 fn a_lost_reply_re_reads_this_member_s_pending_entries_first() {
     let t0 = Instant::now();
     let mut m = reading(cfg(1, false), t0);
-    expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1)],
-            last: "1-0".into(),
-            held: 0,
-        },
-        t0,
-    );
-    let call = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
-    m.on(handled(&call), t0);
-    let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["1-0"]);
+    handle_one(&mut m, t0);
     m.on(Event::ReadFailed { nogroup: false }, t0);
     // The acknowledgements go on their own first, then the backoff.
     let Step::Ack(ids) = m.next(t0, CTX) else {
@@ -333,21 +331,18 @@ fn a_lost_reply_re_reads_this_member_s_pending_entries_first() {
     };
     let plan = expect_read(m.next(retry, CTX));
     assert_eq!(plan.from, "0", "own pending entries, from the start");
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(2), e(3)],
-            last: "3-0".into(),
-            held: 0,
-        },
-        retry,
-    );
+    m.on(got(&[2, 3]), retry);
     let call = expect_start(m.next(retry, CTX));
     m.on(handled(&call), retry);
     let plan = expect_read(m.next(retry, CTX));
     assert_eq!(plan.from, "3-0", "on through the pending entries");
     assert!(!plan.learn_last && plan.block.is_none());
     m.on(Event::ReadNothing { learned: None }, retry);
-    assert_eq!(expect_read(m.next(retry, CTX)).from, ">", "then new entries");
+    assert_eq!(
+        expect_read(m.next(retry, CTX)).from,
+        ">",
+        "then new entries"
+    );
 }
 
 #[test]
@@ -366,17 +361,13 @@ fn a_stop_lets_calls_end_acknowledges_what_they_settled_and_reads_nothing_more()
     let t0 = Instant::now();
     let mut m = reading(cfg(2, false), t0);
     expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1), e(2), e(4)],
-            last: "4-0".into(),
-            held: 0,
-        },
-        t0,
-    );
+    m.on(got(&[1, 2, 4]), t0);
     let a = expect_start(m.next(t0, CTX));
     let b = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
     m.on(Event::Stop, t0);
     assert!(m.is_stopping());
     assert!(matches!(m.next(t0, CTX), Step::DrainCalls));
@@ -397,20 +388,7 @@ fn a_stop_lets_calls_end_acknowledges_what_they_settled_and_reads_nothing_more()
 fn a_read_cut_by_the_stop_sends_its_acknowledgements_again() {
     let t0 = Instant::now();
     let mut m = reading(cfg(1, false), t0);
-    expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1)],
-            last: "1-0".into(),
-            held: 0,
-        },
-        t0,
-    );
-    let call = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
-    m.on(handled(&call), t0);
-    let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["1-0"]);
+    handle_one(&mut m, t0);
     m.on(Event::ReadCut, t0);
     m.on(Event::Stop, t0);
     let Step::Ack(ids) = m.next(t0, CTX) else {
@@ -449,7 +427,10 @@ fn held_entries_are_checked_every_hold_poll_and_a_full_hold_stops_the_reads() {
         },
         t0,
     );
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
     // Not due again before HOLD_POLL: the worker reads meanwhile.
     let plan = expect_read(m.next(t0, CTX));
     m.on(
@@ -463,7 +444,10 @@ fn held_entries_are_checked_every_hold_poll_and_a_full_hold_stops_the_reads() {
     let Step::Wait { until, ring } = m.next(t0, CTX) else {
         panic!("a wait")
     };
-    assert_eq!((until, ring.as_deref()), (Some(t0 + HOLD_POLL), Some("3-0")));
+    assert_eq!(
+        (until, ring.as_deref()),
+        (Some(t0 + HOLD_POLL), Some("3-0"))
+    );
     let t1 = t0 + HOLD_POLL;
     assert!(matches!(m.next(t1, CTX), Step::CheckHolds));
     m.on(
@@ -504,19 +488,22 @@ fn a_blocking_connection_blocks_shorter_while_calls_run_and_checks_a_drained_sha
     let mut m = reading(cfg(2, true), t0);
     let plan = expect_read(m.next(t0, CTX));
     assert_eq!(plan.block, Some(Duration::from_secs(2)));
-    assert!(!plan.learn_last, "a blocked read waits in Redis, not on the doorbell");
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1)],
-            last: "1-0".into(),
-            held: 0,
-        },
-        t0,
+    assert!(
+        !plan.learn_last,
+        "a blocked read waits in Redis, not on the doorbell"
     );
+    m.on(got(&[1]), t0);
     let _call = expect_start(m.next(t0, CTX));
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
+    );
     let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.block, Some(BUSY_BLOCK), "a call in flight: short blocks");
+    assert_eq!(
+        plan.block,
+        Some(BUSY_BLOCK),
+        "a call in flight: short blocks"
+    );
     m.on(Event::ReadNothing { learned: None }, t0);
     let drain = Ctx {
         draining: true,
@@ -546,26 +533,15 @@ fn a_batch_listener_lingers_for_a_fuller_batch_unless_guarded_or_ordered() {
     let mut m = reading(c, t0);
     let plan = expect_read(m.next(t0, CTX));
     assert_eq!(plan.count, 10);
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1), e(2)],
-            last: "2-0".into(),
-            held: 0,
-        },
-        t0,
+    m.on(got(&[1, 2]), t0);
+    assert!(
+        matches!(m.next(t0, CTX), Step::ReadLag),
+        "after the calls start: the lag"
     );
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag), "after the calls start: the lag");
     assert!(matches!(m.next(t0, CTX), Step::Wait { until: Some(u), .. } if u == t0 + linger));
     let plan = expect_read(m.next(t0 + linger, CTX));
     assert_eq!((plan.from.as_str(), plan.count), (">", 8));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(3)],
-            last: "3-0".into(),
-            held: 0,
-        },
-        t0 + linger,
-    );
+    m.on(got(&[3]), t0 + linger);
     let call = expect_start(m.next(t0 + linger, CTX));
     assert_eq!(call.entries, vec![e(1), e(2), e(3)]);
     m.on(handled(&call), t0 + linger);
@@ -576,14 +552,7 @@ fn a_batch_listener_lingers_for_a_fuller_batch_unless_guarded_or_ordered() {
         ..CTX
     };
     expect_read(m.next(t0 + linger, guarded));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(4)],
-            last: "4-0".into(),
-            held: 0,
-        },
-        t0 + linger,
-    );
+    m.on(got(&[4]), t0 + linger);
     let call = expect_start(m.next(t0 + linger, CTX));
     assert_eq!(call.entries, vec![e(4)]);
 }
@@ -772,8 +741,13 @@ fn simulate(
                     Choice::Ok => {
                         // Pages of 2 pending entries.
                         let after = seq(&cursor);
-                        let page: Vec<u64> =
-                            w.shard.pending.range(after + 1..).take(2).copied().collect();
+                        let page: Vec<u64> = w
+                            .shard
+                            .pending
+                            .range(after + 1..)
+                            .take(2)
+                            .copied()
+                            .collect();
                         let next = match page.last() {
                             Some(l) if w.shard.pending.range(l + 1..).next().is_some() => {
                                 format!("{l}-0")
@@ -813,7 +787,10 @@ fn simulate(
             }
             Step::Ack(ids) => {
                 for id in &ids {
-                    prop_assert!(w.settled.contains(id), "{id} acknowledged without a verdict");
+                    prop_assert!(
+                        w.settled.contains(id),
+                        "{id} acknowledged without a verdict"
+                    );
                 }
                 w.shard.ack(&ids);
                 m.on(Event::Acked(ids), now);
@@ -821,7 +798,10 @@ fn simulate(
             Step::Read(plan) => {
                 prop_assert!(!w.stopped, "read after the stop");
                 for id in &plan.acks {
-                    prop_assert!(w.settled.contains(id), "{id} acknowledged without a verdict");
+                    prop_assert!(
+                        w.settled.contains(id),
+                        "{id} acknowledged without a verdict"
+                    );
                 }
                 match choice {
                     Choice::Fail { landed } => {
@@ -871,7 +851,10 @@ fn simulate(
                     }
                 } else {
                     oi += 1;
-                    outcomes.get(oi - 1).cloned().unwrap_or(WaitOutcome::Timeout)
+                    outcomes
+                        .get(oi - 1)
+                        .cloned()
+                        .unwrap_or(WaitOutcome::Timeout)
                 };
                 match outcome {
                     WaitOutcome::CallEnds(i, v) => {
