@@ -103,6 +103,14 @@ impl ShardFlags {
             .clone()
     }
 
+    /// Whether the shard has an owner token (strict fencing), without copying it.
+    pub(crate) fn has_token(&self) -> bool {
+        self.token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
     /// Sets the owner token from a heartbeat answer.
     pub(crate) fn set_token(&self, token: Option<String>) {
         *self

@@ -59,9 +59,8 @@ impl ShardWorker {
             for (call, verdicts) in self.calls.take_done() {
                 self.machine.on(Event::CallEnded(call, verdicts), now);
             }
-            let token = self.flags.token();
             let ctx = Ctx {
-                guarded: token.is_some(),
+                guarded: self.flags.has_token(),
                 ordered: self.shared.ordered.load(Ordering::Relaxed),
                 draining: self.flags.draining.load(Ordering::Relaxed),
             };
@@ -86,6 +85,7 @@ impl ShardWorker {
                     Some(Event::Acked(ids))
                 }
                 Step::Read(plan) => {
+                    let token = self.flags.token();
                     if token.is_none() {
                         guard = None;
                     } else if guard.is_none() {
