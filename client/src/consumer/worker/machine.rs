@@ -505,7 +505,14 @@ impl<E: Keyed + Clone> Machine<E> {
                 .saturating_sub(l.entries.len())
                 .min(self.dispatch.room())
                 .max(1);
-            return self.read(">".to_owned(), count, Vec::new(), false, None, true, false);
+            let plan = ReadPlan {
+                from: ">".to_owned(),
+                count,
+                acks: Vec::new(),
+                learn_last: false,
+                block: None,
+            };
+            return self.read(plan, true, false);
         }
         if let Some(after) = self.wait_new.take() {
             return Step::WaitNew {
@@ -516,80 +523,72 @@ impl<E: Keyed + Clone> Machine<E> {
         if self.paused || self.held >= MAX_HELD || !self.dispatch.wants_read() {
             return self.wait_for_calls(now, None);
         }
-        if let Some(after) = self.waiting_after.clone() {
-            if self.dispatch.has_acks() {
-                return self.ack_step();
-            }
-            let quiet = if self.held > 0 {
-                HOLD_POLL
-            } else {
-                self.cfg.quiet
-            };
-            let since = *self.ring_since.get_or_insert(now);
-            if now < since + quiet {
-                return Step::Wait {
-                    until: Some(since + quiet),
-                    ring: Some(after),
-                };
-            }
-            if self.held == 0 {
-                // A quiet period without a ring: a draining shard is checked, then the wait
-                // goes on (an idle shard costs no command).
-                self.ring_since = Some(now);
-                if ctx.draining {
-                    return Step::CheckDrained;
-                }
-                return Step::Wait {
-                    until: Some(now + quiet),
-                    ring: Some(after),
-                };
-            }
-            // Entries are held: read again, so that releases and reads interleave.
-            self.waiting_after = None;
+        if let Some(after) = self.waiting_after.clone()
+            && let Some(step) = self.ring_wait(after, now, ctx)
+        {
+            return step;
         }
         let from = self.recovering.clone().unwrap_or_else(|| ">".to_owned());
         let new = from == ">";
-        let count = self.cfg.read_count.min(self.dispatch.room()).max(1);
-        let acks = self.take_acks();
-        let learn = new && !self.cfg.blocking && self.cursor.must_learn();
-        let block = (new && self.cfg.blocking).then(|| self.block_for());
-        let may_linger =
-            new && self.cfg.batch_linger.is_some_and(|(l, _)| !l.is_zero()) && !ctx.guarded;
-        self.read(
+        let may_linger = new
+            && self.cfg.batch_linger.is_some_and(|(l, _)| !l.is_zero())
+            && !ctx.guarded
+            && !ctx.ordered;
+        let plan = ReadPlan {
+            count: self.cfg.read_count.min(self.dispatch.room()).max(1),
+            acks: self.take_acks(),
+            learn_last: new && !self.cfg.blocking && self.cursor.must_learn(),
+            block: (new && self.cfg.blocking).then(|| self.block_for()),
             from,
-            count,
-            acks,
-            learn,
-            block,
-            false,
-            may_linger && !ctx.ordered,
-        )
+        };
+        self.read(plan, false, may_linger)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn read(
-        &mut self,
-        from: String,
-        count: usize,
-        acks: Vec<String>,
-        learn_last: bool,
-        block: Option<Duration>,
-        linger_read: bool,
-        may_linger: bool,
-    ) -> Step<E> {
+    /// The last read of new entries found nothing: the wait on the doorbell for entries
+    /// after `after` (the acknowledgements waiting go first), a draining shard's check after
+    /// each quiet period; `None`: read again (entries are held, so that releases and reads
+    /// interleave).
+    fn ring_wait(&mut self, after: String, now: Instant, ctx: Ctx) -> Option<Step<E>> {
+        if self.dispatch.has_acks() {
+            return Some(self.ack_step());
+        }
+        let quiet = if self.held > 0 {
+            HOLD_POLL
+        } else {
+            self.cfg.quiet
+        };
+        let since = *self.ring_since.get_or_insert(now);
+        if now < since + quiet {
+            return Some(Step::Wait {
+                until: Some(since + quiet),
+                ring: Some(after),
+            });
+        }
+        if self.held > 0 {
+            self.waiting_after = None;
+            return None;
+        }
+        // A quiet period without a ring: a draining shard is checked, then the wait goes on
+        // (an idle shard costs no command).
+        self.ring_since = Some(now);
+        if ctx.draining {
+            return Some(Step::CheckDrained);
+        }
+        Some(Step::Wait {
+            until: Some(now + quiet),
+            ring: Some(after),
+        })
+    }
+
+    /// The read of `plan`, remembered for the events of its reply.
+    fn read(&mut self, plan: ReadPlan, linger_read: bool, may_linger: bool) -> Step<E> {
         self.reading = Some(Reading {
-            from: from.clone(),
-            acks: acks.clone(),
+            from: plan.from.clone(),
+            acks: plan.acks.clone(),
             linger_read,
             may_linger,
         });
-        Step::Read(ReadPlan {
-            from,
-            count,
-            acks,
-            learn_last,
-            block,
-        })
+        Step::Read(plan)
     }
 
     /// A blocked read's `BLOCK`: the listener's setting, [`HOLD_POLL`] while entries are

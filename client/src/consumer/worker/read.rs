@@ -112,13 +112,18 @@ impl ShardWorker {
             if let Some(event) = event {
                 self.machine.on(event, Instant::now());
             }
-            self.in_flight_gauge
-                .set(self.machine.entries_in_flight() as f64);
-            self.queued_gauge.set(self.machine.queued() as f64);
-            self.skipped.increment(self.machine.take_skipped());
+            self.set_gauges();
         }
         self.in_flight_gauge.set(0.0);
         self.queued_gauge.set(0.0);
+    }
+
+    /// The gauges of the calls in flight and the queue, and the redrive skip counter.
+    fn set_gauges(&mut self) {
+        self.in_flight_gauge
+            .set(self.machine.entries_in_flight() as f64);
+        self.queued_gauge.set(self.machine.queued() as f64);
+        self.skipped.increment(self.machine.take_skipped());
     }
 
     /// Runs one command of the worker's (`f(self, conn)`) while the calls go on.
