@@ -424,3 +424,85 @@ impl ShardWorker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ShardFlags;
+    use super::super::dispatch::CallId;
+    use super::*;
+    use crate::consumer::MemberShared;
+    use futures::FutureExt;
+    use std::time::Duration;
+
+    fn worker() -> (ShardWorker, Arc<ShardFlags>) {
+        let listener = crate::Listener::new("g", "s", |_msg: crate::Message<crate::Raw>| async {
+            Ok::<_, std::convert::Infallible>(())
+        });
+        let flags = Arc::new(ShardFlags::default());
+        let w = ShardWorker::new(
+            MemberShared::for_tests(listener),
+            0,
+            rsc_protocol::StartPosition::Earliest,
+            flags.stop.clone(),
+            flags.clone(),
+        );
+        (w, flags)
+    }
+
+    /// Stopping waits for the calls in flight, however long they take, until the revocation
+    /// deadline cuts the wait short (PROTOCOL §5.3): those still running then are dropped.
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_waits_for_the_calls_until_the_deadline_cuts_it_short() {
+        let (mut w, flags) = worker();
+        let ends_in = |secs: u64, id: u64| {
+            async move {
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                (CallId::test(id), vec![])
+            }
+            .boxed()
+        };
+        assert!(w.calls.start(ends_in(3, 1)).is_none());
+        assert!(w.calls.start(ends_in(3_600, 2)).is_none());
+        let cut = flags.cut_short.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            cut.cancel();
+        });
+        let t0 = Instant::now();
+        w.drain_calls().await;
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(10),
+            "waited until the deadline"
+        );
+        assert!(w.calls.is_idle(), "the call still running was dropped");
+
+        // Without a deadline, the drain ends when the last call ends.
+        let (mut w, _flags) = worker();
+        assert!(w.calls.start(ends_in(3, 1)).is_none());
+        let t0 = Instant::now();
+        w.drain_calls().await;
+        assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    }
+
+    /// A wait on the calls with a deadline (the backoff after a failed read, the
+    /// acknowledgement linger) ends at that deadline on the worker's clock, or at once when
+    /// the worker is stopped.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_at_its_deadline_or_at_the_stop() {
+        let (mut w, flags) = worker();
+        let mut pause = w.shared.paused.clone();
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_millis(1_600);
+        assert!(w.wait(&mut pause, Some(until), None).await.is_none());
+        assert_eq!(Instant::now(), until);
+        let stop = flags.stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            stop.cancel();
+        });
+        let t1 = Instant::now();
+        w.wait(&mut pause, None, None).await;
+        assert_eq!(t1.elapsed(), Duration::from_secs(2));
+    }
+}
