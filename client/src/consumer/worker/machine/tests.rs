@@ -656,11 +656,49 @@ struct World {
     handled_count: HashMap<String, usize>,
     stopped: bool,
     paused: bool,
+    /// Ordered resharding: key `k0` moved here and waits for its parent; its entries are
+    /// held (in order, each once) until a check finds the parent done.
+    holds: bool,
+    held: Vec<E>,
+    /// Per key, the last entry started for the first time.
+    first_starts: HashMap<String, u64>,
+    started: HashSet<String>,
 }
 
 impl World {
     fn entries(ids: &[u64]) -> Vec<E> {
         ids.iter().map(|s| e(*s)).collect()
+    }
+
+    /// The hold's admission: `k0`'s entries are held (those held already are not again);
+    /// the others are ready. Returns them and how many are held.
+    fn admit(&mut self, ids: &[u64]) -> (Vec<E>, usize) {
+        let mut ready = Vec::new();
+        for entry in Self::entries(ids) {
+            if self.holds && entry.key.as_deref() == Some("k0") {
+                if !self.held.contains(&entry) {
+                    self.held.push(entry);
+                }
+            } else {
+                ready.push(entry);
+            }
+        }
+        (ready, self.held.len())
+    }
+
+    /// A call starts: each key's entries start (the first time) in stream order.
+    fn start(&mut self, call: &Call<E>) -> Result<(), TestCaseError> {
+        for entry in &call.entries {
+            if !self.started.insert(entry.id.clone()) {
+                continue;
+            }
+            let key = entry.key.clone().unwrap_or_default();
+            let s = seq(&entry.id);
+            if let Some(last) = self.first_starts.insert(key.clone(), s) {
+                prop_assert!(last < s, "key {key}: {s} started after {last}");
+            }
+        }
+        Ok(())
     }
 
     fn end_call(&mut self, i: usize, verdicts: &[u8]) -> Option<Event<E>> {
@@ -687,11 +725,19 @@ impl World {
 /// handled and acknowledged, unless the worker was stopped.
 fn simulate(
     mut m: Machine<E>,
+    holds: bool,
     choices: &[Choice],
     outcomes: &[WaitOutcome],
     initially_pending: u64,
 ) -> Result<(), TestCaseError> {
-    let mut w = World::default();
+    let mut w = World {
+        holds,
+        ..World::default()
+    };
+    let ctx = Ctx {
+        ordered: holds,
+        ..CTX
+    };
     // The previous owner's pending entries: written, delivered, pending (for the claim).
     w.shard.write(initially_pending);
     w.shard.read(">", initially_pending as usize);
@@ -720,7 +766,7 @@ fn simulate(
             ci += 1;
             choices.get(ci - 1).cloned().unwrap_or(Choice::Ok)
         };
-        let step = m.next(now, CTX);
+        let step = m.next(now, ctx);
         match step {
             Step::Done => {
                 prop_assert!(w.calls.is_empty(), "done with calls in flight");
@@ -755,14 +801,8 @@ fn simulate(
                             _ => "0-0".to_owned(),
                         };
                         claimed_cursor_done |= next == "0-0";
-                        m.on(
-                            Event::Claimed {
-                                ready: World::entries(&page),
-                                next,
-                                held: 0,
-                            },
-                            now,
-                        );
+                        let (ready, held) = w.admit(&page);
+                        m.on(Event::Claimed { ready, next, held }, now);
                     }
                 }
             }
@@ -782,6 +822,7 @@ fn simulate(
                         );
                     }
                 }
+                w.start(&call)?;
                 w.calls.insert(w.next_call, call);
                 w.next_call += 1;
             }
@@ -822,14 +863,23 @@ fn simulate(
                         }
                         let got = w.shard.read(&plan.from, plan.count);
                         let ev = match got.last() {
-                            Some(l) => Event::ReadEntries {
-                                ready: World::entries(&got),
-                                last: format!("{l}-0"),
-                                held: 0,
-                            },
-                            None => Event::ReadNothing {
-                                learned: plan.learn_last.then(|| format!("{}-0", w.shard.written)),
-                            },
+                            Some(l) => {
+                                let (ready, held) = w.admit(&got);
+                                Event::ReadEntries {
+                                    ready,
+                                    last: format!("{l}-0"),
+                                    held,
+                                }
+                            }
+                            None => {
+                                // A blocked read that found nothing waited its block.
+                                now += plan.block.unwrap_or_default();
+                                Event::ReadNothing {
+                                    learned: plan
+                                        .learn_last
+                                        .then(|| format!("{}-0", w.shard.written)),
+                                }
+                            }
                         };
                         m.on(ev, now);
                     }
@@ -901,17 +951,17 @@ fn simulate(
                 }
                 m.on(Event::CallsSettled, now);
             }
-            Step::ReadLag | Step::CheckDrained | Step::CheckHolds => {
-                if matches!(step, Step::CheckHolds) {
-                    m.on(
-                        Event::Released {
-                            ready: vec![],
-                            held: 0,
-                        },
-                        now,
-                    );
-                }
+            Step::CheckHolds => {
+                prop_assert!(!w.held.is_empty(), "a hold check with nothing held");
+                // The parent is done (or not yet): every held entry goes, in order.
+                let ready = match choice {
+                    Choice::Ok => std::mem::take(&mut w.held),
+                    Choice::Fail { .. } => Vec::new(),
+                };
+                let held = w.held.len();
+                m.on(Event::Released { ready, held }, now);
             }
+            Step::ReadLag | Step::CheckDrained => {}
             Step::WaitNew { .. } => {
                 let ev = if w.shard.written > w.shard.delivered {
                     Event::NewMaybe
@@ -953,18 +1003,28 @@ fn simulate(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     /// Whatever Redis and the handler do (failures, lost replies whose command landed, calls
-    /// ending in any order with any verdict, pauses, a stop): no entry is in two calls at
-    /// once, an entry is acknowledged only after its verdict, nothing is read or started
-    /// after the stop, a stopped worker acknowledges what it settled, and a worker that is
-    /// not stopped handles every entry written and leaves nothing pending.
+    /// ending in any order with any verdict, pauses, a stop), with or without a batch
+    /// listener's linger and entries held for their parent (ordered resharding): no entry is
+    /// in two calls at once, each key's entries start in stream order, an entry is
+    /// acknowledged only after its verdict, nothing is read or started after the stop, a
+    /// stopped worker acknowledges what it settled, and a worker that is not stopped handles
+    /// every entry written and leaves nothing pending.
     #[test]
     fn the_worker_s_rules_hold_against_a_faulty_shard(
         lanes in 1usize..4,
         blocking in any::<bool>(),
+        linger in any::<bool>(),
+        holds in any::<bool>(),
         pending in 0u64..5,
         choices in prop::collection::vec(choice(), 0..60),
         outcomes in prop::collection::vec(wait_outcome(), 0..60),
     ) {
-        simulate(Machine::new(cfg(lanes, blocking)), &choices, &outcomes, pending)?;
+        let mut c = cfg(lanes, blocking);
+        if linger {
+            // A batch listener lingering for 4 entries a call.
+            c.batch_linger = Some((Duration::from_millis(10), 4));
+            c.shape.batch = 4;
+        }
+        simulate(Machine::new(c), holds, &choices, &outcomes, pending)?;
     }
 }
