@@ -49,21 +49,7 @@ impl ShardWorker {
         let mut pause = self.shared.paused.clone();
         loop {
             let now = Instant::now();
-            self.machine
-                .on(Event::Paused(*pause.borrow_and_update()), now);
-            if self.stop.is_cancelled() || self.shared.lease_expired() {
-                // Past the lease a worker starts nothing more: the rest stays pending for
-                // the next owner.
-                self.machine.on(Event::Stop, now);
-            }
-            for (call, verdicts) in self.calls.take_done() {
-                self.machine.on(Event::CallEnded(call, verdicts), now);
-            }
-            let ctx = Ctx {
-                guarded: self.flags.has_token(),
-                ordered: self.shared.ordered.load(Ordering::Relaxed),
-                draining: self.flags.draining.load(Ordering::Relaxed),
-            };
+            let ctx = self.observe(&mut pause, now);
             let step = self.machine.next(now, ctx);
             let event = match step {
                 Step::Done => break,
@@ -77,11 +63,15 @@ impl ShardWorker {
                     self.beside(Self::clean_consumers, conn).await;
                     Some(Event::Cleaned)
                 }
-                Step::CheckHolds => Some(self.check_holds().await),
-                Step::Ack(ids) => {
+                Step::CheckHolds => {
                     let mut calls = std::mem::take(&mut self.calls);
-                    calls.beside(self.ack(conn, &ids)).await;
+                    let released = calls.beside(self.check_holds()).await;
                     self.calls = calls;
+                    Some(released)
+                }
+                Step::Ack(ids) => {
+                    self.beside(async |w, conn| w.ack(conn, &ids).await, conn)
+                        .await;
                     Some(Event::Acked(ids))
                 }
                 Step::Read(plan) => {
@@ -116,6 +106,26 @@ impl ShardWorker {
         }
         self.in_flight_gauge.set(0.0);
         self.queued_gauge.set(0.0);
+    }
+
+    /// Gives the machine what changed outside it since the last step (the pause, the stop or
+    /// the lease running out, the calls that ended) and what the next step depends on.
+    fn observe(&mut self, pause: &mut tokio::sync::watch::Receiver<bool>, now: Instant) -> Ctx {
+        self.machine
+            .on(Event::Paused(*pause.borrow_and_update()), now);
+        if self.stop.is_cancelled() || self.shared.lease_expired() {
+            // Past the lease a worker starts nothing more: the rest stays pending for the
+            // next owner.
+            self.machine.on(Event::Stop, now);
+        }
+        for (call, verdicts) in self.calls.take_done() {
+            self.machine.on(Event::CallEnded(call, verdicts), now);
+        }
+        Ctx {
+            guarded: self.flags.has_token(),
+            ordered: self.shared.ordered.load(Ordering::Relaxed),
+            draining: self.flags.draining.load(Ordering::Relaxed),
+        }
     }
 
     /// The gauges of the calls in flight and the queue, and the redrive skip counter.
