@@ -60,7 +60,7 @@ run lifecycle $quick
 # P5' cost: 10,000 open wake-up channels (RSS, heartbeat p99, Redis commands per heartbeat).
 run wake $quick
 # D1–D3: data-plane connections, idle commands and latency, shared reader vs per-shard.
-run dataplane $quick
+if [ -n "$quick" ]; then run dataplane --quick; else run dataplane --reps 3; fi
 # L1–L3: key concurrency (drain rate, CPU per entry, a poison key) against key_concurrency(1).
 run lanes $quick
 # R-MEM, R-IDLE: retention's bounded memory under load, trimming's cost at 1,000 idle shards.

@@ -15,7 +15,7 @@
 //! ```
 
 use clap::Parser;
-use rsc_bench::{Row, Summary, emit, summarize};
+use rsc_bench::{Row, emit, summarize};
 use rsc_client::producer::Producer;
 use rsc_client::{ConsumerApp, HandlerError, Listener, Message};
 use rsc_protocol::routing::shard_key;
@@ -41,6 +41,10 @@ struct Args {
     /// Seconds of the idle window.
     #[arg(long)]
     idle_secs: Option<u64>,
+    /// Repetitions of each figure, alternating which reader goes first (median, min, max are
+    /// reported, the ratio of the medians, and each repetition's D3 p99 ratio).
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -100,19 +104,32 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One consumer's run: `shards` shards read by the shared reader or by the per-shard reader,
+/// on a stream of its own (`rep` tells the repetitions apart).
+struct Run {
+    shards: u32,
+    shared: bool,
+    rep: usize,
+    idle: Duration,
+    load: Option<(u64, Duration)>,
+}
+
 async fn measure(
     coordinator: &str,
     redis_url: &str,
     con: &mut redis::Connection,
-    shards: u32,
-    shared: bool,
-    idle: Duration,
-    load: Option<(u64, Duration)>,
+    run: &Run,
 ) -> anyhow::Result<Measured> {
+    let Run {
+        shards,
+        shared,
+        rep,
+        idle,
+        load,
+    } = *run;
     let mode = if shared { "shared" } else { "pershard" };
-    let stream = format!("dp-{mode}-{shards}");
-    let group = format!("g-{mode}-{shards}");
+    let stream = format!("dp-{mode}-{shards}-{rep}");
+    let group = format!("g-{mode}-{shards}-{rep}");
     rsc_bench::create_group(
         coordinator,
         serde_json::json!({"group": group, "stream": stream, "shard_count": shards}),
@@ -131,7 +148,7 @@ async fn measure(
     let app = ConsumerApp::builder()
         .coordinator(coordinator)
         .redis_url(redis_url)
-        .instance_id(format!("bench-{mode}"))
+        .instance_id(format!("bench-{mode}-{rep}"))
         .shared_reader(shared)
         .listener(listener)
         .build()?;
@@ -193,8 +210,15 @@ async fn measure(
     })
 }
 
-fn one(x: f64) -> Summary {
-    summarize(&[x])
+/// A row of the shared reader's figure against the per-shard reader's, over the repetitions.
+fn row(name: String, unit: &str, shared: &[f64], base: &[f64], goal: &str) -> Row {
+    Row {
+        name,
+        unit: unit.into(),
+        value: summarize(shared),
+        baseline: Some(summarize(base)),
+        goal: goal.into(),
+    }
 }
 
 #[tokio::main]
@@ -218,57 +242,84 @@ async fn main() -> anyhow::Result<()> {
     let mut p99_shared = Vec::new();
     for &shards in &shard_counts {
         let load = latency_at(shards).then_some((args.rate, load_secs));
-        // The baseline first, then the shared reader, each on a stream of its own.
-        let base = measure(&url, &redis.url(), &mut con, shards, false, idle, load).await?;
-        let shared = measure(&url, &redis.url(), &mut con, shards, true, idle, load).await?;
-        rows.push(Row {
-            name: format!("D1 connections to the data Redis, one member owning {shards} shards"),
-            unit: "connections".into(),
-            value: one(shared.connections),
-            baseline: Some(one(base.connections)),
-            goal: "≤ 4 (baseline: a connection per shard)".into(),
-        });
-        rows.push(Row {
-            name: format!("D2 idle data-Redis commands/s, {shards} shards"),
-            unit: "cmd/s".into(),
-            value: one(shared.idle_rate),
-            baseline: Some(one(base.idle_rate)),
-            goal: "≤ 20/s per process, flat (baseline: a blocked read per shard)".into(),
-        });
-        if let (Some((p50, p99)), Some((b50, b99))) = (shared.latency, base.latency) {
-            rows.push(Row {
-                name: format!(
+        let (mut base, mut shared) = (Vec::new(), Vec::new());
+        for rep in 0..args.reps.max(1) {
+            let run = |shared| Run {
+                shards,
+                shared,
+                rep,
+                idle,
+                load,
+            };
+            // Each reader on a stream of its own; the baseline first in even repetitions.
+            let (b, s) = if rep % 2 == 0 {
+                let b = measure(&url, &redis.url(), &mut con, &run(false)).await?;
+                (b, measure(&url, &redis.url(), &mut con, &run(true)).await?)
+            } else {
+                let s = measure(&url, &redis.url(), &mut con, &run(true)).await?;
+                (measure(&url, &redis.url(), &mut con, &run(false)).await?, s)
+            };
+            base.push(b);
+            shared.push(s);
+        }
+        let field = |v: &[Measured], f: fn(&Measured) -> Option<f64>| -> Vec<f64> {
+            v.iter().filter_map(f).collect()
+        };
+        rows.push(row(
+            format!("D1 connections to the data Redis, one member owning {shards} shards"),
+            "connections",
+            &field(&shared, |m| Some(m.connections)),
+            &field(&base, |m| Some(m.connections)),
+            "≤ 4 (baseline: a connection per shard)",
+        ));
+        rows.push(row(
+            format!("D2 idle data-Redis commands/s, {shards} shards"),
+            "cmd/s",
+            &field(&shared, |m| Some(m.idle_rate)),
+            &field(&base, |m| Some(m.idle_rate)),
+            "≤ 20/s per process, flat (baseline: a blocked read per shard)",
+        ));
+        let p50 = |m: &Measured| m.latency.map(|l| l.0);
+        let p99 = |m: &Measured| m.latency.map(|l| l.1);
+        let (p99s, b99s) = (field(&shared, p99), field(&base, p99));
+        if !p99s.is_empty() && p99s.len() == b99s.len() {
+            rows.push(row(
+                format!(
                     "D3 p50 publish → handle, {} entries/s over {shards} shards",
                     args.rate
                 ),
-                unit: "ms".into(),
-                value: one(p50),
-                baseline: Some(one(b50)),
-                goal: "- (baseline: a blocked read per shard)".into(),
-            });
-            rows.push(Row {
-                name: format!(
+                "ms",
+                &field(&shared, p50),
+                &field(&base, p50),
+                "- (baseline: a blocked read per shard)",
+            ));
+            rows.push(row(
+                format!(
                     "D3 p99 publish → handle, {} entries/s over {shards} shards",
                     args.rate
                 ),
-                unit: "ms".into(),
-                value: one(p99),
-                baseline: Some(one(b99)),
-                goal: "16 shards: no worse than the baseline".into(),
-            });
-            p99_shared.push((shards, p99));
+                "ms",
+                &p99s,
+                &b99s,
+                "16 shards: no worse than the baseline",
+            ));
+            let ratios: Vec<f64> = p99s.iter().zip(&b99s).map(|(s, b)| s / b).collect();
+            println!(
+                "D3 p99 shared / per-shard reader per repetition, {shards} shards: {ratios:.2?}"
+            );
+            p99_shared.push((shards, summarize(&p99s).median));
         }
     }
     if let (Some(&(lo, p_lo)), Some(&(hi, p_hi))) = (p99_shared.first(), p99_shared.last())
         && hi > lo
     {
-        rows.push(Row {
-            name: format!("D3 p99 publish → handle, {hi} shards vs {lo} shards (shared reader)"),
-            unit: "ms".into(),
-            value: one(p_hi),
-            baseline: Some(one(p_lo)),
-            goal: "ratio ≤ 1.5".into(),
-        });
+        rows.push(row(
+            format!("D3 p99 publish → handle, {hi} shards vs {lo} shards (shared reader)"),
+            "ms",
+            &[p_hi],
+            &[p_lo],
+            "ratio ≤ 1.5",
+        ));
     }
     emit(&rows)?;
     Ok(())
