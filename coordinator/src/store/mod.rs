@@ -332,12 +332,9 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError>;
 
     /// The touches of several steady heartbeats at once (a batch's, PROTOCOL §6): each
-    /// outcome, in order, as [`MetadataStore::touch_steady`] gives it. The default touches
-    /// them one by one, concurrently.
+    /// outcome, in order, as [`MetadataStore::touch_steady`] gives it.
     async fn touch_steady_batch(
         &self,
         touches: &[SteadyTouch<'_>],
-    ) -> Vec<Result<TouchOutcome, StoreError>> {
-        futures::future::join_all(touches.iter().map(|t| self.touch_steady(t))).await
-    }
+    ) -> Vec<Result<TouchOutcome, StoreError>>;
 }
