@@ -386,6 +386,66 @@ async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_hea
     assert!(hb.get("owner_tokens").is_none(), "{hb}");
 }
 
+/// Steady touches the coordinator made for batches (`POST /v1/heartbeats`) so far.
+async fn steady_batch_touches(stack: &Stack) -> f64 {
+    stack
+        .api
+        .metric(
+            "rsc_store_operation_duration_seconds_count",
+            &[("operation", "touch_steady_batch")],
+        )
+        .await
+}
+
+#[tokio::test]
+async fn a_batch_of_steady_heartbeats_re_asserts_the_owner_tokens() {
+    let stack = stack().await;
+    let mut con = stack.redis();
+    let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", 0, &[]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let token = hb["owner_tokens"]["0"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    let epoch = hb["member_epoch"].as_i64().unwrap();
+    let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
+    assert_eq!(s.as_u16(), 200, "{hb}");
+    let batches_before = steady_batch_touches(&stack).await;
+    // The token is lost; the next batch, both of whose items are steady (PROTOCOL §6: each
+    // answered as the single route would), repairs it before answering.
+    let _: () = redis::cmd("DEL").arg(&owner_key).query(&mut con).unwrap();
+    let item = json!({"group": GROUP, "heartbeat": {"protocol_version": 1, "member_id": "m1",
+        "member_epoch": epoch, "owned_shards": [0]}});
+    let (s, v) = stack
+        .api
+        .call(
+            reqwest::Method::POST,
+            "/v1/heartbeats",
+            Some(json!({"heartbeats": [item.clone(), item]})),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 200, "{v}");
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{v}");
+    for r in results {
+        assert_eq!(r["status"], 200, "{v}");
+        assert_eq!(r["response"]["member_epoch"], epoch, "{v}");
+        assert_eq!(
+            r["response"]["owner_tokens"]["0"],
+            token.as_str(),
+            "same grant, same token: {v}"
+        );
+    }
+    let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
+    assert_eq!(stored.as_deref(), Some(token.as_str()), "repaired");
+    assert_eq!(
+        steady_batch_touches(&stack).await,
+        batches_before + 1.0,
+        "both items answered on the steady path, with one touch call"
+    );
+}
+
 #[tokio::test]
 async fn strict_groups_rebalance_without_refusals_or_losses() {
     let _serial = SERIAL.lock().await;

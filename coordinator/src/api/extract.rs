@@ -22,27 +22,52 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
         // Every request body is a JSON object; serde alone would also accept an array for a
         // struct (its fields in order), so `Object` accepts a map only. One pass, straight
         // into `T` (no intermediate `Value` tree: that doubled the cost of a heartbeat batch).
-        match axum::Json::<Object<T>>::from_request(req, state).await {
+        // The plain `application/json` body is parsed without `axum::Json`'s error-path
+        // tracking, which costs every field of every request; only a body that fails is
+        // parsed again through `axum::Json`, so the rejection (and its message, with the
+        // field's path) is the one `axum::Json` gives. Any other content type goes through
+        // `axum::Json` whole.
+        let plain = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes() == b"application/json");
+        if !plain {
+            return match axum::Json::<Object<T>>::from_request(req, state).await {
+                Ok(axum::Json(Object(t))) => Ok(Json(t)),
+                Err(e) => Err(json_rejection(e)),
+            };
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| json_rejection(e.into()))?;
+        if let Ok(Object(t)) = serde_json::from_slice::<Object<T>>(&bytes) {
+            return Ok(Json(t));
+        }
+        match axum::Json::<Object<T>>::from_bytes(&bytes) {
             Ok(axum::Json(Object(t))) => Ok(Json(t)),
-            Err(JsonRejection::JsonDataError(e)) if e.body_text().contains(NOT_AN_OBJECT) => {
-                Err(ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "the request body must be a JSON object",
-                ))
-            }
-            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "invalid request body: {}",
-                    std::error::Error::source(&e).map_or_else(|| e.body_text(), |s| s.to_string())
-                ),
-            )),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(json_rejection(e)),
         }
     }
 }
 
-/// What [`Object`] expects, also how its refusal is recognized.
+/// The protocol's error for a JSON body refused by `axum::Json`.
+fn json_rejection(e: JsonRejection) -> ApiError {
+    match e {
+        JsonRejection::JsonDataError(e) if e.body_text().contains(NOT_AN_OBJECT) => ApiError::new(
+            ErrorCode::InvalidRequest,
+            "the request body must be a JSON object",
+        ),
+        JsonRejection::JsonDataError(e) => ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "invalid request body: {}",
+                std::error::Error::source(&e).map_or_else(|| e.body_text(), |s| s.to_string())
+            ),
+        ),
+        e => e.into(),
+    }
+}
+
 const NOT_AN_OBJECT: &str = "a JSON object (the request body)";
 
 /// A `T` that must come as a JSON object (never as an array of its fields).

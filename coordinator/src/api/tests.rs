@@ -365,3 +365,73 @@ async fn bad_ids_are_refused_at_the_edge_with_the_name_rule_s_explanation() {
         assert!(message.contains(why), "{method} {uri}: {message}");
     }
 }
+
+/// A heartbeat body's answer, sent as `content_type`: status and body.
+async fn heartbeat_with(app: &Router, content_type: &str, body: &str) -> (u16, serde_json::Value) {
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/groups/g1/heartbeat")
+        .header("content-type", content_type)
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_json_body_is_refused_alike_whatever_path_parses_it() {
+    // `application/json` is parsed without path tracking and parsed again only when it
+    // fails; any other JSON content type goes through `axum::Json` alone. Both must give
+    // the same refusal, with the field's path in the message.
+    let app = app();
+    let bodies = [
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":0,"extra":1}"#,
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":"zero"}"#,
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":0,"owned_shards":[1,"x"]}"#,
+        r#"[1,"m1",0]"#,
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":0"#,
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":0} trailing"#,
+        "",
+    ];
+    for body in bodies {
+        let fast = heartbeat_with(&app, "application/json", body).await;
+        let slow = heartbeat_with(&app, "application/json; charset=utf-8", body).await;
+        assert_eq!(fast, slow, "{body}");
+        assert!(fast.0 >= 400, "{body} was accepted: {fast:?}");
+        assert_eq!(
+            fast.1["error"]["code"], "INVALID_REQUEST",
+            "{body}: {fast:?}"
+        );
+    }
+    let (_, unknown) = heartbeat_with(&app, "application/json", bodies[0]).await;
+    let message = unknown["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("extra"), "{message}");
+    let (_, nested) = heartbeat_with(&app, "application/json", bodies[2]).await;
+    let message = nested["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("owned_shards[1]"), "{message}");
+    let (_, array) = heartbeat_with(&app, "application/json", bodies[3]).await;
+    assert_eq!(
+        array["error"]["message"],
+        "the request body must be a JSON object"
+    );
+    // A well-formed body passes either way (the group does not exist: 404, not 400).
+    let ok = r#"{"protocol_version":1,"member_id":"m1","member_epoch":0}"#;
+    assert_eq!(
+        heartbeat_with(&app, "application/json", ok).await,
+        heartbeat_with(&app, "application/json; charset=utf-8", ok).await
+    );
+    assert_eq!(
+        heartbeat_with(&app, "application/json", ok).await.1["error"]["code"],
+        "GROUP_NOT_FOUND"
+    );
+    // Not JSON: refused before the body is read.
+    let (status, body) = heartbeat_with(&app, "text/plain", ok).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &"INVALID_REQUEST".into())
+    );
+}

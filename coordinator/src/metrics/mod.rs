@@ -31,6 +31,7 @@ pub(crate) use store::InstrumentedStore;
 use crate::engine::GroupEvent;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rsc_protocol::ErrorCode;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// Latency buckets (seconds) of HTTP and store operations.
@@ -138,6 +139,10 @@ pub(crate) fn record_convergence(group: &str, ms: u64) {
 /// Counts a heartbeat or leave answer: `result` is `ok` or the error code. The group label
 /// is kept only for groups that exist, so that made-up names cannot grow the label set.
 pub(crate) fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
+    if result.is_ok() {
+        heartbeats_ok(group).increment(1);
+        return;
+    }
     let known = !matches!(
         result,
         Err(ErrorCode::GroupNotFound | ErrorCode::InvalidRequest | ErrorCode::StreamNotFound)
@@ -155,6 +160,28 @@ pub(crate) fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
     if result == Err(ErrorCode::FencedMemberEpoch) {
         record_stale_epoch(group);
     }
+}
+
+/// `rsc_heartbeats_total{group, result="ok"}` of `group`: the handle is looked up in the
+/// recorder once per group and kept (every answered heartbeat counts here, and the recorder's
+/// look-up builds and hashes the labels, an allocation per call).
+fn heartbeats_ok(group: &str) -> metrics::Counter {
+    static OK: OnceLock<std::sync::RwLock<HashMap<String, metrics::Counter>>> = OnceLock::new();
+    let handles = OK.get_or_init(|| {
+        // Handles taken before the recorder is installed would record nowhere.
+        prometheus();
+        std::sync::RwLock::default()
+    });
+    if let Some(c) = handles.read().unwrap_or_else(|p| p.into_inner()).get(group) {
+        return c.clone();
+    }
+    let c =
+        metrics::counter!("rsc_heartbeats_total", "group" => group.to_owned(), "result" => "ok");
+    handles
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(group.to_owned(), c.clone());
+    c
 }
 
 /// Records the size of a `POST /v1/heartbeats` request that was processed (its heartbeats

@@ -1,11 +1,12 @@
 //! The member protocol: heartbeats (single and batched, steady and full) and leave.
 
 use super::{Coordinator, Result, check_name, invalid};
-use crate::engine::GroupEvent;
-use crate::store::{SteadyTouch, StoreError, TouchOutcome};
+use crate::engine::{GroupDoc, GroupEvent, StreamDoc};
+use crate::store::{SteadyTouch, StoreError, TouchOutcome, Versioned};
 use rsc_protocol::{GroupId, MemberEpoch};
 use rsc_protocol::{HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse};
 use std::collections::HashMap;
+use std::sync::Arc;
 use tracing::{debug, warn};
 
 impl Coordinator {
@@ -46,11 +47,7 @@ impl Coordinator {
         &self,
         items: &[(&str, &HeartbeatRequest)],
     ) -> Vec<Result<HeartbeatResponse>> {
-        let steady = futures::future::join_all(items.iter().map(|&(group, req)| async move {
-            check_name("group", group)?;
-            self.steady_heartbeat(group, req).await
-        }))
-        .await;
+        let steady = self.steady_heartbeats(items).await;
         let mut results: Vec<Option<Result<HeartbeatResponse>>> = Vec::with_capacity(items.len());
         let mut again: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, r) in steady.into_iter().enumerate() {
@@ -146,30 +143,10 @@ impl Coordinator {
         group: &str,
         req: &HeartbeatRequest,
     ) -> Result<Option<HeartbeatResponse>> {
-        let Some(g) = self.cache.group(group) else {
+        let Some((basis, mut response)) = self.steady_basis(group, req) else {
             return Ok(None);
         };
-        let Some(s) = self.cache.stream(&g.doc.stream) else {
-            return Ok(None);
-        };
-        let Some(mut response) = g.doc.steady_heartbeat(&s.doc, req) else {
-            return Ok(None);
-        };
-        let now_ms = self.now();
-        let touch = SteadyTouch {
-            group,
-            revision: g.revision,
-            stream: &s.doc.stream,
-            stream_revision: s.revision,
-            member: &req.member_id,
-            now_ms,
-            max_silence_ms: g.doc.config.session_timeout_ms
-                + self
-                    .outages
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .shift_ms(now_ms, g.doc.config.session_timeout_ms),
-        };
+        let touch = basis.touch(group, &req.member_id);
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write within one heartbeat, at the same time as the touch (two round trips
         // in parallel, to two Redis). Without the group lock, and even when the touch finds
@@ -178,14 +155,118 @@ impl Coordinator {
         // before the grant is answered.
         let (touched, asserted) = tokio::join!(
             self.store.touch_steady(&touch),
-            self.assert_tokens(&g.doc, &mut response)
+            self.assert_tokens(&basis.group.doc, &mut response)
         );
+        self.steady_answered(&touch, touched, asserted, response)
+    }
+
+    /// [`Coordinator::steady_heartbeat`] for every item of a batch at once: one touch call
+    /// for all the items answered from the cache (their touches share script calls, and
+    /// the store's layers run once per batch rather than once per item), beside their
+    /// owner tokens' re-assertion. Results in the order given.
+    async fn steady_heartbeats(
+        &self,
+        items: &[(&str, &HeartbeatRequest)],
+    ) -> Vec<Result<Option<HeartbeatResponse>>> {
+        let mut bases: Vec<Result<Option<SteadyBasis>>> = Vec::with_capacity(items.len());
+        let mut responses = Vec::new();
+        for &(group, req) in items {
+            let basis = check_name("group", group).map(|()| {
+                self.steady_basis(group, req).map(|(basis, response)| {
+                    responses.push(response);
+                    basis
+                })
+            });
+            bases.push(basis);
+        }
+        let touches: Vec<SteadyTouch<'_>> = bases
+            .iter()
+            .zip(items)
+            .filter_map(|(basis, &(group, req))| match basis {
+                Ok(Some(b)) => Some(b.touch(group, &req.member_id)),
+                _ => None,
+            })
+            .collect();
+        let fenced = responses.iter().any(|r| !r.owner_tokens.is_empty());
+        let touching = self.store.touch_steady_batch(&touches);
+        let (touched, asserted) = if fenced {
+            let docs = bases.iter().filter_map(|b| match b {
+                Ok(Some(b)) => Some(&b.group.doc),
+                _ => None,
+            });
+            let asserting = futures::future::join_all(
+                docs.zip(responses.iter_mut())
+                    .map(|(doc, response)| self.assert_tokens(doc, response)),
+            );
+            tokio::join!(touching, asserting)
+        } else {
+            let touched = touching.await;
+            let asserted = (0..touched.len()).map(|_| Ok(())).collect();
+            (touched, asserted)
+        };
+        let answered: Vec<Result<Option<HeartbeatResponse>>> = touches
+            .iter()
+            .zip(touched)
+            .zip(asserted)
+            .zip(responses)
+            .map(|(((touch, touched), asserted), response)| {
+                self.steady_answered(touch, touched, asserted, response)
+            })
+            .collect();
+        let mut answered = answered.into_iter();
+        bases
+            .into_iter()
+            .map(|basis| match basis {
+                Ok(Some(_)) => answered.next().unwrap_or_else(|| {
+                    Err(StoreError::unavailable("a steady touch went unanswered".into()).into())
+                }),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    /// What a steady heartbeat is answered from, and its answer, when the cached documents
+    /// say it is one.
+    fn steady_basis(
+        &self,
+        group: &str,
+        req: &HeartbeatRequest,
+    ) -> Option<(SteadyBasis, HeartbeatResponse)> {
+        let g = self.cache.group(group)?;
+        let s = self.cache.stream(&g.doc.stream)?;
+        let response = g.doc.steady_heartbeat(&s.doc, req)?;
+        let now_ms = self.now();
+        let max_silence_ms = g.doc.config.session_timeout_ms
+            + self
+                .outages
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .shift_ms(now_ms, g.doc.config.session_timeout_ms);
+        let basis = SteadyBasis {
+            group: g,
+            stream: s,
+            now_ms,
+            max_silence_ms,
+        };
+        Some((basis, response))
+    }
+
+    /// A steady heartbeat's answer once its touch and its tokens' re-assertion are done:
+    /// `None` when the touch found the cached documents stale or the member not live.
+    fn steady_answered(
+        &self,
+        touch: &SteadyTouch<'_>,
+        touched: std::result::Result<TouchOutcome, StoreError>,
+        asserted: Result<()>,
+        response: HeartbeatResponse,
+    ) -> Result<Option<HeartbeatResponse>> {
         let steady = touched? == TouchOutcome::Touched;
-        debug!(steady, revision = g.revision, "steady-state heartbeat");
+        debug!(steady, revision = touch.revision, "steady-state heartbeat");
         if !steady {
             return Ok(None);
         }
-        self.cache.touched(group, &req.member_id, now_ms);
+        self.cache.touched(touch.group, touch.member, touch.now_ms);
         asserted?;
         Ok(Some(response))
     }
@@ -210,5 +291,29 @@ impl Coordinator {
             member_id: req.member_id.to_string(),
             member_epoch: MemberEpoch::LEAVE.get(),
         })
+    }
+}
+
+/// The cached documents a steady heartbeat is answered from.
+struct SteadyBasis {
+    group: Arc<Versioned<GroupDoc>>,
+    stream: Arc<Versioned<StreamDoc>>,
+    now_ms: u64,
+    max_silence_ms: u64,
+}
+
+impl SteadyBasis {
+    /// The conditional touch: liveness moves only while both documents are still at the
+    /// revisions the answer was computed from.
+    fn touch<'a>(&'a self, group: &'a str, member: &'a str) -> SteadyTouch<'a> {
+        SteadyTouch {
+            group,
+            revision: self.group.revision,
+            stream: &self.stream.doc.stream,
+            stream_revision: self.stream.revision,
+            member,
+            now_ms: self.now_ms,
+            max_silence_ms: self.max_silence_ms,
+        }
     }
 }

@@ -235,6 +235,23 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
         let call = self.inner.touch_steady(t);
         self.layer.around("touch_steady", call).await
     }
+    async fn touch_steady_batch(
+        &self,
+        touches: &[SteadyTouch<'_>],
+    ) -> Vec<Result<TouchOutcome, StoreError>> {
+        // One call for the layer: it fails (for the layer's accounting) with the first
+        // failure among the touches; each touch keeps its own outcome.
+        let mut outcomes = Vec::new();
+        let call = async {
+            outcomes = self.inner.touch_steady_batch(touches).await;
+            match outcomes.iter().find_map(|r| r.as_ref().err()) {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            }
+        };
+        let _ = self.layer.around("touch_steady_batch", call).await;
+        outcomes
+    }
     async fn append_history(
         &self,
         group: &str,
@@ -300,9 +317,11 @@ mod tests {
         };
         store.touch_steady(&touch).await.unwrap();
         assert_eq!(store.group_revision("g").await.unwrap(), Some(1));
+        let touched = store.touch_steady_batch(&[touch, touch]).await;
+        assert_eq!(touched.len(), 2);
         assert_eq!(
             *calls.lock().unwrap(),
-            ["touch_steady", "group_revision"],
+            ["touch_steady", "group_revision", "touch_steady_batch"],
             "each call reaches the inner store as itself, not as a default's parts"
         );
     }

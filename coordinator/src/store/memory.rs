@@ -367,6 +367,17 @@ impl MetadataStore for MemoryStore {
         ))
     }
 
+    async fn touch_steady_batch(
+        &self,
+        touches: &[SteadyTouch<'_>],
+    ) -> Vec<Result<TouchOutcome, StoreError>> {
+        let mut outcomes = Vec::with_capacity(touches.len());
+        for t in touches {
+            outcomes.push(self.touch_steady(t).await);
+        }
+        outcomes
+    }
+
     async fn lower_deadline(
         &self,
         group: &str,

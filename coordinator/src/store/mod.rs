@@ -330,4 +330,11 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// `max_silence_ms`, and [`TouchOutcome::Stale`] as well when the stream document is no
     /// longer at `stream_revision`, checked in one step.
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError>;
+
+    /// The touches of several steady heartbeats at once (a batch's, PROTOCOL §6): each
+    /// outcome, in order, as [`MetadataStore::touch_steady`] gives it.
+    async fn touch_steady_batch(
+        &self,
+        touches: &[SteadyTouch<'_>],
+    ) -> Vec<Result<TouchOutcome, StoreError>>;
 }

@@ -262,6 +262,23 @@ struct WaitingTouch {
     reply: oneshot::Sender<Result<TouchOutcome, StoreError>>,
 }
 
+/// Where a queued touch's outcome arrives.
+type TouchAnswer = oneshot::Receiver<Result<TouchOutcome, StoreError>>;
+
+/// A queued touch's outcome.
+async fn answer_of(answer: Option<TouchAnswer>) -> Result<TouchOutcome, StoreError> {
+    match answer {
+        Some(answer) => answer.await.unwrap_or_else(|_| {
+            Err(StoreError::unavailable(
+                "the steady-heartbeat batch was abandoned".into(),
+            ))
+        }),
+        None => Err(StoreError::unavailable(
+            "the steady-heartbeat touch was not queued".into(),
+        )),
+    }
+}
+
 /// Group and stream documents in Redis (PROTOCOL §2), safe for several coordinators.
 ///
 /// Cheap to clone (one shared connection). Connects lazily: a coordinator started while
@@ -386,6 +403,47 @@ impl RedisStore {
                 "redis {what}: no answer within {limit:?}"
             ))),
         }
+    }
+
+    /// Queues steady-heartbeat touches (under one lock) and starts the flushes they need;
+    /// returns where each one's outcome will arrive, in order.
+    fn queue_touches(&self, touches: &[SteadyTouch<'_>]) -> Vec<TouchAnswer> {
+        let cluster = self.0.config.cluster;
+        let mut answers = Vec::with_capacity(touches.len());
+        let mut start = Vec::new();
+        {
+            let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
+            for t in touches {
+                let (reply, answer) = oneshot::channel();
+                answers.push(answer);
+                let key = if cluster { t.group } else { "" };
+                let queue = match queues.get_mut(key) {
+                    Some(queue) => queue,
+                    None => queues.entry(key.to_owned()).or_default(),
+                };
+                queue.waiting.push(WaitingTouch {
+                    group: t.group.to_owned(),
+                    stream: t.stream.to_owned(),
+                    revision: t.revision,
+                    stream_revision: t.stream_revision,
+                    member: t.member.to_owned(),
+                    now_ms: t.now_ms,
+                    max_silence_ms: t.max_silence_ms,
+                    reply,
+                });
+                if queue.flushing == 0
+                    || (queue.flushing < MAX_TOUCH_FLUSHES
+                        && queue.waiting.len() >= MAX_TOUCH_BATCH / 4)
+                {
+                    queue.flushing += 1;
+                    start.push(key.to_owned());
+                }
+            }
+        }
+        for key in start {
+            tokio::spawn(self.clone().flush_touches(key));
+        }
+        answers
     }
 
     /// Sends the waiting steady-heartbeat touches of one group, a batch at a time, until
@@ -1203,39 +1261,20 @@ impl MetadataStore for RedisStore {
     }
 
     async fn touch_steady(&self, t: &SteadyTouch<'_>) -> Result<TouchOutcome, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        let key = if self.0.config.cluster {
-            t.group.to_owned()
-        } else {
-            String::new()
-        };
-        let start = {
-            let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
-            let queue = queues.entry(key.clone()).or_default();
-            queue.waiting.push(WaitingTouch {
-                group: t.group.to_owned(),
-                stream: t.stream.to_owned(),
-                revision: t.revision,
-                stream_revision: t.stream_revision,
-                member: t.member.to_owned(),
-                now_ms: t.now_ms,
-                max_silence_ms: t.max_silence_ms,
-                reply,
-            });
-            let start = queue.flushing == 0
-                || (queue.flushing < MAX_TOUCH_FLUSHES
-                    && queue.waiting.len() >= MAX_TOUCH_BATCH / 4);
-            if start {
-                queue.flushing += 1;
-            }
-            start
-        };
-        if start {
-            tokio::spawn(self.clone().flush_touches(key));
+        let answer = self.queue_touches(std::slice::from_ref(t)).pop();
+        answer_of(answer).await
+    }
+
+    async fn touch_steady_batch(
+        &self,
+        touches: &[SteadyTouch<'_>],
+    ) -> Vec<Result<TouchOutcome, StoreError>> {
+        let answers = self.queue_touches(touches);
+        let mut outcomes = Vec::with_capacity(answers.len());
+        for answer in answers {
+            outcomes.push(answer_of(Some(answer)).await);
         }
-        answer.await.map_err(|_| {
-            StoreError::unavailable("the steady-heartbeat batch was abandoned".into())
-        })?
+        outcomes
     }
 
     async fn group_revision(&self, group: &str) -> Result<Option<u64>, StoreError> {
