@@ -17,12 +17,10 @@
 //!    every [`LAG_EVERY`], after a read that found entries); a draining shard that went quiet
 //!    is checked; with every lane busy, the listener paused or the hold full, the worker waits
 //!    for a call to end, sending the acknowledgements waiting once [`ACK_LINGER`] passed with
-//!    none (at once while paused, or once a read's worth waits); after a read that reached
-//!    the stream's end (it found nothing, or fewer entries than it asked for) it waits on the
-//!    doorbell for entries after the stream's last known id (see [`Cursor`]), checking a
-//!    draining shard at each `quiet` period without a ring, the acknowledgements waiting for
-//!    the read the ring starts (at most [`ACK_LINGER`]); otherwise it reads, with the
-//!    acknowledgements waiting in the same round trip.
+//!    none (at once while paused, or once a read's worth waits); after a read that found
+//!    nothing it waits on the doorbell for entries after the stream's last known id (see
+//!    [`Cursor`]), checking a draining shard at each `quiet` period without a ring; otherwise
+//!    it reads, with the acknowledgements waiting in the same round trip.
 //! 3. **Recovery**: a read that failed may have lost a reply that delivered entries: the worker
 //!    first re-reads this member's own pending entries (from `0`, then after the last one
 //!    re-read) before new ones, after the backoff; a vanished consumer group (`NOGROUP`) is
@@ -204,7 +202,7 @@ pub(crate) enum Event<E> {
     /// These acknowledgements were sent, or given up on.
     Acked(Vec<String>),
     /// The read found entries: `ready` to handle now (the others are held for their parents,
-    /// `held` in all); `last` is the last id read; `read`, how many it returned.
+    /// `held` in all); `last` is the last id read.
     ReadEntries {
         /// Entries to handle now, in stream order.
         ready: Vec<E>,
@@ -212,8 +210,6 @@ pub(crate) enum Event<E> {
         last: String,
         /// Entries held in all.
         held: usize,
-        /// How many entries the read returned (fewer than asked: it read to the stream's end).
-        read: usize,
     },
     /// The read found nothing; `learned`: the stream's last id, when the read learned it.
     ReadNothing {
@@ -269,8 +265,6 @@ enum Phase {
 #[derive(Debug)]
 struct Reading {
     from: String,
-    /// The most entries it asked for.
-    count: usize,
     acks: Vec<String>,
     /// It is the read after a batch listener's linger.
     linger_read: bool,
@@ -444,12 +438,7 @@ impl<E: Keyed + Clone> Machine<E> {
                     self.phase = Phase::Read;
                 }
             }
-            Event::ReadEntries {
-                ready,
-                last,
-                held,
-                read,
-            } => self.read_entries(ready, last, (held, read), now),
+            Event::ReadEntries { ready, last, held } => self.read_entries(ready, last, held, now),
             Event::ReadNothing { learned } => self.read_nothing(learned, now),
             Event::ReadFailed { nogroup } => self.read_failed(nogroup, now),
             Event::ReadCut => {
@@ -560,15 +549,8 @@ impl<E: Keyed + Clone> Machine<E> {
     /// each quiet period; `None`: read again (entries are held, so that releases and reads
     /// interleave).
     fn ring_wait(&mut self, after: String, now: Instant, ctx: Ctx) -> Option<Step<E>> {
-        // Acknowledgements ride with the read a ring starts, unless none comes within
-        // ACK_LINGER (or a read's worth waits).
-        let mut ack_at = None;
         if self.dispatch.has_acks() {
-            let since = *self.acks_since.get_or_insert(now);
-            if now >= since + ACK_LINGER || self.dispatch.acks_waiting() >= self.cfg.read_count {
-                return Some(self.ack_step());
-            }
-            ack_at = Some(since + ACK_LINGER);
+            return Some(self.ack_step());
         }
         let quiet = if self.held > 0 {
             HOLD_POLL
@@ -578,7 +560,7 @@ impl<E: Keyed + Clone> Machine<E> {
         let since = *self.ring_since.get_or_insert(now);
         if now < since + quiet {
             return Some(Step::Wait {
-                until: earliest(Some(since + quiet), ack_at),
+                until: Some(since + quiet),
                 ring: Some(after),
             });
         }
@@ -593,7 +575,7 @@ impl<E: Keyed + Clone> Machine<E> {
             return Some(Step::CheckDrained);
         }
         Some(Step::Wait {
-            until: earliest(Some(now + quiet), ack_at),
+            until: Some(now + quiet),
             ring: Some(after),
         })
     }
@@ -602,7 +584,6 @@ impl<E: Keyed + Clone> Machine<E> {
     fn read(&mut self, plan: ReadPlan, linger_read: bool, may_linger: bool) -> Step<E> {
         self.reading = Some(Reading {
             from: plan.from.clone(),
-            count: plan.count,
             acks: plan.acks.clone(),
             linger_read,
             may_linger,
@@ -655,9 +636,7 @@ impl<E: Keyed + Clone> Machine<E> {
         self.retry_at = Some(now + self.backoff.next_delay());
     }
 
-    /// `(held, read)`: entries held in all, entries the read returned.
-    fn read_entries(&mut self, ready: Vec<E>, last: String, counts: (usize, usize), now: Instant) {
-        let (held, read) = counts;
+    fn read_entries(&mut self, ready: Vec<E>, last: String, held: usize, now: Instant) {
         let Some(r) = self.reading.take() else {
             return;
         };
@@ -670,14 +649,6 @@ impl<E: Keyed + Clone> Machine<E> {
             // New entries: the group has delivered up to the last one (the doorbell's poll
             // looks for entries after it).
             self.cursor.read_entries(&last);
-            if read < r.count && !self.cfg.blocking {
-                // Fewer than asked: the read reached the stream's end. The next entry rings
-                // (or the poll finds it): wait for it rather than read again for nothing, so
-                // that an entry added meanwhile is read at its ring, not after a read's round
-                // trip that started just before it (D3, docs/BENCHMARKS.md).
-                self.waiting_after = Some(last.clone());
-                self.ring_since = Some(now);
-            }
         } else {
             // Moving on through this member's own pending entries.
             self.recovering = Some(last.clone());

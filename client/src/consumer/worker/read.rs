@@ -224,13 +224,11 @@ impl ShardWorker {
             Some(Ok(Found::Entries(entries))) => {
                 self.flags.drained.store(false, Ordering::Relaxed);
                 let last = entries.last().map(|e| e.id.clone()).unwrap_or_default();
-                let read = entries.len();
                 match calls.beside(self.admit(entries)).await {
                     Some(ready) => Event::ReadEntries {
                         ready: ready.into_iter().map(Arc::new).collect(),
                         last,
                         held: self.held(),
-                        read,
                     },
                     // Stopped while reading the seals: the entries stay pending.
                     None => Event::ReadCut,

@@ -72,14 +72,12 @@ fn reading(cfg: Config, now: Instant) -> Machine<E> {
     m
 }
 
-/// A read that found these entries (by sequence), none held, and as many as it asked for
-/// (`cfg`'s 10: more may wait).
+/// A read that found these entries (by sequence), none held.
 fn got(seqs: &[u64]) -> Event<E> {
     Event::ReadEntries {
         ready: seqs.iter().map(|s| e(*s)).collect(),
         last: format!("{}-0", seqs.last().expect("an entry")),
         held: 0,
-        read: 10,
     }
 }
 
@@ -242,65 +240,6 @@ fn an_empty_read_waits_on_the_doorbell_after_the_stream_s_last_id() {
         matches!(m.next(later, CTX), Step::ReadLag),
         "after the calls start: the lag"
     );
-}
-
-/// A read that brought fewer entries than it asked for reached the stream's end: the worker
-/// waits for the next ring instead of reading again, and the acknowledgements of what it
-/// handled ride with the read the ring starts (or go alone after ACK_LINGER).
-#[test]
-fn a_short_read_waits_for_the_ring_with_its_acknowledgements() {
-    let t0 = Instant::now();
-    let mut m = reading(cfg(1, false), t0);
-    expect_read(m.next(t0, CTX));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(1)],
-            last: "1-0".into(),
-            held: 0,
-            read: 1,
-        },
-        t0,
-    );
-    let call = expect_start(m.next(t0, CTX));
-    m.on(handled(&call), t0);
-    assert!(matches!(m.next(t0, CTX), Step::ReadLag));
-    let Step::Wait { until, ring } = m.next(t0, CTX) else {
-        panic!("a wait on the doorbell")
-    };
-    assert_eq!(ring.as_deref(), Some("1-0"), "after the last entry read");
-    assert_eq!(
-        until,
-        Some(t0 + ACK_LINGER),
-        "at most the acknowledgement linger"
-    );
-    // A ring within the linger: the read carries the acknowledgement.
-    let t1 = t0 + ACK_LINGER / 2;
-    m.on(Event::Woken(Woken::Ring), t1);
-    let plan = expect_read(m.next(t1, CTX));
-    assert_eq!((plan.from.as_str(), plan.acks.len()), (">", 1));
-    m.on(
-        Event::ReadEntries {
-            ready: vec![e(2)],
-            last: "2-0".into(),
-            held: 0,
-            read: 1,
-        },
-        t1,
-    );
-    let call = expect_start(m.next(t1, CTX));
-    m.on(handled(&call), t1);
-    // No ring within the linger: the acknowledgement goes alone, the wait goes on.
-    let t2 = t1 + ACK_LINGER;
-    let Step::Ack(ids) = m.next(t2, CTX) else {
-        panic!("the acknowledgement alone")
-    };
-    assert_eq!(ids, ["2-0"]);
-    m.on(Event::Acked(ids), t2);
-    let Step::Wait { until, ring } = m.next(t2, CTX) else {
-        panic!("the wait goes on")
-    };
-    assert_eq!(ring.as_deref(), Some("2-0"));
-    assert_eq!(until, Some(t1 + Duration::from_secs(2)), "the quiet period");
 }
 
 #[test]
@@ -477,7 +416,6 @@ fn held_entries_are_checked_every_hold_poll_and_a_full_hold_stops_the_reads() {
             ready: vec![],
             last: "3-0".into(),
             held: 3,
-            read: 10,
         },
         t0,
     );
@@ -931,7 +869,6 @@ fn simulate(
                                     ready,
                                     last: format!("{l}-0"),
                                     held,
-                                    read: got.len(),
                                 }
                             }
                             None => {
