@@ -317,17 +317,23 @@ async fn steady_touches(stack: &Stack) -> u64 {
         .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
-#[tokio::test]
-async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_heartbeat() {
-    let stack = stack().await;
-    let mut con = stack.redis();
-    let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
+/// Member `m1` joins: its answer and the owner token it was given for shard 0.
+async fn join_m1(stack: &Stack) -> (Value, String) {
     let (s, hb) = stack.api.heartbeat(GROUP, "m1", 0, &[]).await;
     assert_eq!(s.as_u16(), 200, "{hb}");
     let token = hb["owner_tokens"]["0"]
         .as_str()
         .expect("a token")
         .to_owned();
+    (hb, token)
+}
+
+#[tokio::test]
+async fn owner_tokens_are_written_before_the_answer_and_repaired_by_the_next_heartbeat() {
+    let stack = stack().await;
+    let mut con = stack.redis();
+    let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
+    let (hb, token) = join_m1(&stack).await;
     let stored: Option<String> = redis::cmd("GET").arg(&owner_key).query(&mut con).unwrap();
     assert_eq!(
         stored.as_deref(),
@@ -402,12 +408,7 @@ async fn a_batch_of_steady_heartbeats_re_asserts_the_owner_tokens() {
     let stack = stack().await;
     let mut con = stack.redis();
     let owner_key = rsc_protocol::routing::owner_key(SHARD_KEY, GROUP);
-    let (s, hb) = stack.api.heartbeat(GROUP, "m1", 0, &[]).await;
-    assert_eq!(s.as_u16(), 200, "{hb}");
-    let token = hb["owner_tokens"]["0"]
-        .as_str()
-        .expect("a token")
-        .to_owned();
+    let (hb, token) = join_m1(&stack).await;
     let epoch = hb["member_epoch"].as_i64().unwrap();
     let (s, hb) = stack.api.heartbeat(GROUP, "m1", epoch, &[0]).await;
     assert_eq!(s.as_u16(), 200, "{hb}");
