@@ -391,7 +391,8 @@ impl<E: Keyed + Clone> Machine<E> {
                 }
                 Phase::Clean => return Step::Clean,
                 Phase::Read => return self.read_step(now, ctx),
-                Phase::Finish | Phase::Done => unreachable!("handled above"),
+                // Answered at the top of the loop.
+                Phase::Finish | Phase::Done => continue,
             }
         }
     }
