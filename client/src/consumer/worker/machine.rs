@@ -38,6 +38,7 @@ use super::cursor::{Cursor, Next};
 use super::dispatch::{Call, CallId, Dispatch, Keyed, Shape, Verdict};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::doorbell::Woken;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -156,8 +157,9 @@ pub(crate) struct ReadPlan {
     pub(crate) from: String,
     /// At most this many entries.
     pub(crate) count: usize,
-    /// Acknowledge these first, in the same round trip.
-    pub(crate) acks: Vec<String>,
+    /// Acknowledge these first, in the same round trip (shared with the machine, which
+    /// settles them by the read's outcome).
+    pub(crate) acks: Arc<[String]>,
     /// Learn the stream's last id in the same round trip, before the read (for the doorbell;
     /// a guarded read always learns it).
     pub(crate) learn_last: bool,
@@ -265,7 +267,7 @@ enum Phase {
 #[derive(Debug)]
 struct Reading {
     from: String,
-    acks: Vec<String>,
+    acks: Arc<[String]>,
     /// It is the read after a batch listener's linger.
     linger_read: bool,
     /// Its entries may be lingered over (a batch listener's read of new entries, neither
@@ -446,7 +448,7 @@ impl<E: Keyed + Clone> Machine<E> {
                 if let Some(r) = self.reading.take() {
                     // The acknowledgements may not have landed: they are sent again (XACK is
                     // idempotent).
-                    self.dispatch.unsent(r.acks);
+                    self.dispatch.unsent(r.acks.to_vec());
                 }
             }
             Event::Woken(by) => {
@@ -509,7 +511,7 @@ impl<E: Keyed + Clone> Machine<E> {
             let plan = ReadPlan {
                 from: ">".to_owned(),
                 count,
-                acks: Vec::new(),
+                acks: Arc::from([]),
                 learn_last: false,
                 block: None,
             };
@@ -537,7 +539,7 @@ impl<E: Keyed + Clone> Machine<E> {
             && !ctx.ordered;
         let plan = ReadPlan {
             count: self.cfg.read_count.min(self.dispatch.room()).max(1),
-            acks: self.take_acks(),
+            acks: self.take_acks().into(),
             learn_last: new && !self.cfg.blocking && self.cursor.must_learn(),
             block: (new && self.cfg.blocking).then(|| self.block_for()),
             from,
@@ -585,7 +587,7 @@ impl<E: Keyed + Clone> Machine<E> {
     fn read(&mut self, plan: ReadPlan, linger_read: bool, may_linger: bool) -> Step<E> {
         self.reading = Some(Reading {
             from: plan.from.clone(),
-            acks: plan.acks.clone(),
+            acks: Arc::clone(&plan.acks),
             linger_read,
             may_linger,
         });
@@ -711,7 +713,7 @@ impl<E: Keyed + Clone> Machine<E> {
             return;
         };
         // The acknowledgements may not have landed: sent on their own first.
-        self.dispatch.unsent(r.acks);
+        self.dispatch.unsent(r.acks.to_vec());
         self.flush_first = true;
         if r.linger_read {
             // What the lost reply delivered is re-read from this member's pending entries.

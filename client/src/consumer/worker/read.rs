@@ -324,7 +324,7 @@ impl ShardWorker {
                 pipe.cmd("XACK")
                     .arg(&self.origin.shard_key)
                     .arg(&self.origin.group)
-                    .arg(&plan.acks)
+                    .arg(&*plan.acks)
                     .ignore();
             }
             if plan.learn_last {

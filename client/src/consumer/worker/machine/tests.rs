@@ -93,7 +93,7 @@ fn handle_one(m: &mut Machine<E>, now: Instant) {
     m.on(handled(&call), now);
     let plan = expect_read(m.next(now, CTX));
     assert_eq!(
-        plan.acks,
+        *plan.acks,
         ["1-0"],
         "the acknowledgement rides with the read"
     );
@@ -259,7 +259,7 @@ fn acknowledgements_ride_with_the_next_read_or_go_alone_after_the_linger() {
     m.on(handled(&a), t0);
     // A lane is free: read, with the acknowledgement.
     let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["1-0"]);
+    assert_eq!(*plan.acks, ["1-0"]);
     m.on(got(&[3, 4]), t0);
     let c = expect_start(m.next(t0, CTX));
     m.on(handled(&b), t0);
@@ -267,13 +267,13 @@ fn acknowledgements_ride_with_the_next_read_or_go_alone_after_the_linger() {
     m.on(handled(&c), t0);
     // A lane is free but the queue is empty and... it reads, with the acknowledgements.
     let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["2-0", "3-0"]);
+    assert_eq!(*plan.acks, ["2-0", "3-0"]);
     m.on(got(&[5]), t0);
     let f = expect_start(m.next(t0, CTX));
     m.on(handled(&f), t0);
     // Busy with `d`, one acknowledgement waits: at most ACK_LINGER.
     let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["5-0"]);
+    assert_eq!(*plan.acks, ["5-0"]);
     m.on(Event::ReadNothing { learned: None }, t0);
     drop(d);
 }
@@ -293,7 +293,7 @@ fn acknowledgements_wait_at_most_the_linger_behind_a_slow_call() {
     m.on(handled(&fast), t0);
     // A lane is free: the next read takes the acknowledgement; it found nothing.
     let plan = expect_read(m.next(t0, CTX));
-    assert_eq!(plan.acks, ["1-0"]);
+    assert_eq!(*plan.acks, ["1-0"]);
     m.on(
         Event::ReadNothing {
             learned: Some("2-0".into()),
@@ -838,7 +838,7 @@ fn simulate(
             }
             Step::Read(plan) => {
                 prop_assert!(!w.stopped, "read after the stop");
-                for id in &plan.acks {
+                for id in plan.acks.iter() {
                     prop_assert!(
                         w.settled.contains(id),
                         "{id} acknowledged without a verdict"
