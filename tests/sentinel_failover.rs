@@ -126,6 +126,15 @@ fn redis_on(port: u16) -> redis::Connection {
 
 /// Every value of `field` in a stream (XRANGE, paged).
 fn stream_field(con: &mut redis::Connection, key: &str, field: &str) -> Vec<String> {
+    try_stream_field(con, key, field).expect("XRANGE")
+}
+
+/// [`stream_field`], giving the connection's error back.
+fn try_stream_field(
+    con: &mut redis::Connection,
+    key: &str,
+    field: &str,
+) -> redis::RedisResult<Vec<String>> {
     let mut out = Vec::new();
     let mut start = "-".to_owned();
     loop {
@@ -135,8 +144,7 @@ fn stream_field(con: &mut redis::Connection, key: &str, field: &str) -> Vec<Stri
             .arg("+")
             .arg("COUNT")
             .arg(5000)
-            .query(con)
-            .expect("XRANGE");
+            .query(con)?;
         let n = reply.ids.len();
         for id in reply.ids {
             start = format!("({}", id.id);
@@ -145,7 +153,7 @@ fn stream_field(con: &mut redis::Connection, key: &str, field: &str) -> Vec<Stri
             }
         }
         if n < 5000 {
-            return out;
+            return Ok(out);
         }
     }
 }
@@ -171,12 +179,18 @@ fn seq_times(con: &mut redis::Connection, key: &str) -> Vec<(u64, u64)> {
 
 /// Handled entries: (seq, finished_ms).
 fn handled(con: &mut redis::Connection) -> Vec<(u64, u64)> {
-    let seqs = stream_field(con, RECORD, "seq");
-    let done = stream_field(con, RECORD, "finished_ms");
-    seqs.iter()
+    try_handled(con).expect("XRANGE")
+}
+
+/// [`handled`], giving the connection's error back.
+fn try_handled(con: &mut redis::Connection) -> redis::RedisResult<Vec<(u64, u64)>> {
+    let seqs = try_stream_field(con, RECORD, "seq")?;
+    let done = try_stream_field(con, RECORD, "finished_ms")?;
+    Ok(seqs
+        .iter()
         .zip(&done)
         .filter_map(|(s, f)| Some((s.parse().ok()?, f.parse().ok()?)))
-        .collect()
+        .collect())
 }
 
 /// Each shard key's Redis consumer groups (`XINFO GROUPS`) and the group's pending entries
@@ -499,7 +513,7 @@ async fn scenario(
     // such entries, produced from the replicas' lag before the kill to a second after the
     // last switch, are counted, not required.
     let lag_ms = replica_lag.map_or(0, |l| l.as_millis() as u64);
-    let window = (
+    let mut window = (
         killed_ms.saturating_sub(1_000 + lag_ms),
         last_switch_ms + 1_000,
     );
@@ -508,8 +522,35 @@ async fn scenario(
     // waited for 20 s.
     let settle = Instant::now() + Duration::from_secs(20);
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut new_master = new_master;
     let (records, unrecorded) = loop {
-        let records = handled(&mut con);
+        let records = match try_handled(&mut con) {
+            Ok(records) => records,
+            Err(e) => {
+                // The sentinels closed this connection: on a loaded machine they can fail
+                // over once more (a master that missed `down-after-milliseconds`), and a
+                // demoted master's clients are killed. Follow the master they name; a switch
+                // widens the window of entries whose record may be lost with it.
+                let now = deployment.master_port().unwrap_or(new_master);
+                eprintln!("{label}: reading the records failed ({e}); the master is {now}");
+                if now != new_master {
+                    window.1 = now_ms() + 1_000;
+                    new_master = now;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the records could not be read: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                con = match redis::Client::open(format!("redis://127.0.0.1:{new_master}"))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+                {
+                    Ok(con) => con,
+                    Err(_) => continue,
+                };
+                continue;
+            }
+        };
         let seen: BTreeSet<u64> = records.iter().map(|r| r.0).collect();
         let missing: Vec<u64> = in_stream.difference(&seen).copied().collect();
         let outside = missing
