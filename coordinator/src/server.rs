@@ -403,18 +403,28 @@ async fn serve_connections(
         let app = app.clone();
         let signal = signal_tx.subscribe();
         let close = close_rx.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => serve_connection(stream, false, None, app, signal).await,
-                Some(acceptor) => {
+        // Two tasks, not one with a branch: a task's future is as large as its largest
+        // state, and a plain connection (a wake-up channel lives for minutes) would carry
+        // room for the TLS session and an HTTP/2 connection (about 7 KiB each).
+        match &tls {
+            None => tokio::spawn(async move {
+                serve_http1(stream, None, app, signal).await;
+                drop(close);
+            }),
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
                     if let Some((stream, h2, peer)) = handshake(&acceptor, stream).await {
-                        serve_connection(stream, h2, peer, app, signal).await;
+                        if h2 {
+                            serve_http2(stream, peer, app, signal).await;
+                        } else {
+                            serve_http1(stream, peer, app, signal).await;
+                        }
                     }
-                }
+                    drop(close);
+                })
             }
-            drop(close);
-        });
+        };
     }
     drop(signal_tx);
     drop(close_rx);
@@ -460,20 +470,21 @@ async fn handshake(
     Some((stream, h2, peer))
 }
 
-/// Serves one connection until it closes, or gracefully after `signal` fires. Every
-/// request carries the connection's client certificate (when it presented one) in its
-/// extensions, for authentication (PROTOCOL §8).
-async fn serve_connection<I>(
-    io: I,
-    h2: bool,
-    peer: Option<Arc<ClientCertificate>>,
+/// The service of one connection: `app`, with the connection's client certificate (when it
+/// presented one) in every request's extensions, for authentication (PROTOCOL §8).
+fn connection_service(
     app: axum::Router,
-    mut signal: tokio::sync::watch::Receiver<()>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::service::TowerToHyperService;
+    peer: Option<Arc<ClientCertificate>>,
+) -> impl hyper::service::Service<
+    axum::http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>>
+             + Send
+             + 'static,
+> + Clone
++ Send
++ 'static {
     use tower::ServiceExt;
     let service = app.map_request(move |req: axum::http::Request<hyper::body::Incoming>| {
         let mut req = req.map(axum::body::Body::new);
@@ -482,32 +493,57 @@ async fn serve_connection<I>(
         }
         req
     });
-    let service = TowerToHyperService::new(service);
-    if h2 {
-        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .serve_connection(TokioIo::new(io), service);
-        let mut conn = std::pin::pin!(conn);
-        let ended = tokio::select! {
-            r = conn.as_mut() => r,
-            _ = signal.changed() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        connection_ended(ended);
-    } else {
-        let conn =
-            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service);
-        let mut conn = std::pin::pin!(conn);
-        let ended = tokio::select! {
-            r = conn.as_mut() => r,
-            _ = signal.changed() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        connection_ended(ended);
-    }
+    hyper_util::service::TowerToHyperService::new(service)
+}
+
+/// Serves one HTTP/1.1 connection until it closes, or gracefully after `signal` fires.
+async fn serve_http1<I>(
+    io: I,
+    peer: Option<Arc<ClientCertificate>>,
+    app: axum::Router,
+    mut signal: tokio::sync::watch::Receiver<()>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
+        hyper_util::rt::TokioIo::new(io),
+        connection_service(app, peer),
+    );
+    let mut conn = std::pin::pin!(conn);
+    let ended = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = signal.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    connection_ended(ended);
+}
+
+/// Serves one HTTP/2 connection (TLS, ALPN `h2`) until it closes, or gracefully after
+/// `signal` fires.
+async fn serve_http2<I>(
+    io: I,
+    peer: Option<Arc<ClientCertificate>>,
+    app: axum::Router,
+    mut signal: tokio::sync::watch::Receiver<()>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(io),
+            connection_service(app, peer),
+        );
+    let mut conn = std::pin::pin!(conn);
+    let ended = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = signal.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    connection_ended(ended);
 }
 
 /// A connection that ended with an error (the client went away mid-request, a request that
@@ -601,5 +637,48 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
             _ = ctrl_c => info!("Ctrl-C received; shutting down"),
             _ = term => info!("SIGTERM received; shutting down"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain connection's task holds no room for a TLS session or an HTTP/2 connection:
+    /// an idle wake-up channel is one such task, and 10,000 of them must fit in well under
+    /// 200 MB (docs/BENCHMARKS.md, P5').
+    #[tokio::test]
+    async fn a_plain_connection_carries_no_tls_or_http2_state() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let _client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (stream, _) = listener.accept().await.expect("accept");
+        let (_signal_tx, signal) = tokio::sync::watch::channel(());
+        let plain = serve_http1(stream, None, axum::Router::new(), signal.clone());
+        let plain = std::mem::size_of_val(&plain);
+        let stream = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let acceptor = TlsAcceptor::from(Arc::new(
+            rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
+        ));
+        let app = axum::Router::new();
+        let tls = async move {
+            if let Some((stream, h2, peer)) = handshake(&acceptor, stream).await {
+                if h2 {
+                    serve_http2(stream, peer, app, signal).await;
+                } else {
+                    serve_http1(stream, peer, app, signal).await;
+                }
+            }
+        };
+        let tls = std::mem::size_of_val(&tls);
+        assert!(
+            plain < 2048 && plain * 2 < tls,
+            "plain {plain} B, TLS {tls} B"
+        );
     }
 }
