@@ -9,6 +9,12 @@
 //! - Redis commands per steady heartbeat (`total_commands_processed` delta / heartbeats),
 //!   channels open vs none (goal: not more: a steady heartbeat publishes nothing).
 //!
+//! The channels are held by a child process (this binary again, `--hold URL`), as they would
+//! be by other processes: held in the load generator itself, 10,000 idle connections made
+//! its own requests about a fifth dearer in CPU (glibc's heap and the runtime shared with
+//! them), and on two cores that CPU came out of the coordinator's share and showed in the
+//! p99 (docs/BENCHMARKS.md; `--channels-in-process` measures it that way).
+//!
 //! ```text
 //! cargo build --release --bins && target/release/wake [--quick] [--channels N]
 //! ```
@@ -43,6 +49,14 @@ struct Args {
     /// Heartbeats in flight.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// Hold the channels in this process, beside the load generator (the first way this
+    /// was measured), instead of in a child process.
+    #[arg(long)]
+    channels_in_process: bool,
+    /// Child mode: open `--channels` channels on the coordinator at this URL, print
+    /// `ready`, and hold them until standard input closes.
+    #[arg(long, hide = true)]
+    hold: Option<String>,
 }
 
 const GROUP: &str = "wake-bench";
@@ -193,6 +207,64 @@ async fn open_channels(base: &str, n: usize) -> Result<Vec<tokio::task::JoinHand
     Ok(handles)
 }
 
+/// Channels held open, by this process or by a child process.
+enum Held {
+    InProcess(Vec<tokio::task::JoinHandle<()>>),
+    Child(std::process::Child),
+}
+
+impl Held {
+    async fn open(base: &str, n: usize, in_process: bool) -> Result<Self> {
+        if in_process {
+            return Ok(Held::InProcess(open_channels(base, n).await?));
+        }
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--hold", base, "--channels", &n.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("the channel holder process")?;
+        let stdout = child.stdout.take().context("holder stdout")?;
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map(|_| line)
+        })
+        .await??;
+        if line.trim() != "ready" {
+            let _ = child.kill();
+            bail!("the channel holder failed: {line:?}");
+        }
+        Ok(Held::Child(child))
+    }
+
+    /// Closes every channel.
+    fn close(self) {
+        match self {
+            Held::InProcess(tasks) => tasks.iter().for_each(|t| t.abort()),
+            Held::Child(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Child mode: opens the channels, says `ready`, holds them until standard input closes.
+async fn hold(base: &str, n: usize) -> Result<()> {
+    let channels = open_channels(base, n).await?;
+    println!("ready");
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    })
+    .await?;
+    drop(channels);
+    Ok(())
+}
+
 /// Waits until the coordinator's `rsc_wake_channels_open` is 0.
 async fn open_gauge_zero(http: &reqwest::Client, base: &str, limit: Duration) -> Result<()> {
     let t = Instant::now();
@@ -221,6 +293,10 @@ async fn open_gauge_zero(http: &reqwest::Client, base: &str, limit: Duration) ->
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = Args::parse();
+    if let Some(base) = &args.hold {
+        rsc_client::install_crypto_provider();
+        return hold(base, args.channels).await;
+    }
     if args.quick {
         args.channels = args.channels.min(500);
         args.reps = 1;
@@ -264,15 +340,17 @@ async fn main() -> Result<()> {
     let (mut p99_none, mut p99_open, mut cmd_none, mut cmd_open, mut rss_open) =
         (vec![], vec![], vec![], vec![], vec![]);
     let mut open_secs = vec![];
+    let mut rates = vec![];
     for rep in 0..args.reps {
         let c0 = commands(&redis)?;
         let (p99, n) = steady_load(&http, &base, &members, args.concurrency, phase).await?;
         let c1 = commands(&redis)?;
+        let rate_none = n as f64 / phase.as_secs_f64();
         p99_none.push(p99);
         cmd_none.push((c1 - c0 - 1) as f64 / n as f64);
 
         let t = Instant::now();
-        let channels = open_channels(&base, args.channels).await?;
+        let channels = Held::open(&base, args.channels, args.channels_in_process).await?;
         open_secs.push(t.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(500)).await;
         rss_open.push(rss_mib(pid)?);
@@ -281,17 +359,18 @@ async fn main() -> Result<()> {
         let c1 = commands(&redis)?;
         p99_open.push(p99);
         cmd_open.push((c1 - c0 - 1) as f64 / n as f64);
-        for c in &channels {
-            c.abort();
-        }
+        rates.push((rate_none, n as f64 / phase.as_secs_f64()));
+        channels.close();
         // The coordinator notices a closed channel when its next keep-alive (every 15 s)
         // fails to write: wait until all are gone before the next repetition.
         open_gauge_zero(&http, &base, Duration::from_secs(40)).await?;
         eprintln!(
-            "rep {rep}: p99 {:.2} ms none / {:.2} ms with {} channels; cmds/hb {:.3} / {:.3}; RSS {:.1} MiB (before {:.1}); opened in {:.1} s",
+            "rep {rep}: p99 {:.2} ms none / {:.2} ms with {} channels; heartbeats/s {:.0} / {:.0}; cmds/hb {:.3} / {:.3}; RSS {:.1} MiB (before {:.1}); opened in {:.1} s",
             p99_none[rep],
             p99_open[rep],
             args.channels,
+            rates[rep].0,
+            rates[rep].1,
             cmd_none[rep],
             cmd_open[rep],
             rss_open[rep],
