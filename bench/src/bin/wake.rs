@@ -11,9 +11,9 @@
 //!
 //! The channels are held by a child process (this binary again, `--hold URL`), as they would
 //! be by other processes: held in the load generator itself, 10,000 idle connections made
-//! its own requests about a fifth dearer in CPU (glibc's heap and the runtime shared with
-//! them), and on two cores that CPU came out of the coordinator's share and showed in the
-//! p99 (docs/BENCHMARKS.md; `--channels-in-process` measures it that way).
+//! its own heartbeats about a fifth dearer in CPU (user time), and on two cores that CPU
+//! came out of the coordinator's share and showed in the p99 (docs/BENCHMARKS.md,
+//! "Heartbeat hot path, third pass"; `--channels-in-process` measures it that way).
 //!
 //! ```text
 //! cargo build --release --bins && target/release/wake [--quick] [--channels N]
