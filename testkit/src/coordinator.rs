@@ -116,10 +116,15 @@ impl CoordinatorProcess {
                 log,
                 reader: Some(reader),
             }),
-            Ok(Err(status)) => Err(io::Error::other(format!(
-                "rsc-coordinator exited with {status}: {}",
-                log.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
-            ))),
+            Ok(Err(status)) => {
+                // The process is gone, so its stderr ends: read it to the end before quoting
+                // it (a loaded machine can run this before the reader saw the last lines).
+                let _ = reader.join();
+                Err(io::Error::other(format!(
+                    "rsc-coordinator exited with {status}: {}",
+                    log.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
+                )))
+            }
             Err(e) => {
                 let _ = child.kill();
                 Err(e)

@@ -84,6 +84,18 @@ async fn run(
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut announced_missing = false;
+    // This channel's members: after a reopen each heartbeats once, to catch up on what a
+    // wake-up sent while no channel was open would have said (PROTOCOL §5, wake-up channels).
+    let mine: Vec<Arc<Notify>> = req
+        .members
+        .iter()
+        .filter_map(|m| {
+            signals
+                .get(&(m.group.to_string(), m.member_id.to_string()))
+                .cloned()
+        })
+        .collect();
+    let mut opened_before = false;
     loop {
         if stop.is_cancelled() {
             return;
@@ -94,7 +106,9 @@ async fn run(
             Ok(resp) => {
                 metrics::gauge!("rsc_client_wake_channel_open").increment(1.0);
                 debug!(%url, members = req.members.len(), "wake-up channel open");
-                let ended = read(resp, &signals, &mut backoff).await;
+                let catch_up = opened_before.then_some(mine.as_slice());
+                opened_before = true;
+                let ended = read(resp, &signals, &mut backoff, catch_up).await;
                 metrics::gauge!("rsc_client_wake_channel_open").decrement(1.0);
                 ended
             }
@@ -152,8 +166,14 @@ async fn run(
     }
 }
 
-/// Reads one open channel until it ends, waking the members it names.
-async fn read(mut resp: reqwest::Response, signals: &WakeSignals, backoff: &mut Backoff) -> Ended {
+/// Reads one open channel until it ends, waking the members it names; on its `ready`, wakes
+/// every member of `catch_up` (a reopened channel's).
+async fn read(
+    mut resp: reqwest::Response,
+    signals: &WakeSignals,
+    backoff: &mut Backoff,
+    catch_up: Option<&[Arc<Notify>]>,
+) -> Ended {
     let mut parser = SseParser::default();
     loop {
         let chunk = match tokio::time::timeout(SILENCE, resp.chunk()).await {
@@ -164,7 +184,16 @@ async fn read(mut resp: reqwest::Response, signals: &WakeSignals, backoff: &mut 
         };
         for (event, data) in parser.push(&chunk) {
             match rsc_protocol::WakeEventName::parse(&event) {
-                Some(rsc_protocol::WakeEventName::Ready) => backoff.reset(),
+                Some(rsc_protocol::WakeEventName::Ready) => {
+                    backoff.reset();
+                    if let Some(members) = catch_up {
+                        debug!(
+                            members = members.len(),
+                            "wake-up channel reopened: each member heartbeats once to catch up"
+                        );
+                        members.iter().for_each(|n| n.notify_one());
+                    }
+                }
                 Some(rsc_protocol::WakeEventName::Wake) => {
                     match serde_json::from_str::<WakeEvent>(&data) {
                         Ok(w) => {
@@ -220,6 +249,7 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
 
     #[test]
     fn the_parser_splits_events_across_chunks_and_skips_comments() {
@@ -241,5 +271,32 @@ mod tests {
             p.push(b"ke\r\ndata: x\r\n\r\n"),
             vec![("wake".to_owned(), "x".to_owned())]
         );
+    }
+
+    fn channel(body: &'static str) -> reqwest::Response {
+        reqwest::Response::from(axum::http::Response::new(body))
+    }
+
+    /// A reopened channel's `ready` wakes each of its members once (a wake-up sent while no
+    /// channel was open is lost); a first opening wakes nobody.
+    #[tokio::test]
+    async fn a_reopened_channel_wakes_its_members_once_on_ready() {
+        let body = "event: ready\ndata: {\"members\":2}\n\n";
+        let members = [Arc::new(Notify::new()), Arc::new(Notify::new())];
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let signals = WakeSignals::new();
+        let ended = read(channel(body), &signals, &mut backoff, None).await;
+        assert!(matches!(ended, Ended::Closed));
+        assert!(
+            members
+                .iter()
+                .all(|n| n.notified().now_or_never().is_none())
+        );
+        let ended = read(channel(body), &signals, &mut backoff, Some(&members)).await;
+        assert!(matches!(ended, Ended::Closed));
+        for n in &members {
+            assert!(n.notified().now_or_never().is_some(), "not woken");
+            assert!(n.notified().now_or_never().is_none(), "woken twice");
+        }
     }
 }
