@@ -501,7 +501,7 @@ async fn serve_http1<I>(
     io: I,
     peer: Option<Arc<ClientCertificate>>,
     app: axum::Router,
-    mut signal: tokio::sync::watch::Receiver<()>,
+    signal: tokio::sync::watch::Receiver<()>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -509,15 +509,7 @@ async fn serve_http1<I>(
         hyper_util::rt::TokioIo::new(io),
         connection_service(app, peer),
     );
-    let mut conn = std::pin::pin!(conn);
-    let ended = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = signal.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    connection_ended(ended);
+    until_closed(conn, signal).await;
 }
 
 /// Serves one HTTP/2 connection (TLS, ALPN `h2`) until it closes, or gracefully after
@@ -526,7 +518,7 @@ async fn serve_http2<I>(
     io: I,
     peer: Option<Arc<ClientCertificate>>,
     app: axum::Router,
-    mut signal: tokio::sync::watch::Receiver<()>,
+    signal: tokio::sync::watch::Receiver<()>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -535,6 +527,15 @@ async fn serve_http2<I>(
             hyper_util::rt::TokioIo::new(io),
             connection_service(app, peer),
         );
+    until_closed(conn, signal).await;
+}
+
+/// Drives `conn` until it closes; once `signal` fires, shuts it down gracefully (the request
+/// in flight is answered, then the connection closes).
+async fn until_closed<C>(conn: C, mut signal: tokio::sync::watch::Receiver<()>)
+where
+    C: hyper_util::server::graceful::GracefulConnection<Error = hyper::Error>,
+{
     let mut conn = std::pin::pin!(conn);
     let ended = tokio::select! {
         r = conn.as_mut() => r,

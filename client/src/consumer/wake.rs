@@ -85,7 +85,7 @@ async fn run(
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut announced_missing = false;
     // This channel's members: after a reopen each heartbeats once, to catch up on what a
-    // wake-up sent while no channel was open would have said (PROTOCOL §5, wake-up channels).
+    // wake-up sent while no channel was open would have said (PROTOCOL §13).
     let mine: Vec<Arc<Notify>> = req
         .members
         .iter()
