@@ -114,54 +114,67 @@ async fn run(
             }
             Err(e) => Ended::Failed(e),
         };
-        let wait = match ended {
-            Ended::Closed if opened_at.elapsed() >= Duration::from_millis(500) => {
-                debug!(%url, "the coordinator closed the wake-up channel; reopening");
-                Duration::ZERO
-            }
-            Ended::Closed => {
-                // Closed as soon as opened (a coordinator shutting down): not in a tight loop.
-                debug!(%url, "the coordinator closed the wake-up channel at once; reopening after a backoff");
-                backoff.next_delay()
-            }
-            Ended::Broken(why) => {
-                info!(%url, why, "wake-up channel lost; reopening (members heartbeat on their interval meanwhile)");
-                backoff.next_delay()
-            }
-            Ended::Failed(CoordinatorError::Api {
-                status: 404,
-                code: ErrorCode::NotFound,
-                ..
-            }) => {
-                if !announced_missing {
-                    announced_missing = true;
-                    info!(%url, retry_in = ?REPROBE_AFTER, "the coordinator has no wake-up channel (an older version, or turned off): \
-                        members learn of changes at their heartbeat interval");
-                }
-                REPROBE_AFTER
-            }
-            Ended::Failed(e @ CoordinatorError::Api { status: 429, .. }) => {
-                warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
-                Duration::from_secs(30) + backoff.next_delay()
-            }
-            Ended::Failed(
-                e @ CoordinatorError::Api {
-                    status: 400..=499, ..
-                },
-            ) => {
-                warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
-                REPROBE_AFTER
-            }
-            Ended::Failed(e) => {
-                debug!(%url, error = %e, "wake-up channel could not be opened; retrying");
-                backoff.next_delay()
-            }
-        };
+        let lasted = opened_at.elapsed();
+        let wait = delay_after(ended, &url, lasted, &mut backoff, &mut announced_missing);
         if !wait.is_zero() {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+}
+
+/// How long to wait before reopening a channel that ended as `ended` after it `lasted`
+/// (logging why).
+fn delay_after(
+    ended: Ended,
+    url: &impl std::fmt::Display,
+    lasted: Duration,
+    backoff: &mut Backoff,
+    announced_missing: &mut bool,
+) -> Duration {
+    match ended {
+        Ended::Closed if lasted >= Duration::from_millis(500) => {
+            debug!(%url, "the coordinator closed the wake-up channel; reopening");
+            Duration::ZERO
+        }
+        Ended::Closed => {
+            // Closed as soon as opened (a coordinator shutting down): not in a tight loop.
+            debug!(%url, "the coordinator closed the wake-up channel at once; reopening after a backoff");
+            backoff.next_delay()
+        }
+        Ended::Broken(why) => {
+            info!(%url, why, "wake-up channel lost; reopening (members heartbeat on their interval meanwhile)");
+            backoff.next_delay()
+        }
+        Ended::Failed(CoordinatorError::Api {
+            status: 404,
+            code: ErrorCode::NotFound,
+            ..
+        }) => {
+            if !*announced_missing {
+                *announced_missing = true;
+                info!(%url, retry_in = ?REPROBE_AFTER, "the coordinator has no wake-up channel (an older version, or turned off): \
+                    members learn of changes at their heartbeat interval");
+            }
+            REPROBE_AFTER
+        }
+        Ended::Failed(e @ CoordinatorError::Api { status: 429, .. }) => {
+            warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
+            Duration::from_secs(30) + backoff.next_delay()
+        }
+        Ended::Failed(
+            e @ CoordinatorError::Api {
+                status: 400..=499, ..
+            },
+        ) => {
+            warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
+            REPROBE_AFTER
+        }
+        Ended::Failed(e) => {
+            debug!(%url, error = %e, "wake-up channel could not be opened; retrying");
+            backoff.next_delay()
         }
     }
 }
