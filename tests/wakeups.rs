@@ -488,6 +488,35 @@ async fn dropped_channels_are_reopened() {
     );
 }
 
+/// A wake-up sent while a process had no channel open is lost, so on the `ready` of a
+/// reopened channel each of its members heartbeats once (PROTOCOL §13). With a one-minute
+/// heartbeat interval and channels the coordinator closes after one idle second, a stable
+/// pod's member is heard from once per reopen; without the catch-up, not for a minute.
+#[tokio::test]
+async fn a_reopened_channel_makes_its_members_heartbeat_once() {
+    let stack = Stack::start(Backend::Redis, &["--wake-idle-timeout-ms", "1000"]);
+    let data = RedisServer::start().expect("data redis");
+    let g = "catch-up";
+    create(&stack.api, g, 4, 60_000).await;
+    let _pod = Pod::start(&stack.coordinator.url(), &data.url(), g, "10.0.0.1", true);
+    stable(&stack.api, g, 1, 4, Instant::now()).await;
+    let labels = [("group", g), ("result", "ok")];
+    let before = stack.api.metric("rsc_heartbeats_total", &labels).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = stack.api.metric("rsc_heartbeats_total", &labels).await;
+        if now >= before + 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} heartbeats in 30 s of reopened channels (interval 60 s)",
+            now - before
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The coordinator holding the pods' channels dies: heartbeats and channels move to the
 /// next coordinator URL, and a join decided there still wakes them at once.
 #[tokio::test]
