@@ -31,8 +31,10 @@ pub(crate) use store::InstrumentedStore;
 use crate::engine::GroupEvent;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rsc_protocol::ErrorCode;
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::hash::Hash;
+use std::sync::{OnceLock, RwLock};
 
 /// Latency buckets (seconds) of HTTP and store operations.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -162,26 +164,48 @@ pub(crate) fn record_heartbeat(group: &str, result: Result<(), ErrorCode>) {
     }
 }
 
-/// `rsc_heartbeats_total{group, result="ok"}` of `group`: the handle is looked up in the
-/// recorder once per group and kept (every answered heartbeat counts here, and the recorder's
-/// look-up builds and hashes the labels, an allocation per call).
+/// `rsc_heartbeats_total{group, result="ok"}` of `group` (every answered heartbeat counts
+/// here).
 fn heartbeats_ok(group: &str) -> metrics::Counter {
-    static OK: OnceLock<std::sync::RwLock<HashMap<String, metrics::Counter>>> = OnceLock::new();
-    let handles = OK.get_or_init(|| {
-        // Handles taken before the recorder is installed would record nowhere.
-        prometheus();
-        std::sync::RwLock::default()
-    });
-    if let Some(c) = handles.read().unwrap_or_else(|p| p.into_inner()).get(group) {
-        return c.clone();
+    static OK: Handles<String, metrics::Counter> = Handles::new();
+    OK.get(group, || {
+        let c = metrics::counter!("rsc_heartbeats_total", "group" => group.to_owned(), "result" => "ok");
+        (group.to_owned(), c)
+    })
+}
+
+/// Metric handles looked up in the recorder once per label value and kept: the recorder's
+/// look-up builds and hashes the labels, an allocation per call, which every steady
+/// heartbeat would pay.
+pub(crate) struct Handles<K, H>(OnceLock<RwLock<HashMap<K, H>>>);
+
+impl<K: Hash + Eq, H: Clone> Handles<K, H> {
+    /// No handle yet.
+    pub(crate) const fn new() -> Self {
+        Handles(OnceLock::new())
     }
-    let c =
-        metrics::counter!("rsc_heartbeats_total", "group" => group.to_owned(), "result" => "ok");
-    handles
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(group.to_owned(), c.clone());
-    c
+
+    /// The handle of `key`, made by `make` (with the key to keep) the first time.
+    pub(crate) fn get<Q>(&self, key: &Q, make: impl FnOnce() -> (K, H)) -> H
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let handles = self.0.get_or_init(|| {
+            // Handles taken before the recorder is installed would record nowhere.
+            prometheus();
+            RwLock::default()
+        });
+        if let Some(h) = handles.read().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return h.clone();
+        }
+        let (key, h) = make();
+        handles
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, h.clone());
+        h
+    }
 }
 
 /// Records the size of a `POST /v1/heartbeats` request that was processed (its heartbeats

@@ -1,9 +1,7 @@
 //! A [`MetadataStore`](crate::store::MetadataStore) decorator timing every operation and counting failures.
 
 use crate::store::{Layered, StoreError, StoreLayer};
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
 /// Times every operation of the store it wraps and counts failures:
@@ -30,29 +28,15 @@ impl StoreLayer for StoreMetrics {
     }
 }
 
-/// `rsc_store_operation_duration_seconds{operation}`: looked up in the recorder once per
-/// operation and kept (the look-up builds and hashes the labels; a steady heartbeat's touch
-/// would pay it every time).
+/// `rsc_store_operation_duration_seconds{operation}` (a steady heartbeat's touch records
+/// here every time).
 fn duration(operation: &'static str) -> metrics::Histogram {
-    static HANDLES: OnceLock<RwLock<HashMap<&'static str, metrics::Histogram>>> = OnceLock::new();
-    let handles = HANDLES.get_or_init(|| {
-        // Handles taken before the recorder is installed would record nowhere.
-        super::prometheus();
-        RwLock::default()
-    });
-    if let Some(h) = handles
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(operation)
-    {
-        return h.clone();
-    }
-    let h = metrics::histogram!("rsc_store_operation_duration_seconds", "operation" => operation);
-    handles
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(operation, h.clone());
-    h
+    static HANDLES: super::Handles<&'static str, metrics::Histogram> = super::Handles::new();
+    HANDLES.get(operation, || {
+        let h =
+            metrics::histogram!("rsc_store_operation_duration_seconds", "operation" => operation);
+        (operation, h)
+    })
 }
 
 /// Wraps any store in [`StoreMetrics`].
