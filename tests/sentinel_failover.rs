@@ -119,9 +119,13 @@ struct SecondFigures {
 }
 
 fn redis_on(port: u16) -> redis::Connection {
+    try_redis_on(port).expect("redis connection")
+}
+
+/// [`redis_on`], giving the error back.
+fn try_redis_on(port: u16) -> redis::RedisResult<redis::Connection> {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .expect("redis connection")
 }
 
 /// Every value of `field` in a stream (XRANGE, paged).
@@ -542,12 +546,9 @@ async fn scenario(
                     "the records could not be read: {e}"
                 );
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                con = match redis::Client::open(format!("redis://127.0.0.1:{new_master}"))
-                    .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-                {
-                    Ok(con) => con,
-                    Err(_) => continue,
-                };
+                if let Ok(reopened) = try_redis_on(new_master) {
+                    con = reopened;
+                }
                 continue;
             }
         };
