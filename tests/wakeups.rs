@@ -498,7 +498,7 @@ async fn a_reopened_channel_makes_its_members_heartbeat_once() {
     let data = RedisServer::start().expect("data redis");
     let g = "catch-up";
     create(&stack.api, g, 4, 60_000).await;
-    let _pod = Pod::start(&stack.coordinator.url(), &data.url(), g, "10.0.0.1", true);
+    let _pod = Pod::start(&stack.coordinator.url(), &data.url(), g, "127.0.0.2", true);
     stable(&stack.api, g, 1, 4, Instant::now()).await;
     let labels = [("group", g), ("result", "ok")];
     let before = stack.api.metric("rsc_heartbeats_total", &labels).await;

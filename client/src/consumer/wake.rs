@@ -24,6 +24,8 @@ use tracing::{debug, info, warn};
 /// After a coordinator answered `404` (no wake-up route: an older version, or turned off),
 /// how long before the route is tried again.
 pub(crate) const REPROBE_AFTER: Duration = Duration::from_secs(300);
+/// How long to wait after a `429` that names no `Retry-After` (the coordinator sends one).
+const RETRY_AFTER_429: Duration = Duration::from_secs(30);
 /// No byte on an open channel for this long (the coordinator sends a keep-alive every 15 s):
 /// the connection is taken for dead and reopened.
 const SILENCE: Duration = Duration::from_secs(45);
@@ -162,7 +164,8 @@ fn delay_after(
         }
         Ended::Failed(e @ CoordinatorError::Api { status: 429, .. }) => {
             warn!(%url, error = %e, "wake-up channel refused; retrying later (members heartbeat on their interval meanwhile)");
-            Duration::from_secs(30) + backoff.next_delay()
+            // The coordinator's `Retry-After`, plus backoff so that refused clients spread.
+            e.retry_after().unwrap_or(RETRY_AFTER_429) + backoff.next_delay()
         }
         Ended::Failed(
             e @ CoordinatorError::Api {
@@ -284,6 +287,35 @@ mod tests {
             p.push(b"ke\r\ndata: x\r\n\r\n"),
             vec![("wake".to_owned(), "x".to_owned())]
         );
+    }
+
+    /// A `429` waits the coordinator's `Retry-After` plus backoff (30 s when it names none).
+    #[test]
+    fn a_refusal_waits_the_coordinators_retry_after() {
+        let refused = |retry_after_ms| {
+            Ended::Failed(CoordinatorError::Api {
+                url: "http://127.0.0.1:1".into(),
+                status: 429,
+                code: ErrorCode::RateLimited,
+                message: "too many channels".into(),
+                retry_after_ms,
+            })
+        };
+        let url = "http://127.0.0.1:1";
+        let mut announced = false;
+        let max = Duration::from_secs(5);
+        for (retry_after_ms, want) in [(Some(2_000), 2), (None, 30)] {
+            let mut backoff = Backoff::new(Duration::from_millis(100), max);
+            let wait = delay_after(
+                refused(retry_after_ms),
+                &url,
+                Duration::ZERO,
+                &mut backoff,
+                &mut announced,
+            );
+            let want = Duration::from_secs(want);
+            assert!(wait >= want && wait <= want + max, "{wait:?}");
+        }
     }
 
     fn channel(body: &'static str) -> reqwest::Response {
