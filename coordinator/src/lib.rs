@@ -54,6 +54,7 @@ pub mod config;
 mod dashboard;
 pub mod engine;
 pub mod fencing;
+mod group_commit;
 mod http_error;
 mod metrics;
 mod outage;

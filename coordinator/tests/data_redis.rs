@@ -1,7 +1,8 @@
 //! The coordinator's data-Redis side on a real standalone `redis-server` and a real 3-node
 //! Redis Cluster.
 //!
-//! Owner tokens of strict fencing (PROTOCOL §5.6, docs/FENCING.md): on standalone Redis one pipelined round trip;
+//! Owner tokens of strict fencing (PROTOCOL §5.6, docs/FENCING.md): on standalone Redis one script call,
+//! shared by the heartbeats in flight;
 //! on a cluster the owner keys of one assignment live in different slots, on different
 //! nodes. Both must behave the same: write, unchanged, refused by a later grant's token,
 //! repaired after a loss. And the retired-key cleaner's one multi-key `UNLINK` deletes keys
@@ -259,8 +260,9 @@ fn owner_node(cluster: &RedisCluster, slot: i64) -> usize {
         .expect("a known node")
 }
 
-/// Concurrent assertions on a standalone Redis (one shared connection): each caller gets the
-/// outcome of its own keys, a refusal included.
+/// Concurrent assertions on a standalone Redis share script calls (group commit,
+/// docs/FENCING.md), and each caller still gets the outcome of its own keys, a refusal
+/// included.
 #[tokio::test]
 async fn concurrent_assertions_each_get_their_own_outcome() {
     let redis = RedisServer::start().expect("redis-server starts");
@@ -285,7 +287,16 @@ async fn concurrent_assertions_each_get_their_own_outcome() {
             )
         }
     };
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
     let first = futures::future::join_all((0..40).map(one)).await;
+    let scripts = script_calls(&mut con);
+    assert!(
+        (1..=4).contains(&scripts),
+        "40 assertions in {scripts} script calls"
+    );
     for (g, a) in &first {
         let n = *g % 3 + 1;
         let expected = if *g == 7 {
@@ -303,7 +314,18 @@ async fn concurrent_assertions_each_get_their_own_outcome() {
         };
         assert_eq!(*a, expected, "group g{g}");
     }
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
     let again = futures::future::join_all((0..40).map(one)).await;
+    // Tokens in place are read (`MGET`), not run through the script; only g7's refusal is.
+    let (reads, scripts) = (calls(&mut con, "mget"), script_calls(&mut con));
+    assert!((1..=4).contains(&reads), "40 assertions in {reads} reads");
+    assert!(
+        (1..=4).contains(&scripts),
+        "one refusal in {scripts} script calls"
+    );
     for (g, a) in &again {
         let n = *g % 3 + 1;
         let refused = usize::from(*g == 7);
@@ -325,4 +347,31 @@ async fn concurrent_assertions_each_get_their_own_outcome() {
         Keys::get(&mut con, &key("g39", "s", 0)).as_deref(),
         Some("1000:1:m39")
     );
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let (_, a) = one(39).await;
+    assert_eq!((a.written, a.unchanged, a.refused), (0, 1, 0));
+    assert_eq!(
+        script_calls(&mut con),
+        0,
+        "a steady assertion runs no script"
+    );
+}
+
+/// `EVALSHA` and `EVAL` calls since the last `CONFIG RESETSTAT`.
+fn script_calls(con: &mut redis::Connection) -> u64 {
+    calls(con, "evalsha") + calls(con, "eval")
+}
+
+/// Calls of `cmd` since the last `CONFIG RESETSTAT` (`INFO commandstats`).
+fn calls(con: &mut redis::Connection, cmd: &str) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
 }

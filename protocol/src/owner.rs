@@ -18,10 +18,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The script that writes an owner token unless a later grant's token is in place.
+/// The script that writes owner tokens unless a later grant's token is in place.
 ///
-/// `KEYS[1]`: [`crate::routing::owner_key`]; `ARGV[1]`: an [`OwnerToken`] as text. Returns
-/// 2 written, 1 already there, 0 refused. It reads the token's generation with the Lua
+/// `KEYS[i]`: [`crate::routing::owner_key`]s; `ARGV[i]`: their [`OwnerToken`]s as text, any
+/// number of pairs (on a Redis Cluster, keys of one slot). Returns one code per key, in
+/// order: 2 written, 1 already there, 0 refused. It reads the token's generation with the Lua
 /// pattern `^(%d+):(%d+):` — [`OwnerToken::created_ms`] then [`OwnerToken::grant_epoch`],
 /// the same fields in the same order as [`OwnerToken`]'s `Display` — and compares the pairs
 /// numerically.

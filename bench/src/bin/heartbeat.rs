@@ -336,12 +336,13 @@ async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
     Ok((done, total, by_command))
 }
 
-/// Script calls so far (`INFO commandstats`).
-fn evalsha_calls(redis: &RedisServer) -> Result<u64> {
+/// Calls of `cmd` so far (`INFO commandstats`).
+fn calls(redis: &RedisServer, cmd: &str) -> Result<u64> {
     let info = redis.command("INFO commandstats")?;
+    let prefix = format!("cmdstat_{cmd}:calls=");
     Ok(info
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0))
@@ -419,11 +420,13 @@ async fn main() -> Result<()> {
     let mut noop_rates = Vec::new();
     let mut scripts_under_load = 0u64;
     let mut heartbeats_under_load = 0f64;
+    let mut reads_under_load = 0u64;
     for _ in 0..args.reps {
         noop_rates.push(load(&http, args.concurrency, duration, healthz.clone()).await?);
-        let before = evalsha_calls(&redis)?;
+        let before = (calls(&redis, "evalsha")?, calls(&redis, "mget")?);
         let rate = load(&http, args.concurrency, duration, heartbeat.clone()).await?;
-        scripts_under_load += evalsha_calls(&redis)? - before;
+        scripts_under_load += calls(&redis, "evalsha")? - before.0;
+        reads_under_load += calls(&redis, "mget")? - before.1;
         heartbeats_under_load += rate * duration.as_secs_f64();
         hb_rates.push(rate);
     }
@@ -492,6 +495,20 @@ async fn main() -> Result<()> {
             goal: "-".into(),
         },
     ];
+    if args.fencing == "strict" {
+        // The owner tokens' re-assertion reads the owner keys of the heartbeats in flight
+        // together (docs/FENCING.md): how many heartbeats one read serves.
+        rows.push(Row {
+            name: format!(
+                "P1 owner-key reads (MGET) per heartbeat, strict fencing at {} in flight ({} members, batched)",
+                args.concurrency, args.members
+            ),
+            unit: "calls".into(),
+            value: summarize(&[reads_under_load as f64 / heartbeats_under_load]),
+            baseline: None,
+            goal: "-".into(),
+        });
+    }
     if args.rss {
         let pid = coordinator.pid().context("coordinator pid")?;
         let mib = rss_mib(pid)?;

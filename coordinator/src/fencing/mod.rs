@@ -6,10 +6,13 @@
 //! Members read and acknowledge through scripts that compare their token with that key, so a
 //! member whose shards moved on (paused past its session, cut off) is refused by Redis itself.
 //!
-//! Every heartbeat of a strict group re-asserts its member's tokens: on a standalone Redis
-//! with one pipelined script call (one round trip); on a Redis Cluster, where the owner keys
-//! of one assignment live in different slots, with one script call per key, all sent at
-//! once (each routed to its slot's node, the script loaded on `NOSCRIPT`). A token lost in a
+//! Every heartbeat of a strict group re-asserts its member's tokens. On a standalone Redis the
+//! re-assertions of the heartbeats in flight at the same time are group-committed
+//! ([`crate::group_commit`]): one `MGET` reads their owner keys, and only the keys that do not
+//! hold their token (a new grant, a lost token, a later grant's) go through the script, in one
+//! call; a steady heartbeat so costs Redis a key read. On a Redis Cluster, where the owner keys
+//! of one assignment live in different slots, each key gets its own script call, all sent at
+//! once (each routed to its slot's node). The script is loaded on `NOSCRIPT`. A token lost in a
 //! crash between the document write and the token write, or in a data Redis restart, is
 //! repaired within one heartbeat. The script never replaces a token of a later grant (the
 //! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
@@ -19,24 +22,42 @@ mod seals;
 
 pub use seals::{SealProgress, Sealer};
 
+use crate::group_commit::Queues;
 use rsc_redis::{Conn, LazyRedis};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 /// Writes owner tokens to the data Redis (standalone Redis or Redis Cluster).
-pub struct OwnerTokens {
+pub struct OwnerTokens(Arc<Writer>);
+
+struct Writer {
     redis: LazyRedis,
     script: redis::Script,
     timeout: Duration,
+    /// Standalone Redis: the assertions waiting for the next script call (one queue).
+    waiting: Queues<(), WaitingAssert>,
 }
+
+/// The owner keys and tokens of one assertion, and where its codes go.
+struct WaitingAssert {
+    pairs: Vec<(String, String)>,
+    reply: oneshot::Sender<Result<Vec<i64>, FencingError>>,
+}
+
+/// Most owner keys in one script call (bounds the script's run time in Redis).
+const MAX_KEYS_PER_CALL: usize = 256;
+
+const WRITING: &str = "writing owner tokens";
 
 impl std::fmt::Debug for OwnerTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may hold a password: do not print it.
         f.debug_struct("OwnerTokens")
-            .field("cluster", &self.redis.is_cluster())
-            .field("timeout", &self.timeout)
+            .field("cluster", &self.0.redis.is_cluster())
+            .field("timeout", &self.0.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -104,20 +125,18 @@ impl OwnerTokens {
     /// A writer to the data Redis `redis` (connected on first use); each assertion fails
     /// past `timeout`.
     pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
-        OwnerTokens {
+        OwnerTokens(Arc::new(Writer {
             redis,
             script: redis::Script::new(rsc_protocol::owner::ASSERT_OWNER_LUA),
             timeout,
-        }
-    }
-
-    async fn connection(&self) -> Result<Conn, FencingError> {
-        within!(self.timeout, "connecting", self.redis.get())
+            waiting: Queues::default(),
+        }))
     }
 
     /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
-    /// token (or a later grant's). On a standalone Redis one round trip (`EVALSHA`, loading
-    /// the script on `NOSCRIPT`); on a cluster one script call per key, concurrently.
+    /// token (or a later grant's). On a standalone Redis one `MGET`, and a script call for
+    /// the keys without their token, both shared with the assertions waiting at the same
+    /// time; on a cluster one script call per key, concurrently.
     #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
     pub async fn assert(
         &self,
@@ -131,17 +150,7 @@ impl OwnerTokens {
         let result = self.assert_inner(group, stream, tokens).await;
         match &result {
             Ok(a) => {
-                for (what, n) in [
-                    ("written", a.written),
-                    ("unchanged", a.unchanged),
-                    ("refused", a.refused),
-                ] {
-                    if n > 0 {
-                        metrics::counter!("rsc_fencing_token_asserts_total",
-                            "group" => group.to_owned(), "result" => what)
-                        .increment(n as u64);
-                    }
-                }
+                crate::metrics::record_token_asserts(group, a.written, a.unchanged, a.refused);
                 if a.written > 0 {
                     debug!(written = a.written, "owner tokens written");
                 }
@@ -168,12 +177,13 @@ impl OwnerTokens {
         stream: &str,
         tokens: &BTreeMap<u32, String>,
     ) -> Result<Asserted, FencingError> {
-        let mut conn = self.connection().await?;
-        let codes = if conn.is_cluster() {
-            self.assert_per_key(&conn, group, stream, tokens).await?
+        let pairs = tokens
+            .iter()
+            .map(|(&shard, token)| (owner_key(group, stream, shard), token.clone()));
+        let codes = if self.0.redis.is_cluster() {
+            self.0.assert_per_key(pairs).await?
         } else {
-            self.assert_pipelined(&mut conn, group, stream, tokens)
-                .await?
+            self.0.assert_queued(pairs.collect()).await?
         };
         let mut a = Asserted::default();
         for c in codes {
@@ -185,65 +195,139 @@ impl OwnerTokens {
         }
         Ok(a)
     }
+}
 
-    /// Redis Cluster: the owner keys sit in different slots (a pipeline must stay in one),
-    /// so each key gets its own script call, all in flight at once.
-    async fn assert_per_key(
-        &self,
-        conn: &Conn,
-        group: &str,
-        stream: &str,
-        tokens: &BTreeMap<u32, String>,
-    ) -> Result<Vec<i64>, FencingError> {
-        let calls = tokens.iter().map(|(&shard, token)| {
-            let key = owner_key(group, stream, shard);
-            let mut conn = conn.clone();
-            async move {
-                self.script
-                    .key(key)
-                    .arg(token)
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            }
-        });
-        let calls = futures::future::try_join_all(calls);
-        within!(self.timeout, "writing owner tokens", calls)
+impl Writer {
+    async fn connection(&self) -> Result<Conn, FencingError> {
+        within!(self.timeout, "connecting", self.redis.get())
     }
 
-    /// Standalone Redis: one pipeline of `EVALSHA`, one round trip.
-    async fn assert_pipelined(
+    /// Redis Cluster: the owner keys sit in different slots (a script call stays in one), so
+    /// each key gets its own script call, all in flight at once.
+    async fn assert_per_key(
         &self,
-        conn: &mut Conn,
-        group: &str,
-        stream: &str,
-        tokens: &BTreeMap<u32, String>,
+        pairs: impl Iterator<Item = (String, String)>,
     ) -> Result<Vec<i64>, FencingError> {
-        let pipe = || {
-            let mut pipe = redis::pipe();
-            for (&shard, token) in tokens {
-                let key = owner_key(group, stream, shard);
-                pipe.cmd("EVALSHA")
-                    .arg(self.script.get_hash())
-                    .arg(1)
-                    .arg(key)
-                    .arg(token);
+        let conn = self.connection().await?;
+        let calls = pairs.map(|(key, token)| {
+            let mut conn = conn.clone();
+            async move {
+                let codes: Vec<i64> = self
+                    .script
+                    .key(key)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await?;
+                codes.first().copied().ok_or_else(|| {
+                    (
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "the owner-token script answered no code",
+                    )
+                        .into()
+                })
             }
-            pipe
-        };
-        const DOING: &str = "writing owner tokens";
-        let answer = within!(self.timeout, DOING, pipe().query_async::<Vec<i64>>(conn));
-        let noscript = matches!(&answer,
-            Err(FencingError::Redis { source, .. }) if source.code() == Some("NOSCRIPT"));
-        if !noscript {
-            return answer;
+        });
+        within!(self.timeout, WRITING, futures::future::try_join_all(calls))
+    }
+
+    /// Standalone Redis: queues the assertion for the next script call and waits for its
+    /// codes (one code per pair, in order).
+    async fn assert_queued(
+        self: &Arc<Self>,
+        pairs: Vec<(String, String)>,
+    ) -> Result<Vec<i64>, FencingError> {
+        let (reply, answer) = oneshot::channel();
+        for () in self.waiting.push([((), WaitingAssert { pairs, reply })]) {
+            tokio::spawn(Arc::clone(self).flush());
         }
-        // First use on this Redis (or after a restart / SCRIPT FLUSH): load, then retry.
-        within!(
-            self.timeout,
-            "loading the owner-token script",
-            self.script.load_async(conn)
-        )?;
-        within!(self.timeout, DOING, pipe().query_async::<Vec<i64>>(conn))
+        let abandoned = || FencingError::Redis {
+            doing: WRITING,
+            source: (redis::ErrorKind::Io, "the owner-token call was abandoned").into(),
+        };
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(codes)) => codes,
+            Ok(Err(_)) => Err(abandoned()),
+            Err(_) => Err(FencingError::Timeout {
+                doing: WRITING,
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// Sends the waiting assertions, a script call at a time, until none is left; each
+    /// assertion gets its own codes, or the call's error.
+    async fn flush(self: Arc<Self>) {
+        while let Some(batch) =
+            self.waiting
+                .next_batch(&(), MAX_KEYS_PER_CALL, |w: &WaitingAssert| w.pairs.len())
+        {
+            match self.call(&batch).await {
+                Ok(codes) => {
+                    let mut codes = codes.into_iter();
+                    for w in batch {
+                        let mine = codes.by_ref().take(w.pairs.len()).collect();
+                        let _ = w.reply.send(Ok(mine));
+                    }
+                }
+                Err(e) => {
+                    for w in batch {
+                        let _ = w.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asserts every pair of `batch`: one `MGET` of the owner keys, then, for the keys that
+    /// do not hold their token (a new grant, a lost or an older token), one script call. A
+    /// token read in place is as good as the script's "already there": either way it was in
+    /// place at that moment, and a later grant's write is what must win afterwards. So a
+    /// steady heartbeat costs Redis a key read, not a script run.
+    async fn call(&self, batch: &[WaitingAssert]) -> Result<Vec<i64>, FencingError> {
+        let pairs: Vec<&(String, String)> = batch.iter().flat_map(|w| &w.pairs).collect();
+        let mut conn = self.connection().await?;
+        let mut read = redis::cmd("MGET");
+        for (key, _) in &pairs {
+            read.arg(key);
+        }
+        let current: Vec<Option<Vec<u8>>> =
+            within!(self.timeout, WRITING, read.query_async(&mut conn))?;
+        if current.len() != pairs.len() {
+            return Err(unexpected(
+                "MGET answered a value count other than the keys sent",
+            ));
+        }
+        let mut codes: Vec<i64> = current
+            .iter()
+            .zip(&pairs)
+            .map(|(now, (_, token))| i64::from(now.as_deref() == Some(token.as_bytes())))
+            .collect();
+        let todo: Vec<usize> = (0..codes.len()).filter(|&i| codes[i] == 0).collect();
+        if todo.is_empty() {
+            return Ok(codes);
+        }
+        let mut call = self.script.prepare_invoke();
+        for &i in &todo {
+            call.key(&pairs[i].0).arg(&pairs[i].1);
+        }
+        let written: Vec<i64> = within!(self.timeout, WRITING, call.invoke_async(&mut conn))?;
+        if written.len() != todo.len() {
+            return Err(unexpected(
+                "the owner-token script answered a code count other than the keys sent",
+            ));
+        }
+        for (i, code) in todo.into_iter().zip(written) {
+            codes[i] = code;
+        }
+        Ok(codes)
+    }
+}
+
+/// A data-Redis answer of the wrong shape.
+fn unexpected(what: &'static str) -> FencingError {
+    FencingError::Redis {
+        doing: WRITING,
+        source: (redis::ErrorKind::UnexpectedReturnType, what).into(),
     }
 }
 

@@ -174,6 +174,26 @@ fn heartbeats_ok(group: &str) -> metrics::Counter {
     })
 }
 
+/// Counts owner tokens asserted for `group` (strict fencing, docs/FENCING.md):
+/// `rsc_fencing_token_asserts_total{group, result=written|unchanged|refused}`. Every steady
+/// heartbeat of a strict group counts here, so the handles are kept.
+pub(crate) fn record_token_asserts(group: &str, written: usize, unchanged: usize, refused: usize) {
+    static ASSERTS: Handles<String, [metrics::Counter; 3]> = Handles::new();
+    let counters = ASSERTS.get(group, || {
+        let counter = |result: &'static str| {
+            metrics::counter!("rsc_fencing_token_asserts_total",
+                "group" => group.to_owned(), "result" => result)
+        };
+        let counters = [counter("written"), counter("unchanged"), counter("refused")];
+        (group.to_owned(), counters)
+    });
+    for (counter, n) in counters.iter().zip([written, unchanged, refused]) {
+        if n > 0 {
+            counter.increment(n as u64);
+        }
+    }
+}
+
 /// Metric handles looked up in the recorder once per label value and kept: the recorder's
 /// look-up builds and hashes the labels, an allocation per call, which every steady
 /// heartbeat would pay.

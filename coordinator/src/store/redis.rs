@@ -30,10 +30,11 @@
 //! document too, runs so only on standalone Redis; on a cluster the stream revision is read
 //! by a second command sent at the same time.)
 //!
-//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed: one script call
-//! is in flight at a time (on standalone Redis for all groups together, on a cluster per
-//! group, whose keys share a slot), and the touches that arrive meanwhile go out together in
-//! the next one. Alone, a steady heartbeat costs one round trip; under load, a fraction.
+//! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed
+//! ([`crate::group_commit`]; on standalone Redis for all groups together, on a cluster per
+//! group, whose keys share a slot): the touches that arrive while a script call is in flight
+//! go out together in the next one. Alone, a steady heartbeat costs one round trip; under
+//! load, a fraction.
 //!
 //! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
 //! or timed-out connection is an unavailable [`StoreError`] at once, and the next operation
@@ -222,9 +223,8 @@ struct Inner {
     keys: Keys,
     scripts: Scripts,
     config: RedisStoreConfig,
-    /// Steady-heartbeat touches waiting to be sent, by queue: one queue on standalone Redis,
-    /// one per group on a cluster (a script touches one slot only).
-    touches: std::sync::Mutex<HashMap<String, TouchQueue>>,
+    /// Steady-heartbeat touches waiting to be sent.
+    touches: TouchQueues,
     /// Stream-revision reads in flight on a cluster, by stream: concurrent touch batches of
     /// the stream's groups share one read instead of sending one each.
     stream_reads: std::sync::Mutex<HashMap<String, StreamRead>>,
@@ -237,28 +237,9 @@ type StreamRead =
 /// Most touches sent in one script call (bounds the script's run time).
 const MAX_TOUCH_BATCH: usize = 256;
 
-/// Most script calls of one touch queue in flight at once.
-const MAX_TOUCH_FLUSHES: usize = 4;
-
-/// Touches waiting that start another script call beside the one in flight (up to
-/// [`MAX_TOUCH_FLUSHES`]). A call's fixed cost in Redis (`EVALSHA`, the script's set-up) is
-/// about that of one touch (measured on Redis 7.0: 6.9 µs for a call of one touch, 3.8 µs per
-/// further touch), so a batch of 16 already spends at most ~5 % of its Redis time on it;
-/// waiting for more only leaves the heartbeats, and the cores, idle. (A quarter of a full
-/// batch, 64, kept one call in flight under 32 concurrent heartbeats, with 13 % of the CPU
-/// idle: docs/BENCHMARKS.md, "touch pipelining".)
-const PIPELINE_AT: usize = 16;
-
-/// Steady-heartbeat touches of one queue (group commit): whatever arrives while a batch is in
-/// flight goes in the next one. One batch is in flight at a time while the queue is short;
-/// once [`PIPELINE_AT`] touches wait, up to [`MAX_TOUCH_FLUSHES`] go out at once, so that
-/// Redis executes one while the next is on its way.
-#[derive(Default)]
-struct TouchQueue {
-    /// Flushing tasks running for this queue.
-    flushing: usize,
-    waiting: Vec<WaitingTouch>,
-}
+/// Steady-heartbeat touches waiting to be sent (group commit, [`crate::group_commit`]): one
+/// queue on standalone Redis, one per group on a cluster (a script touches one slot only).
+type TouchQueues = crate::group_commit::Queues<String, WaitingTouch>;
 
 struct WaitingTouch {
     group: String,
@@ -419,36 +400,23 @@ impl RedisStore {
     fn queue_touches(&self, touches: &[SteadyTouch<'_>]) -> Vec<TouchAnswer> {
         let cluster = self.0.config.cluster;
         let mut answers = Vec::with_capacity(touches.len());
-        let mut start = Vec::new();
-        {
-            let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
-            for t in touches {
-                let (reply, answer) = oneshot::channel();
-                answers.push(answer);
-                let key = if cluster { t.group } else { "" };
-                let queue = match queues.get_mut(key) {
-                    Some(queue) => queue,
-                    None => queues.entry(key.to_owned()).or_default(),
-                };
-                queue.waiting.push(WaitingTouch {
-                    group: t.group.to_owned(),
-                    stream: t.stream.to_owned(),
-                    revision: t.revision,
-                    stream_revision: t.stream_revision,
-                    member: t.member.to_owned(),
-                    now_ms: t.now_ms,
-                    max_silence_ms: t.max_silence_ms,
-                    reply,
-                });
-                if queue.flushing == 0
-                    || (queue.flushing < MAX_TOUCH_FLUSHES && queue.waiting.len() >= PIPELINE_AT)
-                {
-                    queue.flushing += 1;
-                    start.push(key.to_owned());
-                }
-            }
-        }
-        for key in start {
+        let waiting = touches.iter().map(|t| {
+            let (reply, answer) = oneshot::channel();
+            answers.push(answer);
+            let key = if cluster { t.group } else { "" };
+            let touch = WaitingTouch {
+                group: t.group.to_owned(),
+                stream: t.stream.to_owned(),
+                revision: t.revision,
+                stream_revision: t.stream_revision,
+                member: t.member.to_owned(),
+                now_ms: t.now_ms,
+                max_silence_ms: t.max_silence_ms,
+                reply,
+            };
+            (key.to_owned(), touch)
+        });
+        for key in self.0.touches.push(waiting) {
             tokio::spawn(self.clone().flush_touches(key));
         }
         answers
@@ -458,22 +426,7 @@ impl RedisStore {
     /// none is left. Under load, a heartbeat that arrives while a batch is in flight rides
     /// in the next one: one script call answers many heartbeats.
     async fn flush_touches(self, key: String) {
-        loop {
-            let batch: Vec<WaitingTouch> = {
-                let mut queues = self.0.touches.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(queue) = queues.get_mut(&key) else {
-                    return;
-                };
-                if queue.waiting.is_empty() {
-                    queue.flushing = queue.flushing.saturating_sub(1);
-                    if queue.flushing == 0 {
-                        queues.remove(&key);
-                    }
-                    return;
-                }
-                let n = queue.waiting.len().min(MAX_TOUCH_BATCH);
-                queue.waiting.drain(..n).collect()
-            };
+        while let Some(batch) = self.0.touches.next_batch(&key, MAX_TOUCH_BATCH, |_| 1) {
             match self.touch_batch(&batch).await {
                 Ok(outcomes) => {
                     for (w, outcome) in batch.into_iter().zip(outcomes) {
