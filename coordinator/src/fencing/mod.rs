@@ -8,7 +8,7 @@
 //!
 //! Every heartbeat of a strict group re-asserts its member's tokens. On a standalone Redis the
 //! re-assertions of the heartbeats in flight at the same time are group-committed
-//! ([`crate::group_commit`]): one `MGET` reads their owner keys, and only the keys that do not
+//! (`coordinator/src/group_commit.rs`): one `MGET` reads their owner keys, and only the keys that do not
 //! hold their token (a new grant, a lost token, a later grant's) go through the script, in one
 //! call; a steady heartbeat so costs Redis a key read. On a Redis Cluster, where the owner keys
 //! of one assignment live in different slots, each key gets its own script call, all sent at
@@ -230,8 +230,8 @@ impl Writer {
         within!(self.timeout, WRITING, futures::future::try_join_all(calls))
     }
 
-    /// Standalone Redis: queues the assertion for the next script call and waits for its
-    /// codes (one code per pair, in order).
+    /// Standalone Redis: queues the assertion for the next call ([`Writer::call`]) and waits
+    /// for its codes (one code per pair, in order), at most `timeout`.
     async fn assert_queued(
         self: &Arc<Self>,
         pairs: Vec<(String, String)>,
@@ -254,8 +254,8 @@ impl Writer {
         }
     }
 
-    /// Sends the waiting assertions, a script call at a time, until none is left; each
-    /// assertion gets its own codes, or the call's error.
+    /// Sends the waiting assertions, a call ([`Writer::call`]) at a time, until none is
+    /// left; each assertion gets its own codes, or the call's error.
     async fn flush(self: Arc<Self>) {
         while let Some(batch) =
             self.waiting

@@ -31,7 +31,7 @@
 //! by a second command sent at the same time.)
 //!
 //! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed
-//! ([`crate::group_commit`]; on standalone Redis for all groups together, on a cluster per
+//! (`coordinator/src/group_commit.rs`; on standalone Redis for all groups together, on a cluster per
 //! group, whose keys share a slot): the touches that arrive while a script call is in flight
 //! go out together in the next one. Alone, a steady heartbeat costs one round trip; under
 //! load, a fraction.
