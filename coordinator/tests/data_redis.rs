@@ -183,15 +183,30 @@ async fn redis_cluster() {
     )
     .await
     .expect("bounded");
+    let on_every_node = |cmd: &str| -> Vec<String> {
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.command(cmd).unwrap())
+            .collect()
+    };
+    let m9 = tokens(5_000, 1, "m9");
     // After SCRIPT FLUSH on every node, the script is loaded again where needed.
-    for n in cluster.nodes() {
-        n.command("SCRIPT FLUSH").unwrap();
-    }
-    let a = writer
-        .assert("billing", &stream, &tokens(5_000, 1, "m9"))
-        .await
-        .unwrap();
+    on_every_node("SCRIPT FLUSH");
+    let a = writer.assert("billing", &stream, &m9).await.unwrap();
     assert_eq!(a.written, SHARDS as usize);
+    // Tokens in place are read (`GET`), not run through the script.
+    on_every_node("CONFIG RESETSTAT");
+    let a = writer.assert("billing", &stream, &m9).await.unwrap();
+    assert_eq!(a.unchanged, SHARDS as usize);
+    let stats = on_every_node("INFO commandstats");
+    let total = |cmd: &str| -> u64 { stats.iter().map(|s| calls_in(s, cmd)).sum() };
+    assert_eq!(
+        total("evalsha") + total("eval"),
+        0,
+        "a steady assertion runs no script"
+    );
+    assert_eq!(total("get"), u64::from(SHARDS));
 }
 
 /// The retired-key cleaner sends one `UNLINK` with every key of a pass; on a cluster the
@@ -368,10 +383,13 @@ fn script_calls(con: &mut redis::Connection) -> u64 {
 /// Calls of `cmd` since the last `CONFIG RESETSTAT` (`INFO commandstats`).
 fn calls(con: &mut redis::Connection, cmd: &str) -> u64 {
     let stats: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
+    calls_in(&stats, cmd)
+}
+
+/// Calls of `cmd` in the text of `INFO commandstats`.
+fn calls_in(stats: &str, cmd: &str) -> u64 {
+    rsc_testkit::command_calls(stats)
+        .get(cmd)
+        .copied()
         .unwrap_or(0)
 }

@@ -339,12 +339,9 @@ async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
 /// Calls of `cmd` so far (`INFO commandstats`).
 fn calls(redis: &RedisServer, cmd: &str) -> Result<u64> {
     let info = redis.command("INFO commandstats")?;
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
+    Ok(rsc_testkit::command_calls(&info)
+        .get(cmd)
+        .copied()
         .unwrap_or(0))
 }
 

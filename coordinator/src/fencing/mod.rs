@@ -11,8 +11,9 @@
 //! (`coordinator/src/group_commit.rs`): one `MGET` reads their owner keys, and only the keys that do not
 //! hold their token (a new grant, a lost token, a later grant's) go through the script, in one
 //! call; a steady heartbeat so costs Redis a key read. On a Redis Cluster, where the owner keys
-//! of one assignment live in different slots, each key gets its own script call, all sent at
-//! once (each routed to its slot's node). The script is loaded on `NOSCRIPT`. A token lost in a
+//! of one assignment live in different slots, each key is read on its own (`GET`, then the
+//! script only if needed), all sent at once (each routed to its slot's node). The script is
+//! loaded on `NOSCRIPT`. A token lost in a
 //! crash between the document write and the token write, or in a data Redis restart, is
 //! repaired within one heartbeat. The script never replaces a token of a later grant (the
 //! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
@@ -136,7 +137,8 @@ impl OwnerTokens {
     /// Makes sure the owner key of each `(shard, token)` of `group` on `stream` holds the
     /// token (or a later grant's). On a standalone Redis one `MGET`, and a script call for
     /// the keys without their token, both shared with the assertions waiting at the same
-    /// time; on a cluster one script call per key, concurrently.
+    /// time; on a cluster one `GET` per key, concurrently, and the script for the keys
+    /// without their token.
     #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
     pub async fn assert(
         &self,
@@ -203,7 +205,8 @@ impl Writer {
     }
 
     /// Redis Cluster: the owner keys sit in different slots (a script call stays in one), so
-    /// each key gets its own script call, all in flight at once.
+    /// each key is handled on its own, all in flight at once: a `GET`, and the script only
+    /// when the key does not hold its token (as [`Writer::call`] does for a batch).
     async fn assert_per_key(
         &self,
         pairs: impl Iterator<Item = (String, String)>,
@@ -212,6 +215,11 @@ impl Writer {
         let calls = pairs.map(|(key, token)| {
             let mut conn = conn.clone();
             async move {
+                let current: Option<Vec<u8>> =
+                    redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                if current.as_deref() == Some(token.as_bytes()) {
+                    return Ok(1);
+                }
                 let codes: Vec<i64> = self
                     .script
                     .key(key)
