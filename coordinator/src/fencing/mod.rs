@@ -305,12 +305,15 @@ impl Writer {
                 "MGET answered a value count other than the keys sent",
             ));
         }
-        let mut codes: Vec<i64> = current
+        // Every key "already there" (1), but those that do not hold their token: the script's.
+        let mut codes = vec![1_i64; pairs.len()];
+        let todo: Vec<usize> = current
             .iter()
             .zip(&pairs)
-            .map(|(now, (_, token))| i64::from(now.as_deref() == Some(token.as_bytes())))
+            .enumerate()
+            .filter(|(_, (now, (_, token)))| now.as_deref() != Some(token.as_bytes()))
+            .map(|(i, _)| i)
             .collect();
-        let todo: Vec<usize> = (0..codes.len()).filter(|&i| codes[i] == 0).collect();
         if todo.is_empty() {
             return Ok(codes);
         }
