@@ -253,7 +253,26 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
     };
     assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
     assert_eq!(st.liveness("g").await.unwrap()["m"], 1_100);
-    let silent = SteadyTouch { now_ms: 1_601, ..t };
+    let again = SteadyTouch { now_ms: 1_050, ..t };
+    assert_eq!(
+        st.touch_steady(&again).await.unwrap(),
+        TouchOutcome::Touched
+    );
+    assert_eq!(
+        st.liveness("g").await.unwrap()["m"],
+        1_101,
+        "a steady touch moves liveness forward by at least 1 ms too"
+    );
+    let at_the_limit = SteadyTouch { now_ms: 1_601, ..t };
+    assert_eq!(
+        st.touch_steady(&at_the_limit).await.unwrap(),
+        TouchOutcome::Touched,
+        "silent for exactly 500 ms: still live"
+    );
+    assert_eq!(st.liveness("g").await.unwrap()["m"], 1_601);
+    let t = SteadyTouch { now_ms: 1_700, ..t };
+    assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
+    let silent = SteadyTouch { now_ms: 2_201, ..t };
     assert_eq!(
         st.touch_steady(&silent).await.unwrap(),
         TouchOutcome::NotLive
@@ -265,7 +284,7 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
     );
     s.shard_count = 8;
     st.put_stream(&s, 1).await.unwrap();
-    let later = SteadyTouch { now_ms: 1_200, ..t };
+    let later = SteadyTouch { now_ms: 1_800, ..t };
     assert_eq!(
         st.touch_steady(&later).await.unwrap(),
         TouchOutcome::Stale,
@@ -291,6 +310,52 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
         TouchOutcome::Stale,
         "the group is at revision 1"
     );
+}
+
+/// A group's liveness lists its members and nothing else, at every size (the Redis store
+/// pads the sorted set of a group of 16 members or more: `lua/liveness_pad.lua`), whichever
+/// write touched them, and however many leave again.
+async fn liveness_lists_only_members_at_any_size(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (g, s) = docs("g", "s");
+    st.put_stream(&s, 0).await.unwrap();
+    st.put_group(&g, 0).await.unwrap();
+    let members: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    for (i, m) in members.iter().enumerate() {
+        touch(st.as_ref(), "g", m, 1_000 + i as u64).await;
+        let live = st.liveness("g").await.unwrap();
+        assert_eq!(live.len(), i + 1, "{live:?}");
+    }
+    let joined = LivenessChange {
+        touch: Some(("late".to_owned(), 2_000)),
+        ..LivenessChange::default()
+    };
+    assert_eq!(st.put_group_live(&g, 1, &joined).await.unwrap(), 2);
+    let (_, live) = st.load_group_live("g").await.unwrap().unwrap();
+    assert_eq!(live.len(), 41, "{live:?}");
+    assert_eq!(live["late"], 2_000);
+    assert!(live.values().all(|&t| (1_000..=2_000).contains(&t)));
+    for m in &members {
+        let t = SteadyTouch {
+            group: "g",
+            revision: 2,
+            stream: "s",
+            stream_revision: 1,
+            member: m,
+            now_ms: 1_500,
+            max_silence_ms: 10_000,
+        };
+        assert_eq!(st.touch_steady(&t).await.unwrap(), TouchOutcome::Touched);
+    }
+    assert!(st.liveness("g").await.unwrap()["m0"] == 1_500);
+    let all_leave = LivenessChange {
+        forget: members.iter().cloned().chain(["late".to_owned()]).collect(),
+        ..LivenessChange::default()
+    };
+    assert_eq!(st.put_group_live(&g, 2, &all_leave).await.unwrap(), 3);
+    assert!(st.liveness("g").await.unwrap().is_empty());
+    assert!(st.load_group_live("g").await.unwrap().unwrap().1.is_empty());
 }
 
 /// Many steady touches at once (the Redis store sends them in batches): each gets its own
@@ -574,6 +639,7 @@ contract!(
     deadline_index_is_lowered_by_writes_and_claimed_once,
     concurrent_claims_share_out_due_groups,
     coordinators_register_and_lapse,
+    liveness_lists_only_members_at_any_size,
 );
 
 /// A deleted group's tombstone is collected after the retention, and a group created again
@@ -619,6 +685,53 @@ async fn redis_tombstones_expire_and_a_recreated_group_persists() {
 }
 
 // ---- Redis only: lock bounds, outage and recovery, cluster-mode checks ----
+
+/// The liveness of a group of 16 members or more is padded into Redis' skiplist encoding
+/// (`lua/liveness_pad.lua`), by a join's write as by a touch; a smaller one is left compact.
+#[tokio::test]
+async fn redis_liveness_of_16_members_or_more_is_a_skiplist() {
+    let redis = RedisServer::start().unwrap();
+    let store = RedisStore::open(RedisStoreConfig {
+        urls: vec![redis.url()],
+        key_prefix: "rsc".into(),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .unwrap();
+    let encoding = |group: &str| {
+        redis
+            .command(&format!("OBJECT ENCODING rsc:live:{{{group}}}"))
+            .unwrap()
+    };
+    for (group, by_join) in [("touched", false), ("joined", true)] {
+        let (g, _) = docs(group, "s");
+        let mut revision = store.put_group(&g, 0).await.unwrap();
+        for i in 0..16 {
+            if i == 15 {
+                assert!(encoding(group).contains("listpack"), "{}", encoding(group));
+            }
+            let member = format!("m{i}");
+            if by_join {
+                let joined = LivenessChange {
+                    touch: Some((member, 1_000)),
+                    ..LivenessChange::default()
+                };
+                revision = store.put_group_live(&g, revision, &joined).await.unwrap();
+            } else {
+                touch(&store, group, &member, 1_000).await;
+            }
+        }
+        assert!(encoding(group).contains("skiplist"), "{}", encoding(group));
+        assert!(
+            redis
+                .command(&format!("ZCARD rsc:live:{{{group}}}"))
+                .unwrap()
+                .contains(":17"),
+            "16 members and the padding"
+        );
+        assert_eq!(store.liveness(group).await.unwrap().len(), 16);
+    }
+}
 
 #[tokio::test]
 async fn redis_lock_wait_is_bounded_and_an_abandoned_lock_expires() {

@@ -336,6 +336,17 @@ async fn client_commands<F: std::future::Future<Output = Result<u64>>>(
     Ok((done, total, by_command))
 }
 
+/// CPU time the Redis server has used so far, user and system (`INFO cpu`), in seconds.
+fn redis_cpu_seconds(redis: &RedisServer) -> Result<f64> {
+    let info = redis.command("INFO cpu")?;
+    let field = |name: &str| -> Result<f64> {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.parse().ok())
+            .with_context(|| format!("INFO cpu lacks {name}"))
+    };
+    Ok(field("used_cpu_user:")? + field("used_cpu_sys:")?)
+}
+
 /// Calls of `cmd` so far (`INFO commandstats`).
 fn calls(redis: &RedisServer, cmd: &str) -> Result<u64> {
     let info = redis.command("INFO commandstats")?;
@@ -418,10 +429,13 @@ async fn main() -> Result<()> {
     let mut scripts_under_load = 0u64;
     let mut heartbeats_under_load = 0f64;
     let mut reads_under_load = 0u64;
+    let mut redis_cpu_under_load = 0f64;
     for _ in 0..args.reps {
         noop_rates.push(load(&http, args.concurrency, duration, healthz.clone()).await?);
         let before = (calls(&redis, "evalsha")?, calls(&redis, "mget")?);
+        let cpu_before = redis_cpu_seconds(&redis)?;
         let rate = load(&http, args.concurrency, duration, heartbeat.clone()).await?;
+        redis_cpu_under_load += redis_cpu_seconds(&redis)? - cpu_before;
         scripts_under_load += calls(&redis, "evalsha")? - before.0;
         reads_under_load += calls(&redis, "mget")? - before.1;
         heartbeats_under_load += rate * duration.as_secs_f64();
@@ -492,6 +506,18 @@ async fn main() -> Result<()> {
             goal: "-".into(),
         },
     ];
+    // The store Redis is one thread shared by every coordinator: its CPU time per steady
+    // heartbeat (scripts, reads and socket I/O together) bounds the heartbeats it can serve.
+    rows.push(Row {
+        name: format!(
+            "P1 Redis CPU per steady heartbeat{} at {} in flight ({} members)",
+            fencing_label, args.concurrency, args.members
+        ),
+        unit: "us".into(),
+        value: summarize(&[redis_cpu_under_load * 1e6 / heartbeats_under_load]),
+        baseline: None,
+        goal: "-".into(),
+    });
     if args.fencing == "strict" {
         // The owner tokens' re-assertion reads the owner keys of the heartbeats in flight
         // together (docs/FENCING.md): how many heartbeats one read serves.

@@ -7,7 +7,9 @@
 //!   same name continues the revision sequence: a revision never names two documents, and a
 //!   coordinator that cached the old group can never take it for the new one;
 //! - `P:live:{G}` — a sorted set: member → last heard from (Unix ms), beside the group
-//!   document in the same cluster slot, so that a steady heartbeat does not rewrite it;
+//!   document in the same cluster slot, so that a steady heartbeat does not rewrite it. From
+//!   16 members on it also holds [`LIVENESS_PAD`], scored `+inf`, which keeps Redis from
+//!   storing it as a listpack (`lua/liveness_pad.lua` says why); readers skip it;
 //! - `P:stream:{S}` — a hash: `revision` and `doc` (the stream document);
 //! - `P:lock:{G}` / `P:lock:stream:{S}` — mutexes: `SET NX PX` with a random token, released
 //!   by a compare-and-delete script, held at most [`RedisStoreConfig::lock_hold`];
@@ -204,10 +206,16 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             put_doc: Script::new(include_str!("lua/put_doc.lua")),
-            put_group: Script::new(include_str!("lua/put_group.lua")),
+            put_group: Script::new(concat!(
+                include_str!("lua/liveness_pad.lua"),
+                include_str!("lua/put_group.lua")
+            )),
             delete_group: Script::new(include_str!("lua/delete_group.lua")),
             load_group: Script::new(include_str!("lua/load_group.lua")),
-            touch_if: Script::new(include_str!("lua/touch_if.lua")),
+            touch_if: Script::new(concat!(
+                include_str!("lua/liveness_pad.lua"),
+                include_str!("lua/touch_if.lua")
+            )),
             touch_steady: Script::new(include_str!("lua/touch_steady.lua")),
             unlock: Script::new(include_str!("lua/unlock.lua")),
             lower_deadline: Script::new(include_str!("lua/lower_deadline.lua")),
@@ -700,11 +708,19 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// The padding entry of a group's liveness (`lua/liveness_pad.lua`): not a member (no member
+/// id starts with `#`), longer than the 64 bytes up to which Redis may keep a sorted set as a
+/// listpack.
+const LIVENESS_PAD: &str =
+    "#rsc-liveness-padding: an entry over 64 bytes keeps this sorted set a skiplist";
+
+/// A group's liveness from `ZRANGE … WITHSCORES`: member → last heard from, without
+/// [`LIVENESS_PAD`].
 fn liveness_pairs(flat: &[Value]) -> HashMap<String, u64> {
     flat.chunks(2)
         .filter_map(|pair| match pair {
             [m, t] => {
-                let member = text(m)?;
+                let member = text(m).filter(|m| m != LIVENESS_PAD)?;
                 let t: f64 = text(t)?.parse().ok()?;
                 Some((member, t.max(0.0) as u64))
             }

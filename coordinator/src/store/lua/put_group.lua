@@ -49,5 +49,6 @@ if ARGV[i] ~= '' then
     now = tonumber(previous) + 1
   end
   redis.call('ZADD', KEYS[2], now, ARGV[i])
+  pad_liveness(KEYS[2])
 end
 return {1, revision}

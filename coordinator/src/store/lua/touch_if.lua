@@ -20,4 +20,5 @@ if previous and tonumber(previous) + 1 > now then
   now = tonumber(previous) + 1
 end
 redis.call('ZADD', KEYS[2], now, ARGV[2])
+pad_liveness(KEYS[2])
 return 1

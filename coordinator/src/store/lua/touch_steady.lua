@@ -10,12 +10,17 @@
 --          stream revision, member, now (Unix ms), longest allowed silence (ms)
 -- Returns n outcomes: 1 touched, 0 stale (a document moved on; nothing written), -1 not
 -- live (no liveness, or silent longer than allowed; nothing written).
+--
+-- This runs once per batch of steady heartbeats, the store's most frequent call, so it
+-- converts as little as it can: revisions are compared as the decimal strings both sides
+-- write (the documents' scripts store integers, the coordinator sends integers), and `now`
+-- goes back to ZADD as the string it came as unless it has to move.
 local per = tonumber(ARGV[1])
 local revisions = {}
 local function revision(key)
   local r = revisions[key]
   if r == nil then
-    r = tonumber(redis.call('HGET', key, 'revision') or '0')
+    r = redis.call('HGET', key, 'revision') or '0'
     revisions[key] = r
   end
   return r
@@ -26,23 +31,24 @@ for i = 0, tonumber(ARGV[2]) - 1 do
   local base = (tonumber(ARGV[b]) - 1) * per
   local group_revision = revision(KEYS[base + 1])
   local outcome = 0
-  if group_revision ~= 0 and group_revision == tonumber(ARGV[b + 1])
-      and (per < 3 or revision(KEYS[base + 3]) == tonumber(ARGV[b + 2])) then
+  if group_revision ~= '0' and group_revision == ARGV[b + 1]
+      and (per < 3 or revision(KEYS[base + 3]) == ARGV[b + 2]) then
     local live = KEYS[base + 2]
     local member = ARGV[b + 3]
-    local now = tonumber(ARGV[b + 4])
     local previous = redis.call('ZSCORE', live, member)
-    if not previous or now - tonumber(previous) > tonumber(ARGV[b + 5]) then
+    local now = ARGV[b + 4]
+    local gap = previous and tonumber(now) - tonumber(previous)
+    if not gap or gap > tonumber(ARGV[b + 5]) then
       outcome = -1
     else
       -- Liveness only moves forward, and strictly: max(now, previous + 1).
-      if tonumber(previous) + 1 > now then
+      if gap < 1 then
         now = tonumber(previous) + 1
       end
       redis.call('ZADD', live, now, member)
       outcome = 1
     end
   end
-  out[#out + 1] = outcome
+  out[i + 1] = outcome
 end
 return out
