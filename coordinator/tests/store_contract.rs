@@ -68,6 +68,17 @@ async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -
     .expect("store opens")
 }
 
+/// A Redis store on `redis` with the default key prefix `rsc`, as PROTOCOL §2 writes the keys.
+async fn spec_store(redis: &RedisServer) -> RedisStore {
+    RedisStore::open(RedisStoreConfig {
+        urls: vec![redis.url()],
+        key_prefix: "rsc".into(),
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .expect("store opens")
+}
+
 fn docs(group: &str, stream: &str) -> (GroupDoc, StreamDoc) {
     let s = StreamDoc::new(stream, 4, 0).unwrap();
     (GroupDoc::new(group, GroupConfig::default(), &s, 0), s)
@@ -691,13 +702,7 @@ async fn redis_tombstones_expire_and_a_recreated_group_persists() {
 #[tokio::test]
 async fn redis_liveness_of_16_members_or_more_is_a_skiplist() {
     let redis = RedisServer::start().unwrap();
-    let store = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url()],
-        key_prefix: "rsc".into(),
-        ..RedisStoreConfig::default()
-    })
-    .await
-    .unwrap();
+    let store = spec_store(&redis).await;
     let encoding = |group: &str| {
         redis
             .command(&format!("OBJECT ENCODING rsc:live:{{{group}}}"))
@@ -874,13 +879,7 @@ async fn redis_mode_mismatch_is_refused_at_start() {
 #[tokio::test]
 async fn redis_layout_follows_the_spec() {
     let redis = RedisServer::start().unwrap();
-    let store = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url()],
-        key_prefix: "rsc".into(),
-        ..RedisStoreConfig::default()
-    })
-    .await
-    .unwrap();
+    let store = spec_store(&redis).await;
     let (g, s) = docs("billing", "orders");
     store.put_stream(&s, 0).await.unwrap();
     store.put_group(&g, 0).await.unwrap();

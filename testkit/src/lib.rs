@@ -67,21 +67,11 @@ pub use nix::sys::signal::Signal;
 
 /// Calls per command (`cmdstat_<name>` → `calls`) in the text of Redis' `INFO commandstats`.
 pub fn command_calls(info: &str) -> std::collections::BTreeMap<String, u64> {
-    command_stat(info, "calls=")
-}
-
-/// Microseconds Redis spent per command (`cmdstat_<name>` → `usec`, scripts including the
-/// commands they ran) in the text of Redis' `INFO commandstats`.
-pub fn command_usec(info: &str) -> std::collections::BTreeMap<String, u64> {
-    command_stat(info, "usec=")
-}
-
-fn command_stat(info: &str, field: &str) -> std::collections::BTreeMap<String, u64> {
     info.lines()
         .filter_map(|l| {
             let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-            let value = rest.split(',').find_map(|f| f.strip_prefix(field))?;
-            Some((name.to_owned(), value.parse().ok()?))
+            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
         })
         .collect()
 }

@@ -708,9 +708,9 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-/// The padding entry of a group's liveness (`lua/liveness_pad.lua`): not a member (no member
-/// id starts with `#`), longer than the 64 bytes up to which Redis may keep a sorted set as a
-/// listpack.
+/// The padding entry of a group's liveness (`lua/liveness_pad.lua`, which writes the same
+/// text; the store contract tests fail if the two differ): not a member (no member id starts
+/// with `#`), longer than the 64 bytes up to which Redis may keep a sorted set as a listpack.
 const LIVENESS_PAD: &str =
     "#rsc-liveness-padding: an entry over 64 bytes keeps this sorted set a skiplist";
 
