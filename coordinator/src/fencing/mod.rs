@@ -8,14 +8,14 @@
 //!
 //! Every heartbeat of a strict group re-asserts its member's tokens. On a standalone Redis the
 //! re-assertions of the heartbeats in flight at the same time are group-committed
-//! (`coordinator/src/group_commit.rs`): one `MGET` reads their owner keys, and only the keys that do not
-//! hold their token (a new grant, a lost token, a later grant's) go through the script, in one
-//! call; a steady heartbeat so costs Redis a key read. On a Redis Cluster, where the owner keys
-//! of one assignment live in different slots, each key is read on its own (`GET`, then the
-//! script only if needed), all sent at once (each routed to its slot's node). The script is
-//! loaded on `NOSCRIPT`. A token lost in a
-//! crash between the document write and the token write, or in a data Redis restart, is
-//! repaired within one heartbeat. The script never replaces a token of a later grant (the
+//! (`coordinator/src/group_commit.rs`): one `MGET` reads their owner keys, and only the keys
+//! that do not hold their token (a new grant, a lost token, a later grant's) go through the
+//! script, in one call; a steady heartbeat so costs Redis a key read. On a Redis Cluster,
+//! where the owner keys of one assignment live in different slots, each key is read on its
+//! own (`GET`, then the script only if needed), all sent at once (each routed to its slot's
+//! node). The script is loaded on `NOSCRIPT`. A token lost in a crash between the document
+//! write and the token write, or in a data Redis restart, is repaired within one heartbeat.
+//! The script never replaces a token of a later grant (the
 //! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
 //! shard back to its previous owner.
 

@@ -33,10 +33,10 @@
 //! by a second command sent at the same time.)
 //!
 //! Steady heartbeats ([`MetadataStore::touch_steady`]) are group-committed
-//! (`coordinator/src/group_commit.rs`; on standalone Redis for all groups together, on a cluster per
-//! group, whose keys share a slot): the touches that arrive while a script call is in flight
-//! go out together in the next one. Alone, a steady heartbeat costs one round trip; under
-//! load, a fraction.
+//! (`coordinator/src/group_commit.rs`; on standalone Redis for all groups together, on a
+//! cluster per group, whose keys share a slot): the touches that arrive while a script call
+//! is in flight go out together in the next one. Alone, a steady heartbeat costs one round
+//! trip; under load, a fraction.
 //!
 //! Failures: every operation is bounded ([`RedisStoreConfig::operation_timeout`]); a refused
 //! or timed-out connection is an unavailable [`StoreError`] at once, and the next operation
