@@ -10,33 +10,42 @@
 //! - `fenced_plain`: the same with `idempotent(false)` (no records, no producer fields);
 //! - `watch_multi`: the write before idempotence, hand-written: `WATCH <markers>`, `EVAL
 //!   <epoch check>`, `MULTI`, the `XADD`s, `EXEC` (one transaction per batch), on the
-//!   resharded stream.
+//!   resharded stream;
+//! - `watch_multi_fields`: the same with `producer_id` and `producer_seq` in every entry (the
+//!   fields PROTOCOL §2.2 asks of an idempotent producer) and no duplicate check, no producer
+//!   record: what any idempotent write that keeps those fields costs at least, so the
+//!   highest P8 such a write can reach.
 
 use super::{
     PAYLOAD, create_group, own_cpu, raw_publish, redis_cpu, routed_publish, unfenced_publish,
 };
 use rsc_bench::{Row, summarize};
 use rsc_client::producer::Producer;
+use rsc_protocol::entry;
 use rsc_protocol::routing::{epoch_key, shard_for_key, shard_key};
 use std::time::{Duration, Instant};
 
+/// The producer id `watch_multi_fields` writes (16 hex digits, as a producer's, PROTOCOL §21).
+const PRODUCER_ID: &str = "0123456789abcdef";
+
 /// The variants, in their rotation order.
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     "raw",
     "unfenced",
     "idem",
     "fenced",
     "fenced_plain",
     "watch_multi",
+    "watch_multi_fields",
 ];
 
 /// What one section measures: per variant, msgs/s of each repetition; and the Redis and
 /// total CPU per 1,000 messages of `raw` and `fenced`.
 #[derive(Default)]
 struct Samples {
-    rate: [Vec<f64>; 6],
-    redis_cpu: [Vec<f64>; 6],
-    total_cpu: [Vec<f64>; 6],
+    rate: [Vec<f64>; 7],
+    redis_cpu: [Vec<f64>; 7],
+    total_cpu: [Vec<f64>; 7],
 }
 
 /// Everything a section needs.
@@ -72,21 +81,22 @@ async fn stream(s: &mut Setup<'_>, name: &str, marked: bool) -> anyhow::Result<(
 }
 
 /// The write before idempotence, by hand: one `WATCH`ed, script-checked transaction per
-/// batch of keyed records (as P8 measured it until then).
+/// batch of keyed records (as P8 measured it until then); with `producer_fields`, every entry
+/// also carries `producer_id` and `producer_seq` (nothing checks or records them).
 async fn watch_multi_publish(
     con: &mut redis::aio::MultiplexedConnection,
     stream: &str,
-    shards: u32,
-    epoch: u64,
+    (shards, epoch): (u32, u64),
     n: u64,
     batch: usize,
+    producer_fields: bool,
 ) -> anyhow::Result<Duration> {
     let check: String = (rsc_protocol::routing::EPOCH_CHECK_LUA.lines())
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n");
     let started = Instant::now();
-    let mut i = 0u64;
+    let (mut i, mut seq) = (0u64, 0u64);
     while i < n {
         let end = (i + batch as u64).min(n);
         let placed: Vec<(String, u32)> = (i..end)
@@ -112,13 +122,20 @@ async fn watch_multi_publish(
             .arg(epoch);
         pipe.cmd("MULTI");
         for (key, shard) in &placed {
-            pipe.cmd("XADD")
-                .arg(shard_key(stream, *shard))
+            let xadd = pipe.cmd("XADD");
+            xadd.arg(shard_key(stream, *shard))
                 .arg("*")
                 .arg("payload")
                 .arg(PAYLOAD)
                 .arg("key")
                 .arg(key);
+            if producer_fields {
+                seq += 1;
+                xadd.arg(entry::PRODUCER_ID)
+                    .arg(PRODUCER_ID)
+                    .arg(entry::PRODUCER_SEQ)
+                    .arg(seq);
+            }
         }
         pipe.cmd("EXEC");
         let _: Vec<redis::Value> = pipe.query_async(con).await?;
@@ -144,11 +161,14 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
         for (v, name) in names.iter().enumerate() {
             stream(&mut s, name, v >= 3).await?;
         }
-        let epoch = plain.refresh_routing(&names[5]).await?.routing_epoch;
+        let epochs = (
+            plain.refresh_routing(&names[5]).await?.routing_epoch,
+            plain.refresh_routing(&names[6]).await?.routing_epoch,
+        );
         let chunk = (s.n / 10).max(1);
-        let mut took = [Duration::ZERO; 6];
-        let mut rcpu = [0.0; 6];
-        let mut own = [0.0; 6];
+        let mut took = [Duration::ZERO; 7];
+        let mut rcpu = [0.0; 7];
+        let mut own = [0.0; 7];
         for c in 0..10 {
             for k in 0..VARIANTS.len() {
                 let v = (c + k) % VARIANTS.len();
@@ -159,7 +179,14 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
                     1 => unfenced_publish(&idem, name, chunk, s.batch).await?,
                     2 | 3 => routed_publish(&idem, name, chunk, s.batch).await?,
                     4 => routed_publish(&plain, name, chunk, s.batch).await?,
-                    _ => watch_multi_publish(s.con, name, s.shards, epoch, chunk, s.batch).await?,
+                    5 => {
+                        let at = (s.shards, epochs.0);
+                        watch_multi_publish(s.con, name, at, chunk, s.batch, false).await?
+                    }
+                    _ => {
+                        let at = (s.shards, epochs.1);
+                        watch_multi_publish(s.con, name, at, chunk, s.batch, true).await?
+                    }
                 };
                 own[v] += own_cpu()? - own0;
                 rcpu[v] += redis_cpu(s.con).await? - before;
@@ -247,6 +274,13 @@ fn rows(x: &Samples, batch: usize, n: u64) -> Vec<Row> {
             &format!("- {raw_goal}"),
         ),
         row(
+            "P8 bound: the WATCH/MULTI write with producer_id and producer_seq in every entry, no duplicate check, vs raw".into(),
+            "msgs/s",
+            &x.rate[6],
+            &x.rate[0],
+            &format!("- (the most any idempotent write keeping the entry fields can reach) {raw_goal}"),
+        ),
+        row(
             "P8 Redis CPU per 1,000 messages published, epoch-guarded idempotent vs raw XADD".into(),
             "ms",
             &x.redis_cpu[3],
@@ -257,6 +291,13 @@ fn rows(x: &Samples, batch: usize, n: u64) -> Vec<Row> {
             "P8 Redis CPU per 1,000 messages, WATCH/MULTI write vs raw XADD".into(),
             "ms",
             &x.redis_cpu[5],
+            &x.redis_cpu[0],
+            "- (INFO cpu of the Redis server, same run)",
+        ),
+        row(
+            "P8 Redis CPU per 1,000 messages, WATCH/MULTI write with the producer fields vs raw XADD".into(),
+            "ms",
+            &x.redis_cpu[6],
             &x.redis_cpu[0],
             "- (INFO cpu of the Redis server, same run)",
         ),
