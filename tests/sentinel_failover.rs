@@ -589,6 +589,23 @@ async fn scenario(
     }
     let duplicates = per_seq.values().map(|n| n - 1).sum();
     let members_after = members(&api).await.unwrap_or_default();
+    // The owner keys' tracking (strict fencing, PROTOCOL §5.6) followed the switch: its
+    // connection is on the master the sentinels name now.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let master = deployment.master_port().unwrap_or(new_master);
+        let list: String = try_redis_on(master)
+            .and_then(|mut c| redis::cmd("CLIENT").arg("LIST").query(&mut c))
+            .unwrap_or_default();
+        if list.contains("name=rsc-coordinator-owner-tracking ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: no owner-key tracking connection on the master ({master}): {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let pod_metrics_ok = scrape(metrics_port, "rsc_client_").await;
     let rings_after_switch =
         pod_metric(metrics_port, "rsc_client_doorbell_rings_total").await - rings_at_switch;

@@ -193,6 +193,21 @@ async fn produce_and_consume(certs: &TlsCerts, url: &str, cluster: bool) {
     // The coordinator reads the group's lag from the data Redis, over TLS too.
     let (s, view) = Api::new(coordinator.url()).get("/v1/groups/billing").await;
     assert_eq!(s.as_u16(), 200, "{view}");
+    if !cluster {
+        // The group is strict: its owner keys are tracked on a TLS connection of their own.
+        let api = Api::new(coordinator.url());
+        let connected = api
+            .metric("rsc_fencing_token_tracking_connected", &[])
+            .await;
+        assert_eq!(connected, 1.0, "owner-key tracking over TLS");
+        let hits = api
+            .metric("rsc_fencing_token_tracked_hits_total", &[])
+            .await;
+        assert!(
+            hits > 0.0,
+            "steady heartbeats answered from the tracked keys"
+        );
+    }
     handle.shutdown();
     app.await.expect("app task").expect("app ends cleanly");
     assert_eq!(

@@ -5,7 +5,9 @@
 //! shared by the heartbeats in flight;
 //! on a cluster the owner keys of one assignment live in different slots, on different
 //! nodes. Both must behave the same: write, unchanged, refused by a later grant's token,
-//! repaired after a loss. And the retired-key cleaner's one multi-key `UNLINK` deletes keys
+//! repaired after a loss. On standalone Redis the owner keys read in place are tracked
+//! (`CLIENT TRACKING`): steady assertions need no command until Redis says a key changed or
+//! the connection is lost. And the retired-key cleaner's one multi-key `UNLINK` deletes keys
 //! of several slots on a cluster.
 
 use redis::Commands;
@@ -89,6 +91,9 @@ async fn scenario(tokens_writer: &OwnerTokens, keys: &mut dyn Keys, stream: &str
     // Lost tokens (shards 0 and 5): repaired.
     keys.del(&key(group, stream, 0));
     keys.del(&key(group, stream, 5));
+    // Standalone: the invalidations Redis pushed for these changes are handled before the
+    // next assertion (on a cluster every assertion reads).
+    tokens_writer.sync_tracking().await;
     let a = tokens_writer.assert(group, stream, &first).await.unwrap();
     assert_eq!(
         (a.written, a.unchanged, a.refused),
@@ -143,6 +148,185 @@ async fn standalone_redis() {
         .await
         .unwrap();
     assert_eq!(a.written, SHARDS as usize);
+}
+
+/// The `MGET`, `EVAL` and `EVALSHA` calls Redis counted since its last `CONFIG RESETSTAT`.
+fn reads_and_scripts(con: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let calls = rsc_testkit::command_calls(&info);
+    let n = |c: &str| calls.get(c).copied().unwrap_or(0);
+    (n("mget"), n("eval") + n("evalsha"))
+}
+
+/// The id of the coordinator's tracking connection in `CLIENT LIST` (`None`: not connected),
+/// after checking that Redis tracks for it.
+fn tracking_client(con: &mut redis::Connection) -> Option<u64> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    let name = format!(
+        "name={}",
+        rsc_coordinator::fencing::TRACKING_CONNECTION_NAME
+    );
+    let line = list.lines().find(|l| l.split(' ').any(|f| f == name))?;
+    let field = |f: &str| {
+        line.split(' ')
+            .find_map(|x| x.strip_prefix(f))
+            .unwrap_or("")
+    };
+    assert!(field("flags=").contains('t'), "tracking on: {line}");
+    assert_eq!(field("resp="), "3", "{line}");
+    field("id=").parse().ok()
+}
+
+/// Asserts `tokens` until `done` says what it answered is right, within 10 s (a change's
+/// invalidation, or the closed connection, reaches the writer asynchronously).
+async fn until(
+    writer: &OwnerTokens,
+    tokens: &BTreeMap<u32, String>,
+    what: &str,
+    done: impl Fn(&Asserted) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = writer.assert("billing", "orders", tokens).await.unwrap();
+        if done(&a) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {a:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Standalone Redis: the owner keys read holding their tokens are tracked, so steady
+/// assertions send nothing; a key changed by another client, a flushed database and a lost
+/// connection each make the next assertions read (and repair) again.
+#[tokio::test]
+async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (group, stream) = ("billing", "orders");
+    let m1 = tokens(1_000, 1, "m1");
+    let all = SHARDS as usize;
+    let a = writer.assert(group, stream, &m1).await.unwrap();
+    assert_eq!(a.written, all);
+    // The write is pushed as an invalidation of the keys the first read saw empty; a read
+    // sent before that push was handled is not kept, so wait for it.
+    writer.sync_tracking().await;
+    let a = writer.assert(group, stream, &m1).await.unwrap();
+    assert_eq!(a.unchanged, all, "read in place, and so tracked");
+    let first = tracking_client(&mut con).expect("the tracking connection");
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    for _ in 0..3 {
+        let a = writer.assert(group, stream, &m1).await.unwrap();
+        assert_eq!(a.unchanged, all);
+    }
+    assert_eq!(
+        reads_and_scripts(&mut con),
+        (0, 0),
+        "answered from the tracked keys"
+    );
+    // A new grant's token is not taken for the tracked one.
+    let m2 = tokens(1_000, 2, "m2");
+    let a = writer.assert(group, stream, &m2).await.unwrap();
+    assert_eq!(a.written, all);
+
+    // Deleted by another client: Redis's invalidation arrives, the next assertion repairs.
+    writer.assert(group, stream, &m2).await.unwrap();
+    Keys::del(&mut con, &key(group, stream, 3));
+    until(&writer, &m2, "a deleted owner key repaired", |a| {
+        a.written == 1
+    })
+    .await;
+    assert_eq!(
+        Keys::get(&mut con, &key(group, stream, 3)).as_deref(),
+        m2.get(&3).map(String::as_str)
+    );
+    // The whole database flushed: every key read and written again (once the push was
+    // handled: `sync_tracking` waits for it).
+    let () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    writer.sync_tracking().await;
+    let a = writer.assert(group, stream, &m2).await.unwrap();
+    assert_eq!(a.written, all, "after FLUSHALL");
+
+    // The tracking connection killed: nothing it read is believed; the next one tracks.
+    writer.assert(group, stream, &m2).await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(first)
+        .query::<i64>(&mut con)
+        .map(|_| ())
+        .unwrap();
+    Keys::del(&mut con, &key(group, stream, 5));
+    until(&writer, &m2, "repaired after the connection's loss", |a| {
+        a.written == 1
+    })
+    .await;
+    let second = tracking_client(&mut con).expect("a new tracking connection");
+    assert_ne!(first, second);
+    // (The repair's own write is pushed as an invalidation too: a read sent before it was
+    // handled is not kept.)
+    writer.sync_tracking().await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    writer.assert(group, stream, &m2).await.unwrap();
+    writer.assert(group, stream, &m2).await.unwrap();
+    assert_eq!(
+        reads_and_scripts(&mut con),
+        (1, 0),
+        "read once, then tracked"
+    );
+}
+
+/// A data Redis user without the `CLIENT` command: no tracking, every assertion reads, and
+/// the assertions are as right as with it.
+#[tokio::test]
+async fn without_client_tracking_every_assertion_reads() {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "fencer", "on", ">pw", "~*", "&*", "+@all", "-client",
+            ][..],
+        )
+        .query(&mut con)
+        .unwrap();
+    let url = redis.url().replacen("redis://", "redis://fencer:pw@", 1);
+    let lazy = LazyRedis::open(&[url], false, &settings(), &Tls::default()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let m1 = tokens(1_000, 1, "m1");
+    let a = writer.assert("billing", "orders", &m1).await.unwrap();
+    assert_eq!(a.written, SHARDS as usize);
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    for _ in 0..3 {
+        let a = writer.assert("billing", "orders", &m1).await.unwrap();
+        assert_eq!(a.unchanged, SHARDS as usize);
+    }
+    assert_eq!(
+        reads_and_scripts(&mut con),
+        (3, 0),
+        "one MGET per assertion"
+    );
+    assert_eq!(tracking_client(&mut con), None);
+    Keys::del(&mut con, &key("billing", "orders", 2));
+    let a = writer.assert("billing", "orders", &m1).await.unwrap();
+    assert_eq!(a.written, 1, "repaired by the next assertion");
 }
 
 #[tokio::test]

@@ -48,7 +48,8 @@ struct Args {
     #[arg(long)]
     rss: bool,
     /// The group's fencing: `strict` also gives the coordinator a data Redis (the same
-    /// server), and every steady heartbeat re-asserts the member's owner tokens there.
+    /// server), and every steady heartbeat re-asserts the member's owner tokens there (from
+    /// the owner keys Redis tracks for the coordinator once they were read in place).
     #[arg(long, default_value = "lease", value_parser = ["lease", "strict"])]
     fencing: String,
     /// Also measure P1 over HTTPS against plain HTTP (P1-TLS; a second coordinator replica

@@ -10,18 +10,25 @@
 //! re-assertions of the heartbeats in flight at the same time are group-committed
 //! (`coordinator/src/group_commit.rs`): one `MGET` reads their owner keys, and only the keys
 //! that do not hold their token (a new grant, a lost token, a later grant's) go through the
-//! script, in one call; a steady heartbeat so costs Redis a key read. On a Redis Cluster,
+//! script, in one call; a steady heartbeat so costs Redis a key read. That read goes through
+//! a connection with `CLIENT TRACKING` on, and the keys it found in place are kept until
+//! Redis says they changed (or the connection is lost): while all of an assertion's keys are
+//! kept, it needs no read at all (`fencing/tracking.rs`). On a Redis Cluster,
 //! where the owner keys of one assignment live in different slots, each key is read on its
 //! own (`GET`, then the script only if needed), all sent at once (each routed to its slot's
 //! node). The script is loaded on `NOSCRIPT`. A token lost in a crash between the document
-//! write and the token write, or in a data Redis restart, is repaired within one heartbeat.
+//! write and the token write, or in a data Redis restart, is repaired by the first heartbeat
+//! after the loss was known here (at once on a cluster; with tracking, once Redis's
+//! invalidation or the closed connection arrived).
 //! The script never replaces a token of a later grant (the
 //! `(created_ms, grant_epoch)` pair orders them), so a slow or retried write cannot hand a
 //! shard back to its previous owner.
 
 mod seals;
+mod tracking;
 
 pub use seals::{SealProgress, Sealer};
+pub use tracking::CONNECTION_NAME as TRACKING_CONNECTION_NAME;
 
 use crate::group_commit::Queues;
 use rsc_redis::{Conn, LazyRedis};
@@ -40,6 +47,8 @@ struct Writer {
     timeout: Duration,
     /// Standalone Redis: the assertions waiting for the next script call (one queue).
     waiting: Queues<(), WaitingAssert>,
+    /// Standalone Redis or behind sentinels: the owner keys Redis tracks for us.
+    tracking: Option<tracking::Tracking>,
 }
 
 /// The owner keys and tokens of one assertion, and where its codes go.
@@ -126,11 +135,14 @@ impl OwnerTokens {
     /// A writer to the data Redis `redis` (connected on first use); each assertion fails
     /// past `timeout`.
     pub fn new(redis: LazyRedis, timeout: Duration) -> Self {
+        let tracking =
+            (!redis.is_cluster()).then(|| tracking::Tracking::new(redis.clone(), timeout));
         OwnerTokens(Arc::new(Writer {
             redis,
             script: redis::Script::new(rsc_protocol::owner::ASSERT_OWNER_LUA),
             timeout,
             waiting: Queues::default(),
+            tracking,
         }))
     }
 
@@ -173,15 +185,39 @@ impl OwnerTokens {
         result
     }
 
+    /// Waits until the owner keys this coordinator tracks reflect every change the data
+    /// Redis made before now (Redis's invalidations are pushed, so they may still be on
+    /// their way when a change's command has returned). Without tracking (a Redis Cluster,
+    /// or no tracking connection), returns at once: every assertion reads Redis then.
+    pub async fn sync_tracking(&self) {
+        if let Some(t) = &self.0.tracking {
+            t.sync().await;
+        }
+    }
+
     async fn assert_inner(
         &self,
         group: &str,
         stream: &str,
         tokens: &BTreeMap<u32, String>,
     ) -> Result<Asserted, FencingError> {
-        let pairs = tokens
-            .iter()
-            .map(|(&shard, token)| (owner_key(group, stream, shard), token.clone()));
+        let keys: Vec<String> = (tokens.keys())
+            .map(|&shard| owner_key(group, stream, shard))
+            .collect();
+        if let Some(t) = &self.0.tracking
+            && t.holds(
+                keys.iter()
+                    .map(String::as_str)
+                    .zip(tokens.values().map(String::as_str)),
+            )
+        {
+            // Read in place since, and Redis has said of no change (PROTOCOL §5.6).
+            return Ok(Asserted {
+                unchanged: keys.len(),
+                ..Asserted::default()
+            });
+        }
+        let pairs = keys.into_iter().zip(tokens.values().cloned());
         let codes = if self.0.redis.is_cluster() {
             self.0.assert_per_key(pairs).await?
         } else {
@@ -286,24 +322,29 @@ impl Writer {
         }
     }
 
-    /// Asserts every pair of `batch`: one `MGET` of the owner keys, then, for the keys that
+    /// Asserts every pair of `batch`: one `MGET` of the owner keys (on the tracking
+    /// connection, which keeps those found in place: `fencing/tracking.rs`), then, for the keys that
     /// do not hold their token (a new grant, a lost or an older token), one script call. A
     /// token read in place is as good as the script's "already there": either way it was in
     /// place at that moment, and a later grant's write is what must win afterwards. So a
-    /// steady heartbeat costs Redis a key read, not a script run.
+    /// steady heartbeat costs Redis a key read, not a script run, and none once tracked.
     async fn call(&self, batch: &[WaitingAssert]) -> Result<Vec<i64>, FencingError> {
         let pairs: Vec<&(String, String)> = batch.iter().flat_map(|w| &w.pairs).collect();
-        let mut conn = self.connection().await?;
-        let mut read = redis::cmd("MGET");
-        for (key, _) in &pairs {
-            read.arg(key);
-        }
-        let current: Vec<Option<Vec<u8>>> =
-            within!(self.timeout, WRITING, read.query_async(&mut conn))?;
+        let (current, stamp) = self.read(&pairs).await?;
         if current.len() != pairs.len() {
             return Err(unexpected(
                 "MGET answered a value count other than the keys sent",
             ));
+        }
+        if let (Some(t), Some(stamp)) = (&self.tracking, stamp) {
+            let found = current
+                .iter()
+                .zip(&pairs)
+                .filter_map(|(now, (key, token))| {
+                    (now.as_deref() == Some(token.as_bytes()))
+                        .then_some((key.as_str(), token.as_str()))
+                });
+            t.record(stamp, found);
         }
         // Every key "already there" (1), but those that do not hold their token: the script's.
         let mut codes = vec![1_i64; pairs.len()];
@@ -317,6 +358,7 @@ impl Writer {
         if todo.is_empty() {
             return Ok(codes);
         }
+        let mut conn = self.connection().await?;
         let mut call = self.script.prepare_invoke();
         for &i in &todo {
             call.key(&pairs[i].0).arg(&pairs[i].1);
@@ -331,6 +373,29 @@ impl Writer {
             codes[i] = code;
         }
         Ok(codes)
+    }
+}
+
+impl Writer {
+    /// The owner keys' values: on the tracking connection when there is one (with the stamp
+    /// to record them against), else on the shared one.
+    async fn read(
+        &self,
+        pairs: &[&(String, String)],
+    ) -> Result<(Vec<Option<Vec<u8>>>, Option<tracking::Stamp>), FencingError> {
+        let keys: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+        if let Some(t) = &self.tracking
+            && let Some((values, stamp)) = t.read(&keys).await
+        {
+            return Ok((values, Some(stamp)));
+        }
+        let mut conn = self.connection().await?;
+        let mut read = redis::cmd("MGET");
+        for key in keys {
+            read.arg(key);
+        }
+        let values = within!(self.timeout, WRITING, read.query_async(&mut conn))?;
+        Ok((values, None))
     }
 }
 

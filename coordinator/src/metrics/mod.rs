@@ -194,6 +194,20 @@ pub(crate) fn record_token_asserts(group: &str, written: usize, unchanged: usize
     }
 }
 
+/// Counts an owner-token assertion answered from the owner keys the data Redis tracks for
+/// this coordinator, without a read (`rsc_fencing_token_tracked_hits_total`, docs/FENCING.md).
+/// Every steady heartbeat of a strict group may count here, so the handle is kept.
+pub(crate) fn record_tracked_hit() {
+    static HITS: Handles<(), metrics::Counter> = Handles::new();
+    let hits = HITS.get(&(), || {
+        (
+            (),
+            metrics::counter!("rsc_fencing_token_tracked_hits_total"),
+        )
+    });
+    hits.increment(1);
+}
+
 /// Metric handles looked up in the recorder once per label value and kept: the recorder's
 /// look-up builds and hashes the labels, an allocation per call, which every steady
 /// heartbeat would pay.
