@@ -70,12 +70,14 @@ impl State {
     }
 
     /// Connection `conn` is gone (closed, failed, or its master switched): nothing is known
-    /// any more. A loss of an older connection changes nothing.
-    pub(super) fn lost(&mut self, conn: u64) {
-        if conn == self.conn {
+    /// any more. A loss of an older connection changes nothing (`false`).
+    pub(super) fn lost(&mut self, conn: u64) -> bool {
+        let current = conn == self.conn;
+        if current {
             self.live = false;
             self.forget_all();
         }
+        current
     }
 
     fn forget_all(&mut self) {
@@ -247,8 +249,9 @@ impl Tracking {
         if c.open.as_ref().is_some_and(|(_, n)| *n == number) {
             c.open = None;
         }
-        lock(&self.state).lost(number);
-        metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+        if lock(&self.state).lost(number) {
+            metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+        }
     }
 
     /// The open tracking connection and its number, opened when there is none (and the
@@ -266,7 +269,9 @@ impl Tracking {
             }
             let number = *number;
             c.open = None;
-            lock(&self.state).lost(number);
+            if lock(&self.state).lost(number) {
+                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+            }
         }
         if c.retry_at.is_some_and(|at| Instant::now() < at) {
             return None;
@@ -361,8 +366,9 @@ fn on_push(state: &Mutex<State>, number: u64, push: redis::PushInfo) {
             metrics::counter!("rsc_fencing_token_invalidations_total").increment(1);
         }
         redis::PushKind::Disconnection => {
-            lock(state).lost(number);
-            metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+            if lock(state).lost(number) {
+                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+            }
         }
         _ => {}
     }
@@ -376,7 +382,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
         Err(poisoned) => {
             let mut g = poisoned.into_inner();
             let conn = g.conn;
-            g.lost(conn);
+            let _ = g.lost(conn);
             state.clear_poison();
             g
         }

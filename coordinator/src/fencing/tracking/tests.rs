@@ -71,7 +71,7 @@ fn a_lost_connection_forgets_everything_and_old_connections_are_ignored() {
     s.connected(1, 0);
     let old = s.stamp().unwrap();
     s.record(old, [(K1, "t1")]);
-    s.lost(1);
+    assert!(s.lost(1), "the current connection");
     assert!(!held(&s, &[(K1, "t1")]));
     assert!(s.stamp().is_none(), "no open connection");
     assert!(
@@ -85,7 +85,7 @@ fn a_lost_connection_forgets_everything_and_old_connections_are_ignored() {
     s.record(stamp, [(K1, "t1")]);
     // Pushes and losses of the old connection change nothing now.
     s.invalidated(1, None);
-    s.lost(1);
+    assert!(!s.lost(1), "an old connection");
     assert!(held(&s, &[(K1, "t1")]));
     assert_eq!(s.stamp(), Some(stamp), "nothing counted");
 }
