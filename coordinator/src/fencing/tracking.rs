@@ -366,7 +366,8 @@ fn on_push(state: &Mutex<State>, number: u64, push: redis::PushInfo) {
             metrics::counter!("rsc_fencing_token_invalidations_total").increment(1);
         }
         redis::PushKind::Disconnection => {
-            if lock(state).lost(number) {
+            let current = lock(state).lost(number);
+            if current {
                 metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
             }
         }
