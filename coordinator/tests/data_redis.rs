@@ -91,9 +91,6 @@ async fn scenario(tokens_writer: &OwnerTokens, keys: &mut dyn Keys, stream: &str
     // Lost tokens (shards 0 and 5): repaired.
     keys.del(&key(group, stream, 0));
     keys.del(&key(group, stream, 5));
-    // Standalone: the invalidations Redis pushed for these changes are handled before the
-    // next assertion (on a cluster every assertion reads).
-    tokens_writer.sync_tracking().await;
     let a = tokens_writer.assert(group, stream, &first).await.unwrap();
     assert_eq!(
         (a.written, a.unchanged, a.refused),
@@ -177,7 +174,7 @@ fn tracking_client(con: &mut redis::Connection) -> Option<u64> {
     field("id=").parse().ok()
 }
 
-/// Asserts `tokens` until `done` says what it answered is right, within 10 s (a change's
+/// Re-asserts `tokens` until `done` says what it answered is right, within 10 s (a change's
 /// invalidation, or the closed connection, reaches the writer asynchronously).
 async fn until(
     writer: &OwnerTokens,
@@ -187,7 +184,7 @@ async fn until(
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let a = writer.assert("billing", "orders", tokens).await.unwrap();
+        let a = writer.reassert("billing", "orders", tokens).await.unwrap();
         if done(&a) {
             return;
         }
@@ -216,15 +213,16 @@ async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
     // The write is pushed as an invalidation of the keys the first read saw empty; a read
     // sent before that push was handled is not kept, so wait for it.
     writer.sync_tracking().await;
-    let a = writer.assert(group, stream, &m1).await.unwrap();
+    let a = writer.reassert(group, stream, &m1).await.unwrap();
     assert_eq!(a.unchanged, all, "read in place, and so tracked");
+    assert!(writer.tracking_live());
     let first = tracking_client(&mut con).expect("the tracking connection");
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut con)
         .unwrap();
     for _ in 0..3 {
-        let a = writer.assert(group, stream, &m1).await.unwrap();
+        let a = writer.reassert(group, stream, &m1).await.unwrap();
         assert_eq!(a.unchanged, all);
     }
     assert_eq!(
@@ -232,13 +230,18 @@ async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
         (0, 0),
         "answered from the tracked keys"
     );
+    // A heartbeat that changes anything (`assert`) reads all the same.
+    let a = writer.assert(group, stream, &m1).await.unwrap();
+    assert_eq!(a.unchanged, all);
+    assert_eq!(reads_and_scripts(&mut con), (1, 0), "assert reads");
     // A new grant's token is not taken for the tracked one.
     let m2 = tokens(1_000, 2, "m2");
-    let a = writer.assert(group, stream, &m2).await.unwrap();
+    let a = writer.reassert(group, stream, &m2).await.unwrap();
     assert_eq!(a.written, all);
 
-    // Deleted by another client: Redis's invalidation arrives, the next assertion repairs.
-    writer.assert(group, stream, &m2).await.unwrap();
+    // Deleted by another client: Redis's invalidation arrives, the next re-assertion repairs.
+    writer.sync_tracking().await;
+    writer.reassert(group, stream, &m2).await.unwrap();
     Keys::del(&mut con, &key(group, stream, 3));
     until(&writer, &m2, "a deleted owner key repaired", |a| {
         a.written == 1
@@ -252,11 +255,12 @@ async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
     // handled: `sync_tracking` waits for it).
     let () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
     writer.sync_tracking().await;
-    let a = writer.assert(group, stream, &m2).await.unwrap();
+    let a = writer.reassert(group, stream, &m2).await.unwrap();
     assert_eq!(a.written, all, "after FLUSHALL");
 
     // The tracking connection killed: nothing it read is believed; the next one tracks.
-    writer.assert(group, stream, &m2).await.unwrap();
+    writer.sync_tracking().await;
+    writer.reassert(group, stream, &m2).await.unwrap();
     let () = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("ID")
@@ -278,13 +282,58 @@ async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
         .arg("RESETSTAT")
         .query(&mut con)
         .unwrap();
-    writer.assert(group, stream, &m2).await.unwrap();
-    writer.assert(group, stream, &m2).await.unwrap();
+    writer.reassert(group, stream, &m2).await.unwrap();
+    writer.reassert(group, stream, &m2).await.unwrap();
     assert_eq!(
         reads_and_scripts(&mut con),
         (1, 0),
         "read once, then tracked"
     );
+}
+
+/// A data Redis that stops answering with its sockets open (SIGSTOP, as a host that vanished
+/// without closing them): the tracking connection's `PING` goes unanswered, what it tracked
+/// is forgotten, and once Redis answers again re-assertions read, and track, anew.
+#[tokio::test]
+async fn a_tracking_connection_that_stops_answering_is_forgotten() {
+    struct Thaw(u32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = rsc_testkit::signal(self.0, rsc_testkit::Signal::SIGCONT);
+        }
+    }
+    let redis = RedisServer::start().expect("redis-server starts");
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let m1 = tokens(1_000, 1, "m1");
+    writer.assert("billing", "orders", &m1).await.unwrap();
+    writer.sync_tracking().await;
+    writer.reassert("billing", "orders", &m1).await.unwrap();
+    assert!(writer.tracking_live());
+    let pid = redis.pid().expect("redis-server pid");
+    rsc_testkit::signal(pid, rsc_testkit::Signal::SIGSTOP).expect("SIGSTOP");
+    let thaw = Thaw(pid);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while writer.tracking_live() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a silent tracking connection still believed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(thaw);
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut con)
+        .unwrap();
+    let a = writer.reassert("billing", "orders", &m1).await.unwrap();
+    assert_eq!(a.unchanged, SHARDS as usize);
+    assert_eq!(reads_and_scripts(&mut con), (1, 0), "read again");
+    assert!(writer.tracking_live(), "tracking again");
 }
 
 /// A data Redis user without the `CLIENT` command: no tracking, every assertion reads, and
@@ -315,7 +364,7 @@ async fn without_client_tracking_every_assertion_reads() {
         .query(&mut con)
         .unwrap();
     for _ in 0..3 {
-        let a = writer.assert("billing", "orders", &m1).await.unwrap();
+        let a = writer.reassert("billing", "orders", &m1).await.unwrap();
         assert_eq!(a.unchanged, SHARDS as usize);
     }
     assert_eq!(
@@ -325,7 +374,7 @@ async fn without_client_tracking_every_assertion_reads() {
     );
     assert_eq!(tracking_client(&mut con), None);
     Keys::del(&mut con, &key("billing", "orders", 2));
-    let a = writer.assert("billing", "orders", &m1).await.unwrap();
+    let a = writer.reassert("billing", "orders", &m1).await.unwrap();
     assert_eq!(a.written, 1, "repaired by the next assertion");
 }
 

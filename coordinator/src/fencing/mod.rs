@@ -151,17 +151,42 @@ impl OwnerTokens {
     /// the keys without their token, both shared with the assertions waiting at the same
     /// time; on a cluster one `GET` per key, concurrently, and the script for the keys
     /// without their token.
-    #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
+    /// Always reads Redis: for a heartbeat that changes anything (a grant, a member
+    /// reporting that it gave a shard up, which is what a member refused by Redis does).
     pub async fn assert(
         &self,
         group: &str,
         stream: &str,
         tokens: &BTreeMap<u32, String>,
     ) -> Result<Asserted, FencingError> {
+        self.assert_with(group, stream, tokens, false).await
+    }
+
+    /// [`Self::assert`] for a steady heartbeat's re-assertion: answered without a read when
+    /// every owner key was read in place since and Redis has pushed no invalidation of it
+    /// (standalone Redis or behind sentinels, `CLIENT TRACKING`; PROTOCOL §5.6).
+    pub async fn reassert(
+        &self,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+    ) -> Result<Asserted, FencingError> {
+        self.assert_with(group, stream, tokens, true).await
+    }
+
+    /// [`Self::reassert`] when `tracked`, else [`Self::assert`].
+    #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
+    pub(crate) async fn assert_with(
+        &self,
+        group: &str,
+        stream: &str,
+        tokens: &BTreeMap<u32, String>,
+        tracked: bool,
+    ) -> Result<Asserted, FencingError> {
         if tokens.is_empty() {
             return Ok(Asserted::default());
         }
-        let result = self.assert_inner(group, stream, tokens).await;
+        let result = self.assert_inner(group, stream, tokens, tracked).await;
         match &result {
             Ok(a) => {
                 crate::metrics::record_token_asserts(group, a.written, a.unchanged, a.refused);
@@ -195,16 +220,24 @@ impl OwnerTokens {
         }
     }
 
+    /// Whether owner keys are tracked now (a tracking connection is open): steady
+    /// re-assertions may then be answered without a read. Always `false` on a Redis Cluster.
+    pub fn tracking_live(&self) -> bool {
+        self.0.tracking.as_ref().is_some_and(|t| t.live())
+    }
+
     async fn assert_inner(
         &self,
         group: &str,
         stream: &str,
         tokens: &BTreeMap<u32, String>,
+        tracked: bool,
     ) -> Result<Asserted, FencingError> {
         let keys: Vec<String> = (tokens.keys())
             .map(|&shard| owner_key(group, stream, shard))
             .collect();
-        if let Some(t) = &self.0.tracking
+        if tracked
+            && let Some(t) = &self.0.tracking
             && t.holds(
                 keys.iter()
                     .map(String::as_str)
@@ -323,11 +356,11 @@ impl Writer {
     }
 
     /// Asserts every pair of `batch`: one `MGET` of the owner keys (on the tracking
-    /// connection, which keeps those found in place: `fencing/tracking.rs`), then, for the keys that
-    /// do not hold their token (a new grant, a lost or an older token), one script call. A
-    /// token read in place is as good as the script's "already there": either way it was in
-    /// place at that moment, and a later grant's write is what must win afterwards. So a
-    /// steady heartbeat costs Redis a key read, not a script run, and none once tracked.
+    /// connection, which keeps those found in place: `fencing/tracking.rs`), then, for the
+    /// keys that do not hold their token (a new grant, a lost or an older token), one script
+    /// call. A token read in place is as good as the script's "already there": either way it
+    /// was in place at that moment, and a later grant's write is what must win afterwards. So
+    /// a steady heartbeat costs Redis a key read, not a script run, and none once tracked.
     async fn call(&self, batch: &[WaitingAssert]) -> Result<Vec<i64>, FencingError> {
         let pairs: Vec<&(String, String)> = batch.iter().flat_map(|w| &w.pairs).collect();
         let (current, stamp) = self.read(&pairs).await?;

@@ -6,8 +6,11 @@
 //! `CLIENT TRACKING ON`: Redis then remembers every key that connection read and, when one
 //! changes (written, deleted, expired, evicted, or the database flushed), pushes an
 //! `invalidate` message on it. The keys read holding their token are kept in [`State`] until
-//! such a message, or the loss of the connection, drops them; while all the owner keys of an
-//! assertion are kept, it is answered without a round trip.
+//! such a message, or the loss of the connection, drops them; while all the owner keys of a
+//! steady heartbeat's re-assertion are kept, it is answered without a round trip (any other
+//! heartbeat reads). Nothing else is sent on the connection then, so a `PING` every
+//! [`PING_EVERY`] makes sure it still carries the invalidations: one left unanswered drops
+//! everything, as a closed connection does.
 //!
 //! Ordering: Redis writes an invalidation after the replies of the commands it read before,
 //! and the connection hands replies and pushes on in that order; but a reply's reader may
@@ -35,6 +38,12 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Most keys kept; past it, the set starts over (each key is then read once more).
 const MAX_KEYS: usize = 1 << 20;
+
+/// How often the open tracking connection is checked with a `PING`. While every
+/// re-assertion is answered from the tracked keys nothing else is sent on it, so a link that
+/// went silent (a host gone without closing its sockets, a dropped route) would go unnoticed
+/// with the invalidations it no longer carries: it is noticed within this plus the timeout.
+const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// The tracked owner keys, and what they were read on. Pure: fed by the connection's pushes
 /// and by the reads' answers.
@@ -184,6 +193,12 @@ impl Tracking {
         self.redis.sentinel().is_none_or(|s| s.is_live(master))
     }
 
+    /// Whether the tracking connection is open (and so may answer re-assertions).
+    pub(super) fn live(&self) -> bool {
+        let state = self.state();
+        state.live && self.master_live(state.master)
+    }
+
     /// Whether every `(key, token)` pair is known in place: the assertion needs no read.
     pub(super) fn holds<'a>(&self, pairs: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
         let held = {
@@ -289,6 +304,8 @@ impl Tracking {
                 c.retry_at = None;
                 c.failing = false;
                 c.open = Some((conn.clone(), number));
+                let state = Arc::clone(&self.state);
+                tokio::spawn(keep_alive(state, conn.clone(), number, self.timeout));
                 Some((conn, number))
             }
             failed => {
@@ -343,6 +360,35 @@ impl Tracking {
             .query_async(&mut conn)
             .await?;
         Ok((conn, master))
+    }
+}
+
+/// Checks connection `number` every [`PING_EVERY`] while it is the one in use; one that does
+/// not answer within `timeout` is counted lost (everything tracked on it is forgotten).
+async fn keep_alive(
+    state: Arc<Mutex<State>>,
+    mut conn: redis::aio::MultiplexedConnection,
+    number: u64,
+    timeout: Duration,
+) {
+    loop {
+        tokio::time::sleep(PING_EVERY).await;
+        if lock(&state).stamp().is_none_or(|s| s.conn != number) {
+            return;
+        }
+        let ping = redis::cmd("PING");
+        let pong = tokio::time::timeout(timeout, ping.query_async::<redis::Value>(&mut conn));
+        if !matches!(pong.await, Ok(Ok(_))) {
+            warn!(
+                connection = number,
+                "owner-key tracking: the connection did not answer a PING; what it tracked is forgotten"
+            );
+            let current = lock(&state).lost(number);
+            if current {
+                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
+            }
+            return;
+        }
     }
 }
 

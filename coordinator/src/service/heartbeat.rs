@@ -128,7 +128,7 @@ impl Coordinator {
         // Under the group lock, after the document write, before the answer leaves:
         // the member cannot learn of a grant whose owner token is not in place.
         let mut response = outcome.response;
-        self.assert_tokens(&w.doc, &mut response).await?;
+        self.assert_tokens(&w.doc, &mut response, false).await?;
         let stream_name = w.doc.stream.clone();
         self.close_write(w);
         Ok((response, outcome.drained, stream_name))
@@ -155,7 +155,7 @@ impl Coordinator {
         // before the grant is answered.
         let (touched, asserted) = tokio::join!(
             self.store.touch_steady(&touch),
-            self.assert_tokens(&basis.group.doc, &mut response)
+            self.assert_tokens(&basis.group.doc, &mut response, true)
         );
         self.steady_answered(&touch, touched, asserted, response)
     }
@@ -196,7 +196,7 @@ impl Coordinator {
             });
             let asserting = futures::future::join_all(
                 docs.zip(responses.iter_mut())
-                    .map(|(doc, response)| self.assert_tokens(doc, response)),
+                    .map(|(doc, response)| self.assert_tokens(doc, response, true)),
             );
             tokio::join!(touching, asserting)
         } else {

@@ -306,7 +306,14 @@ impl Coordinator {
 
     /// With strict fencing, writes the owner tokens of the answer's assignment before the
     /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
-    async fn assert_tokens(&self, doc: &GroupDoc, response: &mut HeartbeatResponse) -> Result<()> {
+    /// A `steady` heartbeat's re-assertion may be answered from the owner keys the data
+    /// Redis tracks for this coordinator (PROTOCOL §5.6); any other reads them.
+    async fn assert_tokens(
+        &self,
+        doc: &GroupDoc,
+        response: &mut HeartbeatResponse,
+        steady: bool,
+    ) -> Result<()> {
         if response.owner_tokens.is_empty()
             || rsc_protocol::MemberEpoch::new(response.member_epoch).is_leave()
         {
@@ -318,7 +325,7 @@ impl Coordinator {
             return Ok(());
         };
         fencing
-            .assert(&doc.group, &doc.stream, &response.owner_tokens)
+            .assert_with(&doc.group, &doc.stream, &response.owner_tokens, steady)
             .await
             .map_err(|e| ServiceError::fencing(e, ""))?;
         Ok(())
