@@ -147,6 +147,18 @@ async fn standalone_redis() {
     assert_eq!(a.written, SHARDS as usize);
 }
 
+/// A `redis-server`, a token writer to it, and a connection for the test's own commands.
+fn standalone() -> (RedisServer, OwnerTokens, redis::Connection) {
+    let redis = RedisServer::start().expect("redis-server starts");
+    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
+    let writer = OwnerTokens::new(lazy, TIMEOUT);
+    let con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    (redis, writer, con)
+}
+
 /// The `MGET`, `EVAL` and `EVALSHA` calls Redis counted since its last `CONFIG RESETSTAT`.
 fn reads_and_scripts(con: &mut redis::Connection) -> (u64, u64) {
     let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
@@ -198,13 +210,7 @@ async fn until(
 /// connection each make the next assertions read (and repair) again.
 #[tokio::test]
 async fn owner_keys_read_in_place_are_tracked_on_a_standalone_redis() {
-    let redis = RedisServer::start().expect("redis-server starts");
-    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
-    let writer = OwnerTokens::new(lazy, TIMEOUT);
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let (_redis, writer, mut con) = standalone();
     let (group, stream) = ("billing", "orders");
     let m1 = tokens(1_000, 1, "m1");
     let all = SHARDS as usize;
@@ -302,13 +308,7 @@ async fn a_tracking_connection_that_stops_answering_is_forgotten() {
             let _ = rsc_testkit::signal(self.0, rsc_testkit::Signal::SIGCONT);
         }
     }
-    let redis = RedisServer::start().expect("redis-server starts");
-    let lazy = LazyRedis::open(&[redis.url()], false, &settings(), &Tls::default()).unwrap();
-    let writer = OwnerTokens::new(lazy, TIMEOUT);
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let (redis, writer, mut con) = standalone();
     let m1 = tokens(1_000, 1, "m1");
     writer.assert("billing", "orders", &m1).await.unwrap();
     writer.sync_tracking().await;
