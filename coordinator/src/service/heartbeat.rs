@@ -149,10 +149,10 @@ impl Coordinator {
         let touch = basis.touch(group, &req.member_id);
         // Strict fencing: every heartbeat re-asserts the member's owner tokens, repairing a
         // lost write once the coordinator knows of it (PROTOCOL §5.6), at the same time as
-        // the touch (in parallel, to the data Redis unless its tracked keys answer). Without the group lock, and even when the touch finds
-        // the cached document stale, this cannot hand a shard back: the token script never
-        // replaces a later grant's token with an earlier one, and a grant's token is written
-        // before the grant is answered.
+        // the touch (in parallel, to the data Redis unless its tracked keys answer). Without
+        // the group lock, and even when the touch finds the cached document stale, this
+        // cannot hand a shard back: the token script never replaces a later grant's token
+        // with an earlier one, and a grant's token is written before the grant is answered.
         let (touched, asserted) = tokio::join!(
             self.store.touch_steady(&touch),
             self.assert_tokens(&basis.group.doc, &mut response, true)
