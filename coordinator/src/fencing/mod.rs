@@ -176,7 +176,7 @@ impl OwnerTokens {
 
     /// [`Self::reassert`] when `tracked`, else [`Self::assert`].
     #[tracing::instrument(level = "debug", skip(self, tokens), fields(shards = tokens.len()))]
-    pub(crate) async fn assert_with(
+    async fn assert_with(
         &self,
         group: &str,
         stream: &str,

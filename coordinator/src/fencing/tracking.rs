@@ -128,13 +128,7 @@ impl State {
         stamp: Stamp,
         found: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> bool {
-        if !self.live
-            || stamp
-                != (Stamp {
-                    conn: self.conn,
-                    changes: self.changes,
-                })
-        {
+        if self.stamp() != Some(stamp) {
             return false;
         }
         for (key, token) in found {
@@ -252,9 +246,7 @@ impl Tracking {
         let Some((mut conn, number)) = open else {
             return;
         };
-        let ping = redis::cmd("PING");
-        let pong = tokio::time::timeout(self.timeout, ping.query_async::<redis::Value>(&mut conn));
-        if !matches!(pong.await, Ok(Ok(_))) {
+        if !answers(&mut conn, self.timeout).await {
             self.drop_connection(number).await;
         }
     }
@@ -264,9 +256,7 @@ impl Tracking {
         if c.open.as_ref().is_some_and(|(_, n)| *n == number) {
             c.open = None;
         }
-        if lock(&self.state).lost(number) {
-            metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
-        }
+        lose(&self.state, number);
     }
 
     /// The open tracking connection and its number, opened when there is none (and the
@@ -284,9 +274,7 @@ impl Tracking {
             }
             let number = *number;
             c.open = None;
-            if lock(&self.state).lost(number) {
-                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
-            }
+            lose(&self.state, number);
         }
         if c.retry_at.is_some_and(|at| Instant::now() < at) {
             return None;
@@ -376,19 +364,30 @@ async fn keep_alive(
         if lock(&state).stamp().is_none_or(|s| s.conn != number) {
             return;
         }
-        let ping = redis::cmd("PING");
-        let pong = tokio::time::timeout(timeout, ping.query_async::<redis::Value>(&mut conn));
-        if !matches!(pong.await, Ok(Ok(_))) {
+        if !answers(&mut conn, timeout).await {
             warn!(
                 connection = number,
                 "owner-key tracking: the connection did not answer a PING; what it tracked is forgotten"
             );
-            let current = lock(&state).lost(number);
-            if current {
-                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
-            }
+            lose(&state, number);
             return;
         }
+    }
+}
+
+/// Whether `conn` answers a `PING` within `timeout` (its reply comes after every push Redis
+/// wrote before it).
+async fn answers(conn: &mut redis::aio::MultiplexedConnection, timeout: Duration) -> bool {
+    let ping = redis::cmd("PING");
+    let pong = tokio::time::timeout(timeout, ping.query_async::<redis::Value>(conn));
+    matches!(pong.await, Ok(Ok(_)))
+}
+
+/// Counts connection `number` lost ([`State::lost`]); the gauge follows only the current one.
+fn lose(state: &Mutex<State>, number: u64) {
+    let current = lock(state).lost(number);
+    if current {
+        metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
     }
 }
 
@@ -411,12 +410,7 @@ fn on_push(state: &Mutex<State>, number: u64, push: redis::PushInfo) {
             lock(state).invalidated(number, keys.as_deref());
             metrics::counter!("rsc_fencing_token_invalidations_total").increment(1);
         }
-        redis::PushKind::Disconnection => {
-            let current = lock(state).lost(number);
-            if current {
-                metrics::gauge!("rsc_fencing_token_tracking_connected").set(0.0);
-            }
-        }
+        redis::PushKind::Disconnection => lose(state, number),
         _ => {}
     }
 }

@@ -324,10 +324,13 @@ impl Coordinator {
             response.owner_tokens.clear();
             return Ok(());
         };
-        fencing
-            .assert_with(&doc.group, &doc.stream, &response.owner_tokens, steady)
-            .await
-            .map_err(|e| ServiceError::fencing(e, ""))?;
+        let (group, stream, tokens) = (&doc.group, &doc.stream, &response.owner_tokens);
+        let asserted = if steady {
+            fencing.reassert(group, stream, tokens).await
+        } else {
+            fencing.assert(group, stream, tokens).await
+        };
+        asserted.map_err(|e| ServiceError::fencing(e, ""))?;
         Ok(())
     }
 
