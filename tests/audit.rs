@@ -65,36 +65,66 @@ async fn allowed_and_refused_mutations_are_audited() {
     let (s, _) = viewer.get("/v1/groups/g1").await;
     assert_eq!(s, StatusCode::OK);
 
-    let (s, log) = viewer.get("/v1/audit").await;
+    // Two logs (PROTOCOL §7): the admitted mutations, with their bodies ...
+    let (s, log) = viewer.get("/v1/audit?log=mutations").await;
     assert_eq!(s, StatusCode::OK, "{log}");
     let e = entries(&log);
-    let summary: Vec<(String, String, u64, String)> = e
-        .iter()
-        .map(|e| {
-            (
-                e["principal"].as_str().unwrap().to_owned(),
-                e["action"].as_str().unwrap().to_owned(),
-                e["result"]["status"].as_u64().unwrap(),
-                e["result"]["code"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect();
-    let want = [
-        ("admin", "group.update", 200, ""),
-        ("admin", "group.create", 409, "GROUP_ALREADY_EXISTS"),
-        ("admin-elsewhere", "group.delete", 403, "FORBIDDEN"),
-        ("viewer", "group.update", 403, "FORBIDDEN"),
-        ("anonymous", "group.create", 401, "UNAUTHENTICATED"),
-        ("admin", "group.create", 201, ""),
-    ];
-    let want: Vec<(String, String, u64, String)> = want
-        .iter()
-        .map(|(p, a, s, c)| (p.to_string(), a.to_string(), *s, c.to_string()))
-        .collect();
-    assert_eq!(summary, want, "newest first: {log}");
+    let summary = |e: &[Value]| -> Vec<(String, String, u64, String)> {
+        e.iter()
+            .map(|e| {
+                (
+                    e["principal"].as_str().unwrap().to_owned(),
+                    e["action"].as_str().unwrap().to_owned(),
+                    e["result"]["status"].as_u64().unwrap(),
+                    e["result"]["code"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let owned = |want: &[(&str, &str, u64, &str)]| -> Vec<(String, String, u64, String)> {
+        want.iter()
+            .map(|(p, a, s, c)| (p.to_string(), a.to_string(), *s, c.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        summary(e),
+        owned(&[
+            ("admin", "group.update", 200, ""),
+            ("admin", "group.create", 409, "GROUP_ALREADY_EXISTS"),
+            ("admin", "group.create", 201, ""),
+        ]),
+        "newest first: {log}"
+    );
+    assert!(
+        e.iter().all(|e| e["client_addr"] == "127.0.0.1"),
+        "every entry records the client address: {log}"
+    );
+    // ... and the refusals, counted, by route template, without bodies or targets.
+    let (s, refused) = viewer.get("/v1/audit?log=refusals").await;
+    assert_eq!(s, StatusCode::OK, "{refused}");
+    let r = entries(&refused);
+    assert_eq!(
+        summary(r),
+        owned(&[
+            ("admin-elsewhere", "group.delete", 403, "FORBIDDEN"),
+            ("viewer", "group.update", 403, "FORBIDDEN"),
+            ("anonymous", "group.create", 401, "UNAUTHENTICATED"),
+        ]),
+        "newest first: {refused}"
+    );
+    for e in r {
+        assert_eq!(e["count"], 1, "{e}");
+        assert_eq!(e["client_addr"], "127.0.0.1", "{e}");
+        assert!(e["request"].get("body").is_none(), "no body: {e}");
+        assert_eq!(e["target"], json!({}), "{e}");
+    }
+    assert_eq!(r[0]["request"]["path"], "/v1/groups/{group}");
+    // Both, merged by time (the default).
+    let (_, both) = viewer.get("/v1/audit").await;
+    assert_eq!(entries(&both).len(), 6, "{both}");
 
     // The allowed create: target, request body, revisions of both documents.
-    let create = &e[5];
+    let create = &e[2];
     assert_eq!(create["target"], json!({"group": "g1", "stream": "s1"}));
     assert_eq!(create["request"]["method"], "POST");
     assert_eq!(create["request"]["path"], "/v1/groups");
@@ -113,16 +143,16 @@ async fn allowed_and_refused_mutations_are_audited() {
     assert_eq!(
         e[1]["revisions"],
         json!([]),
-        "a refused create writes nothing"
+        "a failed create writes nothing"
     );
     assert!(e[0]["time_ms"].as_u64().unwrap() >= create["time_ms"].as_u64().unwrap());
 
     // Filters and limit.
-    let (_, v) = viewer.get("/v1/audit?limit=2").await;
+    let (_, v) = viewer.get("/v1/audit?log=mutations&limit=2").await;
     assert_eq!(entries(&v).len(), 2);
     assert_eq!(entries(&v)[0]["action"], "group.update");
     let (_, v) = viewer.get("/v1/audit?stream=s1").await;
-    assert_eq!(entries(&v).len(), 3, "the creates name s1: {v}");
+    assert_eq!(entries(&v).len(), 2, "the admitted creates name s1: {v}");
     let (_, v) = viewer.get("/v1/audit?group=g1&stream=s1").await;
     assert_eq!(entries(&v).len(), 2, "the two creates of g1: {v}");
     let (_, v) = viewer.get("/v1/audit?group=nope").await;
@@ -132,6 +162,7 @@ async fn allowed_and_refused_mutations_are_audited() {
         "/v1/audit?limit=1001",
         "/v1/audit?group=a%20b",
         "/v1/audit?bogus=1",
+        "/v1/audit?log=other",
     ] {
         let (s, v) = viewer.get(bad).await;
         assert_eq!(
@@ -140,7 +171,7 @@ async fn allowed_and_refused_mutations_are_audited() {
             "{bad}"
         );
     }
-    // A scoped viewer sees only entries about its groups.
+    // A scoped viewer sees only entries about its groups, and no refusal.
     let (_, v) = stack.api("viewer-g1").get("/v1/audit").await;
     assert!(
         entries(&v)
@@ -148,11 +179,7 @@ async fn allowed_and_refused_mutations_are_audited() {
             .all(|e| e["target"]["group"] == "g1" && e["target"].get("stream").is_none()),
         "viewer-g1 has no stream scope: {v}"
     );
-    assert_eq!(
-        entries(&v).len(),
-        3,
-        "the updates and the delete of g1: {v}"
-    );
+    assert_eq!(entries(&v).len(), 1, "the update of g1: {v}");
 
     // The same entries went to the log as JSON events; every log line is JSON.
     let lines = stack.coordinator.log();
@@ -174,7 +201,14 @@ async fn allowed_and_refused_mutations_are_audited() {
 
 #[tokio::test]
 async fn admin_mutations_are_rate_limited_per_principal_under_a_burst() {
-    let stack = Secured::start(&["--admin-rate", "1", "--admin-burst", "3"]);
+    let stack = Secured::start(&[
+        "--admin-rate",
+        "1",
+        "--admin-burst",
+        "3",
+        "--audit-refusal-interval-ms",
+        "200",
+    ]);
     let admin = stack.api("admin");
     let (s, _) = admin
         .post(
@@ -244,11 +278,16 @@ async fn admin_mutations_are_rate_limited_per_principal_under_a_burst() {
         let (s, _) = admin.get("/v1/groups/g1").await;
         assert_eq!(s, StatusCode::OK);
     }
-    // The refusals are audited.
-    let (_, v) = stack.api("viewer").get("/v1/audit?limit=1000").await;
-    let audited_429 = entries(&v)
-        .iter()
-        .filter(|e| e["result"]["code"] == "RATE_LIMITED" && e["principal"] == "admin")
-        .count();
-    assert_eq!(audited_429, limited);
+    // The refusals are audited: merged, and counted (PROTOCOL §7).
+    let viewer = stack.api("viewer");
+    crate::pods::eventually_async("every 429 counted in the audit log", 10, || async {
+        let (_, v) = viewer.get("/v1/audit?log=refusals&limit=1000").await;
+        let audited_429: u64 = entries(&v)
+            .iter()
+            .filter(|e| e["result"]["code"] == "RATE_LIMITED" && e["principal"] == "admin")
+            .map(|e| e["count"].as_u64().unwrap_or(0))
+            .sum();
+        (audited_429 == limited as u64).then_some(())
+    })
+    .await;
 }

@@ -26,6 +26,7 @@ mod data_plane;
 mod deploy;
 mod expiry;
 mod fencing;
+mod front_door;
 mod guide;
 mod heartbeat_batch;
 mod http_api;

@@ -111,6 +111,31 @@ pub struct ServeArgs {
     /// Burst of admin mutations per principal [default: 20].
     #[arg(long, env = "RSC_ADMIN_BURST")]
     pub admin_burst: Option<u32>,
+    /// Proxies whose `X-Forwarded-For` names the client (PROTOCOL §7): addresses and CIDR
+    /// ranges separated by commas (`10.0.0.0/8,127.0.0.1`). A request from one of them is
+    /// attributed to the rightmost address of the header that is not a trusted proxy; every
+    /// other request to its connection's peer. [default: none: the header is ignored]
+    #[arg(long, env = "RSC_TRUSTED_PROXIES")]
+    pub trusted_proxies: Option<String>,
+    /// Requests per second per client address, checked before authentication; 0 turns the
+    /// limit off [default: 0].
+    #[arg(long, env = "RSC_CLIENT_RATE")]
+    pub client_rate: Option<u32>,
+    /// Burst of requests per client address [default: twice `--client-rate`].
+    #[arg(long, env = "RSC_CLIENT_BURST")]
+    pub client_burst: Option<u32>,
+    /// Refused requests (401, 403, 413) per second per client address; past its burst an
+    /// address is answered 429 RATE_LIMITED before authentication until it is under the rate
+    /// again; 0 turns the limit off [default: 20].
+    #[arg(long, env = "RSC_CLIENT_REFUSAL_RATE")]
+    pub client_refusal_rate: Option<u32>,
+    /// Burst of refused requests per client address [default: 200].
+    #[arg(long, env = "RSC_CLIENT_REFUSAL_BURST")]
+    pub client_refusal_burst: Option<u32>,
+    /// Refused requests alike (client address, principal, route, code) are merged into one
+    /// counted audit entry per this interval, in ms (PROTOCOL §7) [default: 10000].
+    #[arg(long, env = "RSC_AUDIT_REFUSAL_INTERVAL_MS")]
+    pub audit_refusal_interval_ms: Option<u64>,
     /// The data Redis (where the shard streams live): owner tokens of strict fencing are
     /// written there, lag and pending entries per shard are read from it (`XINFO GROUPS`)
     /// and retired shard keys are deleted from it. With `--data-redis-cluster`, one or more
@@ -226,6 +251,18 @@ pub struct ServeConfig {
     pub admin_rate: u32,
     /// Admin mutation burst per principal.
     pub admin_burst: u32,
+    /// Trusted proxies (validated list, PROTOCOL §7); `None`: none.
+    pub trusted_proxies: Option<String>,
+    /// Requests per second per client address (0: off).
+    pub client_rate: u32,
+    /// Burst of requests per client address.
+    pub client_burst: u32,
+    /// Refused requests per second per client address (0: off).
+    pub client_refusal_rate: u32,
+    /// Burst of refused requests per client address.
+    pub client_refusal_burst: u32,
+    /// Interval over which refusals alike are merged in the audit log, in ms.
+    pub audit_refusal_interval_ms: u64,
     /// Data Redis URLs (one, or cluster seed nodes); `None` without a data Redis.
     pub data_redis_urls: Option<Vec<String>>,
     /// The data Redis is a Redis Cluster.
@@ -280,6 +317,12 @@ impl std::fmt::Debug for ServeArgs {
             .field("allow_anonymous", &self.allow_anonymous)
             .field("admin_rate", &self.admin_rate)
             .field("admin_burst", &self.admin_burst)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("client_rate", &self.client_rate)
+            .field("client_burst", &self.client_burst)
+            .field("client_refusal_rate", &self.client_refusal_rate)
+            .field("client_refusal_burst", &self.client_refusal_burst)
+            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
             .field(
                 "data_redis_url",
                 &self.data_redis_url.as_deref().map(redact_url),
@@ -332,6 +375,12 @@ impl std::fmt::Debug for ServeConfig {
             .field("allow_anonymous", &self.allow_anonymous)
             .field("admin_rate", &self.admin_rate)
             .field("admin_burst", &self.admin_burst)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("client_rate", &self.client_rate)
+            .field("client_burst", &self.client_burst)
+            .field("client_refusal_rate", &self.client_refusal_rate)
+            .field("client_refusal_burst", &self.client_refusal_burst)
+            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
             .field(
                 "data_redis_urls",
                 &self
@@ -508,6 +557,29 @@ impl ServeArgs {
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
+            trusted_proxies: self
+                .trusted_proxies
+                .or(file.trusted_proxies)
+                .filter(|s| !s.trim().is_empty()),
+            client_rate: self.client_rate.or(file.client_rate).unwrap_or(0),
+            client_burst: self.client_burst.or(file.client_burst).unwrap_or_else(|| {
+                self.client_rate
+                    .or(file.client_rate)
+                    .unwrap_or(0)
+                    .saturating_mul(2)
+            }),
+            client_refusal_rate: self
+                .client_refusal_rate
+                .or(file.client_refusal_rate)
+                .unwrap_or(20),
+            client_refusal_burst: self
+                .client_refusal_burst
+                .or(file.client_refusal_burst)
+                .unwrap_or(200),
+            audit_refusal_interval_ms: self
+                .audit_refusal_interval_ms
+                .or(file.audit_refusal_interval_ms)
+                .unwrap_or(10_000),
             data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
@@ -594,6 +666,26 @@ impl ServeConfig {
             return Err(ConfigError::Invalid(
                 "admin-rate and admin-burst must be at least 1".into(),
             ));
+        }
+        if let Some(list) = &self.trusted_proxies {
+            crate::auth::client::TrustedProxies::parse(list)
+                .map_err(|e| ConfigError::Invalid(format!("trusted-proxies: {e}")))?;
+        }
+        if self.client_rate > 0 && self.client_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "client-burst must be at least 1 when client-rate is set".into(),
+            ));
+        }
+        if self.client_refusal_rate > 0 && self.client_refusal_burst == 0 {
+            return Err(ConfigError::Invalid(
+                "client-refusal-burst must be at least 1 when client-refusal-rate is set".into(),
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.audit_refusal_interval_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "audit-refusal-interval-ms is {}; it must be within 100..=3600000",
+                self.audit_refusal_interval_ms
+            )));
         }
         crate::store::validate_key_prefix(&self.key_prefix).map_err(ConfigError::Invalid)?;
         self.validate_redis()?;

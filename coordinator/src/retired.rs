@@ -97,6 +97,9 @@ impl RetiredKeyCleaner {
 
 fn audit_entry(now_ms: u64, p: &PurgedKeys) -> AuditEntry {
     AuditEntry {
+        client_addr: None,
+        count: None,
+        since_ms: None,
         credential: None,
         time_ms: now_ms,
         principal: "rsc-coordinator".into(),

@@ -2,6 +2,7 @@
 
 use crate::api::{self, AppState};
 use crate::audit::{Auditor, RevisionRecordingStore};
+use crate::auth::client::{ClientLimiter, Rate, TrustedProxies};
 use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
@@ -15,6 +16,7 @@ use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,12 +122,27 @@ pub async fn serve(
     )));
     let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
     let auditor = Auditor::new(store.clone(), clock.clone());
-    let security = Arc::new(Security::new(
-        acl.clone(),
-        AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
-        auditor.clone(),
-        cfg.body_limit,
+    let clients = Arc::new(ClientLimiter::new(
+        Rate {
+            per_s: cfg.client_rate,
+            burst: cfg.client_burst,
+        },
+        Rate {
+            per_s: cfg.client_refusal_rate,
+            burst: cfg.client_refusal_burst,
+        },
     ));
+    let proxies = TrustedProxies::parse(cfg.trusted_proxies.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
+    let security = Arc::new(
+        Security::new(
+            acl.clone(),
+            AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
+            auditor.clone(),
+            cfg.body_limit,
+        )
+        .with_clients(clients.clone(), proxies),
+    );
     let wakes = build_wakeups(&cfg)?;
     let coordinator = build_coordinator(&cfg, store, clock, wakes.clone())?;
     let listener = TcpListener::bind(cfg.listen)
@@ -133,6 +150,11 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
+    // Refusals alike are merged per interval; the per-address buckets are pruned with it.
+    tasks.push(tokio::spawn(auditor.clone().run_refusal_flush(
+        Duration::from_millis(cfg.audit_refusal_interval_ms),
+        move || clients.prune(),
+    )));
     // One poll (and one SIGHUP handler) for every file re-read while serving.
     let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
     let acceptor = tls.map(|(acceptor, resolver)| {
@@ -388,9 +410,9 @@ async fn serve_connections(
     let (close_tx, close_rx) = tokio::sync::watch::channel(());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer_addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: wait a little rather than spin.
                     warn!(error = %e, "accept failed");
@@ -407,10 +429,15 @@ async fn serve_connections(
         // largest state, and a plain connection (a wake-up channel lives for minutes) would
         // carry room for a TLS session and an HTTP/2 connection (about 5.5 KiB).
         match &tls {
-            None => tokio::spawn(plain_connection(stream, app, signal, close)),
-            Some(acceptor) => {
-                tokio::spawn(tls_connection(acceptor.clone(), stream, app, signal, close))
-            }
+            None => tokio::spawn(plain_connection(stream, peer_addr, app, signal, close)),
+            Some(acceptor) => tokio::spawn(tls_connection(
+                acceptor.clone(),
+                stream,
+                peer_addr,
+                app,
+                signal,
+                close,
+            )),
         };
     }
     drop(signal_tx);
@@ -423,11 +450,12 @@ async fn serve_connections(
 /// The task of one plain connection: HTTP/1.1. `close` is dropped when it ends.
 async fn plain_connection(
     stream: TcpStream,
+    peer_addr: SocketAddr,
     app: axum::Router,
     signal: tokio::sync::watch::Receiver<()>,
     close: tokio::sync::watch::Receiver<()>,
 ) {
-    serve_http1(stream, None, app, signal).await;
+    serve_http1(stream, Peer::plain(peer_addr), app, signal).await;
     drop(close);
 }
 
@@ -436,11 +464,16 @@ async fn plain_connection(
 async fn tls_connection(
     acceptor: TlsAcceptor,
     stream: TcpStream,
+    peer_addr: SocketAddr,
     app: axum::Router,
     signal: tokio::sync::watch::Receiver<()>,
     close: tokio::sync::watch::Receiver<()>,
 ) {
-    if let Some((stream, h2, peer)) = handshake(&acceptor, stream).await {
+    if let Some((stream, h2, cert)) = handshake(&acceptor, stream).await {
+        let peer = Peer {
+            addr: peer_addr,
+            cert,
+        };
         if h2 {
             serve_http2(stream, peer, app, signal).await;
         } else {
@@ -487,11 +520,25 @@ async fn handshake(
     Some((stream, h2, peer))
 }
 
-/// The service of one connection: `app`, with the connection's client certificate (when it
-/// presented one) in every request's extensions, for authentication (PROTOCOL §8).
+/// Who is at the other end of a connection: its address, and the client certificate it
+/// presented (mutual TLS).
+struct Peer {
+    addr: SocketAddr,
+    cert: Option<Arc<ClientCertificate>>,
+}
+
+impl Peer {
+    fn plain(addr: SocketAddr) -> Self {
+        Peer { addr, cert: None }
+    }
+}
+
+/// The service of one connection: `app`, with the connection's peer address
+/// (`ConnectInfo`, PROTOCOL §7) and client certificate (when it presented one) in every
+/// request's extensions, for authentication (PROTOCOL §8).
 fn connection_service(
     app: axum::Router,
-    peer: Option<Arc<ClientCertificate>>,
+    peer: Peer,
 ) -> impl hyper::service::Service<
     axum::http::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -505,8 +552,10 @@ fn connection_service(
     use tower::ServiceExt;
     let service = app.map_request(move |req: axum::http::Request<hyper::body::Incoming>| {
         let mut req = req.map(axum::body::Body::new);
-        if let Some(peer) = &peer {
-            req.extensions_mut().insert(peer.clone());
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer.addr));
+        if let Some(cert) = &peer.cert {
+            req.extensions_mut().insert(cert.clone());
         }
         req
     });
@@ -516,7 +565,7 @@ fn connection_service(
 /// Serves one HTTP/1.1 connection until it closes, or gracefully after `signal` fires.
 async fn serve_http1<I>(
     io: I,
-    peer: Option<Arc<ClientCertificate>>,
+    peer: Peer,
     app: axum::Router,
     signal: tokio::sync::watch::Receiver<()>,
 ) where
@@ -533,7 +582,7 @@ async fn serve_http1<I>(
 /// `signal` fires.
 async fn serve_http2<I>(
     io: I,
-    peer: Option<Arc<ClientCertificate>>,
+    peer: Peer,
     app: axum::Router,
     signal: tokio::sync::watch::Receiver<()>,
 ) where
@@ -673,13 +722,19 @@ mod tests {
         let (signal_tx, signal) = tokio::sync::watch::channel(());
         let (_close_tx, close) = tokio::sync::watch::channel(());
         let app = axum::Router::new();
-        let plain = plain_connection(connect().await, app.clone(), signal.clone(), close.clone());
+        let plain = plain_connection(
+            connect().await,
+            addr,
+            app.clone(),
+            signal.clone(),
+            close.clone(),
+        );
         let acceptor = TlsAcceptor::from(Arc::new(
             rustls::ServerConfig::builder()
                 .with_no_client_auth()
                 .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
         ));
-        let tls = tls_connection(acceptor, connect().await, app, signal, close);
+        let tls = tls_connection(acceptor, connect().await, addr, app, signal, close);
         let (plain, tls) = (std::mem::size_of_val(&plain), std::mem::size_of_val(&tls));
         assert!(
             plain < 2048 && plain * 2 < tls,

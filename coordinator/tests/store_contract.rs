@@ -485,10 +485,13 @@ async fn locks_exclude_and_release_on_drop(kind: Kind) {
 }
 
 async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
-    use rsc_coordinator::store::AuditFilter;
+    use rsc_coordinator::store::{AuditFilter, AuditLog};
     use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget};
     let f = fixture(kind).await;
     let entry = |i: u64| AuditEntry {
+        client_addr: None,
+        count: None,
+        since_ms: None,
         credential: None,
         time_ms: i,
         principal: "ops".into(),
@@ -511,29 +514,50 @@ async fn audit_log_is_newest_first_and_filtered(kind: Kind) {
     };
     // More than one page of the Redis store's reverse scan.
     for i in 0..250 {
-        f.store.append_audit(&entry(i)).await.unwrap();
+        f.store
+            .append_audit(AuditLog::Mutations, &entry(i))
+            .await
+            .unwrap();
+    }
+    // The refusals are another log (PROTOCOL §7): kept apart, read apart.
+    for i in 1000..1003 {
+        f.store
+            .append_audit(AuditLog::Refusals, &entry(i))
+            .await
+            .unwrap();
     }
     let all = f
         .store
-        .read_audit(1000, &AuditFilter::default())
+        .read_audit(AuditLog::Mutations, 1000, &AuditFilter::default())
         .await
         .unwrap();
     let times: Vec<u64> = all.iter().map(|e| e.time_ms).collect();
     assert_eq!(times, (0..250).rev().collect::<Vec<_>>());
+    let refusals = f
+        .store
+        .read_audit(AuditLog::Refusals, 1000, &AuditFilter::default())
+        .await
+        .unwrap();
+    let times: Vec<u64> = refusals.iter().map(|e| e.time_ms).collect();
+    assert_eq!(times, vec![1002, 1001, 1000]);
     let odd = AuditFilter {
         group: Some("odd".into()),
         stream: None,
     };
     let times: Vec<u64> = f
         .store
-        .read_audit(3, &odd)
+        .read_audit(AuditLog::Mutations, 3, &odd)
         .await
         .unwrap()
         .iter()
         .map(|e| e.time_ms)
         .collect();
     assert_eq!(times, vec![249, 247, 245]);
-    let odd_all = f.store.read_audit(1000, &odd).await.unwrap();
+    let odd_all = f
+        .store
+        .read_audit(AuditLog::Mutations, 1000, &odd)
+        .await
+        .unwrap();
     assert_eq!(odd_all.len(), 125);
     assert_eq!(odd_all.last().unwrap().time_ms, 1);
 }

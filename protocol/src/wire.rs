@@ -1144,7 +1144,9 @@ pub struct StreamList {
     pub streams: Vec<StreamView>,
 }
 
-/// One audit log entry: an admin mutation, allowed or refused (PROTOCOL §7).
+/// One audit log entry (PROTOCOL §7): an admin mutation the access checks admitted, whatever
+/// its outcome; or refused requests of any protected route, merged and counted, without their
+/// bodies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEntry {
@@ -1170,6 +1172,20 @@ pub struct AuditEntry {
     /// Store documents the request changed, with their revision before and after.
     #[serde(default)]
     pub revisions: Vec<RevisionChange>,
+    /// The client's address (PROTOCOL §7): the connection's peer IP, or the first address
+    /// of `X-Forwarded-For` that is not a trusted proxy when the peer is one
+    /// (`--trusted-proxies`). Absent in entries the coordinator writes itself and in entries
+    /// older coordinators wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_addr: Option<String>,
+    /// A refusal entry (PROTOCOL §7) stands for this many refused requests alike (same
+    /// client address, principal, route and error code) from `since_ms` to `time_ms`.
+    /// Absent in entries of single requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// With `count`: when the first of the merged refusals was answered (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
 }
 
 /// The group, stream and member an audited request names (each when it names one).

@@ -65,6 +65,12 @@ pub(crate) struct Secured {
 impl Secured {
     /// Starts a memory-store coordinator with the test ACL and extra `serve` flags.
     pub(crate) fn start(extra: &[&str]) -> Self {
+        Self::start_with_store(&["--store", "memory"], extra)
+    }
+
+    /// Starts a coordinator on the store `store` names (`--store …` flags) with the test ACL
+    /// and extra `serve` flags.
+    pub(crate) fn start_with_store(store: &[&str], extra: &[&str]) -> Self {
         let mut acl = tempfile::NamedTempFile::new().expect("temp file");
         for (name, token, rest) in PRINCIPALS {
             // One entry by its hash, the others in plain text: both forms are exercised.
@@ -81,14 +87,8 @@ impl Secured {
         }
         acl.flush().unwrap();
         let path = acl.path().to_str().unwrap().to_owned();
-        let mut args = vec![
-            "--store",
-            "memory",
-            "--sweep-interval-ms",
-            "20",
-            "--acl",
-            &path,
-        ];
+        let mut args = store.to_vec();
+        args.extend_from_slice(&["--sweep-interval-ms", "20", "--acl", &path]);
         args.extend_from_slice(extra);
         let coordinator = CoordinatorProcess::start(&args).expect("coordinator starts");
         let url = coordinator.url();

@@ -3,6 +3,7 @@
 
 use super::AppState;
 use super::extract::{Json, Path, Query};
+use crate::auth::Principal;
 use crate::http_error::ApiError;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -41,6 +42,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 )]
 async fn create_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Json(req): Json<CreateGroupRequest>,
 ) -> Result<(StatusCode, Json<GroupView>), ApiError> {
     Ok((
@@ -60,6 +62,7 @@ async fn create_group(
 )]
 async fn patch_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<PatchGroupRequest>,
 ) -> Result<Json<GroupView>, ApiError> {
@@ -78,6 +81,7 @@ async fn patch_group(
 )]
 async fn pause_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.set_group_paused(&group, true).await?))
@@ -93,6 +97,7 @@ async fn pause_group(
 )]
 async fn resume_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
@@ -111,6 +116,7 @@ async fn resume_group(
 )]
 async fn seek_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<rsc_protocol::SeekRequest>,
 ) -> Result<Json<rsc_protocol::SeekResponse>, ApiError> {
@@ -137,6 +143,7 @@ struct DeleteParams {
 )]
 async fn delete_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Query(p): Query<DeleteParams>,
 ) -> Result<StatusCode, ApiError> {
@@ -157,6 +164,7 @@ async fn delete_group(
 )]
 async fn remove_member(
     State(s): State<AppState>,
+    _principal: Principal,
     Path((group, member)): Path<(GroupId, MemberId)>,
 ) -> Result<StatusCode, ApiError> {
     s.coordinator.remove_member(&group, &member).await?;
@@ -175,6 +183,7 @@ async fn remove_member(
 )]
 async fn patch_stream(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
     Json(req): Json<PatchStreamRequest>,
 ) -> Result<Json<StreamView>, ApiError> {
@@ -197,6 +206,7 @@ async fn patch_stream(
 )]
 async fn redrive(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
     Json(req): Json<rsc_protocol::RedriveRequest>,
 ) -> Result<Json<rsc_protocol::RedriveResponse>, ApiError> {
@@ -215,6 +225,7 @@ async fn redrive(
 )]
 async fn reshard(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
     Json(req): Json<ReshardRequest>,
 ) -> Result<(StatusCode, Json<StreamView>), ApiError> {
@@ -233,6 +244,7 @@ async fn reshard(
 )]
 async fn rollback(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
 ) -> Result<(StatusCode, Json<StreamView>), ApiError> {
     Ok((

@@ -45,6 +45,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 )]
 async fn heartbeat(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
@@ -170,6 +171,7 @@ fn batch_result(
 )]
 async fn leave(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<LeaveRequest>,
 ) -> Result<Json<LeaveResponse>, ApiError> {

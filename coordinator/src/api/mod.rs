@@ -86,6 +86,11 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
 /// (PROTOCOL §20).
 pub(crate) fn router(state: AppState, body_limit: usize) -> Router {
     let (router, _) = routes().split_for_parts();
+    with_edges(router, state, body_limit)
+}
+
+/// `router`'s routes behind the access middleware and the edges every request passes.
+fn with_edges(router: Router<AppState>, state: AppState, body_limit: usize) -> Router {
     router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

@@ -6,7 +6,7 @@ use super::extract::{Json, Path, Query};
 use crate::auth::Principal;
 use crate::http_error::ApiError;
 use crate::metrics::{self, LagProbe};
-use crate::store::{AUDIT_RETAINED, AuditFilter};
+use crate::store::{AUDIT_RETAINED, AuditFilter, AuditLog};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
@@ -118,6 +118,7 @@ async fn list_groups(
 )]
 async fn describe_group(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     let view = s.coordinator.describe_group(&group).await?;
@@ -148,6 +149,7 @@ struct ScalingQuery {
 )]
 async fn group_scaling(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
     Query(q): Query<ScalingQuery>,
 ) -> Result<Json<ScalingView>, ApiError> {
@@ -174,6 +176,7 @@ async fn group_scaling(
 )]
 async fn group_history(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(group): Path<GroupId>,
 ) -> Result<Json<GroupHistory>, ApiError> {
     // 404 for a group that does not exist.
@@ -219,6 +222,7 @@ async fn list_streams(
 )]
 async fn describe_stream(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
 ) -> Result<Json<StreamView>, ApiError> {
     let mut view = s.coordinator.describe_stream(&stream).await?;
@@ -242,15 +246,39 @@ struct AuditQuery {
     /// Only entries about this stream.
     #[param(inline)]
     stream: Option<StreamId>,
+    /// Which log (PROTOCOL §7): `mutations` (admitted admin mutations and the
+    /// coordinator's own actions), `refusals` (refused requests, merged and counted), or
+    /// `all` (both, merged by time; the default).
+    #[param(inline)]
+    log: Option<AuditLogParam>,
 }
 
+/// The `log` parameter of `GET /v1/audit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum AuditLogParam {
+    /// Admitted admin mutations and the coordinator's own actions.
+    Mutations,
+    /// Refused requests, merged and counted.
+    Refusals,
+    /// Both, newest first.
+    All,
+}
+
+/// Whether `p` may read `e`: an entry about groups or streams out of its scopes is left out,
+/// and so is every refusal unless its scopes cover everything (a refusal names no group or
+/// stream, but its principal and client address belong to the whole deployment).
 fn in_scope(p: &Principal, e: &AuditEntry) -> bool {
+    if e.count.is_some() && !p.unrestricted() {
+        return false;
+    }
     e.target.group.as_deref().is_none_or(|g| p.may_group(g))
         && e.target.stream.as_deref().is_none_or(|s| p.may_stream(s))
 }
 
-/// The audit log of admin mutations, allowed and refused, newest first. Entries about
-/// groups or streams outside the token's scopes are left out.
+/// The audit log, newest first: admitted admin mutations (with their bodies) and refused
+/// requests (merged and counted per client address, principal, route and code, without
+/// bodies). Entries about groups or streams outside the token's scopes are left out.
 #[utoipa::path(
     get, path = "/v1/audit", tag = "monitoring",
     params(AuditQuery),
@@ -278,16 +306,27 @@ async fn audit(
     } else {
         (limit * 10).min(AUDIT_RETAINED)
     };
-    let entries = s
-        .coordinator
-        .store()
-        .read_audit(read, &filter)
-        .await
-        .map_err(|e| ApiError::new(ErrorCode::StoreUnavailable, e.to_string()))?
-        .into_iter()
-        .filter(|e| in_scope(&principal, e))
-        .take(limit)
-        .collect();
+    let logs: &[AuditLog] = match q.log.unwrap_or(AuditLogParam::All) {
+        AuditLogParam::Mutations => &[AuditLog::Mutations],
+        AuditLogParam::Refusals => &[AuditLog::Refusals],
+        AuditLogParam::All => &[AuditLog::Mutations, AuditLog::Refusals],
+    };
+    let mut entries: Vec<AuditEntry> = Vec::new();
+    for &log in logs {
+        entries.extend(
+            s.coordinator
+                .store()
+                .read_audit(log, read, &filter)
+                .await
+                .map_err(|e| ApiError::new(ErrorCode::StoreUnavailable, e.to_string()))?
+                .into_iter()
+                .filter(|e| in_scope(&principal, e)),
+        );
+    }
+    // Each log is newest first; merged, the newest of both come first (stable: a mutation
+    // before a refusal of the same millisecond).
+    entries.sort_by_key(|e| std::cmp::Reverse(e.time_ms));
+    entries.truncate(limit);
     Ok(Json(AuditList { entries }))
 }
 
@@ -296,7 +335,7 @@ async fn audit(
     get, path = "/metrics", tag = "monitoring",
     responses((status = 200, description = "Metrics in Prometheus text format", body = String, content_type = "text/plain"))
 )]
-async fn prometheus_metrics(State(s): State<AppState>) -> impl IntoResponse {
+async fn prometheus_metrics(State(s): State<AppState>, _principal: Principal) -> impl IntoResponse {
     let handle = metrics::prometheus();
     handle.run_upkeep();
     let mut body = handle.render();

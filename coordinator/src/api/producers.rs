@@ -2,6 +2,7 @@
 
 use super::AppState;
 use super::extract::{Json, Path};
+use crate::auth::Principal;
 use crate::http_error::ApiError;
 use axum::extract::State;
 use rsc_protocol::RoutingResponse;
@@ -23,6 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 )]
 async fn routing(
     State(s): State<AppState>,
+    _principal: Principal,
     Path(stream): Path<StreamId>,
 ) -> Result<Json<RoutingResponse>, ApiError> {
     Ok(Json(s.coordinator.routing(&stream).await?))

@@ -290,11 +290,22 @@ async fn an_oversized_admin_body_is_refused_and_audited() {
         .unwrap();
     let resp = app.oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let all = crate::store::AuditFilter::default();
     let log = store
-        .read_audit(10, &crate::store::AuditFilter::default())
+        .read_audit(crate::store::AuditLog::Refusals, 10, &all)
         .await
         .unwrap();
     assert_eq!(log.len(), 1);
+    assert_eq!(log[0].count, Some(1));
+    assert_eq!(log[0].request.path, "/v1/groups");
+    let mutations = store
+        .read_audit(crate::store::AuditLog::Mutations, 10, &all)
+        .await
+        .unwrap();
+    assert!(
+        mutations.is_empty(),
+        "a refusal is no mutation: {mutations:?}"
+    );
     assert_eq!(log[0].principal, crate::auth::ANONYMOUS);
     assert_eq!(log[0].result.status, 413);
     assert_eq!(log[0].result.code, Some(ErrorCode::PayloadTooLarge));
@@ -434,4 +445,240 @@ async fn a_json_body_is_refused_alike_whatever_path_parses_it() {
         (status, &body["error"]["code"]),
         (400, &"INVALID_REQUEST".into())
     );
+}
+
+/// Every protected handler takes the [`crate::auth::Principal`] the access middleware
+/// authenticated, before anything else of the request: served without the middleware, each
+/// answers the extractor's refusal and runs nothing. A handler added without one fails here.
+#[tokio::test]
+async fn every_protected_handler_requires_a_principal() {
+    use crate::auth::policy::Access;
+    let (router, _) = routes().split_for_parts();
+    let (_, state) = state_with(None);
+    let bare: Router = router.with_state(state);
+    for r in ROUTES.iter().filter(|r| r.access != Access::Open) {
+        let methods: &[&str] = if r.method == "GET" {
+            &["GET", "HEAD"]
+        } else {
+            &[r.method]
+        };
+        for &method in methods {
+            let req = Request::builder()
+                .method(method)
+                .uri(concrete(r.path))
+                .header("content-type", "application/json")
+                .body(Body::from("{}"))
+                .unwrap();
+            let resp = bare.clone().oneshot(req).await.unwrap();
+            let status = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                status == StatusCode::FORBIDDEN
+                    && (method == "HEAD"
+                        || text.contains("no authenticated principal for this route")),
+                "{method} {} ran without a principal: {status} {text}",
+                r.path
+            );
+        }
+    }
+}
+
+/// The state of a test router: over a memory store, with `acl` (a file) when given.
+fn state_with(acl: Option<&std::path::Path>) -> (Arc<dyn MetadataStore>, AppState) {
+    let store: Arc<dyn MetadataStore> =
+        Arc::new(RevisionRecordingStore::new(Arc::new(MemoryStore::new())));
+    let clock = Arc::new(SystemClock);
+    let n = NonZeroU32::new(1000).unwrap();
+    let acl = acl.map(|p| Arc::new(crate::auth::LiveAcl::load(p).expect("ACL")));
+    let security = Arc::new(Security::new(
+        acl,
+        AdminRateLimiter::new(n, n),
+        Auditor::new(store.clone(), clock.clone()),
+        DEFAULT_BODY_LIMIT,
+    ));
+    let coordinator = Coordinator::new(store.clone(), clock, ServiceConfig::default());
+    let state = AppState::new(super::Shared {
+        coordinator,
+        security,
+        lag: None,
+        history: crate::metrics::History::new(crate::metrics::DEFAULT_HISTORY_INTERVAL),
+    });
+    (store, state)
+}
+
+/// An ACL with an admin token, a viewer scoped to `billing*`, and JWTs of an issuer; and
+/// the directory it lives in.
+fn front_door_acl() -> std::path::PathBuf {
+    use crate::auth::test_keys::KEY_X;
+    let dir = std::env::temp_dir().join(format!(
+        "rsc-front-door-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("jwks.json"),
+        format!(
+            "{{\"keys\": [{{\"kty\": \"OKP\", \"crv\": \"Ed25519\", \"kid\": \"k1\", \"x\": \"{KEY_X}\"}}]}}"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("acl.toml"),
+        "[[tokens]]\nprincipal = \"ops\"\ntoken = \"admin-token\"\nroles = [\"admin\"]\n\
+         groups = [\"*\"]\nstreams = [\"*\"]\n\n\
+         [[tokens]]\nprincipal = \"billing-viewer\"\ntoken = \"viewer-token\"\n\
+         roles = [\"viewer\"]\ngroups = [\"billing*\"]\nstreams = [\"billing*\"]\n\n\
+         [[jwt]]\nissuer = \"https://k8s\"\naudience = \"rsc\"\njwks_file = \"jwks.json\"\n\
+         subject = \"*\"\nroles = [\"admin\"]\ngroups = [\"*\"]\nstreams = [\"*\"]\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// The front door (PROTOCOL §4): every path of the policy table (and the dashboard's) ×
+/// every method × {no credential, a bad token, an expired JWT, an out-of-scope viewer} is
+/// never answered 2xx and never reaches a handler; a protected path answers 401 to a
+/// request without a valid credential whatever its method (405 comes only after
+/// authentication, so it tells no one else whether a path exists).
+#[tokio::test]
+async fn no_request_without_a_valid_credential_reaches_a_handler() {
+    use crate::auth::policy::{Access, Scope, routes_of};
+    use crate::auth::test_keys::{KEY, sign};
+    use axum::middleware::{Next, from_fn};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static REACHED: AtomicUsize = AtomicUsize::new(0);
+    async fn probe(req: axum::extract::Request, next: Next) -> axum::response::Response {
+        REACHED.fetch_add(1, Ordering::SeqCst);
+        next.run(req).await
+    }
+    let dir = front_door_acl();
+    let (store, state) = state_with(Some(&dir.join("acl.toml")));
+    let (router, _) = routes().split_for_parts();
+    let app = with_edges(
+        router.route_layer(from_fn(probe)),
+        state,
+        DEFAULT_BODY_LIMIT,
+    );
+    // The group and the stream exist: a handler that ran would answer 200.
+    let create = Request::builder()
+        .method("POST")
+        .uri("/v1/groups")
+        .header("authorization", "Bearer admin-token")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            r#"{"group":"shop","stream":"shop","shard_count":2}"#,
+        ))
+        .unwrap();
+    assert_eq!(
+        app.clone().oneshot(create).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let expired = sign(
+        KEY,
+        Some("k1"),
+        jsonwebtoken::Algorithm::EdDSA,
+        serde_json::json!({"iss": "https://k8s", "aud": "rsc", "sub": "ops-bot",
+            "exp": now - 3_600, "iat": now - 7_200}),
+    );
+    let credentials: [(&str, Option<String>); 4] = [
+        ("no credential", None),
+        ("a bad token", Some("Bearer not-a-token".into())),
+        ("an expired JWT", Some(format!("Bearer {expired}"))),
+        ("an out-of-scope viewer", Some("Bearer viewer-token".into())),
+    ];
+    let mut paths: Vec<&str> = ROUTES.iter().map(|r| r.path).collect();
+    paths.dedup();
+    let concrete_shop = |t: &str| {
+        t.replace("{group}", "shop")
+            .replace("{stream}", "shop")
+            .replace("{member}", "m1")
+    };
+    let mut checked = 0;
+    for path in paths {
+        let open = routes_of(path).any(|r| r.access == Access::Open);
+        for method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
+            let looked_up = if method == "HEAD" { "GET" } else { method };
+            let route = routes_of(path).find(|r| r.method == looked_up);
+            for (what, auth) in &credentials {
+                // Served to anyone on purpose: the open routes, and a viewer's lists (they
+                // are filtered by its scopes instead).
+                let legit = match route.map(|r| r.access) {
+                    Some(Access::Open) => true,
+                    Some(Access::Roles {
+                        scope: Scope::None,
+                        roles,
+                    }) => {
+                        *what == "an out-of-scope viewer"
+                            && roles.contains(&crate::auth::Role::Viewer)
+                    }
+                    _ => false,
+                };
+                if legit {
+                    continue;
+                }
+                let mut req = Request::builder()
+                    .method(method)
+                    .uri(concrete_shop(path))
+                    .header("content-type", "application/json");
+                if let Some(a) = auth {
+                    req = req.header("authorization", a.as_str());
+                }
+                let before = REACHED.load(Ordering::SeqCst);
+                let resp = app
+                    .clone()
+                    .oneshot(req.body(Body::from("{}")).unwrap())
+                    .await
+                    .unwrap();
+                let status = resp.status();
+                assert!(
+                    !status.is_success(),
+                    "{method} {path} with {what}: {status}"
+                );
+                assert_eq!(
+                    REACHED.load(Ordering::SeqCst),
+                    before,
+                    "{method} {path} with {what} ran its handler ({status})"
+                );
+                if !open && *what != "an out-of-scope viewer" {
+                    assert_eq!(
+                        status,
+                        StatusCode::UNAUTHORIZED,
+                        "{method} {path} with {what}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 500, "only {checked} requests checked");
+    // The refusals are audited merged, without bodies, apart from the mutations.
+    let all = crate::store::AuditFilter::default();
+    let mutations = store
+        .read_audit(crate::store::AuditLog::Mutations, 100, &all)
+        .await
+        .unwrap();
+    assert_eq!(
+        mutations.len(),
+        1,
+        "the group's creation only: {mutations:?}"
+    );
+    let refusals = store
+        .read_audit(crate::store::AuditLog::Refusals, 10_000, &all)
+        .await
+        .unwrap();
+    assert!(!refusals.is_empty());
+    assert!(
+        refusals
+            .iter()
+            .all(|e| e.request.body.is_none() && e.count == Some(1))
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

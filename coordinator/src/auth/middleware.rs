@@ -1,15 +1,15 @@
 //! The access middleware: policy lookup, authentication, role and scope checks, admin rate
 //! limit and audit.
 
-use super::policy::{self, Access, Lookup, Scope};
-use super::{ANONYMOUS, Credential, Principal, Role, Security, retry_after_secs};
-use crate::audit::RevisionLog;
+use super::client::{ClientAddr, Throttled};
+use super::policy::{self, Access, Lookup, RouteSpec, Scope};
+use super::{ANONYMOUS, Principal, Role, Security, retry_after_secs};
+use crate::audit::{Refusal, RevisionLog};
 use crate::http_error::ApiError;
 use crate::tls::ClientCertificate;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
-use axum::http::HeaderValue;
-use axum::http::header::RETRY_AFTER;
+use axum::http::Method;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,20 +31,69 @@ pub(crate) async fn enforce(
         // The fallback: 404 for everyone.
         return next.run(req).await;
     };
-    let access = match policy::lookup(req.method(), matched.as_str()) {
+    let client = sec.client_addr(&req);
+    // HEAD is answered by the GET handler (axum): it is a GET for the policy.
+    let method = if req.method() == Method::HEAD {
+        Method::GET
+    } else {
+        req.method().clone()
+    };
+    let route = matched.as_str();
+    let lookup = policy::lookup(&method, route);
+    let ctx = Ctx {
+        sec: &sec,
+        client,
+        method: req.method().to_string(),
+        route,
+        action: match lookup {
+            Lookup::Route(RouteSpec {
+                access: Access::Admin { action, .. },
+                ..
+            }) => (*action).to_owned(),
+            _ => format!("{method} {route}"),
+        },
+    };
+    // Ahead of every credential check: the per-address limits.
+    if let Err(t) = sec.clients.admit(client) {
+        metrics::counter!("rsc_client_throttled_total", "reason" => t.reason()).increment(1);
+        let e = ApiError {
+            retry_after_ms: Some(t.wait().as_millis().max(1) as u64),
+            ..ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "client {client} is over its {} limit; retry in {} s",
+                    match t {
+                        Throttled::Requests(_) => "request rate",
+                        Throttled::Refusals(_) => "refused-request rate",
+                    },
+                    retry_after_secs(t.wait())
+                ),
+            )
+        };
+        return ctx.refuse(None, e).await;
+    }
+    let access = match lookup {
         Lookup::Route(spec) => spec.access,
-        Lookup::OtherMethod => return next.run(req).await, // the router answers 405
-        Lookup::Unregistered if policy::is_dashboard_path(matched.as_str()) => Access::Open,
+        // A known path with another method: 405 from the router, but only for a principal
+        // that passes the checks of one of the path's routes (an unknown method tells no one
+        // else whether the path's resource exists).
+        Lookup::OtherMethod => {
+            let (mut parts, body) = req.into_parts();
+            let target = path_target(&mut parts).await;
+            return match ctx.authorize_any(&parts, route, &target).await {
+                Err(refused) => refused,
+                Ok(()) => next.run(Request::from_parts(parts, body)).await,
+            };
+        }
+        Lookup::Unregistered if policy::is_dashboard_path(route) => Access::Open,
         Lookup::Unregistered => {
             error!(
-                path = matched.as_str(),
-                method = %req.method(),
+                path = route,
+                method = %method,
                 "route missing from the access policy table; refused"
             );
-            return refuse(ApiError::new(
-                ErrorCode::Forbidden,
-                "this route has no access policy",
-            ));
+            let e = ApiError::new(ErrorCode::Forbidden, "this route has no access policy");
+            return ctx.refuse(None, e).await;
         }
     };
     match access {
@@ -52,14 +101,108 @@ pub(crate) async fn enforce(
         Access::Roles { roles, scope } => {
             let (mut parts, body) = req.into_parts();
             let target = path_target(&mut parts).await;
-            let principal = match authorize(&sec, &parts, roles, scope, &target) {
+            let principal = match ctx.authenticate(&parts).await {
                 Ok(p) => p,
-                Err(e) => return refuse(e),
+                Err(refused) => return refused,
             };
+            if let Err(e) = check_roles(&principal, roles)
+                .and_then(|()| check_scope(&principal, scope, &target))
+            {
+                return ctx.refuse(Some(&principal), e).await;
+            }
             parts.extensions.insert(principal);
             next.run(Request::from_parts(parts, body)).await
         }
-        Access::Admin { action, scope } => admin(&sec, action, scope, req, next).await,
+        Access::Admin { action, scope } => admin(&ctx, action, scope, req, next).await,
+    }
+}
+
+/// What the access checks of one request know of it.
+struct Ctx<'a> {
+    sec: &'a Security,
+    client: ClientAddr,
+    /// The method as sent.
+    method: String,
+    /// The matched path template.
+    route: &'a str,
+    /// The admin action, or `METHOD template`.
+    action: String,
+}
+
+impl Ctx<'_> {
+    /// The principal of the request, or its refusal (401, recorded).
+    async fn authenticate(&self, parts: &Parts) -> Result<Principal, Response> {
+        match self
+            .sec
+            .authenticate(&parts.headers, client_certificate(parts))
+        {
+            Ok(p) => Ok(p),
+            Err(e) => Err(self.refuse(None, e).await),
+        }
+    }
+
+    /// A request with a method its path does not serve: authenticated, and the principal
+    /// must pass the role and scope checks of one of the path's routes (admin routes: the
+    /// admin role and the path's names). No check at all when one of them is open.
+    async fn authorize_any(
+        &self,
+        parts: &Parts,
+        route: &str,
+        target: &AuditTarget,
+    ) -> Result<(), Response> {
+        let routes: Vec<&RouteSpec> = policy::routes_of(route).collect();
+        if routes.iter().any(|r| r.access == Access::Open) {
+            return Ok(());
+        }
+        let principal = self.authenticate(parts).await?;
+        let passes = |r: &&RouteSpec| match r.access {
+            Access::Open => true,
+            Access::Roles { roles, scope } => {
+                check_roles(&principal, roles).is_ok()
+                    && check_scope(&principal, scope, target).is_ok()
+            }
+            Access::Admin { scope, .. } => {
+                principal.has_role(Role::Admin)
+                    && (scope == Scope::GroupAndStreamInBody
+                        || check_scope(&principal, scope, target).is_ok())
+            }
+        };
+        if routes.iter().any(passes) {
+            Ok(())
+        } else {
+            let e = ApiError::new(
+                ErrorCode::Forbidden,
+                format!("principal {} may not use this path", principal.name()),
+            );
+            Err(self.refuse(Some(&principal), e).await)
+        }
+    }
+
+    /// Answers `e` to a refused request: counted, throttling its address when it is an
+    /// access refusal (401, 403, 413), and written to the audit log's refusals (merged,
+    /// without the body: PROTOCOL §7).
+    async fn refuse(&self, principal: Option<&Principal>, e: ApiError) -> Response {
+        metrics::counter!("rsc_access_refusals_total", "code" => e.code.as_str()).increment(1);
+        if matches!(
+            e.code,
+            ErrorCode::Unauthenticated | ErrorCode::Forbidden | ErrorCode::PayloadTooLarge
+        ) {
+            self.sec.clients.refused(self.client);
+        }
+        self.sec
+            .auditor
+            .refused(Refusal {
+                client_addr: self.client.to_string(),
+                principal: principal.map_or(ANONYMOUS, |p| p.name()).to_owned(),
+                credential: principal.map(|p| p.credential().as_str()),
+                action: self.action.clone(),
+                method: self.method.clone(),
+                route: self.route.to_owned(),
+                status: e.code.http_status(),
+                code: e.code,
+            })
+            .await;
+        e.into_response()
     }
 }
 
@@ -71,33 +214,20 @@ fn client_certificate(parts: &Parts) -> Option<&ClientCertificate> {
         .map(|c| c.as_ref())
 }
 
-fn refuse(e: ApiError) -> Response {
-    metrics::counter!("rsc_access_refusals_total", "code" => e.code.as_str()).increment(1);
-    e.into_response()
-}
-
-/// Authentication, role and path-scope checks of a non-admin route.
-fn authorize(
-    sec: &Security,
-    parts: &Parts,
-    roles: &'static [Role],
-    scope: Scope,
-    target: &AuditTarget,
-) -> Result<Principal, ApiError> {
-    let principal = sec.authenticate(&parts.headers, client_certificate(parts))?;
-    if !principal.has_any_role(roles) {
-        let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
-        return Err(ApiError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "principal {} lacks the role for this route (one of: admin, {})",
-                principal.name(),
-                names.join(", ")
-            ),
-        ));
+/// The role check of a non-admin route: one of `roles` (admin always qualifies).
+fn check_roles(principal: &Principal, roles: &'static [Role]) -> Result<(), ApiError> {
+    if principal.has_any_role(roles) {
+        return Ok(());
     }
-    check_scope(&principal, scope, target)?;
-    Ok(principal)
+    let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "principal {} lacks the role for this route (one of: admin, {})",
+            principal.name(),
+            names.join(", ")
+        ),
+    ))
 }
 
 fn check_scope(principal: &Principal, scope: Scope, target: &AuditTarget) -> Result<(), ApiError> {
@@ -174,54 +304,78 @@ struct BodyNames {
     stream: Option<serde_json::Value>,
 }
 
-/// An admin mutation: buffer the body, authenticate, rate-limit, authorize, run, audit.
+/// An admin mutation: authenticate (before the body is read), rate-limit, authorize, buffer
+/// the body, check its names' scope, run, audit. The checks, in order: credential (401),
+/// rate (429), role (403), body size (413), scope (403).
 async fn admin(
-    sec: &Security,
+    ctx: &Ctx<'_>,
     action: &'static str,
     scope: Scope,
     req: Request,
     next: Next,
 ) -> Response {
+    let sec = ctx.sec;
     let (mut parts, body) = req.into_parts();
     let mut target = path_target(&mut parts).await;
-    let mut request = AuditRequest {
+    let principal = match ctx.authenticate(&parts).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    if let Err(wait) = sec.limiter.check(principal.name()) {
+        let secs = retry_after_secs(wait);
+        metrics::counter!("rsc_admin_rate_limited_total").increment(1);
+        warn!(principal = %principal.name(), retry_after_s = secs, "admin mutation rate-limited");
+        let e = ApiError {
+            retry_after_ms: Some(secs * 1000),
+            ..ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "admin mutations of {} are over their rate; retry in {secs} s",
+                    principal.name()
+                ),
+            )
+        };
+        return ctx.refuse(Some(&principal), e).await;
+    }
+    if !principal.has_role(Role::Admin) {
+        let e = ApiError::new(
+            ErrorCode::Forbidden,
+            format!("principal {} lacks the admin role", principal.name()),
+        );
+        return ctx.refuse(Some(&principal), e).await;
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, sec.body_limit).await else {
+        let e = ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "request body is over the size limit",
+        );
+        return ctx.refuse(Some(&principal), e).await;
+    };
+    if scope == Scope::GroupAndStreamInBody
+        && let Ok(names) = serde_json::from_slice::<BodyNames>(&bytes)
+    {
+        let as_string = |v: Option<serde_json::Value>| match v {
+            Some(serde_json::Value::String(s)) => Some(s),
+            _ => None,
+        };
+        target.group = as_string(names.group);
+        target.stream = as_string(names.stream);
+    }
+    if let Err(e) = check_scope(&principal, scope, &target) {
+        return ctx.refuse(Some(&principal), e).await;
+    }
+    let request = AuditRequest {
         method: parts.method.to_string(),
         path: parts.uri.path().to_owned(),
         query: parts.uri.query().map(str::to_owned),
-        body: None,
+        body: audit_body(&bytes),
     };
-    let bytes = axum::body::to_bytes(body, sec.body_limit).await.ok();
-    if let Some(b) = &bytes {
-        request.body = audit_body(b);
-        if scope == Scope::GroupAndStreamInBody
-            && let Ok(names) = serde_json::from_slice::<BodyNames>(b)
-        {
-            let as_string = |v: Option<serde_json::Value>| match v {
-                Some(serde_json::Value::String(s)) => Some(s),
-                _ => None,
-            };
-            target.group = as_string(names.group);
-            target.stream = as_string(names.stream);
-        }
-    }
-    let principal = sec.authenticate(&parts.headers, client_certificate(&parts));
-    let principal_name = principal
-        .as_ref()
-        .map_or(ANONYMOUS, |p| p.name())
-        .to_owned();
-    let credential = principal
-        .as_ref()
-        .map_or(Credential::Anonymous, |p| p.credential());
+    let (principal_name, credential) = (principal.name().to_owned(), principal.credential());
+    parts.extensions.insert(principal);
     let log = RevisionLog::new();
-    let response = match admit(sec, principal, scope, &target, bytes.is_some()) {
-        Err(refusal) => *refusal,
-        Ok(p) => {
-            parts.extensions.insert(p);
-            let body = Body::from(bytes.unwrap_or_default());
-            log.scope(next.run(Request::from_parts(parts, body))).await
-        }
-    };
-    let status = response.status().as_u16();
+    let response = log
+        .scope(next.run(Request::from_parts(parts, Body::from(bytes))))
+        .await;
     let entry = AuditEntry {
         time_ms: sec.auditor.now_ms(),
         principal: principal_name,
@@ -230,58 +384,16 @@ async fn admin(
         target,
         request,
         result: AuditResult {
-            status,
+            status: response.status().as_u16(),
             code: response.extensions().get::<ErrorCode>().copied(),
         },
         revisions: log.take(),
+        client_addr: Some(ctx.client.to_string()),
+        count: None,
+        since_ms: None,
     };
     sec.auditor.record(entry).await;
     response
-}
-
-/// The checks of an admin mutation, in order: token (401), rate (429), role (403), body
-/// size (413), scope (403).
-fn admit(
-    sec: &Security,
-    principal: Result<Principal, ApiError>,
-    scope: Scope,
-    target: &AuditTarget,
-    body_fits: bool,
-) -> Result<Principal, Box<Response>> {
-    let key = principal
-        .as_ref()
-        .map_or(ANONYMOUS, |p| p.name())
-        .to_owned();
-    if let Err(wait) = sec.limiter.check(&key) {
-        let secs = retry_after_secs(wait);
-        metrics::counter!("rsc_admin_rate_limited_total").increment(1);
-        warn!(principal = %key, retry_after_s = secs, "admin mutation rate-limited");
-        let mut r = refuse(ApiError::new(
-            ErrorCode::RateLimited,
-            format!("admin mutations of {key} are over their rate; retry in {secs} s"),
-        ));
-        r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
-        return Err(Box::new(r));
-    }
-    let refused = |e: ApiError| Box::new(refuse(e));
-    let principal = principal.map_err(refused)?;
-    if !principal.has_role(Role::Admin) {
-        return Err(refused(ApiError::new(
-            ErrorCode::Forbidden,
-            format!("principal {} lacks the admin role", principal.name()),
-        )));
-    }
-    if !body_fits {
-        return Err(Box::new(
-            ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                "request body is over the size limit",
-            )
-            .into_response(),
-        ));
-    }
-    check_scope(&principal, scope, target).map_err(refused)?;
-    Ok(principal)
 }
 
 /// The body as the audit log keeps it: JSON as is, anything else as truncated text.

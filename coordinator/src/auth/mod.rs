@@ -12,6 +12,7 @@
 //! `rsc_auth_refusals_total{reason}`.
 
 mod acl;
+pub(crate) mod client;
 mod glob;
 mod jwt;
 mod live;
@@ -20,7 +21,9 @@ pub(crate) mod policy;
 mod rate_limit;
 mod refusal;
 
-pub(crate) use acl::{ANONYMOUS, Credential, Principal, Role};
+pub(crate) use acl::{ANONYMOUS, Principal, Role};
+#[cfg(test)]
+pub(crate) use jwt::test_keys;
 pub(crate) use live::LiveAcl;
 pub(crate) use middleware::{check_item_group, enforce};
 pub(crate) use rate_limit::{AdminRateLimiter, retry_after_secs};
@@ -30,6 +33,7 @@ use crate::http_error::ApiError;
 use crate::tls::ClientCertificate;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
+use client::{ClientAddr, ClientLimiter, TrustedProxies};
 use refusal::Refusal;
 use rsc_protocol::ErrorCode;
 use std::sync::Arc;
@@ -42,6 +46,8 @@ pub(crate) struct Security {
     limiter: AdminRateLimiter,
     auditor: Auditor,
     body_limit: usize,
+    clients: Arc<ClientLimiter>,
+    proxies: TrustedProxies,
 }
 
 impl Security {
@@ -57,7 +63,27 @@ impl Security {
             limiter,
             auditor,
             body_limit,
+            clients: Arc::new(ClientLimiter::off()),
+            proxies: TrustedProxies::default(),
         }
+    }
+
+    /// The same with per-address limits ahead of authentication, and the proxies whose
+    /// `X-Forwarded-For` names the client (PROTOCOL §7).
+    pub(crate) fn with_clients(
+        mut self,
+        clients: Arc<ClientLimiter>,
+        proxies: TrustedProxies,
+    ) -> Self {
+        self.clients = clients;
+        self.proxies = proxies;
+        self
+    }
+
+    /// The address a request is attributed to.
+    pub(crate) fn client_addr<B>(&self, req: &axum::http::Request<B>) -> ClientAddr {
+        self.proxies
+            .client_addr(client::peer_ip(req), req.headers())
     }
 
     /// The principal of a request (PROTOCOL §8, §20): with an ACL, from its bearer token

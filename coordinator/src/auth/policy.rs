@@ -218,22 +218,32 @@ pub(crate) fn is_dashboard_path(path: &str) -> bool {
 pub(crate) enum Lookup {
     /// The route and its access.
     Route(&'static RouteSpec),
-    /// The path is known but not with this method: the router answers 405.
+    /// The path is known but not with this method: the router answers 405, once the
+    /// principal passed the checks of one of the path's routes ([`routes_of`]).
     OtherMethod,
     /// The path is not in the table.
     Unregistered,
 }
 
-/// Finds the route of a request by method and matched path template.
+/// The routes of a path template, whatever their method.
+pub(crate) fn routes_of(path: &str) -> impl Iterator<Item = &'static RouteSpec> + '_ {
+    ROUTES.iter().filter(move |r| r.path == path)
+}
+
+/// Finds the route of a request by method and matched path template. `HEAD` is looked up as
+/// `GET`: the router answers it with the `GET` handler, so it must pass `GET`'s checks.
 pub(crate) fn lookup(method: &Method, matched_path: &str) -> Lookup {
+    let method = if method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
     let mut path_known = false;
-    for r in ROUTES {
-        if r.path == matched_path {
-            if r.method == method.as_str() {
-                return Lookup::Route(r);
-            }
-            path_known = true;
+    for r in routes_of(matched_path) {
+        if r.method == method.as_str() {
+            return Lookup::Route(r);
         }
+        path_known = true;
     }
     if path_known {
         Lookup::OtherMethod
@@ -262,6 +272,16 @@ mod tests {
             lookup(&Method::PUT, "/v1/groups/{group}"),
             Lookup::OtherMethod
         );
+        // HEAD runs the GET handler: it gets GET's access, never a pass to the router.
+        assert_eq!(
+            lookup(&Method::HEAD, "/v1/groups/{group}"),
+            lookup(&Method::GET, "/v1/groups/{group}")
+        );
+        assert_eq!(
+            lookup(&Method::HEAD, "/healthz"),
+            lookup(&Method::GET, "/healthz")
+        );
+        assert_eq!(routes_of("/v1/groups/{group}").count(), 3);
         assert_eq!(lookup(&Method::GET, "/v1/nope"), Lookup::Unregistered);
         assert!(is_dashboard_path("/") && is_dashboard_path("/dashboard/app.js"));
         assert!(!is_dashboard_path("/dashboards"));

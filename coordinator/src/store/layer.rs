@@ -7,7 +7,7 @@
 //! slower path (the trait has no default bodies for the same reason).
 
 use super::{
-    AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource,
+    AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource,
     MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
@@ -140,16 +140,17 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
         let call = self.inner.ping();
         self.layer.around("ping", call).await
     }
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        let call = self.inner.append_audit(entry);
+    async fn append_audit(&self, log: AuditLog, entry: &AuditEntry) -> Result<(), StoreError> {
+        let call = self.inner.append_audit(log, entry);
         self.layer.around("append_audit", call).await
     }
     async fn read_audit(
         &self,
+        log: AuditLog,
         limit: usize,
         filter: &AuditFilter,
     ) -> Result<Vec<AuditEntry>, StoreError> {
-        let call = self.inner.read_audit(limit, filter);
+        let call = self.inner.read_audit(log, limit, filter);
         self.layer.around("read_audit", call).await
     }
     async fn load_group_live(

@@ -1,7 +1,7 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    AUDIT_RETAINED, AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
     LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
@@ -19,8 +19,10 @@ struct Inner {
     groups: BTreeMap<String, Versioned<GroupDoc>>,
     streams: BTreeMap<String, Versioned<StreamDoc>>,
     live: HashMap<String, HashMap<String, u64>>,
-    /// The audit log, oldest first, at most `audit_capacity` entries.
+    /// The audit log of mutations, oldest first, at most `audit_capacity` entries.
     audit: VecDeque<AuditEntry>,
+    /// The audit log of refusals, oldest first, at most `audit_capacity` entries.
+    refusals: VecDeque<AuditEntry>,
     /// Revision of deleted groups' tombstones, with the time of the deletion: a group
     /// created again continues from there, so that a revision never names two documents (as
     /// in the Redis store). Collected after the tombstone retention.
@@ -480,23 +482,31 @@ impl MetadataStore for MemoryStore {
         Ok(series.iter().skip(skip).cloned().collect())
     }
 
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+    async fn append_audit(&self, log: AuditLog, entry: &AuditEntry) -> Result<(), StoreError> {
         let mut inner = self.inner();
-        while inner.audit.len() >= self.audit_capacity {
-            inner.audit.pop_front();
+        let ring = match log {
+            AuditLog::Mutations => &mut inner.audit,
+            AuditLog::Refusals => &mut inner.refusals,
+        };
+        while ring.len() >= self.audit_capacity {
+            ring.pop_front();
         }
-        inner.audit.push_back(entry.clone());
+        ring.push_back(entry.clone());
         Ok(())
     }
 
     async fn read_audit(
         &self,
+        log: AuditLog,
         limit: usize,
         filter: &AuditFilter,
     ) -> Result<Vec<AuditEntry>, StoreError> {
-        Ok(self
-            .inner()
-            .audit
+        let inner = self.inner();
+        let ring = match log {
+            AuditLog::Mutations => &inner.audit,
+            AuditLog::Refusals => &inner.refusals,
+        };
+        Ok(ring
             .iter()
             .rev()
             .filter(|e| filter.matches(e))
@@ -513,6 +523,9 @@ mod tests {
 
     fn entry(i: u64, group: &str) -> AuditEntry {
         AuditEntry {
+            client_addr: None,
+            count: None,
+            since_ms: None,
             credential: None,
             time_ms: i,
             principal: "ops".into(),
@@ -540,9 +553,20 @@ mod tests {
         let store = MemoryStore::with_audit_capacity(3);
         for i in 0..5 {
             let g = if i % 2 == 0 { "even" } else { "odd" };
-            store.append_audit(&entry(i, g)).await.unwrap();
+            store
+                .append_audit(AuditLog::Mutations, &entry(i, g))
+                .await
+                .unwrap();
+            // The refusals' ring is another: it pushes no mutation out.
+            store
+                .append_audit(AuditLog::Refusals, &entry(100 + i, g))
+                .await
+                .unwrap();
         }
-        let all = store.read_audit(10, &AuditFilter::default()).await.unwrap();
+        let all = store
+            .read_audit(AuditLog::Mutations, 10, &AuditFilter::default())
+            .await
+            .unwrap();
         let times: Vec<u64> = all.iter().map(|e| e.time_ms).collect();
         assert_eq!(times, vec![4, 3, 2], "newest first, oldest two dropped");
         let even = AuditFilter {
@@ -550,7 +574,7 @@ mod tests {
             stream: None,
         };
         let times: Vec<u64> = store
-            .read_audit(1, &even)
+            .read_audit(AuditLog::Mutations, 1, &even)
             .await
             .unwrap()
             .iter()
@@ -561,6 +585,12 @@ mod tests {
             group: None,
             stream: Some("s".into()),
         };
-        assert!(store.read_audit(10, &none).await.unwrap().is_empty());
+        assert!(
+            store
+                .read_audit(AuditLog::Refusals, 10, &none)
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -34,9 +34,22 @@ use rsc_protocol::{AuditEntry, HistorySample};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// How many audit entries a store keeps at least; older ones may be dropped (the Redis store
-/// trims `rsc:audit` with `XADD … MAXLEN ~ AUDIT_RETAINED`).
+/// How many audit entries a store keeps at least in each of its two logs; older ones may be
+/// dropped (the Redis store trims `rsc:audit` and `rsc:audit:refusals` with
+/// `XADD … MAXLEN ~ AUDIT_RETAINED`).
 pub const AUDIT_RETAINED: usize = 10_000;
+
+/// The two audit logs (PROTOCOL §7), each with its own retention, so that refused requests
+/// never push an admitted admin mutation out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditLog {
+    /// Admin mutations the access checks admitted (whatever their outcome), and the
+    /// coordinator's own actions: `P:audit`.
+    Mutations,
+    /// Refused requests, merged and counted per client address, principal, route and code,
+    /// without their bodies: `P:audit:refusals`.
+    Refusals,
+}
 
 /// Which entries [`MetadataStore::read_audit`] returns: every set field must match exactly.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -218,14 +231,15 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError>;
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
-    /// Appends one entry to the audit log (PROTOCOL §7; Redis: `XADD rsc:audit MAXLEN ~`
-    /// [`AUDIT_RETAINED`] with the entry as JSON). Keeps at least the newest
-    /// [`AUDIT_RETAINED`] entries.
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
-    /// The newest audit entries that match `filter`, newest first, at most `limit`
-    /// (Redis: `XREVRANGE rsc:audit + -`, decoding and filtering until `limit` match).
+    /// Appends one entry to audit log `log` (PROTOCOL §7; Redis: `XADD rsc:audit MAXLEN ~`
+    /// [`AUDIT_RETAINED`] with the entry as JSON, `rsc:audit:refusals` for refusals). Keeps
+    /// at least the newest [`AUDIT_RETAINED`] entries of each log.
+    async fn append_audit(&self, log: AuditLog, entry: &AuditEntry) -> Result<(), StoreError>;
+    /// The newest entries of audit log `log` that match `filter`, newest first, at most
+    /// `limit` (Redis: `XREVRANGE <key> + -`, decoding and filtering until `limit` match).
     async fn read_audit(
         &self,
+        log: AuditLog,
         limit: usize,
         filter: &AuditFilter,
     ) -> Result<Vec<AuditEntry>, StoreError>;

@@ -43,7 +43,7 @@
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
+    AUDIT_RETAINED, AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
     LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
@@ -171,8 +171,11 @@ impl Keys {
     fn streams(&self) -> String {
         format!("{}:streams", self.prefix)
     }
-    fn audit(&self) -> String {
-        format!("{}:audit", self.prefix)
+    fn audit(&self, log: AuditLog) -> String {
+        match log {
+            AuditLog::Mutations => format!("{}:audit", self.prefix),
+            AuditLog::Refusals => format!("{}:audit:refusals", self.prefix),
+        }
     }
     fn due(&self, bucket: u32) -> String {
         format!("{}:due:{{{bucket}}}", self.prefix)
@@ -761,8 +764,8 @@ impl Drop for RedisLock {
 
 #[async_trait]
 impl MetadataStore for RedisStore {
-    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
-        let key = self.0.keys.audit();
+    async fn append_audit(&self, log: AuditLog, entry: &AuditEntry) -> Result<(), StoreError> {
+        let key = self.0.keys.audit(log);
         let json = encode(entry)?;
         self.run("audit append", |mut c| async move {
             redis::cmd("XADD")
@@ -782,11 +785,12 @@ impl MetadataStore for RedisStore {
 
     async fn read_audit(
         &self,
+        log: AuditLog,
         limit: usize,
         filter: &AuditFilter,
     ) -> Result<Vec<AuditEntry>, StoreError> {
         const PAGE: usize = 200;
-        let key = self.0.keys.audit();
+        let key = self.0.keys.audit(log);
         let mut out = Vec::new();
         let mut end = "+".to_owned();
         // Newest first, a page at a time, until `limit` entries match or the log ends.

@@ -261,6 +261,9 @@ pub(super) fn audit_entry(
         .map(|(g, n)| (g.clone(), serde_json::json!(n)))
         .collect();
     AuditEntry {
+        client_addr: None,
+        count: None,
+        since_ms: None,
         credential: None,
         time_ms: now_ms,
         principal: "rsc-coordinator".into(),
