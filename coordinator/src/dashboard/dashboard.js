@@ -402,12 +402,14 @@ function renderAudit(r) {
     const resultText = typeof result === 'object' && result !== null
       ? show(pick(result, ['code', 'status', 'outcome']) ?? result) : show(result);
     const refused = /^(4|5)\d\d|refused|denied|error|forbidden|unauth|rate/i.test(resultText);
+    // A refusal entry stands for `count` refused requests alike (PROTOCOL §7).
+    const times = typeof e.count === 'number' && e.count > 1 ? ' ×' + e.count : '';
     return el('tr', {},
       el('td', { class: 'num nowrap' }, when(pick(e, ['time_ms', 'ts_ms', 'timestamp_ms', 'at_ms', 'time', 'timestamp', 'at']))),
-      el('td', {}, show(pick(e, ['principal', 'who', 'actor']))),
+      el('td', { title: e.client_addr ? 'from ' + e.client_addr : '' }, show(pick(e, ['principal', 'who', 'actor']))),
       el('td', { class: 'mono' }, show(pick(e, ['action', 'operation', 'op']))),
       el('td', { class: 'mono' }, show(pick(e, ['target', 'resource', 'group', 'stream']))),
-      el('td', {}, el('span', { class: 'badge ' + (refused ? 'refused' : 'stable') }, resultText)));
+      el('td', {}, el('span', { class: 'badge ' + (refused ? 'refused' : 'stable') }, resultText + times)));
   });
   box.replaceChildren(el('div', { class: 'scroll' }, el('table', {},
     el('thead', {}, el('tr', {}, ...['time', 'principal', 'action', 'target', 'result'].map(h => el('th', {}, h)))),
