@@ -361,6 +361,13 @@ impl std::fmt::Debug for ServeConfig {
     }
 }
 
+/// The wake-up channel settings, resolved ([`ServeArgs::wake`]).
+struct WakeSettings {
+    max_channels: usize,
+    max_channels_per_principal: usize,
+    idle_timeout_ms: u64,
+}
+
 /// A configuration error.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -409,6 +416,24 @@ impl ServeArgs {
             }
             None => ServeArgs::default(),
         })
+    }
+
+    /// The wake-up channel settings (PROTOCOL §13), these over `file`'s over the defaults.
+    fn wake(&self, file: &ServeArgs) -> WakeSettings {
+        WakeSettings {
+            max_channels: self
+                .wake_max_channels
+                .or(file.wake_max_channels)
+                .unwrap_or(20_000),
+            max_channels_per_principal: self
+                .wake_max_channels_per_principal
+                .or(file.wake_max_channels_per_principal)
+                .unwrap_or(crate::wake::DEFAULT_MAX_CHANNELS_PER_PRINCIPAL),
+            idle_timeout_ms: self
+                .wake_idle_timeout_ms
+                .or(file.wake_idle_timeout_ms)
+                .unwrap_or(300_000),
+        }
     }
 
     /// The sentinel settings of the metadata and the data Redis (taken from these settings
@@ -481,6 +506,7 @@ impl ServeArgs {
 
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
+        let wake = self.wake(&file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
@@ -544,18 +570,9 @@ impl ServeArgs {
                 .body_limit
                 .or(file.body_limit)
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
-            wake_max_channels: self
-                .wake_max_channels
-                .or(file.wake_max_channels)
-                .unwrap_or(20_000),
-            wake_max_channels_per_principal: self
-                .wake_max_channels_per_principal
-                .or(file.wake_max_channels_per_principal)
-                .unwrap_or(crate::wake::DEFAULT_MAX_CHANNELS_PER_PRINCIPAL),
-            wake_idle_timeout_ms: self
-                .wake_idle_timeout_ms
-                .or(file.wake_idle_timeout_ms)
-                .unwrap_or(300_000),
+            wake_max_channels: wake.max_channels,
+            wake_max_channels_per_principal: wake.max_channels_per_principal,
+            wake_idle_timeout_ms: wake.idle_timeout_ms,
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
             listener_tls: listener_tls(
                 self.tls_cert.or(file.tls_cert),
