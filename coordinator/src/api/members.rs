@@ -59,7 +59,7 @@ async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     req.check_limits()
         .map_err(|e| over_limit(&principal, e, true))?;
-    check_member(&principal, &req.member_id)?;
+    check_member(&principal, &req.member_id, true)?;
     let r = s.coordinator.heartbeat(&group, &req).await;
     metrics::record_heartbeat(&group, r.as_ref().map(|_| ()).map_err(|e| e.code()));
     Ok(Json(r?))
@@ -88,29 +88,7 @@ async fn heartbeat_batch(
     let span = tracing::debug_span!("heartbeat_batch", items = n);
     async move {
         metrics::record_heartbeat_batch(n);
-        // Per item: the field limits, the group scope and the member binding. An item that
-        // fails one is refused alone, unprocessed.
-        let mut over = 0;
-        let scoped: Vec<Result<(), ApiError>> = req
-            .heartbeats
-            .iter()
-            .map(|h| {
-                h.check_limits().map_err(|e| {
-                    over += 1;
-                    over_limit(&principal, e, false)
-                })?;
-                check_item_group(&principal, &h.group)?;
-                check_member(&principal, &h.heartbeat.member_id)
-            })
-            .collect();
-        if over > 0 {
-            tracing::info!(
-                principal = principal.name(),
-                items = n,
-                refused = over,
-                "heartbeats of a batch refused: fields over their limits (PROTOCOL §4.3)"
-            );
-        }
+        let scoped = admit_items(&principal, &req.heartbeats);
         let admitted: Vec<(&str, &HeartbeatRequest)> = req
             .heartbeats
             .iter()
@@ -154,6 +132,35 @@ async fn heartbeat_batch(
     .await
 }
 
+/// The checks of each item of a batch, in order: the field limits, the group scope and the
+/// member binding. An item that fails one is refused alone, unprocessed. Refusals are logged
+/// once for the batch.
+fn admit_items(principal: &Principal, items: &[BatchedHeartbeat]) -> Vec<Result<(), ApiError>> {
+    let (mut over, mut unbound) = (0, 0);
+    let admitted = items
+        .iter()
+        .map(|h| {
+            h.check_limits().map_err(|e| {
+                over += 1;
+                over_limit(principal, e, false)
+            })?;
+            check_item_group(principal, &h.group)?;
+            check_member(principal, &h.heartbeat.member_id, false).inspect_err(|_| unbound += 1)
+        })
+        .collect();
+    if over + unbound > 0 {
+        tracing::info!(
+            principal = principal.name(),
+            items = items.len(),
+            over_limits = over,
+            not_bound = unbound,
+            "heartbeats of a batch refused: fields over their limits (PROTOCOL §4.3), or \
+             member ids the principal is not bound to (§8)"
+        );
+    }
+    admitted
+}
+
 /// `400 INVALID_REQUEST` for a field over its limit (PROTOCOL §4.3), naming the field and
 /// the limit; counted in `rsc_invalid_requests_total{reason, field}`. `log` says whether to
 /// log it here (a batch logs once for all its items).
@@ -177,18 +184,21 @@ fn over_limit(principal: &Principal, e: LimitError, log: bool) -> ApiError {
 
 /// `403 FORBIDDEN` unless the principal may act as member `member_id` (its ACL entry's
 /// `members` globs cover it, or it has none; PROTOCOL §8), counted as an access refusal
-/// (`rsc_access_refusals_total`). The id is at most 200 bytes here (checked before).
-pub(crate) fn check_member(principal: &Principal, member_id: &str) -> Result<(), ApiError> {
+/// (`rsc_access_refusals_total`) and, with `log`, logged. The id is at most 200 bytes here
+/// (checked before).
+fn check_member(principal: &Principal, member_id: &str, log: bool) -> Result<(), ApiError> {
     if principal.may_member(member_id) {
         return Ok(());
     }
     ::metrics::counter!("rsc_access_refusals_total", "code" => ErrorCode::Forbidden.as_str())
         .increment(1);
-    tracing::info!(
-        principal = principal.name(),
-        member = member_id,
-        "member route refused: the principal is not bound to the member id"
-    );
+    if log {
+        tracing::info!(
+            principal = principal.name(),
+            member = member_id,
+            "member route refused: the principal is not bound to the member id"
+        );
+    }
     Err(ApiError::new(
         ErrorCode::Forbidden,
         format!(
@@ -249,7 +259,7 @@ async fn leave(
     Path(group): Path<GroupId>,
     Json(req): Json<LeaveRequest>,
 ) -> Result<Json<LeaveResponse>, ApiError> {
-    check_member(&principal, &req.member_id)?;
+    check_member(&principal, &req.member_id, true)?;
     let r = s.coordinator.leave(&group, &req).await;
     if let Err(e) = &r
         && e.code() == rsc_protocol::ErrorCode::FencedMemberEpoch
@@ -310,7 +320,7 @@ async fn wakeups(
     }
     for m in &req.members {
         check_item_group(&principal, &m.group)?;
-        check_member(&principal, &m.member_id)?;
+        check_member(&principal, &m.member_id, true)?;
     }
     // Channels count against their principal's limit; without an ACL every request is
     // `anonymous` (every process alike): only the coordinator's limit applies (PROTOCOL §13).
