@@ -18,6 +18,7 @@ mod autoscaling;
 mod chaos;
 mod cli;
 mod client_batching;
+mod client_limits;
 mod compat;
 mod contract;
 mod dashboard;

@@ -202,6 +202,11 @@ pub struct ServeArgs {
     /// [default: 20000].
     #[arg(long, env = "RSC_WAKE_MAX_CHANNELS")]
     pub wake_max_channels: Option<usize>,
+    /// Most wake-up channels one principal (ACL entry or JWT subject) holds open at once;
+    /// one more is refused with 429 RATE_LIMITED. Not applied without an ACL (every request
+    /// is then `anonymous`) [default: 1000].
+    #[arg(long, env = "RSC_WAKE_MAX_CHANNELS_PER_PRINCIPAL")]
+    pub wake_max_channels_per_principal: Option<usize>,
     /// A wake-up channel that carried no wake-up for this long is closed (the client reopens
     /// it), in ms [default: 300000].
     #[arg(long, env = "RSC_WAKE_IDLE_TIMEOUT_MS")]
@@ -286,6 +291,8 @@ pub struct ServeConfig {
     pub body_limit: usize,
     /// Most open wake-up channels (0: the route is off).
     pub wake_max_channels: usize,
+    /// Most open wake-up channels per principal (with an ACL).
+    pub wake_max_channels_per_principal: usize,
     /// Idle timeout of a wake-up channel.
     pub wake_idle_timeout_ms: u64,
     /// Log format.
@@ -403,6 +410,13 @@ impl std::fmt::Debug for ServeConfig {
     }
 }
 
+/// The wake-up channel settings, resolved ([`ServeArgs::wake`]).
+struct WakeSettings {
+    max_channels: usize,
+    max_channels_per_principal: usize,
+    idle_timeout_ms: u64,
+}
+
 /// A configuration error.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -451,6 +465,24 @@ impl ServeArgs {
             }
             None => ServeArgs::default(),
         })
+    }
+
+    /// The wake-up channel settings (PROTOCOL §13), these over `file`'s over the defaults.
+    fn wake(&self, file: &ServeArgs) -> WakeSettings {
+        WakeSettings {
+            max_channels: self
+                .wake_max_channels
+                .or(file.wake_max_channels)
+                .unwrap_or(20_000),
+            max_channels_per_principal: self
+                .wake_max_channels_per_principal
+                .or(file.wake_max_channels_per_principal)
+                .unwrap_or(crate::wake::DEFAULT_MAX_CHANNELS_PER_PRINCIPAL),
+            idle_timeout_ms: self
+                .wake_idle_timeout_ms
+                .or(file.wake_idle_timeout_ms)
+                .unwrap_or(300_000),
+        }
     }
 
     /// The sentinel settings of the metadata and the data Redis (taken from these settings
@@ -523,6 +555,7 @@ impl ServeArgs {
 
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
+        let wake = self.wake(&file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
@@ -609,14 +642,9 @@ impl ServeArgs {
                 .body_limit
                 .or(file.body_limit)
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
-            wake_max_channels: self
-                .wake_max_channels
-                .or(file.wake_max_channels)
-                .unwrap_or(20_000),
-            wake_idle_timeout_ms: self
-                .wake_idle_timeout_ms
-                .or(file.wake_idle_timeout_ms)
-                .unwrap_or(300_000),
+            wake_max_channels: wake.max_channels,
+            wake_max_channels_per_principal: wake.max_channels_per_principal,
+            wake_idle_timeout_ms: wake.idle_timeout_ms,
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
             listener_tls: listener_tls(
                 self.tls_cert.or(file.tls_cert),
@@ -694,6 +722,13 @@ impl ServeConfig {
                 "wake-idle-timeout-ms is {}; it must be within 1000..=86400000",
                 self.wake_idle_timeout_ms
             )));
+        }
+        if self.wake_max_channels_per_principal == 0 {
+            return Err(ConfigError::Invalid(
+                "wake-max-channels-per-principal must be at least 1 (--wake-max-channels 0 \
+                 turns the wake-up channels off)"
+                    .into(),
+            ));
         }
         if self.body_limit < 1024 {
             return Err(ConfigError::Invalid(
@@ -867,6 +902,41 @@ mod tests {
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
         assert_eq!(d.data_redis_urls, None);
         assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
+    }
+
+    #[test]
+    fn wake_channels_per_principal_from_a_toml_file_flag_and_default() {
+        let mut f = tempfile_in_target();
+        writeln!(f.1, "wake-max-channels-per-principal = 7").unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(
+            from_file
+                .clone()
+                .resolve()
+                .unwrap()
+                .wake_max_channels_per_principal,
+            7
+        );
+        let flag = ServeArgs {
+            wake_max_channels_per_principal: Some(9),
+            ..from_file
+        };
+        assert_eq!(flag.resolve().unwrap().wake_max_channels_per_principal, 9);
+        let _ = std::fs::remove_file(&f.0);
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!(d.wake_max_channels_per_principal, 1000);
+        let zero = ServeArgs {
+            wake_max_channels_per_principal: Some(0),
+            ..ServeArgs::default()
+        };
+        let e = zero.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("wake-max-channels-per-principal must be at least 1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -74,6 +74,7 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
     }
     let limits = WakeLimits {
         max_channels: cfg.wake_max_channels,
+        max_channels_per_principal: cfg.wake_max_channels_per_principal,
         idle_timeout: Duration::from_millis(cfg.wake_idle_timeout_ms),
         ..WakeLimits::default()
     };

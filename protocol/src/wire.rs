@@ -142,14 +142,17 @@ pub enum ReshardState {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClientInfo {
-    /// The pod's IP address.
+    /// The pod's IP address. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub pod_ip: Option<String>,
-    /// The pod's host name.
+    /// The pod's host name. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub host: Option<String>,
-    /// The client library's version.
+    /// The client library's version. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub version: Option<String>,
     /// How many members this listener runs in the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -343,10 +346,14 @@ pub struct HeartbeatRequest {
     /// member to still own every shard it holds, so a heartbeat without the field releases
     /// nothing, and one at the tolerated previous epoch is `FENCED_MEMBER_EPOCH` (§5.4). In a
     /// join (epoch 0) missing means empty; in a leave (-1, -2) it is not read.
+    /// At most 4096 items, each below 4096 ([`crate::limits`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub owned_shards: Option<Vec<u32>>,
-    /// Draining shards the member has found empty (nothing pending, nothing unread).
+    /// Draining shards the member has found empty (nothing pending, nothing unread). At most
+    /// 4096 items, each below 4096 ([`crate::limits`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub drained_shards: Vec<u32>,
     /// Facts about the client, shown to operators.
     #[serde(

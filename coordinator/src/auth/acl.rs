@@ -10,6 +10,7 @@
 //! roles = ["admin"]          # admin | member | producer | viewer
 //! groups = ["*"]             # glob scopes; a missing list grants nothing of that kind
 //! streams = ["orders*"]
+//! members = ["billing-*"]    # optional: the member ids its member routes may name
 //! not_after = 2027-01-31T00:00:00Z   # optional: the entry stops authenticating then
 //!
 //! [[jwt]]                    # signed JWTs, e.g. Kubernetes service-account tokens
@@ -104,6 +105,8 @@ struct Grant {
     roles: Vec<Role>,
     groups: Vec<Glob>,
     streams: Vec<Glob>,
+    /// The member ids the member routes may name (`members`); `None`: any.
+    members: Option<Vec<Glob>>,
 }
 
 /// The principal name of requests without a valid token, and of every request when the
@@ -119,6 +122,7 @@ impl Principal {
             roles: vec![Role::Admin],
             groups: vec![Glob::new("*")],
             streams: vec![Glob::new("*")],
+            members: None,
         }))
     }
 
@@ -150,6 +154,16 @@ impl Principal {
     /// Whether the stream scope covers `stream`.
     pub(crate) fn may_stream(&self, stream: &str) -> bool {
         self.0.streams.iter().any(|g| g.matches(stream))
+    }
+
+    /// Whether the principal may act as member `member_id` on the member routes (heartbeat,
+    /// leave, wake-up channel): its entry's `members` globs cover it, or it has none
+    /// (PROTOCOL §8).
+    pub(crate) fn may_member(&self, member_id: &str) -> bool {
+        self.0
+            .members
+            .as_ref()
+            .is_none_or(|globs| globs.iter().any(|g| g.matches(member_id)))
     }
 
     /// Whether both scopes cover every name (`*`).
@@ -200,6 +214,7 @@ struct JwtEntry {
     roles: Vec<Role>,
     groups: Vec<Glob>,
     streams: Vec<Glob>,
+    members: Option<Vec<Glob>>,
     not_after: Option<i64>,
 }
 
@@ -298,6 +313,8 @@ struct JwtFile {
     #[serde(default)]
     streams: Vec<String>,
     #[serde(default)]
+    members: Option<Vec<String>>,
+    #[serde(default)]
     not_after: Option<toml::Value>,
 }
 
@@ -316,6 +333,8 @@ struct EntryFile {
     groups: Vec<String>,
     #[serde(default)]
     streams: Vec<String>,
+    #[serde(default)]
+    members: Option<Vec<String>>,
     #[serde(default)]
     not_after: Option<toml::Value>,
 }
@@ -341,6 +360,18 @@ fn not_after_of(v: &Option<toml::Value>) -> Result<Option<i64>, &'static str> {
     let days = days_from_civil(i64::from(date.year), date.month.into(), date.day.into());
     let secs = i64::from(time.hour) * 3600 + i64::from(time.minute) * 60 + i64::from(time.second);
     Ok(Some(days * 86_400 + secs - offset_s))
+}
+
+/// An entry's `members` globs: `None` without the key (any member id); an empty list is
+/// refused, as it would bind the entry to no member id at all.
+fn members_of(list: &Option<Vec<String>>) -> Result<Option<Vec<Glob>>, &'static str> {
+    match list {
+        None => Ok(None),
+        Some(l) if l.is_empty() || l.iter().any(|g| g.trim().is_empty()) => Err(
+            "members must name at least one non-empty glob (leave the key out to allow every member id)",
+        ),
+        Some(l) => Ok(Some(l.iter().map(|g| Glob::new(g.trim())).collect())),
+    }
 }
 
 /// SHA-256 of a token, lower-case hex (what `token_sha256` holds).
@@ -460,6 +491,7 @@ impl Acl {
             return Err(bad("roles must name at least one role"));
         }
         let not_after = not_after_of(&e.not_after).map_err(&bad)?;
+        let members = members_of(&e.members).map_err(&bad)?;
         let grant = |credential| {
             Principal(Arc::new(Grant {
                 name: e.principal.clone(),
@@ -467,6 +499,7 @@ impl Acl {
                 roles: e.roles.clone(),
                 groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
                 streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
+                members: members.clone(),
             }))
         };
         match credential_of(&e).map_err(&bad)? {
@@ -579,6 +612,7 @@ impl Acl {
             roles: e.roles.clone(),
             groups: e.groups.clone(),
             streams: e.streams.clone(),
+            members: e.members.clone(),
         })))
     }
 }
@@ -629,6 +663,7 @@ fn jwt_entry(
         (Some(f), None) => dir.join(f),
     };
     let not_after = not_after_of(&e.not_after).map_err(str::to_owned)?;
+    let members = members_of(&e.members).map_err(str::to_owned)?;
     let keys = match jwks.get(&file) {
         Some(k) => k.clone(),
         None => {
@@ -647,6 +682,7 @@ fn jwt_entry(
         roles: e.roles.clone(),
         groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
         streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
+        members,
         not_after,
     })
 }
@@ -911,6 +947,63 @@ streams = ["orders*"]
             .to_string();
         assert!(
             e.contains("empty.json") && e.contains("no usable public key"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    #[test]
+    fn members_bind_an_entry_to_member_ids() {
+        let acl = Acl::from_toml(
+            "[[tokens]]\nprincipal = \"billing\"\ntoken = \"t-billing\"\nroles = [\"member\"]\n\
+             groups = [\"*\"]\nmembers = [\"billing-*\", \"10.0.0.?-g-*\"]\n\
+             [[tokens]]\nprincipal = \"free\"\ntoken = \"t-free\"\nroles = [\"member\"]\n\
+             groups = [\"*\"]",
+        )
+        .unwrap();
+        let bound = acl.authenticate("t-billing", 0).unwrap();
+        assert!(bound.may_member("billing-0"));
+        assert!(bound.may_member("10.0.0.7-g-3"));
+        assert!(!bound.may_member("shipping-0"));
+        assert!(!bound.may_member("10.0.0.17-g-3"));
+        let free = acl.authenticate("t-free", 0).unwrap();
+        assert!(free.may_member("anything"), "no members key: any member id");
+        assert!(Principal::open().may_member("anything"));
+        for bad in ["members = []", "members = [\" \"]"] {
+            let text = format!(
+                "[[tokens]]\nprincipal = \"a\"\ntoken = \"t\"\nroles = [\"member\"]\n{bad}"
+            );
+            let e = Acl::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains("members must name at least one"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn jwt_entries_bind_their_subjects_to_member_ids() {
+        use super::super::jwt::test_keys::{KEY, KEY_X, sign};
+        use jsonwebtoken::Algorithm;
+        let dir = std::env::temp_dir().join(format!("rsc-acl-jwt-members-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("jwks.json"),
+            format!(
+                "{{\"keys\": [{{\"kty\": \"OKP\", \"crv\": \"Ed25519\", \"kid\": \"k1\", \"x\": \"{KEY_X}\"}}]}}"
+            ),
+        )
+        .unwrap();
+        let text = "[[jwt]]\nissuer = \"https://k8s\"\naudience = \"rsc\"\njwks_file = \"jwks.json\"\n\
+                    subject = \"*\"\nroles = [\"member\"]\ngroups = [\"*\"]\nmembers = [\"billing-*\"]\n";
+        let acl = Acl::parse(text, &dir).unwrap();
+        let now = 1_796_283_000;
+        let claims = serde_json::json!({"iss": "https://k8s", "aud": "rsc", "sub": "system:serviceaccount:billing:c", "exp": now + 60});
+        let p = acl
+            .authenticate(&sign(KEY, Some("k1"), Algorithm::EdDSA, claims), now)
+            .unwrap();
+        assert!(p.may_member("billing-1") && !p.may_member("shipping-1"));
+        let e = Acl::parse(&text.replace("[\"billing-*\"]", "[]"), &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[[jwt]] entry 0") && e.contains("members must name"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

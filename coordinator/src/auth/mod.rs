@@ -21,7 +21,7 @@ pub(crate) mod policy;
 mod rate_limit;
 mod refusal;
 
-pub(crate) use acl::{ANONYMOUS, Principal, Role};
+pub(crate) use acl::{ANONYMOUS, Credential, Principal, Role};
 #[cfg(test)]
 pub(crate) use jwt::test_keys;
 pub(crate) use live::LiveAcl;

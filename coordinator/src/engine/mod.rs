@@ -20,8 +20,8 @@ use rsc_protocol::{ClientInfo, ErrorCode, FencingMode, MemberState, StartPositio
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Largest shard count of a stream.
-pub const MAX_SHARDS: u32 = 4096;
+/// Largest shard count of a stream (the protocol's, PROTOCOL §1).
+pub const MAX_SHARDS: u32 = rsc_protocol::limits::MAX_SHARDS;
 /// Smallest and largest accepted timeout / interval, in ms.
 pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
