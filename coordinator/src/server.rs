@@ -135,8 +135,8 @@ pub async fn serve(
     let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
     // One poll (and one SIGHUP handler) for every file re-read while serving.
     let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
-    let acceptor = tls.map(|(acceptor, resolver)| {
-        watched.push(resolver);
+    let acceptor = tls.map(|(acceptor, reloaders)| {
+        watched.extend(reloaders);
         acceptor
     });
     if let Some(acl) = acl {
@@ -175,24 +175,26 @@ pub async fn serve(
     result.map_err(Into::into)
 }
 
-/// The listener's TLS acceptor and certificate resolver (to be watched for changes), when
-/// the configuration asks for HTTPS. A file that cannot be used stops startup, named.
+/// The listener's TLS acceptor and what to re-read while serving (the certificate, and with
+/// mutual TLS the client CA and CRL files), when the configuration asks for HTTPS. A file
+/// that cannot be used stops startup, named.
 fn load_listener_tls(
     cfg: &ServeConfig,
-) -> anyhow::Result<Option<(TlsAcceptor, Arc<tls::CertResolver>)>> {
+) -> anyhow::Result<Option<(TlsAcceptor, Vec<Arc<dyn crate::watch::Reload>>)>> {
     let Some(files) = &cfg.listener_tls else {
         return Ok(None);
     };
-    let fail =
-        |e: tls::TlsSetupError| anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca: {e}");
-    let resolver = tls::CertResolver::load(files.clone()).map_err(fail)?;
-    let config = tls::server_config(resolver.clone(), files.client_ca.as_deref()).map_err(fail)?;
+    let loaded = tls::LoadedTls::load(files).map_err(|e| {
+        anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca / --tls-client-crl: {e}")
+    })?;
     info!(
         cert = %files.cert.display(),
         client_ca = ?files.client_ca,
+        client_crl = ?files.client_crl,
         "HTTPS: certificate loaded"
     );
-    Ok(Some((TlsAcceptor::from(Arc::new(config)), resolver)))
+    let reloaders = loaded.reloaders();
+    Ok(Some((TlsAcceptor::from(Arc::new(loaded.config)), reloaders)))
 }
 
 /// The ACL the configuration names, loaded and to be watched for changes; `None` (every
