@@ -211,7 +211,7 @@ async fn jwts_authenticate_and_each_refusal_says_which_check_failed() {
         json!(now() + 7200),
     );
     let (s, body) = Api::new(&base)
-        .with_token(&sign(&keys[0], "rsa-1", &long))
+        .with_token(sign(&keys[0], "rsa-1", &long))
         .post(
             "/v1/groups",
             json!({"group": "billing3", "stream": "o3", "shard_count": 1}),

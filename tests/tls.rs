@@ -941,9 +941,7 @@ async fn subject_and_san_matchers_are_separate() {
     let coordinator =
         mtls_coordinator(&certs, &ca, MATCHERS_ACL, &[]).expect("the coordinator starts");
     let base = format!("https://{}", coordinator.addr());
-    let (real_cert, real_key) = certs
-        .client_with("ops-real", "ops-cert", &[], &[])
-        .unwrap();
+    let (real_cert, real_key) = certs.client_with("ops-real", "ops-cert", &[], &[]).unwrap();
     let (forged_cert, forged_key) = certs
         .client_with("forged", "nobody", &["CN=ops-cert"], &["CN=ops-cert"])
         .unwrap();
@@ -970,7 +968,10 @@ async fn subject_and_san_matchers_are_separate() {
 
     let forged = https_client(&ca, Some((&forged_cert, &forged_key)));
     let (s, body) = get_json(&forged, &base, "/v1/groups", None).await.unwrap();
-    assert_eq!(s, 401, "a SAN URI CN=ops-cert is not the subject CN=ops-cert: {body}");
+    assert_eq!(
+        s, 401,
+        "a SAN URI CN=ops-cert is not the subject CN=ops-cert: {body}"
+    );
     assert!(
         body["error"]["message"]
             .as_str()
@@ -1051,13 +1052,26 @@ async fn a_client_ca_replaced_on_disk_applies_to_new_handshakes() {
     let base = format!("https://{}", coordinator.addr());
     // The server's certificate is first's: every client trusts first's CA for the server.
     let server_ca = first.ca();
-    let old_client = || https_client(&server_ca, Some((&first.client_cert(), &first.client_key())));
-    let new_client =
-        || https_client(&server_ca, Some((&second.client_cert(), &second.client_key())));
+    let old_client = || {
+        https_client(
+            &server_ca,
+            Some((&first.client_cert(), &first.client_key())),
+        )
+    };
+    let new_client = || {
+        https_client(
+            &server_ca,
+            Some((&second.client_cert(), &second.client_key())),
+        )
+    };
     let open = old_client();
     let (s, body) = get_json(&open, &base, "/v1/groups", None).await.unwrap();
     assert_eq!(s, 200, "{body}");
-    assert!(get_json(&new_client(), &base, "/v1/groups", None).await.is_err());
+    assert!(
+        get_json(&new_client(), &base, "/v1/groups", None)
+            .await
+            .is_err()
+    );
 
     swap_in(&second.ca(), &client_ca);
     let swapped = Instant::now();
@@ -1075,7 +1089,10 @@ async fn a_client_ca_replaced_on_disk_applies_to_new_handshakes() {
     }
     println!("new client CA used {:?} after the swap", swapped.elapsed());
     let (s, _) = get_json(&open, &base, "/v1/groups", None).await.unwrap();
-    assert_eq!(s, 200, "a connection verified before the swap keeps working");
+    assert_eq!(
+        s, 200,
+        "a connection verified before the swap keeps working"
+    );
     let text = scrape(&new_client(), &base).await;
     assert!(rsc_testkit::metric_sum(&text, "rsc_tls_client_ca_reloads_total", &[]) >= 1.0);
     // The test CAs share their name (`CN=rsc test ca`): the old CA's certificate is found
@@ -1097,12 +1114,21 @@ async fn a_client_ca_replaced_on_disk_applies_to_new_handshakes() {
         coordinator.logged("TLS client CA reload failed")
     })
     .await;
-    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None).await.unwrap();
+    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None)
+        .await
+        .unwrap();
     assert_eq!(s, 200, "the last good client CA is kept");
-    assert!(get_json(&old_client(), &base, "/v1/groups", None).await.is_err());
+    assert!(
+        get_json(&old_client(), &base, "/v1/groups", None)
+            .await
+            .is_err()
+    );
     let stranger = TlsCerts::generate().expect("openssl makes the certificates");
     let r = get_json(
-        &https_client(&server_ca, Some((&stranger.client_cert(), &stranger.client_key()))),
+        &https_client(
+            &server_ca,
+            Some((&stranger.client_cert(), &stranger.client_key())),
+        ),
         &base,
         "/v1/groups",
         None,
@@ -1115,13 +1141,17 @@ async fn a_client_ca_replaced_on_disk_applies_to_new_handshakes() {
     std::fs::remove_file(&client_ca).unwrap();
     signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
     eventually("SIGHUP logged", 5, || coordinator.logged("SIGHUP received")).await;
-    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None).await.unwrap();
+    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None)
+        .await
+        .unwrap();
     assert_eq!(s, 200, "a missing CA file keeps the last good client CA");
 
     // Back to the first CA, read again when the file reappears.
     swap_in(&first.ca(), &client_ca);
     eventually_async("the first CA applies again", 5, || async {
-        get_json(&old_client(), &base, "/v1/groups", None).await.is_ok()
+        get_json(&old_client(), &base, "/v1/groups", None)
+            .await
+            .is_ok()
     })
     .await;
 }
@@ -1161,22 +1191,34 @@ async fn a_revoked_client_certificate_is_refused() {
     let (s, body) = get_json(&good(), &base, "/v1/groups", None).await.unwrap();
     assert_eq!(s, 200, "a certificate the CRL does not list: {body}");
     let r = get_json(&lost(), &base, "/v1/groups", Some("ops-token")).await;
-    assert!(r.is_err(), "a revoked certificate fails the handshake: {r:?}");
+    assert!(
+        r.is_err(),
+        "a revoked certificate fails the handshake: {r:?}"
+    );
     let text = scrape(&good(), &base).await;
     let revoked = |t: &str| {
-        rsc_testkit::metric_sum(t, "rsc_tls_client_cert_refusals_total", &[("reason", "revoked")])
+        rsc_testkit::metric_sum(
+            t,
+            "rsc_tls_client_cert_refusals_total",
+            &[("reason", "revoked")],
+        )
     };
     assert!(revoked(&text) >= 1.0, "counted as revoked");
     assert!(
-        rsc_testkit::metric_sum(&text, "rsc_tls_client_crl_next_update_timestamp_seconds", &[])
-            > 0.0
+        rsc_testkit::metric_sum(
+            &text,
+            "rsc_tls_client_crl_next_update_timestamp_seconds",
+            &[]
+        ) > 0.0
     );
 
     // The good certificate revoked too, in a new CRL: refused on new handshakes.
     let open = good();
     assert!(get_json(&open, &base, "/v1/groups", None).await.is_ok());
     swap_in(
-        &certs.crl("crl-2", &[&lost_cert, &certs.client_cert()]).unwrap(),
+        &certs
+            .crl("crl-2", &[&lost_cert, &certs.client_cert()])
+            .unwrap(),
         &crl,
     );
     eventually_async("the new CRL applies", 5, || async {
@@ -1188,7 +1230,11 @@ async fn a_revoked_client_certificate_is_refused() {
     assert!(rsc_testkit::metric_sum(&text, "rsc_tls_client_ca_reloads_total", &[]) >= 1.0);
 
     // A CRL file that is not one: the last good list stays.
-    std::fs::write(dir.path().join("bad.pem"), "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n").unwrap();
+    std::fs::write(
+        dir.path().join("bad.pem"),
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
     swap_in(&dir.path().join("bad.pem"), &crl);
     eventually("the failed CRL reload logged", 5, || {
         coordinator.logged("TLS client CA reload failed")

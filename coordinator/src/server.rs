@@ -135,9 +135,9 @@ pub async fn serve(
     let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
     // One poll (and one SIGHUP handler) for every file re-read while serving.
     let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
-    let acceptor = tls.map(|(acceptor, reloaders)| {
-        watched.extend(reloaders);
-        acceptor
+    let acceptor = tls.map(|loaded| {
+        watched.extend(loaded.reloaders());
+        TlsAcceptor::from(Arc::new(loaded.config))
     });
     if let Some(acl) = acl {
         watched.push(acl);
@@ -175,12 +175,10 @@ pub async fn serve(
     result.map_err(Into::into)
 }
 
-/// The listener's TLS acceptor and what to re-read while serving (the certificate, and with
-/// mutual TLS the client CA and CRL files), when the configuration asks for HTTPS. A file
-/// that cannot be used stops startup, named.
-fn load_listener_tls(
-    cfg: &ServeConfig,
-) -> anyhow::Result<Option<(TlsAcceptor, Vec<Arc<dyn crate::watch::Reload>>)>> {
+/// The listener's TLS configuration and what to re-read while serving (the certificate,
+/// and with mutual TLS the client CA and CRL files), when the configuration asks for HTTPS.
+/// A file that cannot be used stops startup, named.
+fn load_listener_tls(cfg: &ServeConfig) -> anyhow::Result<Option<tls::LoadedTls>> {
     let Some(files) = &cfg.listener_tls else {
         return Ok(None);
     };
@@ -193,8 +191,7 @@ fn load_listener_tls(
         client_crl = ?files.client_crl,
         "HTTPS: certificate loaded"
     );
-    let reloaders = loaded.reloaders();
-    Ok(Some((TlsAcceptor::from(Arc::new(loaded.config)), reloaders)))
+    Ok(Some(loaded))
 }
 
 /// The ACL the configuration names, loaded and to be watched for changes; `None` (every

@@ -18,8 +18,8 @@
 
 use crate::watch::{self, Stamp, stamp};
 use arc_swap::ArcSwap;
-use rustls::crypto::CryptoProvider;
 use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
@@ -544,11 +544,11 @@ impl ClientCertVerifier for ClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let result = self
-            .current
-            .load()
-            .verifier
-            .verify_client_cert(end_entity, intermediates, now);
+        let result =
+            self.current
+                .load()
+                .verifier
+                .verify_client_cert(end_entity, intermediates, now);
         if let Err(e) = &result {
             let reason = refusal_reason(e);
             metrics::counter!("rsc_tls_client_cert_refusals_total", "reason" => reason)
@@ -688,19 +688,28 @@ mod tests {
             dns_names: vec!["Billing.Prod.Example".into()],
         };
         assert!(c.has_subject("CN=nobody"));
-        assert!(!c.has_subject("CN=ops-cert"), "a SAN URI is not the subject");
+        assert!(
+            !c.has_subject("CN=ops-cert"),
+            "a SAN URI is not the subject"
+        );
         assert!(!c.has_subject("cn=nobody"));
         assert!(c.has_san_uri("spiffe://prod/billing") && c.has_san_uri("CN=ops-cert"));
         assert!(!c.has_san_uri("CN=nobody"), "the subject is not a SAN URI");
         assert!(!c.has_san_uri("SPIFFE://prod/billing"));
-        assert!(c.has_san_dns("billing.prod.example"), "DNS names ignore ASCII case");
+        assert!(
+            c.has_san_dns("billing.prod.example"),
+            "DNS names ignore ASCII case"
+        );
         assert!(!c.has_san_dns("spiffe://prod/billing") && !c.has_san_dns("*.prod.example"));
     }
 
     #[test]
     fn values_of_other_string_types_are_written_as_der_hex() {
         // A BMPString "ops" (tag 30): never equal to the UTF8String "ops".
-        assert_eq!(der_hex(30, &[0, b'o', 0, b'p', 0, b's']), "#1e06006f00700073");
+        assert_eq!(
+            der_hex(30, &[0, b'o', 0, b'p', 0, b's']),
+            "#1e06006f00700073"
+        );
         let long = der_hex(30, &[0u8; 200]);
         assert!(long.starts_with("#1e81c8"), "{long}");
         assert_eq!(escape_dn_value("#1e"), "\\#1e");

@@ -926,8 +926,14 @@ streams = ["orders*"]
         )
         .unwrap();
         for (c, what) in [
-            (cert("CN=nobody", &["CN=ops-cert"], &[]), "a SAN URI as subject"),
-            (cert("CN=nobody", &[], &["CN=ops-cert"]), "a SAN DNS as subject"),
+            (
+                cert("CN=nobody", &["CN=ops-cert"], &[]),
+                "a SAN URI as subject",
+            ),
+            (
+                cert("CN=nobody", &[], &["CN=ops-cert"]),
+                "a SAN DNS as subject",
+            ),
             (
                 cert("CN=nobody", &[], &["spiffe://prod/ops"]),
                 "a SAN DNS as URI",

@@ -291,7 +291,10 @@ fn numeric_date(claims: &Value, name: &str) -> Result<Option<i64>, Refusal> {
         _ => {
             let mut shown = v.to_string();
             if shown.len() > 40 {
-                let cut = (0..=40).rev().find(|&i| shown.is_char_boundary(i)).unwrap_or(0);
+                let cut = (0..=40)
+                    .rev()
+                    .find(|&i| shown.is_char_boundary(i))
+                    .unwrap_or(0);
                 shown.truncate(cut);
                 shown.push('…');
             }
@@ -580,7 +583,8 @@ mod tests {
                 let r = check(&ed(with(|c| c[claim] = v.clone()))).unwrap_err();
                 assert_eq!(r.reason, "jwt_time_claim", "{claim} = {v}: {}", r.message);
                 assert!(
-                    r.message.contains(&format!("JWT {claim} must be a whole number")),
+                    r.message
+                        .contains(&format!("JWT {claim} must be a whole number")),
                     "{}",
                     r.message
                 );
@@ -625,11 +629,20 @@ mod tests {
         assert!(verify_with(&[&short], lived(NOW - 10, NOW + 600)).is_ok());
         assert!(verify_with(&[&short], lived(NOW - 10, NOW - 10 + 3600)).is_ok());
         let cases = [
-            (lived(NOW - 10, NOW - 10 + 3601), "lifetime 3601 s (exp - iat) exceeds"),
-            (lived(NOW, MAX_NUMERIC_DATE), "exceeds the max_token_age 3600 s"),
+            (
+                lived(NOW - 10, NOW - 10 + 3601),
+                "lifetime 3601 s (exp - iat) exceeds",
+            ),
+            (
+                lived(NOW, MAX_NUMERIC_DATE),
+                "exceeds the max_token_age 3600 s",
+            ),
             (claims(), "no iat claim"),
             // Issued in the future with a short lifetime: would stay valid for long.
-            (lived(NOW + 86_400, NOW + 86_400 + 60), "issued in the future"),
+            (
+                lived(NOW + 86_400, NOW + 86_400 + 60),
+                "issued in the future",
+            ),
         ];
         for (c, words) in cases {
             let r = verify_with(&[&short], c.clone()).unwrap_err();
