@@ -704,6 +704,28 @@ mod tests {
     }
 
     #[test]
+    fn refused_client_certificates_are_labelled_by_reason() {
+        use rustls::Error::InvalidCertificate as Bad;
+        for (e, want) in [
+            (Bad(CertificateError::UnknownIssuer), "unknown_ca"),
+            (Bad(CertificateError::Revoked), "revoked"),
+            (
+                Bad(CertificateError::UnknownRevocationStatus),
+                "unknown_revocation_status",
+            ),
+            (Bad(CertificateError::Expired), "expired"),
+            (Bad(CertificateError::NotValidYet), "not_yet_valid"),
+            (Bad(CertificateError::BadSignature), "bad_signature"),
+            (Bad(CertificateError::ExpiredRevocationList), "expired_crl"),
+            (Bad(CertificateError::InvalidPurpose), "invalid_purpose"),
+            (Bad(CertificateError::BadEncoding), "bad_encoding"),
+            (rustls::Error::General("x".into()), "other"),
+        ] {
+            assert_eq!(refusal_reason(&e), want, "{e:?}");
+        }
+    }
+
+    #[test]
     fn values_of_other_string_types_are_written_as_der_hex() {
         // A BMPString "ops" (tag 30): never equal to the UTF8String "ops".
         assert_eq!(
