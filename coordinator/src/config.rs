@@ -222,10 +222,18 @@ pub struct ServeArgs {
     #[arg(long, env = "RSC_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Require a client certificate chaining to these CA certificates (PEM) on every
-    /// connection: mutual TLS. ACL entries may then name a certificate subject
-    /// (`cert_subject`, PROTOCOL §8). Needs `--tls-cert`.
+    /// connection: mutual TLS. ACL entries may then name a certificate by its subject
+    /// (`cert_subject`), a SAN URI (`cert_san_uri`) or a SAN DNS name (`cert_san_dns`,
+    /// PROTOCOL §8). Re-read when it changes and on SIGHUP (PROTOCOL §20). Needs
+    /// `--tls-cert`.
     #[arg(long, env = "RSC_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Certificate revocation lists (PEM) of the `--tls-client-ca` CAs: a revoked client
+    /// certificate is refused in the handshake; so is one whose issuer has no CRL in the
+    /// file. Re-read when it changes and on SIGHUP (PROTOCOL §20). Needs `--tls-client-ca`
+    /// [default: none, no revocation check].
+    #[arg(long, env = "RSC_TLS_CLIENT_CRL")]
+    pub tls_client_crl: Option<PathBuf>,
 }
 
 /// Fully resolved serve settings.
@@ -650,6 +658,7 @@ impl ServeArgs {
                 self.tls_cert.or(file.tls_cert),
                 self.tls_key.or(file.tls_key),
                 self.tls_client_ca.or(file.tls_client_ca),
+                self.tls_client_crl.or(file.tls_client_crl),
             )?,
         })
     }
@@ -812,17 +821,27 @@ fn sentinel_target(
 }
 
 /// The listener's TLS files: a certificate and its key together, a client CA only with
-/// them. (The files are read when the server starts, which names a file it cannot use.)
+/// them, a client CRL only with a client CA. (The files are read when the server starts,
+/// which names a file it cannot use.)
 fn listener_tls(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
+    client_crl: Option<PathBuf>,
 ) -> Result<Option<crate::tls::ListenerTls>, ConfigError> {
+    if client_crl.is_some() && client_ca.is_none() {
+        return Err(ConfigError::Invalid(
+            "--tls-client-crl needs --tls-client-ca: the CRL revokes client certificates of \
+             those CAs"
+                .into(),
+        ));
+    }
     match (cert, key) {
         (Some(cert), Some(key)) => Ok(Some(crate::tls::ListenerTls {
             cert,
             key,
             client_ca,
+            client_crl,
         })),
         (None, None) if client_ca.is_some() => Err(ConfigError::Invalid(
             "--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked \
@@ -852,17 +871,19 @@ mod tests {
     #[test]
     fn listener_tls_needs_a_certificate_and_its_key() {
         let p = |s: &str| Some(PathBuf::from(s));
-        assert_eq!(listener_tls(None, None, None).unwrap(), None);
-        let t = listener_tls(p("c.pem"), p("k.pem"), p("ca.pem"))
+        assert_eq!(listener_tls(None, None, None, None).unwrap(), None);
+        let t = listener_tls(p("c.pem"), p("k.pem"), p("ca.pem"), p("crl.pem"))
             .unwrap()
             .unwrap();
         assert_eq!(t.client_ca, p("ca.pem"));
-        for (c, k, ca, want) in [
-            (p("c"), None, None, "go together"),
-            (None, p("k"), None, "go together"),
-            (None, None, p("ca"), "needs --tls-cert"),
+        assert_eq!(t.client_crl, p("crl.pem"));
+        for (c, k, ca, crl, want) in [
+            (p("c"), None, None, None, "go together"),
+            (None, p("k"), None, None, "go together"),
+            (None, None, p("ca"), None, "needs --tls-cert"),
+            (p("c"), p("k"), None, p("crl"), "needs --tls-client-ca"),
         ] {
-            let e = listener_tls(c, k, ca).unwrap_err().to_string();
+            let e = listener_tls(c, k, ca, crl).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
     }

@@ -158,9 +158,9 @@ pub async fn serve(
     )));
     // One poll (and one SIGHUP handler) for every file re-read while serving.
     let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
-    let acceptor = tls.map(|(acceptor, resolver)| {
-        watched.push(resolver);
-        acceptor
+    let acceptor = tls.map(|loaded| {
+        watched.extend(loaded.reloaders());
+        TlsAcceptor::from(Arc::new(loaded.config))
     });
     if let Some(acl) = acl {
         watched.push(acl);
@@ -198,24 +198,23 @@ pub async fn serve(
     result.map_err(Into::into)
 }
 
-/// The listener's TLS acceptor and certificate resolver (to be watched for changes), when
-/// the configuration asks for HTTPS. A file that cannot be used stops startup, named.
-fn load_listener_tls(
-    cfg: &ServeConfig,
-) -> anyhow::Result<Option<(TlsAcceptor, Arc<tls::CertResolver>)>> {
+/// The listener's TLS configuration and what to re-read while serving (the certificate,
+/// and with mutual TLS the client CA and CRL files), when the configuration asks for HTTPS.
+/// A file that cannot be used stops startup, named.
+fn load_listener_tls(cfg: &ServeConfig) -> anyhow::Result<Option<tls::LoadedTls>> {
     let Some(files) = &cfg.listener_tls else {
         return Ok(None);
     };
-    let fail =
-        |e: tls::TlsSetupError| anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca: {e}");
-    let resolver = tls::CertResolver::load(files.clone()).map_err(fail)?;
-    let config = tls::server_config(resolver.clone(), files.client_ca.as_deref()).map_err(fail)?;
+    let loaded = tls::LoadedTls::load(files).map_err(|e| {
+        anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca / --tls-client-crl: {e}")
+    })?;
     info!(
         cert = %files.cert.display(),
         client_ca = ?files.client_ca,
+        client_crl = ?files.client_crl,
         "HTTPS: certificate loaded"
     );
-    Ok(Some((TlsAcceptor::from(Arc::new(config)), resolver)))
+    Ok(Some(loaded))
 }
 
 /// The ACL the configuration names, loaded and to be watched for changes; `None` (every

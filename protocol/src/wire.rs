@@ -1162,9 +1162,10 @@ pub struct AuditEntry {
     /// Who asked: the ACL entry's `principal`, a JWT's `sub`, or `anonymous` (no ACL, or no
     /// valid credential).
     pub principal: String,
-    /// How the principal was authenticated (PROTOCOL §8, §20): `token`, `cert_subject` (a
-    /// client certificate), `jwt` (a signed JWT a `[[jwt]]` entry accepts), or `anonymous`
-    /// (no ACL, or no valid credential). Absent in entries the
+    /// How the principal was authenticated (PROTOCOL §8, §20): `token`, `cert_subject`,
+    /// `cert_san_uri` or `cert_san_dns` (a client certificate, by the key of the entry that
+    /// named it), `jwt` (a signed JWT a `[[jwt]]` entry accepts), or `anonymous` (no ACL, or
+    /// no valid credential). Absent in entries the
     /// coordinator writes itself and in entries older coordinators wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
