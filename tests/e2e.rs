@@ -19,6 +19,7 @@ mod chaos;
 mod cli;
 mod client_batching;
 mod compat;
+mod connection_limits;
 mod contract;
 mod dashboard;
 mod data_path;
