@@ -94,7 +94,7 @@ async fn until_closed(stream: &mut TcpStream) -> String {
 }
 
 #[tokio::test]
-async fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
+async fn a_request_head_or_body_that_does_not_arrive_in_time_ends_the_connection() {
     let timeout = Duration::from_millis(700);
     let coordinator = CoordinatorProcess::start(&[
         "--header-read-timeout-ms",
@@ -103,6 +103,8 @@ async fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
         "60000",
         "--max-header-bytes",
         "4096",
+        "--body-read-timeout-ms",
+        "700",
     ])
     .expect("coordinator");
     let addr = coordinator.addr();
@@ -145,10 +147,40 @@ async fn a_request_head_that_does_not_arrive_in_time_closes_the_connection() {
     let answer = until_closed(&mut large).await;
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 
+    // A body that stops halfway: refused once the body read timeout passes, and closed.
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    stalled
+        .write_all(
+            b"POST /v1/groups/slow/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+              Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{\"member_id\": ",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (status, head, body) = tokio::time::timeout(timeout + MARGIN, read_response(&mut stalled))
+        .await
+        .expect("an answer within the body read timeout")
+        .expect("an answer");
+    assert!(started.elapsed() + Duration::from_millis(100) >= timeout);
+    assert_eq!(status, 400, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["code"], "INVALID_REQUEST", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--body-read-timeout-ms"),
+        "{body}"
+    );
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert!(closed_within(&mut stalled, MARGIN).await.is_some());
+
     let (status, metrics) = get(&mut client, "/metrics").await;
     assert_eq!(status, 200);
     let timeouts = metric_sum(&metrics, "rsc_http_header_timeouts_total", &[]);
     assert!(timeouts >= 2.0, "rsc_http_header_timeouts_total {timeouts}");
+    let body_timeouts = metric_sum(&metrics, "rsc_http_body_timeouts_total", &[]);
+    assert_eq!(body_timeouts, 1.0, "rsc_http_body_timeouts_total");
 }
 
 /// A wake-up channel (PROTOCOL §13) for `member` of `group` on a raw connection, read up to

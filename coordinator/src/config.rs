@@ -541,11 +541,7 @@ impl ServeArgs {
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
-        let wake_max_channels = self
-            .wake_max_channels
-            .or(file.wake_max_channels)
-            .unwrap_or(20_000);
-        let http = HttpLimits::merge(&self, &file, wake_max_channels);
+        let (wake_max_channels, http) = HttpLimits::merge(&self, &file);
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
@@ -768,8 +764,12 @@ impl HttpLimits {
         }
     }
 
-    /// `args` over `file` over the defaults.
-    fn merge(args: &ServeArgs, file: &ServeArgs, wake_max_channels: usize) -> Self {
+    /// The wake-up channel limit, and the limits (whose default connection cap follows
+    /// it): `args` over `file` over the defaults.
+    fn merge(args: &ServeArgs, file: &ServeArgs) -> (usize, Self) {
+        let wake_max_channels = (args.wake_max_channels)
+            .or(file.wake_max_channels)
+            .unwrap_or(20_000);
         let d = Self::defaults(wake_max_channels);
         let ms =
             |a: Option<u64>, f: Option<u64>, d: Duration| a.or(f).map_or(d, Duration::from_millis);
@@ -777,7 +777,7 @@ impl HttpLimits {
             .max_connections
             .or(file.max_connections)
             .unwrap_or(d.max_connections);
-        HttpLimits {
+        let limits = HttpLimits {
             header_read_timeout: ms(
                 args.header_read_timeout_ms,
                 file.header_read_timeout_ms,
@@ -805,7 +805,8 @@ impl HttpLimits {
             http2_max_local_error_reset_streams: (args.http2_max_local_error_reset_streams)
                 .or(file.http2_max_local_error_reset_streams)
                 .unwrap_or(d.http2_max_local_error_reset_streams),
-        }
+        };
+        (wake_max_channels, limits)
     }
 
     /// Checks the ranges, and that the per-address cap is within the global one.
@@ -1114,6 +1115,103 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
+    }
+
+    #[test]
+    fn connection_limits_follow_the_wake_channel_limit_and_are_checked() {
+        let d = ServeArgs::default().resolve().unwrap().http;
+        assert_eq!(d, HttpLimits::defaults(20_000));
+        assert_eq!(
+            (d.max_connections, d.max_connections_per_ip),
+            (24_096, 18_072)
+        );
+        assert_eq!(
+            (d.header_read_timeout, d.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(120))
+        );
+        let few = ServeArgs {
+            wake_max_channels: Some(100),
+            ..ServeArgs::default()
+        };
+        let few = few.resolve().unwrap().http;
+        assert_eq!(
+            (few.max_connections, few.max_connections_per_ip),
+            (4_196, 3_147)
+        );
+
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "header-read-timeout-ms = 500\nbody-read-timeout-ms = 900\nidle-timeout-ms = 2000\n\
+             max-connections = 64\nmax-connections-per-ip = 8\nmax-header-bytes = 4096\n\
+             http2-max-concurrent-streams = 16\nhttp2-max-pending-reset-streams = 5\n\
+             http2-max-local-error-reset-streams = 50"
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            max_connections: Some(32),
+            ..ServeArgs::default()
+        };
+        let h = from_file.resolve().unwrap().http;
+        let _ = std::fs::remove_file(&f.0);
+        assert_eq!(
+            h,
+            HttpLimits {
+                header_read_timeout: Duration::from_millis(500),
+                body_read_timeout: Duration::from_millis(900),
+                idle_timeout: Duration::from_millis(2000),
+                max_connections: 32,
+                max_connections_per_ip: 8,
+                max_header_bytes: 4096,
+                http2_max_concurrent_streams: 16,
+                http2_max_pending_reset_streams: 5,
+                http2_max_local_error_reset_streams: 50,
+            },
+            "the flag over the file"
+        );
+
+        for (args, want) in [
+            (
+                ServeArgs {
+                    max_connections: Some(10),
+                    max_connections_per_ip: Some(11),
+                    ..ServeArgs::default()
+                },
+                "max-connections-per-ip is 11",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..ServeArgs::default()
+                },
+                "max-connections is 0",
+            ),
+            (
+                ServeArgs {
+                    header_read_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "header-read-timeout-ms is 0",
+            ),
+            (
+                ServeArgs {
+                    max_header_bytes: Some(100),
+                    ..ServeArgs::default()
+                },
+                "max-header-bytes is 100",
+            ),
+            (
+                ServeArgs {
+                    http2_max_pending_reset_streams: Some(0),
+                    ..ServeArgs::default()
+                },
+                "http2-max-pending-reset-streams is 0",
+            ),
+        ] {
+            let e = args.resolve().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {

@@ -182,6 +182,8 @@ pub(super) struct ReadDeadline<B> {
     deadline: Instant,
     /// Made the first time the body is not ready (most bodies come with their head).
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The deadline passed (counted once; every later read fails too).
+    expired: bool,
 }
 
 /// The error of a request body that did not arrive in time.
@@ -196,6 +198,7 @@ impl<B> ReadDeadline<B> {
             body,
             deadline: Instant::now() + timeout,
             sleep: None,
+            expired: false,
         }
     }
 }
@@ -213,6 +216,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
         let this = &mut *self;
+        if this.expired {
+            return Poll::Ready(Some(Err(BodyTimedOut.into())));
+        }
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
@@ -221,6 +227,8 @@ where
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         ready!(sleep.as_mut().poll(cx));
+        this.expired = true;
+        this.sleep = None;
         metrics::counter!("rsc_http_body_timeouts_total").increment(1);
         tracing::debug!("request body timed out");
         Poll::Ready(Some(Err(BodyTimedOut.into())))
@@ -451,5 +459,7 @@ mod tests {
         let second = poll_fn(|cx| Pin::new(&mut read).poll_frame(cx)).await;
         assert!(matches!(second, Some(Err(_))), "the rest never came");
         assert_eq!(started.elapsed(), Duration::from_secs(5));
+        let again = poll_fn(|cx| Pin::new(&mut read).poll_frame(cx)).await;
+        assert!(matches!(again, Some(Err(_))), "and it stays failed");
     }
 }
