@@ -160,10 +160,12 @@ pub async fn serve(
         }),
         cfg.body_limit,
     );
+    let http = Http::new(app, fit_open_files(cfg.http));
     info!(
         store = ?cfg.store,
         tls = acceptor.is_some(),
         client_certificates = cfg.listener_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        max_connections = http.limits.max_connections,
         "listening on {addr}"
     );
     // Open wake-up streams would hold a graceful shutdown up: they end first.
@@ -173,7 +175,6 @@ pub async fn serve(
             hub.close_all();
         }
     };
-    let http = Http::new(app, fit_open_files(cfg.http));
     let result = serve_connections(listener, http, acceptor, shutdown).await;
     for task in tasks {
         task.abort();
@@ -647,7 +648,7 @@ fn connection_service(
             async move {
                 answer
                     .await
-                    .map(|r| r.map(|body| Answered::new(body, in_flight)))
+                    .map(|r| r.map(|body| Answered::body(body, in_flight)))
             }
         });
     hyper_util::service::TowerToHyperService::new(service)

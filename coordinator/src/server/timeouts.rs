@@ -147,8 +147,8 @@ pub(super) struct Answered {
 }
 
 impl Answered {
-    /// `body`, keeping `in_flight` until it ends or is dropped.
-    pub(super) fn new(body: Body, in_flight: InFlight) -> Body {
+    /// `body`, keeping `in_flight` until it ends or is dropped, as a response body.
+    pub(super) fn body(body: Body, in_flight: InFlight) -> Body {
         Body::new(Answered {
             body,
             _in_flight: in_flight,
