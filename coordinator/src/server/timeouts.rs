@@ -12,7 +12,7 @@
 //!   a route reading it after that gets an error and refuses the request
 //!   (`rsc_http_body_timeouts_total`).
 //!
-//! hyper's own `header_read_timeout` cannot do the first two: since hyper 1.4 its timer also
+//! hyper's own `header_read_timeout` cannot do the first two: its timer (hyper 1.12) also
 //! runs while a keep-alive connection waits for its next request, so it would close every
 //! keep-alive connection idle for longer than the header timeout. Here a connection's
 //! [`Activity`] (requests in flight, and when it went idle or when the next request's first
