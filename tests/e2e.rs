@@ -20,6 +20,7 @@ mod cli;
 mod client_batching;
 mod client_limits;
 mod compat;
+mod connection_limits;
 mod contract;
 mod dashboard;
 mod data_path;

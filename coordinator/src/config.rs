@@ -10,6 +10,7 @@ use rsc_redis::{Tls, TlsFiles};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Which metadata store to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
@@ -211,6 +212,45 @@ pub struct ServeArgs {
     /// it), in ms [default: 300000].
     #[arg(long, env = "RSC_WAKE_IDLE_TIMEOUT_MS")]
     pub wake_idle_timeout_ms: Option<u64>,
+    /// A request's head (request line and headers) must arrive within this many ms of its
+    /// first byte, or the connection is closed (`rsc_http_header_timeouts_total`; PROTOCOL
+    /// §4.4) [default: 10000].
+    #[arg(long, env = "RSC_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// A request's body must arrive within this many ms of its head, or the request is
+    /// refused (`rsc_http_body_timeouts_total`) [default: 30000].
+    #[arg(long, env = "RSC_BODY_READ_TIMEOUT_MS")]
+    pub body_read_timeout_ms: Option<u64>,
+    /// A connection with no request in flight for this long is closed
+    /// (`rsc_http_idle_closed_total`); a request being answered, such as an open wake-up
+    /// channel, keeps its connection [default: 120000].
+    #[arg(long, env = "RSC_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Most open client connections: one more is answered `429 RATE_LIMITED` (plain HTTP)
+    /// or closed (HTTPS) at once (`rsc_http_connections_refused_total`) [default:
+    /// --wake-max-channels + 4096].
+    #[arg(long, env = "RSC_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most open connections from one client address (IPv6: one /64) [default: 3/4 of
+    /// --max-connections].
+    #[arg(long, env = "RSC_MAX_CONNECTIONS_PER_IP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// Most bytes of a request head: HTTP/1 request line and headers (`431` beyond),
+    /// HTTP/2 header list [default: 16384].
+    #[arg(long, env = "RSC_MAX_HEADER_BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// HTTP/2: most concurrent streams (requests) per connection [default: 200].
+    #[arg(long, env = "RSC_HTTP2_MAX_CONCURRENT_STREAMS")]
+    pub http2_max_concurrent_streams: Option<u32>,
+    /// HTTP/2: most streams a client may reset before the server has accepted them (the
+    /// "rapid reset" flood) before the connection is ended with `GOAWAY ENHANCE_YOUR_CALM`
+    /// [default: 20].
+    #[arg(long, env = "RSC_HTTP2_MAX_PENDING_RESET_STREAMS")]
+    pub http2_max_pending_reset_streams: Option<usize>,
+    /// HTTP/2: most streams the server may reset for a client's protocol errors before the
+    /// connection is ended with `GOAWAY ENHANCE_YOUR_CALM` [default: 1024].
+    #[arg(long, env = "RSC_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS")]
+    pub http2_max_local_error_reset_streams: Option<usize>,
     /// Log format [default: text].
     #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -303,6 +343,8 @@ pub struct ServeConfig {
     pub wake_max_channels_per_principal: usize,
     /// Idle timeout of a wake-up channel.
     pub wake_idle_timeout_ms: u64,
+    /// Connection limits and timeouts of the HTTP server.
+    pub http: HttpLimits,
     /// Log format.
     pub log_format: LogFormat,
     /// HTTPS on the listener (certificate, key, client CA); `None`: plain HTTP.
@@ -363,6 +405,26 @@ impl std::fmt::Debug for ServeArgs {
             .field("tombstone_retention_ms", &self.tombstone_retention_ms)
             .field("store_wait_replicas", &self.store_wait_replicas)
             .field("body_limit", &self.body_limit)
+            .field("wake_max_channels", &self.wake_max_channels)
+            .field("wake_idle_timeout_ms", &self.wake_idle_timeout_ms)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("idle_timeout_ms", &self.idle_timeout_ms)
+            .field("max_connections", &self.max_connections)
+            .field("max_connections_per_ip", &self.max_connections_per_ip)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field(
+                "http2_max_concurrent_streams",
+                &self.http2_max_concurrent_streams,
+            )
+            .field(
+                "http2_max_pending_reset_streams",
+                &self.http2_max_pending_reset_streams,
+            )
+            .field(
+                "http2_max_local_error_reset_streams",
+                &self.http2_max_local_error_reset_streams,
+            )
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -412,6 +474,9 @@ impl std::fmt::Debug for ServeConfig {
             .field("history_interval_ms", &self.history_interval_ms)
             .field("tombstone_retention_ms", &self.tombstone_retention_ms)
             .field("body_limit", &self.body_limit)
+            .field("wake_max_channels", &self.wake_max_channels)
+            .field("wake_idle_timeout_ms", &self.wake_idle_timeout_ms)
+            .field("http", &self.http)
             .field("log_format", &self.log_format)
             .field("listener_tls", &self.listener_tls)
             .finish()
@@ -566,6 +631,8 @@ impl ServeArgs {
         let wake = self.wake(&file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
+        // The connection caps' defaults follow the wake-up channel limit (`wake` has it too).
+        let (_, http) = HttpLimits::merge(&self, &file);
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
@@ -653,6 +720,7 @@ impl ServeArgs {
             wake_max_channels: wake.max_channels,
             wake_max_channels_per_principal: wake.max_channels_per_principal,
             wake_idle_timeout_ms: wake.idle_timeout_ms,
+            http,
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
             listener_tls: listener_tls(
                 self.tls_cert.or(file.tls_cert),
@@ -744,7 +812,7 @@ impl ServeConfig {
                 "body-limit must be at least 1024".into(),
             ));
         }
-        Ok(())
+        self.http.validate()
     }
 
     /// Checks the metadata and data Redis settings: URLs, cluster and sentinel together.
@@ -788,6 +856,150 @@ impl ServeConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// The HTTP server's connection limits and timeouts (PROTOCOL §4.4), resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time from a request's first byte to the end of its head.
+    pub header_read_timeout: Duration,
+    /// Time from a request's head to the end of its body.
+    pub body_read_timeout: Duration,
+    /// Time a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// Most open connections from one client address (IPv6: one /64).
+    pub max_connections_per_ip: usize,
+    /// Most bytes of a request head (HTTP/1) or header list (HTTP/2).
+    pub max_header_bytes: usize,
+    /// HTTP/2: most concurrent streams per connection.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2: most streams reset by the client before they were accepted.
+    pub http2_max_pending_reset_streams: usize,
+    /// HTTP/2: most streams reset by the server for the client's protocol errors.
+    pub http2_max_local_error_reset_streams: usize,
+}
+
+impl HttpLimits {
+    /// Connections kept beyond the wake-up channel limit by default: heartbeat clients,
+    /// operators, scrapers.
+    pub const CONNECTION_MARGIN: usize = 4096;
+
+    /// The defaults for a coordinator that holds at most `wake_max_channels` wake-up
+    /// channels (each one a connection).
+    pub fn defaults(wake_max_channels: usize) -> Self {
+        let max_connections = wake_max_channels.saturating_add(Self::CONNECTION_MARGIN);
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections,
+            max_connections_per_ip: max_connections / 4 * 3,
+            max_header_bytes: 16 * 1024,
+            http2_max_concurrent_streams: 200,
+            http2_max_pending_reset_streams: 20,
+            http2_max_local_error_reset_streams: 1024,
+        }
+    }
+
+    /// The wake-up channel limit, and the limits (whose default connection cap follows
+    /// it): `args` over `file` over the defaults.
+    fn merge(args: &ServeArgs, file: &ServeArgs) -> (usize, Self) {
+        let wake_max_channels = (args.wake_max_channels)
+            .or(file.wake_max_channels)
+            .unwrap_or(20_000);
+        let d = Self::defaults(wake_max_channels);
+        let ms =
+            |a: Option<u64>, f: Option<u64>, d: Duration| a.or(f).map_or(d, Duration::from_millis);
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(d.max_connections);
+        let limits = HttpLimits {
+            header_read_timeout: ms(
+                args.header_read_timeout_ms,
+                file.header_read_timeout_ms,
+                d.header_read_timeout,
+            ),
+            body_read_timeout: ms(
+                args.body_read_timeout_ms,
+                file.body_read_timeout_ms,
+                d.body_read_timeout,
+            ),
+            idle_timeout: ms(args.idle_timeout_ms, file.idle_timeout_ms, d.idle_timeout),
+            max_connections,
+            max_connections_per_ip: (args.max_connections_per_ip)
+                .or(file.max_connections_per_ip)
+                .unwrap_or((max_connections / 4 * 3).max(1)),
+            max_header_bytes: (args.max_header_bytes)
+                .or(file.max_header_bytes)
+                .unwrap_or(d.max_header_bytes),
+            http2_max_concurrent_streams: (args.http2_max_concurrent_streams)
+                .or(file.http2_max_concurrent_streams)
+                .unwrap_or(d.http2_max_concurrent_streams),
+            http2_max_pending_reset_streams: (args.http2_max_pending_reset_streams)
+                .or(file.http2_max_pending_reset_streams)
+                .unwrap_or(d.http2_max_pending_reset_streams),
+            http2_max_local_error_reset_streams: (args.http2_max_local_error_reset_streams)
+                .or(file.http2_max_local_error_reset_streams)
+                .unwrap_or(d.http2_max_local_error_reset_streams),
+        };
+        (wake_max_channels, limits)
+    }
+
+    /// Checks the ranges, and that the per-address cap is within the global one.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ms = |name: &str, d: Duration, max: u64| {
+            let v = d.as_millis() as u64;
+            if (100..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} is {v}; it must be within 100..={max}"
+                )))
+            }
+        };
+        ms("header-read-timeout-ms", self.header_read_timeout, 600_000)?;
+        ms("body-read-timeout-ms", self.body_read_timeout, 600_000)?;
+        ms("idle-timeout-ms", self.idle_timeout, 24 * 3_600_000)?;
+        let within = |name: &str, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} is {v}; it must be within {lo}..={hi}"
+                )))
+            }
+        };
+        within("max-connections", self.max_connections, 1, 10_000_000)?;
+        within(
+            "max-connections-per-ip",
+            self.max_connections_per_ip,
+            1,
+            self.max_connections,
+        )
+        .map_err(|e| ConfigError::Invalid(format!("{e} (max-connections)")))?;
+        within("max-header-bytes", self.max_header_bytes, 1024, 256 * 1024)?;
+        within(
+            "http2-max-concurrent-streams",
+            self.http2_max_concurrent_streams as usize,
+            1,
+            10_000,
+        )?;
+        within(
+            "http2-max-pending-reset-streams",
+            self.http2_max_pending_reset_streams,
+            1,
+            10_000,
+        )?;
+        within(
+            "http2-max-local-error-reset-streams",
+            self.http2_max_local_error_reset_streams,
+            1,
+            100_000,
+        )
     }
 }
 
@@ -1090,6 +1302,103 @@ mod tests {
             ..ServeArgs::default()
         };
         assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
+    }
+
+    #[test]
+    fn connection_limits_follow_the_wake_channel_limit_and_are_checked() {
+        let d = ServeArgs::default().resolve().unwrap().http;
+        assert_eq!(d, HttpLimits::defaults(20_000));
+        assert_eq!(
+            (d.max_connections, d.max_connections_per_ip),
+            (24_096, 18_072)
+        );
+        assert_eq!(
+            (d.header_read_timeout, d.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(120))
+        );
+        let few = ServeArgs {
+            wake_max_channels: Some(100),
+            ..ServeArgs::default()
+        };
+        let few = few.resolve().unwrap().http;
+        assert_eq!(
+            (few.max_connections, few.max_connections_per_ip),
+            (4_196, 3_147)
+        );
+
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "header-read-timeout-ms = 500\nbody-read-timeout-ms = 900\nidle-timeout-ms = 2000\n\
+             max-connections = 64\nmax-connections-per-ip = 8\nmax-header-bytes = 4096\n\
+             http2-max-concurrent-streams = 16\nhttp2-max-pending-reset-streams = 5\n\
+             http2-max-local-error-reset-streams = 50"
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            max_connections: Some(32),
+            ..ServeArgs::default()
+        };
+        let h = from_file.resolve().unwrap().http;
+        let _ = std::fs::remove_file(&f.0);
+        assert_eq!(
+            h,
+            HttpLimits {
+                header_read_timeout: Duration::from_millis(500),
+                body_read_timeout: Duration::from_millis(900),
+                idle_timeout: Duration::from_millis(2000),
+                max_connections: 32,
+                max_connections_per_ip: 8,
+                max_header_bytes: 4096,
+                http2_max_concurrent_streams: 16,
+                http2_max_pending_reset_streams: 5,
+                http2_max_local_error_reset_streams: 50,
+            },
+            "the flag over the file"
+        );
+
+        for (args, want) in [
+            (
+                ServeArgs {
+                    max_connections: Some(10),
+                    max_connections_per_ip: Some(11),
+                    ..ServeArgs::default()
+                },
+                "max-connections-per-ip is 11",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..ServeArgs::default()
+                },
+                "max-connections is 0",
+            ),
+            (
+                ServeArgs {
+                    header_read_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "header-read-timeout-ms is 0",
+            ),
+            (
+                ServeArgs {
+                    max_header_bytes: Some(100),
+                    ..ServeArgs::default()
+                },
+                "max-header-bytes is 100",
+            ),
+            (
+                ServeArgs {
+                    http2_max_pending_reset_streams: Some(0),
+                    ..ServeArgs::default()
+                },
+                "http2-max-pending-reset-streams is 0",
+            ),
+        ] {
+            let e = args.resolve().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {

@@ -344,12 +344,23 @@ async fn admin(
         );
         return ctx.refuse(Some(&principal), e).await;
     }
-    let Ok(bytes) = axum::body::to_bytes(body, sec.body_limit).await else {
-        let e = ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            "request body is over the size limit",
-        );
-        return ctx.refuse(Some(&principal), e).await;
+    let bytes = match axum::body::to_bytes(body, sec.body_limit).await {
+        Ok(bytes) => bytes,
+        Err(e) if over_the_limit(&e) => {
+            let e = ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                "request body is over the size limit",
+            );
+            return ctx.refuse(Some(&principal), e).await;
+        }
+        // Not received whole: the body read timeout (PROTOCOL §4.4), or the client went away.
+        Err(e) => {
+            return ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("the request body was not received: {e}"),
+            )
+            .into_response();
+        }
     };
     if scope == Scope::GroupAndStreamInBody
         && let Ok(names) = serde_json::from_slice::<BodyNames>(&bytes)
@@ -394,6 +405,19 @@ async fn admin(
     };
     sec.auditor.record(entry).await;
     response
+}
+
+/// Whether reading a body failed because it is longer than the limit (not because it did not
+/// arrive).
+fn over_the_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The body as the audit log keeps it: JSON as is, anything else as truncated text.
