@@ -533,6 +533,30 @@ fn success_paths_and_refused_tokens_print_no_secret() {
         );
         wrong_pw.wait_for("the data Redis does not answer", Duration::from_secs(30));
         out.push(wrong_pw.stop());
+        // A consumer whose data Redis is behind sentinels that do not answer, with a password.
+        let mut sentinels = Proc::spawn(
+            &format!("sample-consumer, unreachable sentinels ({format})"),
+            pod("sample-consumer", "trace", json, &[])
+                .args([
+                    "--coordinator",
+                    &url,
+                    "--group",
+                    &group,
+                    "--stream",
+                    &stream,
+                ])
+                .args(["--pod-ip", "127.0.0.1", "--token", POD_TOKEN])
+                .args(["--redis-url", &data_url])
+                .args([
+                    "--redis-sentinel",
+                    "127.0.0.1:1",
+                    "--redis-sentinel-master",
+                    "data",
+                ])
+                .env("RSC_REDIS_SENTINEL_PASSWORD", SENTINEL_PW),
+        );
+        sentinels.wait_for("the data Redis does not answer", Duration::from_secs(30));
+        out.push(sentinels.stop());
         // The sample producer against an unreachable data Redis, and with a wrong password.
         for (what, redis) in [
             (
@@ -576,6 +600,10 @@ fn failure_paths_print_no_secret() {
     let certs = TlsCerts::generate().unwrap();
     let (store, data) = protected_redis();
     let tls_store = RedisServer::start_tls(&certs, "no").expect("TLS redis-server");
+    let reply = tls_store
+        .command(&format!("CONFIG SET requirepass {STORE_PW}"))
+        .unwrap();
+    assert!(reply.contains("OK"), "{reply}");
     let ca = certs.ca().display().to_string();
     let other_ca = certs.other_ca().display().to_string();
     let url = |pw: &str, port: u16| format!("redis://:{pw}@127.0.0.1:{port}");
@@ -693,7 +721,7 @@ fn failure_paths_print_no_secret() {
             "trace",
             false,
             store_flags(&bad_port),
-            "redis-url",
+            "did not parse",
         ),
         (
             "data Redis is not a cluster",
@@ -709,17 +737,6 @@ fn failure_paths_print_no_secret() {
             .map(str::to_owned)
             .to_vec(),
             "cluster",
-        ),
-        (
-            "unreachable data Redis sentinels",
-            "trace",
-            true,
-            [&["--store", "memory"][..], &sentinel_args[..]]
-                .concat()
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            "127.0.0.1:1",
         ),
         (
             "config file with a typo",
@@ -740,7 +757,7 @@ fn failure_paths_print_no_secret() {
             "trace",
             true,
             vec!["--acl".into(), typed_acl.display().to_string()],
-            "token",
+            "line 3, column 9",
         ),
         (
             "listener key of another certificate",
@@ -784,6 +801,29 @@ fn failure_paths_print_no_secret() {
         }
         out.push(p.stop());
     }
+    // A data Redis behind sentinels that do not answer, with a password: a group's lag is
+    // read from it, and fails.
+    let sentinel_args: Vec<&str> = [&["--store", "memory"][..], &sentinel_args[..]].concat();
+    let mut coord = serve(
+        "coordinator: unreachable sentinels",
+        "trace",
+        true,
+        &sentinel_args,
+    );
+    coord.wait_for("listening on", Duration::from_secs(20));
+    let text = coord.text();
+    let addr = text[text.find("listening on ").unwrap() + 13..]
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .next()
+        .unwrap()
+        .to_owned();
+    out.push(cli(
+        "cli group create (no ACL)",
+        &format!("http://{addr}"),
+        &["group", "create", "g", "--stream", "s", "--shards", "1"],
+    ));
+    coord.wait_for("sentinel", Duration::from_secs(20));
+    out.push(coord.stop());
     // A store that answers after all: the coordinator starts (its startup lines name it).
     let mut ok = serve(
         "coordinator: good store",
@@ -795,7 +835,27 @@ fn failure_paths_print_no_secret() {
             .collect::<Vec<_>>(),
     );
     ok.wait_for("listening on", Duration::from_secs(20));
-    out.push(ok.stop());
+    let t = ok.stop();
+    assert!(!t.text.contains("does not answer"), "{}", mask(&t.text));
+    out.push(t);
+    // The same over TLS, at trace level: rustls logs its handshake, never the AUTH after it.
+    let mut ok = serve(
+        "coordinator: good TLS store",
+        "trace",
+        false,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &untrusted,
+            "--redis-tls-ca",
+            &ca,
+        ],
+    );
+    ok.wait_for("listening on", Duration::from_secs(20));
+    let t = ok.stop();
+    assert!(!t.text.contains("does not answer"), "{}", mask(&t.text));
+    out.push(t);
 
     // `--help` with the secrets in the environment: clap must not show their values.
     for (what, args) in [

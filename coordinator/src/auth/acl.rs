@@ -31,6 +31,7 @@ use super::glob::Glob;
 use super::jwt::{self, Jwks, JwtRule};
 use super::refusal::{Refusal, days_from_civil, rfc3339};
 use crate::watch::Stamp;
+use rsc_protocol::redact::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -306,7 +307,7 @@ struct JwtFile {
 struct EntryFile {
     principal: String,
     #[serde(default)]
-    token: Option<String>,
+    token: Option<SecretString>,
     #[serde(default)]
     token_sha256: Option<String>,
     #[serde(default)]
@@ -364,8 +365,8 @@ enum EntryCredential {
 fn credential_of(e: &EntryFile) -> Result<EntryCredential, &'static str> {
     const ONE: &str = "give exactly one of token, token_sha256 and cert_subject";
     Ok(match (&e.token, &e.token_sha256, &e.cert_subject) {
-        (Some(t), None, None) if !t.is_empty() => {
-            EntryCredential::Digest(Sha256::digest(t.as_bytes()).into())
+        (Some(t), None, None) if !t.expose_secret().is_empty() => {
+            EntryCredential::Digest(Sha256::digest(t.expose_secret().as_bytes()).into())
         }
         (None, Some(h), None) => EntryCredential::Digest(
             parse_hex32(h).ok_or("token_sha256 must be 64 hexadecimal characters")?,
@@ -415,7 +416,8 @@ impl Acl {
     pub(crate) fn parse(text: &str, dir: &Path) -> Result<Self, AclError> {
         let file: AclFile = toml::from_str(text).map_err(|e| AclError::Parse {
             path: "-".into(),
-            reason: e.to_string(),
+            // Where and what, without the line, which may hold a token (PROTOCOL §12).
+            reason: crate::config::toml_error(text, &e),
         })?;
         let leeway = file.jwt_leeway_s.unwrap_or(DEFAULT_JWT_LEEWAY_S).min(3600) as i64;
         let mut acl = Acl {
