@@ -848,6 +848,7 @@ mod debug_tests {
             redis_sentinel_master: Some("m".into()),
             data_redis_url: Some("redis://:pw-data@d1:1, redis://:pw-data@d2:2".into()),
             data_redis_cluster: true,
+            data_redis_sentinel_password: None,
             ..args
         }
         .resolve()
