@@ -75,11 +75,6 @@ fn redact_query(u: &str) -> String {
     format!("{base}?{query}")
 }
 
-/// `Some("<redacted>")` for a present secret, `None` for an absent one (for `Debug` fields).
-pub fn redact_opt<T>(secret: &Option<T>) -> Option<&'static str> {
-    secret.as_ref().map(|_| REDACTED)
-}
-
 /// A URL that may carry a password, or a comma-separated list of them (Redis Cluster seed
 /// nodes): a Redis URL as configured. `Debug` and `Display` show it through [`redact_url`];
 /// [`ExposeSecret::expose_secret`] gives the URL itself, to connect with. Held in a
