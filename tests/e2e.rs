@@ -45,6 +45,7 @@ mod readme;
 mod redis_store;
 mod reshard;
 mod retention;
+mod secrets;
 mod sentinel_failover;
 mod structure;
 mod tls;

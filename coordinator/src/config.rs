@@ -4,7 +4,7 @@
 //! default.
 
 use clap::{Args, ValueEnum};
-use rsc_protocol::redact::{redact_opt, redact_url};
+use rsc_protocol::redact::{SecretString, SecretUrl};
 use rsc_redis::sentinel::SentinelTarget;
 use rsc_redis::{Tls, TlsFiles};
 use serde::Deserialize;
@@ -36,8 +36,8 @@ pub enum LogFormat {
 }
 
 /// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
-/// (`Debug` hides passwords: the Redis URLs' and the sentinels'.)
-#[derive(Clone, Default, Args, Deserialize)]
+/// (`Debug` hides passwords: the Redis URLs' and the sentinels', PROTOCOL §12.)
+#[derive(Clone, Debug, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings (kebab-case keys, e.g. `listen = "…"`).
@@ -55,8 +55,8 @@ pub struct ServeArgs {
     pub acl: Option<PathBuf>,
     /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With
     /// `--redis-cluster`, one or more seed nodes separated by commas.
-    #[arg(long, env = "RSC_REDIS_URL")]
-    pub redis_url: Option<String>,
+    #[arg(long, env = "RSC_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<SecretUrl>,
     /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--redis-url`. Required for a
     /// cluster: the coordinator refuses to start when this does not match what the server
     /// reports (`INFO cluster`).
@@ -74,7 +74,7 @@ pub struct ServeArgs {
     pub redis_sentinel_master: Option<String>,
     /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
     #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub redis_sentinel_password: Option<String>,
+    pub redis_sentinel_password: Option<SecretString>,
     /// Redis store: after each group document commit, wait (`WAIT N 250`) until this many
     /// replicas have it, and refuse the commit (503 STORE_UNAVAILABLE, counted in
     /// `rsc_store_commits_refused_total`) when fewer did: a master that lost its replicas to
@@ -141,8 +141,8 @@ pub struct ServeArgs {
     /// written there, lag and pending entries per shard are read from it (`XINFO GROUPS`)
     /// and retired shard keys are deleted from it. With `--data-redis-cluster`, one or more
     /// seed nodes separated by commas. Unset: nothing is queried.
-    #[arg(long, env = "RSC_DATA_REDIS_URL")]
-    pub data_redis_url: Option<String>,
+    #[arg(long, env = "RSC_DATA_REDIS_URL", hide_env_values = true)]
+    pub data_redis_url: Option<SecretUrl>,
     /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--data-redis-url`. Required
     /// when the data Redis is a cluster: the coordinator refuses to start when this does not
     /// match what the server reports (`INFO cluster`).
@@ -159,7 +159,7 @@ pub struct ServeArgs {
     pub data_redis_sentinel_master: Option<String>,
     /// Password of the data Redis's sentinels, if any.
     #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub data_redis_sentinel_password: Option<String>,
+    pub data_redis_sentinel_password: Option<SecretString>,
     /// Connect to the data Redis's sentinels over TLS, and to its master too.
     #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_TLS")]
     #[serde(default)]
@@ -277,8 +277,8 @@ pub struct ServeArgs {
 }
 
 /// Fully resolved serve settings.
-/// (`Debug` hides the Redis URLs' passwords.)
-#[derive(Clone)]
+/// (`Debug` hides the Redis URLs' and the sentinels' passwords.)
+#[derive(Clone, Debug)]
 pub struct ServeConfig {
     /// Listen address.
     pub listen: SocketAddr,
@@ -287,7 +287,7 @@ pub struct ServeConfig {
     /// ACL file.
     pub acl: Option<PathBuf>,
     /// Redis URLs (one, or cluster seed nodes).
-    pub redis_urls: Vec<String>,
+    pub redis_urls: Vec<SecretUrl>,
     /// Redis Cluster mode.
     pub redis_cluster: bool,
     /// The store's master is found through these sentinels.
@@ -317,7 +317,7 @@ pub struct ServeConfig {
     /// Interval over which refusals alike are merged in the audit log, in ms.
     pub audit_refusal_interval_ms: u64,
     /// Data Redis URLs (one, or cluster seed nodes); `None` without a data Redis.
-    pub data_redis_urls: Option<Vec<String>>,
+    pub data_redis_urls: Option<Vec<SecretUrl>>,
     /// The data Redis is a Redis Cluster.
     pub data_redis_cluster: bool,
     /// The data Redis master is found through these sentinels (`data_redis_urls` then only
@@ -351,138 +351,6 @@ pub struct ServeConfig {
     pub listener_tls: Option<crate::tls::ListenerTls>,
 }
 
-impl std::fmt::Debug for ServeArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServeArgs")
-            .field("config", &self.config)
-            .field("listen", &self.listen)
-            .field("store", &self.store)
-            .field("acl", &self.acl)
-            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
-            .field("redis_cluster", &self.redis_cluster)
-            .field("redis_sentinel", &self.redis_sentinel)
-            .field("redis_sentinel_master", &self.redis_sentinel_master)
-            .field(
-                "redis_sentinel_password",
-                &redact_opt(&self.redis_sentinel_password),
-            )
-            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
-            .field("redis_tls_ca", &self.redis_tls_ca)
-            .field("redis_tls_cert", &self.redis_tls_cert)
-            .field("redis_tls_key", &self.redis_tls_key)
-            .field("key_prefix", &self.key_prefix)
-            .field("allow_anonymous", &self.allow_anonymous)
-            .field("admin_rate", &self.admin_rate)
-            .field("admin_burst", &self.admin_burst)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("client_rate", &self.client_rate)
-            .field("client_burst", &self.client_burst)
-            .field("client_refusal_rate", &self.client_refusal_rate)
-            .field("client_refusal_burst", &self.client_refusal_burst)
-            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
-            .field(
-                "data_redis_url",
-                &self.data_redis_url.as_deref().map(redact_url),
-            )
-            .field("data_redis_cluster", &self.data_redis_cluster)
-            .field("data_redis_sentinel", &self.data_redis_sentinel)
-            .field(
-                "data_redis_sentinel_master",
-                &self.data_redis_sentinel_master,
-            )
-            .field(
-                "data_redis_sentinel_password",
-                &redact_opt(&self.data_redis_sentinel_password),
-            )
-            .field("data_redis_sentinel_tls", &self.data_redis_sentinel_tls)
-            .field("data_redis_tls_ca", &self.data_redis_tls_ca)
-            .field("data_redis_tls_cert", &self.data_redis_tls_cert)
-            .field("data_redis_tls_key", &self.data_redis_tls_key)
-            .field("rollback_window_ms", &self.rollback_window_ms)
-            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
-            .field("sweep_interval_ms", &self.sweep_interval_ms)
-            .field("history_interval_ms", &self.history_interval_ms)
-            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
-            .field("store_wait_replicas", &self.store_wait_replicas)
-            .field("body_limit", &self.body_limit)
-            .field("wake_max_channels", &self.wake_max_channels)
-            .field("wake_idle_timeout_ms", &self.wake_idle_timeout_ms)
-            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
-            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
-            .field("idle_timeout_ms", &self.idle_timeout_ms)
-            .field("max_connections", &self.max_connections)
-            .field("max_connections_per_ip", &self.max_connections_per_ip)
-            .field("max_header_bytes", &self.max_header_bytes)
-            .field(
-                "http2_max_concurrent_streams",
-                &self.http2_max_concurrent_streams,
-            )
-            .field(
-                "http2_max_pending_reset_streams",
-                &self.http2_max_pending_reset_streams,
-            )
-            .field(
-                "http2_max_local_error_reset_streams",
-                &self.http2_max_local_error_reset_streams,
-            )
-            .field("log_format", &self.log_format)
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for ServeConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServeConfig")
-            .field("listen", &self.listen)
-            .field("store", &self.store)
-            .field("acl", &self.acl)
-            .field(
-                "redis_urls",
-                &self
-                    .redis_urls
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>(),
-            )
-            .field("redis_cluster", &self.redis_cluster)
-            .field("redis_sentinel", &self.redis_sentinel)
-            .field("store_wait_replicas", &self.store_wait_replicas)
-            .field("redis_tls", &self.redis_tls)
-            .field("key_prefix", &self.key_prefix)
-            .field("allow_anonymous", &self.allow_anonymous)
-            .field("admin_rate", &self.admin_rate)
-            .field("admin_burst", &self.admin_burst)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("client_rate", &self.client_rate)
-            .field("client_burst", &self.client_burst)
-            .field("client_refusal_rate", &self.client_refusal_rate)
-            .field("client_refusal_burst", &self.client_refusal_burst)
-            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
-            .field(
-                "data_redis_urls",
-                &self
-                    .data_redis_urls
-                    .as_ref()
-                    .map(|us| us.iter().map(|u| redact_url(u)).collect::<Vec<_>>()),
-            )
-            .field("data_redis_cluster", &self.data_redis_cluster)
-            .field("data_redis_sentinel", &self.data_redis_sentinel)
-            .field("data_redis_tls", &self.data_redis_tls)
-            .field("rollback_window_ms", &self.rollback_window_ms)
-            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
-            .field("sweep_interval_ms", &self.sweep_interval_ms)
-            .field("history_interval_ms", &self.history_interval_ms)
-            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
-            .field("body_limit", &self.body_limit)
-            .field("wake_max_channels", &self.wake_max_channels)
-            .field("wake_idle_timeout_ms", &self.wake_idle_timeout_ms)
-            .field("http", &self.http)
-            .field("log_format", &self.log_format)
-            .field("listener_tls", &self.listener_tls)
-            .finish()
-    }
-}
-
 /// The wake-up channel settings, resolved ([`ServeArgs::wake`]).
 struct WakeSettings {
     max_channels: usize,
@@ -502,12 +370,12 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The `--config` file is not valid.
-    #[error("config file {path} is invalid: {source}")]
+    #[error("config file {path} is invalid: {reason}")]
     Parse {
         /// File.
         path: PathBuf,
-        /// Cause.
-        source: Box<toml::de::Error>,
+        /// Where and what ([`toml_error`]: the line itself is not quoted).
+        reason: String,
     },
     /// A value is out of range or unsafe.
     #[error("{0}")]
@@ -531,9 +399,9 @@ impl ServeArgs {
                     path: path.clone(),
                     source,
                 })?;
-                toml::from_str::<ServeArgs>(&text).map_err(|source| ConfigError::Parse {
+                toml::from_str::<ServeArgs>(&text).map_err(|e| ConfigError::Parse {
                     path: path.clone(),
-                    source: Box::new(source),
+                    reason: toml_error(&text, &e),
                 })?
             }
             None => ServeArgs::default(),
@@ -637,7 +505,7 @@ impl ServeArgs {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
                 .as_ref()
-                .map(|_| "redis://sentinel-master/".to_owned())
+                .map(|_| SecretUrl::from("redis://sentinel-master/"))
         });
         let rollback_window_ms = self
             .rollback_window_ms
@@ -653,7 +521,7 @@ impl ServeArgs {
             redis_urls: self
                 .redis_url
                 .or(file.redis_url)
-                .map(|urls| split_urls(&urls))
+                .map(|urls| urls.split())
                 .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
             redis_cluster: self.redis_cluster || file.redis_cluster,
             redis_sentinel,
@@ -688,7 +556,7 @@ impl ServeArgs {
                 .audit_refusal_interval_ms
                 .or(file.audit_refusal_interval_ms)
                 .unwrap_or(10_000),
-            data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
+            data_redis_urls: data_redis_url.map(|urls| urls.split()),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
             data_redis_tls,
@@ -1009,7 +877,7 @@ fn sentinel_target(
     flag: &str,
     addrs: Option<String>,
     master: Option<String>,
-    password: Option<String>,
+    password: Option<SecretString>,
     tls: bool,
 ) -> Result<Option<SentinelTarget>, ConfigError> {
     match (addrs, master) {
@@ -1067,12 +935,19 @@ fn listener_tls(
     }
 }
 
-/// Comma-separated URLs, trimmed, empty ones dropped.
-fn split_urls(urls: &str) -> Vec<String> {
-    urls.split(',')
-        .map(|u| u.trim().to_owned())
-        .filter(|u| !u.is_empty())
-        .collect()
+/// A TOML file's parse error for a message: where (line and column) and what, without the
+/// line itself, which `toml`'s own message quotes and which may hold a password or a token
+/// (PROTOCOL §12).
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {}", e.message().trim_end())
+        }
+        None => e.message().trim_end().to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -1120,10 +995,7 @@ mod tests {
             Some(std::path::Path::new("/etc/rsc/acl.toml"))
         );
         assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
-        assert_eq!(
-            cfg.data_redis_urls.as_deref(),
-            Some(&["redis://127.0.0.1:6390".to_owned()][..])
-        );
+        assert_eq!(cfg.data_redis_urls.unwrap(), ["redis://127.0.0.1:6390"]);
         assert!(!cfg.data_redis_cluster);
         assert!(
             !cfg.listen.ip().is_loopback(),
@@ -1428,5 +1300,30 @@ mod debug_tests {
         let shown = format!("{args:?}");
         assert!(!shown.contains("pw-"), "{shown}");
         assert!(shown.contains("redis://app:<redacted>@r:6379"), "{shown}");
+        let cfg = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            data_redis_url: Some("redis://:pw-data@d1:1, redis://:pw-data@d2:2".into()),
+            data_redis_cluster: true,
+            data_redis_sentinel_password: None,
+            ..args
+        }
+        .resolve()
+        .unwrap();
+        let shown = format!("{cfg:?}{cfg:#?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("redis://<redacted>@d2:2"), "{shown}");
+    }
+
+    #[test]
+    fn a_config_file_error_names_the_line_without_quoting_it() {
+        let text = "listen = \"127.0.0.1:7070\"\nredis-sentinel-pasword = \"pw-typo\"\n";
+        let e = toml::from_str::<ServeArgs>(text).unwrap_err();
+        let reason = toml_error(text, &e);
+        assert!(
+            reason.starts_with("line 2, column 1: unknown field"),
+            "{reason}"
+        );
+        assert!(!reason.contains("pw-typo"), "{reason}");
     }
 }

@@ -14,6 +14,7 @@ use crate::store::{
 };
 use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
+use rsc_protocol::redact::{ExposeSecret, SecretUrl};
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -95,11 +96,14 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
 fn wake_redis(cfg: &ServeConfig) -> anyhow::Result<LazyRedis> {
     let settings = WakeHub::REDIS_SETTINGS;
     match &cfg.redis_sentinel {
-        Some(target) => {
-            LazyRedis::open_sentinel(target, &cfg.redis_urls[0], &settings, &cfg.redis_tls)
-        }
+        Some(target) => LazyRedis::open_sentinel(
+            target,
+            cfg.redis_urls[0].expose_secret(),
+            &settings,
+            &cfg.redis_tls,
+        ),
         None => LazyRedis::open(
-            &cfg.redis_urls,
+            &SecretUrl::expose_all(&cfg.redis_urls),
             cfg.redis_cluster,
             &settings,
             &cfg.redis_tls,
@@ -247,7 +251,7 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
     if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
         let settings = data_settings(FENCING_TIMEOUT);
         rsc_redis::check_mode(
-            &urls[0],
+            urls[0].expose_secret(),
             cfg.data_redis_cluster,
             "--data-redis-cluster",
             &settings,
@@ -258,7 +262,7 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
         info!(
             servers = urls.len(),
             cluster = cfg.data_redis_cluster,
-            tls = urls[0].starts_with("rediss://"),
+            tls = urls[0].expose_secret().starts_with("rediss://"),
             "using a data Redis"
         );
     }
@@ -275,12 +279,12 @@ fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<Laz
             match &cfg.data_redis_sentinel {
                 Some(target) => LazyRedis::open_sentinel(
                     target,
-                    &urls[0],
+                    urls[0].expose_secret(),
                     &data_settings(timeout),
                     &cfg.data_redis_tls,
                 ),
                 None => LazyRedis::open(
-                    urls,
+                    &SecretUrl::expose_all(urls),
                     cfg.data_redis_cluster,
                     &data_settings(timeout),
                     &cfg.data_redis_tls,

@@ -37,6 +37,7 @@ use super::glob::Glob;
 use super::jwt::{self, Jwks, JwtRule};
 use super::refusal::{Refusal, days_from_civil, rfc3339};
 use crate::watch::Stamp;
+use rsc_protocol::redact::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -377,7 +378,7 @@ struct JwtFile {
 struct EntryFile {
     principal: String,
     #[serde(default)]
-    token: Option<String>,
+    token: Option<SecretString>,
     #[serde(default)]
     token_sha256: Option<String>,
     #[serde(default)]
@@ -452,14 +453,14 @@ enum EntryCredential {
 /// The one credential of an entry: `token`, `token_sha256`, `cert_subject`, `cert_san_uri`
 /// or `cert_san_dns`.
 fn credential_of(e: &EntryFile) -> Result<EntryCredential, String> {
-    let given = [
-        ("token", &e.token),
-        ("token_sha256", &e.token_sha256),
-        ("cert_subject", &e.cert_subject),
-        ("cert_san_uri", &e.cert_san_uri),
-        ("cert_san_dns", &e.cert_san_dns),
+    let given: [(&str, Option<&str>); 5] = [
+        ("token", e.token.as_ref().map(|t| t.expose_secret())),
+        ("token_sha256", e.token_sha256.as_deref()),
+        ("cert_subject", e.cert_subject.as_deref()),
+        ("cert_san_uri", e.cert_san_uri.as_deref()),
+        ("cert_san_dns", e.cert_san_dns.as_deref()),
     ];
-    let mut present = given.iter().filter_map(|(k, v)| Some((*k, v.as_deref()?)));
+    let mut present = given.iter().filter_map(|(k, v)| Some((*k, (*v)?)));
     let (Some((key, value)), None) = (present.next(), present.next()) else {
         let count = given.iter().filter(|(_, v)| v.is_some()).count();
         return Err(if count == 0 {
@@ -593,7 +594,8 @@ impl Acl {
     pub(crate) fn parse(text: &str, dir: &Path) -> Result<Self, AclError> {
         let file: AclFile = toml::from_str(text).map_err(|e| AclError::Parse {
             path: "-".into(),
-            reason: e.to_string(),
+            // Where and what, without the line, which may hold a token (PROTOCOL §12).
+            reason: crate::config::toml_error(text, &e),
         })?;
         let leeway = file.jwt_leeway_s.unwrap_or(DEFAULT_JWT_LEEWAY_S).min(3600) as i64;
         let mut acl = Acl {

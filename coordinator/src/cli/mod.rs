@@ -58,8 +58,8 @@ pub enum OutputFormat {
 }
 
 /// Options every operator command takes (before or after the sub-command). `Debug` hides
-/// the token.
-#[derive(Clone, Args)]
+/// the token (PROTOCOL §12).
+#[derive(Clone, Debug, Args)]
 pub struct ClientOptions {
     /// Base URL of the coordinator.
     #[arg(
@@ -72,7 +72,7 @@ pub struct ClientOptions {
     pub coordinator: String,
     /// Bearer token (role admin for changes, viewer for reads).
     #[arg(long, global = true, env = "RSC_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<rsc_protocol::redact::SecretString>,
     /// File holding the bearer token, read again when it changes (a Kubernetes projected
     /// service-account token); takes the place of `--token`.
     #[arg(long, global = true, env = "RSC_TOKEN_FILE", value_name = "FILE")]
@@ -89,20 +89,6 @@ pub struct ClientOptions {
     /// Output format: human tables, or the API's JSON for scripts.
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
-}
-
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("coordinator", &self.coordinator)
-            .field("token", &rsc_protocol::redact::redact_opt(&self.token))
-            .field("token_file", &self.token_file)
-            .field("coordinator_ca", &self.coordinator_ca)
-            .field("coordinator_cert", &self.coordinator_cert)
-            .field("coordinator_key", &self.coordinator_key)
-            .field("output", &self.output)
-            .finish()
-    }
 }
 
 /// The operator sub-commands of `rsc-coordinator`.
