@@ -131,29 +131,8 @@ pub async fn serve(
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
         InstrumentedStore::new(build_store(&cfg).await?),
     )));
-    let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
     let auditor = Auditor::new(store.clone(), clock.clone());
-    let clients = Arc::new(ClientLimiter::new(
-        Rate {
-            per_s: cfg.client_rate,
-            burst: cfg.client_burst,
-        },
-        Rate {
-            per_s: cfg.client_refusal_rate,
-            burst: cfg.client_refusal_burst,
-        },
-    ));
-    let proxies = TrustedProxies::parse(cfg.trusted_proxies.as_deref().unwrap_or(""))
-        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
-    let security = Arc::new(
-        Security::new(
-            acl.clone(),
-            AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
-            auditor.clone(),
-            cfg.body_limit,
-        )
-        .with_clients(clients.clone(), proxies),
-    );
+    let (security, clients) = build_security(&cfg, acl.clone(), &auditor)?;
     let wakes = build_wakeups(&cfg)?;
     let coordinator = build_coordinator(&cfg, store, clock, wakes.clone())?;
     let listener = TcpListener::bind(cfg.listen)
@@ -208,6 +187,37 @@ pub async fn serve(
     }
     info!("stopped");
     result.map_err(Into::into)
+}
+
+/// The access layer's settings (PROTOCOL §4, §7): the ACL, the admin rate, the audit, the
+/// body limit, the per-address limits and the trusted proxies; and the per-address limiter,
+/// to be pruned now and then.
+fn build_security(
+    cfg: &ServeConfig,
+    acl: Option<Arc<LiveAcl>>,
+    auditor: &Auditor,
+) -> anyhow::Result<(Arc<Security>, Arc<ClientLimiter>)> {
+    let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+    let clients = Arc::new(ClientLimiter::new(
+        Rate {
+            per_s: cfg.client_rate,
+            burst: cfg.client_burst,
+        },
+        Rate {
+            per_s: cfg.client_refusal_rate,
+            burst: cfg.client_refusal_burst,
+        },
+    ));
+    let proxies = TrustedProxies::parse(cfg.trusted_proxies.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
+    let security = Security::new(
+        acl,
+        AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
+        auditor.clone(),
+        cfg.body_limit,
+    )
+    .with_clients(clients.clone(), proxies);
+    Ok((Arc::new(security), clients))
 }
 
 /// The listener's TLS configuration and what to re-read while serving (the certificate,
