@@ -351,6 +351,16 @@ pub struct ServeConfig {
     pub listener_tls: Option<crate::tls::ListenerTls>,
 }
 
+/// The access layer's settings, resolved ([`ServeArgs::access`]).
+struct AccessSettings {
+    trusted_proxies: Option<String>,
+    client_rate: u32,
+    client_burst: u32,
+    client_refusal_rate: u32,
+    client_refusal_burst: u32,
+    audit_refusal_interval_ms: u64,
+}
+
 /// The wake-up channel settings, resolved ([`ServeArgs::wake`]).
 struct WakeSettings {
     max_channels: usize,
@@ -426,6 +436,27 @@ impl ServeArgs {
         }
     }
 
+    /// The per-address limits, trusted proxies and refusal interval (PROTOCOL §7), taken from
+    /// these settings over `file`'s over the defaults.
+    fn access(&mut self, file: &mut ServeArgs) -> AccessSettings {
+        let client_rate = self.client_rate.or(file.client_rate).unwrap_or(0);
+        AccessSettings {
+            trusted_proxies: (self.trusted_proxies.take())
+                .or(file.trusted_proxies.take())
+                .filter(|s| !s.trim().is_empty()),
+            client_rate,
+            client_burst: (self.client_burst.or(file.client_burst))
+                .unwrap_or(client_rate.saturating_mul(2)),
+            client_refusal_rate: (self.client_refusal_rate.or(file.client_refusal_rate))
+                .unwrap_or(20),
+            client_refusal_burst: (self.client_refusal_burst.or(file.client_refusal_burst))
+                .unwrap_or(200),
+            audit_refusal_interval_ms: (self.audit_refusal_interval_ms)
+                .or(file.audit_refusal_interval_ms)
+                .unwrap_or(10_000),
+        }
+    }
+
     /// The sentinel settings of the metadata and the data Redis (taken from these settings
     /// over `file`'s), checked.
     fn sentinels(
@@ -497,6 +528,7 @@ impl ServeArgs {
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let wake = self.wake(&file);
+        let access = self.access(&mut file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
         // The connection caps' defaults follow the wake-up channel limit (`wake` has it too).
@@ -533,29 +565,12 @@ impl ServeArgs {
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
-            trusted_proxies: self
-                .trusted_proxies
-                .or(file.trusted_proxies)
-                .filter(|s| !s.trim().is_empty()),
-            client_rate: self.client_rate.or(file.client_rate).unwrap_or(0),
-            client_burst: self.client_burst.or(file.client_burst).unwrap_or_else(|| {
-                self.client_rate
-                    .or(file.client_rate)
-                    .unwrap_or(0)
-                    .saturating_mul(2)
-            }),
-            client_refusal_rate: self
-                .client_refusal_rate
-                .or(file.client_refusal_rate)
-                .unwrap_or(20),
-            client_refusal_burst: self
-                .client_refusal_burst
-                .or(file.client_refusal_burst)
-                .unwrap_or(200),
-            audit_refusal_interval_ms: self
-                .audit_refusal_interval_ms
-                .or(file.audit_refusal_interval_ms)
-                .unwrap_or(10_000),
+            trusted_proxies: access.trusted_proxies,
+            client_rate: access.client_rate,
+            client_burst: access.client_burst,
+            client_refusal_rate: access.client_refusal_rate,
+            client_refusal_burst: access.client_refusal_burst,
+            audit_refusal_interval_ms: access.audit_refusal_interval_ms,
             data_redis_urls: data_redis_url.map(|urls| urls.split()),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
@@ -1007,6 +1022,64 @@ mod tests {
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
         assert_eq!(d.data_redis_urls, None);
         assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
+    }
+
+    #[test]
+    fn client_limits_and_trusted_proxies_from_a_toml_file_flag_and_default() {
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "client-refusal-rate = 7\nclient-rate = 50\ntrusted-proxies = \"10.0.0.0/8\""
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        };
+        let c = from_file.clone().resolve().unwrap();
+        assert_eq!(
+            (c.client_refusal_rate, c.client_rate, c.client_burst),
+            (7, 50, 100),
+            "the burst defaults to twice the rate"
+        );
+        assert_eq!(c.trusted_proxies.as_deref(), Some("10.0.0.0/8"));
+        let flag = ServeArgs {
+            client_refusal_rate: Some(9),
+            trusted_proxies: Some("127.0.0.1, ::1".into()),
+            ..from_file
+        };
+        let c = flag.resolve().unwrap();
+        assert_eq!(c.client_refusal_rate, 9);
+        assert_eq!(c.trusted_proxies.as_deref(), Some("127.0.0.1, ::1"));
+        let _ = std::fs::remove_file(&f.0);
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!(
+            (
+                d.client_rate,
+                d.client_refusal_rate,
+                d.client_refusal_burst,
+                d.audit_refusal_interval_ms,
+                d.trusted_proxies
+            ),
+            (0, 20, 200, 10_000, None)
+        );
+        for bad in [
+            ServeArgs {
+                trusted_proxies: Some("10.0.0.0/8,not-an-address".into()),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                audit_refusal_interval_ms: Some(10),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                client_refusal_rate: Some(5),
+                client_refusal_burst: Some(0),
+                ..ServeArgs::default()
+            },
+        ] {
+            assert!(bad.resolve().is_err());
+        }
     }
 
     #[test]
