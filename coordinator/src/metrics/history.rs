@@ -186,6 +186,8 @@ impl History {
         let mut memos = ShardMemos::default();
         // The newest sample of each owned group, for the next one's rate.
         let mut newest: HashMap<String, HistoryRecord> = HashMap::new();
+        // The document revision of each owned group at the last tick.
+        let mut revisions: HashMap<String, u64> = HashMap::new();
         loop {
             tick.tick().await;
             let Some(groups) = list_groups().await else {
@@ -194,10 +196,11 @@ impl History {
             let buckets = deps.buckets.borrow().clone();
             let plan = self.plan(groups, &buckets, &memos);
             let now = deps.clock.now_ms();
+            let moved = moved_keys(&plan.groups, &mut revisions);
             let due: Vec<String> = plan
                 .keys
                 .iter()
-                .filter(|(k, phase)| memos.due(k, *phase, now))
+                .filter(|(k, phase)| moved.contains(k.as_str()) || memos.due(k, *phase, now))
                 .map(|(k, _)| k.clone())
                 .collect();
             ::metrics::counter!("rsc_lag_sample_reads_total").increment(due.len() as u64);
@@ -264,6 +267,25 @@ impl History {
     }
 }
 
+/// The keys of the groups whose document changed since the last tick (`revisions`, updated
+/// to the groups' revisions now): a seek, a pause or resume, a rebalance may have moved what
+/// their shards report without anything written to them (a seek's move is recorded in the
+/// group document, PROTOCOL §18), so they are read at this tick even when idle.
+fn moved_keys<'a>(
+    groups: &'a [GroupView],
+    revisions: &mut HashMap<String, u64>,
+) -> HashSet<&'a str> {
+    let mut moved = HashSet::new();
+    for g in groups {
+        if revisions.insert(g.group.clone(), g.revision) != Some(g.revision) {
+            moved.extend(g.shards.iter().map(|s| s.key.as_str()));
+        }
+    }
+    let owned: HashSet<&str> = groups.iter().map(|g| g.group.as_str()).collect();
+    revisions.retain(|g, _| owned.contains(g.as_str()));
+    moved
+}
+
 /// The totals of `g` from the last reading of each of its shards.
 fn totals(g: &GroupView, memos: &ShardMemos) -> Totals {
     let stats: Vec<_> = g
@@ -276,7 +298,12 @@ fn totals(g: &GroupView, memos: &ShardMemos) -> Totals {
         ..Totals::default()
     };
     if !stats.is_empty() {
-        t.lag = Some(stats.iter().filter_map(|s| s.lag).sum());
+        // A shard whose lag Redis cannot tell adds nothing; none known is no lag known, not
+        // 0.
+        t.lag = stats
+            .iter()
+            .filter_map(|s| s.lag)
+            .fold(None, |sum, l| Some(sum.unwrap_or(0) + l));
         t.pending = Some(stats.iter().filter_map(|s| s.pending).sum());
         t.handled = stats
             .iter()
