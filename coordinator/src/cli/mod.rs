@@ -1003,3 +1003,81 @@ fn waiting_message(latest: &ReshardingView) -> String {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use rsc_protocol::{SeekDuration, SeekId, SeekShift, SeekTarget, SeekTime};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    }
+
+    /// `group seek`'s request from its command line.
+    fn seek(args: &[&str]) -> Result<rsc_protocol::SeekRequest, clap::Error> {
+        let argv = ["rsc-coordinator", "group", "seek", "billing"]
+            .iter()
+            .chain(args)
+            .copied();
+        match Cli::try_parse_from(argv)?.command {
+            OperatorCommand::Group(GroupArgs {
+                command: GroupCommand::Seek(a),
+                ..
+            }) => Ok(a.request()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_seek_target_parses_and_a_dry_run_is_the_default() {
+        let r = seek(&["--to", "earliest"]).unwrap();
+        assert_eq!(r.to, SeekTarget::Position(StartPosition::Earliest));
+        assert!(r.dry_run && r.shards.is_empty());
+        assert!(!seek(&["--to", "latest", "--execute"]).unwrap().dry_run);
+        assert!(seek(&["--to", "latest", "--dry-run"]).unwrap().dry_run);
+        assert_eq!(
+            seek(&["--to", "1767225600000"]).unwrap().to,
+            SeekTarget::Time(SeekTime {
+                time_ms: 1_767_225_600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--to", "2026-01-01T01:00:00+01:00"]).unwrap().to,
+            SeekTarget::Time(SeekTime {
+                time_ms: 1_767_225_600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--by-duration", "10m"]).unwrap().to,
+            SeekTarget::Duration(SeekDuration {
+                by_duration_ms: 600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--shift-by", "-100"]).unwrap().to,
+            SeekTarget::Shift(SeekShift { shift_by: -100 })
+        );
+        let r = seek(&["--shard", "3", "--shard", "5", "--to-id", "17-2"]).unwrap();
+        assert_eq!(r.to, SeekTarget::Id(SeekId { id: "17-2".into() }));
+        assert_eq!(r.shards, [3, 5]);
+        for bad in [
+            &[][..],
+            &["--to", "yesterday"],
+            &["--to", "earliest", "--to-id", "1-0"],
+            &["--to", "earliest", "--execute", "--dry-run"],
+            &["--by-duration", "1w"],
+        ] {
+            assert!(seek(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dlq_since_takes_unix_ms_or_rfc_3339() {
+        assert_eq!(parse_since("1767225600000"), Ok(1_767_225_600_000));
+        assert_eq!(parse_since("2026-01-01T00:00:00Z"), Ok(1_767_225_600_000));
+        assert!(parse_since("monday").is_err());
+    }
+}

@@ -357,6 +357,84 @@ mod tests {
         );
     }
 
+    /// A group whose document changed (a seek is recorded there) has its shards read at the
+    /// next tick, idle or not; one that did not change, not; a group no longer owned is
+    /// forgotten.
+    #[test]
+    fn the_shards_of_a_changed_group_are_read_at_the_next_tick() {
+        let view = |group: &str, revision: u64, keys: &[&str]| -> GroupView {
+            let mut v: GroupView = serde_json::from_value(serde_json::json!({
+                "group": group, "stream": "s", "state": "stable", "start": "earliest",
+                "session_timeout_ms": 1, "heartbeat_interval_ms": 1, "rebalance_timeout_ms": 1,
+                "max_members": null, "assignor": "sticky", "fencing": "lease",
+                "group_epoch": 1, "assignment_epoch": 1, "members": [], "shards": [],
+                "resharding": null, "revision": revision
+            }))
+            .expect("a group view");
+            v.shards = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| {
+                    serde_json::from_value(serde_json::json!({
+                        "shard": i, "key": k, "target_owner": null, "current_owner": null,
+                        "state": "active"
+                    }))
+                    .expect("a shard view")
+                })
+                .collect();
+            v
+        };
+        let mut revisions = HashMap::new();
+        let first = [view("a", 1, &["s:0", "s:1"]), view("b", 7, &["s:0"])];
+        assert_eq!(moved_keys(&first, &mut revisions).len(), 2, "first sight");
+        assert!(
+            moved_keys(&first, &mut revisions).is_empty(),
+            "nothing changed"
+        );
+        let sought = [view("a", 2, &["s:0", "s:1"]), view("b", 7, &["s:0"])];
+        let mut moved: Vec<&str> = moved_keys(&sought, &mut revisions).into_iter().collect();
+        moved.sort_unstable();
+        assert_eq!(moved, ["s:0", "s:1"]);
+        let only_b = [view("b", 7, &["s:0"])];
+        assert!(moved_keys(&only_b, &mut revisions).is_empty());
+        assert!(
+            !revisions.contains_key("a"),
+            "a group no longer owned is forgotten"
+        );
+    }
+
+    #[test]
+    fn no_lag_known_is_no_lag_not_zero() {
+        use crate::metrics::lag::{GroupReading, ShardStats};
+        let mut memos = ShardMemos::default();
+        let g: GroupView = serde_json::from_value(serde_json::json!({
+            "group": "g", "stream": "s", "state": "stable", "start": "earliest",
+            "session_timeout_ms": 1, "heartbeat_interval_ms": 1, "rebalance_timeout_ms": 1,
+            "max_members": null, "assignor": "sticky", "fencing": "lease",
+            "group_epoch": 1, "assignment_epoch": 1, "members": [],
+            "shards": [{"shard": 0, "key": "s:0", "target_owner": null, "current_owner": null,
+                "state": "active"}],
+            "resharding": null, "revision": 1
+        }))
+        .expect("a group view");
+        let reading = |lag: Option<u64>| {
+            Some(vec![GroupReading {
+                group: "g".into(),
+                last_delivered: "5-0".into(),
+                stats: ShardStats {
+                    lag,
+                    pending: Some(0),
+                    entries_read: None,
+                    oldest_undelivered_ms: None,
+                },
+            }])
+        };
+        memos.record("s:0", reading(None), 1);
+        assert_eq!(super::totals(&g, &memos).lag, None);
+        memos.record("s:0", reading(Some(4)), 2);
+        assert_eq!(super::totals(&g, &memos).lag, Some(4));
+    }
+
     #[tokio::test]
     async fn a_shard_count_change_gives_no_rate_and_a_second_sampler_is_ignored() {
         let h = History::new(Duration::from_secs(1));

@@ -94,8 +94,8 @@ impl Coordinator {
                     {
                         return Err(invalid(format!(
                             "stream {} exists with another retention policy: change it with \
-                             PATCH /v1/streams/{}",
-                            req.stream, req.stream
+                             rsc-coordinator stream retention {} (PATCH /v1/streams/{})",
+                            req.stream, req.stream, req.stream
                         )));
                     }
                     (v.doc, v.revision)
