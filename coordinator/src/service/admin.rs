@@ -395,37 +395,13 @@ impl Coordinator {
         };
         let target =
             crate::replay::plan::Target::from_request(&req.to, self.now()).map_err(invalid)?;
-        let lock = self.lock_group(group).await?;
-        let Versioned { mut doc, .. } = self.load_group(group).await?;
-        let stream = self.load_stream(&doc.stream).await?.doc;
-        doc.expire(&stream, self.now());
-        if !doc.members.is_empty() && doc.config.paused_since_ms.is_none() {
-            info!(
-                group,
-                members = doc.members.len(),
-                "seek refused: the group runs"
-            );
-            return Err(ServiceError::SeekWhileLive {
-                group: group.to_owned(),
-                members: doc.members.len(),
-            });
-        }
-        let readable = stream.assignable_shards();
-        if let Some(bad) = req.shards.iter().find(|s| !readable.contains(s)) {
-            return Err(invalid(format!(
-                "shard {bad} is not a shard group {group} reads (it reads {} shards of stream {})",
-                readable.len(),
-                stream.stream
-            )));
-        }
-        let shards: Vec<(u32, String)> = readable
-            .into_iter()
-            .filter(|s| req.shards.is_empty() || req.shards.contains(s))
-            .map(|s| (s, rsc_protocol::routing::shard_key(&stream.stream, s)))
-            .collect();
+        // Planned without the group's lock (a walk over a long stream may outlast it): the
+        // id a shard moves to, and its read counter, do not depend on when they are applied.
+        // The refusal is checked again under the lock, right before the move.
+        let (start, shards) = self.seek_shards(group, req).await?;
         let replayer = crate::replay::Replayer::new(sealer.redis().clone(), SEEK_REDIS_TIMEOUT);
         let moves = replayer
-            .plan(group, doc.config.start, &shards, target)
+            .plan(group, start, &shards, target)
             .await
             .map_err(replay_error)?;
         let plan: Vec<rsc_protocol::SeekShardPlan> = moves.iter().map(|m| m.to_wire()).collect();
@@ -443,6 +419,13 @@ impl Coordinator {
         };
         if req.dry_run {
             return Ok(response);
+        }
+        let lock = self.lock_group(group).await?;
+        if self.seek_shards(group, req).await?.1 != shards {
+            return Err(invalid(format!(
+                "the shards of group {group}'s stream changed during the seek (a reshard): \
+                 run it again"
+            )));
         }
         replayer.apply(group, &moves).await.map_err(replay_error)?;
         drop(lock);
@@ -474,6 +457,46 @@ impl Coordinator {
             warn!(group, error = %e, "seek done, but not recorded in the group document");
         }
         Ok(response)
+    }
+}
+
+impl Coordinator {
+    /// The shards (index, key) a seek of `group` moves, and where the group's consumer groups
+    /// start; `409 GROUP_NOT_EMPTY` while it has live members and is not paused, `400` for a
+    /// shard it does not read.
+    async fn seek_shards(
+        &self,
+        group: &str,
+        req: &rsc_protocol::SeekRequest,
+    ) -> Result<(rsc_protocol::StartPosition, Vec<(u32, String)>)> {
+        let Versioned { mut doc, .. } = self.load_group(group).await?;
+        let stream = self.load_stream(&doc.stream).await?.doc;
+        doc.expire(&stream, self.now());
+        if !doc.members.is_empty() && doc.config.paused_since_ms.is_none() {
+            info!(
+                group,
+                members = doc.members.len(),
+                "seek refused: the group runs"
+            );
+            return Err(ServiceError::SeekWhileLive {
+                group: group.to_owned(),
+                members: doc.members.len(),
+            });
+        }
+        let readable = stream.assignable_shards();
+        if let Some(bad) = req.shards.iter().find(|s| !readable.contains(s)) {
+            return Err(invalid(format!(
+                "shard {bad} is not a shard group {group} reads (it reads {} shards of stream {})",
+                readable.len(),
+                stream.stream
+            )));
+        }
+        let shards = readable
+            .into_iter()
+            .filter(|s| req.shards.is_empty() || req.shards.contains(s))
+            .map(|s| (s, rsc_protocol::routing::shard_key(&stream.stream, s)))
+            .collect();
+        Ok((doc.config.start, shards))
     }
 }
 
