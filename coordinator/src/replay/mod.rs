@@ -19,6 +19,8 @@
 //!    not add. The worker also reads at once when its group is resumed.
 
 pub(crate) mod plan;
+#[cfg(test)]
+mod tests;
 
 use plan::{Count, Id, ShardRead, Target, Walked, fmt_id, id_ms};
 use rsc_protocol::routing::{parse_entry_id, ring_channel, ring_command};
@@ -93,6 +95,8 @@ pub(crate) struct Replayer {
     position: redis::Script,
     walk: redis::Script,
     timeout: Duration,
+    /// Entries walked per script call ([`WALK_PAGE`]; smaller in tests).
+    page: u64,
 }
 
 impl std::fmt::Debug for Replayer {
@@ -127,7 +131,15 @@ impl Replayer {
             position: redis::Script::new(include_str!("position.lua")),
             walk: redis::Script::new(include_str!("walk.lua")),
             timeout,
+            page: WALK_PAGE,
         }
+    }
+
+    /// The same, walking `page` entries per script call.
+    #[cfg(test)]
+    pub(crate) fn with_page(mut self, page: u64) -> Self {
+        self.page = page.max(1);
+        self
     }
 
     async fn connection(&self) -> Result<Conn, ReplayError> {
@@ -174,11 +186,10 @@ impl Replayer {
             plan::Resolved::Shift { from, by } => {
                 let walk = if by < 0 {
                     let (max, from) = (by.unsigned_abs() + 1, fmt_id(from));
-                    self.walk_once(&mut conn, key, "rev", &from, "-", max)
-                        .await?
+                    self.walk(&mut conn, key, "rev", &from, "-", max).await?
                 } else {
                     let from = format!("({}", fmt_id(from));
-                    self.walk_once(&mut conn, key, "fwd", &from, "+", by as u64)
+                    self.walk(&mut conn, key, "fwd", &from, "+", by.unsigned_abs())
                         .await?
                 };
                 plan::shifted(from, by, &walk)
@@ -250,8 +261,8 @@ impl Replayer {
         })
     }
 
-    /// `(entries after at, read counter of at)` on `key` (see [`plan::count_after`]): walks in
-    /// pages of [`WALK_PAGE`] when the counters cannot tell.
+    /// `(entries after at, read counter of at)` on `key` (see [`plan::count_after`]): walks
+    /// when the counters cannot tell.
     async fn count_after(
         &self,
         conn: &mut Conn,
@@ -260,18 +271,49 @@ impl Replayer {
         at: Id,
     ) -> Result<(u64, u64), ReplayError> {
         let count = plan::count_after(read, at);
-        let (dir, mut from, to) = match count {
-            Count::Known { .. } => return Ok(plan::counted(count, 0, &Walked::default())),
-            Count::Forward => ("fwd", format!("({}", fmt_id(at)), "+"),
-            Count::Backward => ("rev", fmt_id(at), "-"),
+        let walked = match count {
+            Count::Known { .. } => Walked::default(),
+            Count::Forward => {
+                let from = format!("({}", fmt_id(at));
+                self.walk(conn, key, "fwd", &from, "+", u64::MAX).await?
+            }
+            Count::Backward => {
+                self.walk(conn, key, "rev", &fmt_id(at), "-", u64::MAX)
+                    .await?
+            }
         };
-        let mut total = 0;
+        Ok(plan::counted(count, walked.walked, &walked))
+    }
+
+    /// Walks up to `max` entries of `key` from `from` towards `to` (see `walk.lua`), in calls
+    /// of at most [`WALK_PAGE`] entries (`self.page`), so that Redis is never held long: the entries walked
+    /// in all, the last one, and the counters of the last call.
+    async fn walk(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        dir: &str,
+        from: &str,
+        to: &str,
+        max: u64,
+    ) -> Result<Walked, ReplayError> {
+        let mut from = from.to_owned();
+        let mut total = 0u64;
+        let mut last = None;
         loop {
-            let page = self.walk_once(conn, key, dir, &from, to, WALK_PAGE).await?;
+            let want = self.page.min(max - total);
+            let page = self.walk_once(conn, key, dir, &from, to, want).await?;
             total += page.walked;
+            last = page.last.or(last);
             match page.last {
-                Some(last) if page.walked == WALK_PAGE => from = format!("({}", fmt_id(last)),
-                _ => return Ok(plan::counted(count, total, &page)),
+                Some(l) if page.walked == want && total < max => from = format!("({}", fmt_id(l)),
+                _ => {
+                    return Ok(Walked {
+                        walked: total,
+                        last,
+                        ..page
+                    });
+                }
             }
         }
     }
