@@ -216,12 +216,19 @@ async fn group_lifecycle_tables_and_json() {
             "TARGET",
             "OWNER",
             "STATE",
+            "LAST",
+            "DELIVERED",
+            "DELIVERED",
+            "AT",
             "LAG",
+            "PENDING",
+            "OLDEST",
             "PENDING",
             "STALE",
             "CONSUMERS"
         ]
     );
+    // Without a data Redis: no position, lag or pending entries.
     for (i, shard) in view["shards"].as_array().unwrap().iter().enumerate() {
         let owner = shard["current_owner"].as_str().unwrap();
         assert_eq!(
@@ -234,9 +241,13 @@ async fn group_lifecycle_tables_and_json() {
                 "active",
                 "-",
                 "-",
+                "-",
+                "-",
+                "-",
                 "-"
             ]
         );
+        assert!(shard.get("last_delivered_id").is_none(), "{shard}");
     }
     let member_header = lines
         .iter()
