@@ -644,24 +644,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         }
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
-        GroupCommand::Seek(args) => {
-            let req = args.request();
-            let f = c.seek(&args.group, &req).await?;
-            if json_out {
-                emit_json(&f.json);
-            } else {
-                // After a move, say whether the group still has to be resumed.
-                let paused = match f.view.dry_run {
-                    true => None,
-                    false => c
-                        .describe_group(&args.group)
-                        .await
-                        .ok()
-                        .map(|g| g.view.paused),
-                };
-                emit(&render::seek(&f.view, &req.to, paused));
-            }
-        }
+        GroupCommand::Seek(args) => seek(&c, &args, json_out).await?,
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
@@ -671,6 +654,27 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
             }
         }
     }
+    Ok(())
+}
+
+/// `group seek`: the plan (a dry run unless `--execute`), and whether the group is still to
+/// be resumed after a move.
+async fn seek(c: &Client, args: &SeekArgs, json_out: bool) -> Result<(), CliError> {
+    let req = args.request();
+    let f = c.seek(&args.group, &req).await?;
+    if json_out {
+        emit_json(&f.json);
+        return Ok(());
+    }
+    let paused = match f.view.dry_run {
+        true => None,
+        false => c
+            .describe_group(&args.group)
+            .await
+            .ok()
+            .map(|g| g.view.paused),
+    };
+    emit(&render::seek(&f.view, &req.to, paused));
     Ok(())
 }
 
