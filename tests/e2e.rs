@@ -43,6 +43,7 @@ mod metrics;
 mod ordered_reshard;
 mod readme;
 mod redis_store;
+mod replay;
 mod reshard;
 mod retention;
 mod secrets;

@@ -63,6 +63,7 @@ impl GroupDoc {
             members: Default::default(),
             created_ms: now_ms,
             reconciling_since_ms: None,
+            last_seek: None,
         }
     }
 
