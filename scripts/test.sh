@@ -23,6 +23,10 @@ if ! command -v curl >/dev/null; then
   echo "== installing curl (apt-get)"
   apt_install curl
 fi
+if ! command -v openssl >/dev/null; then
+  echo "== installing openssl (apt-get; the TLS tests make certificates and CRLs with it)"
+  apt_install openssl
+fi
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   echo "== installing redis-server (apt-get)"
   apt_install redis-server redis-tools
