@@ -98,6 +98,27 @@ pub(crate) struct LagProbe {
 type Consumers = Vec<(String, u64)>;
 
 /// A cache's lock; a poisoned one is still consistent (each entry is written whole).
+/// What `cache` holds at `now` of `group`'s shards `keys`, by shard, and the shards it lacks.
+fn cached<V: Clone>(
+    cache: &Mutex<Recent<(String, String), V>>,
+    group: &str,
+    keys: &[(u32, String)],
+    now: Instant,
+) -> (HashMap<u32, V>, Vec<(u32, String)>) {
+    let cache = locked(cache);
+    let mut out = HashMap::new();
+    let mut missing = Vec::new();
+    for (shard, key) in keys {
+        match cache.get(&(group.to_owned(), key.clone()), now) {
+            Some(v) => {
+                out.insert(*shard, v);
+            }
+            None => missing.push((*shard, key.clone())),
+        }
+    }
+    (out, missing)
+}
+
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -328,19 +349,7 @@ impl LagProbe {
         keys: &[(u32, String)],
     ) -> HashMap<u32, Vec<(String, u64)>> {
         let now = Instant::now();
-        let mut out = HashMap::new();
-        let mut missing = Vec::new();
-        {
-            let cache = locked(&self.consumers);
-            for (shard, key) in keys {
-                match cache.get(&(group.to_owned(), key.clone()), now) {
-                    Some(list) => {
-                        out.insert(*shard, list);
-                    }
-                    None => missing.push((*shard, key.clone())),
-                }
-            }
-        }
+        let (mut out, missing) = cached(&self.consumers, group, keys, now);
         if missing.is_empty() {
             return out;
         }
@@ -388,19 +397,7 @@ impl LagProbe {
         keys: &[(u32, String)],
     ) -> HashMap<u32, Option<String>> {
         let now = Instant::now();
-        let mut out = HashMap::new();
-        let mut missing = Vec::new();
-        {
-            let cache = locked(&self.oldest_pending);
-            for (shard, key) in keys {
-                match cache.get(&(group.to_owned(), key.clone()), now) {
-                    Some(id) => {
-                        out.insert(*shard, id);
-                    }
-                    None => missing.push((*shard, key.clone())),
-                }
-            }
-        }
+        let (mut out, missing) = cached(&self.oldest_pending, group, keys, now);
         if missing.is_empty() {
             return out;
         }
