@@ -58,6 +58,7 @@ mod group_commit;
 mod http_error;
 mod metrics;
 mod outage;
+pub mod recovery;
 pub mod retention;
 mod retired;
 pub mod server;

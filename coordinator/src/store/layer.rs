@@ -56,6 +56,30 @@ pub trait StoreLayer: Send + Sync + std::fmt::Debug + 'static {
     fn wrote(&self, document: Document<'_>, before: u64, after: u64) {
         let _ = (document, before, after);
     }
+
+    /// Runs after a successful write stored `write` (the document as written, at its new
+    /// revision), inside [`Self::around`]; the write's caller waits for it. It cannot fail
+    /// the write (a decorator that mirrors documents elsewhere retries on its own).
+    fn stored(&self, write: Stored<'_>) -> impl Future<Output = ()> + Send {
+        let _ = write;
+        async {}
+    }
+
+    /// Runs before a group document is deleted; an error refuses the delete (nothing was
+    /// deleted). Used to remove a copy first, so that no copy outlives its document.
+    fn deleting(&self, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = group;
+        async { Ok(()) }
+    }
+}
+
+/// A document a successful write stored ([`StoreLayer::stored`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Stored<'a> {
+    /// A group document at this revision.
+    Group(&'a GroupDoc, u64),
+    /// A stream document at this revision.
+    Stream(&'a StreamDoc, u64),
 }
 
 /// A [`MetadataStore`] that forwards every call to `inner` through `layer`'s hooks.
@@ -99,12 +123,14 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_group(doc, expected).await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
+            self.layer.stored(Stored::Group(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_group", call).await
     }
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let call = async {
+            self.layer.deleting(group).await?;
             self.inner.delete_group(group, expected).await?;
             self.layer.wrote(Document::Group(group), expected, 0);
             Ok(())
@@ -116,6 +142,7 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_stream(doc, expected).await?;
             self.layer
                 .wrote(Document::Stream(&doc.stream), expected, after);
+            self.layer.stored(Stored::Stream(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_stream", call).await
@@ -170,6 +197,7 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_group_live(doc, expected, change).await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
+            self.layer.stored(Stored::Group(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_group_live", call).await
