@@ -44,6 +44,7 @@ mod redis_store;
 mod reshard;
 mod retention;
 mod sentinel_failover;
+mod store_loss;
 mod structure;
 mod tls;
 mod wakeups;
