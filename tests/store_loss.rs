@@ -240,3 +240,66 @@ async fn manual_recovery_waits_for_store_restore() {
     let (_, routing) = stack.api.get(&format!("/v1/streams/{STREAM}/routing")).await;
     assert_eq!(routing["shard_count"], 3, "{routing}");
 }
+
+/// Without a recovery copy (no data Redis for the coordinator), a lost stream stays lost: a
+/// producer's routing refresh finds it gone, drops the cached routing, and the next publish
+/// fails with a clear error once its delivery timeout has passed — not at once, not never.
+#[tokio::test]
+async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
+    use rsc_client::ClientError;
+    use rsc_client::producer::{Producer, Record};
+    let store = RedisServer::start().expect("store redis-server starts");
+    let data = RedisServer::start().expect("data redis-server starts");
+    let store_url = store.url();
+    let coordinator =
+        CoordinatorProcess::start(&["--store", "redis", "--redis-url", &store_url])
+            .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            serde_json::json!({"group": GROUP, "stream": STREAM, "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let producer = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(data.url())
+        .refresh_every(Duration::from_millis(100))
+        .delivery_timeout(TIMEOUT)
+        .build()
+        .expect("producer");
+    producer
+        .publish_record(STREAM, Record::raw("before").key("k"))
+        .await
+        .expect("published while the stream exists");
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (err, took) = loop {
+        let started = Instant::now();
+        match producer
+            .publish_record(STREAM, Record::raw("after").key("k"))
+            .await
+        {
+            Ok(_) => {
+                // Still the cached routing, until a refresh finds the stream gone.
+                assert!(Instant::now() < deadline, "publishes never failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => break (e, started.elapsed()),
+        }
+    };
+    let text = err.chain();
+    eprintln!("publish to a lost stream failed after {took:?}: {text}");
+    assert!(
+        matches!(&err, ClientError::DeliveryTimeout { stream, .. } if stream == STREAM),
+        "{text}"
+    );
+    assert!(text.contains("STREAM_NOT_FOUND") || text.contains("does not exist"), "{text}");
+    assert!(
+        took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3),
+        "failed after its delivery timeout: {took:?}"
+    );
+}
