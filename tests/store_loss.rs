@@ -197,22 +197,41 @@ async fn manual_recovery_waits_for_store_restore() {
 
     store.command("FLUSHALL").expect("FLUSHALL");
     // Past a heartbeat, a routing request and a periodic check (5 s): still missing.
-    let (s, body) = stack.api.get(&format!("/v1/streams/{STREAM}/routing")).await;
-    assert_eq!((s.as_u16(), code(&body)), (404, "STREAM_NOT_FOUND"), "{body}");
+    let (s, body) = stack
+        .api
+        .get(&format!("/v1/streams/{STREAM}/routing"))
+        .await;
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "STREAM_NOT_FOUND"),
+        "{body}"
+    );
     eventually_async("the pod reports not ready", 30, || async {
         (pod.ready().await == Some(false)).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(6_000)).await;
     let (s, body) = stack.api.get(&format!("/v1/groups/{GROUP}")).await;
-    assert_eq!((s.as_u16(), code(&body)), (404, "GROUP_NOT_FOUND"), "{body}");
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "GROUP_NOT_FOUND"),
+        "{body}"
+    );
     let refused = stack
         .api
         .metric("rsc_store_recoveries_refused_total", &[])
         .await;
     assert!(refused >= 1.0, "refusals counted: {refused}");
-    assert!(stack.coordinator.logged("--store-recovery manual: not restored"));
-    assert_eq!(pod.ready().await, Some(false), "not ready while the group is gone");
+    assert!(
+        stack
+            .coordinator
+            .logged("--store-recovery manual: not restored")
+    );
+    assert_eq!(
+        pod.ready().await,
+        Some(false),
+        "not ready while the group is gone"
+    );
 
     let out = std::process::Command::new(binary_path("rsc-coordinator").expect("built"))
         .args([
@@ -228,7 +247,11 @@ async fn manual_recovery_waits_for_store_restore() {
         .output()
         .expect("store restore runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("restored stream lost"), "{stdout}");
     assert!(stdout.contains("restored group g"), "{stdout}");
     let g = stack.wait_stable(GROUP, 2, 3).await;
@@ -237,7 +260,10 @@ async fn manual_recovery_waits_for_store_restore() {
         (pod.ready().await == Some(true)).then_some(())
     })
     .await;
-    let (_, routing) = stack.api.get(&format!("/v1/streams/{STREAM}/routing")).await;
+    let (_, routing) = stack
+        .api
+        .get(&format!("/v1/streams/{STREAM}/routing"))
+        .await;
     assert_eq!(routing["shard_count"], 3, "{routing}");
 }
 
@@ -251,9 +277,8 @@ async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
     let store = RedisServer::start().expect("store redis-server starts");
     let data = RedisServer::start().expect("data redis-server starts");
     let store_url = store.url();
-    let coordinator =
-        CoordinatorProcess::start(&["--store", "redis", "--redis-url", &store_url])
-            .expect("coordinator starts");
+    let coordinator = CoordinatorProcess::start(&["--store", "redis", "--redis-url", &store_url])
+        .expect("coordinator starts");
     let api = Api::new(coordinator.url());
     let (s, body) = api
         .post(
@@ -297,9 +322,69 @@ async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
         matches!(&err, ClientError::DeliveryTimeout { stream, .. } if stream == STREAM),
         "{text}"
     );
-    assert!(text.contains("STREAM_NOT_FOUND") || text.contains("does not exist"), "{text}");
+    assert!(
+        text.contains("STREAM_NOT_FOUND") || text.contains("does not exist"),
+        "{text}"
+    );
     assert!(
         took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3),
         "failed after its delivery timeout: {took:?}"
     );
+}
+
+/// A deleted group is never restored (its copy goes before its document), while a group
+/// that was not deleted is; a data Redis that lost the copy gets it back from the store.
+#[tokio::test]
+async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
+    let store = RedisServer::start().expect("store redis-server starts");
+    let stack = stack(&store, &[]);
+    for g in ["kept", "deleted"] {
+        let (s, body) = stack
+            .api
+            .post(
+                "/v1/groups",
+                serde_json::json!({"group": g, "stream": STREAM, "shard_count": 2}),
+            )
+            .await;
+        assert_eq!(s.as_u16(), 201, "{body}");
+    }
+    let (s, body) = stack
+        .api
+        .call(reqwest::Method::DELETE, "/v1/groups/deleted", None)
+        .await;
+    assert!(s.is_success(), "{s} {body}");
+
+    // The data Redis loses the copy: the check writes it again from the store.
+    stack
+        .redis
+        .command("DEL rsc:recovery:groups rsc:recovery:streams")
+        .expect("DEL");
+    let mut con = stack.redis();
+
+    eventually("the copy written again", 15, || {
+        let groups: Vec<String> = redis::cmd("HKEYS")
+            .arg("rsc:recovery:groups")
+            .query(&mut con)
+            .ok()?;
+        let streams: u64 = redis::cmd("HLEN")
+            .arg("rsc:recovery:streams")
+            .query(&mut con)
+            .ok()?;
+        (groups == ["kept"] && streams == 1).then_some(())
+    })
+    .await;
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    let (s, body) = stack.api.get("/v1/groups/kept").await;
+    assert_eq!(s.as_u16(), 200, "restored on the first request: {body}");
+    // Past a periodic check (5 s): the deleted group is still gone.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let (s, body) = stack.api.get("/v1/groups/deleted").await;
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "GROUP_NOT_FOUND"),
+        "{body}"
+    );
+    let (_, list) = stack.api.get("/v1/groups").await;
+    assert!(!list.to_string().contains("\"deleted\""), "{list}");
 }

@@ -7,8 +7,8 @@ use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ServeConfig, StoreKind};
 use crate::metrics::{self, History, InstrumentedStore, LagProbe};
-use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::recovery::{CopyLayer, RecoveryCopy};
+use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{
     DUE_BUCKETS, Layered, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,

@@ -3,7 +3,7 @@
 
 use super::copy::{GroupCopy, StreamCopy};
 use crate::fencing::FencingError;
-use crate::store::{MetadataStore, StoreError, StoreLayer, Stored};
+use crate::store::{LockResource, MetadataStore, StoreError, StoreLayer, Stored};
 use rsc_redis::{Conn, LazyRedis};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -116,6 +116,12 @@ impl RecoveryCopy {
         Ok(())
     }
 
+    /// Forgets what this process wrote for `group`: its next copy is written even if equal
+    /// (the copy was found missing).
+    pub fn forget_written(&self, group: &str) {
+        self.lock_written().remove(group);
+    }
+
     fn recently_written(&self, copy: &GroupCopy) -> bool {
         self.lock_written()
             .get(&copy.group)
@@ -211,10 +217,16 @@ impl RecoveryCopy {
     /// Copies the document `p` names as `store` holds it now (nothing when it holds none).
     async fn copy_from(&self, store: &dyn MetadataStore, p: &Pending) -> Result<(), String> {
         match p {
-            Pending::Group(g) => match store.load_group(g).await.map_err(|e| e.to_string())? {
-                Some(v) => self.write_group(&GroupCopy::of(&v.doc, v.revision)).await,
-                None => Ok(()),
-            },
+            Pending::Group(g) => {
+                // Under the group's lock, as a delete (which removes the copy first): a copy
+                // written here never outlives a delete.
+                let resource = LockResource::Group(g.clone());
+                let _lock = store.lock(&resource).await.map_err(|e| e.to_string())?;
+                match store.load_group(g).await.map_err(|e| e.to_string())? {
+                    Some(v) => self.write_group(&GroupCopy::of(&v.doc, v.revision)).await,
+                    None => Ok(()),
+                }
+            }
             Pending::Stream(s) => match store.load_stream(s).await.map_err(|e| e.to_string())? {
                 Some(v) => {
                     let copy = StreamCopy {

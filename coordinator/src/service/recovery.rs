@@ -10,10 +10,10 @@
 use super::{Coordinator, Result, ServiceError};
 use crate::audit::Auditor;
 use crate::engine::StreamDoc;
-use crate::recovery::{GroupCopy, RecoveryCopy, RecoveryMode};
+use crate::recovery::{GroupCopy, RecoveryCopy, RecoveryMode, StreamCopy};
 use crate::store::Versioned;
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{error, warn};
@@ -170,7 +170,13 @@ impl Coordinator {
     }
 
     /// Logs, counts and audits one restore.
-    async fn restored(&self, kind: &'static str, name: &str, revision: u64, body: serde_json::Value) {
+    async fn restored(
+        &self,
+        kind: &'static str,
+        name: &str,
+        revision: u64,
+        body: serde_json::Value,
+    ) {
         metrics::counter!("rsc_store_recoveries_total", "kind" => kind).increment(1);
         error!(
             kind,
@@ -228,26 +234,64 @@ impl Coordinator {
 
     /// Restores every document the recovery copy holds and the store does not: streams
     /// first, then groups. Without `force` only in auto mode (manual: logged and counted);
-    /// with it (`rsc-coordinator store restore`) in either. Without a recovery copy,
-    /// restores nothing.
+    /// with it (`rsc-coordinator store restore`) in either. Also copies the documents the
+    /// store holds and the copy lacks (a data Redis that lost its data). Without a recovery
+    /// copy, does nothing.
     pub async fn restore_missing(&self, force: bool) -> Result<Restored> {
         let mut done = Restored::default();
         let Some(r) = self.recovery.clone() else {
             return Ok(done);
         };
-        for s in r.copy.stream_names().await.map_err(copy_error)? {
-            if self.store.stream_revision(&s).await?.is_none()
-                && self.recover_stream(&s, force).await?.is_some()
+        let copied: HashSet<String> = r
+            .copy
+            .stream_names()
+            .await
+            .map_err(copy_error)?
+            .into_iter()
+            .collect();
+        let stored: HashSet<String> = self.store.list_streams().await?.into_iter().collect();
+        for s in copied.difference(&stored) {
+            if self.store.stream_revision(s).await?.is_none()
+                && self.recover_stream(s, force).await?.is_some()
             {
-                done.streams.push(s);
+                done.streams.push(s.clone());
             }
         }
-        for g in r.copy.group_names().await.map_err(copy_error)? {
-            if self.store.group_revision(&g).await?.is_none() && self.recover_group(&g, force).await?
-            {
-                done.groups.push(g);
+        for s in stored.difference(&copied) {
+            if let Some(v) = self.store.load_stream(s).await? {
+                let copy = StreamCopy {
+                    doc: v.doc,
+                    revision: v.revision,
+                };
+                r.copy.write_stream(&copy).await.map_err(copy_error)?;
             }
         }
+        let copied: HashSet<String> = r
+            .copy
+            .group_names()
+            .await
+            .map_err(copy_error)?
+            .into_iter()
+            .collect();
+        let stored: HashSet<String> = self.store.list_groups().await?.into_iter().collect();
+        for g in copied.difference(&stored) {
+            if self.store.group_revision(g).await?.is_none() && self.recover_group(g, force).await?
+            {
+                done.groups.push(g.clone());
+            }
+        }
+        for g in stored.difference(&copied) {
+            // Under the group's lock, as a delete (which removes the copy first): a copy
+            // written here never outlives a delete.
+            let _lock = self.lock_group(g).await?;
+            if let Some(v) = self.store.load_group(g).await? {
+                let copy = GroupCopy::of(&v.doc, v.revision);
+                r.copy.forget_written(g);
+                r.copy.write_group(&copy).await.map_err(copy_error)?;
+            }
+        }
+        done.streams.sort();
+        done.groups.sort();
         Ok(done)
     }
 
