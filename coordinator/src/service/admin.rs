@@ -82,7 +82,7 @@ impl Coordinator {
             // is never created again with another shard count (PROTOCOL §2.3).
             let existing = match self.store.load_stream(&req.stream).await? {
                 Some(v) => Some(v),
-                None => self.recover_stream(&req.stream, false).await?,
+                None => self.recover_stream_boxed(&req.stream).await?,
             };
             let (mut stream, revision) = match existing {
                 Some(v) => {

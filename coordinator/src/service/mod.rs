@@ -395,7 +395,7 @@ impl Coordinator {
 
     async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
         let mut loaded = self.store.load_group_live(group).await?;
-        if loaded.is_none() && self.recover_group(group, false).await? {
+        if loaded.is_none() && self.recover_group_boxed(group).await? {
             // The store had lost it; restored from the recovery copy (PROTOCOL §2.3).
             loaded = self.store.load_group_live(group).await?;
         }
@@ -461,7 +461,7 @@ impl Coordinator {
         let loaded = match self.store.load_stream(stream).await? {
             Some(v) => Some(v),
             // The store may have lost it: restored from the recovery copy (PROTOCOL §2.3).
-            None => self.recover_stream(stream, false).await?,
+            None => self.recover_stream_boxed(stream).await?,
         };
         loaded.ok_or_else(|| ServiceError::StreamNotFound(stream.to_owned()))
     }

@@ -14,9 +14,14 @@ use crate::recovery::{GroupCopy, RecoveryCopy, RecoveryMode, StreamCopy};
 use crate::store::Versioned;
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{error, warn};
+
+/// A boxed restore.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
 /// How often a refusal to restore one document (manual mode) is logged.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -78,6 +83,20 @@ impl Coordinator {
             );
         }
         false
+    }
+
+    /// [`Self::recover_group`] without `force`, boxed: the paths that read documents (every
+    /// request's) stay small futures.
+    pub(super) fn recover_group_boxed<'a>(&'a self, group: &'a str) -> Boxed<'a, bool> {
+        Box::pin(self.recover_group(group, false))
+    }
+
+    /// [`Self::recover_stream`] without `force`, boxed (as [`Self::recover_group_boxed`]).
+    pub(super) fn recover_stream_boxed<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> Boxed<'a, Option<Versioned<StreamDoc>>> {
+        Box::pin(self.recover_stream(stream, false))
     }
 
     /// The store does not hold `stream`: restores it from the copy when there is one (and
