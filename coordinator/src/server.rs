@@ -340,8 +340,13 @@ fn build_coordinator(
 /// §2.3): a lost document nobody asks for is restored within this.
 const RECOVERY_CHECK_EVERY: Duration = Duration::from_secs(5);
 
-/// The recovery copy in the data Redis (PROTOCOL §2.3); `None` without a data Redis.
+/// The recovery copy in the data Redis (PROTOCOL §2.3); `None` without a data Redis, and
+/// for the memory store (which keeps nothing across a restart by design, and whose
+/// coordinators are independent: several may share one data Redis).
 fn recovery_copy(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<RecoveryCopy>>> {
+    if cfg.store != StoreKind::Redis {
+        return Ok(None);
+    }
     Ok(data_redis(cfg, FENCING_TIMEOUT)?
         .map(|r| Arc::new(RecoveryCopy::new(r, &cfg.key_prefix, FENCING_TIMEOUT))))
 }
@@ -363,7 +368,10 @@ fn with_copy(
 /// says (PROTOCOL §2.3). Audited like a coordinator's own restore.
 pub async fn restore_store(cfg: &ServeConfig) -> anyhow::Result<crate::service::Restored> {
     let Some(copy) = recovery_copy(cfg)? else {
-        anyhow::bail!("the recovery copy lives in the data Redis: give --data-redis-url");
+        anyhow::bail!(
+            "the recovery copy is kept for the Redis store in the data Redis: give --store redis, \
+             the store's --redis-url and --data-redis-url"
+        );
     };
     check_data_redis(cfg).await?;
     let store = with_copy(build_store(cfg).await?, Some(&copy));
