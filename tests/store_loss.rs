@@ -97,6 +97,19 @@ async fn a_flushed_store_is_restored_under_load() {
     let before = stack.group(GROUP).await;
     assert_eq!(before["fencing"], "strict", "{before}");
     let epoch_before = max_epoch(&stack).await;
+    // Steady heartbeats write no copy: over ten heartbeat intervals the count stays.
+    let writes = || {
+        stack
+            .api
+            .metric("rsc_store_recovery_copy_writes_total", &[])
+    };
+    let steady = writes().await;
+    assert!(
+        steady >= 2.0,
+        "the stream and the group were copied: {steady}"
+    );
+    tokio::time::sleep(Duration::from_millis(10 * HEARTBEAT_MS)).await;
+    assert_eq!(writes().await, steady, "steady heartbeats wrote copies");
     let mut con = stack.redis();
     const N: u64 = 6_000;
     let producer = spawn_producer(&stack, STREAM, N, 32, Some(1_500));

@@ -354,4 +354,73 @@ mod tests {
             "each call reaches the inner store as itself, not as a default's parts"
         );
     }
+
+    /// Records what `stored` and `deleting` saw; refuses deletes while `refuse` is set.
+    #[derive(Debug, Default)]
+    struct Copies {
+        seen: Mutex<Vec<String>>,
+        refuse: std::sync::atomic::AtomicBool,
+    }
+
+    impl StoreLayer for Arc<Copies> {
+        async fn stored(&self, write: Stored<'_>) {
+            let line = match write {
+                Stored::Group(g, r) => format!("group {} at {r}", g.group),
+                Stored::Stream(s, r) => format!("stream {} at {r}", s.stream),
+            };
+            self.seen.lock().unwrap().push(line);
+        }
+
+        async fn deleting(&self, group: &str) -> Result<(), StoreError> {
+            self.seen.lock().unwrap().push(format!("deleting {group}"));
+            if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(StoreError::unavailable("no copy store".into()));
+            }
+            Ok(())
+        }
+    }
+
+    /// Every committed document write reaches `stored` with the document and its new
+    /// revision (a refused compare-and-set does not), and `deleting` runs before a delete,
+    /// which it can refuse (the document is then still there).
+    #[tokio::test]
+    async fn every_committed_write_is_seen_whole_and_a_delete_can_be_refused_first() {
+        let copies = Arc::new(Copies::default());
+        let store = Layered::with_layer(Arc::new(MemoryStore::new()), copies.clone());
+        let stream = StreamDoc::new("s", 2, 0).unwrap();
+        store.put_stream(&stream, 0).await.unwrap();
+        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        store.put_group(&group, 0).await.unwrap();
+        store
+            .put_group_live(&group, 1, &LivenessChange::default())
+            .await
+            .unwrap();
+        assert!(
+            store.put_group(&group, 1).await.is_err(),
+            "a lost compare-and-set"
+        );
+        copies
+            .refuse
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(store.delete_group("g", 2).await.is_err());
+        assert_eq!(
+            store.group_revision("g").await.unwrap(),
+            Some(2),
+            "not deleted"
+        );
+        copies
+            .refuse
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        store.delete_group("g", 2).await.unwrap();
+        assert_eq!(
+            *copies.seen.lock().unwrap(),
+            [
+                "stream s at 1",
+                "group g at 1",
+                "group g at 2",
+                "deleting g",
+                "deleting g"
+            ]
+        );
+    }
 }
