@@ -216,12 +216,19 @@ async fn group_lifecycle_tables_and_json() {
             "TARGET",
             "OWNER",
             "STATE",
+            "LAST",
+            "DELIVERED",
+            "DELIVERED",
+            "AT",
             "LAG",
+            "PENDING",
+            "OLDEST",
             "PENDING",
             "STALE",
             "CONSUMERS"
         ]
     );
+    // Without a data Redis: no position, lag or pending entries.
     for (i, shard) in view["shards"].as_array().unwrap().iter().enumerate() {
         let owner = shard["current_owner"].as_str().unwrap();
         assert_eq!(
@@ -234,9 +241,13 @@ async fn group_lifecycle_tables_and_json() {
                 "active",
                 "-",
                 "-",
+                "-",
+                "-",
+                "-",
                 "-"
             ]
         );
+        assert!(shard.get("last_delivered_id").is_none(), "{shard}");
     }
     let member_header = lines
         .iter()
@@ -642,4 +653,316 @@ async fn stream_retention_and_describe() {
     let r = cli(&url, &["group", "seek", "g", "--to", "yesterday"]);
     assert_eq!(r.code, 2, "{r:?}");
     cli(&url, &["group", "seek", "g", "--to", "earliest"]).refused("INVALID_REQUEST");
+}
+
+/// `rsc-coordinator --help` names every command of each group in its one-liner, and the
+/// README's command list names them all.
+#[test]
+fn help_and_readme_list_every_command() {
+    let help = |args: &[&str]| -> String {
+        let o = Command::new(binary_path("rsc-coordinator").expect("binary built"))
+            .args(args)
+            .output()
+            .expect("cli runs");
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8(o.stdout).expect("utf-8")
+    };
+    // The sub-commands clap lists under `Commands:` (without `help`).
+    let commands = |text: &str| -> Vec<String> {
+        text.split("Commands:")
+            .nth(1)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|c| *c != "help")
+            .map(str::to_owned)
+            .collect()
+    };
+    let top = help(&["--help"]);
+    let readme = include_str!("../README.md");
+    for noun in ["group", "stream", "member", "dlq"] {
+        let verbs = commands(&help(&[noun, "--help"]));
+        assert!(!verbs.is_empty(), "{noun} has commands");
+        let line = top
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{noun} ")))
+            .unwrap_or_else(|| panic!("{noun} in --help: {top}"));
+        // The one-liner may wrap: take the text up to the next command.
+        let mut one_liner = line.to_owned();
+        for l in top.lines().skip_while(|l| *l != line).skip(1) {
+            if !l.starts_with("            ") {
+                break;
+            }
+            one_liner.push_str(l);
+        }
+        let list = &readme[readme
+            .find("operators' CLI")
+            .expect("the README's CLI list")..];
+        let listed = [format!("`rsc-coordinator {noun} "), format!("`{noun} ")]
+            .iter()
+            .find_map(|start| list.split(start.as_str()).nth(1))
+            .and_then(|rest| rest.split('`').next())
+            .unwrap_or_else(|| panic!("README lists `{noun} …`"));
+        for verb in &verbs {
+            assert!(
+                one_liner.contains(verb.as_str()),
+                "`rsc-coordinator --help` line of {noun} names {verb}: {one_liner}"
+            );
+            assert!(
+                listed.split('|').any(|v| v == verb),
+                "the README's list `{noun} {listed}` names {verb}"
+            );
+        }
+    }
+}
+
+/// The flags (`--x`) a hint names exist on the command it is about.
+fn hint_flags_exist(run: &Run, command: &[&str]) {
+    let help = Command::new(binary_path("rsc-coordinator").expect("binary built"))
+        .args(command)
+        .arg("--help")
+        .output()
+        .expect("cli runs");
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    for line in run.stderr.lines().filter(|l| l.starts_with("hint:")) {
+        for flag in line
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+        {
+            assert!(
+                help.contains(flag),
+                "the hint names {flag}, which `{}` does not have: {line}",
+                command.join(" ")
+            );
+        }
+    }
+}
+
+/// `group seek` (PROTOCOL §18) against a coordinator with a data Redis: a dry run by default
+/// that prints each shard's position now and after; `--execute`; every target form; refusals
+/// that say what to run; `group describe` with each shard's position.
+#[tokio::test]
+async fn group_seek_plans_by_default_executes_and_describes_positions() {
+    let redis = rsc_testkit::RedisServer::start().expect("redis-server starts");
+    let coordinator = rsc_testkit::CoordinatorProcess::start(&[
+        "--store",
+        "memory",
+        "--data-redis-url",
+        &redis.url(),
+    ])
+    .expect("coordinator starts");
+    let url = coordinator.url();
+    let api = Api::new(&url);
+    cli(
+        &url,
+        &["group", "create", "g", "--stream", "sk", "--shards", "4"],
+    )
+    .ok();
+    // 10 entries per shard, the group's consumer groups past them all (as after handling).
+    let mut con = redis::Client::open(redis.url())
+        .and_then(|c| c.get_connection())
+        .expect("redis");
+    let mut ids: Vec<Vec<String>> = Vec::new();
+    for shard in 0..4 {
+        let key = format!("sk:{shard}");
+        let mut on_shard = Vec::new();
+        for i in 0..10 {
+            let id: String = redis::cmd("XADD")
+                .arg(&key)
+                .arg("*")
+                .arg("payload")
+                .arg(format!("p{i}"))
+                .query(&mut con)
+                .expect("XADD");
+            on_shard.push(id);
+        }
+        let () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("g")
+            .arg("$")
+            .query(&mut con)
+            .expect("XGROUP CREATE");
+        ids.push(on_shard);
+    }
+    // A live member, not paused: refused, with a hint naming the command that pauses it.
+    let (s, b) = api.heartbeat("g", "m1", 0, &[]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let r = cli(&url, &["group", "seek", "g", "--to", "earliest"]).refused("GROUP_NOT_EMPTY");
+    assert!(
+        r.stderr
+            .contains("hint: pause it first: rsc-coordinator group pause g"),
+        "{r:?}"
+    );
+    assert!(!r.stderr.contains("--force"), "{r:?}");
+    hint_flags_exist(&r, &["group", "seek"]);
+    cli(&url, &["group", "pause", "g"]).ok();
+
+    // The dry run (the default): the plan per shard, nothing moved.
+    let r = cli(&url, &["group", "seek", "g", "--to", "earliest"]).ok();
+    assert!(
+        r.stdout.starts_with(
+            "Dry run: seek of group g to earliest on 4 shards: 40 entries to be delivered \
+             again, 0 skipped; 40 to deliver after it."
+        ),
+        "{r:?}"
+    );
+    assert!(r.stdout.contains("--execute"), "{r:?}");
+    let row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("2 "))
+        .expect("shard 2's row");
+    let c = cells(row);
+    assert_eq!(c[1], "sk:2");
+    assert_eq!(c[2], ids[2][9], "the current position: {row}");
+    assert!(c[3].ends_with('Z'), "its time in RFC 3339: {row}");
+    assert_eq!(c[4..], ["0-0", "-", "0", "10", "10", "0", "0"], "{row}");
+    let view = cli(&url, &["group", "describe", "g", "--output", "json"]).json();
+    assert_eq!(
+        view["shards"][2]["lag"], 0,
+        "a dry run moves nothing: {view}"
+    );
+    assert_eq!(view["shards"][2]["last_delivered_id"], ids[2][9].as_str());
+
+    // Executed: moved, and the group is said to be still paused.
+    let r = cli(
+        &url,
+        &["group", "seek", "g", "--to", "earliest", "--execute"],
+    )
+    .ok();
+    assert!(
+        r.stdout
+            .starts_with("Moved group g to earliest on 4 shards"),
+        "{r:?}"
+    );
+    assert!(
+        r.stdout
+            .contains("resume it with `rsc-coordinator group resume g`"),
+        "{r:?}"
+    );
+    let view = cli(&url, &["group", "describe", "g", "--output", "json"]).json();
+    for s in view["shards"].as_array().unwrap() {
+        assert_eq!(s["lag"], 10, "the backlog shows at once: {s}");
+        assert_eq!(s["last_delivered_id"], "0-0", "{s}");
+        assert!(s.get("last_delivered_ms").is_none(), "0-0 has no time: {s}");
+    }
+    assert_eq!(view["last_seek"]["to"], "earliest", "{view}");
+    let r = cli(&url, &["group", "describe", "g"]).ok();
+    assert!(r.stdout.contains("LAST DELIVERED"), "{r:?}");
+    assert!(r.stdout.contains("Last seek: to earliest at "), "{r:?}");
+
+    // Latest, then 3 entries back on every shard.
+    cli(&url, &["group", "seek", "g", "--to", "latest", "--execute"]).ok();
+    let out = cli(
+        &url,
+        &[
+            "group",
+            "seek",
+            "g",
+            "--shift-by",
+            "-3",
+            "--execute",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(out["redelivered"], 12, "{out}");
+    assert_eq!(out["plan"][1]["new_id"], ids[1][6].as_str(), "{out}");
+    // One shard to an entry id.
+    let out = cli(
+        &url,
+        &[
+            "group", "seek", "g", "--shard", "3", "--to-id", &ids[3][4], "--output", "json",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(out["dry_run"], true);
+    assert_eq!(out["plan"].as_array().map(Vec::len), Some(1), "{out}");
+    assert_eq!(out["plan"][0]["lag_after"], 5, "{out}");
+    // A duration back and an RFC 3339 time: every entry is younger than an hour.
+    let out = cli(
+        &url,
+        &[
+            "group",
+            "seek",
+            "g",
+            "--by-duration",
+            "1h",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(out["lag_after"], 40, "{out}");
+    let hour_ago = time_rfc3339(now_ms() - 3_600_000);
+    let out = cli(
+        &url,
+        &["group", "seek", "g", "--to", &hour_ago, "--output", "json"],
+    )
+    .ok()
+    .json();
+    assert_eq!(out["lag_after"], 40, "{out}");
+
+    // Refusals and usage errors.
+    let future = time_rfc3339(now_ms() + 3_600_000);
+    cli(&url, &["group", "seek", "g", "--to", &future]).refused("INVALID_REQUEST");
+    cli(&url, &["group", "seek", "g", "--to-id", "99999999999999-0"]).refused("INVALID_REQUEST");
+    cli(&url, &["group", "seek", "g", "--shift-by", "0"]).refused("INVALID_REQUEST");
+    cli(
+        &url,
+        &["group", "seek", "g", "--shard", "9", "--to", "latest"],
+    )
+    .refused("INVALID_REQUEST");
+    for bad in [
+        &["group", "seek", "g"][..],
+        &["group", "seek", "g", "--to", "earliest", "--shift-by", "-1"],
+        &["group", "seek", "g", "--to", "yesterday"],
+        &[
+            "group",
+            "seek",
+            "g",
+            "--to",
+            "earliest",
+            "--execute",
+            "--dry-run",
+        ],
+    ] {
+        let r = cli(&url, bad);
+        assert_eq!(r.code, 2, "{bad:?}: {r:?}");
+    }
+    // `group delete`'s refusal still points at its own --force.
+    cli(&url, &["group", "resume", "g"]).ok();
+    let r = cli(&url, &["group", "delete", "g"]).refused("GROUP_NOT_EMPTY");
+    assert!(r.stderr.contains("hint: add --force"), "{r:?}");
+    hint_flags_exist(&r, &["group", "delete"]);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Unix ms as an RFC 3339 UTC time, to the second.
+fn time_rfc3339(ms: u64) -> String {
+    let out = Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("@{}", ms / 1000),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .expect("date runs");
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned()
 }

@@ -5,6 +5,9 @@
 //! mutation is audited with `credential: jwt` and the token's `sub` as principal; each
 //! refusal reason gives `401 UNAUTHENTICATED` saying which check failed, and is counted;
 //! a JWKS file rewritten with a new key is used within a few seconds, without a restart.
+//! Time claims that do not fit (`exp` = `i64::MAX`, a float) are refused with `401` and
+//! the coordinator keeps serving; an entry's `max_token_age` refuses a token that lives
+//! longer.
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -128,6 +131,7 @@ issuer = "ISSUER"
 audience = "AUDIENCE"
 jwks_file = "jwks.json"
 subject = "system:serviceaccount:ops:deployer"
+max_token_age = 3600
 roles = ["admin"]
 groups = ["*"]
 streams = ["*"]
@@ -200,6 +204,29 @@ async fn jwts_authenticate_and_each_refusal_says_which_check_failed() {
         .await;
     assert_eq!(s.as_u16(), 403, "{body}");
 
+    // The admin entry's max_token_age: a deployer token living 2 h is refused.
+    let long = with(
+        claims("system:serviceaccount:ops:deployer"),
+        "exp",
+        json!(now() + 7200),
+    );
+    let (s, body) = Api::new(&base)
+        .with_token(sign(&keys[0], "rsa-1", &long))
+        .post(
+            "/v1/groups",
+            json!({"group": "billing3", "stream": "o3", "shard_count": 1}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 401, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the max_token_age 3600 s"),
+        "{body}"
+    );
+    assert!(refusals_of(&base, "jwt_lifetime").await >= 1.0);
+
     refusals(&base, &keys, sub).await;
     jwks_rotation(&base, dir.path(), &keys, sub).await;
 }
@@ -271,6 +298,36 @@ async fn refusals(base: &str, keys: &[TestKey], sub: &str) {
             "jwt_algorithm",
             hs256,
             "JWT algorithm HS256 is not accepted",
+        ),
+        // exp + leeway wrapped around (release) or panicked (debug) before: refused, and
+        // the next cases show the coordinator still serving.
+        (
+            "jwt_time_claim",
+            sign(rsa, "rsa-1", &with(good.clone(), "exp", json!(i64::MAX))),
+            "JWT exp must be a whole number of seconds",
+        ),
+        (
+            "jwt_time_claim",
+            sign(rsa, "rsa-1", &with(good.clone(), "nbf", json!(i64::MIN))),
+            "JWT nbf must be a whole number of seconds",
+        ),
+        (
+            "jwt_time_claim",
+            sign(
+                ec,
+                "ec-1",
+                &with(good.clone(), "exp", json!(now() as f64 + 600.5)),
+            ),
+            "JWT exp must be a whole number of seconds",
+        ),
+        (
+            "jwt_issuer",
+            sign(
+                rsa,
+                "rsa-1",
+                &with(good.clone(), "iss", json!("https://still-serving.example")),
+            ),
+            "JWT issuer \"https://still-serving.example\" is not accepted",
         ),
     ];
     for (reason, token, words) in &cases {

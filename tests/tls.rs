@@ -12,7 +12,10 @@
 //! `sample-producer`, a listener and its wake-up channel all present a client certificate
 //! an ACL entry names by `cert_subject`; a client without a certificate, with one of another
 //! CA, or of a subject no entry names is refused. A certificate swapped on disk is served to
-//! new connections while an open one keeps working; bad files stop startup, named.
+//! new connections while an open one keeps working; bad files stop startup, named. The
+//! certificate matchers keep subject, SAN URI and SAN DNS name apart (a SAN URI `CN=ops-cert`
+//! is not the subject `CN=ops-cert`); the client CA file replaced on disk applies to new
+//! handshakes; a certificate a `--tls-client-crl` list revokes is refused.
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
@@ -860,4 +863,390 @@ async fn bad_certificate_files_stop_startup_naming_the_file() {
         let e = e.to_string();
         assert!(e.contains(&want), "want {want:?} in: {e}");
     }
+}
+
+/// A coordinator on HTTPS with mutual TLS: the server certificate of `certs`, the client CA
+/// file `client_ca`, the ACL `acl` (written beside), and `extra` flags.
+fn mtls_coordinator(
+    certs: &TlsCerts,
+    client_ca: &Path,
+    acl: &str,
+    extra: &[&str],
+) -> std::io::Result<CoordinatorProcess> {
+    let acl_file = certs.dir().join("acl.toml");
+    std::fs::write(&acl_file, acl).unwrap();
+    let mut args = vec![
+        "--acl".to_owned(),
+        path(&acl_file),
+        "--tls-cert".into(),
+        path(&certs.server_cert()),
+        "--tls-key".into(),
+        path(&certs.server_key()),
+        "--tls-client-ca".into(),
+        path(client_ca),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    CoordinatorProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `/metrics` through `client` with the admin token `ops-token`.
+async fn scrape(client: &reqwest::Client, base: &str) -> String {
+    let (s, body) = get_json(client, base, "/metrics", Some("ops-token"))
+        .await
+        .expect("metrics over mutual TLS");
+    assert_eq!(s, 200, "{body}");
+    body.as_str().unwrap_or_default().to_owned()
+}
+
+/// ACL entries of the three certificate matchers, each an admin.
+const MATCHERS_ACL: &str = r#"
+[[tokens]]
+principal = "ops"
+token = "ops-token"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+
+[[tokens]]
+principal = "ops-cert"
+cert_subject = "CN=ops-cert"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+
+[[tokens]]
+principal = "spiffe-consumer"
+cert_san_uri = "spiffe://prod/ns/billing/sa/consumer"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+
+[[tokens]]
+principal = "dns-consumer"
+cert_san_dns = "billing.prod.example"
+roles = ["admin"]
+groups = ["*"]
+streams = ["*"]
+"#;
+
+/// Subject, SAN URI and SAN DNS name are three namespaces: a certificate `CN=nobody` with
+/// the SAN URI `CN=ops-cert` is not the admin whose `cert_subject` is `CN=ops-cert` (it was,
+/// when `cert_subject` matched SAN URIs too); `cert_san_uri` and `cert_san_dns` entries
+/// authenticate their certificates, audited with their credential kind; an ACL that puts
+/// a URI in `cert_subject` stops startup with a message naming `cert_san_uri`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_and_san_matchers_are_separate() {
+    let certs = TlsCerts::generate().expect("openssl makes the certificates");
+    let ca = certs.ca();
+    let coordinator =
+        mtls_coordinator(&certs, &ca, MATCHERS_ACL, &[]).expect("the coordinator starts");
+    let base = format!("https://{}", coordinator.addr());
+    let (real_cert, real_key) = certs.client_with("ops-real", "ops-cert", &[], &[]).unwrap();
+    let (forged_cert, forged_key) = certs
+        .client_with("forged", "nobody", &["CN=ops-cert"], &["CN=ops-cert"])
+        .unwrap();
+    let (uri_cert, uri_key) = certs
+        .client_with(
+            "spiffe",
+            "pod-7f9c",
+            &["spiffe://prod/ns/billing/sa/consumer"],
+            &[],
+        )
+        .unwrap();
+    let (dns_cert, dns_key) = certs
+        .client_with("dns", "pod-8a1b", &[], &["Billing.Prod.Example"])
+        .unwrap();
+    // The subject of one certificate as the SAN URI of another: not the SAN URI entry.
+    let (cross_cert, cross_key) = certs
+        .client_with(
+            "cross",
+            "spiffe://prod/ns/billing/sa/consumer",
+            &["spiffe://prod/ns/other"],
+            &["spiffe://prod/ns/billing/sa/consumer"],
+        )
+        .unwrap();
+
+    let forged = https_client(&ca, Some((&forged_cert, &forged_key)));
+    let (s, body) = get_json(&forged, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(
+        s, 401,
+        "a SAN URI CN=ops-cert is not the subject CN=ops-cert: {body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("subject \"CN=nobody\""),
+        "{body}"
+    );
+    let cross = https_client(&ca, Some((&cross_cert, &cross_key)));
+    let (s, body) = get_json(&cross, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(s, 401, "a subject or DNS name is not a SAN URI: {body}");
+
+    for (n, (cert, key, principal, credential)) in [
+        (&real_cert, &real_key, "ops-cert", "cert_subject"),
+        (&uri_cert, &uri_key, "spiffe-consumer", "cert_san_uri"),
+        (&dns_cert, &dns_key, "dns-consumer", "cert_san_dns"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let client = https_client(&ca, Some((cert, key)));
+        let resp = client
+            .post(format!("{base}/v1/groups"))
+            .json(&json!({"group": format!("g{n}"), "stream": format!("s{n}"), "shard_count": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 201, "{credential}");
+        let (s, audit) = get_json(&client, &base, "/v1/audit", None).await.unwrap();
+        assert_eq!(s, 200, "{audit}");
+        let entry = audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["action"] == "group.create" && e["target"]["group"] == format!("g{n}"))
+            .unwrap_or_else(|| panic!("group.create g{n} audited: {audit}"))
+            .clone();
+        assert_eq!(entry["principal"], principal, "{audit}");
+        assert_eq!(entry["credential"], credential, "{audit}");
+    }
+    let text = scrape(&https_client(&ca, Some((&real_cert, &real_key))), &base).await;
+    assert!(
+        rsc_testkit::metric_sum(
+            &text,
+            "rsc_auth_refusals_total",
+            &[("reason", "unknown_certificate")]
+        ) >= 2.0
+    );
+
+    // An ACL of the time when cert_subject matched SAN URIs too: refused, saying where to
+    // move the URI.
+    let old = MATCHERS_ACL.replace(
+        "cert_san_uri = \"spiffe://prod/ns/billing/sa/consumer\"",
+        "cert_subject = \"spiffe://prod/ns/billing/sa/consumer\"",
+    );
+    let other = TlsCerts::generate().expect("openssl makes the certificates");
+    let e = mtls_coordinator(&other, &other.ca(), &old, &[])
+        .expect_err("a URI in cert_subject stops startup")
+        .to_string();
+    assert!(
+        e.contains("is a URI, not a subject DN") && e.contains("cert_san_uri"),
+        "{e}"
+    );
+}
+
+/// The client CA file replaced on disk: within the poll period new handshakes accept the
+/// new CA's client certificates and refuse the old CA's, without a restart, while a
+/// connection opened before keeps working; a CA file that becomes invalid keeps the last
+/// good CA (fail closed), logged and counted; SIGHUP re-reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ca_replaced_on_disk_applies_to_new_handshakes() {
+    let first = TlsCerts::generate().expect("openssl makes the certificates");
+    let second = TlsCerts::generate().expect("openssl makes the certificates");
+    let dir = tempfile::tempdir().unwrap();
+    let client_ca = dir.path().join("clients-ca.crt");
+    swap_in(&first.ca(), &client_ca);
+    let coordinator =
+        mtls_coordinator(&first, &client_ca, MTLS_ACL, &[]).expect("the coordinator starts");
+    let base = format!("https://{}", coordinator.addr());
+    // The server's certificate is first's: every client trusts first's CA for the server.
+    let server_ca = first.ca();
+    let old_client = || {
+        https_client(
+            &server_ca,
+            Some((&first.client_cert(), &first.client_key())),
+        )
+    };
+    let new_client = || {
+        https_client(
+            &server_ca,
+            Some((&second.client_cert(), &second.client_key())),
+        )
+    };
+    let open = old_client();
+    let (s, body) = get_json(&open, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(s, 200, "{body}");
+    assert!(
+        get_json(&new_client(), &base, "/v1/groups", None)
+            .await
+            .is_err()
+    );
+
+    swap_in(&second.ca(), &client_ca);
+    let swapped = Instant::now();
+    loop {
+        let new = get_json(&new_client(), &base, "/v1/groups", None).await;
+        let old = get_json(&old_client(), &base, "/v1/groups", None).await;
+        if matches!(new, Ok((200, _))) && old.is_err() {
+            break;
+        }
+        assert!(
+            swapped.elapsed() < Duration::from_secs(5),
+            "the new client CA applies: new {new:?}, old {old:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("new client CA used {:?} after the swap", swapped.elapsed());
+    let (s, _) = get_json(&open, &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(
+        s, 200,
+        "a connection verified before the swap keeps working"
+    );
+    let text = scrape(&new_client(), &base).await;
+    assert!(rsc_testkit::metric_sum(&text, "rsc_tls_client_ca_reloads_total", &[]) >= 1.0);
+    // The test CAs share their name (`CN=rsc test ca`): the old CA's certificate is found
+    // an issuer by name, whose signature does not verify (`bad_signature`; a CA of another
+    // name gives `unknown_ca`).
+    assert!(
+        rsc_testkit::metric_sum(
+            &text,
+            "rsc_tls_client_cert_refusals_total",
+            &[("reason", "bad_signature")]
+        ) >= 1.0,
+        "refused client certificates are counted by reason"
+    );
+
+    // A CA file that is no longer one: the last good CA stays; never "accept any client".
+    std::fs::write(dir.path().join("bad.pem"), "not a certificate\n").unwrap();
+    swap_in(&dir.path().join("bad.pem"), &client_ca);
+    eventually("the failed client CA reload logged", 5, || {
+        coordinator.logged("TLS client CA reload failed")
+    })
+    .await;
+    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None)
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "the last good client CA is kept");
+    assert!(
+        get_json(&old_client(), &base, "/v1/groups", None)
+            .await
+            .is_err()
+    );
+    let stranger = TlsCerts::generate().expect("openssl makes the certificates");
+    let r = get_json(
+        &https_client(
+            &server_ca,
+            Some((&stranger.client_cert(), &stranger.client_key())),
+        ),
+        &base,
+        "/v1/groups",
+        None,
+    )
+    .await;
+    assert!(r.is_err(), "another CA's client is still refused: {r:?}");
+    let text = scrape(&new_client(), &base).await;
+    assert!(rsc_testkit::metric_sum(&text, "rsc_tls_client_ca_reload_errors_total", &[]) >= 1.0);
+    // Deleted: the same.
+    std::fs::remove_file(&client_ca).unwrap();
+    signal(coordinator.pid().expect("running"), Signal::SIGHUP).unwrap();
+    eventually("SIGHUP logged", 5, || coordinator.logged("SIGHUP received")).await;
+    let (s, _) = get_json(&new_client(), &base, "/v1/groups", None)
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "a missing CA file keeps the last good client CA");
+
+    // Back to the first CA, read again when the file reappears.
+    swap_in(&first.ca(), &client_ca);
+    eventually_async("the first CA applies again", 5, || async {
+        get_json(&old_client(), &base, "/v1/groups", None)
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+/// Waits for the async `cond` (checked every 50 ms) for at most `secs`.
+async fn eventually_async<F, Fut>(what: &str, secs: u64, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--tls-client-crl`: a revoked client certificate fails the handshake (counted as
+/// `revoked`) while the others pass; the CRL file is re-read like the CA file, so a
+/// certificate revoked later is refused on new handshakes without a restart; an invalid
+/// CRL file stops startup, named, and at reload keeps the last good list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_refused() {
+    let certs = TlsCerts::generate().expect("openssl makes the certificates");
+    let ca = certs.ca();
+    let (lost_cert, lost_key) = certs
+        .client_with("lost", "rsc test client", &[], &[])
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let crl = dir.path().join("clients.crl");
+    swap_in(&certs.crl("crl-1", &[&lost_cert]).unwrap(), &crl);
+    let coordinator = mtls_coordinator(&certs, &ca, MTLS_ACL, &["--tls-client-crl", &path(&crl)])
+        .expect("the coordinator starts with a CRL");
+    let base = format!("https://{}", coordinator.addr());
+    let good = || https_client(&ca, Some((&certs.client_cert(), &certs.client_key())));
+    let lost = || https_client(&ca, Some((&lost_cert, &lost_key)));
+    let (s, body) = get_json(&good(), &base, "/v1/groups", None).await.unwrap();
+    assert_eq!(s, 200, "a certificate the CRL does not list: {body}");
+    let r = get_json(&lost(), &base, "/v1/groups", Some("ops-token")).await;
+    assert!(
+        r.is_err(),
+        "a revoked certificate fails the handshake: {r:?}"
+    );
+    let text = scrape(&good(), &base).await;
+    let revoked = |t: &str| {
+        rsc_testkit::metric_sum(
+            t,
+            "rsc_tls_client_cert_refusals_total",
+            &[("reason", "revoked")],
+        )
+    };
+    assert!(revoked(&text) >= 1.0, "counted as revoked");
+    assert!(
+        rsc_testkit::metric_sum(
+            &text,
+            "rsc_tls_client_crl_next_update_timestamp_seconds",
+            &[]
+        ) > 0.0
+    );
+
+    // The good certificate revoked too, in a new CRL: refused on new handshakes.
+    let open = good();
+    assert!(get_json(&open, &base, "/v1/groups", None).await.is_ok());
+    swap_in(
+        &certs
+            .crl("crl-2", &[&lost_cert, &certs.client_cert()])
+            .unwrap(),
+        &crl,
+    );
+    eventually_async("the new CRL applies", 5, || async {
+        get_json(&good(), &base, "/v1/groups", None).await.is_err()
+    })
+    .await;
+    let text = scrape(&open, &base).await;
+    assert!(revoked(&text) >= 2.0, "{}", revoked(&text));
+    assert!(rsc_testkit::metric_sum(&text, "rsc_tls_client_ca_reloads_total", &[]) >= 1.0);
+
+    // A CRL file that is not one: the last good list stays.
+    std::fs::write(
+        dir.path().join("bad.pem"),
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
+    swap_in(&dir.path().join("bad.pem"), &crl);
+    eventually("the failed CRL reload logged", 5, || {
+        coordinator.logged("TLS client CA reload failed")
+    })
+    .await;
+    assert!(get_json(&good(), &base, "/v1/groups", None).await.is_err());
+    assert!(get_json(&lost(), &base, "/v1/groups", None).await.is_err());
+    drop(coordinator);
+
+    // At startup an unusable CRL file stops the coordinator, named.
+    let e = mtls_coordinator(&certs, &ca, MTLS_ACL, &["--tls-client-crl", &path(&crl)])
+        .expect_err("a bad CRL stops startup")
+        .to_string();
+    assert!(e.contains(&path(&crl)), "{e}");
 }

@@ -302,7 +302,7 @@ async fn channel_limits_and_errors(backend: Backend) {
         .unwrap();
     assert!(metrics.contains("rsc_wake_channels_open 1"), "{metrics}");
     assert!(
-        metrics.contains("rsc_wake_channels_refused_total 1"),
+        metrics.contains("rsc_wake_channels_refused_total{reason=\"max_channels\"} 1"),
         "{metrics}"
     );
 

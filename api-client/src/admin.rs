@@ -104,15 +104,15 @@ impl CoordinatorClient {
             .1
     }
 
-    /// `POST /v1/groups/{group}/seek` (PROTOCOL §18).
+    /// `POST /v1/groups/{group}/seek` (PROTOCOL §18): the plan per shard, carried out
+    /// unless `req.dry_run`.
     pub async fn seek(
         &self,
         group: &str,
-        to: rsc_protocol::SeekTarget,
+        req: &rsc_protocol::SeekRequest,
     ) -> Result<Fetched<rsc_protocol::SeekResponse>, CoordinatorError> {
         let path = ["v1", "groups", group, "seek"];
-        let body = rsc_protocol::SeekRequest { to };
-        self.json(Request::new(Method::POST, &path).body(&body))
+        self.json(Request::new(Method::POST, &path).body(req))
             .await
             .1
     }

@@ -4,6 +4,7 @@ use crate::error::CoordinatorError;
 use crate::tls::{ClientTls, TokenFile};
 use reqwest::{Method, Url};
 use rsc_protocol::ErrorBody;
+use rsc_protocol::redact::{ExposeSecret, SecretString, redact_url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -14,7 +15,8 @@ use std::time::Duration;
 
 /// A client for one or more coordinators (the same cluster behind several URLs). Requests go
 /// to the current URL; a transport error or a 5xx moves on to the next one. Cheap to clone
-/// (the clones share the connection pool and the current URL).
+/// (the clones share the connection pool and the current URL). `Debug`, errors and logs show
+/// no token, nor a password a URL may hold (PROTOCOL §12).
 #[derive(Clone)]
 pub struct CoordinatorClient {
     inner: Arc<Inner>,
@@ -22,29 +24,24 @@ pub struct CoordinatorClient {
 
 struct Inner {
     http: reqwest::Client,
+    /// The base URLs, to send requests to.
     urls: Vec<Url>,
+    /// The same, as errors and logs show them: without a trailing `/`, any password hidden.
+    names: Vec<String>,
     current: AtomicUsize,
-    token: Option<String>,
+    token: Option<SecretString>,
     /// Read again when it changes; takes the place of `token` when set.
     token_file: Option<TokenFile>,
 }
 
 impl std::fmt::Debug for CoordinatorClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URLs as `names` has them: a `Url`'s `Debug` shows its password.
         f.debug_struct("CoordinatorClient")
-            .field(
-                "urls",
-                &self.inner.urls.iter().map(Url::as_str).collect::<Vec<_>>(),
-            )
+            .field("urls", &self.inner.names)
             .field("current", &self.inner.current)
-            .field(
-                "token",
-                &rsc_protocol::redact::redact_opt(&self.inner.token),
-            )
-            .field(
-                "token_file",
-                &self.inner.token_file.as_ref().map(TokenFile::path),
-            )
+            .field("token", &self.inner.token)
+            .field("token_file", &self.inner.token_file)
             .finish_non_exhaustive()
     }
 }
@@ -53,7 +50,7 @@ impl std::fmt::Debug for CoordinatorClient {
 #[derive(Debug, Clone)]
 pub struct CoordinatorClientBuilder {
     urls: Vec<String>,
-    token: Option<String>,
+    token: Option<SecretString>,
     token_file: Option<PathBuf>,
     tls: ClientTls,
     timeout: Option<Duration>,
@@ -64,8 +61,8 @@ pub struct CoordinatorClientBuilder {
 impl CoordinatorClientBuilder {
     /// Sends `Authorization: Bearer TOKEN` with every request (none: no token, or an empty
     /// one).
-    pub fn token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty());
+    pub fn token(mut self, token: Option<SecretString>) -> Self {
+        self.token = token.filter(|t| !t.expose_secret().is_empty());
         self
     }
 
@@ -124,14 +121,19 @@ impl CoordinatorClientBuilder {
         if let Some(t) = self.timeout {
             http = http.timeout(t);
         }
+        let names: Vec<String> = urls
+            .iter()
+            .map(|u| redact_url(u.as_str().trim_end_matches('/')))
+            .collect();
         let http = http.build().map_err(|e| CoordinatorError::Transport {
-            url: urls[0].to_string(),
+            url: names[0].clone(),
             source: Arc::new(e),
         })?;
         Ok(CoordinatorClient {
             inner: Arc::new(Inner {
                 http,
                 urls,
+                names,
                 current: AtomicUsize::new(0),
                 token: self.token,
                 token_file,
@@ -140,9 +142,19 @@ impl CoordinatorClientBuilder {
     }
 }
 
+/// `e` with the password of the URL it names removed (its `Display` shows the URL).
+fn without_password(mut e: reqwest::Error) -> reqwest::Error {
+    if let Some(url) = e.url_mut()
+        && url.password().is_some()
+    {
+        let _ = url.set_password(None);
+    }
+    e
+}
+
 /// A coordinator URL as a base: `http`/`https`, with a path prefix kept.
 fn base_url(url: &str) -> Result<Url, CoordinatorError> {
-    let bad = || CoordinatorError::InvalidUrl(url.to_owned());
+    let bad = || CoordinatorError::InvalidUrl(redact_url(url));
     let base = Url::parse(url.trim()).map_err(|_| bad())?;
     if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
         return Err(bad());
@@ -179,11 +191,9 @@ impl CoordinatorClient {
         }
     }
 
-    /// The coordinator URL requests go to now.
+    /// The coordinator URL requests go to now (any password it holds hidden).
     pub fn current_url(&self) -> &str {
-        self.inner.urls[self.current()]
-            .as_str()
-            .trim_end_matches('/')
+        &self.inner.names[self.current()]
     }
 
     fn current(&self) -> usize {
@@ -208,10 +218,7 @@ impl CoordinatorClient {
         request: Request<'_, impl Serialize>,
     ) -> (String, Result<reqwest::Response, CoordinatorError>) {
         let index = self.current();
-        let base = self.inner.urls[index]
-            .as_str()
-            .trim_end_matches('/')
-            .to_owned();
+        let base = self.inner.names[index].clone();
         let mut url = self.url(index, request.path);
         url.set_query(request.query);
         let result = self.send(&base, url, &request).await;
@@ -227,7 +234,7 @@ impl CoordinatorClient {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
-            let to = self.inner.urls[next].as_str().trim_end_matches('/');
+            let to = &self.inner.names[next];
             tracing::warn!(from = %base, to = %to, error = %e, "coordinator failover");
         }
         (base, result)
@@ -243,17 +250,18 @@ impl CoordinatorClient {
         if let Some(t) = request.timeout {
             req = req.timeout(t);
         }
+        // reqwest marks the header sensitive: its `Debug` hides it.
         if let Some(f) = &self.inner.token_file {
-            req = req.bearer_auth(f.token());
+            req = req.bearer_auth(f.token().expose_secret());
         } else if let Some(t) = &self.inner.token {
-            req = req.bearer_auth(t);
+            req = req.bearer_auth(t.expose_secret());
         }
         if let Some(b) = request.body {
             req = req.json(b);
         }
         let transport = |source| CoordinatorError::Transport {
             url: base.to_owned(),
-            source: Arc::new(source),
+            source: Arc::new(without_password(source)),
         };
         let resp = req.send().await.map_err(transport)?;
         if resp.status().is_success() {
@@ -292,7 +300,7 @@ impl CoordinatorClient {
                 .await
                 .map_err(|source| CoordinatorError::Transport {
                     url: url.clone(),
-                    source: Arc::new(source),
+                    source: Arc::new(without_password(source)),
                 })?;
             let unexpected = |body| CoordinatorError::Unexpected {
                 url: url.clone(),
@@ -414,11 +422,19 @@ mod tests {
     }
 
     #[test]
-    fn the_token_is_not_printed() {
-        let c = CoordinatorClient::builder(["http://h:1"])
-            .token(Some("s3cret".into()))
+    fn the_token_and_a_url_password_are_not_printed() {
+        let b = CoordinatorClient::builder(["http://ops:pw-url@h:1/"]).token(Some("s3cret".into()));
+        assert!(!format!("{b:?}").contains("s3cret"));
+        let c = b.build().unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("pw-url"),
+            "{shown}"
+        );
+        assert_eq!(c.current_url(), "http://ops:<redacted>@h:1");
+        let e = CoordinatorClient::builder(["ftp://ops:pw-url@h:1"])
             .build()
-            .unwrap();
-        assert!(!format!("{c:?}").contains("s3cret"));
+            .unwrap_err();
+        assert!(!e.to_string().contains("pw-url"), "{e}");
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! # async fn run() -> Result<(), rsc_api::CoordinatorError> {
 //! let coordinator = CoordinatorClient::builder(["http://127.0.0.1:7070"])
-//!     .token(Some("s3cret".to_owned()))
+//!     .token(Some("s3cret".into()))
 //!     .timeout(Duration::from_secs(10))
 //!     .build()?;
 //! match coordinator.describe_group("billing").await {

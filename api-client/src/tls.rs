@@ -2,6 +2,7 @@
 //! (PROTOCOL §20, §8).
 
 use crate::error::CoordinatorError;
+use rsc_protocol::redact::{ExposeSecret, SecretString};
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -127,9 +128,10 @@ fn stamp(path: &Path) -> Stamp {
 /// projected service-account token, `RSC_TOKEN_FILE`): read again whenever the file's
 /// modification time, size or inode changed (one `stat` per request). A file that cannot
 /// be read then keeps the last token (and logs a warning once per change).
+#[derive(Debug)]
 pub(crate) struct TokenFile {
     path: PathBuf,
-    state: Mutex<(Stamp, String)>,
+    state: Mutex<(Stamp, SecretString)>,
 }
 
 impl TokenFile {
@@ -144,7 +146,7 @@ impl TokenFile {
     }
 
     /// The token now.
-    pub(crate) fn token(&self) -> String {
+    pub(crate) fn token(&self) -> SecretString {
         let now = stamp(&self.path);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.0 != now {
@@ -158,20 +160,17 @@ impl TokenFile {
         }
         state.1.clone()
     }
-
-    /// The file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
-fn read_token(path: &Path) -> Result<String, CoordinatorError> {
-    let text = String::from_utf8(read(path)?).map_err(|_| setup(path, "is not UTF-8 text"))?;
-    let token = text.trim();
+fn read_token(path: &Path) -> Result<SecretString, CoordinatorError> {
+    let text = SecretString::from(
+        String::from_utf8(read(path)?).map_err(|_| setup(path, "is not UTF-8 text"))?,
+    );
+    let token = text.expose_secret().trim();
     if token.is_empty() {
         return Err(setup(path, "holds no token"));
     }
-    Ok(token.to_owned())
+    Ok(SecretString::from(token))
 }
 
 #[cfg(test)]
@@ -185,18 +184,18 @@ mod tests {
         let path = dir.join("token");
         std::fs::write(&path, "first\n").unwrap();
         let file = TokenFile::open(path.clone()).unwrap();
-        assert_eq!(file.token(), "first");
+        assert_eq!(file.token().expose_secret(), "first");
         // Replaced by a rename, as Kubernetes does: a new inode.
         let next = dir.join("token.new");
         std::fs::write(&next, "second-token").unwrap();
         std::fs::rename(&next, &path).unwrap();
-        assert_eq!(file.token(), "second-token");
+        assert_eq!(file.token().expose_secret(), "second-token");
         // Gone: the last token is kept.
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(file.token(), "second-token");
+        assert_eq!(file.token().expose_secret(), "second-token");
         std::fs::write(&path, "  ").unwrap();
         assert_eq!(
-            file.token(),
+            file.token().expose_secret(),
             "second-token",
             "an empty file keeps the last token"
         );

@@ -488,7 +488,9 @@ impl ConsumerApp {
                     host: cfg.host.clone(),
                     version: Some(env!("CARGO_PKG_VERSION").into()),
                     concurrency: Some(l.concurrency),
-                };
+                }
+                // The coordinator refuses a longer field (PROTOCOL §4.3).
+                .within_limits();
                 let signal = wake_signals
                     .get(&(shared.group.clone(), member_id.clone()))
                     .cloned();

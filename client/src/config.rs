@@ -3,21 +3,22 @@
 
 use crate::error::{ClientError, ConfigError};
 use rsc_api::CoordinatorClient;
-use rsc_protocol::redact::{redact_opt, redact_url};
+use rsc_protocol::redact::{SecretString, SecretUrl};
 use rsc_redis::sentinel::SentinelTarget;
 use rsc_redis::{LazyRedis, Tls, TlsFiles};
 use std::path::PathBuf;
 
 /// Connection settings shared by consumers and producers.
 ///
-/// Its `Debug` output hides the token and any password in the Redis URL.
-#[derive(Clone, PartialEq, Eq)]
+/// Its `Debug` output hides the token and the passwords (PROTOCOL §12): they are held in
+/// [`SecretString`] and [`SecretUrl`].
+#[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// Coordinator base URLs (`http://host:port`), tried in order on failure.
     pub coordinator_urls: Vec<String>,
     /// The data Redis (`redis://host:port`); with [`Self::redis_cluster`], one or more seed
     /// nodes of the cluster, comma-separated.
-    pub redis_url: String,
+    pub redis_url: SecretUrl,
     /// The data Redis is a Redis Cluster.
     pub redis_cluster: bool,
     /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`,
@@ -28,7 +29,7 @@ pub struct ClientConfig {
     /// The name the sentinels monitor the data Redis master under.
     pub redis_sentinel_master: Option<String>,
     /// Password of the sentinels, if they require one.
-    pub redis_sentinel_password: Option<String>,
+    pub redis_sentinel_password: Option<SecretString>,
     /// Connect to the sentinels over TLS, and to the master too (verified as a
     /// `rediss://` URL is).
     pub redis_sentinel_tls: bool,
@@ -42,7 +43,7 @@ pub struct ClientConfig {
     /// Private key file (PEM) of [`Self::redis_tls_cert`].
     pub redis_tls_key: Option<PathBuf>,
     /// Bearer token for the coordinator.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     /// File holding the bearer token, read again whenever it changes (a Kubernetes
     /// projected service-account token); takes the place of [`Self::token`].
     pub token_file: Option<PathBuf>,
@@ -144,14 +145,14 @@ impl ClientConfig {
             cfg.coordinator_urls = split_urls(&urls);
         }
         if let Some(url) = get("RSC_REDIS_URL") {
-            cfg.redis_url = url;
+            cfg.redis_url = url.into();
         }
         cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         });
         cfg.redis_sentinel = get("RSC_REDIS_SENTINEL");
         cfg.redis_sentinel_master = get("RSC_REDIS_SENTINEL_MASTER");
-        cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD");
+        cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD").map(SecretString::from);
         cfg.redis_sentinel_tls = get("RSC_REDIS_SENTINEL_TLS").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         });
@@ -179,7 +180,7 @@ impl ClientConfig {
         if let Some(ms) = get(GRACE_ENV).and_then(|v| v.trim().parse().ok()) {
             cfg.data_redis_grace = std::time::Duration::from_millis(ms);
         }
-        cfg.token = get("RSC_TOKEN");
+        cfg.token = get("RSC_TOKEN").map(SecretString::from);
         cfg.token_file = get("RSC_TOKEN_FILE").map(PathBuf::from);
         cfg.coordinator_tls = rsc_api::ClientTls {
             ca: get("RSC_COORDINATOR_CA").map(PathBuf::from),
@@ -226,37 +227,6 @@ impl ClientConfig {
     }
 }
 
-impl std::fmt::Debug for ClientConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientConfig")
-            .field("coordinator_urls", &self.coordinator_urls)
-            .field("redis_url", &redact_url(&self.redis_url))
-            .field("redis_cluster", &self.redis_cluster)
-            .field("redis_sentinel", &self.redis_sentinel)
-            .field("redis_sentinel_master", &self.redis_sentinel_master)
-            .field(
-                "redis_sentinel_password",
-                &redact_opt(&self.redis_sentinel_password),
-            )
-            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
-            .field("redis_tls_ca", &self.redis_tls_ca)
-            .field("redis_tls_cert", &self.redis_tls_cert)
-            .field("redis_tls_key", &self.redis_tls_key)
-            .field("token", &redact_opt(&self.token))
-            .field("token_file", &self.token_file)
-            .field("coordinator_tls", &self.coordinator_tls)
-            .field("instance_id", &self.instance_id)
-            .field("static_membership", &self.static_membership)
-            .field("host", &self.host)
-            .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("heartbeat_batching", &self.heartbeat_batching)
-            .field("wake_channel", &self.wake_channel)
-            .field("shared_reader", &self.shared_reader)
-            .field("data_redis_grace", &self.data_redis_grace)
-            .finish()
-    }
-}
-
 /// The variable of [`ClientConfig::data_redis_grace`], in milliseconds.
 const GRACE_ENV: &str = "RSC_DATA_REDIS_GRACE_MS";
 
@@ -281,12 +251,8 @@ impl ClientConfig {
         let tls = self.tls()?;
         match sentinel {
             // Behind sentinels the URL only carries the master's credentials.
-            Some(_) => crate::data::check(
-                &split_urls(&self.redis_url),
-                self.redis_cluster,
-                &Tls::default(),
-            ),
-            None => crate::data::check(&split_urls(&self.redis_url), self.redis_cluster, &tls),
+            Some(_) => crate::data::check(&self.redis_urls(), self.redis_cluster, &Tls::default()),
+            None => crate::data::check(&self.redis_urls(), self.redis_cluster, &tls),
         }
         .map_err(|e| ConfigError::DataRedis(e).into())
     }
@@ -341,8 +307,13 @@ impl ClientConfig {
             (Some(sentinels), Some(master)) => {
                 format!("master {master} of the sentinels {sentinels}")
             }
-            _ => redact_url(&self.redis_url),
+            _ => self.redis_url.to_string(),
         }
+    }
+
+    /// The data Redis URLs, to connect with.
+    fn redis_urls(&self) -> Vec<String> {
+        SecretUrl::expose_all(&self.redis_url.split())
     }
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
@@ -357,7 +328,7 @@ impl ClientConfig {
         settings: &rsc_redis::ConnSettings,
     ) -> Result<LazyRedis, ClientError> {
         crate::data::open(
-            &split_urls(&self.redis_url),
+            &self.redis_urls(),
             self.redis_cluster,
             self.sentinel()?,
             &self.tls()?,
@@ -378,7 +349,7 @@ macro_rules! connection_setters {
 
         /// The data Redis URL (with [`Self::redis_cluster`], seed nodes, comma-separated).
         pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-            self.config.redis_url = url.into();
+            self.config.redis_url = rsc_protocol::redact::SecretUrl::new(url);
             self
         }
 
@@ -430,7 +401,7 @@ macro_rules! connection_setters {
 
         /// The bearer token for the coordinator.
         pub fn token(mut self, token: impl Into<String>) -> Self {
-            self.config.token = Some(token.into());
+            self.config.token = Some(rsc_protocol::redact::SecretString::from(token.into()));
             self
         }
 
@@ -464,6 +435,7 @@ pub(crate) fn split_urls(s: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rsc_protocol::redact::ExposeSecret;
     use std::collections::HashMap;
 
     #[test]
@@ -544,7 +516,10 @@ mod tests {
         let cfg = ClientConfig::from_lookup(|k| env.get(k).map(|v| v.to_string()));
         assert_eq!(cfg.coordinator_urls, ["http://a:1", "http://b:2"]);
         assert_eq!(cfg.redis_url, "redis://r:7");
-        assert_eq!(cfg.token.as_deref(), Some("t"));
+        assert_eq!(
+            cfg.token.as_ref().map(ExposeSecret::expose_secret),
+            Some("t")
+        );
         assert_eq!(
             cfg.token_file.as_deref(),
             Some(std::path::Path::new("/var/run/secrets/tokens/rsc"))
@@ -635,7 +610,10 @@ mod tests {
         let s = cfg.sentinel().unwrap().expect("sentinel settings");
         assert_eq!(s.sentinels.len(), 2);
         assert_eq!(
-            (s.master_name.as_str(), s.password.as_deref()),
+            (
+                s.master_name.as_str(),
+                s.password.as_ref().map(ExposeSecret::expose_secret)
+            ),
             ("rsc", Some("pw"))
         );
         assert!(cfg.check_data_redis().is_ok());

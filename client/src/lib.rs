@@ -114,6 +114,9 @@ pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
 pub use rsc_api::{ClientTls as CoordinatorTls, install_crypto_provider};
+/// The types of [`ClientConfig`]'s secrets (the token, the Redis URL, the sentinels'
+/// password): their `Debug` hides them (PROTOCOL §12).
+pub use rsc_protocol::redact::{ExposeSecret, SecretString, SecretUrl};
 pub use state::Data;
 
 /// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run

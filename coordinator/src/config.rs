@@ -4,12 +4,13 @@
 //! default.
 
 use clap::{Args, ValueEnum};
-use rsc_protocol::redact::{redact_opt, redact_url};
+use rsc_protocol::redact::{SecretString, SecretUrl};
 use rsc_redis::sentinel::SentinelTarget;
 use rsc_redis::{Tls, TlsFiles};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Which metadata store to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
@@ -35,8 +36,8 @@ pub enum LogFormat {
 }
 
 /// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
-/// (`Debug` hides passwords: the Redis URLs' and the sentinels'.)
-#[derive(Clone, Default, Args, Deserialize)]
+/// (`Debug` hides passwords: the Redis URLs' and the sentinels', PROTOCOL §12.)
+#[derive(Clone, Debug, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these settings (kebab-case keys, e.g. `listen = "…"`).
@@ -54,8 +55,8 @@ pub struct ServeArgs {
     pub acl: Option<PathBuf>,
     /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With
     /// `--redis-cluster`, one or more seed nodes separated by commas.
-    #[arg(long, env = "RSC_REDIS_URL")]
-    pub redis_url: Option<String>,
+    #[arg(long, env = "RSC_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<SecretUrl>,
     /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--redis-url`. Required for a
     /// cluster: the coordinator refuses to start when this does not match what the server
     /// reports (`INFO cluster`).
@@ -73,7 +74,7 @@ pub struct ServeArgs {
     pub redis_sentinel_master: Option<String>,
     /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
     #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub redis_sentinel_password: Option<String>,
+    pub redis_sentinel_password: Option<SecretString>,
     /// Redis store: after each group document commit, wait (`WAIT N 250`) until this many
     /// replicas have it, and refuse the commit (503 STORE_UNAVAILABLE, counted in
     /// `rsc_store_commits_refused_total`) when fewer did: a master that lost its replicas to
@@ -140,8 +141,8 @@ pub struct ServeArgs {
     /// written there, lag and pending entries per shard are read from it (`XINFO GROUPS`)
     /// and retired shard keys are deleted from it. With `--data-redis-cluster`, one or more
     /// seed nodes separated by commas. Unset: nothing is queried.
-    #[arg(long, env = "RSC_DATA_REDIS_URL")]
-    pub data_redis_url: Option<String>,
+    #[arg(long, env = "RSC_DATA_REDIS_URL", hide_env_values = true)]
+    pub data_redis_url: Option<SecretUrl>,
     /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--data-redis-url`. Required
     /// when the data Redis is a cluster: the coordinator refuses to start when this does not
     /// match what the server reports (`INFO cluster`).
@@ -158,7 +159,7 @@ pub struct ServeArgs {
     pub data_redis_sentinel_master: Option<String>,
     /// Password of the data Redis's sentinels, if any.
     #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub data_redis_sentinel_password: Option<String>,
+    pub data_redis_sentinel_password: Option<SecretString>,
     /// Connect to the data Redis's sentinels over TLS, and to its master too.
     #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_TLS")]
     #[serde(default)]
@@ -208,10 +209,54 @@ pub struct ServeArgs {
     /// [default: 20000].
     #[arg(long, env = "RSC_WAKE_MAX_CHANNELS")]
     pub wake_max_channels: Option<usize>,
+    /// Most wake-up channels one principal (ACL entry or JWT subject) holds open at once;
+    /// one more is refused with 429 RATE_LIMITED. Not applied without an ACL (every request
+    /// is then `anonymous`) [default: 1000].
+    #[arg(long, env = "RSC_WAKE_MAX_CHANNELS_PER_PRINCIPAL")]
+    pub wake_max_channels_per_principal: Option<usize>,
     /// A wake-up channel that carried no wake-up for this long is closed (the client reopens
     /// it), in ms [default: 300000].
     #[arg(long, env = "RSC_WAKE_IDLE_TIMEOUT_MS")]
     pub wake_idle_timeout_ms: Option<u64>,
+    /// A request's head (request line and headers) must arrive within this many ms of its
+    /// first byte, or the connection is closed (`rsc_http_header_timeouts_total`; PROTOCOL
+    /// §4.4) [default: 10000].
+    #[arg(long, env = "RSC_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// A request's body must arrive within this many ms of its head, or the request is
+    /// refused (`rsc_http_body_timeouts_total`) [default: 30000].
+    #[arg(long, env = "RSC_BODY_READ_TIMEOUT_MS")]
+    pub body_read_timeout_ms: Option<u64>,
+    /// A connection with no request in flight for this long is closed
+    /// (`rsc_http_idle_closed_total`); a request being answered, such as an open wake-up
+    /// channel, keeps its connection [default: 120000].
+    #[arg(long, env = "RSC_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Most open client connections: one more is answered `429 RATE_LIMITED` (plain HTTP)
+    /// or closed (HTTPS) at once (`rsc_http_connections_refused_total`) [default:
+    /// --wake-max-channels + 4096].
+    #[arg(long, env = "RSC_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most open connections from one client address (IPv6: one /64) [default: 3/4 of
+    /// --max-connections].
+    #[arg(long, env = "RSC_MAX_CONNECTIONS_PER_IP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// Most bytes of a request head: HTTP/1 request line and headers (`431` beyond),
+    /// HTTP/2 header list [default: 16384].
+    #[arg(long, env = "RSC_MAX_HEADER_BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// HTTP/2: most concurrent streams (requests) per connection [default: 200].
+    #[arg(long, env = "RSC_HTTP2_MAX_CONCURRENT_STREAMS")]
+    pub http2_max_concurrent_streams: Option<u32>,
+    /// HTTP/2: most streams a client may reset before the server has accepted them (the
+    /// "rapid reset" flood) before the connection is ended with `GOAWAY ENHANCE_YOUR_CALM`
+    /// [default: 20].
+    #[arg(long, env = "RSC_HTTP2_MAX_PENDING_RESET_STREAMS")]
+    pub http2_max_pending_reset_streams: Option<usize>,
+    /// HTTP/2: most streams the server may reset for a client's protocol errors before the
+    /// connection is ended with `GOAWAY ENHANCE_YOUR_CALM` [default: 1024].
+    #[arg(long, env = "RSC_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS")]
+    pub http2_max_local_error_reset_streams: Option<usize>,
     /// Log format [default: text].
     #[arg(long, env = "RSC_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -223,15 +268,23 @@ pub struct ServeArgs {
     #[arg(long, env = "RSC_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Require a client certificate chaining to these CA certificates (PEM) on every
-    /// connection: mutual TLS. ACL entries may then name a certificate subject
-    /// (`cert_subject`, PROTOCOL §8). Needs `--tls-cert`.
+    /// connection: mutual TLS. ACL entries may then name a certificate by its subject
+    /// (`cert_subject`), a SAN URI (`cert_san_uri`) or a SAN DNS name (`cert_san_dns`,
+    /// PROTOCOL §8). Re-read when it changes and on SIGHUP (PROTOCOL §20). Needs
+    /// `--tls-cert`.
     #[arg(long, env = "RSC_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Certificate revocation lists (PEM) of the `--tls-client-ca` CAs: a revoked client
+    /// certificate is refused in the handshake; so is one whose issuer has no CRL in the
+    /// file. Re-read when it changes and on SIGHUP (PROTOCOL §20). Needs `--tls-client-ca`
+    /// [default: none, no revocation check].
+    #[arg(long, env = "RSC_TLS_CLIENT_CRL")]
+    pub tls_client_crl: Option<PathBuf>,
 }
 
 /// Fully resolved serve settings.
-/// (`Debug` hides the Redis URLs' passwords.)
-#[derive(Clone)]
+/// (`Debug` hides the Redis URLs' and the sentinels' passwords.)
+#[derive(Clone, Debug)]
 pub struct ServeConfig {
     /// Listen address.
     pub listen: SocketAddr,
@@ -240,7 +293,7 @@ pub struct ServeConfig {
     /// ACL file.
     pub acl: Option<PathBuf>,
     /// Redis URLs (one, or cluster seed nodes).
-    pub redis_urls: Vec<String>,
+    pub redis_urls: Vec<SecretUrl>,
     /// Redis Cluster mode.
     pub redis_cluster: bool,
     /// The store's master is found through these sentinels.
@@ -270,7 +323,7 @@ pub struct ServeConfig {
     /// Interval over which refusals alike are merged in the audit log, in ms.
     pub audit_refusal_interval_ms: u64,
     /// Data Redis URLs (one, or cluster seed nodes); `None` without a data Redis.
-    pub data_redis_urls: Option<Vec<String>>,
+    pub data_redis_urls: Option<Vec<SecretUrl>>,
     /// The data Redis is a Redis Cluster.
     pub data_redis_cluster: bool,
     /// The data Redis master is found through these sentinels (`data_redis_urls` then only
@@ -294,123 +347,33 @@ pub struct ServeConfig {
     pub body_limit: usize,
     /// Most open wake-up channels (0: the route is off).
     pub wake_max_channels: usize,
+    /// Most open wake-up channels per principal (with an ACL).
+    pub wake_max_channels_per_principal: usize,
     /// Idle timeout of a wake-up channel.
     pub wake_idle_timeout_ms: u64,
+    /// Connection limits and timeouts of the HTTP server.
+    pub http: HttpLimits,
     /// Log format.
     pub log_format: LogFormat,
     /// HTTPS on the listener (certificate, key, client CA); `None`: plain HTTP.
     pub listener_tls: Option<crate::tls::ListenerTls>,
 }
 
-impl std::fmt::Debug for ServeArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServeArgs")
-            .field("config", &self.config)
-            .field("listen", &self.listen)
-            .field("store", &self.store)
-            .field("acl", &self.acl)
-            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
-            .field("redis_cluster", &self.redis_cluster)
-            .field("redis_sentinel", &self.redis_sentinel)
-            .field("redis_sentinel_master", &self.redis_sentinel_master)
-            .field(
-                "redis_sentinel_password",
-                &redact_opt(&self.redis_sentinel_password),
-            )
-            .field("redis_sentinel_tls", &self.redis_sentinel_tls)
-            .field("redis_tls_ca", &self.redis_tls_ca)
-            .field("redis_tls_cert", &self.redis_tls_cert)
-            .field("redis_tls_key", &self.redis_tls_key)
-            .field("key_prefix", &self.key_prefix)
-            .field("allow_anonymous", &self.allow_anonymous)
-            .field("admin_rate", &self.admin_rate)
-            .field("admin_burst", &self.admin_burst)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("client_rate", &self.client_rate)
-            .field("client_burst", &self.client_burst)
-            .field("client_refusal_rate", &self.client_refusal_rate)
-            .field("client_refusal_burst", &self.client_refusal_burst)
-            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
-            .field(
-                "data_redis_url",
-                &self.data_redis_url.as_deref().map(redact_url),
-            )
-            .field("data_redis_cluster", &self.data_redis_cluster)
-            .field("data_redis_sentinel", &self.data_redis_sentinel)
-            .field(
-                "data_redis_sentinel_master",
-                &self.data_redis_sentinel_master,
-            )
-            .field(
-                "data_redis_sentinel_password",
-                &redact_opt(&self.data_redis_sentinel_password),
-            )
-            .field("data_redis_sentinel_tls", &self.data_redis_sentinel_tls)
-            .field("data_redis_tls_ca", &self.data_redis_tls_ca)
-            .field("data_redis_tls_cert", &self.data_redis_tls_cert)
-            .field("data_redis_tls_key", &self.data_redis_tls_key)
-            .field("rollback_window_ms", &self.rollback_window_ms)
-            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
-            .field("sweep_interval_ms", &self.sweep_interval_ms)
-            .field("history_interval_ms", &self.history_interval_ms)
-            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
-            .field("store_recovery", &self.store_recovery)
-            .field("store_wait_replicas", &self.store_wait_replicas)
-            .field("body_limit", &self.body_limit)
-            .field("log_format", &self.log_format)
-            .finish()
-    }
+/// The access layer's settings, resolved ([`ServeArgs::access`]).
+struct AccessSettings {
+    trusted_proxies: Option<String>,
+    client_rate: u32,
+    client_burst: u32,
+    client_refusal_rate: u32,
+    client_refusal_burst: u32,
+    audit_refusal_interval_ms: u64,
 }
 
-impl std::fmt::Debug for ServeConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServeConfig")
-            .field("listen", &self.listen)
-            .field("store", &self.store)
-            .field("acl", &self.acl)
-            .field(
-                "redis_urls",
-                &self
-                    .redis_urls
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>(),
-            )
-            .field("redis_cluster", &self.redis_cluster)
-            .field("redis_sentinel", &self.redis_sentinel)
-            .field("store_wait_replicas", &self.store_wait_replicas)
-            .field("redis_tls", &self.redis_tls)
-            .field("key_prefix", &self.key_prefix)
-            .field("allow_anonymous", &self.allow_anonymous)
-            .field("admin_rate", &self.admin_rate)
-            .field("admin_burst", &self.admin_burst)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("client_rate", &self.client_rate)
-            .field("client_burst", &self.client_burst)
-            .field("client_refusal_rate", &self.client_refusal_rate)
-            .field("client_refusal_burst", &self.client_refusal_burst)
-            .field("audit_refusal_interval_ms", &self.audit_refusal_interval_ms)
-            .field(
-                "data_redis_urls",
-                &self
-                    .data_redis_urls
-                    .as_ref()
-                    .map(|us| us.iter().map(|u| redact_url(u)).collect::<Vec<_>>()),
-            )
-            .field("data_redis_cluster", &self.data_redis_cluster)
-            .field("data_redis_sentinel", &self.data_redis_sentinel)
-            .field("data_redis_tls", &self.data_redis_tls)
-            .field("rollback_window_ms", &self.rollback_window_ms)
-            .field("retired_key_delay_ms", &self.retired_key_delay_ms)
-            .field("sweep_interval_ms", &self.sweep_interval_ms)
-            .field("history_interval_ms", &self.history_interval_ms)
-            .field("tombstone_retention_ms", &self.tombstone_retention_ms)
-            .field("store_recovery", &self.store_recovery)
-            .field("body_limit", &self.body_limit)
-            .field("log_format", &self.log_format)
-            .field("listener_tls", &self.listener_tls)
-            .finish()
-    }
+/// The wake-up channel settings, resolved ([`ServeArgs::wake`]).
+struct WakeSettings {
+    max_channels: usize,
+    max_channels_per_principal: usize,
+    idle_timeout_ms: u64,
 }
 
 /// A configuration error.
@@ -425,12 +388,12 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The `--config` file is not valid.
-    #[error("config file {path} is invalid: {source}")]
+    #[error("config file {path} is invalid: {reason}")]
     Parse {
         /// File.
         path: PathBuf,
-        /// Cause.
-        source: Box<toml::de::Error>,
+        /// Where and what ([`toml_error`]: the line itself is not quoted).
+        reason: String,
     },
     /// A value is out of range or unsafe.
     #[error("{0}")]
@@ -454,13 +417,52 @@ impl ServeArgs {
                     path: path.clone(),
                     source,
                 })?;
-                toml::from_str::<ServeArgs>(&text).map_err(|source| ConfigError::Parse {
+                toml::from_str::<ServeArgs>(&text).map_err(|e| ConfigError::Parse {
                     path: path.clone(),
-                    source: Box::new(source),
+                    reason: toml_error(&text, &e),
                 })?
             }
             None => ServeArgs::default(),
         })
+    }
+
+    /// The wake-up channel settings (PROTOCOL §13), these over `file`'s over the defaults.
+    fn wake(&self, file: &ServeArgs) -> WakeSettings {
+        WakeSettings {
+            max_channels: self
+                .wake_max_channels
+                .or(file.wake_max_channels)
+                .unwrap_or(20_000),
+            max_channels_per_principal: self
+                .wake_max_channels_per_principal
+                .or(file.wake_max_channels_per_principal)
+                .unwrap_or(crate::wake::DEFAULT_MAX_CHANNELS_PER_PRINCIPAL),
+            idle_timeout_ms: self
+                .wake_idle_timeout_ms
+                .or(file.wake_idle_timeout_ms)
+                .unwrap_or(300_000),
+        }
+    }
+
+    /// The per-address limits, trusted proxies and refusal interval (PROTOCOL §7), taken from
+    /// these settings over `file`'s over the defaults.
+    fn access(&mut self, file: &mut ServeArgs) -> AccessSettings {
+        let client_rate = self.client_rate.or(file.client_rate).unwrap_or(0);
+        AccessSettings {
+            trusted_proxies: (self.trusted_proxies.take())
+                .or(file.trusted_proxies.take())
+                .filter(|s| !s.trim().is_empty()),
+            client_rate,
+            client_burst: (self.client_burst.or(file.client_burst))
+                .unwrap_or(client_rate.saturating_mul(2)),
+            client_refusal_rate: (self.client_refusal_rate.or(file.client_refusal_rate))
+                .unwrap_or(20),
+            client_refusal_burst: (self.client_refusal_burst.or(file.client_refusal_burst))
+                .unwrap_or(200),
+            audit_refusal_interval_ms: (self.audit_refusal_interval_ms)
+                .or(file.audit_refusal_interval_ms)
+                .unwrap_or(10_000),
+        }
     }
 
     /// The sentinel settings of the metadata and the data Redis (taken from these settings
@@ -533,13 +535,17 @@ impl ServeArgs {
 
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
+        let wake = self.wake(&file);
+        let access = self.access(&mut file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
+        // The connection caps' defaults follow the wake-up channel limit (`wake` has it too).
+        let (_, http) = HttpLimits::merge(&self, &file);
         let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
             // Behind sentinels the URL only carries credentials: none by default.
             data_redis_sentinel
                 .as_ref()
-                .map(|_| "redis://sentinel-master/".to_owned())
+                .map(|_| SecretUrl::from("redis://sentinel-master/"))
         });
         let rollback_window_ms = self
             .rollback_window_ms
@@ -555,7 +561,7 @@ impl ServeArgs {
             redis_urls: self
                 .redis_url
                 .or(file.redis_url)
-                .map(|urls| split_urls(&urls))
+                .map(|urls| urls.split())
                 .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
             redis_cluster: self.redis_cluster || file.redis_cluster,
             redis_sentinel,
@@ -567,30 +573,13 @@ impl ServeArgs {
             allow_anonymous: self.allow_anonymous || file.allow_anonymous,
             admin_rate: self.admin_rate.or(file.admin_rate).unwrap_or(10),
             admin_burst: self.admin_burst.or(file.admin_burst).unwrap_or(20),
-            trusted_proxies: self
-                .trusted_proxies
-                .or(file.trusted_proxies)
-                .filter(|s| !s.trim().is_empty()),
-            client_rate: self.client_rate.or(file.client_rate).unwrap_or(0),
-            client_burst: self.client_burst.or(file.client_burst).unwrap_or_else(|| {
-                self.client_rate
-                    .or(file.client_rate)
-                    .unwrap_or(0)
-                    .saturating_mul(2)
-            }),
-            client_refusal_rate: self
-                .client_refusal_rate
-                .or(file.client_refusal_rate)
-                .unwrap_or(20),
-            client_refusal_burst: self
-                .client_refusal_burst
-                .or(file.client_refusal_burst)
-                .unwrap_or(200),
-            audit_refusal_interval_ms: self
-                .audit_refusal_interval_ms
-                .or(file.audit_refusal_interval_ms)
-                .unwrap_or(10_000),
-            data_redis_urls: data_redis_url.map(|urls| split_urls(&urls)),
+            trusted_proxies: access.trusted_proxies,
+            client_rate: access.client_rate,
+            client_burst: access.client_burst,
+            client_refusal_rate: access.client_refusal_rate,
+            client_refusal_burst: access.client_refusal_burst,
+            audit_refusal_interval_ms: access.audit_refusal_interval_ms,
+            data_redis_urls: data_redis_url.map(|urls| urls.split()),
             data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
             data_redis_sentinel,
             data_redis_tls,
@@ -623,19 +612,16 @@ impl ServeArgs {
                 .body_limit
                 .or(file.body_limit)
                 .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
-            wake_max_channels: self
-                .wake_max_channels
-                .or(file.wake_max_channels)
-                .unwrap_or(20_000),
-            wake_idle_timeout_ms: self
-                .wake_idle_timeout_ms
-                .or(file.wake_idle_timeout_ms)
-                .unwrap_or(300_000),
+            wake_max_channels: wake.max_channels,
+            wake_max_channels_per_principal: wake.max_channels_per_principal,
+            wake_idle_timeout_ms: wake.idle_timeout_ms,
+            http,
             log_format: self.log_format.or(file.log_format).unwrap_or_default(),
             listener_tls: listener_tls(
                 self.tls_cert.or(file.tls_cert),
                 self.tls_key.or(file.tls_key),
                 self.tls_client_ca.or(file.tls_client_ca),
+                self.tls_client_crl.or(file.tls_client_crl),
             )?,
         })
     }
@@ -709,12 +695,19 @@ impl ServeConfig {
                 self.wake_idle_timeout_ms
             )));
         }
+        if self.wake_max_channels_per_principal == 0 {
+            return Err(ConfigError::Invalid(
+                "wake-max-channels-per-principal must be at least 1 (--wake-max-channels 0 \
+                 turns the wake-up channels off)"
+                    .into(),
+            ));
+        }
         if self.body_limit < 1024 {
             return Err(ConfigError::Invalid(
                 "body-limit must be at least 1024".into(),
             ));
         }
-        Ok(())
+        self.http.validate()
     }
 
     /// Checks the metadata and data Redis settings: URLs, cluster and sentinel together.
@@ -761,13 +754,157 @@ impl ServeConfig {
     }
 }
 
+/// The HTTP server's connection limits and timeouts (PROTOCOL §4.4), resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time from a request's first byte to the end of its head.
+    pub header_read_timeout: Duration,
+    /// Time from a request's head to the end of its body.
+    pub body_read_timeout: Duration,
+    /// Time a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// Most open connections from one client address (IPv6: one /64).
+    pub max_connections_per_ip: usize,
+    /// Most bytes of a request head (HTTP/1) or header list (HTTP/2).
+    pub max_header_bytes: usize,
+    /// HTTP/2: most concurrent streams per connection.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2: most streams reset by the client before they were accepted.
+    pub http2_max_pending_reset_streams: usize,
+    /// HTTP/2: most streams reset by the server for the client's protocol errors.
+    pub http2_max_local_error_reset_streams: usize,
+}
+
+impl HttpLimits {
+    /// Connections kept beyond the wake-up channel limit by default: heartbeat clients,
+    /// operators, scrapers.
+    pub const CONNECTION_MARGIN: usize = 4096;
+
+    /// The defaults for a coordinator that holds at most `wake_max_channels` wake-up
+    /// channels (each one a connection).
+    pub fn defaults(wake_max_channels: usize) -> Self {
+        let max_connections = wake_max_channels.saturating_add(Self::CONNECTION_MARGIN);
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections,
+            max_connections_per_ip: max_connections / 4 * 3,
+            max_header_bytes: 16 * 1024,
+            http2_max_concurrent_streams: 200,
+            http2_max_pending_reset_streams: 20,
+            http2_max_local_error_reset_streams: 1024,
+        }
+    }
+
+    /// The wake-up channel limit, and the limits (whose default connection cap follows
+    /// it): `args` over `file` over the defaults.
+    fn merge(args: &ServeArgs, file: &ServeArgs) -> (usize, Self) {
+        let wake_max_channels = (args.wake_max_channels)
+            .or(file.wake_max_channels)
+            .unwrap_or(20_000);
+        let d = Self::defaults(wake_max_channels);
+        let ms =
+            |a: Option<u64>, f: Option<u64>, d: Duration| a.or(f).map_or(d, Duration::from_millis);
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(d.max_connections);
+        let limits = HttpLimits {
+            header_read_timeout: ms(
+                args.header_read_timeout_ms,
+                file.header_read_timeout_ms,
+                d.header_read_timeout,
+            ),
+            body_read_timeout: ms(
+                args.body_read_timeout_ms,
+                file.body_read_timeout_ms,
+                d.body_read_timeout,
+            ),
+            idle_timeout: ms(args.idle_timeout_ms, file.idle_timeout_ms, d.idle_timeout),
+            max_connections,
+            max_connections_per_ip: (args.max_connections_per_ip)
+                .or(file.max_connections_per_ip)
+                .unwrap_or((max_connections / 4 * 3).max(1)),
+            max_header_bytes: (args.max_header_bytes)
+                .or(file.max_header_bytes)
+                .unwrap_or(d.max_header_bytes),
+            http2_max_concurrent_streams: (args.http2_max_concurrent_streams)
+                .or(file.http2_max_concurrent_streams)
+                .unwrap_or(d.http2_max_concurrent_streams),
+            http2_max_pending_reset_streams: (args.http2_max_pending_reset_streams)
+                .or(file.http2_max_pending_reset_streams)
+                .unwrap_or(d.http2_max_pending_reset_streams),
+            http2_max_local_error_reset_streams: (args.http2_max_local_error_reset_streams)
+                .or(file.http2_max_local_error_reset_streams)
+                .unwrap_or(d.http2_max_local_error_reset_streams),
+        };
+        (wake_max_channels, limits)
+    }
+
+    /// Checks the ranges, and that the per-address cap is within the global one.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ms = |name: &str, d: Duration, max: u64| {
+            let v = d.as_millis() as u64;
+            if (100..=max).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} is {v}; it must be within 100..={max}"
+                )))
+            }
+        };
+        ms("header-read-timeout-ms", self.header_read_timeout, 600_000)?;
+        ms("body-read-timeout-ms", self.body_read_timeout, 600_000)?;
+        ms("idle-timeout-ms", self.idle_timeout, 24 * 3_600_000)?;
+        let within = |name: &str, v: usize, lo: usize, hi: usize| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} is {v}; it must be within {lo}..={hi}"
+                )))
+            }
+        };
+        within("max-connections", self.max_connections, 1, 10_000_000)?;
+        within(
+            "max-connections-per-ip",
+            self.max_connections_per_ip,
+            1,
+            self.max_connections,
+        )
+        .map_err(|e| ConfigError::Invalid(format!("{e} (max-connections)")))?;
+        within("max-header-bytes", self.max_header_bytes, 1024, 256 * 1024)?;
+        within(
+            "http2-max-concurrent-streams",
+            self.http2_max_concurrent_streams as usize,
+            1,
+            10_000,
+        )?;
+        within(
+            "http2-max-pending-reset-streams",
+            self.http2_max_pending_reset_streams,
+            1,
+            10_000,
+        )?;
+        within(
+            "http2-max-local-error-reset-streams",
+            self.http2_max_local_error_reset_streams,
+            1,
+            100_000,
+        )
+    }
+}
+
 /// The sentinel settings of one Redis (`flag` names them in errors): none, or addresses and
 /// a master name together.
 fn sentinel_target(
     flag: &str,
     addrs: Option<String>,
     master: Option<String>,
-    password: Option<String>,
+    password: Option<SecretString>,
     tls: bool,
 ) -> Result<Option<SentinelTarget>, ConfigError> {
     match (addrs, master) {
@@ -791,17 +928,27 @@ fn sentinel_target(
 }
 
 /// The listener's TLS files: a certificate and its key together, a client CA only with
-/// them. (The files are read when the server starts, which names a file it cannot use.)
+/// them, a client CRL only with a client CA. (The files are read when the server starts,
+/// which names a file it cannot use.)
 fn listener_tls(
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
+    client_crl: Option<PathBuf>,
 ) -> Result<Option<crate::tls::ListenerTls>, ConfigError> {
+    if client_crl.is_some() && client_ca.is_none() {
+        return Err(ConfigError::Invalid(
+            "--tls-client-crl needs --tls-client-ca: the CRL revokes client certificates of \
+             those CAs"
+                .into(),
+        ));
+    }
     match (cert, key) {
         (Some(cert), Some(key)) => Ok(Some(crate::tls::ListenerTls {
             cert,
             key,
             client_ca,
+            client_crl,
         })),
         (None, None) if client_ca.is_some() => Err(ConfigError::Invalid(
             "--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked \
@@ -815,12 +962,19 @@ fn listener_tls(
     }
 }
 
-/// Comma-separated URLs, trimmed, empty ones dropped.
-fn split_urls(urls: &str) -> Vec<String> {
-    urls.split(',')
-        .map(|u| u.trim().to_owned())
-        .filter(|u| !u.is_empty())
-        .collect()
+/// A TOML file's parse error for a message: where (line and column) and what, without the
+/// line itself, which `toml`'s own message quotes and which may hold a password or a token
+/// (PROTOCOL §12).
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {}", e.message().trim_end())
+        }
+        None => e.message().trim_end().to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -831,17 +985,19 @@ mod tests {
     #[test]
     fn listener_tls_needs_a_certificate_and_its_key() {
         let p = |s: &str| Some(PathBuf::from(s));
-        assert_eq!(listener_tls(None, None, None).unwrap(), None);
-        let t = listener_tls(p("c.pem"), p("k.pem"), p("ca.pem"))
+        assert_eq!(listener_tls(None, None, None, None).unwrap(), None);
+        let t = listener_tls(p("c.pem"), p("k.pem"), p("ca.pem"), p("crl.pem"))
             .unwrap()
             .unwrap();
         assert_eq!(t.client_ca, p("ca.pem"));
-        for (c, k, ca, want) in [
-            (p("c"), None, None, "go together"),
-            (None, p("k"), None, "go together"),
-            (None, None, p("ca"), "needs --tls-cert"),
+        assert_eq!(t.client_crl, p("crl.pem"));
+        for (c, k, ca, crl, want) in [
+            (p("c"), None, None, None, "go together"),
+            (None, p("k"), None, None, "go together"),
+            (None, None, p("ca"), None, "needs --tls-cert"),
+            (p("c"), p("k"), None, p("crl"), "needs --tls-client-ca"),
         ] {
-            let e = listener_tls(c, k, ca).unwrap_err().to_string();
+            let e = listener_tls(c, k, ca, crl).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
     }
@@ -866,10 +1022,7 @@ mod tests {
             Some(std::path::Path::new("/etc/rsc/acl.toml"))
         );
         assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
-        assert_eq!(
-            cfg.data_redis_urls.as_deref(),
-            Some(&["redis://127.0.0.1:6390".to_owned()][..])
-        );
+        assert_eq!(cfg.data_redis_urls.unwrap(), ["redis://127.0.0.1:6390"]);
         assert!(!cfg.data_redis_cluster);
         assert!(
             !cfg.listen.ip().is_loopback(),
@@ -881,6 +1034,99 @@ mod tests {
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
         assert_eq!(d.data_redis_urls, None);
         assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
+    }
+
+    #[test]
+    fn client_limits_and_trusted_proxies_from_a_toml_file_flag_and_default() {
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "client-refusal-rate = 7\nclient-rate = 50\ntrusted-proxies = \"10.0.0.0/8\""
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        };
+        let c = from_file.clone().resolve().unwrap();
+        assert_eq!(
+            (c.client_refusal_rate, c.client_rate, c.client_burst),
+            (7, 50, 100),
+            "the burst defaults to twice the rate"
+        );
+        assert_eq!(c.trusted_proxies.as_deref(), Some("10.0.0.0/8"));
+        let flag = ServeArgs {
+            client_refusal_rate: Some(9),
+            trusted_proxies: Some("127.0.0.1, ::1".into()),
+            ..from_file
+        };
+        let c = flag.resolve().unwrap();
+        assert_eq!(c.client_refusal_rate, 9);
+        assert_eq!(c.trusted_proxies.as_deref(), Some("127.0.0.1, ::1"));
+        let _ = std::fs::remove_file(&f.0);
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!(
+            (
+                d.client_rate,
+                d.client_refusal_rate,
+                d.client_refusal_burst,
+                d.audit_refusal_interval_ms,
+                d.trusted_proxies
+            ),
+            (0, 20, 200, 10_000, None)
+        );
+        for bad in [
+            ServeArgs {
+                trusted_proxies: Some("10.0.0.0/8,not-an-address".into()),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                audit_refusal_interval_ms: Some(10),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                client_refusal_rate: Some(5),
+                client_refusal_burst: Some(0),
+                ..ServeArgs::default()
+            },
+        ] {
+            assert!(bad.resolve().is_err());
+        }
+    }
+
+    #[test]
+    fn wake_channels_per_principal_from_a_toml_file_flag_and_default() {
+        let mut f = tempfile_in_target();
+        writeln!(f.1, "wake-max-channels-per-principal = 7").unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(
+            from_file
+                .clone()
+                .resolve()
+                .unwrap()
+                .wake_max_channels_per_principal,
+            7
+        );
+        let flag = ServeArgs {
+            wake_max_channels_per_principal: Some(9),
+            ..from_file
+        };
+        assert_eq!(flag.resolve().unwrap().wake_max_channels_per_principal, 9);
+        let _ = std::fs::remove_file(&f.0);
+        let d = ServeArgs::default().resolve().unwrap();
+        assert_eq!(d.wake_max_channels_per_principal, 1000);
+        let zero = ServeArgs {
+            wake_max_channels_per_principal: Some(0),
+            ..ServeArgs::default()
+        };
+        let e = zero.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("wake-max-channels-per-principal must be at least 1"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1015,6 +1261,103 @@ mod tests {
         assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
     }
 
+    #[test]
+    fn connection_limits_follow_the_wake_channel_limit_and_are_checked() {
+        let d = ServeArgs::default().resolve().unwrap().http;
+        assert_eq!(d, HttpLimits::defaults(20_000));
+        assert_eq!(
+            (d.max_connections, d.max_connections_per_ip),
+            (24_096, 18_072)
+        );
+        assert_eq!(
+            (d.header_read_timeout, d.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(120))
+        );
+        let few = ServeArgs {
+            wake_max_channels: Some(100),
+            ..ServeArgs::default()
+        };
+        let few = few.resolve().unwrap().http;
+        assert_eq!(
+            (few.max_connections, few.max_connections_per_ip),
+            (4_196, 3_147)
+        );
+
+        let mut f = tempfile_in_target();
+        writeln!(
+            f.1,
+            "header-read-timeout-ms = 500\nbody-read-timeout-ms = 900\nidle-timeout-ms = 2000\n\
+             max-connections = 64\nmax-connections-per-ip = 8\nmax-header-bytes = 4096\n\
+             http2-max-concurrent-streams = 16\nhttp2-max-pending-reset-streams = 5\n\
+             http2-max-local-error-reset-streams = 50"
+        )
+        .unwrap();
+        let from_file = ServeArgs {
+            config: Some(f.0.clone()),
+            max_connections: Some(32),
+            ..ServeArgs::default()
+        };
+        let h = from_file.resolve().unwrap().http;
+        let _ = std::fs::remove_file(&f.0);
+        assert_eq!(
+            h,
+            HttpLimits {
+                header_read_timeout: Duration::from_millis(500),
+                body_read_timeout: Duration::from_millis(900),
+                idle_timeout: Duration::from_millis(2000),
+                max_connections: 32,
+                max_connections_per_ip: 8,
+                max_header_bytes: 4096,
+                http2_max_concurrent_streams: 16,
+                http2_max_pending_reset_streams: 5,
+                http2_max_local_error_reset_streams: 50,
+            },
+            "the flag over the file"
+        );
+
+        for (args, want) in [
+            (
+                ServeArgs {
+                    max_connections: Some(10),
+                    max_connections_per_ip: Some(11),
+                    ..ServeArgs::default()
+                },
+                "max-connections-per-ip is 11",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..ServeArgs::default()
+                },
+                "max-connections is 0",
+            ),
+            (
+                ServeArgs {
+                    header_read_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "header-read-timeout-ms is 0",
+            ),
+            (
+                ServeArgs {
+                    max_header_bytes: Some(100),
+                    ..ServeArgs::default()
+                },
+                "max-header-bytes is 100",
+            ),
+            (
+                ServeArgs {
+                    http2_max_pending_reset_streams: Some(0),
+                    ..ServeArgs::default()
+                },
+                "http2-max-pending-reset-streams is 0",
+            ),
+        ] {
+            let e = args.resolve().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
     fn tempfile_in_target() -> (PathBuf, std::fs::File) {
         let path = std::env::temp_dir().join(format!(
             "rsc-config-test-{}-{:?}.toml",
@@ -1042,5 +1385,30 @@ mod debug_tests {
         let shown = format!("{args:?}");
         assert!(!shown.contains("pw-"), "{shown}");
         assert!(shown.contains("redis://app:<redacted>@r:6379"), "{shown}");
+        let cfg = ServeArgs {
+            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis_sentinel_master: Some("m".into()),
+            data_redis_url: Some("redis://:pw-data@d1:1, redis://:pw-data@d2:2".into()),
+            data_redis_cluster: true,
+            data_redis_sentinel_password: None,
+            ..args
+        }
+        .resolve()
+        .unwrap();
+        let shown = format!("{cfg:?}{cfg:#?}");
+        assert!(!shown.contains("pw-"), "{shown}");
+        assert!(shown.contains("redis://<redacted>@d2:2"), "{shown}");
+    }
+
+    #[test]
+    fn a_config_file_error_names_the_line_without_quoting_it() {
+        let text = "listen = \"127.0.0.1:7070\"\nredis-sentinel-pasword = \"pw-typo\"\n";
+        let e = toml::from_str::<ServeArgs>(text).unwrap_err();
+        let reason = toml_error(text, &e);
+        assert!(
+            reason.starts_with("line 2, column 1: unknown field"),
+            "{reason}"
+        );
+        assert!(!reason.contains("pw-typo"), "{reason}");
     }
 }

@@ -14,6 +14,7 @@
 //! - `api`: the axum HTTP edge; `http_error`, below it and `auth`, the only place errors
 //!   become protocol error codes;
 //! - `dashboard`: the live operator page at `GET /`;
+//! - `replay`: seeks, moving a group's position on its shards in the data Redis;
 //! - [`cli`]: the operators' command line (`rsc-coordinator group describe …`);
 //! - `auth`, `audit`, `metrics`, `wake`: ACL and rate limit, the audit trail, Prometheus
 //!   metrics, wake-up channels — around the API and the store, private to the crate;
@@ -59,6 +60,7 @@ mod http_error;
 mod metrics;
 mod outage;
 pub mod recovery;
+mod replay;
 pub mod retention;
 mod retired;
 pub mod server;

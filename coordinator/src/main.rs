@@ -1,4 +1,5 @@
-//! `rsc-coordinator`: the server (`serve`) and the operators' CLI (`group`, `stream`, `member`).
+//! `rsc-coordinator`: the server (`serve`) and the operators' CLI (`group`, `stream`, `member`,
+//! `dlq`).
 
 use clap::{Parser, Subcommand};
 use rsc_coordinator::cli::{self, OperatorCommand};

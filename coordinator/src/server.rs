@@ -5,7 +5,7 @@ use crate::audit::{Auditor, RevisionRecordingStore};
 use crate::auth::client::{ClientLimiter, Rate, TrustedProxies};
 use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ServeConfig, StoreKind};
+use crate::config::{HttpLimits, ServeConfig, StoreKind};
 use crate::metrics::{self, History, InstrumentedStore, LagProbe};
 use crate::recovery::{CopyLayer, RecoveryCopy};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
@@ -15,6 +15,7 @@ use crate::store::{
 };
 use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
+use rsc_protocol::redact::{ExposeSecret, SecretUrl};
 use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,6 +25,12 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
+
+mod admission;
+mod timeouts;
+
+use admission::{Admission, Ticket};
+use timeouts::{Activity, Answered, Deadlines, Expiry, InFlight, ReadDeadline, Timeouts, Watched};
 
 /// How long writing owner tokens to the data Redis may take before a heartbeat fails.
 const FENCING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -75,6 +82,7 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
     }
     let limits = WakeLimits {
         max_channels: cfg.wake_max_channels,
+        max_channels_per_principal: cfg.wake_max_channels_per_principal,
         idle_timeout: Duration::from_millis(cfg.wake_idle_timeout_ms),
         ..WakeLimits::default()
     };
@@ -89,11 +97,14 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
 fn wake_redis(cfg: &ServeConfig) -> anyhow::Result<LazyRedis> {
     let settings = WakeHub::REDIS_SETTINGS;
     match &cfg.redis_sentinel {
-        Some(target) => {
-            LazyRedis::open_sentinel(target, &cfg.redis_urls[0], &settings, &cfg.redis_tls)
-        }
+        Some(target) => LazyRedis::open_sentinel(
+            target,
+            cfg.redis_urls[0].expose_secret(),
+            &settings,
+            &cfg.redis_tls,
+        ),
         None => LazyRedis::open(
-            &cfg.redis_urls,
+            &SecretUrl::expose_all(&cfg.redis_urls),
             cfg.redis_cluster,
             &settings,
             &cfg.redis_tls,
@@ -125,29 +136,8 @@ pub async fn serve(
     // document (PROTOCOL §2.3).
     let copy = recovery_copy(&cfg)?;
     let store = with_copy(store, copy.as_ref());
-    let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
     let auditor = Auditor::new(store.clone(), clock.clone());
-    let clients = Arc::new(ClientLimiter::new(
-        Rate {
-            per_s: cfg.client_rate,
-            burst: cfg.client_burst,
-        },
-        Rate {
-            per_s: cfg.client_refusal_rate,
-            burst: cfg.client_refusal_burst,
-        },
-    ));
-    let proxies = TrustedProxies::parse(cfg.trusted_proxies.as_deref().unwrap_or(""))
-        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
-    let security = Arc::new(
-        Security::new(
-            acl.clone(),
-            AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
-            auditor.clone(),
-            cfg.body_limit,
-        )
-        .with_clients(clients.clone(), proxies),
-    );
+    let (security, clients) = build_security(&cfg, acl.clone(), &auditor)?;
     let wakes = build_wakeups(&cfg)?;
     let coordinator = build_coordinator(&cfg, store, clock, wakes.clone(), copy.clone())?;
     let listener = TcpListener::bind(cfg.listen)
@@ -168,9 +158,9 @@ pub async fn serve(
     )));
     // One poll (and one SIGHUP handler) for every file re-read while serving.
     let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
-    let acceptor = tls.map(|(acceptor, resolver)| {
-        watched.push(resolver);
-        acceptor
+    let acceptor = tls.map(|loaded| {
+        watched.extend(loaded.reloaders());
+        TlsAcceptor::from(Arc::new(loaded.config))
     });
     if let Some(acl) = acl {
         watched.push(acl);
@@ -187,10 +177,12 @@ pub async fn serve(
         }),
         cfg.body_limit,
     );
+    let http = Http::new(app, fit_open_files(cfg.http));
     info!(
         store = ?cfg.store,
         tls = acceptor.is_some(),
         client_certificates = cfg.listener_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        max_connections = http.limits.max_connections,
         "listening on {addr}"
     );
     // Open wake-up streams would hold a graceful shutdown up: they end first.
@@ -200,7 +192,7 @@ pub async fn serve(
             hub.close_all();
         }
     };
-    let result = serve_connections(listener, app, acceptor, shutdown).await;
+    let result = serve_connections(listener, http, acceptor, shutdown).await;
     for task in tasks {
         task.abort();
     }
@@ -208,24 +200,54 @@ pub async fn serve(
     result.map_err(Into::into)
 }
 
-/// The listener's TLS acceptor and certificate resolver (to be watched for changes), when
-/// the configuration asks for HTTPS. A file that cannot be used stops startup, named.
-fn load_listener_tls(
+/// The access layer's settings (PROTOCOL §4, §7): the ACL, the admin rate, the audit, the
+/// body limit, the per-address limits and the trusted proxies; and the per-address limiter,
+/// to be pruned now and then.
+fn build_security(
     cfg: &ServeConfig,
-) -> anyhow::Result<Option<(TlsAcceptor, Arc<tls::CertResolver>)>> {
+    acl: Option<Arc<LiveAcl>>,
+    auditor: &Auditor,
+) -> anyhow::Result<(Arc<Security>, Arc<ClientLimiter>)> {
+    let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+    let clients = Arc::new(ClientLimiter::new(
+        Rate {
+            per_s: cfg.client_rate,
+            burst: cfg.client_burst,
+        },
+        Rate {
+            per_s: cfg.client_refusal_rate,
+            burst: cfg.client_refusal_burst,
+        },
+    ));
+    let proxies = TrustedProxies::parse(cfg.trusted_proxies.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow::anyhow!("--trusted-proxies: {e}"))?;
+    let security = Security::new(
+        acl,
+        AdminRateLimiter::new(nz(cfg.admin_rate), nz(cfg.admin_burst)),
+        auditor.clone(),
+        cfg.body_limit,
+    )
+    .with_clients(clients.clone(), proxies);
+    Ok((Arc::new(security), clients))
+}
+
+/// The listener's TLS configuration and what to re-read while serving (the certificate,
+/// and with mutual TLS the client CA and CRL files), when the configuration asks for HTTPS.
+/// A file that cannot be used stops startup, named.
+fn load_listener_tls(cfg: &ServeConfig) -> anyhow::Result<Option<tls::LoadedTls>> {
     let Some(files) = &cfg.listener_tls else {
         return Ok(None);
     };
-    let fail =
-        |e: tls::TlsSetupError| anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca: {e}");
-    let resolver = tls::CertResolver::load(files.clone()).map_err(fail)?;
-    let config = tls::server_config(resolver.clone(), files.client_ca.as_deref()).map_err(fail)?;
+    let loaded = tls::LoadedTls::load(files).map_err(|e| {
+        anyhow::anyhow!("--tls-cert / --tls-key / --tls-client-ca / --tls-client-crl: {e}")
+    })?;
     info!(
         cert = %files.cert.display(),
         client_ca = ?files.client_ca,
+        client_crl = ?files.client_crl,
         "HTTPS: certificate loaded"
     );
-    Ok(Some((TlsAcceptor::from(Arc::new(config)), resolver)))
+    Ok(Some(loaded))
 }
 
 /// The ACL the configuration names, loaded and to be watched for changes; `None` (every
@@ -250,7 +272,7 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
     if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
         let settings = data_settings(FENCING_TIMEOUT);
         rsc_redis::check_mode(
-            &urls[0],
+            urls[0].expose_secret(),
             cfg.data_redis_cluster,
             "--data-redis-cluster",
             &settings,
@@ -261,7 +283,7 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
         info!(
             servers = urls.len(),
             cluster = cfg.data_redis_cluster,
-            tls = urls[0].starts_with("rediss://"),
+            tls = urls[0].expose_secret().starts_with("rediss://"),
             "using a data Redis"
         );
     }
@@ -278,12 +300,12 @@ fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<Laz
             match &cfg.data_redis_sentinel {
                 Some(target) => LazyRedis::open_sentinel(
                     target,
-                    &urls[0],
+                    urls[0].expose_secret(),
                     &data_settings(timeout),
                     &cfg.data_redis_tls,
                 ),
                 None => LazyRedis::open(
-                    urls,
+                    &SecretUrl::expose_all(urls),
                     cfg.data_redis_cluster,
                     &data_settings(timeout),
                     &cfg.data_redis_tls,
@@ -445,10 +467,113 @@ fn spawn_background(
 
 /// How long a client may take to complete the TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/2 connection closed for idleness may take to end after its `GOAWAY`.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// File descriptors kept out of `--max-connections` for everything that is not a client
+/// connection: the listener, Redis connections, watched files, the log.
+const FD_RESERVE: usize = 256;
 
-/// Serves `app` on `listener` until `shutdown` resolves, then lets the open connections
+/// `limits` with `--max-connections` fitted to the process's open-file limit
+/// (`RLIMIT_NOFILE`): the soft limit is raised toward the hard one when the cap needs more,
+/// and when even the hard one is too low the cap is lowered to it (with a warning), so that
+/// a full house of client connections still leaves [`FD_RESERVE`] descriptors for Redis and
+/// files instead of failing their `open` and `connect` calls.
+fn fit_open_files(mut limits: HttpLimits) -> HttpLimits {
+    #[cfg(unix)]
+    {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+            return limits;
+        };
+        let want = (limits.max_connections + FD_RESERVE) as u64;
+        let mut allowed = soft;
+        if soft < want && hard > soft {
+            let raised = want.min(hard);
+            if setrlimit(Resource::RLIMIT_NOFILE, raised, hard).is_ok() {
+                info!(
+                    from = soft,
+                    to = raised,
+                    "raised the open-file limit (RLIMIT_NOFILE) for --max-connections"
+                );
+                allowed = raised;
+            }
+        }
+        let room = usize::try_from(allowed)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FD_RESERVE)
+            .max(1);
+        if room < limits.max_connections {
+            warn!(
+                max_connections = limits.max_connections,
+                open_file_limit = allowed,
+                serving = room,
+                "the open-file limit is too low for --max-connections: serving at most the \
+                 limit minus {FD_RESERVE} connections (raise `ulimit -n` / LimitNOFILE)"
+            );
+            limits.max_connections = room;
+            limits.max_connections_per_ip = limits.max_connections_per_ip.min(room);
+        }
+    }
+    limits
+}
+
+/// What every connection is served with: the app, the protocol settings and the timeouts.
+struct Http {
+    app: axum::Router,
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+    timeouts: Timeouts,
+    body_timeout: Duration,
+    limits: HttpLimits,
+}
+
+impl Http {
+    /// `app` served within `limits` (PROTOCOL §4.4).
+    fn new(app: axum::Router, limits: HttpLimits) -> Arc<Self> {
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        // The head's timeout is kept by `timeouts` (hyper's would also close idle
+        // keep-alive connections after it).
+        http1
+            .header_read_timeout(None)
+            .max_header_size(limits.max_header_bytes);
+        let mut http2 =
+            hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        http2
+            .max_concurrent_streams(limits.http2_max_concurrent_streams)
+            .max_pending_accept_reset_streams(limits.http2_max_pending_reset_streams)
+            .max_local_error_reset_streams(limits.http2_max_local_error_reset_streams)
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        Arc::new(Http {
+            app,
+            http1,
+            http2,
+            timeouts: Timeouts {
+                header: limits.header_read_timeout,
+                idle: limits.idle_timeout,
+            },
+            body_timeout: limits.body_read_timeout,
+            limits,
+        })
+    }
+}
+
+/// One connection's share of the server, held by its task until it ends.
+struct Conn {
+    http: Arc<Http>,
+    /// Changes (its sender is dropped) when shutdown begins.
+    signal: tokio::sync::watch::Receiver<()>,
+    /// Dropped when the task ends: the server returns once every one is gone.
+    _close: tokio::sync::watch::Receiver<()>,
+    /// The connection's place under the connection caps.
+    _ticket: Ticket,
+    /// The peer's address: every request carries it (`ConnectInfo`, PROTOCOL §7).
+    peer: SocketAddr,
+}
+
+/// Serves `http` on `listener` until `shutdown` resolves, then lets the open connections
 /// finish (each is told to close after its request in flight) and returns. Plain HTTP is
-/// HTTP/1.1; with `tls` each connection is HTTPS, HTTP/2 or HTTP/1.1 as ALPN chose.
+/// HTTP/1.1; with `tls` each connection is HTTPS, HTTP/2 or HTTP/1.1 as ALPN chose. A
+/// connection over a cap is refused at once (PROTOCOL §4.4).
 ///
 /// This is `axum::serve` with graceful shutdown, on hyper's HTTP/1 connection directly: an
 /// idle or streaming connection (a keep-alive heartbeat client, a wake-up channel) costs
@@ -458,17 +583,21 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// channels thus fit in well under 200 MB.
 async fn serve_connections(
     listener: TcpListener,
-    app: axum::Router,
+    http: Arc<Http>,
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let admission = Admission::new(
+        http.limits.max_connections,
+        http.limits.max_connections_per_ip,
+    );
     // Dropped when shutdown begins: connections see it and close gracefully.
     let (signal_tx, _) = tokio::sync::watch::channel(());
     // Each connection holds a receiver; the server returns once all are gone.
     let (close_tx, close_rx) = tokio::sync::watch::channel(());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, peer_addr) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -480,22 +609,28 @@ async fn serve_connections(
             },
             () = &mut shutdown => break,
         };
-        let app = app.clone();
-        let signal = signal_tx.subscribe();
-        let close = close_rx.clone();
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(refusal) => {
+                if tls.is_none() {
+                    refuse(&stream, refusal);
+                }
+                continue;
+            }
+        };
+        let conn = Conn {
+            http: http.clone(),
+            signal: signal_tx.subscribe(),
+            _close: close_rx.clone(),
+            _ticket: ticket,
+            peer,
+        };
         // Two kinds of task, not one with a branch: a task's future is as large as its
         // largest state, and a plain connection (a wake-up channel lives for minutes) would
         // carry room for a TLS session and an HTTP/2 connection (about 5.5 KiB).
         match &tls {
-            None => tokio::spawn(plain_connection(stream, peer_addr, app, signal, close)),
-            Some(acceptor) => tokio::spawn(tls_connection(
-                acceptor.clone(),
-                stream,
-                peer_addr,
-                app,
-                signal,
-                close,
-            )),
+            None => tokio::spawn(plain_connection(stream, conn)),
+            Some(acceptor) => tokio::spawn(tls_connection(acceptor.clone(), stream, conn)),
         };
     }
     drop(signal_tx);
@@ -505,40 +640,35 @@ async fn serve_connections(
     Ok(())
 }
 
-/// The task of one plain connection: HTTP/1.1. `close` is dropped when it ends.
-async fn plain_connection(
-    stream: TcpStream,
-    peer_addr: SocketAddr,
-    app: axum::Router,
-    signal: tokio::sync::watch::Receiver<()>,
-    close: tokio::sync::watch::Receiver<()>,
-) {
-    serve_http1(stream, Peer::plain(peer_addr), app, signal).await;
-    drop(close);
+/// Answers a plain connection refused by a cap (`429 RATE_LIMITED`, `Connection: close`)
+/// without waiting for anything: what the client has sent already is read first (so that
+/// the close is a FIN, not a reset that could destroy the answer), the answer goes into the
+/// empty socket buffer, and the caller drops the connection.
+fn refuse(stream: &TcpStream, refusal: admission::Refusal) {
+    let mut sent = [0u8; 2048];
+    for _ in 0..4 {
+        match stream.try_read(&mut sent) {
+            Ok(n) if n == sent.len() => continue,
+            _ => break,
+        }
+    }
+    let _ = stream.try_write(refusal.response());
+}
+
+/// The task of one plain connection: HTTP/1.1.
+async fn plain_connection(stream: TcpStream, conn: Conn) {
+    serve_http1(stream, None, conn).await;
 }
 
 /// The task of one TLS connection: the handshake, then HTTP/2 or HTTP/1.1 as ALPN chose.
-/// `close` is dropped when it ends.
-async fn tls_connection(
-    acceptor: TlsAcceptor,
-    stream: TcpStream,
-    peer_addr: SocketAddr,
-    app: axum::Router,
-    signal: tokio::sync::watch::Receiver<()>,
-    close: tokio::sync::watch::Receiver<()>,
-) {
-    if let Some((stream, h2, cert)) = handshake(&acceptor, stream).await {
-        let peer = Peer {
-            addr: peer_addr,
-            cert,
-        };
+async fn tls_connection(acceptor: TlsAcceptor, stream: TcpStream, conn: Conn) {
+    if let Some((stream, h2, peer)) = handshake(&acceptor, stream).await {
         if h2 {
-            serve_http2(stream, peer, app, signal).await;
+            serve_http2(stream, peer, conn).await;
         } else {
-            serve_http1(stream, peer, app, signal).await;
+            serve_http1(stream, peer, conn).await;
         }
     }
-    drop(close);
 }
 
 /// The TLS handshake of one connection: the stream, whether ALPN chose HTTP/2, and the
@@ -578,25 +708,16 @@ async fn handshake(
     Some((stream, h2, peer))
 }
 
-/// Who is at the other end of a connection: its address, and the client certificate it
-/// presented (mutual TLS).
-struct Peer {
-    addr: SocketAddr,
-    cert: Option<Arc<ClientCertificate>>,
-}
-
-impl Peer {
-    fn plain(addr: SocketAddr) -> Self {
-        Peer { addr, cert: None }
-    }
-}
-
-/// The service of one connection: `app`, with the connection's peer address
+/// The service of one connection: `http`'s app, with the connection's peer address `addr`
 /// (`ConnectInfo`, PROTOCOL §7) and client certificate (when it presented one) in every
-/// request's extensions, for authentication (PROTOCOL §8).
+/// request's extensions, for authentication (PROTOCOL §8);
+/// each request counted in flight on `activity` until its response body is done with, and
+/// its body due within the body read timeout.
 fn connection_service(
-    app: axum::Router,
-    peer: Peer,
+    http: &Http,
+    addr: SocketAddr,
+    peer: Option<Arc<ClientCertificate>>,
+    activity: &Arc<Activity>,
 ) -> impl hyper::service::Service<
     axum::http::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -608,73 +729,129 @@ fn connection_service(
 + Send
 + 'static {
     use tower::ServiceExt;
-    let service = app.map_request(move |req: axum::http::Request<hyper::body::Incoming>| {
-        let mut req = req.map(axum::body::Body::new);
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(peer.addr));
-        if let Some(cert) = &peer.cert {
-            req.extensions_mut().insert(cert.clone());
-        }
-        req
-    });
+    let body_timeout = http.body_timeout;
+    let activity = activity.clone();
+    let service = http
+        .app
+        .clone()
+        .map_request(move |req: axum::http::Request<hyper::body::Incoming>| {
+            let mut req =
+                req.map(|body| axum::body::Body::new(ReadDeadline::new(body, body_timeout)));
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(addr));
+            if let Some(peer) = &peer {
+                req.extensions_mut().insert(peer.clone());
+            }
+            req
+        })
+        .map_future(move |answer| {
+            let in_flight = InFlight::start(&activity);
+            async move {
+                answer
+                    .await
+                    .map(|r| r.map(|body| Answered::body(body, in_flight)))
+            }
+        });
     hyper_util::service::TowerToHyperService::new(service)
 }
 
-/// Serves one HTTP/1.1 connection until it closes, or gracefully after `signal` fires.
-async fn serve_http1<I>(
-    io: I,
-    peer: Peer,
-    app: axum::Router,
-    signal: tokio::sync::watch::Receiver<()>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(
-        hyper_util::rt::TokioIo::new(io),
-        connection_service(app, peer),
-    );
-    until_closed(conn, signal).await;
-}
-
-/// Serves one HTTP/2 connection (TLS, ALPN `h2`) until it closes, or gracefully after
-/// `signal` fires.
-async fn serve_http2<I>(
-    io: I,
-    peer: Peer,
-    app: axum::Router,
-    signal: tokio::sync::watch::Receiver<()>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .serve_connection(
-            hyper_util::rt::TokioIo::new(io),
-            connection_service(app, peer),
-        );
-    until_closed(conn, signal).await;
-}
-
-/// Drives `conn` until it closes; once `signal` fires, shuts it down gracefully (the request
-/// in flight is answered, then the connection closes).
-async fn until_closed<C>(conn: C, mut signal: tokio::sync::watch::Receiver<()>)
+/// Serves one HTTP/1.1 connection until it closes, a timeout closes it, or gracefully
+/// after shutdown begins.
+async fn serve_http1<I>(io: I, peer: Option<Arc<ClientCertificate>>, mut conn: Conn)
 where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Activity::new();
+    let service = connection_service(&conn.http, conn.peer, peer, &activity);
+    let io = hyper_util::rt::TokioIo::new(Watched::new(io, activity.clone()));
+    let connection = std::pin::pin!(conn.http.http1.serve_connection(io, service));
+    let deadlines = Deadlines::new(activity, conn.http.timeouts);
+    until_closed(connection, &mut conn.signal, deadlines).await;
+}
+
+/// Serves one HTTP/2 connection (TLS, ALPN `h2`) until it closes, a timeout closes it, or
+/// gracefully after shutdown begins.
+async fn serve_http2<I>(io: I, peer: Option<Arc<ClientCertificate>>, mut conn: Conn)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Activity::new();
+    let service = connection_service(&conn.http, conn.peer, peer, &activity);
+    let io = hyper_util::rt::TokioIo::new(io);
+    let connection = std::pin::pin!(conn.http.http2.serve_connection(io, service));
+    let deadlines = Deadlines::new(activity, conn.http.timeouts);
+    until_closed(connection, &mut conn.signal, deadlines).await;
+}
+
+/// Drives `conn` until it closes or one of its `deadlines` passes (PROTOCOL §4.4): a request
+/// head that did not arrive in time closes it at once, idleness closes it gracefully (for
+/// HTTP/2 a `GOAWAY`, for at most [`IDLE_CLOSE_GRACE`]). Once `signal` changes, shuts it down
+/// gracefully (the request in flight is answered, then the connection closes); the
+/// deadlines still apply meanwhile.
+///
+/// `conn` comes pinned by the caller: moved into this future it would be stored twice (as
+/// the argument, and pinned), and a connection's task is most of its memory.
+async fn until_closed<C>(
+    mut conn: std::pin::Pin<&mut C>,
+    signal: &mut tokio::sync::watch::Receiver<()>,
+    deadlines: Deadlines,
+) where
     C: hyper_util::server::graceful::GracefulConnection<Error = hyper::Error>,
 {
-    let mut conn = std::pin::pin!(conn);
-    let ended = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = signal.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    use std::task::Poll;
+    let mut timer = std::pin::pin!(deadlines.timer());
+    let mut shutdown = std::pin::pin!(signal.changed());
+    let mut stopping = false;
+    let ended = std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Ok(r));
         }
-    };
-    connection_ended(ended);
+        if !stopping && shutdown.as_mut().poll(cx).is_ready() {
+            stopping = true;
+            conn.as_mut().graceful_shutdown();
+            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Ok(r));
+            }
+        }
+        // After the connection's poll, which is what moves its activity.
+        deadlines.poll_expired(timer.as_mut(), cx).map(Err)
+    })
+    .await;
+    match ended {
+        Ok(r) => connection_ended(r),
+        Err(Expiry::Header) => {
+            ::metrics::counter!("rsc_http_header_timeouts_total").increment(1);
+            tracing::debug!("a request head did not arrive in time: connection closed");
+        }
+        Err(Expiry::Idle) => {
+            ::metrics::counter!("rsc_http_idle_closed_total").increment(1);
+            tracing::debug!("connection idle: closed");
+            conn.as_mut().graceful_shutdown();
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+            let closed = std::future::poll_fn(|cx| match conn.as_mut().poll(cx) {
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+            });
+            if let Some(r) = closed.await {
+                connection_ended(r);
+            }
+        }
+    }
 }
 
 /// A connection that ended with an error (the client went away mid-request, a request that
-/// does not parse) is logged at debug level: the client's doing, and the client saw it.
+/// does not parse) is logged at debug level: the client's doing, and the client saw it. An
+/// HTTP/2 connection ended for a reset flood (`GOAWAY ENHANCE_YOUR_CALM`, over
+/// `--http2-max-pending-reset-streams` or `--http2-max-local-error-reset-streams`) is counted
+/// in `rsc_http2_flood_goaways_total`.
 fn connection_ended(ended: Result<(), hyper::Error>) {
     if let Err(e) = ended {
+        let h2 = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<h2::Error>());
+        if h2.is_some_and(|h2| h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)) {
+            ::metrics::counter!("rsc_http2_flood_goaways_total").increment(1);
+        }
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
@@ -779,20 +956,22 @@ mod tests {
         let connect = || async { TcpStream::connect(addr).await.expect("connect") };
         let (signal_tx, signal) = tokio::sync::watch::channel(());
         let (_close_tx, close) = tokio::sync::watch::channel(());
-        let app = axum::Router::new();
-        let plain = plain_connection(
-            connect().await,
-            addr,
-            app.clone(),
-            signal.clone(),
-            close.clone(),
-        );
+        let http = Http::new(axum::Router::new(), HttpLimits::defaults(20_000));
+        let admission = Admission::new(10, 10);
+        let conn = || Conn {
+            http: http.clone(),
+            signal: signal.clone(),
+            _close: close.clone(),
+            _ticket: admission.admit(addr.ip()).expect("admitted"),
+            peer: addr,
+        };
+        let plain = plain_connection(connect().await, conn());
         let acceptor = TlsAcceptor::from(Arc::new(
             rustls::ServerConfig::builder()
                 .with_no_client_auth()
                 .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
         ));
-        let tls = tls_connection(acceptor, connect().await, addr, app, signal, close);
+        let tls = tls_connection(acceptor, connect().await, conn());
         let (plain, tls) = (std::mem::size_of_val(&plain), std::mem::size_of_val(&tls));
         assert!(
             plain < 2048 && plain * 2 < tls,

@@ -30,6 +30,9 @@ use tracing::{debug, info, warn};
 pub struct WakeLimits {
     /// Most channels open at once; one more is refused with `429 RATE_LIMITED`.
     pub max_channels: usize,
+    /// Most channels one principal holds open at once (PROTOCOL §13): one more is refused
+    /// with `429 RATE_LIMITED`, so that one credential cannot take every channel.
+    pub max_channels_per_principal: usize,
     /// A channel with no wake-up for this long is closed (the client reopens it): bounds how
     /// long a vanished client's channel lingers.
     pub idle_timeout: Duration,
@@ -41,19 +44,51 @@ impl Default for WakeLimits {
     fn default() -> Self {
         WakeLimits {
             max_channels: 20_000,
+            max_channels_per_principal: DEFAULT_MAX_CHANNELS_PER_PRINCIPAL,
             idle_timeout: Duration::from_secs(300),
             keep_alive: Duration::from_secs(15),
         }
     }
 }
 
-/// A channel could not be opened: this coordinator holds its maximum.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "this coordinator holds its maximum of {0} wake-up channels; heartbeats work as usual \
-     (retry later or on another coordinator)"
-)]
-pub struct ChannelLimit(pub usize);
+/// The default of [`WakeLimits::max_channels_per_principal`]: a process opens one channel
+/// per 250 of its members on the one coordinator its heartbeats go to, so this is about a
+/// thousand processes sharing one credential on one coordinator.
+pub(crate) const DEFAULT_MAX_CHANNELS_PER_PRINCIPAL: usize = 1000;
+
+/// A channel could not be opened: a limit of [`WakeLimits`] is reached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelLimit {
+    /// This coordinator holds its maximum of channels.
+    #[error(
+        "this coordinator holds its maximum of {0} wake-up channels; heartbeats work as usual \
+         (retry later or on another coordinator)"
+    )]
+    Coordinator(usize),
+    /// The principal holds its maximum of channels on this coordinator.
+    #[error(
+        "principal {principal} holds its maximum of {max} wake-up channels on this \
+         coordinator (--wake-max-channels-per-principal); heartbeats work as usual \
+         (close channels, or retry later)"
+    )]
+    Principal {
+        /// Who.
+        principal: String,
+        /// Its limit.
+        max: usize,
+    },
+}
+
+impl ChannelLimit {
+    /// The `reason` label of `rsc_wake_channels_refused_total`: `max_channels` or
+    /// `per_principal`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ChannelLimit::Coordinator(_) => "max_channels",
+            ChannelLimit::Principal { .. } => "per_principal",
+        }
+    }
+}
 
 /// What a channel and the hub share: the wake-ups not yet written, and the signal.
 #[derive(Debug, Default)]
@@ -69,6 +104,8 @@ struct Registry {
     members: HashMap<(String, String), Vec<Arc<Inbox>>>,
     /// Open channels per group (the Redis subscription lives while it is above 0).
     groups: HashMap<String, usize>,
+    /// Open channels per capped principal (removed at 0).
+    principals: HashMap<String, usize>,
 }
 
 /// The wake-up channels of one coordinator, and their link to the other replicas.
@@ -141,11 +178,19 @@ impl WakeHub {
         self.closing.send_replace(true);
     }
 
-    /// Opens a channel for `members` (names already checked). With Redis, returns once this
-    /// coordinator is subscribed to the channel's groups (at most 2 s), so that a change
-    /// decided elsewhere right after the channel is ready reaches it.
-    pub async fn open(self: &Arc<Self>, members: Vec<WakeMember>) -> Result<Channel, ChannelLimit> {
-        let (channel, subscribed) = self.register(members)?;
+    /// Opens a channel for `members` (names already checked), counted against `principal`'s
+    /// limit (`None`: only the coordinator's; the open coordinator's `anonymous`). With
+    /// Redis, returns once this coordinator is subscribed to the channel's groups (at most
+    /// 2 s), so that a change decided elsewhere right after the channel is ready reaches it.
+    pub async fn open(
+        self: &Arc<Self>,
+        members: Vec<WakeMember>,
+        principal: Option<&str>,
+    ) -> Result<Channel, ChannelLimit> {
+        let (channel, subscribed) = self.register(members, principal).inspect_err(|e| {
+            ::metrics::counter!("rsc_wake_channels_refused_total", "reason" => e.reason())
+                .increment(1);
+        })?;
         if !subscribed.is_empty() {
             let all = futures::future::join_all(subscribed);
             if tokio::time::timeout(Duration::from_secs(2), all)
@@ -161,25 +206,38 @@ impl WakeHub {
     fn register(
         self: &Arc<Self>,
         members: Vec<WakeMember>,
+        principal: Option<&str>,
     ) -> Result<(Channel, Vec<tokio::sync::oneshot::Receiver<()>>), ChannelLimit> {
-        let max = self.limits.max_channels;
-        if self
-            .open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
-            ::metrics::counter!("rsc_wake_channels_refused_total").increment(1);
-            return Err(ChannelLimit(max));
-        }
-        ::metrics::gauge!("rsc_wake_channels_open").increment(1.0);
         let members: BTreeSet<WakeMember> = members.into_iter().collect();
         let groups: BTreeSet<String> = members.iter().map(|m| m.group.to_string()).collect();
         let inbox = Arc::new(Inbox::default());
         let mut first = Vec::new();
         {
             let mut reg = self.lock();
+            // Under the registry lock, so that two opens of one principal cannot both pass.
+            let per_principal = self.limits.max_channels_per_principal;
+            if let Some(p) = principal
+                && reg.principals.get(p).copied().unwrap_or(0) >= per_principal
+            {
+                return Err(ChannelLimit::Principal {
+                    principal: p.to_owned(),
+                    max: per_principal,
+                });
+            }
+            let max = self.limits.max_channels;
+            if self
+                .open
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_err()
+            {
+                return Err(ChannelLimit::Coordinator(max));
+            }
+            ::metrics::gauge!("rsc_wake_channels_open").increment(1.0);
+            if let Some(p) = principal {
+                *reg.principals.entry(p.to_owned()).or_default() += 1;
+            }
             for m in &members {
                 reg.members
                     .entry((m.group.to_string(), m.member_id.to_string()))
@@ -212,6 +270,7 @@ impl WakeHub {
             inbox,
             members,
             groups,
+            principal: principal.map(str::to_owned),
             closing: self.closing.subscribe(),
         };
         Ok((channel, subscribed))
@@ -241,6 +300,14 @@ impl WakeHub {
                         reg.groups.remove(g);
                         last.push(g.clone());
                     }
+                }
+            }
+            if let Some(p) = &ch.principal
+                && let Some(n) = reg.principals.get_mut(p)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    reg.principals.remove(p);
                 }
             }
         }
@@ -338,6 +405,8 @@ pub struct Channel {
     inbox: Arc<Inbox>,
     members: BTreeSet<WakeMember>,
     groups: BTreeSet<String>,
+    /// The principal it counts against, if capped.
+    principal: Option<String>,
     closing: watch::Receiver<bool>,
 }
 
@@ -636,8 +705,11 @@ mod tests {
     #[tokio::test]
     async fn a_wake_reaches_the_channels_covering_the_member_only() {
         let hub = WakeHub::local(WakeLimits::default());
-        let mut a = hub.open(vec![wm("g", "a"), wm("h", "a")]).await.unwrap();
-        let mut b = hub.open(vec![wm("g", "b")]).await.unwrap();
+        let mut a = hub
+            .open(vec![wm("g", "a"), wm("h", "a")], None)
+            .await
+            .unwrap();
+        let mut b = hub.open(vec![wm("g", "b")], None).await.unwrap();
         hub.wake("g", vec!["a".into(), "x".into()]);
         match a.next().await {
             Next::Wake(e) => assert_eq!(
@@ -661,7 +733,10 @@ mod tests {
     #[tokio::test]
     async fn wake_ups_coalesce_until_written_and_none_is_lost() {
         let hub = WakeHub::local(WakeLimits::default());
-        let mut a = hub.open(vec![wm("g", "a"), wm("g", "b")]).await.unwrap();
+        let mut a = hub
+            .open(vec![wm("g", "a"), wm("g", "b")], None)
+            .await
+            .unwrap();
         hub.wake("g", vec!["a".into()]);
         hub.wake("g", vec!["a".into(), "b".into()]);
         let Next::Wake(e) = a.next().await else {
@@ -676,8 +751,8 @@ mod tests {
             max_channels: 1,
             ..WakeLimits::default()
         });
-        let mut a = hub.open(vec![wm("g", "a")]).await.unwrap();
-        assert!(hub.open(vec![wm("g", "b")]).await.is_err());
+        let mut a = hub.open(vec![wm("g", "a")], None).await.unwrap();
+        assert!(hub.open(vec![wm("g", "b")], None).await.is_err());
         hub.close_all();
         assert!(matches!(a.next().await, Next::Close));
     }
@@ -688,7 +763,48 @@ mod tests {
             idle_timeout: Duration::from_millis(50),
             ..WakeLimits::default()
         });
-        let mut a = hub.open(vec![wm("g", "a")]).await.unwrap();
+        let mut a = hub.open(vec![wm("g", "a")], None).await.unwrap();
         assert!(matches!(a.next().await, Next::Close));
+    }
+    #[tokio::test]
+    async fn a_principal_over_its_limit_is_refused_while_another_still_opens() {
+        let hub = WakeHub::local(WakeLimits {
+            max_channels: 4,
+            max_channels_per_principal: 2,
+            ..WakeLimits::default()
+        });
+        let a1 = hub.open(vec![wm("g", "a1")], Some("a")).await.unwrap();
+        let _a2 = hub.open(vec![wm("g", "a2")], Some("a")).await.unwrap();
+        let e = hub.open(vec![wm("g", "a3")], Some("a")).await.unwrap_err();
+        assert_eq!(
+            e,
+            ChannelLimit::Principal {
+                principal: "a".into(),
+                max: 2
+            }
+        );
+        assert_eq!(e.reason(), "per_principal");
+        assert!(
+            e.to_string().contains("principal a holds its maximum of 2"),
+            "{e}"
+        );
+        assert_eq!(hub.open_channels(), 2, "a refusal holds no channel");
+        // Another principal, and the uncapped (no ACL), still open channels.
+        let _b = hub.open(vec![wm("g", "b")], Some("b")).await.unwrap();
+        let _n1 = hub.open(vec![wm("g", "n1")], None).await.unwrap();
+        // Closing one of a's channels makes room for it again.
+        drop(a1);
+        let _a3 = hub.open(vec![wm("g", "a3")], Some("a")).await.unwrap();
+        // The coordinator's limit still holds for everyone.
+        let e = hub.open(vec![wm("g", "c")], Some("c")).await.unwrap_err();
+        assert_eq!(
+            (e.clone(), e.reason()),
+            (ChannelLimit::Coordinator(4), "max_channels")
+        );
+        assert!(
+            !hub.lock().principals.contains_key("c"),
+            "a refused open counts nothing"
+        );
+        assert_eq!(hub.lock().principals.get("a"), Some(&2));
     }
 }

@@ -77,13 +77,8 @@ fn data_redis_cluster_from_flags_and_toml() {
     .resolve()
     .unwrap();
     assert_eq!(
-        cfg.data_redis_urls.as_deref(),
-        Some(
-            &[
-                "redis://127.0.0.1:7101".to_owned(),
-                "redis://127.0.0.1:7102".to_owned()
-            ][..]
-        )
+        cfg.data_redis_urls.clone().unwrap(),
+        ["redis://127.0.0.1:7101", "redis://127.0.0.1:7102"]
     );
     assert!(cfg.data_redis_cluster);
     // The metadata store is independent of it.

@@ -59,7 +59,7 @@ async fn fixture(kind: Kind) -> Fixture {
 
 async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -> RedisStore {
     RedisStore::open(RedisStoreConfig {
-        urls,
+        urls: urls.into_iter().map(Into::into).collect(),
         cluster,
         key_prefix: unique_prefix(),
         ..base
@@ -71,7 +71,7 @@ async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -
 /// A Redis store on `redis` with the default key prefix `rsc`, as PROTOCOL §2 writes the keys.
 async fn spec_store(redis: &RedisServer) -> RedisStore {
     RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url()],
+        urls: vec![redis.url().into()],
         key_prefix: "rsc".into(),
         ..RedisStoreConfig::default()
     })
@@ -683,7 +683,7 @@ contract!(
 async fn redis_tombstones_expire_and_a_recreated_group_persists() {
     let redis = RedisServer::start().unwrap();
     let store = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url()],
+        urls: vec![redis.url().into()],
         key_prefix: "rsc".into(),
         tombstone_retention: Duration::from_millis(300),
         ..RedisStoreConfig::default()
@@ -796,7 +796,7 @@ async fn redis_lock_wait_is_bounded_and_an_abandoned_lock_expires() {
 async fn redis_lock_release_only_deletes_its_own_token() {
     let redis = RedisServer::start().unwrap();
     let config = RedisStoreConfig {
-        urls: vec![redis.url()],
+        urls: vec![redis.url().into()],
         key_prefix: unique_prefix(),
         lock_hold: Duration::from_millis(100),
         lock_wait: Duration::from_millis(1000),
@@ -876,7 +876,7 @@ async fn redis_store_starts_while_redis_is_down() {
 async fn redis_mode_mismatch_is_refused_at_start() {
     let cluster = RedisCluster::shared().unwrap();
     let err = RedisStore::open(RedisStoreConfig {
-        urls: vec![cluster.urls()[0].clone()],
+        urls: vec![cluster.urls()[0].clone().into()],
         ..RedisStoreConfig::default()
     })
     .await
@@ -884,7 +884,7 @@ async fn redis_mode_mismatch_is_refused_at_start() {
     assert!(err.to_string().contains("--redis-cluster"), "{err}");
     let redis = RedisServer::start().unwrap();
     let err = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url()],
+        urls: vec![redis.url().into()],
         cluster: true,
         ..RedisStoreConfig::default()
     })

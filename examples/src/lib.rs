@@ -48,7 +48,9 @@ pub fn data_redis(
         sentinels: parse_addrs(sentinels)?,
         master_name: master.to_owned(),
         username: None,
-        password: std::env::var("RSC_REDIS_SENTINEL_PASSWORD").ok(),
+        password: std::env::var("RSC_REDIS_SENTINEL_PASSWORD")
+            .ok()
+            .map(Into::into),
         tls: env("RSC_REDIS_SENTINEL_TLS").is_some_and(|v| {
             matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
         }),

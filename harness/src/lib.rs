@@ -146,7 +146,7 @@ impl Harness {
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let cfg = rsc_coordinator::config::ServeArgs {
             listen: Some(listen),
-            data_redis_url: Some(redis_url.clone()),
+            data_redis_url: Some(redis_url.clone().into()),
             ..Default::default()
         }
         .resolve()

@@ -22,6 +22,7 @@
 pub mod entry;
 pub mod epoch;
 pub mod error;
+pub mod limits;
 pub mod names;
 pub mod owner;
 pub mod redact;
@@ -30,6 +31,7 @@ pub mod wire;
 
 pub use epoch::MemberEpoch;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use limits::LimitError;
 pub use names::{GroupId, IdError, MemberId, StreamId};
 pub use wire::*;
 

@@ -142,14 +142,17 @@ pub enum ReshardState {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClientInfo {
-    /// The pod's IP address.
+    /// The pod's IP address. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub pod_ip: Option<String>,
-    /// The pod's host name.
+    /// The pod's host name. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub host: Option<String>,
-    /// The client library's version.
+    /// The client library's version. At most 256 bytes ([`crate::limits::MAX_CLIENT_FIELD_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub version: Option<String>,
     /// How many members this listener runs in the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -343,10 +346,14 @@ pub struct HeartbeatRequest {
     /// member to still own every shard it holds, so a heartbeat without the field releases
     /// nothing, and one at the tolerated previous epoch is `FENCED_MEMBER_EPOCH` (§5.4). In a
     /// join (epoch 0) missing means empty; in a leave (-1, -2) it is not read.
+    /// At most 4096 items, each below 4096 ([`crate::limits`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub owned_shards: Option<Vec<u32>>,
-    /// Draining shards the member has found empty (nothing pending, nothing unread).
+    /// Draining shards the member has found empty (nothing pending, nothing unread). At most
+    /// 4096 items, each below 4096 ([`crate::limits`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub drained_shards: Vec<u32>,
     /// Facts about the client, shown to operators.
     #[serde(
@@ -633,7 +640,7 @@ pub struct PatchStreamRequest {
 }
 
 /// Where `POST /v1/groups/{group}/seek` moves the group (PROTOCOL §18).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum SeekTarget {
@@ -641,6 +648,15 @@ pub enum SeekTarget {
     Position(StartPosition),
     /// `{"time_ms": T}`: the entries whose id is at or after Unix ms `T`.
     Time(SeekTime),
+    /// `{"by_duration_ms": D}`: the entries of the last `D` ms (the time `now − D`, on the
+    /// coordinator's clock).
+    Duration(SeekDuration),
+    /// `{"shift_by": N}`: on each shard, `N` entries after (`N > 0`, skipping them) or `|N|`
+    /// entries before (`N < 0`, delivering them again) the group's position there.
+    Shift(SeekShift),
+    /// `{"id": "<ms>-<seq>"}`: the entries after this entry id (the id becomes the group's
+    /// last-delivered id); usually with `shards` naming one shard.
+    Id(SeekId),
 }
 
 /// `{"time_ms": T}` of a [`SeekTarget`].
@@ -648,39 +664,150 @@ pub enum SeekTarget {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SeekTime {
-    /// Unix ms.
+    /// Unix ms (not in the future).
     pub time_ms: u64,
 }
 
-impl SeekTarget {
-    /// The id `XGROUP SETID` is given: the group is then delivered the entries after it.
-    pub fn setid_id(self) -> String {
-        match self {
-            SeekTarget::Position(StartPosition::Earliest)
-            | SeekTarget::Time(SeekTime { time_ms: 0 }) => "0".into(),
-            SeekTarget::Position(StartPosition::Latest) => "$".into(),
-            SeekTarget::Time(SeekTime { time_ms }) => format!("{}-{}", time_ms - 1, u64::MAX),
-        }
-    }
-}
-
-/// `POST /v1/groups/{group}/seek` body.
+/// `{"by_duration_ms": D}` of a [`SeekTarget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
-pub struct SeekRequest {
-    /// `"earliest"`, `"latest"` or `{"time_ms": T}`.
-    pub to: SeekTarget,
+pub struct SeekDuration {
+    /// How far back from now, in ms.
+    pub by_duration_ms: u64,
 }
 
-/// `POST /v1/groups/{group}/seek` answer.
+/// `{"shift_by": N}` of a [`SeekTarget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekShift {
+    /// Entries to move by on each shard: negative goes back (those entries are delivered
+    /// again), positive goes forward (those entries are skipped); `1..=100000` either way.
+    #[cfg_attr(feature = "openapi", schema(minimum = -100000, maximum = 100000))]
+    pub shift_by: i64,
+}
+
+/// `{"id": "<ms>-<seq>"}` of a [`SeekTarget`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekId {
+    /// A stream entry id (`<ms>-<seq>`, or `<ms>` for `<ms>-0`), at or before the shard's last
+    /// entry id.
+    #[cfg_attr(feature = "openapi", schema(example = "1700000000000-0"))]
+    pub id: String,
+}
+
+/// Largest `shift_by` of a seek, either way.
+pub const MAX_SEEK_SHIFT: i64 = 100_000;
+
+/// `POST /v1/groups/{group}/seek` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SeekRequest {
+    /// `"earliest"`, `"latest"`, `{"time_ms": T}`, `{"by_duration_ms": D}`,
+    /// `{"shift_by": N}` or `{"id": "<ms>-<seq>"}`.
+    pub to: SeekTarget,
+    /// Only these shards (indexes); absent or empty: every shard the group reads (active and
+    /// draining).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<u32>,
+    /// Only answer the plan (each shard's position now and after): nothing is moved.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/groups/{group}/seek` answer: the plan, carried out unless `dry_run`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SeekResponse {
     /// Group id.
     pub group: String,
-    /// The id each shard key's Redis consumer group was set to (`XGROUP SETID`), by key.
+    /// Nothing was moved: this is what the seek would do.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// The id each shard key's Redis consumer group was set to (would be, in a dry run), by
+    /// key.
     pub shards: std::collections::BTreeMap<String, String>,
+    /// Per shard, its position before and after the seek, by shard index.
+    #[serde(default)]
+    pub plan: Vec<SeekShardPlan>,
+    /// Entries delivered before and to be delivered again, over the shards.
+    #[serde(default)]
+    pub redelivered: u64,
+    /// Entries not yet delivered that the seek skips, over the shards.
+    #[serde(default)]
+    pub skipped: u64,
+    /// Entries to be delivered after the seek (the group's lag then), over the shards.
+    #[serde(default)]
+    pub lag_after: u64,
+}
+
+/// One shard of a [`SeekResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SeekShardPlan {
+    /// Shard index.
+    pub shard: u32,
+    /// Redis Stream key.
+    pub key: String,
+    /// The group's last-delivered id there before the seek; absent when the shard has no
+    /// Redis consumer group of the group yet (the seek creates it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_id: Option<String>,
+    /// The Unix ms of `current_id` (absent for `0-0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_ms: Option<u64>,
+    /// The last-delivered id the seek sets: the group is next delivered the entries after
+    /// it.
+    pub new_id: String,
+    /// The Unix ms of `new_id` (absent for `0-0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_ms: Option<u64>,
+    /// Entries not yet delivered before the seek (absent without a Redis consumer group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_before: Option<u64>,
+    /// Entries after `new_id`: the lag right after the seek.
+    pub lag_after: u64,
+    /// Entries delivered before and to be delivered again (`lag_after − lag_before` when
+    /// positive).
+    pub redelivered: u64,
+    /// Entries not yet delivered that the seek skips (`lag_before − lag_after` when
+    /// positive).
+    pub skipped: u64,
+    /// Entries delivered and not yet acknowledged: they stay pending (a seek does not
+    /// change them).
+    pub pending: u64,
+}
+
+/// The last seek of a group (PROTOCOL §18), in its view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SeekRecord {
+    /// When (Unix ms).
+    pub at_ms: u64,
+    /// The target as asked (`earliest`, `latest`, `time_ms=T`, `by_duration_ms=D`,
+    /// `shift_by=N`, `id=I`).
+    pub to: String,
+    /// The shards moved.
+    pub shards: Vec<u32>,
+    /// Entries delivered before and to be delivered again, over those shards.
+    pub redelivered: u64,
+}
+
+impl std::fmt::Display for SeekTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SeekTarget::Position(StartPosition::Earliest) => f.write_str("earliest"),
+            SeekTarget::Position(StartPosition::Latest) => f.write_str("latest"),
+            SeekTarget::Time(t) => write!(f, "time_ms={}", t.time_ms),
+            SeekTarget::Duration(d) => write!(f, "by_duration_ms={}", d.by_duration_ms),
+            SeekTarget::Shift(s) => write!(f, "shift_by={}", s.shift_by),
+            SeekTarget::Id(i) => write!(f, "id={}", i.id),
+        }
+    }
 }
 
 /// `POST /v1/streams/{stream}/dlq/redrive` body (PROTOCOL §18).
@@ -906,6 +1033,20 @@ pub struct ShardView {
     /// to the group is; `0` when nothing waits. Where the data Redis is reachable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_lag_ms: Option<u64>,
+    /// The group's position on the shard: its Redis consumer group's last-delivered id
+    /// (PROTOCOL §18), where the data Redis is reachable and the consumer group exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_delivered_id: Option<String>,
+    /// The Unix ms of `last_delivered_id` (absent for `0-0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_delivered_ms: Option<u64>,
+    /// The oldest entry delivered and not yet acknowledged (`XPENDING` summary); read from
+    /// the data Redis in the single-group view only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_id: Option<String>,
+    /// How old (ms, from its id) `oldest_pending_id` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_age_ms: Option<u64>,
     /// Consumers of the shard's Redis consumer group that are not members of the group
     /// (departed members not yet cleaned up), with their pending entries; read from the
     /// data Redis in the single-group view only.
@@ -961,6 +1102,9 @@ pub struct GroupView {
     /// When the group was paused (Unix ms), while it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_since_ms: Option<u64>,
+    /// The group's last seek (PROTOCOL §18), when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seek: Option<SeekRecord>,
     /// Bumped on every change of membership, layout or config.
     pub group_epoch: u64,
     /// The group epoch the target was computed for.
@@ -1155,9 +1299,10 @@ pub struct AuditEntry {
     /// Who asked: the ACL entry's `principal`, a JWT's `sub`, or `anonymous` (no ACL, or no
     /// valid credential).
     pub principal: String,
-    /// How the principal was authenticated (PROTOCOL §8, §20): `token`, `cert_subject` (a
-    /// client certificate), `jwt` (a signed JWT a `[[jwt]]` entry accepts), or `anonymous`
-    /// (no ACL, or no valid credential). Absent in entries the
+    /// How the principal was authenticated (PROTOCOL §8, §20): `token`, `cert_subject`,
+    /// `cert_san_uri` or `cert_san_dns` (a client certificate, by the key of the entry that
+    /// named it), `jwt` (a signed JWT a `[[jwt]]` entry accepts), or `anonymous` (no ACL, or
+    /// no valid credential). Absent in entries the
     /// coordinator writes itself and in entries older coordinators wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,

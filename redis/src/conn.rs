@@ -9,6 +9,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value,
 };
+use rsc_protocol::redact::SecretUrl;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -412,16 +413,16 @@ pub enum ModeError {
     /// A cluster node, configured as standalone.
     #[error("{url} is a Redis Cluster node: start the coordinator with {flag}")]
     IsCluster {
-        /// The server's URL.
-        url: String,
+        /// The server's URL (printed with its password hidden).
+        url: SecretUrl,
         /// The option that selects cluster mode.
         flag: String,
     },
     /// A standalone server, configured as a cluster.
     #[error("{url} is not a Redis Cluster node: drop {flag}")]
     NotCluster {
-        /// The server's URL.
-        url: String,
+        /// The server's URL (printed with its password hidden).
+        url: SecretUrl,
         /// The option that selects cluster mode.
         flag: String,
     },
@@ -473,7 +474,7 @@ pub async fn check_mode(
             .query_async::<String>(&mut conn)
             .await
     };
-    let (url, flag) = (url.to_owned(), flag.to_owned());
+    let (url, flag) = (SecretUrl::from(url), flag.to_owned());
     match tokio::time::timeout(settings.operation_timeout, ask).await {
         Ok(Ok(info)) => {
             let enabled = info.lines().any(|l| l.trim() == "cluster_enabled:1");

@@ -27,13 +27,15 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError,
     RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+use rsc_protocol::redact::{ExposeSecret, SecretString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// Where the sentinels are and how to reach the master they name.
-#[derive(Clone)]
+/// Where the sentinels are and how to reach the master they name. (`Debug` hides the
+/// passwords: the sentinels' is a [`SecretString`], redis-rs hides the master's.)
+#[derive(Clone, Debug)]
 pub struct SentinelConfig {
     /// Sentinel addresses (host, port); at least one.
     pub sentinels: Vec<(String, u16)>,
@@ -42,7 +44,7 @@ pub struct SentinelConfig {
     /// User name for the sentinels (`AUTH`), if they require one.
     pub sentinel_username: Option<String>,
     /// Password for the sentinels, if they require one.
-    pub sentinel_password: Option<String>,
+    pub sentinel_password: Option<SecretString>,
     /// User name, password and database number for the master.
     pub master: redis::RedisConnectionInfo,
     /// Time to connect to a sentinel or the master.
@@ -60,23 +62,10 @@ pub struct SentinelConfig {
     pub tls: crate::Tls,
 }
 
-impl std::fmt::Debug for SentinelConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Passwords are not printed.
-        f.debug_struct("SentinelConfig")
-            .field("sentinels", &self.sentinels)
-            .field("master_name", &self.master_name)
-            .field("sentinel_tls", &self.sentinel_tls)
-            .field("master_tls", &self.master_tls)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
-}
-
 /// A master found through Redis Sentinel, as configured: the sentinels, the master's name
 /// and the credentials of the sentinels (the master's own come from the Redis URL given
 /// beside it, see [`crate::LazyRedis::open_sentinel`]).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct SentinelTarget {
     /// Sentinel addresses.
     pub sentinels: Vec<(String, u16)>,
@@ -85,19 +74,9 @@ pub struct SentinelTarget {
     /// User name for the sentinels.
     pub username: Option<String>,
     /// Password for the sentinels.
-    pub password: Option<String>,
+    pub password: Option<SecretString>,
     /// Connect to the sentinels over TLS, and to the master too.
     pub tls: bool,
-}
-
-impl std::fmt::Debug for SentinelTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelTarget")
-            .field("sentinels", &self.sentinels)
-            .field("master_name", &self.master_name)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Wrong sentinel settings (nothing is connected when these are found).
@@ -259,7 +238,7 @@ fn sentinel_infos(config: &SentinelConfig) -> Vec<ConnectionInfo> {
         redis = redis.set_username(u);
     }
     if let Some(p) = &config.sentinel_password {
-        redis = redis.set_password(p);
+        redis = redis.set_password(p.expose_secret());
     }
     config
         .sentinels
@@ -364,7 +343,7 @@ impl SentinelRedis {
             builder = builder.set_client_to_sentinel_username(u);
         }
         if let Some(p) = &config.sentinel_password {
-            builder = builder.set_client_to_sentinel_password(p);
+            builder = builder.set_client_to_sentinel_password(p.expose_secret());
         }
         let client = builder.build().map_err(SentinelError::Invalid)?;
         Ok(SentinelRedis(Arc::new(Inner {

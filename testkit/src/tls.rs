@@ -1,4 +1,6 @@
-//! Certificates for TLS tests, made with the `openssl` command-line tool.
+//! Certificates for TLS tests, made with the `openssl` command-line tool: a CA, server and
+//! client certificates it signed, client certificates of a chosen subject and SANs, and
+//! certificate revocation lists (`openssl ca -gencrl`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,56 @@ impl TlsCerts {
     pub fn client_key(&self) -> PathBuf {
         self.dir().join("client.key")
     }
+
+    /// A client certificate signed by [`Self::ca`], named `name` (files `NAME.crt` and
+    /// `NAME.key`, returned in that order), with the subject `CN=<cn>` and the subject
+    /// alternative names `uris` (type URI, written as given: `CN=ops-cert` too) and `dns`
+    /// (type DNS name).
+    pub fn client_with(
+        &self,
+        name: &str,
+        cn: &str,
+        uris: &[&str],
+        dns: &[&str],
+    ) -> io::Result<(PathBuf, PathBuf)> {
+        let sans: Vec<String> = uris
+            .iter()
+            .map(|u| format!("URI:{u}"))
+            .chain(dns.iter().map(|d| format!("DNS:{d}")))
+            .collect();
+        let mut ext = String::from("extendedKeyUsage=clientAuth\n");
+        if !sans.is_empty() {
+            ext.push_str(&format!("subjectAltName={}\n", sans.join(",")));
+        }
+        let cn = cn.replace('\\', "\\\\").replace('/', "\\/");
+        leaf_as(self.dir(), name, &format!("/CN={cn}"), &ext)?;
+        Ok((
+            self.dir().join(format!("{name}.crt")),
+            self.dir().join(format!("{name}.key")),
+        ))
+    }
+
+    /// A certificate revocation list (PEM) of [`Self::ca`] that revokes `revoked` (none:
+    /// an empty CRL), valid for two days; written to `NAME.pem` and returned. Each call
+    /// starts a new CA database, so the list holds exactly `revoked`.
+    pub fn crl(&self, name: &str, revoked: &[&Path]) -> io::Result<PathBuf> {
+        let d = self.dir();
+        std::fs::write(
+            d.join("ca.cnf"),
+            "[ca]\ndefault_ca = test_ca\n[test_ca]\ndatabase = index.txt\n\
+             crlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 2\n\
+             certificate = ca.crt\nprivate_key = ca.key\n",
+        )?;
+        std::fs::write(d.join("index.txt"), "")?;
+        std::fs::write(d.join("crlnumber"), "01\n")?;
+        for cert in revoked {
+            let cert = cert.display().to_string();
+            openssl(d, &["ca", "-config", "ca.cnf", "-revoke", &cert])?;
+        }
+        let out = format!("{name}.pem");
+        openssl(d, &["ca", "-config", "ca.cnf", "-gencrl", "-out", &out])?;
+        Ok(d.join(out))
+    }
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> io::Result<()> {
@@ -101,12 +153,16 @@ fn ca(dir: &Path, name: &str) -> io::Result<()> {
 
 /// A certificate signed by `ca`, with the extensions `ext` (lines of an extension file).
 fn leaf(dir: &Path, name: &str, ext: &str) -> io::Result<()> {
-    let (key, csr, crt, extfile, subj) = (
+    leaf_as(dir, name, &format!("/CN=rsc test {name}"), ext)
+}
+
+/// [`leaf`] with the subject `subj` (`openssl -subj` form: `/CN=x/O=y`).
+fn leaf_as(dir: &Path, name: &str, subj: &str, ext: &str) -> io::Result<()> {
+    let (key, csr, crt, extfile) = (
         format!("{name}.key"),
         format!("{name}.csr"),
         format!("{name}.crt"),
         format!("{name}.ext"),
-        format!("/CN=rsc test {name}"),
     );
     std::fs::write(
         dir.join(&extfile),
@@ -114,7 +170,7 @@ fn leaf(dir: &Path, name: &str, ext: &str) -> io::Result<()> {
     )?;
     let mut args = vec!["req", "-new", "-nodes"];
     args.extend(EC);
-    args.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+    args.extend(["-keyout", &key, "-out", &csr, "-subj", subj]);
     openssl(dir, &args)?;
     openssl(
         dir,

@@ -103,14 +103,17 @@ async fn resume_group(
     Ok(Json(s.coordinator.set_group_paused(&group, false).await?))
 }
 
-/// Move a paused (or member-less) group's position on every shard (PROTOCOL §18): to
-/// `earliest`, `latest` or `{"time_ms": T}` (`XGROUP SETID` per shard).
+/// Move a paused (or member-less) group's position on its shards (PROTOCOL §18): to
+/// `earliest`, `latest`, a time, a duration back, a shift by N entries or an entry id, on
+/// every shard or those `shards` names; with `dry_run`, only the plan. Each shard's doorbell
+/// is rung: waiting workers read from the new position at once.
 #[utoipa::path(
     post, path = "/v1/groups/{group}/seek", tag = "admin",
     params(("group" = inline(GroupId), Path, description = "Group id", example = "billing")),
     request_body = rsc_protocol::SeekRequest,
     responses(
-        (status = 200, description = "The id each shard's Redis consumer group was set to", body = rsc_protocol::SeekResponse),
+        (status = 200, description = "Per shard, the position before and after (carried out unless dry_run)", body = rsc_protocol::SeekResponse),
+        (status = 400, description = "INVALID_REQUEST: no data Redis, a bad target or shard", body = rsc_protocol::ErrorBody),
         (status = 409, description = "GROUP_NOT_EMPTY: live members and not paused", body = rsc_protocol::ErrorBody),
     )
 )]
@@ -120,7 +123,15 @@ async fn seek_group(
     Path(group): Path<GroupId>,
     Json(req): Json<rsc_protocol::SeekRequest>,
 ) -> Result<Json<rsc_protocol::SeekResponse>, ApiError> {
-    Ok(Json(s.coordinator.seek(&group, &req).await?))
+    let answer = s.coordinator.seek(&group, &req).await?;
+    if !answer.dry_run
+        && let Some(probe) = s.lag.as_deref()
+    {
+        // Views read the moved shards afresh: the backlog shows at once.
+        let keys: Vec<String> = answer.shards.keys().cloned().collect();
+        probe.forget(&keys);
+    }
+    Ok(Json(answer))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -1,8 +1,13 @@
-//! Member routes (role `member`): heartbeat, batched heartbeats and leave.
+//! Member routes (role `member`): heartbeat, batched heartbeats, leave and the wake-up
+//! channel.
+//!
+//! The edge of what members write (PROTOCOL §4.3, §8): every heartbeat is checked against the
+//! field limits before it reaches the service ([`over_limit`]), and a principal whose ACL entry
+//! carries `members` globs may name only those member ids ([`check_member`]).
 
 use super::AppState;
 use super::extract::{Json, Path};
-use crate::auth::{Principal, check_item_group};
+use crate::auth::{Credential, Principal, check_item_group};
 use crate::http_error::ApiError;
 use crate::metrics;
 use axum::extract::State;
@@ -13,7 +18,8 @@ use rsc_protocol::GroupId;
 use rsc_protocol::{
     BatchedHeartbeat, BatchedHeartbeatResult, ErrorCode, HeartbeatBatchRequest,
     HeartbeatBatchResponse, HeartbeatRequest, HeartbeatResponse, LeaveRequest, LeaveResponse,
-    MAX_HEARTBEAT_BATCH, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent, WakeEventName,
+    LimitError, MAX_HEARTBEAT_BATCH, MAX_WAKE_MEMBERS, WakeChannelRequest, WakeEvent,
+    WakeEventName,
 };
 use std::convert::Infallible;
 use tracing::Instrument;
@@ -40,15 +46,20 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The member's epoch and assignment", body = HeartbeatResponse),
+        (status = 400, description = "INVALID_REQUEST: malformed body, bad name, or a field over its limit (PROTOCOL §4.3)", body = rsc_protocol::ErrorBody),
+        (status = 403, description = "FORBIDDEN: no member role, the group out of scope, or a member id the principal is not bound to", body = rsc_protocol::ErrorBody),
         (status = 409, description = "FENCED_MEMBER_EPOCH or GROUP_MAX_SIZE_REACHED", body = rsc_protocol::ErrorBody),
     )
 )]
 async fn heartbeat(
     State(s): State<AppState>,
-    _principal: Principal,
+    principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
+    req.check_limits()
+        .map_err(|e| over_limit(&principal, e, true))?;
+    check_member(&principal, &req.member_id, true)?;
     let r = s.coordinator.heartbeat(&group, &req).await;
     metrics::record_heartbeat(&group, r.as_ref().map(|_| ()).map_err(|e| e.code()));
     Ok(Json(r?))
@@ -77,12 +88,7 @@ async fn heartbeat_batch(
     let span = tracing::debug_span!("heartbeat_batch", items = n);
     async move {
         metrics::record_heartbeat_batch(n);
-        // The group scope, per item: an item out of scope is refused alone, unprocessed.
-        let scoped: Vec<Result<(), ApiError>> = req
-            .heartbeats
-            .iter()
-            .map(|h| check_item_group(&principal, &h.group))
-            .collect();
+        let scoped = admit_items(&principal, &req.heartbeats);
         let admitted: Vec<(&str, &HeartbeatRequest)> = req
             .heartbeats
             .iter()
@@ -126,6 +132,83 @@ async fn heartbeat_batch(
     .await
 }
 
+/// The checks of each item of a batch, in order: the field limits, the group scope and the
+/// member binding. An item that fails one is refused alone, unprocessed. Refusals are logged
+/// once for the batch.
+fn admit_items(principal: &Principal, items: &[BatchedHeartbeat]) -> Vec<Result<(), ApiError>> {
+    let (mut over, mut unbound) = (0, 0);
+    let admitted = items
+        .iter()
+        .map(|h| {
+            h.check_limits().map_err(|e| {
+                over += 1;
+                over_limit(principal, e, false)
+            })?;
+            check_item_group(principal, &h.group)?;
+            check_member(principal, &h.heartbeat.member_id, false).inspect_err(|_| unbound += 1)
+        })
+        .collect();
+    if over + unbound > 0 {
+        tracing::info!(
+            principal = principal.name(),
+            items = items.len(),
+            over_limits = over,
+            not_bound = unbound,
+            "heartbeats of a batch refused: fields over their limits (PROTOCOL §4.3), or \
+             member ids the principal is not bound to (§8)"
+        );
+    }
+    admitted
+}
+
+/// `400 INVALID_REQUEST` for a field over its limit (PROTOCOL §4.3), naming the field and
+/// the limit; counted in `rsc_invalid_requests_total{reason, field}`. `log` says whether to
+/// log it here (a batch logs once for all its items).
+fn over_limit(principal: &Principal, e: LimitError, log: bool) -> ApiError {
+    ::metrics::counter!(
+        "rsc_invalid_requests_total",
+        "reason" => e.reason(),
+        "field" => e.field()
+    )
+    .increment(1);
+    if log {
+        tracing::info!(
+            principal = principal.name(),
+            field = e.field(),
+            reason = e.reason(),
+            "heartbeat refused: a field over its limit (PROTOCOL §4.3)"
+        );
+    }
+    ApiError::new(ErrorCode::InvalidRequest, e.to_string())
+}
+
+/// `403 FORBIDDEN` unless the principal may act as member `member_id` (its ACL entry's
+/// `members` globs cover it, or it has none; PROTOCOL §8), counted as an access refusal
+/// (`rsc_access_refusals_total`) and, with `log`, logged. The id is at most 200 bytes here
+/// (checked before).
+fn check_member(principal: &Principal, member_id: &str, log: bool) -> Result<(), ApiError> {
+    if principal.may_member(member_id) {
+        return Ok(());
+    }
+    ::metrics::counter!("rsc_access_refusals_total", "code" => ErrorCode::Forbidden.as_str())
+        .increment(1);
+    if log {
+        tracing::info!(
+            principal = principal.name(),
+            member = member_id,
+            "member route refused: the principal is not bound to the member id"
+        );
+    }
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "principal {} is not bound to member id {member_id:?}: its ACL entry's members \
+             globs do not cover it (PROTOCOL §8)",
+            principal.name()
+        ),
+    ))
+}
+
 /// Refuses a batch of `n` heartbeats unless 1 ≤ `n` ≤ [`MAX_HEARTBEAT_BATCH`].
 fn check_batch_size(n: usize) -> Result<(), ApiError> {
     if n == 0 || n > MAX_HEARTBEAT_BATCH {
@@ -166,15 +249,17 @@ fn batch_result(
     request_body = LeaveRequest,
     responses(
         (status = 200, description = "The member left", body = LeaveResponse),
+        (status = 403, description = "FORBIDDEN: no member role, the group out of scope, or a member id the principal is not bound to", body = rsc_protocol::ErrorBody),
         (status = 409, description = "FENCED_MEMBER_EPOCH", body = rsc_protocol::ErrorBody),
     )
 )]
 async fn leave(
     State(s): State<AppState>,
-    _principal: Principal,
+    principal: Principal,
     Path(group): Path<GroupId>,
     Json(req): Json<LeaveRequest>,
 ) -> Result<Json<LeaveResponse>, ApiError> {
+    check_member(&principal, &req.member_id, true)?;
     let r = s.coordinator.leave(&group, &req).await;
     if let Err(e) = &r
         && e.code() == rsc_protocol::ErrorCode::FencedMemberEpoch
@@ -195,9 +280,11 @@ async fn leave(
 /// `event: wake` with `data: {"group": G, "member_id": M}`, and a keep-alive comment every
 /// 15 s. The coordinator ends it after its idle timeout without a wake-up
 /// (`--wake-idle-timeout-ms`) or when it shuts down: reopen it. Every item's `group` must be
-/// in the token's scope (else `403 FORBIDDEN` for the whole request). Past the coordinator's
-/// channel limit (`--wake-max-channels`): `429 RATE_LIMITED` with `Retry-After`; a
-/// coordinator without the route (older, or the limit set to 0) answers `404 NOT_FOUND`.
+/// in the token's scope, and every `member_id` one the principal is bound to (else
+/// `403 FORBIDDEN` for the whole request). Past the coordinator's channel limit
+/// (`--wake-max-channels`) or the principal's (`--wake-max-channels-per-principal`):
+/// `429 RATE_LIMITED` with `Retry-After`; a coordinator without the route (older, or the
+/// limit set to 0) answers `404 NOT_FOUND`.
 #[utoipa::path(
     post, path = "/v1/wakeups", tag = "members",
     request_body = WakeChannelRequest,
@@ -205,7 +292,8 @@ async fn leave(
         (status = 200, description = "A text/event-stream of `ready`, then `wake` events (data: WakeChannelEvent)", body = rsc_protocol::WakeChannelEvent, content_type = "text/event-stream"),
         (status = 400, description = "INVALID_REQUEST: malformed body, bad name, or not 1 to 1000 members", body = rsc_protocol::ErrorBody),
         (status = 404, description = "NOT_FOUND: wake-up channels are turned off on this coordinator", body = rsc_protocol::ErrorBody),
-        (status = 429, description = "RATE_LIMITED: the coordinator holds its maximum of open channels; retry after Retry-After seconds (heartbeats work meanwhile)", body = rsc_protocol::ErrorBody),
+        (status = 403, description = "FORBIDDEN: no member role, or an item's group out of scope or member id the principal is not bound to", body = rsc_protocol::ErrorBody),
+        (status = 429, description = "RATE_LIMITED: the coordinator, or the principal, holds its maximum of open channels; retry after Retry-After seconds (heartbeats work meanwhile)", body = rsc_protocol::ErrorBody),
     )
 )]
 async fn wakeups(
@@ -232,9 +320,18 @@ async fn wakeups(
     }
     for m in &req.members {
         check_item_group(&principal, &m.group)?;
+        check_member(&principal, &m.member_id, true)?;
     }
-    let channel = hub.open(req.members).await.map_err(|e| {
-        tracing::warn!(open = hub.open_channels(), "wake-up channel refused: {e}");
+    // Channels count against their principal's limit; without an ACL every request is
+    // `anonymous` (every process alike): only the coordinator's limit applies (PROTOCOL §13).
+    let capped = (principal.credential() != Credential::Anonymous).then(|| principal.name());
+    let channel = hub.open(req.members, capped).await.map_err(|e| {
+        tracing::warn!(
+            open = hub.open_channels(),
+            principal = principal.name(),
+            reason = e.reason(),
+            "wake-up channel refused: {e}"
+        );
         ApiError {
             retry_after_ms: Some(WAKE_RETRY_AFTER_MS),
             ..ApiError::new(ErrorCode::RateLimited, e.to_string())

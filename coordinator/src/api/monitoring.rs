@@ -38,8 +38,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(readyz))
 }
 
-/// Fills `lag`, `pending` and `time_lag_ms` of the view's shards from the data Redis, when
-/// configured.
+/// Fills `lag`, `pending`, `time_lag_ms` and the position (`last_delivered_id`,
+/// `last_delivered_ms`) of the view's shards from the data Redis, when configured.
 async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView, now_ms: u64) -> GroupView {
     if let Some(probe) = lag {
         let keys: Vec<(u32, String)> = view
@@ -47,13 +47,53 @@ async fn with_lag(lag: Option<&LagProbe>, mut view: GroupView, now_ms: u64) -> G
             .iter()
             .map(|s| (s.shard, s.key.clone()))
             .collect();
-        let stats = probe.group_stats(&view.group, &keys).await;
+        let positions = probe.group_positions(&view.group, &keys).await;
         for s in &mut view.shards {
-            if let Some(st) = stats.get(&s.shard) {
+            if let Some(p) = positions.get(&s.shard) {
+                let st = &p.stats;
                 s.lag = st.lag;
                 s.pending = st.pending;
                 s.time_lag_ms = st.time_lag_ms(now_ms);
+                s.last_delivered_ms = id_ms(&p.last_delivered);
+                s.last_delivered_id = Some(p.last_delivered.clone());
             }
+        }
+    }
+    view
+}
+
+/// The Unix ms of an entry id (`None` for `0-0` and for what is not an id).
+fn id_ms(id: &str) -> Option<u64> {
+    rsc_protocol::routing::parse_entry_id(id)
+        .filter(|&(ms, seq)| (ms, seq) != (0, 0))
+        .map(|(ms, _)| ms)
+}
+
+/// Fills each shard's oldest pending entry (`oldest_pending_id`, `oldest_pending_age_ms`)
+/// from the data Redis, when configured and something is pending there. Single-group view
+/// only: one `XPENDING` summary per shard with entries pending.
+async fn with_oldest_pending(
+    lag: Option<&LagProbe>,
+    mut view: GroupView,
+    now_ms: u64,
+) -> GroupView {
+    let Some(probe) = lag else {
+        return view;
+    };
+    let keys: Vec<(u32, String)> = view
+        .shards
+        .iter()
+        .filter(|s| s.pending.is_some_and(|p| p > 0))
+        .map(|s| (s.shard, s.key.clone()))
+        .collect();
+    if keys.is_empty() {
+        return view;
+    }
+    let oldest = probe.oldest_pending(&view.group, &keys).await;
+    for s in &mut view.shards {
+        if let Some(Some(id)) = oldest.get(&s.shard) {
+            s.oldest_pending_age_ms = id_ms(id).map(|ms| now_ms.saturating_sub(ms));
+            s.oldest_pending_id = Some(id.clone());
         }
     }
     view
@@ -122,7 +162,9 @@ async fn describe_group(
     Path(group): Path<GroupId>,
 ) -> Result<Json<GroupView>, ApiError> {
     let view = s.coordinator.describe_group(&group).await?;
-    let view = with_lag(s.lag.as_deref(), view, s.coordinator.clock().now_ms()).await;
+    let now_ms = s.coordinator.clock().now_ms();
+    let view = with_lag(s.lag.as_deref(), view, now_ms).await;
+    let view = with_oldest_pending(s.lag.as_deref(), view, now_ms).await;
     Ok(Json(with_stale_consumers(s.lag.as_deref(), view).await))
 }
 

@@ -682,3 +682,70 @@ async fn no_request_without_a_valid_credential_reaches_a_handler() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A field over its limit (PROTOCOL §4.3) is refused at the edge, before the service: the
+/// group does not even exist, yet the answer is the limit's `400`, naming field and limit;
+/// in a batch only the item over its limit is refused.
+#[tokio::test]
+async fn fields_over_their_limits_are_refused_before_the_service() {
+    let app = app();
+    let host = "h".repeat(63 * 1024);
+    let body = format!(
+        r#"{{"protocol_version":1,"member_id":"m1","member_epoch":0,"client":{{"host":"{host}"}}}}"#
+    );
+    let (status, v) = heartbeat_with(&app, "application/json", &body).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("INVALID_REQUEST")),
+        "{v}"
+    );
+    assert_eq!(
+        v["error"]["message"],
+        "client.host is 64512 bytes long; at most 256 are allowed (PROTOCOL §4.3)"
+    );
+    let shards =
+        r#"{"protocol_version":1,"member_id":"m1","member_epoch":1,"owned_shards":[4096]}"#;
+    let (status, v) = heartbeat_with(&app, "application/json", shards).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("owned_shards holds shard 4096"),
+        "{v}"
+    );
+
+    let batch = serde_json::json!({"heartbeats": [
+        {"group": "g1", "heartbeat": {"protocol_version": 1, "member_id": "m1", "member_epoch": 0,
+            "client": {"version": "v".repeat(257)}}},
+        {"group": "g1", "heartbeat": {"protocol_version": 1, "member_id": "m2", "member_epoch": 0}},
+        {"group": "g".repeat(201), "heartbeat": {"protocol_version": 1, "member_id": "m3", "member_epoch": 0}},
+    ]});
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/heartbeats")
+        .header("content-type", "application/json")
+        .body(Body::from(batch.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], 400, "{v}");
+    assert_eq!(
+        results[0]["error"]["message"],
+        "client.version is 257 bytes long; at most 256 are allowed (PROTOCOL §4.3)"
+    );
+    assert_eq!(results[1]["error"]["code"], "GROUP_NOT_FOUND", "{v}");
+    assert_eq!(results[2]["status"], 400, "{v}");
+    assert!(
+        results[2]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("group is 201 bytes long"),
+        "{v}"
+    );
+}

@@ -1,4 +1,5 @@
-//! The ACL file (PROTOCOL §8, §20) and authentication by token, certificate subject or JWT.
+//! The ACL file (PROTOCOL §8, §20) and authentication by token, client certificate (its
+//! subject, a SAN URI or a SAN DNS name) or JWT.
 //!
 //! ```toml
 //! jwt_leeway_s = 30          # clock skew allowed on a JWT's exp and nbf (default 30)
@@ -6,10 +7,14 @@
 //! [[tokens]]
 //! principal = "ops"          # who, as written in the audit log
 //! token_sha256 = "<hex>"     # or: token = "plain" (dev only),
-//!                            # or: cert_subject = "CN=ops" (mutual TLS, a subject or SAN URI)
+//!                            # or, over mutual TLS, one of: cert_subject = "CN=ops" (the
+//!                            # subject DN only), cert_san_uri = "spiffe://prod/ns/ops/sa/x"
+//!                            # (a SAN URI only), cert_san_dns = "ops.prod.example" (a SAN
+//!                            # DNS name only)
 //! roles = ["admin"]          # admin | member | producer | viewer
 //! groups = ["*"]             # glob scopes; a missing list grants nothing of that kind
 //! streams = ["orders*"]
+//! members = ["billing-*"]    # optional: the member ids its member routes may name
 //! not_after = 2027-01-31T00:00:00Z   # optional: the entry stops authenticating then
 //!
 //! [[jwt]]                    # signed JWTs, e.g. Kubernetes service-account tokens
@@ -17,6 +22,7 @@
 //! audience = "rsc-coordinator"
 //! jwks_file = "jwks.json"    # relative to the ACL file's directory
 //! subject = "system:serviceaccount:billing:*"   # glob; the principal is the token's sub
+//! max_token_age = 3600       # optional: refuse tokens living longer (exp - iat, in s)
 //! roles = ["member"]
 //! groups = ["billing*"]
 //! ```
@@ -31,6 +37,7 @@ use super::glob::Glob;
 use super::jwt::{self, Jwks, JwtRule};
 use super::refusal::{Refusal, days_from_civil, rfc3339};
 use crate::watch::Stamp;
+use rsc_protocol::redact::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -73,8 +80,12 @@ impl Role {
 pub(crate) enum Credential {
     /// A bearer token of the ACL (`token` or `token_sha256`).
     Token,
-    /// A client certificate whose subject or SAN URI an entry's `cert_subject` names.
+    /// A client certificate whose subject an entry's `cert_subject` names.
     CertSubject,
+    /// A client certificate with a SAN URI an entry's `cert_san_uri` names.
+    CertSanUri,
+    /// A client certificate with a SAN DNS name an entry's `cert_san_dns` names.
+    CertSanDns,
     /// A signed JWT a `[[jwt]]` entry accepts.
     Jwt,
     /// None: the coordinator runs without an ACL.
@@ -87,6 +98,8 @@ impl Credential {
         match self {
             Credential::Token => "token",
             Credential::CertSubject => "cert_subject",
+            Credential::CertSanUri => "cert_san_uri",
+            Credential::CertSanDns => "cert_san_dns",
             Credential::Jwt => "jwt",
             Credential::Anonymous => "anonymous",
         }
@@ -104,6 +117,8 @@ struct Grant {
     roles: Vec<Role>,
     groups: Vec<Glob>,
     streams: Vec<Glob>,
+    /// The member ids the member routes may name (`members`); `None`: any.
+    members: Option<Vec<Glob>>,
 }
 
 /// The principal name of requests without a valid token, and of every request when the
@@ -119,6 +134,7 @@ impl Principal {
             roles: vec![Role::Admin],
             groups: vec![Glob::new("*")],
             streams: vec![Glob::new("*")],
+            members: None,
         }))
     }
 
@@ -150,6 +166,16 @@ impl Principal {
     /// Whether the stream scope covers `stream`.
     pub(crate) fn may_stream(&self, stream: &str) -> bool {
         self.0.streams.iter().any(|g| g.matches(stream))
+    }
+
+    /// Whether the principal may act as member `member_id` on the member routes (heartbeat,
+    /// leave, wake-up channel): its entry's `members` globs cover it, or it has none
+    /// (PROTOCOL §8).
+    pub(crate) fn may_member(&self, member_id: &str) -> bool {
+        self.0
+            .members
+            .as_ref()
+            .is_none_or(|globs| globs.iter().any(|g| g.matches(member_id)))
     }
 
     /// Whether both scopes cover every name (`*`).
@@ -193,6 +219,47 @@ struct Entry<K> {
     not_after: Option<i64>,
 }
 
+/// Which name of a client certificate an entry compares, and the name: three separate
+/// namespaces (PROTOCOL §20) — a SAN URI never satisfies `cert_subject`, nor the subject a
+/// `cert_san_uri`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CertName {
+    /// `cert_subject`: the subject DN, as an RFC 4514 string.
+    Subject(String),
+    /// `cert_san_uri`: one of the SAN URIs.
+    SanUri(String),
+    /// `cert_san_dns`: one of the SAN DNS names.
+    SanDns(String),
+}
+
+impl CertName {
+    /// Whether `cert` carries this name, in this name's namespace.
+    fn names(&self, cert: &crate::tls::ClientCertificate) -> bool {
+        match self {
+            CertName::Subject(dn) => cert.has_subject(dn),
+            CertName::SanUri(uri) => cert.has_san_uri(uri),
+            CertName::SanDns(dns) => cert.has_san_dns(dns),
+        }
+    }
+
+    /// The key of the ACL file, and the audit credential.
+    fn credential(&self) -> Credential {
+        match self {
+            CertName::Subject(_) => Credential::CertSubject,
+            CertName::SanUri(_) => Credential::CertSanUri,
+            CertName::SanDns(_) => Credential::CertSanDns,
+        }
+    }
+
+    /// Whether `other` names the same thing (DNS names regardless of ASCII case).
+    fn same_as(&self, other: &CertName) -> bool {
+        match (self, other) {
+            (CertName::SanDns(a), CertName::SanDns(b)) => a.eq_ignore_ascii_case(b),
+            (a, b) => a == b,
+        }
+    }
+}
+
 /// One `[[jwt]]` entry: what it accepts, what it grants (the principal is named by the
 /// token's `sub`), and until when.
 struct JwtEntry {
@@ -200,14 +267,15 @@ struct JwtEntry {
     roles: Vec<Role>,
     groups: Vec<Glob>,
     streams: Vec<Glob>,
+    members: Option<Vec<Glob>>,
     not_after: Option<i64>,
 }
 
-/// A loaded ACL: token digests, certificate subjects and JWT entries, and the principals
+/// A loaded ACL: token digests, certificate names and JWT entries, and the principals
 /// they authenticate.
 pub(crate) struct Acl {
     entries: Vec<Entry<[u8; 32]>>,
-    subjects: Vec<Entry<String>>,
+    certs: Vec<Entry<CertName>>,
     jwt: Vec<JwtEntry>,
     leeway: i64,
 }
@@ -222,7 +290,7 @@ impl fmt::Debug for Acl {
                     .entries
                     .iter()
                     .map(|e| e.principal.name())
-                    .chain(self.subjects.iter().map(|e| e.principal.name()))
+                    .chain(self.certs.iter().map(|e| e.principal.name()))
                     .collect::<Vec<_>>(),
             )
             .field("jwt_entries", &self.jwt.len())
@@ -298,7 +366,11 @@ struct JwtFile {
     #[serde(default)]
     streams: Vec<String>,
     #[serde(default)]
+    members: Option<Vec<String>>,
+    #[serde(default)]
     not_after: Option<toml::Value>,
+    #[serde(default)]
+    max_token_age: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -306,16 +378,22 @@ struct JwtFile {
 struct EntryFile {
     principal: String,
     #[serde(default)]
-    token: Option<String>,
+    token: Option<SecretString>,
     #[serde(default)]
     token_sha256: Option<String>,
     #[serde(default)]
     cert_subject: Option<String>,
+    #[serde(default)]
+    cert_san_uri: Option<String>,
+    #[serde(default)]
+    cert_san_dns: Option<String>,
     roles: Vec<Role>,
     #[serde(default)]
     groups: Vec<String>,
     #[serde(default)]
     streams: Vec<String>,
+    #[serde(default)]
+    members: Option<Vec<String>>,
     #[serde(default)]
     not_after: Option<toml::Value>,
 }
@@ -343,6 +421,18 @@ fn not_after_of(v: &Option<toml::Value>) -> Result<Option<i64>, &'static str> {
     Ok(Some(days * 86_400 + secs - offset_s))
 }
 
+/// An entry's `members` globs: `None` without the key (any member id); an empty list is
+/// refused, as it would bind the entry to no member id at all.
+fn members_of(list: &Option<Vec<String>>) -> Result<Option<Vec<Glob>>, &'static str> {
+    match list {
+        None => Ok(None),
+        Some(l) if l.is_empty() || l.iter().any(|g| g.trim().is_empty()) => Err(
+            "members must name at least one non-empty glob (leave the key out to allow every member id)",
+        ),
+        Some(l) => Ok(Some(l.iter().map(|g| Glob::new(g.trim())).collect())),
+    }
+}
+
 /// SHA-256 of a token, lower-case hex (what `token_sha256` holds).
 #[cfg(test)]
 pub(crate) fn token_sha256_hex(token: &str) -> String {
@@ -356,29 +446,118 @@ pub(crate) fn token_sha256_hex(token: &str) -> String {
 enum EntryCredential {
     /// SHA-256 of its token.
     Digest([u8; 32]),
-    /// A certificate subject or SAN URI.
-    Subject(String),
+    /// A name of a client certificate.
+    Cert(CertName),
 }
 
-/// The one credential of an entry: `token`, `token_sha256` or `cert_subject`.
-fn credential_of(e: &EntryFile) -> Result<EntryCredential, &'static str> {
-    const ONE: &str = "give exactly one of token, token_sha256 and cert_subject";
-    Ok(match (&e.token, &e.token_sha256, &e.cert_subject) {
-        (Some(t), None, None) if !t.is_empty() => {
-            EntryCredential::Digest(Sha256::digest(t.as_bytes()).into())
+/// The one credential of an entry: `token`, `token_sha256`, `cert_subject`, `cert_san_uri`
+/// or `cert_san_dns`.
+fn credential_of(e: &EntryFile) -> Result<EntryCredential, String> {
+    let given: [(&str, Option<&str>); 5] = [
+        ("token", e.token.as_ref().map(|t| t.expose_secret())),
+        ("token_sha256", e.token_sha256.as_deref()),
+        ("cert_subject", e.cert_subject.as_deref()),
+        ("cert_san_uri", e.cert_san_uri.as_deref()),
+        ("cert_san_dns", e.cert_san_dns.as_deref()),
+    ];
+    let mut present = given.iter().filter_map(|(k, v)| Some((*k, (*v)?)));
+    let (Some((key, value)), None) = (present.next(), present.next()) else {
+        let count = given.iter().filter(|(_, v)| v.is_some()).count();
+        return Err(if count == 0 {
+            "token, token_sha256, cert_subject, cert_san_uri or cert_san_dns is required"
+        } else {
+            "give exactly one of token, token_sha256, cert_subject, cert_san_uri and \
+             cert_san_dns"
         }
-        (None, Some(h), None) => EntryCredential::Digest(
-            parse_hex32(h).ok_or("token_sha256 must be 64 hexadecimal characters")?,
+        .into());
+    };
+    if key != "token" && value.trim().is_empty() {
+        return Err(format!("{key} must not be empty"));
+    }
+    Ok(match key {
+        "token" if value.is_empty() => return Err("token must not be empty".into()),
+        "token" => EntryCredential::Digest(Sha256::digest(value.as_bytes()).into()),
+        "token_sha256" => EntryCredential::Digest(
+            parse_hex32(value).ok_or("token_sha256 must be 64 hexadecimal characters")?,
         ),
-        (None, None, Some(s)) if !s.trim().is_empty() => {
-            EntryCredential::Subject(s.trim().to_owned())
-        }
-        (None, None, Some(_)) => return Err("cert_subject must not be empty"),
-        (None, None, None) | (Some(_), None, None) => {
-            return Err("token, token_sha256 or cert_subject is required");
-        }
-        _ => return Err(ONE),
+        "cert_subject" => EntryCredential::Cert(CertName::Subject(subject_dn(value.trim())?)),
+        "cert_san_uri" => EntryCredential::Cert(CertName::SanUri(san_uri(value.trim())?)),
+        _ => EntryCredential::Cert(CertName::SanDns(san_dns(value.trim())?)),
     })
+}
+
+/// A `cert_subject`: an RFC 4514 DN, which starts with an attribute type (`CN`, `O`, a
+/// dotted OID) and `=`. A URI is refused with the key it belongs in: `cert_subject` once
+/// matched SAN URIs too, and an ACL written then must move them (PROTOCOL §20,
+/// "Compatibility").
+fn subject_dn(value: &str) -> Result<String, String> {
+    let attr = value.split('=').next().unwrap_or("");
+    let is_type = |t: &str| {
+        let keyword = t.starts_with(|c: char| c.is_ascii_alphabetic())
+            && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        let oid = !t.is_empty()
+            && t.split('.')
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        keyword || oid
+    };
+    if value.contains('=') && is_type(attr) {
+        return Ok(value.to_owned());
+    }
+    if uri_scheme(value).is_some() {
+        return Err(format!(
+            "cert_subject {value:?} is a URI, not a subject DN: cert_subject matches the \
+             certificate's subject only; name a SAN URI with cert_san_uri"
+        ));
+    }
+    Err(format!(
+        "cert_subject {value:?} is not a subject DN (RFC 4514, e.g. \"CN=billing,O=shop\")"
+    ))
+}
+
+/// The scheme of an absolute URI (`scheme ":" …`, RFC 3986 §3.1), if `value` is one.
+fn uri_scheme(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(':')?;
+    let ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !rest.is_empty();
+    ok.then_some(scheme)
+}
+
+/// A `cert_san_uri`: an absolute URI without whitespace (a SAN URI is one, RFC 5280
+/// §4.2.1.6).
+fn san_uri(value: &str) -> Result<String, String> {
+    if uri_scheme(value).is_some() && !value.chars().any(char::is_whitespace) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "cert_san_uri {value:?} is not an absolute URI (e.g. \
+             \"spiffe://prod/ns/billing/sa/consumer\")"
+        ))
+    }
+}
+
+/// A `cert_san_dns`: a DNS name (letters, digits, `-`, `_`, `.`; a leading `*.` of a
+/// wildcard SAN, compared as written).
+fn san_dns(value: &str) -> Result<String, String> {
+    let name = value.strip_prefix("*.").unwrap_or(value);
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        });
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "cert_san_dns {value:?} is not a DNS name (e.g. \"billing.prod.example\")"
+        ))
+    }
 }
 
 fn parse_hex32(s: &str) -> Option<[u8; 32]> {
@@ -415,12 +594,13 @@ impl Acl {
     pub(crate) fn parse(text: &str, dir: &Path) -> Result<Self, AclError> {
         let file: AclFile = toml::from_str(text).map_err(|e| AclError::Parse {
             path: "-".into(),
-            reason: e.to_string(),
+            // Where and what, without the line, which may hold a token (PROTOCOL §12).
+            reason: crate::config::toml_error(text, &e),
         })?;
         let leeway = file.jwt_leeway_s.unwrap_or(DEFAULT_JWT_LEEWAY_S).min(3600) as i64;
         let mut acl = Acl {
             entries: Vec::with_capacity(file.tokens.len()),
-            subjects: Vec::new(),
+            certs: Vec::new(),
             jwt: Vec::with_capacity(file.jwt.len()),
             leeway,
         };
@@ -460,6 +640,7 @@ impl Acl {
             return Err(bad("roles must name at least one role"));
         }
         let not_after = not_after_of(&e.not_after).map_err(&bad)?;
+        let members = members_of(&e.members).map_err(&bad)?;
         let grant = |credential| {
             Principal(Arc::new(Grant {
                 name: e.principal.clone(),
@@ -467,9 +648,10 @@ impl Acl {
                 roles: e.roles.clone(),
                 groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
                 streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
+                members: members.clone(),
             }))
         };
-        match credential_of(&e).map_err(&bad)? {
+        match credential_of(&e).map_err(|r| bad(&r))? {
             EntryCredential::Digest(key) => {
                 if self.entries.iter().any(|x| x.key == key) {
                     return Err(bad("the same token appears in another entry"));
@@ -481,12 +663,16 @@ impl Acl {
                     not_after,
                 });
             }
-            EntryCredential::Subject(key) => {
-                if self.subjects.iter().any(|x| x.key == key) {
-                    return Err(bad("the same cert_subject appears in another entry"));
+            EntryCredential::Cert(key) => {
+                let credential = key.credential();
+                if self.certs.iter().any(|x| x.key.same_as(&key)) {
+                    return Err(bad(&format!(
+                        "the same {} appears in another entry",
+                        credential.as_str()
+                    )));
                 }
-                let principal = grant(Credential::CertSubject);
-                self.subjects.push(Entry {
+                let principal = grant(credential);
+                self.certs.push(Entry {
                     key,
                     principal,
                     not_after,
@@ -508,19 +694,17 @@ impl Acl {
         out
     }
 
-    /// The principal of a client certificate whose subject or SAN URI an entry's
-    /// `cert_subject` names (the first such entry in file order whose `not_after` has not
-    /// passed at `now`, Unix seconds).
+    /// The principal of a client certificate an entry names — its subject by
+    /// `cert_subject`, one of its SAN URIs by `cert_san_uri`, one of its SAN DNS names by
+    /// `cert_san_dns`, each only in its own namespace — the first such entry in file order
+    /// whose `not_after` has not passed at `now` (Unix seconds).
     pub(crate) fn authenticate_certificate(
         &self,
         cert: &crate::tls::ClientCertificate,
         now: i64,
     ) -> Result<Principal, Refusal> {
-        let named: Vec<&Entry<String>> = self
-            .subjects
-            .iter()
-            .filter(|e| cert.matches(&e.key))
-            .collect();
+        let named: Vec<&Entry<CertName>> =
+            self.certs.iter().filter(|e| e.key.names(cert)).collect();
         if let Some(e) = named.iter().find(|e| valid_at(e.not_after, now)) {
             return Ok(e.principal.clone());
         }
@@ -529,17 +713,18 @@ impl Acl {
             None => Err(Refusal::new(
                 "unknown_certificate",
                 format!(
-                    "no ACL entry names the client certificate (subject {:?}) in its \
-                     cert_subject; send a bearer token or use a certificate the ACL names",
+                    "no ACL entry names the client certificate (subject {:?}) by \
+                     cert_subject, nor one of its SAN URIs or DNS names by cert_san_uri or \
+                     cert_san_dns; send a bearer token or use a certificate the ACL names",
                     cert.subject
                 ),
             )),
         }
     }
 
-    /// How many entries (tokens, certificate subjects and JWT entries) the ACL holds.
+    /// How many entries (tokens, certificate names and JWT entries) the ACL holds.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len() + self.subjects.len() + self.jwt.len()
+        self.entries.len() + self.certs.len() + self.jwt.len()
     }
 
     /// The principal `token` authenticates at `now` (Unix seconds): a token entry's
@@ -579,6 +764,7 @@ impl Acl {
             roles: e.roles.clone(),
             groups: e.groups.clone(),
             streams: e.streams.clone(),
+            members: e.members.clone(),
         })))
     }
 }
@@ -629,6 +815,12 @@ fn jwt_entry(
         (Some(f), None) => dir.join(f),
     };
     let not_after = not_after_of(&e.not_after).map_err(str::to_owned)?;
+    let members = members_of(&e.members).map_err(str::to_owned)?;
+    let max_token_age = match e.max_token_age {
+        None => None,
+        Some(0) => return Err("max_token_age must be at least 1 (seconds)".into()),
+        Some(s) => Some(i64::try_from(s).unwrap_or(i64::MAX)),
+    };
     let keys = match jwks.get(&file) {
         Some(k) => k.clone(),
         None => {
@@ -643,10 +835,12 @@ fn jwt_entry(
             audience: e.audience.clone(),
             subject: Glob::new(&e.subject),
             jwks: keys,
+            max_token_age,
         },
         roles: e.roles.clone(),
         groups: e.groups.iter().map(|g| Glob::new(g)).collect(),
         streams: e.streams.iter().map(|s| Glob::new(s)).collect(),
+        members,
         not_after,
     })
 }
@@ -698,24 +892,29 @@ streams = ["orders*"]
         assert!(!format!("{acl:?}{ops:?}").contains("token"));
     }
 
+    fn cert(subject: &str, uris: &[&str], dns: &[&str]) -> crate::tls::ClientCertificate {
+        crate::tls::ClientCertificate {
+            subject: subject.into(),
+            uris: uris.iter().map(|u| (*u).to_owned()).collect(),
+            dns_names: dns.iter().map(|d| (*d).to_owned()).collect(),
+        }
+    }
+
     #[test]
-    fn certificate_subjects_authenticate_their_principal() {
-        use crate::tls::ClientCertificate;
+    fn certificate_names_authenticate_their_principal() {
         let acl = Acl::from_toml(
             "[[tokens]]\nprincipal = \"billing\"\ncert_subject = \"CN=billing-consumer\"\n\
              roles = [\"member\"]\ngroups = [\"billing*\"]\n\
-             [[tokens]]\nprincipal = \"spiffe-pod\"\ncert_subject = \"spiffe://prod/ns/a\"\n\
+             [[tokens]]\nprincipal = \"spiffe-pod\"\ncert_san_uri = \"spiffe://prod/ns/a\"\n\
              roles = [\"viewer\"]\n\
+             [[tokens]]\nprincipal = \"dns-pod\"\ncert_san_dns = \"pod.prod.example\"\n\
+             roles = [\"producer\"]\n\
              [[tokens]]\nprincipal = \"ops\"\ntoken = \"ops-token\"\nroles = [\"admin\"]",
         )
         .unwrap();
-        assert_eq!(acl.len(), 3);
-        let cert = |subject: &str, uris: &[&str]| ClientCertificate {
-            subject: subject.into(),
-            uris: uris.iter().map(|u| (*u).to_owned()).collect(),
-        };
+        assert_eq!(acl.len(), 4);
         let p = acl
-            .authenticate_certificate(&cert("CN=billing-consumer", &[]), 0)
+            .authenticate_certificate(&cert("CN=billing-consumer", &[], &[]), 0)
             .unwrap();
         assert_eq!(
             (p.name(), p.credential()),
@@ -723,11 +922,23 @@ streams = ["orders*"]
         );
         assert!(p.has_role(Role::Member) && p.may_group("billing-eu"));
         let p = acl
-            .authenticate_certificate(&cert("CN=x", &["spiffe://prod/ns/a"]), 0)
+            .authenticate_certificate(&cert("CN=x", &["spiffe://prod/ns/a"], &[]), 0)
             .unwrap();
-        assert_eq!(p.name(), "spiffe-pod");
+        assert_eq!(
+            (p.name(), p.credential()),
+            ("spiffe-pod", Credential::CertSanUri)
+        );
+        let p = acl
+            .authenticate_certificate(&cert("CN=x", &[], &["POD.prod.example"]), 0)
+            .unwrap();
+        assert_eq!(
+            (p.name(), p.credential()),
+            ("dns-pod", Credential::CertSanDns)
+        );
+        assert_eq!(Credential::CertSanUri.as_str(), "cert_san_uri");
+        assert_eq!(Credential::CertSanDns.as_str(), "cert_san_dns");
         assert!(
-            acl.authenticate_certificate(&cert("CN=other", &[]), 0)
+            acl.authenticate_certificate(&cert("CN=other", &[], &[]), 0)
                 .is_err()
         );
         assert_eq!(
@@ -736,6 +947,70 @@ streams = ["orders*"]
         );
         // A subject is not a token.
         assert!(acl.authenticate("CN=billing-consumer", 0).is_err());
+    }
+
+    /// The attacker's certificate: subject `CN=nobody`, a SAN URI `CN=ops-cert`. It must not
+    /// authenticate as the entry whose `cert_subject` is `CN=ops-cert`; nor does a name of
+    /// one kind satisfy an entry of another kind.
+    #[test]
+    fn a_name_satisfies_only_the_matcher_of_its_kind() {
+        let acl = Acl::from_toml(
+            "[[tokens]]\nprincipal = \"ops-cert\"\ncert_subject = \"CN=ops-cert\"\n\
+             roles = [\"admin\"]\n\
+             [[tokens]]\nprincipal = \"uri\"\ncert_san_uri = \"spiffe://prod/ops\"\n\
+             roles = [\"admin\"]\n\
+             [[tokens]]\nprincipal = \"dns\"\ncert_san_dns = \"ops.prod.example\"\n\
+             roles = [\"admin\"]",
+        )
+        .unwrap();
+        for (c, what) in [
+            (
+                cert("CN=nobody", &["CN=ops-cert"], &[]),
+                "a SAN URI as subject",
+            ),
+            (
+                cert("CN=nobody", &[], &["CN=ops-cert"]),
+                "a SAN DNS as subject",
+            ),
+            (
+                cert("CN=nobody", &[], &["spiffe://prod/ops"]),
+                "a SAN DNS as URI",
+            ),
+            (
+                cert("CN=nobody", &["ops.prod.example"], &[]),
+                "a SAN URI as DNS",
+            ),
+        ] {
+            let r = acl.authenticate_certificate(&c, 0).unwrap_err();
+            assert_eq!(r.reason, "unknown_certificate", "{what}");
+            assert!(r.message.contains("subject \"CN=nobody\""), "{}", r.message);
+        }
+        // The same value under two kinds is two entries, not a duplicate.
+        assert!(
+            Acl::from_toml(
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_dns = \"x.example\"\nroles = [\"admin\"]\n\
+                 [[tokens]]\nprincipal = \"b\"\ncert_san_uri = \"dns:x.example\"\nroles = [\"viewer\"]"
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn certificate_names_of_each_form_are_accepted() {
+        for (key, value) in [
+            ("cert_subject", "CN=a,O=shop"),
+            ("cert_subject", "2.5.4.3=a"),
+            ("cert_subject", "UID=x+CN=a\\\\,b"),
+            ("cert_san_uri", "spiffe://prod/ns/a/sa/b"),
+            ("cert_san_uri", "urn:uuid:0f1e2d3c"),
+            ("cert_san_dns", "billing.prod.example"),
+            ("cert_san_dns", "*.prod.example"),
+            ("cert_san_dns", "localhost"),
+        ] {
+            let text =
+                format!("[[tokens]]\nprincipal = \"p\"\n{key} = \"{value}\"\nroles = [\"viewer\"]");
+            assert!(Acl::from_toml(&text).is_ok(), "{key} = {value}");
+        }
     }
 
     #[test]
@@ -779,7 +1054,48 @@ streams = ["orders*"]
             ),
             (
                 "[[tokens]]\nprincipal = \"a\"\ncert_subject = \"CN=a\"\nroles = [\"admin\"]\n[[tokens]]\nprincipal = \"b\"\ncert_subject = \"CN=a\"\nroles = [\"viewer\"]",
-                "another entry",
+                "the same cert_subject appears in another entry",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_uri = \"spiffe://x\"\nroles = [\"admin\"]\n[[tokens]]\nprincipal = \"b\"\ncert_san_uri = \"spiffe://x\"\nroles = [\"viewer\"]",
+                "the same cert_san_uri appears in another entry",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_dns = \"x.example\"\nroles = [\"admin\"]\n[[tokens]]\nprincipal = \"b\"\ncert_san_dns = \"X.Example\"\nroles = [\"viewer\"]",
+                "the same cert_san_dns appears in another entry",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_subject = \"CN=a\"\ncert_san_uri = \"spiffe://a\"\nroles = [\"admin\"]",
+                "exactly one of",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_dns = \"a.example\"\ntoken_sha256 = \"00\"\nroles = [\"admin\"]",
+                "exactly one of",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_uri = \"\"\nroles = [\"admin\"]",
+                "cert_san_uri must not be empty",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ntoken = \"\"\nroles = [\"admin\"]",
+                "token must not be empty",
+            ),
+            // An ACL written when cert_subject also matched SAN URIs.
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_subject = \"spiffe://prod/ns/a\"\nroles = [\"admin\"]",
+                "is a URI, not a subject DN",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_subject = \"billing-consumer\"\nroles = [\"admin\"]",
+                "not a subject DN",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_uri = \"CN=ops-cert\"\nroles = [\"admin\"]",
+                "not an absolute URI",
+            ),
+            (
+                "[[tokens]]\nprincipal = \"a\"\ncert_san_dns = \"spiffe://a\"\nroles = [\"admin\"]",
+                "not a DNS name",
             ),
         ];
         for (text, want) in cases {
@@ -911,6 +1227,63 @@ streams = ["orders*"]
             .to_string();
         assert!(
             e.contains("empty.json") && e.contains("no usable public key"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    #[test]
+    fn members_bind_an_entry_to_member_ids() {
+        let acl = Acl::from_toml(
+            "[[tokens]]\nprincipal = \"billing\"\ntoken = \"t-billing\"\nroles = [\"member\"]\n\
+             groups = [\"*\"]\nmembers = [\"billing-*\", \"10.0.0.?-g-*\"]\n\
+             [[tokens]]\nprincipal = \"free\"\ntoken = \"t-free\"\nroles = [\"member\"]\n\
+             groups = [\"*\"]",
+        )
+        .unwrap();
+        let bound = acl.authenticate("t-billing", 0).unwrap();
+        assert!(bound.may_member("billing-0"));
+        assert!(bound.may_member("10.0.0.7-g-3"));
+        assert!(!bound.may_member("shipping-0"));
+        assert!(!bound.may_member("10.0.0.17-g-3"));
+        let free = acl.authenticate("t-free", 0).unwrap();
+        assert!(free.may_member("anything"), "no members key: any member id");
+        assert!(Principal::open().may_member("anything"));
+        for bad in ["members = []", "members = [\" \"]"] {
+            let text = format!(
+                "[[tokens]]\nprincipal = \"a\"\ntoken = \"t\"\nroles = [\"member\"]\n{bad}"
+            );
+            let e = Acl::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains("members must name at least one"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn jwt_entries_bind_their_subjects_to_member_ids() {
+        use super::super::jwt::test_keys::{KEY, KEY_X, sign};
+        use jsonwebtoken::Algorithm;
+        let dir = std::env::temp_dir().join(format!("rsc-acl-jwt-members-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("jwks.json"),
+            format!(
+                "{{\"keys\": [{{\"kty\": \"OKP\", \"crv\": \"Ed25519\", \"kid\": \"k1\", \"x\": \"{KEY_X}\"}}]}}"
+            ),
+        )
+        .unwrap();
+        let text = "[[jwt]]\nissuer = \"https://k8s\"\naudience = \"rsc\"\njwks_file = \"jwks.json\"\n\
+                    subject = \"*\"\nroles = [\"member\"]\ngroups = [\"*\"]\nmembers = [\"billing-*\"]\n";
+        let acl = Acl::parse(text, &dir).unwrap();
+        let now = 1_796_283_000;
+        let claims = serde_json::json!({"iss": "https://k8s", "aud": "rsc", "sub": "system:serviceaccount:billing:c", "exp": now + 60});
+        let p = acl
+            .authenticate(&sign(KEY, Some("k1"), Algorithm::EdDSA, claims), now)
+            .unwrap();
+        assert!(p.may_member("billing-1") && !p.may_member("shipping-1"));
+        let e = Acl::parse(&text.replace("[\"billing-*\"]", "[]"), &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[[jwt]] entry 0") && e.contains("members must name"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

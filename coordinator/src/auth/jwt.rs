@@ -4,10 +4,16 @@
 //! The checks, in order, each with its own `401` message: the token decodes (`malformed`);
 //! its `alg` is RS256, ES256 or EdDSA (`algorithm`: never `none` or a shared secret); an
 //! entry names its `iss` (`issuer`); that issuer's JWKS holds its `kid` (`kid`); the
-//! signature verifies (`signature`); `exp` is present and not past, `nbf` not ahead, both
-//! with the ACL's leeway (`expired`, `not_yet_valid`); an entry of the issuer names one of
-//! its `aud` (`audience`); and one of those matches its `sub` (`subject`). Claims are read
-//! from the verified token only; the issuer and `kid` are looked at before, to find the key.
+//! signature verifies (`signature`); `exp` (required) and `nbf` are whole seconds from 0 to
+//! the end of year 9999 (`time_claim`); `exp` is not past, `nbf` not ahead, both with the
+//! ACL's leeway (`expired`, `not_yet_valid`); an entry of the issuer names one of its `aud`
+//! (`audience`); one of those matches its `sub` (`subject`); and, for an entry with
+//! `max_token_age`, the token has an `iat` not ahead of now (with the leeway) and lives
+//! `exp - iat` seconds at most that long (`lifetime`). Claims are read from the verified
+//! token only; the issuer and `kid` are looked at before, to find the key.
+//!
+//! The time arithmetic cannot overflow: claims are bounded before any sum, and the sums
+//! that take `now` saturate.
 
 use super::glob::Glob;
 use super::refusal::{Refusal, rfc3339};
@@ -17,6 +23,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The latest NumericDate accepted in `exp`, `nbf` and `iat`: 9999-12-31T23:59:59Z.
+pub(crate) const MAX_NUMERIC_DATE: i64 = 253_402_300_799;
 
 /// The signature algorithms accepted (asymmetric only).
 const ALGORITHMS: [Algorithm; 3] = [Algorithm::RS256, Algorithm::ES256, Algorithm::EdDSA];
@@ -125,6 +134,9 @@ pub(crate) struct JwtRule {
     pub(crate) subject: Glob,
     /// The keys of its `jwks_file` (shared by the entries naming the same file).
     pub(crate) jwks: Arc<Jwks>,
+    /// `max_token_age`: the longest lifetime (`exp - iat`, seconds) accepted; `None`: any
+    /// (and `iat` is not needed).
+    pub(crate) max_token_age: Option<i64>,
 }
 
 /// Whether a bearer token has a JWT's shape: three non-empty base64url parts joined by dots.
@@ -142,9 +154,10 @@ fn refuse(check: &'static str, message: impl Into<String>) -> Refusal {
     Refusal::new(check, message)
 }
 
-/// Verifies `token` against `rules` at `now` (Unix seconds) with `leeway` seconds on `exp`
-/// and `nbf`. Returns the verified `sub` and the indices of the rules it satisfies (issuer,
-/// audience and subject), in order; or which check failed.
+/// Verifies `token` against `rules` at `now` (Unix seconds) with `leeway` seconds on `exp`,
+/// `nbf` (and `iat` for `max_token_age`). Returns the verified `sub` and the indices of the
+/// rules it satisfies (issuer, audience, subject and lifetime), in order; or which check
+/// failed (for the lifetime, the first entry's refusal).
 pub(crate) fn verify(
     token: &str,
     rules: &[&JwtRule],
@@ -187,6 +200,22 @@ pub(crate) fn verify(
     let claims = verified_claims(token, key)?;
     check_times(&claims, leeway, now)?;
     let matching = check_audience_and_subject(rules, of_issuer, &claims)?;
+    let mut refused = None;
+    let matching: Vec<usize> = matching
+        .into_iter()
+        .filter(
+            |&i| match check_lifetime(rules[i].max_token_age, &claims, leeway, now) {
+                Ok(()) => true,
+                Err(r) => {
+                    refused.get_or_insert(r);
+                    false
+                }
+            },
+        )
+        .collect();
+    if let (true, Some(r)) = (matching.is_empty(), refused) {
+        return Err(r);
+    }
     let sub = claims["sub"].as_str().unwrap_or_default().to_owned();
     Ok((sub, matching))
 }
@@ -250,36 +279,97 @@ fn verified_claims(token: &str, key: &Key) -> Result<Value, Refusal> {
     }
 }
 
-/// `exp` (required) and `nbf` (when present) against `now`, with `leeway` seconds.
+/// The NumericDate claim `name`, when present: a whole number of seconds from 0 to
+/// [`MAX_NUMERIC_DATE`]. A float, a number out of that range (`i64::MAX`, a negative one, a
+/// 30-digit one) or another JSON type is refused (`jwt_time_claim`).
+fn numeric_date(claims: &Value, name: &str) -> Result<Option<i64>, Refusal> {
+    let Some(v) = claims.get(name) else {
+        return Ok(None);
+    };
+    match v.as_i64() {
+        Some(t) if (0..=MAX_NUMERIC_DATE).contains(&t) => Ok(Some(t)),
+        _ => {
+            let mut shown = v.to_string();
+            if shown.len() > 40 {
+                let cut = (0..=40)
+                    .rev()
+                    .find(|&i| shown.is_char_boundary(i))
+                    .unwrap_or(0);
+                shown.truncate(cut);
+                shown.push('…');
+            }
+            Err(refuse(
+                "jwt_time_claim",
+                format!(
+                    "JWT {name} must be a whole number of seconds from 0 to {MAX_NUMERIC_DATE} \
+                     (9999-12-31T23:59:59Z), not {shown}"
+                ),
+            ))
+        }
+    }
+}
+
+/// `exp` (required) and `nbf` (when present) against `now`, with `leeway` seconds: expired
+/// when `exp < now - leeway`, not yet valid when `nbf > now + leeway`.
 fn check_times(claims: &Value, leeway: i64, now: i64) -> Result<(), Refusal> {
-    let Some(exp) = claims.get("exp").and_then(Value::as_i64) else {
+    let Some(exp) = numeric_date(claims, "exp")? else {
         return Err(refuse(
             "jwt_malformed",
             "malformed JWT: it has no numeric exp claim",
         ));
     };
-    if exp + leeway < now {
+    if exp < now.saturating_sub(leeway) {
         return Err(refuse(
             "jwt_expired",
             format!("JWT expired at {} (leeway {leeway} s)", rfc3339(exp)),
         ));
     }
-    if let Some(nbf) = claims.get("nbf") {
-        let Some(nbf) = nbf.as_i64() else {
-            return Err(refuse(
-                "jwt_malformed",
-                "malformed JWT: nbf is not a number",
-            ));
-        };
-        if nbf - leeway > now {
-            return Err(refuse(
-                "jwt_not_yet_valid",
-                format!(
-                    "JWT is not valid before {} (leeway {leeway} s)",
-                    rfc3339(nbf)
-                ),
-            ));
-        }
+    if let Some(nbf) = numeric_date(claims, "nbf")?
+        && nbf > now.saturating_add(leeway)
+    {
+        return Err(refuse(
+            "jwt_not_yet_valid",
+            format!(
+                "JWT is not valid before {} (leeway {leeway} s)",
+                rfc3339(nbf)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An entry's `max_token_age` (`None`: no check): the token needs an `iat` not ahead of
+/// `now + leeway`, and `exp - iat` at most `max` seconds — so it is never accepted later
+/// than `max + leeway` seconds from now. Runs after [`check_times`] (`exp` is valid).
+fn check_lifetime(max: Option<i64>, claims: &Value, leeway: i64, now: i64) -> Result<(), Refusal> {
+    let Some(max) = max else {
+        return Ok(());
+    };
+    let Some(iat) = numeric_date(claims, "iat")? else {
+        return Err(refuse(
+            "jwt_lifetime",
+            format!("JWT has no iat claim, and its [[jwt]] entry sets max_token_age {max} s"),
+        ));
+    };
+    if iat > now.saturating_add(leeway) {
+        return Err(refuse(
+            "jwt_lifetime",
+            format!(
+                "JWT is issued in the future (iat {}, leeway {leeway} s)",
+                rfc3339(iat)
+            ),
+        ));
+    }
+    let exp = numeric_date(claims, "exp")?.unwrap_or(MAX_NUMERIC_DATE);
+    let lifetime = exp.saturating_sub(iat);
+    if lifetime > max {
+        return Err(refuse(
+            "jwt_lifetime",
+            format!(
+                "JWT lifetime {lifetime} s (exp - iat) exceeds the max_token_age {max} s of \
+                 its [[jwt]] entry"
+            ),
+        ));
     }
     Ok(())
 }
@@ -384,6 +474,7 @@ mod tests {
             audience: "rsc".into(),
             subject: Glob::new(subject),
             jwks: Arc::new(jwks),
+            max_token_age: None,
         }
     }
 
@@ -467,6 +558,131 @@ mod tests {
             let r = check(&token).unwrap_err();
             assert_eq!(r.reason, reason, "{}", r.message);
             assert!(r.message.contains(message), "{} vs {message}", r.message);
+        }
+    }
+
+    /// Signed tokens whose time claims are at the edges of, or outside, what fits: refused
+    /// with a reason (no panic in a debug build, no wrap-around in a release one).
+    #[test]
+    fn time_claims_at_the_edges_are_refused_without_overflow() {
+        let ed = |c: Value| sign(KEY, Some("k1"), Algorithm::EdDSA, c);
+        let out_of_range = [
+            json!(i64::MAX),
+            json!(i64::MIN),
+            json!(u64::MAX),
+            json!(-1),
+            json!(MAX_NUMERIC_DATE + 1),
+            json!(1.5e9),
+            json!(1_796_283_600.0),
+            json!(1e300),
+            json!("1796283600"),
+            json!(null),
+        ];
+        for v in &out_of_range {
+            for claim in ["exp", "nbf"] {
+                let r = check(&ed(with(|c| c[claim] = v.clone()))).unwrap_err();
+                assert_eq!(r.reason, "jwt_time_claim", "{claim} = {v}: {}", r.message);
+                assert!(
+                    r.message
+                        .contains(&format!("JWT {claim} must be a whole number")),
+                    "{}",
+                    r.message
+                );
+            }
+        }
+        // An array does not even decode (jsonwebtoken reads exp and nbf to validate them).
+        let r = check(&ed(with(|c| c["exp"] = json!([NOW])))).unwrap_err();
+        assert_eq!(r.reason, "jwt_malformed", "{}", r.message);
+        // A 30-digit number: serde_json reads it as a float; the message is bounded.
+        let huge = "{\"iss\":\"https://k8s\",\"aud\":\"rsc\",\"sub\":\"a:billing:b\",\
+                    \"exp\":123456789012345678901234567890}";
+        let huge: Value = serde_json::from_str(huge).unwrap();
+        let r = check(&ed(huge)).unwrap_err();
+        assert_eq!(r.reason, "jwt_time_claim", "{}", r.message);
+        // The last second that fits is accepted; the first one is too.
+        for exp in [MAX_NUMERIC_DATE, NOW - 30] {
+            assert!(check(&ed(with(|c| c["exp"] = json!(exp)))).is_ok(), "{exp}");
+        }
+        assert!(check(&ed(with(|c| c["nbf"] = json!(0)))).is_ok());
+        // An extreme leeway and clock do not overflow either.
+        let (a, b) = (rule("x"), rule("*:billing:*"));
+        let t = ed(claims());
+        for (leeway, now) in [(i64::MAX, i64::MAX), (i64::MAX, i64::MIN), (0, i64::MIN)] {
+            let _ = verify(&t, &[&a, &b], leeway, now);
+        }
+    }
+
+    #[test]
+    fn max_token_age_bounds_the_lifetime_and_needs_iat() {
+        let ed = |c: Value| sign(KEY, Some("k1"), Algorithm::EdDSA, c);
+        let mut short = rule("*:billing:*");
+        short.max_token_age = Some(3600);
+        let lax = rule("*:billing:*");
+        let verify_with = |rules: &[&JwtRule], c: Value| verify(&ed(c), rules, 30, NOW);
+        let lived = |iat: i64, exp: i64| {
+            with(|c| {
+                c["iat"] = json!(iat);
+                c["exp"] = json!(exp);
+            })
+        };
+        // Within the bound, at the bound.
+        assert!(verify_with(&[&short], lived(NOW - 10, NOW + 600)).is_ok());
+        assert!(verify_with(&[&short], lived(NOW - 10, NOW - 10 + 3600)).is_ok());
+        let cases = [
+            (
+                lived(NOW - 10, NOW - 10 + 3601),
+                "lifetime 3601 s (exp - iat) exceeds",
+            ),
+            (
+                lived(NOW, MAX_NUMERIC_DATE),
+                "exceeds the max_token_age 3600 s",
+            ),
+            (claims(), "no iat claim"),
+            // Issued in the future with a short lifetime: would stay valid for long.
+            (
+                lived(NOW + 86_400, NOW + 86_400 + 60),
+                "issued in the future",
+            ),
+        ];
+        for (c, words) in cases {
+            let r = verify_with(&[&short], c.clone()).unwrap_err();
+            assert_eq!(r.reason, "jwt_lifetime", "{}", r.message);
+            assert!(r.message.contains(words), "{} vs {words}", r.message);
+            // An entry without the bound still accepts it, and is the one that grants.
+            let (_, matching) = verify_with(&[&short, &lax], c).unwrap();
+            assert_eq!(matching, vec![1]);
+        }
+        // iat within the leeway ahead is accepted; a bad iat is a time-claim refusal.
+        assert!(verify_with(&[&short], lived(NOW + 30, NOW + 600)).is_ok());
+        let r = verify_with(&[&short], with(|c| c["iat"] = json!(1.5))).unwrap_err();
+        assert_eq!(r.reason, "jwt_time_claim", "{}", r.message);
+        // Without max_token_age, iat is not looked at.
+        assert!(verify_with(&[&lax], with(|c| c["iat"] = json!("never"))).is_ok());
+    }
+
+    proptest::proptest! {
+        /// Whatever the integers in exp, nbf and iat (and the clock): an answer, never a
+        /// panic; and an accepted token's exp and nbf are within the leeway of now.
+        #[test]
+        fn any_time_claims_get_an_answer(
+            exp in proptest::prelude::any::<i64>(),
+            nbf in proptest::prelude::any::<i64>(),
+            iat in proptest::prelude::any::<i64>(),
+            now in proptest::prelude::any::<i64>(),
+            leeway in 0i64..=3600,
+            max in proptest::option::of(1i64..=i64::MAX),
+        ) {
+            let c = json!({"exp": exp, "nbf": nbf, "iat": iat, "sub": "a:billing:b",
+                "aud": "rsc"});
+            let times = check_times(&c, leeway, now);
+            if times.is_ok() {
+                proptest::prop_assert!(exp >= now.saturating_sub(leeway));
+                proptest::prop_assert!(nbf <= now.saturating_add(leeway));
+            }
+            let life = check_lifetime(max, &c, leeway, now);
+            if let (Ok(()), Some(max)) = (&life, max) {
+                proptest::prop_assert!(exp.saturating_sub(iat) <= max);
+            }
         }
     }
 

@@ -55,22 +55,7 @@ pub(crate) async fn enforce(
     };
     // Ahead of every credential check: the per-address limits.
     if let Err(t) = sec.clients.admit(client) {
-        metrics::counter!("rsc_client_throttled_total", "reason" => t.reason()).increment(1);
-        let e = ApiError {
-            retry_after_ms: Some(t.wait().as_millis().max(1) as u64),
-            ..ApiError::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "client {client} is over its {} limit; retry in {} s",
-                    match t {
-                        Throttled::Requests(_) => "request rate",
-                        Throttled::Refusals(_) => "refused-request rate",
-                    },
-                    retry_after_secs(t.wait())
-                ),
-            )
-        };
-        return ctx.refuse(None, e).await;
+        return ctx.throttled(t).await;
     }
     let access = match lookup {
         Lookup::Route(spec) => spec.access,
@@ -98,23 +83,32 @@ pub(crate) async fn enforce(
     };
     match access {
         Access::Open => next.run(req).await,
-        Access::Roles { roles, scope } => {
-            let (mut parts, body) = req.into_parts();
-            let target = path_target(&mut parts).await;
-            let principal = match ctx.authenticate(&parts).await {
-                Ok(p) => p,
-                Err(refused) => return refused,
-            };
-            if let Err(e) = check_roles(&principal, roles)
-                .and_then(|()| check_scope(&principal, scope, &target))
-            {
-                return ctx.refuse(Some(&principal), e).await;
-            }
-            parts.extensions.insert(principal);
-            next.run(Request::from_parts(parts, body)).await
-        }
+        Access::Roles { roles, scope } => roles_route(&ctx, roles, scope, req, next).await,
         Access::Admin { action, scope } => admin(&ctx, action, scope, req, next).await,
     }
+}
+
+/// A non-admin route: authenticate, check role and scope, run.
+async fn roles_route(
+    ctx: &Ctx<'_>,
+    roles: &'static [Role],
+    scope: Scope,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let target = path_target(&mut parts).await;
+    let principal = match ctx.authenticate(&parts).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    if let Err(e) =
+        check_roles(&principal, roles).and_then(|()| check_scope(&principal, scope, &target))
+    {
+        return ctx.refuse(Some(&principal), e).await;
+    }
+    parts.extensions.insert(principal);
+    next.run(Request::from_parts(parts, body)).await
 }
 
 /// What the access checks of one request know of it.
@@ -130,6 +124,28 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The answer to a request whose client address is over one of its limits (`429`, before
+    /// any credential is looked at).
+    async fn throttled(&self, t: Throttled) -> Response {
+        metrics::counter!("rsc_client_throttled_total", "reason" => t.reason()).increment(1);
+        let limit = match t {
+            Throttled::Requests(_) => "request rate",
+            Throttled::Refusals(_) => "refused-request rate",
+        };
+        let e = ApiError {
+            retry_after_ms: Some(t.wait().as_millis().max(1) as u64),
+            ..ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "client {} is over its {limit} limit; retry in {} s",
+                    self.client,
+                    retry_after_secs(t.wait())
+                ),
+            )
+        };
+        self.refuse(None, e).await
+    }
+
     /// The principal of the request, or its refusal (401, recorded).
     async fn authenticate(&self, parts: &Parts) -> Result<Principal, Response> {
         match self
@@ -314,42 +330,21 @@ async fn admin(
     req: Request,
     next: Next,
 ) -> Response {
-    let sec = ctx.sec;
     let (mut parts, body) = req.into_parts();
     let mut target = path_target(&mut parts).await;
     let principal = match ctx.authenticate(&parts).await {
         Ok(p) => p,
         Err(refused) => return refused,
     };
-    if let Err(wait) = sec.limiter.check(principal.name()) {
-        let secs = retry_after_secs(wait);
-        metrics::counter!("rsc_admin_rate_limited_total").increment(1);
-        warn!(principal = %principal.name(), retry_after_s = secs, "admin mutation rate-limited");
-        let e = ApiError {
-            retry_after_ms: Some(secs * 1000),
-            ..ApiError::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "admin mutations of {} are over their rate; retry in {secs} s",
-                    principal.name()
-                ),
-            )
-        };
+    if let Err(e) = admin_rate_and_role(ctx.sec, &principal) {
         return ctx.refuse(Some(&principal), e).await;
     }
-    if !principal.has_role(Role::Admin) {
-        let e = ApiError::new(
-            ErrorCode::Forbidden,
-            format!("principal {} lacks the admin role", principal.name()),
-        );
-        return ctx.refuse(Some(&principal), e).await;
-    }
-    let Ok(bytes) = axum::body::to_bytes(body, sec.body_limit).await else {
-        let e = ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            "request body is over the size limit",
-        );
-        return ctx.refuse(Some(&principal), e).await;
+    let bytes = match read_body(ctx.sec, body).await {
+        Ok(bytes) => bytes,
+        Err(e) if e.code == ErrorCode::PayloadTooLarge => {
+            return ctx.refuse(Some(&principal), e).await;
+        }
+        Err(e) => return e.into_response(),
     };
     if scope == Scope::GroupAndStreamInBody
         && let Ok(names) = serde_json::from_slice::<BodyNames>(&bytes)
@@ -364,36 +359,95 @@ async fn admin(
     if let Err(e) = check_scope(&principal, scope, &target) {
         return ctx.refuse(Some(&principal), e).await;
     }
-    let request = AuditRequest {
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_owned(),
-        query: parts.uri.query().map(str::to_owned),
-        body: audit_body(&bytes),
+    let mut entry = AuditEntry {
+        time_ms: 0,
+        principal: principal.name().to_owned(),
+        credential: Some(principal.credential().as_str().to_owned()),
+        action: action.to_owned(),
+        target,
+        request: AuditRequest {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().map(str::to_owned),
+            body: audit_body(&bytes),
+        },
+        result: AuditResult {
+            status: 0,
+            code: None,
+        },
+        revisions: Vec::new(),
+        client_addr: Some(ctx.client.to_string()),
+        count: None,
+        since_ms: None,
     };
-    let (principal_name, credential) = (principal.name().to_owned(), principal.credential());
     parts.extensions.insert(principal);
     let log = RevisionLog::new();
     let response = log
         .scope(next.run(Request::from_parts(parts, Body::from(bytes))))
         .await;
-    let entry = AuditEntry {
-        time_ms: sec.auditor.now_ms(),
-        principal: principal_name,
-        credential: Some(credential.as_str().to_owned()),
-        action: action.to_owned(),
-        target,
-        request,
-        result: AuditResult {
-            status: response.status().as_u16(),
-            code: response.extensions().get::<ErrorCode>().copied(),
-        },
-        revisions: log.take(),
-        client_addr: Some(ctx.client.to_string()),
-        count: None,
-        since_ms: None,
+    entry.time_ms = ctx.sec.auditor.now_ms();
+    entry.result = AuditResult {
+        status: response.status().as_u16(),
+        code: response.extensions().get::<ErrorCode>().copied(),
     };
-    sec.auditor.record(entry).await;
+    entry.revisions = log.take();
+    ctx.sec.auditor.record(entry).await;
     response
+}
+
+/// The per-principal admin rate (`429`) and the admin role (`403`).
+fn admin_rate_and_role(sec: &Security, principal: &Principal) -> Result<(), ApiError> {
+    if let Err(wait) = sec.limiter.check(principal.name()) {
+        let secs = retry_after_secs(wait);
+        metrics::counter!("rsc_admin_rate_limited_total").increment(1);
+        warn!(principal = %principal.name(), retry_after_s = secs, "admin mutation rate-limited");
+        return Err(ApiError {
+            retry_after_ms: Some(secs * 1000),
+            ..ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "admin mutations of {} are over their rate; retry in {secs} s",
+                    principal.name()
+                ),
+            )
+        });
+    }
+    if !principal.has_role(Role::Admin) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("principal {} lacks the admin role", principal.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// An admin request's body, read whole: `413` over the body limit, `400` when it does not
+/// arrive (the body read timeout, PROTOCOL §4.4, or a client that went away).
+async fn read_body(sec: &Security, body: Body) -> Result<Bytes, ApiError> {
+    match axum::body::to_bytes(body, sec.body_limit).await {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if over_the_limit(&e) => Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "request body is over the size limit",
+        )),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the request body was not received: {e}"),
+        )),
+    }
+}
+
+/// Whether reading a body failed because it is longer than the limit (not because it did not
+/// arrive).
+fn over_the_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The body as the audit log keeps it: JSON as is, anything else as truncated text.

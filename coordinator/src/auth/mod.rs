@@ -4,7 +4,7 @@
 //! [`enforce`] is the axum middleware in front of every route. It looks the route up in
 //! [`policy::ROUTES`], authenticates the bearer token (an ACL token, or a JWT a `[[jwt]]`
 //! entry accepts) — or, over mutual TLS, the connection's client certificate by an entry's
-//! `cert_subject` (PROTOCOL §20) — against the ACL served now ([`LiveAcl`], re-read when its
+//! `cert_subject`, `cert_san_uri` or `cert_san_dns` (PROTOCOL §20) — against the ACL served now ([`LiveAcl`], re-read when its
 //! files change), or, without an ACL, treats every request as the all-powerful `anonymous`
 //! principal; then checks role and scope, and hands the handler a [`Principal`] in the
 //! request extensions. Admin mutations additionally pass the per-principal rate limit and
@@ -21,7 +21,7 @@ pub(crate) mod policy;
 mod rate_limit;
 mod refusal;
 
-pub(crate) use acl::{ANONYMOUS, Principal, Role};
+pub(crate) use acl::{ANONYMOUS, Credential, Principal, Role};
 #[cfg(test)]
 pub(crate) use jwt::test_keys;
 pub(crate) use live::LiveAcl;
@@ -89,7 +89,7 @@ impl Security {
     /// The principal of a request (PROTOCOL §8, §20): with an ACL, from its bearer token
     /// when it sends one (a token entry, else a JWT a `[[jwt]]` entry accepts), else from
     /// the client certificate of its connection (`cert`, mutual TLS) when an entry's
-    /// `cert_subject` names it; `anonymous` (every role) without an ACL.
+    /// `cert_subject`, `cert_san_uri` or `cert_san_dns` names it; `anonymous` (every role) without an ACL.
     /// `401 UNAUTHENTICATED` saying which check failed otherwise, counted by reason.
     pub(crate) fn authenticate(
         &self,

@@ -7,8 +7,8 @@
 pub(crate) struct Refusal {
     /// The metric label: `missing`, `unknown_token`, `unknown_certificate`,
     /// `credential_expired`, or `jwt_` and the JWT check (`jwt_malformed`, `jwt_algorithm`,
-    /// `jwt_issuer`, `jwt_kid`, `jwt_signature`, `jwt_expired`, `jwt_not_yet_valid`,
-    /// `jwt_audience`, `jwt_subject`).
+    /// `jwt_issuer`, `jwt_kid`, `jwt_signature`, `jwt_time_claim`, `jwt_expired`,
+    /// `jwt_not_yet_valid`, `jwt_audience`, `jwt_subject`, `jwt_lifetime`).
     pub(crate) reason: &'static str,
     /// The error body's message.
     pub(crate) message: String,

@@ -18,7 +18,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `https://` base.
 pub(super) fn connect(
     base: &str,
-    token: Option<String>,
+    token: Option<rsc_protocol::redact::SecretString>,
     token_file: Option<std::path::PathBuf>,
     tls: rsc_api::ClientTls,
 ) -> Result<Client, ClientError> {

@@ -58,8 +58,8 @@ pub enum OutputFormat {
 }
 
 /// Options every operator command takes (before or after the sub-command). `Debug` hides
-/// the token.
-#[derive(Clone, Args)]
+/// the token (PROTOCOL §12).
+#[derive(Clone, Debug, Args)]
 pub struct ClientOptions {
     /// Base URL of the coordinator.
     #[arg(
@@ -72,7 +72,7 @@ pub struct ClientOptions {
     pub coordinator: String,
     /// Bearer token (role admin for changes, viewer for reads).
     #[arg(long, global = true, env = "RSC_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<rsc_protocol::redact::SecretString>,
     /// File holding the bearer token, read again when it changes (a Kubernetes projected
     /// service-account token); takes the place of `--token`.
     #[arg(long, global = true, env = "RSC_TOKEN_FILE", value_name = "FILE")]
@@ -91,26 +91,13 @@ pub struct ClientOptions {
     pub output: OutputFormat,
 }
 
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("coordinator", &self.coordinator)
-            .field("token", &rsc_protocol::redact::redact_opt(&self.token))
-            .field("token_file", &self.token_file)
-            .field("coordinator_ca", &self.coordinator_ca)
-            .field("coordinator_cert", &self.coordinator_cert)
-            .field("coordinator_key", &self.coordinator_key)
-            .field("output", &self.output)
-            .finish()
-    }
-}
-
 /// The operator sub-commands of `rsc-coordinator`.
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
-    /// Consumer groups: create, describe, list, delete.
+    /// Consumer groups: create, describe (positions per shard), list, pause, resume, seek
+    /// (replay or skip entries), delete.
     Group(GroupArgs),
-    /// Streams: describe, list, reshard, rollback.
+    /// Streams: describe, list, reshard, retention, rollback.
     Stream(StreamArgs),
     /// Members: remove (fence) a member.
     Member(MemberArgs),
@@ -132,7 +119,8 @@ pub struct GroupArgs {
 enum GroupCommand {
     /// Create a group on a stream (creating the stream when it is new).
     Create(Box<CreateArgs>),
-    /// Show a group: shards with target and current owners, lag, and members.
+    /// Show a group: shards with target and current owners, position (last delivered entry),
+    /// lag, pending entries, and members.
     Describe {
         /// Group id.
         group: GroupId,
@@ -150,15 +138,11 @@ enum GroupCommand {
         /// Group id.
         group: GroupId,
     },
-    /// Move a paused (or member-less) group on every shard: to the earliest entry kept, to
-    /// the latest, or to a time (Unix ms): entries from then on are delivered again.
-    Seek {
-        /// Group id.
-        group: GroupId,
-        /// `earliest`, `latest`, or a Unix time in ms.
-        #[arg(long, value_parser = parse_seek)]
-        to: rsc_protocol::SeekTarget,
-    },
+    /// Move a paused (or member-less) group's position on its shards (PROTOCOL §18): entries
+    /// after the new position are delivered (again). A dry run by default: prints, per shard,
+    /// the position now and after, and the entries to be delivered again; --execute applies.
+    #[command(after_help = SEEK_HELP)]
+    Seek(Box<SeekArgs>),
     /// Delete a group.
     Delete {
         /// Group id.
@@ -167,6 +151,80 @@ enum GroupCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// Shown under `group seek --help`.
+const SEEK_HELP: &str = "Examples:
+  rsc-coordinator group pause billing
+  rsc-coordinator group seek billing --to earliest               # the plan only
+  rsc-coordinator group seek billing --to earliest --execute
+  rsc-coordinator group seek billing --to 2026-01-31T09:30:00Z --execute
+  rsc-coordinator group seek billing --by-duration 10m --execute
+  rsc-coordinator group seek billing --shift-by -100 --execute   # 100 entries back per shard
+  rsc-coordinator group seek billing --shard 3 --to-id 1767225600000-0 --execute
+  rsc-coordinator group resume billing
+
+Exit status: 0 done; 1 refused by the coordinator (4xx: the group runs, unknown group, bad \
+target, ...); 2 bad command line; 3 coordinator unreachable or failing (5xx, timeout).";
+
+/// `group seek`'s arguments: one target, optional shards, dry run or execute.
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("target")
+        .required(true)
+        .args(["to", "to_id", "by_duration", "shift_by"])
+))]
+struct SeekArgs {
+    /// Group id.
+    group: GroupId,
+    /// `earliest` (every entry kept), `latest` (only new entries), an RFC 3339 time
+    /// (`2026-01-31T09:30:00Z`: the entries from then on) or a Unix time in ms.
+    #[arg(long, value_name = "WHERE", value_parser = parse_seek)]
+    to: Option<rsc_protocol::SeekTarget>,
+    /// An entry id (`<ms>-<seq>`): the group is next delivered the entries after it (usually
+    /// with --shard).
+    #[arg(long, value_name = "ID")]
+    to_id: Option<String>,
+    /// The entries of the last DURATION (now minus it, on the coordinator's clock; e.g. 90s,
+    /// 10m, 2h, 1d).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
+    by_duration: Option<u64>,
+    /// N entries on each shard, from the group's position there: negative goes back (those
+    /// entries are delivered again), positive forward (they are skipped); at most 100000.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    shift_by: Option<i64>,
+    /// Only this shard (repeat for several) [default: every shard the group reads].
+    #[arg(long = "shard", value_name = "N")]
+    shards: Vec<u32>,
+    /// Carry the seek out. Without it, a dry run: the plan is printed, nothing changes.
+    #[arg(long, conflicts_with = "dry_run")]
+    execute: bool,
+    /// Only print the plan (the default; for scripts that want to say so).
+    #[arg(long)]
+    dry_run: bool,
+}
+
+impl SeekArgs {
+    /// The request these arguments make.
+    fn request(&self) -> rsc_protocol::SeekRequest {
+        use rsc_protocol::{SeekDuration, SeekId, SeekShift, SeekTarget};
+        let to = match (&self.to, &self.to_id, self.by_duration, self.shift_by) {
+            (Some(to), ..) => to.clone(),
+            (None, Some(id), ..) => SeekTarget::Id(SeekId { id: id.clone() }),
+            (None, None, Some(by_duration_ms), _) => {
+                SeekTarget::Duration(SeekDuration { by_duration_ms })
+            }
+            // clap requires one of the four.
+            (None, None, None, shift) => SeekTarget::Shift(SeekShift {
+                shift_by: shift.unwrap_or_default(),
+            }),
+        };
+        rsc_protocol::SeekRequest {
+            to,
+            shards: self.shards.clone(),
+            dry_run: !self.execute,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -379,8 +437,9 @@ enum DlqCommand {
         /// The group whose dead letters are redriven.
         #[arg(long)]
         group: GroupId,
-        /// Only dead letters written at or after this Unix time in ms (as `group seek --to`).
-        #[arg(long, value_name = "UNIX_MS", value_parser = parse_since)]
+        /// Only dead letters written at or after this time: an RFC 3339 time
+        /// (`2026-01-31T09:30:00Z`) or a Unix time in ms.
+        #[arg(long, value_name = "TIME", value_parser = parse_since)]
         since: Option<u64>,
         /// At most this many dead letters (1..=10000) [coordinator default: 1000].
         #[arg(long, value_name = "N")]
@@ -400,6 +459,33 @@ enum CliError {
     WaitFailed(String),
 }
 
+/// The command a refusal answered, for its hint: the same code calls for another remedy.
+#[derive(Debug, Clone)]
+enum HintFor {
+    /// `group delete` (which has `--force`).
+    GroupDelete,
+    /// `group seek` of this group.
+    GroupSeek(String),
+    /// Any other command.
+    Other,
+}
+
+impl HintFor {
+    fn of(cmd: &OperatorCommand) -> Self {
+        match cmd {
+            OperatorCommand::Group(GroupArgs {
+                command: GroupCommand::Delete { .. },
+                ..
+            }) => HintFor::GroupDelete,
+            OperatorCommand::Group(GroupArgs {
+                command: GroupCommand::Seek(a),
+                ..
+            }) => HintFor::GroupSeek(a.group.to_string()),
+            _ => HintFor::Other,
+        }
+    }
+}
+
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
@@ -410,14 +496,24 @@ impl CliError {
         }
     }
 
-    fn hint(&self) -> Option<&'static str> {
+    /// What to do about the error, when the CLI can say (only ever naming commands and flags
+    /// that exist: `tests/cli.rs` runs every hint's command line through the parser).
+    fn hint(&self, context: &HintFor) -> Option<String> {
         match self {
-            CliError::Client(e) => match e.code()? {
-                ErrorCode::Unauthenticated => {
-                    Some("pass --token (or --token-file), or set RSC_TOKEN (or RSC_TOKEN_FILE)")
+            CliError::Client(e) => match (e.code()?, context) {
+                (ErrorCode::Unauthenticated, _) => Some(
+                    "pass --token (or --token-file), or set RSC_TOKEN (or RSC_TOKEN_FILE)".into(),
+                ),
+                (ErrorCode::Forbidden, _) => {
+                    Some("the token lacks the role or scope for this".into())
                 }
-                ErrorCode::Forbidden => Some("the token lacks the role or scope for this"),
-                ErrorCode::GroupNotEmpty => Some("add --force to delete it anyway"),
+                (ErrorCode::GroupNotEmpty, HintFor::GroupDelete) => {
+                    Some("add --force to delete it anyway (its members are fenced)".into())
+                }
+                (ErrorCode::GroupNotEmpty, HintFor::GroupSeek(g)) => Some(format!(
+                    "pause it first: rsc-coordinator group pause {g} (its members keep their \
+                     shards), seek, then rsc-coordinator group resume {g}"
+                )),
                 _ => None,
             },
             CliError::WaitFailed(_) => None,
@@ -427,6 +523,7 @@ impl CliError {
 
 /// Runs an operator command; prints its result to stdout and any error to stderr.
 pub async fn run(cmd: OperatorCommand) -> ExitCode {
+    let context = HintFor::of(&cmd);
     let result = match cmd {
         OperatorCommand::Group(a) => group(a).await,
         OperatorCommand::Stream(a) => stream(a).await,
@@ -438,7 +535,7 @@ pub async fn run(cmd: OperatorCommand) -> ExitCode {
         Err(e) => {
             let mut err = std::io::stderr().lock();
             let _ = writeln!(err, "error: {e}");
-            if let Some(hint) = e.hint() {
+            if let Some(hint) = e.hint(&context) {
                 let _ = writeln!(err, "hint: {hint}");
             }
             ExitCode::from(e.exit_code())
@@ -533,19 +630,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         }
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
-        GroupCommand::Seek { group, to } => {
-            let f = c.seek(&group, to).await?;
-            if json_out {
-                emit_json(&f.json);
-            } else {
-                let ids: Vec<&String> = f.view.shards.values().collect();
-                emit(&format!(
-                    "Moved group {group} on {} shards (to {}).",
-                    ids.len(),
-                    ids.first().map_or("-", |s| s.as_str())
-                ));
-            }
-        }
+        GroupCommand::Seek(args) => seek(&c, &args, json_out).await?,
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
@@ -555,6 +640,27 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
             }
         }
     }
+    Ok(())
+}
+
+/// `group seek`: the plan (a dry run unless `--execute`), and whether the group is still to
+/// be resumed after a move.
+async fn seek(c: &Client, args: &SeekArgs, json_out: bool) -> Result<(), CliError> {
+    let req = args.request();
+    let f = c.seek(&args.group, &req).await?;
+    if json_out {
+        emit_json(&f.json);
+        return Ok(());
+    }
+    let paused = match f.view.dry_run {
+        true => None,
+        false => c
+            .describe_group(&args.group)
+            .await
+            .ok()
+            .map(|g| g.view.paused),
+    };
+    emit(&render::seek(&f.view, &req.to, paused));
     Ok(())
 }
 
@@ -687,27 +793,45 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `--to` of `group seek`.
+/// `--to` of `group seek`: `earliest`, `latest`, a Unix time in ms or an RFC 3339 time.
 fn parse_seek(text: &str) -> Result<rsc_protocol::SeekTarget, String> {
     use rsc_protocol::{SeekTarget, SeekTime};
-    match text {
+    let t = text.trim();
+    let time = |time_ms| Ok(SeekTarget::Time(SeekTime { time_ms }));
+    match t {
         "earliest" => Ok(SeekTarget::Position(StartPosition::Earliest)),
         "latest" => Ok(SeekTarget::Position(StartPosition::Latest)),
-        t => t
+        _ if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
             .parse()
-            .map(|time_ms| SeekTarget::Time(SeekTime { time_ms }))
-            .map_err(|_| format!("{t:?}: give earliest, latest or a Unix time in ms")),
+            .map_or_else(|_| Err(format!("{t:?} is too large")), time),
+        _ => table::parse_rfc3339_ms(t).map_or_else(
+            || {
+                Err(format!(
+                    "{t:?}: give earliest, latest, an RFC 3339 time (2026-01-31T09:30:00Z) \
+                     or a Unix time in ms"
+                ))
+            },
+            time,
+        ),
     }
 }
 
-/// `--since` of `dlq redrive`: a Unix time in ms, as `group seek --to` takes it.
+/// `--since` of `dlq redrive`: a Unix time in ms or an RFC 3339 time (as `group seek --to`
+/// takes a time).
 fn parse_since(text: &str) -> Result<u64, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("{text:?}: give a Unix time in ms (e.g. 1767225600000)"))
+    let t = text.trim();
+    t.parse()
+        .ok()
+        .or_else(|| table::parse_rfc3339_ms(t))
+        .ok_or_else(|| {
+            format!(
+                "{text:?}: give an RFC 3339 time (2026-01-31T09:30:00Z) or a Unix time in ms \
+                 (e.g. 1767225600000)"
+            )
+        })
 }
 
-/// `stream retention`: `PATCH /v1/streams/{stream}`/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
+/// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
 /// stream with `dlq`), then the stream as the coordinator answered it.
 async fn set_retention(
     c: &Client,
@@ -867,5 +991,83 @@ fn waiting_message(latest: &ReshardingView) -> String {
             "(waiting for {})",
             waiting.into_iter().collect::<Vec<_>>().join(", ")
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use rsc_protocol::{SeekDuration, SeekId, SeekShift, SeekTarget, SeekTime};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    }
+
+    /// `group seek`'s request from its command line.
+    fn seek(args: &[&str]) -> Result<rsc_protocol::SeekRequest, clap::Error> {
+        let argv = ["rsc-coordinator", "group", "seek", "billing"]
+            .iter()
+            .chain(args)
+            .copied();
+        match Cli::try_parse_from(argv)?.command {
+            OperatorCommand::Group(GroupArgs {
+                command: GroupCommand::Seek(a),
+                ..
+            }) => Ok(a.request()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_seek_target_parses_and_a_dry_run_is_the_default() {
+        let r = seek(&["--to", "earliest"]).unwrap();
+        assert_eq!(r.to, SeekTarget::Position(StartPosition::Earliest));
+        assert!(r.dry_run && r.shards.is_empty());
+        assert!(!seek(&["--to", "latest", "--execute"]).unwrap().dry_run);
+        assert!(seek(&["--to", "latest", "--dry-run"]).unwrap().dry_run);
+        assert_eq!(
+            seek(&["--to", "1767225600000"]).unwrap().to,
+            SeekTarget::Time(SeekTime {
+                time_ms: 1_767_225_600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--to", "2026-01-01T01:00:00+01:00"]).unwrap().to,
+            SeekTarget::Time(SeekTime {
+                time_ms: 1_767_225_600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--by-duration", "10m"]).unwrap().to,
+            SeekTarget::Duration(SeekDuration {
+                by_duration_ms: 600_000
+            })
+        );
+        assert_eq!(
+            seek(&["--shift-by", "-100"]).unwrap().to,
+            SeekTarget::Shift(SeekShift { shift_by: -100 })
+        );
+        let r = seek(&["--shard", "3", "--shard", "5", "--to-id", "17-2"]).unwrap();
+        assert_eq!(r.to, SeekTarget::Id(SeekId { id: "17-2".into() }));
+        assert_eq!(r.shards, [3, 5]);
+        for bad in [
+            &[][..],
+            &["--to", "yesterday"],
+            &["--to", "earliest", "--to-id", "1-0"],
+            &["--to", "earliest", "--execute", "--dry-run"],
+            &["--by-duration", "1w"],
+        ] {
+            assert!(seek(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dlq_since_takes_unix_ms_or_rfc_3339() {
+        assert_eq!(parse_since("1767225600000"), Ok(1_767_225_600_000));
+        assert_eq!(parse_since("2026-01-01T00:00:00Z"), Ok(1_767_225_600_000));
+        assert!(parse_since("monday").is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! Human tables for group and stream views (`--output table`).
 
-use super::table::{Table, duration_ms, or_dash, shard_ranges, wire_name};
+use super::table::{Table, duration_ms, or_dash, rfc3339_ms, shard_ranges, wire_name};
 use rsc_protocol::{
     ClientInfo, GroupView, ReshardState, ReshardingView, RetentionPolicy, StreamView,
 };
@@ -63,6 +63,16 @@ fn summary(g: &GroupView) -> String {
         g.shards.len().to_string(),
     ]);
     out.push_str(&summary.to_string());
+    if let Some(s) = &g.last_seek {
+        let _ = writeln!(
+            out,
+            "Last seek: to {} at {} on shards {} ({} entries to be delivered again)",
+            s.to,
+            rfc3339_ms(s.at_ms),
+            shard_ranges(&s.shards),
+            s.redelivered
+        );
+    }
     let _ = writeln!(
         out,
         "Config: start {}, session timeout {}, heartbeat interval {}, rebalance timeout {}, \
@@ -105,7 +115,8 @@ fn parents(g: &GroupView) -> Table {
     w
 }
 
-/// The shard table: owners, state (with `revoking` or `moving`), lag.
+/// The shard table: owners, state (with `revoking` or `moving`), position (the last
+/// delivered entry and its time), lag, pending entries and the oldest one's age.
 fn shards(g: &GroupView) -> Table {
     let mut shards = Table::new([
         "SHARD",
@@ -113,8 +124,11 @@ fn shards(g: &GroupView) -> Table {
         "CURRENT OWNER",
         "TARGET OWNER",
         "STATE",
+        "LAST DELIVERED",
+        "DELIVERED AT",
         "LAG",
         "PENDING",
+        "OLDEST PENDING",
         "STALE CONSUMERS",
     ]);
     for s in &g.shards {
@@ -135,8 +149,14 @@ fn shards(g: &GroupView) -> Table {
             or_dash(s.current_owner.as_deref()),
             or_dash(s.target_owner.as_deref()),
             state,
+            or_dash(s.last_delivered_id.as_deref()),
+            or_dash(s.last_delivered_ms.map(rfc3339_ms)),
             or_dash(s.lag),
             or_dash(s.pending),
+            or_dash(
+                s.oldest_pending_age_ms
+                    .map(|a| format!("{} old", duration_ms(a))),
+            ),
             stale_consumers(&s.stale_consumers),
         ]);
     }
@@ -181,6 +201,85 @@ fn stale_consumers(list: &[rsc_protocol::StaleConsumer]) -> String {
     }
     let pending: u64 = list.iter().map(|c| c.pending).sum();
     format!("{}({pending}-pending)", list.len())
+}
+
+/// `group seek`: the plan per shard, and what was done (`paused`: whether the group is still
+/// paused after a move, when known).
+pub(super) fn seek(
+    r: &rsc_protocol::SeekResponse,
+    to: &rsc_protocol::SeekTarget,
+    paused: Option<bool>,
+) -> String {
+    let mut out = String::new();
+    let what = format!(
+        "group {} to {to} on {} shard{}: {} entries to be delivered again, {} skipped; {} to \
+         deliver after it",
+        r.group,
+        r.plan.len(),
+        if r.plan.len() == 1 { "" } else { "s" },
+        r.redelivered,
+        r.skipped,
+        r.lag_after
+    );
+    if r.dry_run {
+        let _ = writeln!(out, "Dry run: seek of {what}.");
+    } else {
+        let _ = writeln!(out, "Moved {what}.");
+    }
+    let mut t = Table::new([
+        "SHARD",
+        "KEY",
+        "CURRENT",
+        "CURRENT AT",
+        "NEW",
+        "NEW AT",
+        "LAG NOW",
+        "LAG AFTER",
+        "DELIVERED AGAIN",
+        "SKIPPED",
+        "PENDING",
+    ]);
+    for p in &r.plan {
+        t.row([
+            p.shard.to_string(),
+            p.key.clone(),
+            p.current_id
+                .clone()
+                .unwrap_or_else(|| "(no consumer group)".into()),
+            or_dash(p.current_ms.map(rfc3339_ms)),
+            p.new_id.clone(),
+            or_dash(p.new_ms.map(rfc3339_ms)),
+            or_dash(p.lag_before),
+            p.lag_after.to_string(),
+            p.redelivered.to_string(),
+            p.skipped.to_string(),
+            p.pending.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.to_string());
+    out.push('\n');
+    if r.dry_run {
+        let _ = writeln!(
+            out,
+            "Nothing was moved. To apply it, run the same command with --execute."
+        );
+    } else if paused == Some(true) {
+        let _ = writeln!(
+            out,
+            "The group is still paused: resume it with `rsc-coordinator group resume {}`; its \
+             members then read from the new positions at once.",
+            r.group
+        );
+    }
+    if r.plan.iter().any(|p| p.pending > 0) {
+        let _ = writeln!(
+            out,
+            "Entries pending (delivered, not acknowledged) stay pending: the seek does not \
+             change them."
+        );
+    }
+    out
 }
 
 /// `group list`: one row per group.
@@ -430,6 +529,7 @@ mod tests {
             waiting_on_parents: Vec::new(),
             paused: false,
             paused_since_ms: None,
+            last_seek: None,
             group_epoch: 4,
             assignment_epoch: 4,
             members: vec![MemberView {
@@ -458,7 +558,11 @@ mod tests {
                     state: ShardState::Active,
                     lag: Some(12),
                     pending: Some(3),
-                    time_lag_ms: None,
+                    time_lag_ms: Some(4_000),
+                    last_delivered_id: Some("1767225600000-3".into()),
+                    last_delivered_ms: Some(1_767_225_600_000),
+                    oldest_pending_id: Some("1767225599000-0".into()),
+                    oldest_pending_age_ms: Some(65_000),
                     stale_consumers: vec![rsc_protocol::StaleConsumer {
                         name: "gone-0".into(),
                         pending: 2,
@@ -473,6 +577,10 @@ mod tests {
                     lag: None,
                     pending: None,
                     time_lag_ms: None,
+                    last_delivered_id: None,
+                    last_delivered_ms: None,
+                    oldest_pending_id: None,
+                    oldest_pending_age_ms: None,
                     stale_consumers: Vec::new(),
                 },
             ],
@@ -501,6 +609,18 @@ mod tests {
         assert!(text.contains("Reshard of orders 2 -> 1: draining, 0 of 1 shards retired"));
         let shard_0 = text.lines().find(|l| l.starts_with("0 ")).unwrap();
         assert!(shard_0.ends_with("1(2-pending)"), "{shard_0}");
+        let cells: Vec<_> = shard_0.split_whitespace().collect();
+        assert_eq!(
+            cells[5..10],
+            [
+                "1767225600000-3",
+                "2026-01-01T00:00:00.000Z",
+                "12",
+                "3",
+                "1m05s"
+            ],
+            "the position, its time, lag, pending and the oldest pending's age: {shard_0}"
+        );
         let shard_line = text.lines().find(|l| l.starts_with("1 ")).unwrap();
         let cells: Vec<_> = shard_line.split_whitespace().collect();
         assert_eq!(
@@ -512,6 +632,9 @@ mod tests {
                 "m2",
                 "draining,",
                 "revoking",
+                "-",
+                "-",
+                "-",
                 "-",
                 "-",
                 "-"

@@ -98,6 +98,26 @@ pub(super) fn duration_ms(ms: u64) -> String {
     }
 }
 
+/// A Unix time in ms as RFC 3339 UTC to the millisecond (`2026-01-31T09:30:00.250Z`); the
+/// number itself when out of range.
+pub(super) fn rfc3339_ms(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(&format).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// An RFC 3339 time (`2026-01-31T09:30:00Z`, `2026-01-31T10:30:00+01:00`) as Unix ms.
+pub(super) fn parse_rfc3339_ms(text: &str) -> Option<u64> {
+    let t =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()
+}
+
 /// An optional value, or `-`.
 pub(super) fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
@@ -129,6 +149,21 @@ mod tests {
         assert_eq!(shard_ranges(&[]), "-");
         assert_eq!(shard_ranges(&[5]), "5");
         assert_eq!(shard_ranges(&[10, 9, 0, 1, 2, 3, 7]), "0-3,7,9-10");
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        assert_eq!(rfc3339_ms(1_767_225_600_250), "2026-01-01T00:00:00.250Z");
+        assert_eq!(
+            parse_rfc3339_ms("2026-01-01T00:00:00.250Z"),
+            Some(1_767_225_600_250)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-01-01T01:00:00+01:00"),
+            Some(1_767_225_600_000)
+        );
+        assert_eq!(parse_rfc3339_ms("2026-01-01"), None);
+        assert_eq!(parse_rfc3339_ms("1969-12-31T23:59:59Z"), None);
     }
 
     #[test]

@@ -146,6 +146,7 @@ function renderGroup(g) {
     fact('max members', g.max_members == null ? '∞' : g.max_members),
     fact('assignor', g.assignor),
     ...timeLagFact(g),
+    ...lastSeekFact(g),
   );
   const r = g.resharding;
   $('reshard-note').replaceChildren(r ? el('div', { class: 'note' },
@@ -161,6 +162,14 @@ function timeLagFact(g) {
   const max = Math.max(...lags);
   return [el('span', { class: 'fact', id: 'group-time-lag', 'data-ms': max, title: 'age of the oldest entry not yet delivered, over the shards' },
     'time lag ', el('b', {}, ago(max)))];
+}
+
+// The group's last seek (PROTOCOL §18): when, to what, how many entries delivered again.
+function lastSeekFact(g) {
+  const s = g.last_seek;
+  if (!s) return [];
+  return [el('span', { class: 'fact', id: 'group-last-seek', title: 'moved by an operator at ' + new Date(s.at_ms).toISOString() + ' on shards ' + s.shards.join(',') },
+    'last seek ', el('b', {}, s.to), ' (' + s.redelivered + ' again)')];
 }
 
 function renderGrid(g) {
@@ -183,6 +192,8 @@ function renderGrid(g) {
     if (s.lag != null) title.push('lag: ' + s.lag);
     if (s.pending != null) title.push('pending: ' + s.pending);
     if (s.time_lag_ms != null) title.push('time lag: ' + ago(s.time_lag_ms) + ' (age of the oldest entry not yet delivered)');
+    if (s.last_delivered_id != null) title.push('last delivered: ' + s.last_delivered_id + (s.last_delivered_ms != null ? ' (' + new Date(s.last_delivered_ms).toISOString() + ')' : ''));
+    if (s.oldest_pending_age_ms != null) title.push('oldest pending: ' + ago(s.oldest_pending_age_ms) + ' old');
     const style = owner ? '--cell-color:' + strong(owner) + ';--cell-bg:' + tint(owner) : null;
     let targetLine = null;
     if (target && target !== owner) targetLine = el('div', { class: 'tgt' }, '→ ' + target);

@@ -63,6 +63,7 @@ impl GroupDoc {
             members: Default::default(),
             created_ms: now_ms,
             reconciling_since_ms: None,
+            last_seek: None,
         }
     }
 
@@ -753,13 +754,17 @@ fn same_set(owned: &[u32], set: &BTreeSet<u32>) -> bool {
     owned.iter().copied().collect::<BTreeSet<u32>>() == *set
 }
 
-/// The request-level checks of a heartbeat: protocol version, member and incarnation names.
+/// The request-level checks of a heartbeat: protocol version, field limits (checked at the
+/// edge already, PROTOCOL §4.3: here so that no caller can store an oversized field), member
+/// and incarnation names.
 fn validate_heartbeat(req: &HeartbeatRequest) -> Result<(), EngineError> {
     if req.protocol_version != PROTOCOL_VERSION {
         return Err(EngineError::UnsupportedProtocolVersion(
             req.protocol_version,
         ));
     }
+    req.check_limits()
+        .map_err(|e| EngineError::Invalid(e.to_string()))?;
     // The member id stays a string on the wire, so that a batch answers a bad one in its
     // own result (PROTOCOL §10): this is where it is checked, for both routes.
     let invalid = |e: rsc_protocol::IdError| EngineError::Invalid(e.to_string());

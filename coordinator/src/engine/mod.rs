@@ -20,8 +20,8 @@ use rsc_protocol::{ClientInfo, ErrorCode, FencingMode, MemberState, StartPositio
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Largest shard count of a stream.
-pub const MAX_SHARDS: u32 = 4096;
+/// Largest shard count of a stream (the protocol's, PROTOCOL §1).
+pub const MAX_SHARDS: u32 = rsc_protocol::limits::MAX_SHARDS;
 /// Smallest and largest accepted timeout / interval, in ms.
 pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
@@ -235,6 +235,11 @@ pub struct GroupDoc {
     /// (see [`GroupDoc::track_convergence`]); absent while the group is settled or empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconciling_since_ms: Option<u64>,
+    /// The group's last seek (PROTOCOL §18; documents written before seeks were recorded
+    /// read as none). Not part of the assignment: recording it bumps nothing but the
+    /// document's revision, by which the lag sampler reads the group's shards again at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seek: Option<rsc_protocol::SeekRecord>,
 }
 
 impl GroupDoc {
@@ -253,6 +258,7 @@ impl GroupDoc {
             members,
             created_ms,
             reconciling_since_ms,
+            last_seek,
         } = self;
         *group != other.group
             || *stream != other.stream
@@ -262,6 +268,7 @@ impl GroupDoc {
             || *layout_version != other.layout_version
             || *created_ms != other.created_ms
             || *reconciling_since_ms != other.reconciling_since_ms
+            || *last_seek != other.last_seek
             || members.len() != other.members.len()
             || members
                 .iter()

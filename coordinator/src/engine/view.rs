@@ -119,6 +119,7 @@ pub fn group_view(
         waiting_on_parents: Vec::new(),
         paused: group.config.paused_since_ms.is_some(),
         paused_since_ms: group.config.paused_since_ms,
+        last_seek: group.last_seek.clone(),
         group_epoch: group.group_epoch,
         assignment_epoch: group.assignment_epoch,
         members,
@@ -180,6 +181,10 @@ fn shard_views(
                 lag,
                 pending,
                 time_lag_ms: None,
+                last_delivered_id: None,
+                last_delivered_ms: None,
+                oldest_pending_id: None,
+                oldest_pending_age_ms: None,
                 stale_consumers: Vec::new(),
             })
         })

@@ -186,6 +186,8 @@ impl History {
         let mut memos = ShardMemos::default();
         // The newest sample of each owned group, for the next one's rate.
         let mut newest: HashMap<String, HistoryRecord> = HashMap::new();
+        // The document revision of each owned group at the last tick.
+        let mut revisions: HashMap<String, u64> = HashMap::new();
         loop {
             tick.tick().await;
             let Some(groups) = list_groups().await else {
@@ -194,10 +196,11 @@ impl History {
             let buckets = deps.buckets.borrow().clone();
             let plan = self.plan(groups, &buckets, &memos);
             let now = deps.clock.now_ms();
+            let moved = moved_keys(&plan.groups, &mut revisions);
             let due: Vec<String> = plan
                 .keys
                 .iter()
-                .filter(|(k, phase)| memos.due(k, *phase, now))
+                .filter(|(k, phase)| moved.contains(k.as_str()) || memos.due(k, *phase, now))
                 .map(|(k, _)| k.clone())
                 .collect();
             ::metrics::counter!("rsc_lag_sample_reads_total").increment(due.len() as u64);
@@ -264,6 +267,25 @@ impl History {
     }
 }
 
+/// The keys of the groups whose document changed since the last tick (`revisions`, updated
+/// to the groups' revisions now): a seek, a pause or resume, a rebalance may have moved what
+/// their shards report without anything written to them (a seek's move is recorded in the
+/// group document, PROTOCOL §18), so they are read at this tick even when idle.
+fn moved_keys<'a>(
+    groups: &'a [GroupView],
+    revisions: &mut HashMap<String, u64>,
+) -> HashSet<&'a str> {
+    let mut moved = HashSet::new();
+    for g in groups {
+        if revisions.insert(g.group.clone(), g.revision) != Some(g.revision) {
+            moved.extend(g.shards.iter().map(|s| s.key.as_str()));
+        }
+    }
+    let owned: HashSet<&str> = groups.iter().map(|g| g.group.as_str()).collect();
+    revisions.retain(|g, _| owned.contains(g.as_str()));
+    moved
+}
+
 /// The totals of `g` from the last reading of each of its shards.
 fn totals(g: &GroupView, memos: &ShardMemos) -> Totals {
     let stats: Vec<_> = g
@@ -276,7 +298,12 @@ fn totals(g: &GroupView, memos: &ShardMemos) -> Totals {
         ..Totals::default()
     };
     if !stats.is_empty() {
-        t.lag = Some(stats.iter().filter_map(|s| s.lag).sum());
+        // A shard whose lag Redis cannot tell adds nothing; none known is no lag known, not
+        // 0.
+        t.lag = stats
+            .iter()
+            .filter_map(|s| s.lag)
+            .fold(None, |sum, l| Some(sum.unwrap_or(0) + l));
         t.pending = Some(stats.iter().filter_map(|s| s.pending).sum());
         t.handled = stats
             .iter()
@@ -328,6 +355,84 @@ mod tests {
             10,
             "10 minutes at one a minute"
         );
+    }
+
+    /// A group whose document changed (a seek is recorded there) has its shards read at the
+    /// next tick, idle or not; one that did not change, not; a group no longer owned is
+    /// forgotten.
+    #[test]
+    fn the_shards_of_a_changed_group_are_read_at_the_next_tick() {
+        let view = |group: &str, revision: u64, keys: &[&str]| -> GroupView {
+            let mut v: GroupView = serde_json::from_value(serde_json::json!({
+                "group": group, "stream": "s", "state": "stable", "start": "earliest",
+                "session_timeout_ms": 1, "heartbeat_interval_ms": 1, "rebalance_timeout_ms": 1,
+                "max_members": null, "assignor": "sticky", "fencing": "lease",
+                "group_epoch": 1, "assignment_epoch": 1, "members": [], "shards": [],
+                "resharding": null, "revision": revision
+            }))
+            .expect("a group view");
+            v.shards = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| {
+                    serde_json::from_value(serde_json::json!({
+                        "shard": i, "key": k, "target_owner": null, "current_owner": null,
+                        "state": "active"
+                    }))
+                    .expect("a shard view")
+                })
+                .collect();
+            v
+        };
+        let mut revisions = HashMap::new();
+        let first = [view("a", 1, &["s:0", "s:1"]), view("b", 7, &["s:0"])];
+        assert_eq!(moved_keys(&first, &mut revisions).len(), 2, "first sight");
+        assert!(
+            moved_keys(&first, &mut revisions).is_empty(),
+            "nothing changed"
+        );
+        let sought = [view("a", 2, &["s:0", "s:1"]), view("b", 7, &["s:0"])];
+        let mut moved: Vec<&str> = moved_keys(&sought, &mut revisions).into_iter().collect();
+        moved.sort_unstable();
+        assert_eq!(moved, ["s:0", "s:1"]);
+        let only_b = [view("b", 7, &["s:0"])];
+        assert!(moved_keys(&only_b, &mut revisions).is_empty());
+        assert!(
+            !revisions.contains_key("a"),
+            "a group no longer owned is forgotten"
+        );
+    }
+
+    #[test]
+    fn no_lag_known_is_no_lag_not_zero() {
+        use crate::metrics::lag::{GroupReading, ShardStats};
+        let mut memos = ShardMemos::default();
+        let g: GroupView = serde_json::from_value(serde_json::json!({
+            "group": "g", "stream": "s", "state": "stable", "start": "earliest",
+            "session_timeout_ms": 1, "heartbeat_interval_ms": 1, "rebalance_timeout_ms": 1,
+            "max_members": null, "assignor": "sticky", "fencing": "lease",
+            "group_epoch": 1, "assignment_epoch": 1, "members": [],
+            "shards": [{"shard": 0, "key": "s:0", "target_owner": null, "current_owner": null,
+                "state": "active"}],
+            "resharding": null, "revision": 1
+        }))
+        .expect("a group view");
+        let reading = |lag: Option<u64>| {
+            Some(vec![GroupReading {
+                group: "g".into(),
+                last_delivered: "5-0".into(),
+                stats: ShardStats {
+                    lag,
+                    pending: Some(0),
+                    entries_read: None,
+                    oldest_undelivered_ms: None,
+                },
+            }])
+        };
+        memos.record("s:0", reading(None), 1);
+        assert_eq!(super::totals(&g, &memos).lag, None);
+        memos.record("s:0", reading(Some(4)), 2);
+        assert_eq!(super::totals(&g, &memos).lag, Some(4));
     }
 
     #[tokio::test]

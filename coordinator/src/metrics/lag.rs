@@ -42,6 +42,15 @@ pub(crate) struct ShardStats {
     pub oldest_undelivered_ms: Option<u64>,
 }
 
+/// A group's position on a shard, as a view shows it (PROTOCOL §18).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// Its numbers.
+    pub stats: ShardStats,
+    /// Its `last-delivered-id`.
+    pub last_delivered: String,
+}
+
 impl ShardStats {
     /// Time lag at `now_ms` (PROTOCOL §18): the age of the oldest undelivered entry, `0` when
     /// nothing waits, `None` when unknown.
@@ -81,6 +90,8 @@ pub(crate) struct LagProbe {
     first: Mutex<Recent<(String, String), Option<u64>>>,
     /// `XINFO CONSUMERS` per (group, key).
     consumers: Mutex<Recent<(String, String), Consumers>>,
+    /// The oldest pending entry's id (`XPENDING` summary) per (group, key).
+    oldest_pending: Mutex<Recent<(String, String), Option<String>>>,
 }
 
 /// A Redis consumer group's consumers on one key: (name, pending entries).
@@ -111,7 +122,18 @@ impl LagProbe {
             groups: Mutex::new(Recent::new(VIEW_MAX_AGE)),
             first: Mutex::new(Recent::new(VIEW_MAX_AGE)),
             consumers: Mutex::new(Recent::new(VIEW_MAX_AGE)),
+            oldest_pending: Mutex::new(Recent::new(VIEW_MAX_AGE)),
         }
+    }
+
+    /// Forgets what was read of `keys`: a view asked next reads them from Redis (after a
+    /// seek moved a group on them, PROTOCOL §18).
+    pub(crate) fn forget(&self, keys: &[String]) {
+        let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+        locked(&self.groups).forget(|k| keys.contains(k.as_str()));
+        locked(&self.first).forget(|(k, _)| keys.contains(k.as_str()));
+        locked(&self.consumers).forget(|(_, k)| keys.contains(k.as_str()));
+        locked(&self.oldest_pending).forget(|(_, k)| keys.contains(k.as_str()));
     }
 
     async fn connection(&self) -> Option<Conn> {
@@ -135,9 +157,22 @@ impl LagProbe {
         group: &str,
         keys: &[(u32, String)],
     ) -> HashMap<u32, ShardStats> {
+        self.group_positions(group, keys)
+            .await
+            .into_iter()
+            .map(|(shard, p)| (shard, p.stats))
+            .collect()
+    }
+
+    /// [`Self::group_stats`] with the group's last-delivered id on each shard.
+    pub(crate) async fn group_positions(
+        &self,
+        group: &str,
+        keys: &[(u32, String)],
+    ) -> HashMap<u32, Position> {
         let names: Vec<String> = keys.iter().map(|(_, k)| k.clone()).collect();
         let readings = self.read_keys(&names).await;
-        let mut out: HashMap<u32, ShardStats> = HashMap::new();
+        let mut out: HashMap<u32, Position> = HashMap::new();
         let mut behind: Vec<(u32, String, String)> = Vec::new();
         for (shard, key) in keys {
             let Some(g) = readings
@@ -149,11 +184,17 @@ impl LagProbe {
             if g.stats.lag != Some(0) {
                 behind.push((*shard, key.clone(), g.last_delivered.clone()));
             }
-            out.insert(*shard, g.stats);
+            out.insert(
+                *shard,
+                Position {
+                    stats: g.stats,
+                    last_delivered: g.last_delivered.clone(),
+                },
+            );
         }
         for (shard, ms) in self.first_after(&behind).await {
-            if let Some(s) = out.get_mut(&shard) {
-                s.oldest_undelivered_ms = Some(ms);
+            if let Some(p) = out.get_mut(&shard) {
+                p.stats.oldest_undelivered_ms = Some(ms);
             }
         }
         out
@@ -335,6 +376,86 @@ impl LagProbe {
         }
         out
     }
+}
+
+impl LagProbe {
+    /// The oldest pending entry's id of `group` on each `(shard, key)` (`XPENDING` summary;
+    /// `None` when nothing is pending). Shards it could not read are missing. Answered from
+    /// what was read within [`VIEW_MAX_AGE`] where it can be.
+    pub(crate) async fn oldest_pending(
+        &self,
+        group: &str,
+        keys: &[(u32, String)],
+    ) -> HashMap<u32, Option<String>> {
+        let now = Instant::now();
+        let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let cache = locked(&self.oldest_pending);
+            for (shard, key) in keys {
+                match cache.get(&(group.to_owned(), key.clone()), now) {
+                    Some(id) => {
+                        out.insert(*shard, id);
+                    }
+                    None => missing.push((*shard, key.clone())),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return out;
+        }
+        let Some(mut conn) = self.connection().await else {
+            return out;
+        };
+        for chunk in missing.chunks(PIPELINE_CHUNK) {
+            let read = read_pending(&mut conn, group, chunk);
+            let Ok(Ok(replies)) = tokio::time::timeout(self.timeout, read).await else {
+                debug!(
+                    group,
+                    "XPENDING failed or timed out; oldest pending not reported"
+                );
+                return out;
+            };
+            let mut cache = locked(&self.oldest_pending);
+            for ((shard, key), reply) in chunk.iter().zip(replies) {
+                let Ok(reply) = reply else { continue };
+                let oldest = match reply {
+                    redis::streams::StreamPendingReply::Data(d) => Some(d.start_id),
+                    _ => None,
+                };
+                cache.put((group.to_owned(), key.clone()), oldest.clone(), now);
+                out.insert(*shard, oldest);
+            }
+        }
+        out
+    }
+}
+
+/// `XPENDING <key> <group>` (the summary) of each key, in key order (see [`read`]).
+async fn read_pending(
+    conn: &mut Conn,
+    group: &str,
+    chunk: &[(u32, String)],
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::streams::StreamPendingReply>>> {
+    if conn.is_cluster() {
+        let reads = chunk.iter().map(|(_, key)| {
+            let mut conn = conn.clone();
+            async move {
+                redis::cmd("XPENDING")
+                    .arg(key)
+                    .arg(group)
+                    .query_async::<redis::streams::StreamPendingReply>(&mut conn)
+                    .await
+            }
+        });
+        return Ok(futures::future::join_all(reads).await);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (_, key) in chunk {
+        pipe.cmd("XPENDING").arg(key).arg(group);
+    }
+    pipe.query_async(conn).await
 }
 
 /// `XINFO CONSUMERS` of `group` on each key, in key order (see [`read`]).

@@ -33,6 +33,11 @@ impl<K: Eq + Hash + Clone, V: Clone> Recent<K, V> {
         (now.saturating_duration_since(*at) < self.max_age).then(|| v.clone())
     }
 
+    /// Forgets every key `drop` says to (their next read goes to Redis).
+    pub(crate) fn forget(&mut self, mut drop: impl FnMut(&K) -> bool) {
+        self.entries.retain(|k, _| !drop(k));
+    }
+
     /// `key` read as `value` at `at`. Stale entries are dropped whenever the cache doubled
     /// since the last sweep, so it holds about what was read within `max_age`.
     pub(crate) fn put(&mut self, key: K, value: V, at: Instant) {

@@ -77,6 +77,10 @@ mod tests {
             lag,
             pending,
             time_lag_ms: None,
+            last_delivered_id: None,
+            last_delivered_ms: None,
+            oldest_pending_id: None,
+            oldest_pending_age_ms: None,
             stale_consumers: vec![],
         }
     }

@@ -100,8 +100,8 @@ impl Coordinator {
                     {
                         return Err(invalid(format!(
                             "stream {} exists with another retention policy: change it with \
-                             PATCH /v1/streams/{}",
-                            req.stream, req.stream
+                             rsc-coordinator stream retention {} (PATCH /v1/streams/{})",
+                            req.stream, req.stream, req.stream
                         )));
                     }
                     (v.doc, v.revision)
@@ -364,9 +364,11 @@ impl Coordinator {
 }
 
 impl Coordinator {
-    /// Moves every shard's Redis consumer group of `group` to `req.to` (admin; PROTOCOL
-    /// §18): `XGROUP SETID` (`CREATE … MKSTREAM` where it does not exist yet). Only while the
-    /// group is paused or has no live member (`409 GROUP_NOT_EMPTY` otherwise).
+    /// Moves `group`'s position on its shards (every shard it reads, or those `req.shards`
+    /// names) to `req.to` (admin; PROTOCOL §18): plans each shard's move and, unless
+    /// `req.dry_run`, carries it out (`XGROUP SETID … ENTRIESREAD`, the doorbell rung) and
+    /// records it in the group document. Only while the group is paused or has no live
+    /// member (`409 GROUP_NOT_EMPTY` otherwise), dry runs included.
     #[tracing::instrument(skip(self))]
     pub async fn seek(
         &self,
@@ -374,67 +376,143 @@ impl Coordinator {
         req: &rsc_protocol::SeekRequest,
     ) -> Result<rsc_protocol::SeekResponse> {
         let group = group.as_str();
+        let result = self.seek_inner(group, req).await;
+        let outcome = match &result {
+            Ok(r) if r.dry_run => "dry_run",
+            Ok(_) => "executed",
+            Err(ServiceError::SeekWhileLive { .. }) => "refused_live",
+            Err(ServiceError::DataRedis(_) | ServiceError::Store(_)) => "failed",
+            Err(_) => "invalid",
+        };
+        metrics::counter!("rsc_group_seeks_total", "group" => group.to_owned(), "result" => outcome)
+            .increment(1);
+        result
+    }
+
+    async fn seek_inner(
+        &self,
+        group: &str,
+        req: &rsc_protocol::SeekRequest,
+    ) -> Result<rsc_protocol::SeekResponse> {
         let Some(sealer) = self.sealer.clone() else {
             return Err(invalid(
-                "seek needs the data Redis (--data-redis-url)".into(),
+                "seek needs the data Redis (serve --data-redis-url)".into(),
             ));
         };
-        let _g = self.lock_group(group).await?;
+        let target =
+            crate::replay::plan::Target::from_request(&req.to, self.now()).map_err(invalid)?;
+        // Planned without the group's lock (a walk over a long stream may outlast it): the
+        // id a shard moves to, and its read counter, do not depend on when they are applied.
+        // The refusal is checked again under the lock, right before the move.
+        let (start, shards) = self.seek_shards(group, req).await?;
+        let replayer = crate::replay::Replayer::new(sealer.redis().clone(), SEEK_REDIS_TIMEOUT);
+        let moves = replayer
+            .plan(group, start, &shards, target)
+            .await
+            .map_err(replay_error)?;
+        let plan: Vec<rsc_protocol::SeekShardPlan> = moves.iter().map(|m| m.to_wire()).collect();
+        let response = rsc_protocol::SeekResponse {
+            group: group.to_owned(),
+            dry_run: req.dry_run,
+            shards: plan
+                .iter()
+                .map(|p| (p.key.clone(), p.new_id.clone()))
+                .collect(),
+            redelivered: plan.iter().map(|p| p.redelivered).sum(),
+            skipped: plan.iter().map(|p| p.skipped).sum(),
+            lag_after: plan.iter().map(|p| p.lag_after).sum(),
+            plan,
+        };
+        if req.dry_run {
+            return Ok(response);
+        }
+        let lock = self.lock_group(group).await?;
+        if self.seek_shards(group, req).await?.1 != shards {
+            return Err(invalid(format!(
+                "the shards of group {group}'s stream changed during the seek (a reshard): \
+                 run it again"
+            )));
+        }
+        replayer.apply(group, &moves).await.map_err(replay_error)?;
+        drop(lock);
+        info!(
+            group,
+            to = %req.to,
+            shards = moves.len(),
+            redelivered = response.redelivered,
+            skipped = response.skipped,
+            lag_after = response.lag_after,
+            "group moved (seek)"
+        );
+        let record = rsc_protocol::SeekRecord {
+            at_ms: self.now(),
+            to: req.to.to_string(),
+            shards: moves.iter().map(|m| m.shard).collect(),
+            redelivered: response.redelivered,
+        };
+        // The record bumps the document's revision, by which the lag sampler of whichever
+        // coordinator samples the group reads its shards again at once (ARCHITECTURE "How
+        // lag is sampled"). The move itself is done: a failure here is only logged.
+        let recorded = self
+            .mutate_group(group, |doc, _stream, _now| {
+                doc.last_seek = Some(record.clone());
+                Ok(Vec::new())
+            })
+            .await;
+        if let Err(e) = recorded {
+            warn!(group, error = %e, "seek done, but not recorded in the group document");
+        }
+        Ok(response)
+    }
+}
+
+impl Coordinator {
+    /// The shards (index, key) a seek of `group` moves, and where the group's consumer groups
+    /// start; `409 GROUP_NOT_EMPTY` while it has live members and is not paused, `400` for a
+    /// shard it does not read.
+    async fn seek_shards(
+        &self,
+        group: &str,
+        req: &rsc_protocol::SeekRequest,
+    ) -> Result<(rsc_protocol::StartPosition, Vec<(u32, String)>)> {
         let Versioned { mut doc, .. } = self.load_group(group).await?;
         let stream = self.load_stream(&doc.stream).await?.doc;
         doc.expire(&stream, self.now());
         if !doc.members.is_empty() && doc.config.paused_since_ms.is_none() {
+            info!(
+                group,
+                members = doc.members.len(),
+                "seek refused: the group runs"
+            );
             return Err(ServiceError::SeekWhileLive {
                 group: group.to_owned(),
                 members: doc.members.len(),
             });
         }
-        let id = req.to.setid_id();
-        let keys: Vec<String> = stream
-            .assignable_shards()
-            .into_iter()
-            .map(|s| rsc_protocol::routing::shard_key(&stream.stream, s))
-            .collect();
-        let mut conn = sealer
-            .redis()
-            .get()
-            .await
-            .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
-        let mut shards = std::collections::BTreeMap::new();
-        for key in keys {
-            let set: redis::RedisResult<()> = redis::cmd("XGROUP")
-                .arg("SETID")
-                .arg(&key)
-                .arg(group)
-                .arg(&id)
-                .query_async(&mut conn)
-                .await;
-            if let Err(e) = set {
-                // No group on the key (`NOGROUP`), or no key at all (a shard nothing was
-                // written to yet: `ERR … requires the key to exist`): create both.
-                let text = e.to_string();
-                let missing = e.code() == Some("NOGROUP")
-                    || text.contains("NOGROUP")
-                    || text.contains("requires the key to exist");
-                if !missing {
-                    return Err(ServiceError::DataRedis(text));
-                }
-                let () = redis::cmd("XGROUP")
-                    .arg("CREATE")
-                    .arg(&key)
-                    .arg(group)
-                    .arg(&id)
-                    .arg("MKSTREAM")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| ServiceError::DataRedis(e.to_string()))?;
-            }
-            shards.insert(key, id.clone());
+        let readable = stream.assignable_shards();
+        if let Some(bad) = req.shards.iter().find(|s| !readable.contains(s)) {
+            return Err(invalid(format!(
+                "shard {bad} is not a shard group {group} reads (it reads {} shards of stream {})",
+                readable.len(),
+                stream.stream
+            )));
         }
-        info!(group, to = %id, shards = shards.len(), "group moved (seek)");
-        Ok(rsc_protocol::SeekResponse {
-            group: group.to_owned(),
-            shards,
-        })
+        let shards = readable
+            .into_iter()
+            .filter(|s| req.shards.is_empty() || req.shards.contains(s))
+            .map(|s| (s, rsc_protocol::routing::shard_key(&stream.stream, s)))
+            .collect();
+        Ok((doc.config.start, shards))
+    }
+}
+
+/// The bound of each data-Redis call of a seek (a walk pages through at most 20,000 entries
+/// a call).
+const SEEK_REDIS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn replay_error(e: crate::replay::ReplayError) -> ServiceError {
+    match e {
+        crate::replay::ReplayError::Invalid(m) => invalid(m),
+        crate::replay::ReplayError::Redis(m) => ServiceError::DataRedis(m),
     }
 }

@@ -135,8 +135,8 @@ pub enum ServiceError {
     },
     /// Seek of a running group with live members (PROTOCOL §18).
     #[error(
-        "group {group} has {members} live members and is not paused: pause it \
-         (POST /v1/groups/{group}/pause) or stop its members, then seek"
+        "group {group} has {members} live members and is not paused: pause it first \
+         (rsc-coordinator group pause {group}, or POST /v1/groups/{group}/pause), then seek"
     )]
     SeekWhileLive {
         /// Group.

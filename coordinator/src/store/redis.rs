@@ -51,6 +51,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
+use rsc_protocol::redact::{ExposeSecret, SecretUrl};
 use rsc_redis::{Conn, ConnSettings, LazyRedis, OpenError, Reconnect};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -63,8 +64,9 @@ use tracing::{debug, warn};
 /// Settings of the Redis store.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
-    /// Server URL (`redis://HOST:PORT[/DB]`); for a cluster, one or more seed nodes.
-    pub urls: Vec<String>,
+    /// Server URL (`redis://HOST:PORT[/DB]`); for a cluster, one or more seed nodes (printed
+    /// with their passwords hidden).
+    pub urls: Vec<SecretUrl>,
     /// Talk Redis Cluster (slot routing, MOVED/ASK) rather than to one server.
     pub cluster: bool,
     /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
@@ -309,11 +311,14 @@ impl RedisStore {
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
         validate_key_prefix(&config.key_prefix).map_err(StoreError::unavailable)?;
         let redis = match &config.sentinel {
-            Some(target) => {
-                LazyRedis::open_sentinel(target, &config.urls[0], &config.settings(), &config.tls)
-            }
+            Some(target) => LazyRedis::open_sentinel(
+                target,
+                config.urls[0].expose_secret(),
+                &config.settings(),
+                &config.tls,
+            ),
             None => LazyRedis::open(
-                &config.urls,
+                &SecretUrl::expose_all(&config.urls),
                 config.cluster,
                 &config.settings(),
                 &config.tls,
@@ -348,7 +353,7 @@ impl RedisStore {
     async fn check_mode(&self) -> Result<(), StoreError> {
         let config = &self.0.config;
         rsc_redis::check_mode(
-            &config.urls[0],
+            config.urls[0].expose_secret(),
             config.cluster,
             "--redis-cluster",
             &config.settings(),

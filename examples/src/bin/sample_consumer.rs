@@ -33,13 +33,14 @@
 use anyhow::Context;
 use clap::Parser;
 use rsc_client::prelude::*;
+use rsc_client::{ExposeSecret, SecretString, SecretUrl};
 use rsc_examples::unix_ms;
 use rsc_redis::LazyRedis;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// (No `Debug`: the arguments hold the token and the Redis URL's password.)
-#[derive(Parser)]
+/// (`Debug` hides the token and the Redis URL's password, PROTOCOL §12.)
+#[derive(Debug, Parser)]
 #[command(
     name = "sample-consumer",
     version,
@@ -50,8 +51,8 @@ struct Args {
     #[arg(long, env = "RSC_COORDINATOR_URL")]
     coordinator: String,
     /// The data Redis (with `--redis-cluster`, seed nodes, comma-separated).
-    #[arg(long, env = "RSC_REDIS_URL")]
-    redis_url: String,
+    #[arg(long, env = "RSC_REDIS_URL", hide_env_values = true)]
+    redis_url: SecretUrl,
     /// The data Redis is a Redis Cluster.
     #[arg(long)]
     redis_cluster: bool,
@@ -79,8 +80,8 @@ struct Args {
     #[arg(long, env = "RSC_STATIC_ID")]
     static_id: Option<String>,
     /// Bearer token for the coordinator.
-    #[arg(long, env = "RSC_TOKEN")]
-    token: Option<String>,
+    #[arg(long, env = "RSC_TOKEN", hide_env_values = true)]
+    token: Option<SecretString>,
     /// Handler calls of one shard in flight at once, never two of one key.
     #[arg(long, env = "RSC_KEY_CONCURRENCY", default_value_t = 1)]
     key_concurrency: usize,
@@ -200,8 +201,9 @@ async fn main() -> anyhow::Result<()> {
         .redis_sentinel
         .as_deref()
         .zip(args.redis_sentinel_master.as_deref());
-    let data = rsc_examples::data_redis(&args.redis_url, args.redis_cluster, sentinel)
-        .context("--redis-url")?;
+    let data =
+        rsc_examples::data_redis(args.redis_url.expose_secret(), args.redis_cluster, sentinel)
+            .context("--redis-url")?;
     let pod = Pod::new(&args, &data);
     let app = consumer_app(&args, pod)?;
     tracing::info!(members = ?app.member_ids(), "sample consumer starting");
@@ -238,7 +240,7 @@ fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
         );
     let mut builder = ConsumerApp::builder()
         .coordinator(&args.coordinator)
-        .redis_url(&args.redis_url)
+        .redis_url(args.redis_url.expose_secret())
         .redis_cluster(args.redis_cluster)
         .instance_id(&args.pod_ip)
         .data(pod)
@@ -247,7 +249,7 @@ fn consumer_app(args: &Args, pod: Pod) -> anyhow::Result<ConsumerApp> {
         builder = builder.static_instance_id(id);
     }
     if let Some(t) = &args.token {
-        builder = builder.token(t);
+        builder = builder.token(t.expose_secret());
     }
     if let Some(ms) = args.data_redis_grace_ms {
         builder = builder.data_redis_grace(Duration::from_millis(ms));

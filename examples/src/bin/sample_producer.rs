@@ -15,11 +15,12 @@
 use anyhow::Context;
 use clap::Parser;
 use rsc_client::producer::{Producer, Record};
+use rsc_client::{ExposeSecret, SecretString, SecretUrl};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// (No `Debug`: the arguments hold the token and the Redis URL's password.)
-#[derive(Parser)]
+/// (`Debug` hides the token and the Redis URL's password, PROTOCOL §12.)
+#[derive(Debug, Parser)]
 #[command(
     name = "sample-producer",
     version,
@@ -30,8 +31,8 @@ struct Args {
     #[arg(long, env = "RSC_COORDINATOR_URL")]
     coordinator: String,
     /// The data Redis (with `--redis-cluster`, seed nodes, comma-separated).
-    #[arg(long, env = "RSC_REDIS_URL")]
-    redis_url: String,
+    #[arg(long, env = "RSC_REDIS_URL", hide_env_values = true)]
+    redis_url: SecretUrl,
     /// The data Redis is a Redis Cluster.
     #[arg(long)]
     redis_cluster: bool,
@@ -70,8 +71,8 @@ struct Args {
     #[arg(long)]
     rate: Option<f64>,
     /// Bearer token for the coordinator.
-    #[arg(long, env = "RSC_TOKEN")]
-    token: Option<String>,
+    #[arg(long, env = "RSC_TOKEN", hide_env_values = true)]
+    token: Option<SecretString>,
 }
 
 /// How long a batch is retried while Redis is unreachable before the producer gives up.
@@ -164,13 +165,13 @@ async fn main() -> anyhow::Result<()> {
 fn producer(args: &Args) -> anyhow::Result<Producer> {
     let mut builder = Producer::builder()
         .coordinator(&args.coordinator)
-        .redis_url(&args.redis_url)
+        .redis_url(args.redis_url.expose_secret())
         .redis_cluster(args.redis_cluster)
         // The producer itself sends a batch again after a lost reply, an outage or a `WAIT`
         // not confirmed, without writing it twice (idempotence, PROTOCOL §21).
         .retry_budget(RETRY_FOR);
     if let Some(t) = &args.token {
-        builder = builder.token(t);
+        builder = builder.token(t.expose_secret());
     }
     if let (Some(addrs), Some(master)) = (&args.redis_sentinel, &args.redis_sentinel_master) {
         builder = builder.redis_sentinel(addrs, master);

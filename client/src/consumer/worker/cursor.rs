@@ -12,7 +12,9 @@
 //!   trip); otherwise the one known before stays;
 //! - a wake-up by the poll followed by a read that found nothing means the known id is
 //!   behind (another consumer read the entries): it is forgotten, and the next read learns it;
-//! - with no id known, the worker does not wait: it reads again, learning it.
+//! - with no id known, the worker does not wait: it reads again, learning it;
+//! - a seek moves the group's position without the worker (PROTOCOL §18): at the resume that
+//!   follows it, the known id is forgotten.
 
 use crate::consumer::doorbell::Woken;
 use rsc_protocol::routing::parse_entry_id;
@@ -67,6 +69,14 @@ impl Cursor {
     /// The doorbell woke the worker.
     pub(crate) fn woken(&mut self, by: Woken) {
         self.polled = by == Woken::Poll;
+    }
+
+    /// The group's position may have moved without this worker (a seek, PROTOCOL §18): the
+    /// known id may be ahead of it now. Forgotten: the next read that finds nothing learns
+    /// the stream's last id again.
+    pub(crate) fn forget(&mut self) {
+        self.last_seen = None;
+        self.polled = false;
     }
 }
 

@@ -21,6 +21,9 @@
 //!    nothing it waits on the doorbell for entries after the stream's last known id (see
 //!    [`Cursor`]), checking a draining shard at each `quiet` period without a ring; otherwise
 //!    it reads, with the acknowledgements waiting in the same round trip.
+//!    A resume (of the listener or of the group) ends any such wait: the worker reads at
+//!    once, since a seek made while it was paused may have moved the group's position
+//!    behind the last entry it saw (PROTOCOL §18).
 //! 3. **Recovery**: a read that failed may have lost a reply that delivered entries: the worker
 //!    first re-reads this member's own pending entries (from `0`, then after the last one
 //!    re-read) before new ones, after the backoff; a vanished consumer group (`NOGROUP`) is
@@ -402,7 +405,12 @@ impl<E: Keyed + Clone> Machine<E> {
     /// What happened at `now`.
     pub(crate) fn on(&mut self, event: Event<E>, now: Instant) {
         match event {
-            Event::Paused(p) => self.paused = p,
+            Event::Paused(p) => {
+                if self.paused && !p {
+                    self.resumed();
+                }
+                self.paused = p;
+            }
             Event::Stop | Event::Fenced => self.stop(),
             Event::CallEnded(id, verdicts) => {
                 self.dispatch.finished(id, &verdicts);
@@ -732,6 +740,18 @@ impl<E: Keyed + Clone> Machine<E> {
             self.recovering.get_or_insert_with(|| "0".to_owned());
             self.retry_later(now);
         }
+    }
+
+    /// The listener or the group was resumed: the group's position may have been moved
+    /// meanwhile by a seek (PROTOCOL §18), which no producer announces and which may lie
+    /// behind the last entry this worker saw. The worker forgets what it knew of its place in
+    /// the shard and reads at once (one read per shard and resume), instead of waiting on the
+    /// doorbell for entries after an id that may be ahead of the group.
+    fn resumed(&mut self) {
+        self.waiting_after = None;
+        self.ring_since = None;
+        self.wait_new = None;
+        self.cursor.forget();
     }
 
     fn stop(&mut self) {

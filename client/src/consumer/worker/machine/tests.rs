@@ -242,6 +242,57 @@ fn an_empty_read_waits_on_the_doorbell_after_the_stream_s_last_id() {
     );
 }
 
+/// A seek (PROTOCOL §18) moves the group's position while the group is paused, behind the
+/// last entry the worker saw, and no producer rings for it: at the resume the worker reads at
+/// once (learning the stream's last id again) instead of waiting on the doorbell for entries
+/// after that id, which the fallback poll would never find.
+#[test]
+fn a_resume_reads_at_once_whatever_the_worker_knew_of_the_shard() {
+    let t0 = Instant::now();
+    let mut m = reading(cfg(1, false), t0);
+    expect_read(m.next(t0, CTX));
+    m.on(
+        Event::ReadNothing {
+            learned: Some("9-0".into()),
+        },
+        t0,
+    );
+    assert!(matches!(m.next(t0, CTX), Step::Wait { ring: Some(ref a), .. } if a == "9-0"));
+    m.on(Event::Paused(true), t0);
+    assert!(
+        matches!(m.next(t0, CTX), Step::Wait { ring: None, .. }),
+        "paused: no read, no doorbell"
+    );
+    // Still paused: nothing changes (the event is given at every step).
+    m.on(Event::Paused(true), t0);
+    assert!(matches!(m.next(t0, CTX), Step::Wait { ring: None, .. }));
+    m.on(Event::Paused(false), t0);
+    let plan = expect_read(m.next(t0, CTX));
+    assert_eq!(plan.from, ">");
+    assert!(
+        plan.learn_last,
+        "the position is forgotten: the read learns the stream's last id again"
+    );
+    // The seek moved the group back: the read finds the entries again.
+    m.on(got(&[1, 2, 3]), t0);
+    expect_start(m.next(t0, CTX));
+
+    // A blocking connection under strict fencing waits with `XREAD BLOCK` after the last id:
+    // a resume ends that wait too.
+    let mut m = reading(cfg(1, true), t0);
+    expect_read(m.next(t0, CTX));
+    m.on(
+        Event::ReadNothing {
+            learned: Some("9-0".into()),
+        },
+        t0,
+    );
+    m.on(Event::Paused(true), t0);
+    m.on(Event::Paused(false), t0);
+    let plan = expect_read(m.next(t0, CTX));
+    assert_eq!(plan.from, ">");
+}
+
 #[test]
 fn acknowledgements_ride_with_the_next_read_or_go_alone_after_the_linger() {
     let t0 = Instant::now();
@@ -578,6 +629,9 @@ enum WaitOutcome {
     /// The wait's deadline passes.
     Timeout,
     Pause(bool),
+    /// An operator pauses the group (when it is not), moves its position `n` entries back
+    /// (`XGROUP SETID`, PROTOCOL §18) and resumes it; the seek's ring is lost.
+    Seek(u8),
     Stop,
 }
 
@@ -595,6 +649,7 @@ fn wait_outcome() -> impl Strategy<Value = WaitOutcome> {
         3 => (1u8..5).prop_map(WaitOutcome::Write),
         2 => Just(WaitOutcome::Timeout),
         1 => any::<bool>().prop_map(WaitOutcome::Pause),
+        1 => (1u8..6).prop_map(WaitOutcome::Seek),
         1 => Just(WaitOutcome::Stop),
     ]
 }
@@ -653,6 +708,9 @@ struct World {
     next_call: u64,
     /// Entries given a verdict that asks for an acknowledgement.
     settled: HashSet<String>,
+    /// Entries given such a verdict since they were last delivered (a seek delivers
+    /// entries again).
+    settled_since_delivery: HashSet<String>,
     handled_count: HashMap<String, usize>,
     stopped: bool,
     paused: bool,
@@ -701,6 +759,13 @@ impl World {
         Ok(())
     }
 
+    /// A read delivered these entries (again, after a seek): each needs a new verdict.
+    fn delivered(&mut self, ids: &[u64]) {
+        for s in ids {
+            self.settled_since_delivery.remove(&format!("{s}-0"));
+        }
+    }
+
     fn end_call(&mut self, i: usize, verdicts: &[u8]) -> Option<Event<E>> {
         let k = *self.calls.keys().nth(i % self.calls.len().max(1))?;
         let call = self.calls.remove(&k)?;
@@ -712,6 +777,7 @@ impl World {
             let verdict = [Verdict::Handled, Verdict::DeadLettered, Verdict::Abandoned][v as usize];
             if verdict != Verdict::Abandoned {
                 self.settled.insert(entry.id.clone());
+                self.settled_since_delivery.insert(entry.id.clone());
                 *self.handled_count.entry(entry.id.clone()).or_default() += 1;
             }
             given.push((entry.id.clone(), verdict));
@@ -848,7 +914,8 @@ fn simulate(
                     Choice::Fail { landed } => {
                         if landed {
                             w.shard.ack(&plan.acks);
-                            w.shard.read(&plan.from, plan.count);
+                            let got = w.shard.read(&plan.from, plan.count);
+                            w.delivered(&got);
                         }
                         m.on(Event::ReadFailed { nogroup: false }, now);
                     }
@@ -862,6 +929,7 @@ fn simulate(
                             }
                         }
                         let got = w.shard.read(&plan.from, plan.count);
+                        w.delivered(&got);
                         let ev = match got.last() {
                             Some(l) => {
                                 let (ready, held) = w.admit(&got);
@@ -936,6 +1004,24 @@ fn simulate(
                         w.paused = p;
                         m.on(Event::Paused(p), now);
                     }
+                    // Handlers finish before the operator seeks (the pause lets the calls
+                    // in flight end): a seek meanwhile is not modelled.
+                    WaitOutcome::Seek(n) if w.calls.is_empty() => {
+                        let resume = !w.paused;
+                        if resume {
+                            m.on(Event::Paused(true), now);
+                        }
+                        w.shard.delivered = w.shard.delivered.saturating_sub(u64::from(n));
+                        // Else resumed by a later outcome, or at the start of the calm part.
+                        if resume {
+                            m.on(Event::Paused(false), now);
+                        }
+                    }
+                    WaitOutcome::Seek(_) => {
+                        if let Some(u) = until {
+                            now = now.max(u);
+                        }
+                    }
                     WaitOutcome::Stop => {
                         w.stopped = true;
                         m.on(Event::Stop, now);
@@ -976,7 +1062,7 @@ fn simulate(
     // Nothing handled twice at once; acknowledgements only after a verdict (checked above).
     if w.stopped {
         // A stopped worker acknowledged what it handled: nothing settled stays pending.
-        for id in &w.settled {
+        for id in &w.settled_since_delivery {
             prop_assert!(
                 !w.shard.pending.contains(&seq(id)),
                 "{id} settled but left pending"
