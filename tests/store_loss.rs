@@ -346,7 +346,8 @@ async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
 }
 
 /// A deleted group is never restored (its copy goes before its document), while a group
-/// that was not deleted is; a data Redis that lost the copy gets it back from the store.
+/// that was not deleted is; a data Redis that lost the copy gets it back from the store, and
+/// a stream copy behind its document is written again.
 #[tokio::test]
 async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
     let store = RedisServer::start().expect("store redis-server starts");
@@ -384,6 +385,33 @@ async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
             .query(&mut con)
             .ok()?;
         (groups == ["kept"] && streams == 1).then_some(())
+    })
+    .await;
+
+    // A copy behind its document (as if a coordinator stopped between the commit and the
+    // copy): written again from the store.
+    let copy: String = redis::cmd("HGET")
+        .arg("rsc:recovery:streams")
+        .arg(STREAM)
+        .query(&mut con)
+        .expect("HGET");
+    let mut stale: Value = serde_json::from_str(&copy).expect("a stream copy is JSON");
+    stale["revision"] = 0.into();
+    stale["doc"]["shard_count"] = 7.into();
+    let () = redis::cmd("HSET")
+        .arg("rsc:recovery:streams")
+        .arg(STREAM)
+        .arg(stale.to_string())
+        .query(&mut con)
+        .expect("HSET");
+    eventually("the stale stream copy written again", 15, || {
+        let copy: String = redis::cmd("HGET")
+            .arg("rsc:recovery:streams")
+            .arg(STREAM)
+            .query(&mut con)
+            .ok()?;
+        let v: Value = serde_json::from_str(&copy).ok()?;
+        (v["doc"]["shard_count"] == 2 && v["revision"] != 0).then_some(())
     })
     .await;
 

@@ -178,6 +178,19 @@ impl RecoveryCopy {
         self.hkeys(&self.streams).await
     }
 
+    /// Every stream copy (one that cannot be decoded is left out, as [`Self::group`]).
+    pub async fn streams(&self) -> Result<Vec<StreamCopy>, FencingError> {
+        let mut c = self.connection().await?;
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(&self.streams);
+        let call = cmd.query_async::<Vec<(String, String)>>(&mut c);
+        let all = within!(self.timeout, "reading the recovery copy", call)?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(name, json)| decode(&self.streams, &name, &json))
+            .collect())
+    }
+
     fn owe(&self, pending: Pending, e: &dyn std::fmt::Display) {
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         let kind = match &pending {

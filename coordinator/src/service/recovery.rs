@@ -261,13 +261,8 @@ impl Coordinator {
         let Some(r) = self.recovery.clone() else {
             return Ok(done);
         };
-        let copied: HashSet<String> = r
-            .copy
-            .stream_names()
-            .await
-            .map_err(copy_error)?
-            .into_iter()
-            .collect();
+        let copies = r.copy.streams().await.map_err(copy_error)?;
+        let copied: HashSet<String> = copies.iter().map(|c| c.doc.stream.clone()).collect();
         let stored: HashSet<String> = self.store.list_streams().await?.into_iter().collect();
         for s in copied.difference(&stored) {
             if self.store.stream_revision(s).await?.is_none()
@@ -276,7 +271,22 @@ impl Coordinator {
                 done.streams.push(s.clone());
             }
         }
-        for s in stored.difference(&copied) {
+        // A copy missing, or behind its document (a coordinator that stopped between the
+        // commit and the copy, or a copy write that failed there): copied again.
+        let behind = copies.iter().filter(|c| stored.contains(&c.doc.stream));
+        let mut recopy: Vec<&String> = stored.difference(&copied).collect();
+        for c in behind {
+            if self
+                .store
+                .stream_revision(&c.doc.stream)
+                .await?
+                .is_some_and(|rev| rev != c.revision)
+            {
+                recopy.push(&c.doc.stream);
+            }
+        }
+        for s in recopy {
+            let _lock = self.lock_stream(s).await?;
             if let Some(v) = self.store.load_stream(s).await? {
                 let copy = StreamCopy {
                     doc: v.doc,
