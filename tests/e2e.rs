@@ -48,6 +48,7 @@ mod reshard;
 mod retention;
 mod secrets;
 mod sentinel_failover;
+mod store_loss;
 mod structure;
 mod tls;
 mod wakeups;

@@ -53,6 +53,20 @@ pub enum ClientError {
         /// The epoch marker of the shard that refused.
         shard_epoch: u64,
     },
+    /// A publish could not be delivered within the producer's
+    /// [`crate::producer::ProducerBuilder::delivery_timeout`]: the coordinator kept
+    /// answering that the stream does not exist (deleted, or lost with the metadata store
+    /// and not restored, PROTOCOL §2.3), or could not be reached. Nothing was written.
+    #[error("stream {stream}: not delivered within the delivery timeout of {timeout:?}")]
+    DeliveryTimeout {
+        /// The stream.
+        stream: String,
+        /// The producer's delivery timeout.
+        timeout: std::time::Duration,
+        /// The last answer (e.g. `STREAM_NOT_FOUND`).
+        #[source]
+        source: Box<ClientError>,
+    },
     /// The entries were written to the master, but fewer replicas than the producer's
     /// [`crate::producer::ProducerBuilder::wait_for_replicas`] confirmed them in time: a
     /// failover now could lose them. Publishing again may write them twice.

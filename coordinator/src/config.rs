@@ -195,6 +195,12 @@ pub struct ServeArgs {
     /// [default: 3600000].
     #[arg(long, env = "RSC_TOMBSTONE_RETENTION_MS")]
     pub tombstone_retention_ms: Option<u64>,
+    /// What to do when the metadata store lost a stream or group document that the
+    /// recovery copy in the data Redis holds (PROTOCOL §2.3): `auto` restores it at once
+    /// (logged, audited, counted), `manual` refuses and logs (`rsc-coordinator store
+    /// restore` restores) [default: auto]. Only with a data Redis.
+    #[arg(long, env = "RSC_STORE_RECOVERY", value_enum)]
+    pub store_recovery: Option<crate::recovery::RecoveryMode>,
     /// Request body limit in bytes [default: 65536].
     #[arg(long, env = "RSC_BODY_LIMIT")]
     pub body_limit: Option<usize>,
@@ -335,6 +341,8 @@ pub struct ServeConfig {
     pub history_interval_ms: u64,
     /// Retention of deleted groups' revision tombstones.
     pub tombstone_retention_ms: u64,
+    /// Restore documents the store lost from the recovery copy by itself, or not.
+    pub store_recovery: crate::recovery::RecoveryMode,
     /// Body limit.
     pub body_limit: usize,
     /// Most open wake-up channels (0: the route is off).
@@ -592,6 +600,10 @@ impl ServeArgs {
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
                 .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
+            store_recovery: self
+                .store_recovery
+                .or(file.store_recovery)
+                .unwrap_or_default(),
             store_wait_replicas: self
                 .store_wait_replicas
                 .or(file.store_wait_replicas)

@@ -59,6 +59,7 @@ mod group_commit;
 mod http_error;
 mod metrics;
 mod outage;
+pub mod recovery;
 mod replay;
 pub mod retention;
 mod retired;

@@ -38,8 +38,19 @@ struct Cli {
 enum Command {
     /// Run the coordinator server.
     Serve(Box<ServeArgs>),
+    /// Maintenance of the metadata store.
+    #[command(subcommand)]
+    Store(StoreCommand),
     #[command(flatten)]
     Operator(OperatorCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum StoreCommand {
+    /// Restore every stream and group document the metadata store lost from the recovery
+    /// copy in the data Redis (PROTOCOL §2.3), whatever `--store-recovery` says. Takes the
+    /// `serve` settings (`--store`, `--redis-url`, `--data-redis-url`, `--key-prefix`, …).
+    Restore(Box<ServeArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -68,6 +79,23 @@ async fn main() -> anyhow::Result<ExitCode> {
                 tracing::error!(error = format!("{e:#}"), "coordinator stopped on an error");
                 std::process::exit(1);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Store(StoreCommand::Restore(args)) => {
+            let cfg = (*args).resolve()?;
+            init_logging(cfg.log_format);
+            let restored = server::restore_store(&cfg).await?;
+            for s in &restored.streams {
+                println!("restored stream {s}");
+            }
+            for g in &restored.groups {
+                println!("restored group {g}");
+            }
+            println!(
+                "{} stream(s) and {} group(s) restored",
+                restored.streams.len(),
+                restored.groups.len()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Operator(cmd) => Ok(cli::run(cmd).await),

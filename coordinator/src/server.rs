@@ -7,10 +7,11 @@ use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{HttpLimits, ServeConfig, StoreKind};
 use crate::metrics::{self, History, InstrumentedStore, LagProbe};
+use crate::recovery::{CopyLayer, RecoveryCopy};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
 use crate::service::{Coordinator, ServiceConfig};
 use crate::store::{
-    DUE_BUCKETS, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
+    DUE_BUCKETS, Layered, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig, buckets_of,
 };
 use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
@@ -131,15 +132,25 @@ pub async fn serve(
     let store: Arc<dyn MetadataStore> = Arc::new(RevisionRecordingStore::new(Arc::new(
         InstrumentedStore::new(build_store(&cfg).await?),
     )));
+    // The recovery copy in the data Redis is written after every committed change of a
+    // document (PROTOCOL §2.3).
+    let copy = recovery_copy(&cfg)?;
+    let store = with_copy(store, copy.as_ref());
     let auditor = Auditor::new(store.clone(), clock.clone());
     let (security, clients) = build_security(&cfg, acl.clone(), &auditor)?;
     let wakes = build_wakeups(&cfg)?;
-    let coordinator = build_coordinator(&cfg, store, clock, wakes.clone())?;
+    let coordinator = build_coordinator(&cfg, store, clock, wakes.clone(), copy.clone())?;
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let mut tasks = spawn_background(&cfg, addr, &coordinator, &auditor, lag.clone())?;
+    if let Some(copy) = copy {
+        tasks.push(tokio::spawn(copy.run_retries(coordinator.store().clone())));
+        tasks.push(tokio::spawn(
+            coordinator.clone().run_recovery_check(RECOVERY_CHECK_EVERY),
+        ));
+    }
     // Refusals alike are merged per interval; the per-address buckets are pruned with it.
     tasks.push(tokio::spawn(auditor.clone().run_refusal_flush(
         Duration::from_millis(cfg.audit_refusal_interval_ms),
@@ -318,6 +329,7 @@ fn build_coordinator(
     store: Arc<dyn MetadataStore>,
     clock: Arc<dyn Clock>,
     wakes: Option<Arc<WakeHub>>,
+    copy: Option<Arc<RecoveryCopy>>,
 ) -> anyhow::Result<Coordinator> {
     let fencing = data_redis(cfg, FENCING_TIMEOUT)?
         .map(|r| Arc::new(crate::fencing::OwnerTokens::new(r, FENCING_TIMEOUT)));
@@ -340,7 +352,53 @@ fn build_coordinator(
     if let Some(hub) = wakes {
         coordinator = coordinator.with_wakeups(hub);
     }
+    if let Some(copy) = copy {
+        coordinator = coordinator.with_recovery(copy, cfg.store_recovery);
+    }
     Ok(coordinator)
+}
+
+/// How often a coordinator compares the recovery copy's names with the store's (PROTOCOL
+/// §2.3): a lost document nobody asks for is restored within this.
+const RECOVERY_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// The recovery copy in the data Redis (PROTOCOL §2.3); `None` without a data Redis, and
+/// for the memory store (which keeps nothing across a restart by design, and whose
+/// coordinators are independent: several may share one data Redis).
+fn recovery_copy(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<RecoveryCopy>>> {
+    if cfg.store != StoreKind::Redis {
+        return Ok(None);
+    }
+    Ok(data_redis(cfg, FENCING_TIMEOUT)?
+        .map(|r| Arc::new(RecoveryCopy::new(r, &cfg.key_prefix, FENCING_TIMEOUT))))
+}
+
+/// `store`, writing the recovery copy `copy` after each committed change (when there is
+/// one).
+fn with_copy(
+    store: Arc<dyn MetadataStore>,
+    copy: Option<&Arc<RecoveryCopy>>,
+) -> Arc<dyn MetadataStore> {
+    match copy {
+        Some(c) => Arc::new(Layered::with_layer(store, CopyLayer(c.clone()))),
+        None => store,
+    }
+}
+
+/// `rsc-coordinator store restore`: restores every stream and group document the store
+/// `cfg` names lost from the recovery copy in its data Redis, whatever `--store-recovery`
+/// says (PROTOCOL §2.3). Audited like a coordinator's own restore.
+pub async fn restore_store(cfg: &ServeConfig) -> anyhow::Result<crate::service::Restored> {
+    let Some(copy) = recovery_copy(cfg)? else {
+        anyhow::bail!(
+            "the recovery copy is kept for the Redis store in the data Redis: give --store redis, \
+             the store's --redis-url and --data-redis-url"
+        );
+    };
+    check_data_redis(cfg).await?;
+    let store = with_copy(build_store(cfg).await?, Some(&copy));
+    let coordinator = build_coordinator(cfg, store, Arc::new(SystemClock), None, Some(copy))?;
+    Ok(coordinator.restore_missing(true).await?)
 }
 
 /// Starts the background tasks: the retired-key cleaner (with a data Redis), the expiry

@@ -47,6 +47,9 @@ use tracing::{debug, warn};
 /// `producer.id.expiration.ms`, far above any retry budget.
 pub const DEFAULT_IDEMPOTENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// The default [`ProducerBuilder::delivery_timeout`]: Kafka's `delivery.timeout.ms`.
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// One message to publish: payload, optional key, headers and extra fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Record {
@@ -212,6 +215,8 @@ struct Inner {
     idempotence: Option<Duration>,
     /// How long a publish sends its records again after errors that may have written them.
     retry_budget: Duration,
+    /// How long a publish waits for its stream's routing ([`ProducerBuilder::delivery_timeout`]).
+    delivery_timeout: Duration,
     /// The idle lanes of an idempotent producer.
     lanes: std::sync::Mutex<Vec<Lane>>,
     /// The last [`LOST_WRITES_KEPT`] losses detected, oldest first ([`Producer::lost_writes`]).
@@ -237,6 +242,7 @@ pub struct ProducerBuilder {
     idempotent: bool,
     idempotence_ttl: Duration,
     retry_budget: Duration,
+    delivery_timeout: Duration,
 }
 
 impl ProducerBuilder {
@@ -297,6 +303,18 @@ impl ProducerBuilder {
         self
     }
 
+    /// How long a publish may wait for its stream's routing before it fails with
+    /// [`ClientError::DeliveryTimeout`] (default 120 s, as Kafka's `delivery.timeout.ms`;
+    /// `RSC_PUBLISH_DELIVERY_TIMEOUT_MS`): while the coordinator answers that the stream
+    /// does not exist (a store being restored, PROTOCOL §2.3) or cannot be reached, the
+    /// publish asks again with a backoff instead of failing at once or waiting for ever. A
+    /// routing refresh answered `STREAM_NOT_FOUND` drops the cached routing, so a producer
+    /// never keeps writing to a stream that is gone.
+    pub fn delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
     /// How [`Producer::publish`] encodes payloads (default [`Json`]); a codec other than JSON
     /// records its content type in each entry's `content_type` field.
     pub fn codec<C: Codec>(mut self) -> Self {
@@ -320,6 +338,7 @@ impl ProducerBuilder {
                 stale_budget: self.stale_budget,
                 idempotence: self.idempotent.then_some(self.idempotence_ttl),
                 retry_budget: self.retry_budget,
+                delivery_timeout: self.delivery_timeout,
                 lanes: std::sync::Mutex::new(Vec::new()),
                 lost: std::sync::Mutex::new(std::collections::VecDeque::new()),
                 codec: self.codec,
@@ -349,6 +368,8 @@ impl Producer {
             idempotent: true,
             idempotence_ttl: DEFAULT_IDEMPOTENCE_TTL,
             retry_budget: Duration::from_secs(10),
+            delivery_timeout: env("RSC_PUBLISH_DELIVERY_TIMEOUT_MS")
+                .map_or(DEFAULT_DELIVERY_TIMEOUT, Duration::from_millis),
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
                 .map(|n| {
@@ -446,10 +467,10 @@ impl Producer {
         let rr = self.round_robin(&records);
         let mut guard = self.lane();
         let mut lane = guard.as_mut().map(|g| g.take(records.len()));
-        let mut routing = self.inner.routes.get(stream).await?;
+        let started = Instant::now();
+        let mut routing = self.routing_within(stream, started).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
-        let started = Instant::now();
         let mut delay = Duration::from_millis(2);
         loop {
             let placed = place(&routing, &records, &rr, &todo);
@@ -509,6 +530,54 @@ impl Producer {
             }
         }
         Ok(out.into_iter().flatten().collect())
+    }
+
+    /// The routing of `stream`; while the coordinator answers that the stream does not
+    /// exist, or cannot be reached, asked again with a backoff until the publish that
+    /// `started` is [`ProducerBuilder::delivery_timeout`] old, then
+    /// [`ClientError::DeliveryTimeout`].
+    async fn routing_within(
+        &self,
+        stream: &str,
+        started: Instant,
+    ) -> Result<Arc<routing::Routing>, ClientError> {
+        let mut delay = Duration::from_millis(50);
+        let mut tries = 0u32;
+        loop {
+            let e = match self.inner.routes.get(stream).await {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            let waits = match &e {
+                ClientError::Coordinator(c) => {
+                    c.code() == Some(rsc_protocol::ErrorCode::StreamNotFound) || c.is_retriable()
+                }
+                _ => false,
+            };
+            if !waits {
+                return Err(e);
+            }
+            let timeout = self.inner.delivery_timeout;
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                metrics::counter!("rsc_client_publish_delivery_timeouts_total", "stream" => stream.to_owned())
+                    .increment(1);
+                warn!(stream, error = %e, ?timeout, "publish failed: no routing for the stream within the delivery timeout");
+                return Err(ClientError::DeliveryTimeout {
+                    stream: stream.to_owned(),
+                    timeout,
+                    source: Box::new(e),
+                });
+            }
+            tries += 1;
+            if tries == 1 {
+                warn!(stream, error = %e, ?timeout, "no routing for the stream; asking again until the delivery timeout");
+            } else {
+                debug!(stream, error = %e, tries, "no routing for the stream yet");
+            }
+            tokio::time::sleep(delay.min(left)).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
     }
 
     /// After a publish's Redis error: `Ok` when the same records may be sent again (an

@@ -220,6 +220,18 @@ impl RoutingCache {
     /// After a failed refresh: the next publish-triggered one waits (50 ms doubling to
     /// [`MAX_RETRY_DELAY`]); the first failure of a run and every 30th are warnings.
     fn refresh_failed(&self, stream: &str, health: &RefreshHealth, e: &ClientError) {
+        if let ClientError::Coordinator(c) = e
+            && c.code() == Some(rsc_protocol::ErrorCode::StreamNotFound)
+        {
+            // Gone (deleted, or lost with the metadata store and not restored): publishes
+            // stop writing to it and wait for it up to their delivery timeout.
+            warn!(%stream, error = %e, "the stream no longer exists: its cached routing is dropped");
+            self.entries
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(stream);
+            return;
+        }
         let failures = health.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let delay = Duration::from_millis(50)
             .saturating_mul(1 << (failures - 1).min(10))

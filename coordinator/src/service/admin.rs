@@ -78,7 +78,13 @@ impl Coordinator {
                 return Err(ServiceError::GroupAlreadyExists(req.group.to_string()));
             }
             let now = self.now();
-            let (mut stream, revision) = match self.store.load_stream(&req.stream).await? {
+            // A stream the store lost is restored from its recovery copy first, so that it
+            // is never created again with another shard count (PROTOCOL §2.3).
+            let existing = match self.store.load_stream(&req.stream).await? {
+                Some(v) => Some(v),
+                None => self.recover_stream_boxed(&req.stream).await?,
+            };
+            let (mut stream, revision) = match existing {
                 Some(v) => {
                     if let Some(n) = req.shard_count
                         && n != v.doc.shard_count

@@ -32,12 +32,14 @@ mod admin;
 mod cache;
 mod heartbeat;
 mod outages;
+mod recovery;
 mod redrive;
 mod sweep;
 mod views;
 mod write;
 
 use cache::DocCache;
+pub use recovery::Restored;
 pub use sweep::PurgedKeys;
 use write::Mutated;
 
@@ -206,6 +208,9 @@ pub struct Coordinator {
     /// Store outages seen, so that one does not expire the members it kept silent.
     outages: Arc<Mutex<StoreOutages>>,
     wakes: Option<Arc<WakeHub>>,
+    /// The recovery copy of the documents, when the coordinator knows the data Redis
+    /// (PROTOCOL §2.3).
+    recovery: Option<Arc<recovery::Recovery>>,
 }
 
 impl Coordinator {
@@ -230,6 +235,7 @@ impl Coordinator {
             sealer: None,
             outages,
             wakes: None,
+            recovery: None,
         }
     }
 
@@ -388,7 +394,12 @@ impl Coordinator {
     }
 
     async fn load_group(&self, group: &str) -> Result<Versioned<GroupDoc>> {
-        let Some((mut v, live)) = self.store.load_group_live(group).await? else {
+        let mut loaded = self.store.load_group_live(group).await?;
+        if loaded.is_none() && self.recover_group_boxed(group).await? {
+            // The store had lost it; restored from the recovery copy (PROTOCOL §2.3).
+            loaded = self.store.load_group_live(group).await?;
+        }
+        let Some((mut v, live)) = loaded else {
             // Deleted (perhaps through another coordinator): drop what this one cached.
             self.cache.forget_group(group);
             return Err(ServiceError::GroupNotFound(group.to_owned()));
@@ -447,10 +458,12 @@ impl Coordinator {
     }
 
     async fn load_stream(&self, stream: &str) -> Result<Versioned<StreamDoc>> {
-        self.store
-            .load_stream(stream)
-            .await?
-            .ok_or_else(|| ServiceError::StreamNotFound(stream.to_owned()))
+        let loaded = match self.store.load_stream(stream).await? {
+            Some(v) => Some(v),
+            // The store may have lost it: restored from the recovery copy (PROTOCOL §2.3).
+            None => self.recover_stream_boxed(stream).await?,
+        };
+        loaded.ok_or_else(|| ServiceError::StreamNotFound(stream.to_owned()))
     }
 
     /// Lock, load, apply `f`, write if the document changed, log. Returns what happened.

@@ -56,6 +56,30 @@ pub trait StoreLayer: Send + Sync + std::fmt::Debug + 'static {
     fn wrote(&self, document: Document<'_>, before: u64, after: u64) {
         let _ = (document, before, after);
     }
+
+    /// Runs after a successful write stored `write` (the document as written, at its new
+    /// revision), inside [`Self::around`]; the write's caller waits for it. It cannot fail
+    /// the write (a decorator that mirrors documents elsewhere retries on its own).
+    fn stored(&self, write: Stored<'_>) -> impl Future<Output = ()> + Send {
+        let _ = write;
+        async {}
+    }
+
+    /// Runs before a group document is deleted; an error refuses the delete (nothing was
+    /// deleted). Used to remove a copy first, so that no copy outlives its document.
+    fn deleting(&self, group: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = group;
+        async { Ok(()) }
+    }
+}
+
+/// A document a successful write stored ([`StoreLayer::stored`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Stored<'a> {
+    /// A group document at this revision.
+    Group(&'a GroupDoc, u64),
+    /// A stream document at this revision.
+    Stream(&'a StreamDoc, u64),
 }
 
 /// A [`MetadataStore`] that forwards every call to `inner` through `layer`'s hooks.
@@ -99,12 +123,14 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_group(doc, expected).await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
+            self.layer.stored(Stored::Group(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_group", call).await
     }
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let call = async {
+            self.layer.deleting(group).await?;
             self.inner.delete_group(group, expected).await?;
             self.layer.wrote(Document::Group(group), expected, 0);
             Ok(())
@@ -116,6 +142,7 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_stream(doc, expected).await?;
             self.layer
                 .wrote(Document::Stream(&doc.stream), expected, after);
+            self.layer.stored(Stored::Stream(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_stream", call).await
@@ -170,6 +197,7 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
             let after = self.inner.put_group_live(doc, expected, change).await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
+            self.layer.stored(Stored::Group(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_group_live", call).await
@@ -324,6 +352,75 @@ mod tests {
             *calls.lock().unwrap(),
             ["touch_steady", "group_revision", "touch_steady_batch"],
             "each call reaches the inner store as itself, not as a default's parts"
+        );
+    }
+
+    /// Records what `stored` and `deleting` saw; refuses deletes while `refuse` is set.
+    #[derive(Debug, Default)]
+    struct Copies {
+        seen: Mutex<Vec<String>>,
+        refuse: std::sync::atomic::AtomicBool,
+    }
+
+    impl StoreLayer for Arc<Copies> {
+        async fn stored(&self, write: Stored<'_>) {
+            let line = match write {
+                Stored::Group(g, r) => format!("group {} at {r}", g.group),
+                Stored::Stream(s, r) => format!("stream {} at {r}", s.stream),
+            };
+            self.seen.lock().unwrap().push(line);
+        }
+
+        async fn deleting(&self, group: &str) -> Result<(), StoreError> {
+            self.seen.lock().unwrap().push(format!("deleting {group}"));
+            if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(StoreError::unavailable("no copy store".into()));
+            }
+            Ok(())
+        }
+    }
+
+    /// Every committed document write reaches `stored` with the document and its new
+    /// revision (a refused compare-and-set does not), and `deleting` runs before a delete,
+    /// which it can refuse (the document is then still there).
+    #[tokio::test]
+    async fn every_committed_write_is_seen_whole_and_a_delete_can_be_refused_first() {
+        let copies = Arc::new(Copies::default());
+        let store = Layered::with_layer(Arc::new(MemoryStore::new()), copies.clone());
+        let stream = StreamDoc::new("s", 2, 0).unwrap();
+        store.put_stream(&stream, 0).await.unwrap();
+        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        store.put_group(&group, 0).await.unwrap();
+        store
+            .put_group_live(&group, 1, &LivenessChange::default())
+            .await
+            .unwrap();
+        assert!(
+            store.put_group(&group, 1).await.is_err(),
+            "a lost compare-and-set"
+        );
+        copies
+            .refuse
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(store.delete_group("g", 2).await.is_err());
+        assert_eq!(
+            store.group_revision("g").await.unwrap(),
+            Some(2),
+            "not deleted"
+        );
+        copies
+            .refuse
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        store.delete_group("g", 2).await.unwrap();
+        assert_eq!(
+            *copies.seen.lock().unwrap(),
+            [
+                "stream s at 1",
+                "group g at 1",
+                "group g at 2",
+                "deleting g",
+                "deleting g"
+            ]
         );
     }
 }

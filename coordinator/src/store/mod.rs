@@ -24,7 +24,7 @@ mod memory;
 mod redis;
 
 pub use error::{StoreError, StoreErrorKind};
-pub use layer::{Document, Layered, StoreLayer};
+pub use layer::{Document, Layered, StoreLayer, Stored};
 pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
 

@@ -1,0 +1,431 @@
+//! A lost metadata store (PROTOCOL §2.3): the store Redis is emptied (`FLUSHALL`, what a
+//! restart without persistence or a failover to an empty replica does) while pods consume
+//! and a producer publishes. The coordinator restores the stream and the group from the
+//! recovery copy in the data Redis by itself: members rejoin at higher epochs, producers
+//! keep routing with the same shard count, nothing is lost, per-key order holds. With
+//! `--store-recovery manual` it does not restore by itself; `rsc-coordinator store restore`
+//! does.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`.
+
+use crate::pods::{
+    Consumer, SERIAL, Stack, eventually, eventually_async, finish_producer, handled,
+    order_violations, spawn_producer,
+};
+use rsc_e2e::{Api, code};
+use rsc_testkit::{CoordinatorProcess, RedisServer, binary_path};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+const GROUP: &str = "g";
+const STREAM: &str = "lost";
+const RECORD: &str = "handled";
+const SESSION_MS: u64 = 3_000;
+const HEARTBEAT_MS: u64 = 300;
+
+/// A store Redis and a data Redis, and a coordinator on both (Redis store).
+fn stack(store: &RedisServer, extra: &[&str]) -> Stack {
+    let redis = RedisServer::start().expect("data redis-server starts");
+    let (store_url, data_url) = (store.url(), redis.url());
+    let mut args = vec![
+        "--store",
+        "redis",
+        "--redis-url",
+        &store_url,
+        "--data-redis-url",
+        &data_url,
+        "--sweep-interval-ms",
+        "20",
+    ];
+    args.extend_from_slice(extra);
+    let coordinator = CoordinatorProcess::start(&args).expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    Stack {
+        redis,
+        coordinator,
+        api,
+    }
+}
+
+fn consumer(stack: &Stack, pod: &str) -> Consumer {
+    Consumer::start(
+        stack,
+        pod,
+        &[
+            "--group",
+            GROUP,
+            "--stream",
+            STREAM,
+            "--concurrency",
+            "2",
+            "--handle-ms",
+            "1",
+            "--record-stream",
+            RECORD,
+        ],
+    )
+}
+
+async fn max_epoch(stack: &Stack) -> u64 {
+    let g = stack.group(GROUP).await;
+    g["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["member_epoch"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The store is emptied under load: the group and the stream are back by themselves within
+/// two session timeouts, with their shard count and settings, members at higher epochs;
+/// every entry is handled, per-key order holds; the restore is audited and counted.
+#[tokio::test]
+async fn a_flushed_store_is_restored_under_load() {
+    let _serial = SERIAL.lock().await;
+    let store = RedisServer::start().expect("store redis-server starts");
+    let stack = stack(&store, &[]);
+    stack
+        .create_group(GROUP, STREAM, 4, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let pods: Vec<Consumer> = ["127.0.0.61", "127.0.0.62"]
+        .iter()
+        .map(|p| consumer(&stack, p))
+        .collect();
+    stack.wait_stable(GROUP, 4, 4).await;
+    let before = stack.group(GROUP).await;
+    assert_eq!(before["fencing"], "strict", "{before}");
+    let epoch_before = max_epoch(&stack).await;
+    // Steady heartbeats write no copy: over ten heartbeat intervals the count stays.
+    let writes = || {
+        stack
+            .api
+            .metric("rsc_store_recovery_copy_writes_total", &[])
+    };
+    let steady = writes().await;
+    assert!(
+        steady >= 2.0,
+        "the stream and the group were copied: {steady}"
+    );
+    tokio::time::sleep(Duration::from_millis(10 * HEARTBEAT_MS)).await;
+    assert_eq!(writes().await, steady, "steady heartbeats wrote copies");
+    let mut con = stack.redis();
+    const N: u64 = 6_000;
+    let producer = spawn_producer(&stack, STREAM, N, 32, Some(1_500));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    let flushed = Instant::now();
+    // Serving again: the group, its four members stable owning every shard.
+    let after = stack.wait_stable(GROUP, 4, 4).await;
+    let took = flushed.elapsed();
+    eprintln!("store flushed: serving again after {took:?}");
+    assert!(
+        took <= Duration::from_millis(2 * SESSION_MS),
+        "back within two session timeouts: {took:?}"
+    );
+    for field in [
+        "stream",
+        "session_timeout_ms",
+        "heartbeat_interval_ms",
+        "fencing",
+        "ordering",
+    ] {
+        assert_eq!(after[field], before[field], "{field}: {after}");
+    }
+    let epoch_after = max_epoch(&stack).await;
+    assert!(
+        epoch_after > epoch_before + 1_000,
+        "members rejoined above every epoch held before: {epoch_before} -> {epoch_after}"
+    );
+    let (s, routing) = stack
+        .api
+        .get(&format!("/v1/streams/{STREAM}/routing"))
+        .await;
+    assert_eq!(s.as_u16(), 200, "{routing}");
+    assert_eq!(routing["shard_count"], 4, "{routing}");
+
+    finish_producer(producer, N);
+    let records = eventually("every entry handled", 120, || {
+        let rs = handled(&mut con, RECORD);
+        let distinct: HashSet<(String, u64)> = rs.iter().map(|r| (r.key.clone(), r.seq)).collect();
+        (distinct.len() as u64 >= N).then_some(rs)
+    })
+    .await;
+    let distinct: HashSet<(String, u64)> = records.iter().map(|r| (r.key.clone(), r.seq)).collect();
+    let (violations, examples) = order_violations(&records);
+    eprintln!(
+        "store loss under load: {N} entries, {} handlings, lost {}, order violations {violations}",
+        records.len(),
+        N - distinct.len() as u64
+    );
+    assert_eq!(distinct.len() as u64, N, "nothing lost");
+    assert_eq!(violations, 0, "{examples:#?}");
+
+    // Audited as the coordinator's own action, counted, logged.
+    let (_, audit) = stack.api.get("/v1/audit?log=mutations").await;
+    let restores: Vec<&Value> = audit["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["action"] == "store.restore")
+        .collect();
+    assert!(
+        restores
+            .iter()
+            .any(|e| e["principal"] == "rsc-coordinator" && e["target"]["group"] == GROUP),
+        "{audit}"
+    );
+    assert!(
+        restores.iter().any(|e| e["target"]["stream"] == STREAM),
+        "{audit}"
+    );
+    let n = stack
+        .api
+        .metric("rsc_store_recoveries_total", &[("kind", "group")])
+        .await;
+    assert!(n >= 1.0, "rsc_store_recoveries_total{{kind=group}} = {n}");
+    assert!(stack.coordinator.logged("restored from the recovery copy"));
+    drop(pods);
+}
+
+/// `--store-recovery manual`: the coordinator refuses to restore (the group stays missing,
+/// the refusal is counted, the pod is not ready and handles nothing);
+/// `rsc-coordinator store restore` restores it with its settings, and the pod is back.
+#[tokio::test]
+async fn manual_recovery_waits_for_store_restore() {
+    let _serial = SERIAL.lock().await;
+    let store = RedisServer::start().expect("store redis-server starts");
+    let stack = stack(&store, &["--store-recovery", "manual"]);
+    stack
+        .create_group(GROUP, STREAM, 3, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let pod = consumer(&stack, "127.0.0.63");
+    stack.wait_stable(GROUP, 2, 3).await;
+    eventually_async("the pod is ready", 30, || async {
+        (pod.ready().await == Some(true)).then_some(())
+    })
+    .await;
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    // Past a heartbeat, a routing request and a periodic check (5 s): still missing.
+    let (s, body) = stack
+        .api
+        .get(&format!("/v1/streams/{STREAM}/routing"))
+        .await;
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "STREAM_NOT_FOUND"),
+        "{body}"
+    );
+    eventually_async("the pod reports not ready", 30, || async {
+        (pod.ready().await == Some(false)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(6_000)).await;
+    let (s, body) = stack.api.get(&format!("/v1/groups/{GROUP}")).await;
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "GROUP_NOT_FOUND"),
+        "{body}"
+    );
+    let refused = stack
+        .api
+        .metric("rsc_store_recoveries_refused_total", &[])
+        .await;
+    assert!(refused >= 1.0, "refusals counted: {refused}");
+    assert!(
+        stack
+            .coordinator
+            .logged("--store-recovery manual: not restored")
+    );
+    assert_eq!(
+        pod.ready().await,
+        Some(false),
+        "not ready while the group is gone"
+    );
+
+    let out = std::process::Command::new(binary_path("rsc-coordinator").expect("built"))
+        .args([
+            "store",
+            "restore",
+            "--store",
+            "redis",
+            "--redis-url",
+            &store.url(),
+            "--data-redis-url",
+            &stack.redis.url(),
+        ])
+        .output()
+        .expect("store restore runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("restored stream lost"), "{stdout}");
+    assert!(stdout.contains("restored group g"), "{stdout}");
+    let g = stack.wait_stable(GROUP, 2, 3).await;
+    assert_eq!(g["session_timeout_ms"], SESSION_MS, "{g}");
+    eventually_async("the pod is ready again", 30, || async {
+        (pod.ready().await == Some(true)).then_some(())
+    })
+    .await;
+    let (_, routing) = stack
+        .api
+        .get(&format!("/v1/streams/{STREAM}/routing"))
+        .await;
+    assert_eq!(routing["shard_count"], 3, "{routing}");
+}
+
+/// Without a recovery copy (no data Redis for the coordinator), a lost stream stays lost: a
+/// producer's routing refresh finds it gone, drops the cached routing, and the next publish
+/// fails with a clear error once its delivery timeout has passed — not at once, not never.
+#[tokio::test]
+async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
+    use rsc_client::ClientError;
+    use rsc_client::producer::{Producer, Record};
+    let store = RedisServer::start().expect("store redis-server starts");
+    let data = RedisServer::start().expect("data redis-server starts");
+    let store_url = store.url();
+    let coordinator = CoordinatorProcess::start(&["--store", "redis", "--redis-url", &store_url])
+        .expect("coordinator starts");
+    let api = Api::new(coordinator.url());
+    let (s, body) = api
+        .post(
+            "/v1/groups",
+            serde_json::json!({"group": GROUP, "stream": STREAM, "shard_count": 2}),
+        )
+        .await;
+    assert_eq!(s.as_u16(), 201, "{body}");
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let producer = Producer::builder()
+        .coordinator(&coordinator.url())
+        .redis_url(data.url())
+        .refresh_every(Duration::from_millis(100))
+        .delivery_timeout(TIMEOUT)
+        .build()
+        .expect("producer");
+    producer
+        .publish_record(STREAM, Record::raw("before").key("k"))
+        .await
+        .expect("published while the stream exists");
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (err, took) = loop {
+        let started = Instant::now();
+        match producer
+            .publish_record(STREAM, Record::raw("after").key("k"))
+            .await
+        {
+            Ok(_) => {
+                // Still the cached routing, until a refresh finds the stream gone.
+                assert!(Instant::now() < deadline, "publishes never failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => break (e, started.elapsed()),
+        }
+    };
+    let text = err.chain();
+    eprintln!("publish to a lost stream failed after {took:?}: {text}");
+    assert!(
+        matches!(&err, ClientError::DeliveryTimeout { stream, .. } if stream == STREAM),
+        "{text}"
+    );
+    assert!(
+        text.contains("STREAM_NOT_FOUND") || text.contains("does not exist"),
+        "{text}"
+    );
+    assert!(
+        took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3),
+        "failed after its delivery timeout: {took:?}"
+    );
+}
+
+/// A deleted group is never restored (its copy goes before its document), while a group
+/// that was not deleted is; a data Redis that lost the copy gets it back from the store, and
+/// a stream copy behind its document is written again.
+#[tokio::test]
+async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
+    let store = RedisServer::start().expect("store redis-server starts");
+    let stack = stack(&store, &[]);
+    for g in ["kept", "deleted"] {
+        let (s, body) = stack
+            .api
+            .post(
+                "/v1/groups",
+                serde_json::json!({"group": g, "stream": STREAM, "shard_count": 2}),
+            )
+            .await;
+        assert_eq!(s.as_u16(), 201, "{body}");
+    }
+    let (s, body) = stack
+        .api
+        .call(reqwest::Method::DELETE, "/v1/groups/deleted", None)
+        .await;
+    assert!(s.is_success(), "{s} {body}");
+
+    // The data Redis loses the copy: the check writes it again from the store.
+    stack
+        .redis
+        .command("DEL rsc:recovery:groups rsc:recovery:streams")
+        .expect("DEL");
+    let mut con = stack.redis();
+
+    eventually("the copy written again", 15, || {
+        let groups: Vec<String> = redis::cmd("HKEYS")
+            .arg("rsc:recovery:groups")
+            .query(&mut con)
+            .ok()?;
+        let streams: u64 = redis::cmd("HLEN")
+            .arg("rsc:recovery:streams")
+            .query(&mut con)
+            .ok()?;
+        (groups == ["kept"] && streams == 1).then_some(())
+    })
+    .await;
+
+    // A copy behind its document (as if a coordinator stopped between the commit and the
+    // copy): written again from the store.
+    let copy: String = redis::cmd("HGET")
+        .arg("rsc:recovery:streams")
+        .arg(STREAM)
+        .query(&mut con)
+        .expect("HGET");
+    let mut stale: Value = serde_json::from_str(&copy).expect("a stream copy is JSON");
+    stale["revision"] = 0.into();
+    stale["doc"]["shard_count"] = 7.into();
+    let () = redis::cmd("HSET")
+        .arg("rsc:recovery:streams")
+        .arg(STREAM)
+        .arg(stale.to_string())
+        .query(&mut con)
+        .expect("HSET");
+    eventually("the stale stream copy written again", 15, || {
+        let copy: String = redis::cmd("HGET")
+            .arg("rsc:recovery:streams")
+            .arg(STREAM)
+            .query(&mut con)
+            .ok()?;
+        let v: Value = serde_json::from_str(&copy).ok()?;
+        (v["doc"]["shard_count"] == 2 && v["revision"] != 0).then_some(())
+    })
+    .await;
+
+    store.command("FLUSHALL").expect("FLUSHALL");
+    let (s, body) = stack.api.get("/v1/groups/kept").await;
+    assert_eq!(s.as_u16(), 200, "restored on the first request: {body}");
+    // Past a periodic check (5 s): the deleted group is still gone.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let (s, body) = stack.api.get("/v1/groups/deleted").await;
+    assert_eq!(
+        (s.as_u16(), code(&body)),
+        (404, "GROUP_NOT_FOUND"),
+        "{body}"
+    );
+    let (_, list) = stack.api.get("/v1/groups").await;
+    assert!(!list.to_string().contains("\"deleted\""), "{list}");
+}
