@@ -424,7 +424,11 @@ async fn item_errors_beside_successes_and_whole_request_errors() {
     );
     let (s, v) = batch(&viewer, one.clone()).await;
     assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "FORBIDDEN"), "{v}");
+    // Another method: 401 without a credential (PROTOCOL §4: a refused client learns nothing
+    // of the path), 405 for a principal the route would serve.
     let (s, v) = stack.api.get("/v1/heartbeats").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    let (s, v) = member.get("/v1/heartbeats").await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{v}");
 
     // The store down: each item answers 503, the request itself still 200.
