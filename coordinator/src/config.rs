@@ -3,6 +3,7 @@
 //! Precedence: command-line flag, then environment variable, then `--config` file, then the
 //! default.
 
+use crate::api::DEFAULT_BODY_LIMIT;
 use clap::{Args, ValueEnum};
 use rsc_protocol::redact::{SecretString, SecretUrl};
 use rsc_redis::sentinel::SentinelTarget;
@@ -359,6 +360,11 @@ pub struct ServeConfig {
     pub listener_tls: Option<crate::tls::ListenerTls>,
 }
 
+/// A setting: the flag's (or environment's) value, else the file's, else the default.
+fn pick<T>(flag: Option<T>, file: Option<T>, default: T) -> T {
+    flag.or(file).unwrap_or(default)
+}
+
 /// The access layer's settings, resolved ([`ServeArgs::access`]).
 struct AccessSettings {
     trusted_proxies: Option<String>,
@@ -584,14 +590,9 @@ impl ServeArgs {
             data_redis_sentinel,
             data_redis_tls,
             rollback_window_ms,
-            retired_key_delay_ms: self
-                .retired_key_delay_ms
-                .or(file.retired_key_delay_ms)
+            retired_key_delay_ms: (self.retired_key_delay_ms.or(file.retired_key_delay_ms))
                 .unwrap_or(rollback_window_ms),
-            sweep_interval_ms: self
-                .sweep_interval_ms
-                .or(file.sweep_interval_ms)
-                .unwrap_or(250),
+            sweep_interval_ms: pick(self.sweep_interval_ms, file.sweep_interval_ms, 250),
             history_interval_ms: self
                 .history_interval_ms
                 .or(file.history_interval_ms)
@@ -600,18 +601,9 @@ impl ServeArgs {
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
                 .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
-            store_recovery: self
-                .store_recovery
-                .or(file.store_recovery)
-                .unwrap_or_default(),
-            store_wait_replicas: self
-                .store_wait_replicas
-                .or(file.store_wait_replicas)
-                .unwrap_or(0),
-            body_limit: self
-                .body_limit
-                .or(file.body_limit)
-                .unwrap_or(crate::api::DEFAULT_BODY_LIMIT),
+            store_recovery: pick(self.store_recovery, file.store_recovery, Default::default()),
+            store_wait_replicas: pick(self.store_wait_replicas, file.store_wait_replicas, 0),
+            body_limit: pick(self.body_limit, file.body_limit, DEFAULT_BODY_LIMIT),
             wake_max_channels: wake.max_channels,
             wake_max_channels_per_principal: wake.max_channels_per_principal,
             wake_idle_timeout_ms: wake.idle_timeout_ms,

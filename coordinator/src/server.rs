@@ -156,18 +156,7 @@ pub async fn serve(
         Duration::from_millis(cfg.audit_refusal_interval_ms),
         move || clients.prune(),
     )));
-    // One poll (and one SIGHUP handler) for every file re-read while serving.
-    let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
-    let acceptor = tls.map(|loaded| {
-        watched.extend(loaded.reloaders());
-        TlsAcceptor::from(Arc::new(loaded.config))
-    });
-    if let Some(acl) = acl {
-        watched.push(acl);
-    }
-    if !watched.is_empty() {
-        tasks.push(tokio::spawn(crate::watch::run(watched)));
-    }
+    let acceptor = watch_files(tls, acl, &mut tasks);
     let app = api::router(
         AppState::new(api::Shared {
             coordinator,
@@ -198,6 +187,28 @@ pub async fn serve(
     }
     info!("stopped");
     result.map_err(Into::into)
+}
+
+/// The listener's TLS acceptor (with `tls`), and one task pushed on `tasks` that re-reads
+/// every file watched while serving (the certificate, the client CA and CRL, the ACL) on one
+/// poll and one SIGHUP handler.
+fn watch_files(
+    tls: Option<tls::LoadedTls>,
+    acl: Option<Arc<LiveAcl>>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Option<TlsAcceptor> {
+    let mut watched: Vec<Arc<dyn crate::watch::Reload>> = Vec::new();
+    let acceptor = tls.map(|loaded| {
+        watched.extend(loaded.reloaders());
+        TlsAcceptor::from(Arc::new(loaded.config))
+    });
+    if let Some(acl) = acl {
+        watched.push(acl);
+    }
+    if !watched.is_empty() {
+        tasks.push(tokio::spawn(crate::watch::run(watched)));
+    }
+    acceptor
 }
 
 /// The access layer's settings (PROTOCOL §4, §7): the ACL, the admin rate, the audit, the
