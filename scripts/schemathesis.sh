@@ -71,6 +71,9 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 
+# The fuzzer sends every request from one address, many of them without the token on purpose
+# (the ignored_auth check): the per-address refused-request limit (PROTOCOL §7) is off, so
+# that they keep reaching the access checks instead of the 429 in front of them.
 # A wake-up channel is an endless event stream: with a 1 s idle timeout each one ends soon
 # after its `ready` event, so that schemathesis can check it and move on.
 SCHEME=http
@@ -88,7 +91,8 @@ if [ -n "${RSC_SCHEMATHESIS_TLS:-}" ]; then
 fi
 "$BIN" serve --listen 127.0.0.1:0 --store memory --acl "$WORK/acl.toml" \
     --data-redis-url "redis://127.0.0.1:$REDIS_PORT" \
-    --admin-rate 100000 --admin-burst 100000 --wake-idle-timeout-ms 1000 "${TLS_ARGS[@]}" \
+    --admin-rate 100000 --admin-burst 100000 --client-refusal-rate 0 \
+    --wake-idle-timeout-ms 1000 "${TLS_ARGS[@]}" \
     >"$WORK/coordinator.log" 2>&1 &
 COORD_PID=$!
 ADDR=""

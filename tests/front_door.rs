@@ -242,6 +242,12 @@ async fn refusals_throttle_their_address_and_trusted_proxies_name_the_client() {
     // Throttled before authentication: even a valid token waits.
     let s = send(&attacker, Method::GET, &url, Some(token_of("viewer"))).await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    // The open routes are not throttled: a health probe from that address is answered.
+    let health = format!("{}/healthz", stack.url);
+    assert_eq!(
+        send(&attacker, Method::GET, &health, None).await,
+        StatusCode::OK
+    );
     // Another address is served.
     let other = client_from("127.0.0.3");
     let s = send(&other, Method::GET, &url, Some(token_of("viewer"))).await;

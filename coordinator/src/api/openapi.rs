@@ -120,8 +120,18 @@ pub(super) fn document_access(doc: &mut OpenApi) {
                 .entry(status.to_owned())
                 .or_insert_with(|| error_response(&text).into());
         }
-        if let Access::Admin { .. } = route.access {
-            document_rate_limit(op);
+        match route.access {
+            Access::Admin { .. } => document_rate_limit(
+                op,
+                "RATE_LIMITED: over the principal's admin mutation rate, or the client address \
+                 over its limits (PROTOCOL §7)",
+            ),
+            Access::Roles { .. } => document_rate_limit(
+                op,
+                "RATE_LIMITED: the client address is over its request or refused-request \
+                 limit (PROTOCOL §7)",
+            ),
+            Access::Open => {}
         }
         if let Some(needs) = needs {
             document_security(op, &needs, scope);
@@ -186,19 +196,17 @@ fn access_errors(
     errors
 }
 
-/// The admin rate limit's `429` answer with its `Retry-After` header.
-fn document_rate_limit(op: &mut Operation) {
+/// A rate limit's `429` answer, `text`, with its `Retry-After` header.
+fn document_rate_limit(op: &mut Operation, text: &str) {
     let retry_after = HeaderBuilder::new()
         .schema(Some(
             ObjectBuilder::new()
                 .schema_type(Type::Integer)
                 .minimum(Some(1)),
         ))
-        .description(Some(
-            "Seconds until the principal's bucket has a token again",
-        ))
+        .description(Some("Seconds until the bucket has a token again"))
         .build();
-    let mut r = error_response("RATE_LIMITED: over the principal's admin mutation rate");
+    let mut r = error_response(text);
     r.headers.insert("Retry-After".into(), retry_after.into());
     op.responses
         .responses

@@ -53,8 +53,16 @@ pub(crate) async fn enforce(
             _ => format!("{method} {route}"),
         },
     };
-    // Ahead of every credential check: the per-address limits.
-    if let Err(t) = sec.clients.admit(client) {
+    // Ahead of every credential check: the per-address limits. Not on the open routes: a
+    // health probe from a throttled address (a node's kubelet) must still be answered.
+    let open = matches!(
+        lookup,
+        Lookup::Route(RouteSpec {
+            access: Access::Open,
+            ..
+        })
+    );
+    if !open && let Err(t) = sec.clients.admit(client) {
         return ctx.throttled(t).await;
     }
     let access = match lookup {
