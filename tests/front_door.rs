@@ -12,6 +12,7 @@ use std::time::Duration;
 
 /// A client whose connections come from `source` (a loopback address).
 fn client_from(source: &str) -> reqwest::Client {
+    rsc_client::install_crypto_provider();
     reqwest::Client::builder()
         .local_address(source.parse::<IpAddr>().unwrap())
         .timeout(Duration::from_secs(10))
