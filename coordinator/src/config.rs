@@ -398,7 +398,7 @@ pub enum ConfigError {
     Parse {
         /// File.
         path: PathBuf,
-        /// Where and what ([`toml_error`]: the line itself is not quoted).
+        /// Where and what (`toml_error`: the line itself is not quoted).
         reason: String,
     },
     /// A value is out of range or unsafe.

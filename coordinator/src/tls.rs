@@ -427,7 +427,7 @@ fn crl_next_update(crls: &[CertificateRevocationListDer<'_>]) -> Option<i64> {
 
 /// The client certificate verifier of mutual TLS (`--tls-client-ca`, `--tls-client-crl`):
 /// each handshake verifies with the verifier built from the files as last read; the files
-/// are re-read when they change and on SIGHUP ([`watch::Reload`]). A failed reload keeps
+/// are re-read when they change and on SIGHUP (`watch::Reload`). A failed reload keeps
 /// the last good verifier. Refusals are counted by reason,
 /// `rsc_tls_client_cert_refusals_total{reason}`.
 #[derive(Debug)]
