@@ -6,8 +6,9 @@
 //! alike that follow in the same interval are counted and written as one entry when the
 //! interval closes. So an audit log takes at most two entries per kind and interval, whatever
 //! a client sends; and at most `kinds_max` kinds are told apart per interval — past that, the
-//! refusals of new kinds are merged under the client address `*` (the route and code are
-//! kept, and those are bounded by the route table).
+//! refusals of new kinds are merged under `*` for client address, principal, method and
+//! action (only the route, status and code are kept, and those are bounded by the route
+//! table).
 //!
 //! Pure: events in (a refusal and the time), entries out; the driver is
 //! [`super::Auditor::refused`] and the flush task of the server.
@@ -96,9 +97,13 @@ impl RefusalMerger {
     /// this interval, else `None` (it is counted).
     pub(crate) fn note(&mut self, mut refusal: Refusal, now_ms: u64) -> Option<AuditEntry> {
         if !self.open.contains_key(&refusal) && self.open.len() >= self.kinds_max {
+            // Only what the route table bounds is kept: the route, status and code. The
+            // method is the client's word too (any extension method reaches a known path).
             refusal.client_addr = OTHER_CLIENTS.to_owned();
             refusal.principal = OTHER_CLIENTS.to_owned();
             refusal.credential = None;
+            refusal.method = OTHER_CLIENTS.to_owned();
+            refusal.action = OTHER_CLIENTS.to_owned();
         }
         match self.open.get_mut(&refusal) {
             Some(t) => {
