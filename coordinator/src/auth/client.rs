@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 /// How many addresses the refusal limiter keeps blocked at once at most; past that, new
@@ -181,8 +181,9 @@ impl Throttled {
 pub(crate) struct ClientLimiter<C: Clock = DefaultClock> {
     requests: Option<Keyed<C>>,
     refusals: Option<Keyed<C>>,
-    /// Addresses whose refusal bucket is empty, until when.
-    blocked: Mutex<HashMap<IpAddr, Instant>>,
+    /// Addresses whose refusal bucket is empty, until when. Read by every request (a shared
+    /// lock), written only on a refusal over the burst and when an entry has expired.
+    blocked: RwLock<HashMap<IpAddr, Instant>>,
     clock: C,
 }
 
@@ -217,7 +218,7 @@ impl<C: Clock + Clone> ClientLimiter<C> {
         ClientLimiter {
             requests: keyed(requests),
             refusals: keyed(refusals),
-            blocked: Mutex::new(HashMap::new()),
+            blocked: RwLock::new(HashMap::new()),
             clock,
         }
     }
@@ -231,12 +232,18 @@ impl<C: Clock + Clone> ClientLimiter<C> {
         if self.refusals.is_some() {
             let now = Instant::now();
             // A poisoned lock still answers from the data: the map holds no invariant.
-            let mut blocked = self.blocked.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(&until) = blocked.get(&ip) {
-                if until > now {
-                    return Err(Throttled::Refusals(until - now));
+            let until = (self.blocked.read().unwrap_or_else(|p| p.into_inner()))
+                .get(&ip)
+                .copied();
+            match until {
+                Some(until) if until > now => return Err(Throttled::Refusals(until - now)),
+                Some(_) => {
+                    let mut blocked = self.blocked.write().unwrap_or_else(|p| p.into_inner());
+                    if blocked.get(&ip).is_some_and(|until| *until <= now) {
+                        blocked.remove(&ip);
+                    }
                 }
-                blocked.remove(&ip);
+                None => {}
             }
         }
         if let Some(limiter) = &self.requests {
@@ -255,7 +262,7 @@ impl<C: Clock + Clone> ClientLimiter<C> {
         };
         if let Err(not_until) = limiter.check_key(&ip) {
             let wait = not_until.wait_time_from(self.clock.now());
-            let mut blocked = self.blocked.lock().unwrap_or_else(|p| p.into_inner());
+            let mut blocked = self.blocked.write().unwrap_or_else(|p| p.into_inner());
             if blocked.len() < BLOCKED_MAX || blocked.contains_key(&ip) {
                 blocked.insert(ip, Instant::now() + wait);
             }
@@ -267,7 +274,7 @@ impl<C: Clock + Clone> ClientLimiter<C> {
     pub(crate) fn prune(&self) {
         let now = Instant::now();
         self.blocked
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|_, until| *until > now);
         for limiter in [&self.requests, &self.refusals].into_iter().flatten() {

@@ -43,14 +43,14 @@ pub(crate) async fn enforce(
     let ctx = Ctx {
         sec: &sec,
         client,
-        method: req.method().to_string(),
+        method: req.method().clone(),
         route,
-        action: match lookup {
+        admin_action: match lookup {
             Lookup::Route(RouteSpec {
                 access: Access::Admin { action, .. },
                 ..
-            }) => (*action).to_owned(),
-            _ => format!("{method} {route}"),
+            }) => Some(action),
+            _ => None,
         },
     };
     // Ahead of every credential check: the per-address limits. Not on the open routes: a
@@ -124,11 +124,12 @@ struct Ctx<'a> {
     sec: &'a Security,
     client: ClientAddr,
     /// The method as sent.
-    method: String,
+    method: Method,
     /// The matched path template.
     route: &'a str,
-    /// The admin action, or `METHOD template`.
-    action: String,
+    /// The admin action of the route, if it is an admin route. (What a refusal records is
+    /// built only when one happens: nothing is formatted on the path of a served request.)
+    admin_action: Option<&'static str>,
 }
 
 impl Ctx<'_> {
@@ -219,8 +220,13 @@ impl Ctx<'_> {
                 client_addr: self.client.to_string(),
                 principal: principal.map_or(ANONYMOUS, |p| p.name()).to_owned(),
                 credential: principal.map(|p| p.credential().as_str()),
-                action: self.action.clone(),
-                method: self.method.clone(),
+                action: match self.admin_action {
+                    Some(action) => action.to_owned(),
+                    // HEAD is recorded as the GET it was checked as.
+                    None if self.method == Method::HEAD => format!("GET {}", self.route),
+                    None => format!("{} {}", self.method, self.route),
+                },
+                method: self.method.to_string(),
                 route: self.route.to_owned(),
                 status: e.code.http_status(),
                 code: e.code,
