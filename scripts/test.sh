@@ -7,6 +7,8 @@
 # coordinator processes on free loopback ports; nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every step's line starts with the seconds since the script began (CI's budget is 45
+# minutes; the slow steps show up here).
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -43,41 +45,60 @@ fi
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target_dir"
-echo "== disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free where the build goes ($target_dir; a full build takes about 3 GiB)"
-echo "== build (all binaries the end-to-end tests spawn, and every test)"
+echo "== [${SECONDS}s] disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free where the build goes ($target_dir; a full build takes about 3 GiB)"
+echo "== [${SECONDS}s] build (all binaries the end-to-end tests spawn, and every test)"
 # With the tests selected, cargo unifies the dev-dependencies' features into this build, so
 # the binaries and `cargo test` below share one feature set and every dependency is compiled
 # once (with `--bins` alone, tokio, serde, hyper, reqwest, redis, … are compiled twice).
 cargo build --workspace --bins --tests --locked
 
-echo "== test"
+# The server matrix (scripts/server-matrix.sh: the data-path suites on Redis 8.2 and Valkey
+# 9.1) runs beside the main pass: end-to-end tests mostly wait on timers, so the two passes
+# share the two cores in about the time of the longer one. Its output goes to a log, printed
+# when it ends.
+matrix_log="$target_dir/server-matrix.log"
+echo "== [${SECONDS}s] server matrix in the background (log: $matrix_log)"
+# The binary is named before the main pass takes cargo's build-directory lock.
+RSC_E2E_BIN="$(scripts/server-matrix.sh --bin)"
+export RSC_E2E_BIN
+scripts/server-matrix.sh >"$matrix_log" 2>&1 &
+matrix_pid=$!
+trap 'kill "$matrix_pid" 2>/dev/null || true' EXIT
+
+echo "== [${SECONDS}s] test"
 cargo test --workspace --locked
 
-echo "== API fuzzing against the OpenAPI document (schemathesis)"
+echo "== [${SECONDS}s] server matrix (waiting for it to end)"
+matrix_status=0
+wait "$matrix_pid" || matrix_status=$?
+cat "$matrix_log"
+[ "$matrix_status" = 0 ] || { echo "server matrix failed" >&2; exit 1; }
+
+echo "== [${SECONDS}s] API fuzzing against the OpenAPI document (schemathesis)"
 scripts/schemathesis.sh
 # The same over HTTPS, with fewer examples per operation: this pass is about the transport
 # (keep-alive, unread request bodies, PROTOCOL §20); the pass above covers the API. About
 # 1,400 cases, 30–50 s.
-echo "== API fuzzing over HTTPS (schemathesis, 10 examples per operation)"
+echo "== [${SECONDS}s] API fuzzing over HTTPS (schemathesis, 10 examples per operation)"
 RSC_SCHEMATHESIS_TLS=1 RSC_SCHEMATHESIS_EXAMPLES=10 scripts/schemathesis.sh
 
-echo "== containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
+echo "== [${SECONDS}s] containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
 docker/smoke.sh
 
-echo "== benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
+echo "== [${SECONDS}s] benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
 scripts/bench.sh --quick
 
-echo "== packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
+echo "== [${SECONDS}s] packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
 scripts/package.sh
 
-echo "== lint"
+echo "== [${SECONDS}s] lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # After clippy: the dependencies' metadata it checked is what rustdoc needs, so this step only
 # documents the workspace's own crates.
-echo "== API documentation: cargo doc, warnings are errors (default and all features)"
+echo "== [${SECONDS}s] API documentation: cargo doc, warnings are errors (default and all features)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
 
-echo "== all tests passed"
+echo "== [${SECONDS}s] all tests passed"
