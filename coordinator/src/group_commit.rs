@@ -12,7 +12,7 @@
 //! fixed cost in Redis (`EVALSHA`, the script's set-up) is about that of one item (measured
 //! on Redis 7.0: 6.9 µs for a call of one touch, 3.8 µs per further touch), so a batch of
 //! 16 already spends at most ~5 % of its Redis time on it; waiting for more only leaves the
-//! requests, and the cores, idle (docs/BENCHMARKS.md, "touch pipelining").
+//! requests, and the cores, idle (docs/benchmarks/HISTORY.md, "touch pipelining").
 
 use std::collections::HashMap;
 use std::hash::Hash;

@@ -12,7 +12,7 @@
 //! The channels are held by a child process (this binary again, `--hold URL`), as they would
 //! be by other processes: held in the load generator itself, 10,000 idle connections made
 //! its own heartbeats about a fifth dearer in CPU (user time), and on two cores that CPU
-//! came out of the coordinator's share and showed in the p99 (docs/BENCHMARKS.md,
+//! came out of the coordinator's share and showed in the p99 (docs/benchmarks/HISTORY.md,
 //! "Heartbeat hot path, third pass"; `--channels-in-process` measures it that way).
 //!
 //! ```text
