@@ -25,6 +25,7 @@ pub(crate) mod drain;
 pub(crate) mod fence;
 pub(crate) mod health;
 pub(crate) mod heartbeats;
+pub(crate) mod hooks;
 pub(crate) mod hygiene;
 pub(crate) mod lease;
 pub(crate) mod member;

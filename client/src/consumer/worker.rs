@@ -219,7 +219,6 @@ impl ShardWorker {
         let span = info_span!("shard", group = %self.origin.group,
             member = %self.origin.member_id, shard, key = %self.origin.shard_key);
         let abandon = self.flags.abandon.clone();
-        #[cfg(feature = "ops")]
         let origin = self.origin.clone();
         async {
             tokio::select! {
@@ -232,9 +231,8 @@ impl ShardWorker {
         .instrument(span)
         .await;
         // The process no longer works the shard (revoked, abandoned, fenced, stepping aside or
-        // shutting down): its per-shard series go from the ops recorder's `/metrics`.
-        #[cfg(feature = "ops")]
-        crate::ops::forget_shard(&origin.group, &origin.stream, shard);
+        // shutting down): e.g. its per-shard series go from the ops recorder's `/metrics`.
+        super::hooks::shard_released(&origin.group, &origin.stream, shard);
         shard
     }
 

@@ -41,7 +41,6 @@ mod recorder;
 mod server;
 mod tracing_setup;
 
-pub(crate) use recorder::forget_shard;
 pub use recorder::{MetricsHandle, install_metrics};
 pub use server::Ops;
 pub(crate) use server::serve_app;

@@ -55,7 +55,10 @@ pub fn install_metrics() -> Result<MetricsHandle, crate::ConfigError> {
             };
             let prometheus = recorder.inner.handle();
             metrics::set_global_recorder(recorder)
-                .map(|()| MetricsHandle { prometheus, shards })
+                .map(|()| {
+                    crate::consumer::hooks::on_shard_released(forget_shard);
+                    MetricsHandle { prometheus, shards }
+                })
                 .map_err(|e| e.to_string())
         })
         .clone()
@@ -64,7 +67,7 @@ pub fn install_metrics() -> Result<MetricsHandle, crate::ConfigError> {
 
 /// Drops the series of `shard` of `stream` in `group` (this process gave the shard up).
 /// Nothing to do without the recorder of [`install_metrics`].
-pub(crate) fn forget_shard(group: &str, stream: &str, shard: u32) {
+fn forget_shard(group: &str, stream: &str, shard: u32) {
     if let Some(Ok(handle)) = INSTALLED.get() {
         handle.shards.forget(group, stream, shard);
     }
