@@ -257,7 +257,7 @@ impl ConsumerAppBuilder {
 
     /// Adds every function annotated with `#[stream_listener]` in the program.
     pub fn registered_listeners(mut self) -> Self {
-        self.listeners.extend(crate::__private::registered());
+        self.listeners.extend(crate::registry::registered());
         self
     }
 

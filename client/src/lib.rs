@@ -105,6 +105,7 @@ pub mod ops;
 mod otel;
 mod overrides;
 pub mod producer;
+mod registry;
 mod state;
 
 pub use app::{AppHandle, ConsumerApp, ConsumerAppBuilder, shutdown_signal};
@@ -176,29 +177,8 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     //! Used by the code `#[stream_listener]` expands to. Not a public API.
+    pub use crate::registry::Registration;
     pub use inventory;
-
-    /// One `#[stream_listener]` function, registered without a central list.
-    pub struct Registration {
-        build: fn() -> crate::Listener,
-    }
-
-    impl Registration {
-        /// Wraps the function that builds the listener.
-        pub const fn new(build: fn() -> crate::Listener) -> Self {
-            Registration { build }
-        }
-    }
-
-    inventory::collect!(Registration);
-
-    /// Every registered listener.
-    pub(crate) fn registered() -> Vec<crate::Listener> {
-        inventory::iter::<Registration>
-            .into_iter()
-            .map(|r| (r.build)())
-            .collect()
-    }
 }
 
 /// The application developers' guide (`docs/GUIDE.md`): its code blocks run as doc tests.
