@@ -103,17 +103,17 @@ async fn heartbeat_batch(
             .zip(scoped)
             .map(|(h, scope)| {
                 let outcome = scope.and_then(|()| {
-                    let r = answers.next().unwrap_or_else(|| {
-                        Err(crate::store::StoreError::conflict(
-                            "heartbeat left unanswered; retry".into(),
-                        )
-                        .into())
-                    });
-                    metrics::record_heartbeat(
-                        &h.group,
-                        r.as_ref().map(|_| ()).map_err(|e| e.code()),
-                    );
-                    r.map_err(ApiError::from)
+                    let r: Result<_, ApiError> = match answers.next() {
+                        Some(answer) => answer.map_err(ApiError::from),
+                        // The service answers every admitted item, in order: a missing answer
+                        // would be its bug, answered as a conflict the member retries.
+                        None => Err(ApiError::new(
+                            ErrorCode::StoreConflict,
+                            "heartbeat left unanswered; retry",
+                        )),
+                    };
+                    metrics::record_heartbeat(&h.group, r.as_ref().map(|_| ()).map_err(|e| e.code));
+                    r
                 });
                 batch_result(h, outcome)
             })
