@@ -421,6 +421,35 @@ pub struct DlqArgs {
 
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
+    /// List dead letters (PROTOCOL §18): by group, routing key, error text and time, a page
+    /// at a time, with the depth per group.
+    #[command(after_help = DLQ_LIST_HELP)]
+    List {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// How many per page (1..=1000) [coordinator default: 100].
+        #[arg(long, value_name = "N")]
+        count: Option<u32>,
+        /// Start after this dead-letter id (the `next` a previous page printed).
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
+        /// Newest first (default: oldest first).
+        #[arg(long)]
+        newest_first: bool,
+    },
+    /// Delete dead letters by the same filters as `list` (PROTOCOL §18). A dry run by
+    /// default: prints what would be deleted; --execute deletes. Admin only, audited.
+    #[command(after_help = DLQ_PURGE_HELP)]
+    Purge {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// At most this many, oldest first (1..=100000) [coordinator default: 10000].
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// Delete them. Without it, a dry run: nothing is deleted.
+        #[arg(long)]
+        execute: bool,
+    },
     /// Republish a group's dead letters from `<stream>:dlq` to their shards (PROTOCOL §18).
     ///
     /// The coordinator writes each dead letter of the group again, oldest first, to its key's
@@ -450,6 +479,84 @@ enum DlqCommand {
     },
 }
 
+/// Shown under `dlq list --help`.
+const DLQ_LIST_HELP: &str = "Examples:
+  rsc-coordinator dlq list --group billing
+  rsc-coordinator dlq list orders --error timeout --since 1h
+  rsc-coordinator dlq list --group billing --key customer-42 --until 2026-01-31T09:30:00Z
+  rsc-coordinator dlq list --group billing --count 50 --after 1767225600000-0   # next page
+
+Exit status: 0 done; 1 refused by the coordinator (4xx); 2 bad command line; 3 coordinator \
+unreachable or failing (5xx, timeout).";
+
+/// Shown under `dlq purge --help`.
+const DLQ_PURGE_HELP: &str = "Examples:
+  rsc-coordinator dlq purge --group billing --error 'schema v1'            # what would go
+  rsc-coordinator dlq purge --group billing --error 'schema v1' --execute
+  rsc-coordinator dlq purge orders --until 7d --execute    # older than 7 days, every group
+
+Exit status: 0 done; 1 refused by the coordinator (4xx: not admin, bad filter, ...); 2 bad \
+command line; 3 coordinator unreachable or failing (5xx, timeout).";
+
+/// Which dead letters `dlq list` and `dlq purge` take: each filter given must match.
+#[derive(Debug, Args)]
+struct DlqFilterArgs {
+    /// Stream name [default: the stream of --group].
+    stream: Option<StreamId>,
+    /// Only the dead letters of this group.
+    #[arg(long)]
+    group: Option<GroupId>,
+    /// Only those of this routing key.
+    #[arg(long)]
+    key: Option<String>,
+    /// Only those whose error contains this text.
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// Only those dead-lettered at or after TIME: an RFC 3339 time, a Unix time in ms, or a
+    /// duration ago (10m, 2h, 7d).
+    #[arg(long, value_name = "TIME", value_parser = parse_when)]
+    since: Option<u64>,
+    /// Only those dead-lettered before TIME (same forms as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_when)]
+    until: Option<u64>,
+}
+
+impl DlqFilterArgs {
+    /// The stream: the one given, else the stream --group reads.
+    async fn stream(&self, c: &Client) -> Result<String, CliError> {
+        match (&self.stream, &self.group) {
+            (Some(s), _) => Ok(s.to_string()),
+            (None, Some(g)) => Ok(c.describe_group(g.as_str()).await?.view.stream),
+            (None, None) => Err(CliError::Usage(
+                "name the stream (rsc-coordinator dlq list orders) or a group (--group \
+                 billing)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The filters as `GET /v1/streams/{stream}/dlq` query parameters.
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(g) = &self.group {
+            q.push(("group", g.to_string()));
+        }
+        if let Some(k) = &self.key {
+            q.push(("key", k.clone()));
+        }
+        if let Some(e) = &self.error {
+            q.push(("error", e.clone()));
+        }
+        if let Some(t) = self.since {
+            q.push(("since_ms", t.to_string()));
+        }
+        if let Some(t) = self.until {
+            q.push(("until_ms", t.to_string()));
+        }
+        q
+    }
+}
+
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
@@ -457,6 +564,8 @@ enum CliError {
     Client(#[from] ClientError),
     #[error("{0}")]
     WaitFailed(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The command a refusal answered, for its hint: the same code calls for another remedy.
@@ -493,6 +602,7 @@ impl CliError {
             CliError::Client(e) if client::is_refusal(e) => EXIT_REFUSED,
             CliError::Client(_) => EXIT_UNAVAILABLE,
             CliError::WaitFailed(_) => EXIT_WAIT_FAILED,
+            CliError::Usage(_) => EXIT_USAGE,
         }
     }
 
@@ -516,7 +626,7 @@ impl CliError {
                 )),
                 _ => None,
             },
-            CliError::WaitFailed(_) => None,
+            CliError::WaitFailed(_) | CliError::Usage(_) => None,
         }
     }
 }
@@ -701,24 +811,74 @@ async fn member(a: MemberArgs) -> Result<(), CliError> {
 
 async fn dlq(a: DlqArgs) -> Result<(), CliError> {
     let c = connect(&a.client)?;
-    let DlqCommand::Redrive {
-        stream,
-        group,
-        since,
-        limit,
-        dry_run,
-    } = a.command;
-    let req = rsc_protocol::RedriveRequest {
-        group,
-        since_ms: since,
-        limit,
-        dry_run,
-    };
-    let f = c.redrive(&stream, &req).await?;
-    if a.client.output == OutputFormat::Json {
-        emit_json(&f.json);
-    } else {
-        emit(&render::redrive(&f.view));
+    let json_out = a.client.output == OutputFormat::Json;
+    match a.command {
+        DlqCommand::List {
+            filter,
+            count,
+            after,
+            newest_first,
+        } => {
+            let stream = filter.stream(&c).await?;
+            let mut q = filter.query();
+            if let Some(n) = count {
+                q.push(("count", n.to_string()));
+            }
+            if let Some(id) = after {
+                q.push(("after", id));
+            }
+            if newest_first {
+                q.push(("newest_first", "true".into()));
+            }
+            let f = c.dlq_list(&stream, &q).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::dlq_list(&f.view, now_ms()));
+            }
+        }
+        DlqCommand::Purge {
+            filter,
+            limit,
+            execute,
+        } => {
+            let stream = filter.stream(&c).await?;
+            let req = rsc_protocol::DlqPurgeRequest {
+                group: filter.group,
+                key: filter.key,
+                error: filter.error,
+                since_ms: filter.since,
+                until_ms: filter.until,
+                limit,
+                dry_run: !execute,
+            };
+            let f = c.dlq_purge(&stream, &req).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::dlq_purge(&f.view));
+            }
+        }
+        DlqCommand::Redrive {
+            stream,
+            group,
+            since,
+            limit,
+            dry_run,
+        } => {
+            let req = rsc_protocol::RedriveRequest {
+                group,
+                since_ms: since,
+                limit,
+                dry_run,
+            };
+            let f = c.redrive(&stream, &req).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::redrive(&f.view));
+            }
+        }
     }
     Ok(())
 }
@@ -829,6 +989,25 @@ fn parse_since(text: &str) -> Result<u64, String> {
                  (e.g. 1767225600000)"
             )
         })
+}
+
+/// `--since`/`--until` of `dlq list|purge`: an RFC 3339 time, a Unix time in ms, or a
+/// duration ago (`10m`: now minus ten minutes, on this machine's clock).
+fn parse_when(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<u64>() {
+        return Ok(ms);
+    }
+    if let Some(ms) = table::parse_rfc3339_ms(t) {
+        return Ok(ms);
+    }
+    match duration::parse_ms(t) {
+        Ok(d) if t.ends_with(|c: char| c.is_ascii_alphabetic()) => Ok(now_ms().saturating_sub(d)),
+        _ => Err(format!(
+            "{text:?}: give an RFC 3339 time (2026-01-31T09:30:00Z), a Unix time in ms, or a \
+             duration ago (10m, 2h, 7d)"
+        )),
+    }
 }
 
 /// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter

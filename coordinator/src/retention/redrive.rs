@@ -26,14 +26,14 @@ pub(crate) struct DeadLetter {
 }
 
 impl DeadLetter {
-    fn field(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn field(&self, name: &str) -> Option<&[u8]> {
         self.fields
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
     }
 
-    fn text(&self, name: &str) -> Option<String> {
+    pub(crate) fn text(&self, name: &str) -> Option<String> {
         self.field(name)
             .map(|v| String::from_utf8_lossy(v).into_owned())
     }
@@ -151,7 +151,7 @@ pub(crate) async fn scan(
 }
 
 /// The entries of an `XRANGE` reply: `[[id, [field, value, …]], …]`.
-fn parse_range(reply: Value) -> redis::RedisResult<Vec<DeadLetter>> {
+pub(crate) fn parse_range(reply: Value) -> redis::RedisResult<Vec<DeadLetter>> {
     let bad = || {
         redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
