@@ -20,8 +20,8 @@ start=$(date +%s)
   cd "$scratch"
   cargo update --quiet
   echo "== newest compatible dependencies: what moved from the committed lock file"
-  diff <(grep -A1 '^name = ' Cargo.lock.committed | paste - - - | sort) \
-       <(grep -A1 '^name = ' Cargo.lock | paste - - - | sort) | grep '^>' | sed 's/^> /  /' || true
+  versions() { grep -A1 '^name = ' "$1" | grep -v '^--$' | paste -d' ' - - | sed 's/name = //; s/ version = / /; s/"//g' | sort; }
+  diff <(versions Cargo.lock.committed) <(versions Cargo.lock) | sed -n 's/^> /  /p' || true
   # Cargo caps lints of registry dependencies, so only the workspace's crates can warn;
   # their warnings are replayed even when cached.
   CARGO_TARGET_DIR="$target_dir" cargo check --workspace --color never 2>"$scratch/check.log" \

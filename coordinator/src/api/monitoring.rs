@@ -444,12 +444,13 @@ async fn prometheus_metrics(State(s): State<AppState>, _principal: Principal) ->
     handle.run_upkeep();
     let mut body = handle.render();
     let now = s.coordinator.now_ms();
+    let dlq = dlq_depths(&s).await;
     body.push_str(
         &metrics::state::render(
             s.coordinator.store().as_ref(),
             now,
             s.lag.as_deref(),
-            Some(&s.coordinator),
+            dlq.as_ref(),
         )
         .await,
     );
@@ -457,6 +458,19 @@ async fn prometheus_metrics(State(s): State<AppState>, _principal: Principal) ->
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,
     )
+}
+
+/// The dead letters per group of every stream, for the gauges; `None` without a data Redis.
+async fn dlq_depths(s: &AppState) -> Option<metrics::state::DlqDepths> {
+    s.lag.as_ref()?;
+    let streams = s.coordinator.store().list_streams().await.ok()?;
+    let mut out = metrics::state::DlqDepths::new();
+    for stream in streams {
+        if let Some(d) = s.coordinator.dlq_depths(&stream).await {
+            out.insert(stream, d);
+        }
+    }
+    Some(out)
 }
 
 /// A health answer.

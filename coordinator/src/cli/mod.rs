@@ -57,9 +57,10 @@ pub enum OutputFormat {
     Json,
 }
 
-/// Options every operator command takes (before or after the sub-command). `Debug` hides
-/// the token (PROTOCOL §12).
+/// Options every operator command takes (before or after the sub-command), listed apart
+/// from a command's own under "Global options". `Debug` hides the token (PROTOCOL §12).
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct ClientOptions {
     /// Base URL of the coordinator.
     #[arg(
@@ -101,7 +102,8 @@ pub enum OperatorCommand {
     Stream(StreamArgs),
     /// Members: remove (fence) a member.
     Member(MemberArgs),
-    /// Dead letters: redrive a group's dead letters to their shards.
+    /// Dead letters: list (depth per group, filtered pages), purge (dry run first), redrive
+    /// to their shards.
     Dlq(DlqArgs),
 }
 
@@ -361,21 +363,86 @@ enum StreamCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("policy")
+        .required(true)
+        .multiple(true)
+        .args(["keep_acked", "max_age", "max_entries"])
+))]
 struct RetentionArgs {
     /// Stream name.
     stream: StreamId,
     /// Keep acknowledged entries this long (`0` = trim at once; e.g. 30s, 15m, 1h, 7d).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
-    keep_acked: u64,
+    keep_acked: Option<u64>,
     /// Hard cap on age: older entries are trimmed even if undelivered [default: none].
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
     max_age: Option<u64>,
     /// Hard cap on entries per shard: older ones trimmed even if undelivered [default: none].
     #[arg(long, value_name = "N")]
     max_entries: Option<u64>,
+    /// Set exactly the policy given: a cap not given is removed, --keep-acked not given is
+    /// the default. Without it, the flags are merged into the current policy, and a
+    /// --keep-acked change that does not repeat an existing cap is refused.
+    #[arg(long)]
+    replace: bool,
     /// Set the policy of the dead-letter stream `<stream>:dlq` instead.
     #[arg(long)]
     dlq: bool,
+}
+
+/// `ms` as a duration flag takes it: the largest unit it is a whole number of (`2d`, `90m`).
+fn flag_duration(ms: u64) -> String {
+    for (unit, scale) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms > 0 && ms % scale == 0 {
+            return format!("{}{unit}", ms / scale);
+        }
+    }
+    format!("{ms}ms")
+}
+
+impl RetentionArgs {
+    /// The policy to set, from `current` (the stream's policy now, `dlq`'s when --dlq) and
+    /// the flags (see `--replace`); refused, with what to do, when a --keep-acked change would
+    /// silently drop a cap.
+    fn policy(&self, current: &RetentionPolicy) -> Result<RetentionPolicy, String> {
+        if self.replace {
+            let default = if self.dlq {
+                RetentionPolicy::dlq_default().keep_acked_ms
+            } else {
+                RetentionPolicy::DEFAULT_KEEP_ACKED_MS
+            };
+            return Ok(RetentionPolicy {
+                keep_acked_ms: self.keep_acked.unwrap_or(default),
+                max_age_ms: self.max_age,
+                max_entries_per_shard: self.max_entries,
+            });
+        }
+        let mut dropped = Vec::new();
+        if let (Some(ms), None) = (current.max_age_ms, self.max_age) {
+            dropped.push(format!("--max-age {}", flag_duration(ms)));
+        }
+        if let (Some(n), None) = (current.max_entries_per_shard, self.max_entries) {
+            dropped.push(format!("--max-entries {n}"));
+        }
+        if self.keep_acked.is_some() && !dropped.is_empty() {
+            return Err(format!(
+                "{}the current policy has {}: repeat it to keep it, or add --replace to drop it",
+                if self.dlq { "--dlq: " } else { "" },
+                dropped.join(" and ")
+            ));
+        }
+        Ok(RetentionPolicy {
+            keep_acked_ms: self.keep_acked.unwrap_or(current.keep_acked_ms),
+            max_age_ms: self.max_age.or(current.max_age_ms),
+            max_entries_per_shard: self.max_entries.or(current.max_entries_per_shard),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Args)]
@@ -906,11 +973,13 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
             return Ok(());
         }
         StreamCommand::Retention(r) => {
-            let policy = RetentionPolicy {
-                keep_acked_ms: r.keep_acked,
-                max_age_ms: r.max_age,
-                max_entries_per_shard: r.max_entries,
+            let now = c.describe_stream(&r.stream).await?.view;
+            let current = if r.dlq {
+                &now.dlq_retention
+            } else {
+                &now.retention
             };
+            let policy = r.policy(current).map_err(CliError::Usage)?;
             return set_retention(&c, json_out, &r.stream, policy, r.dlq).await;
         }
         StreamCommand::Reshard {
@@ -1183,6 +1252,57 @@ mod tests {
     struct Cli {
         #[command(subcommand)]
         command: OperatorCommand,
+    }
+
+    /// `stream retention`'s policy from its command line, over `current`.
+    fn retention(args: &[&str], current: &RetentionPolicy) -> Result<RetentionPolicy, String> {
+        let mut line = vec!["rsc", "stream", "retention", "orders"];
+        line.extend_from_slice(args);
+        let cli = Cli::try_parse_from(line).map_err(|e| e.to_string())?;
+        let OperatorCommand::Stream(StreamArgs {
+            command: StreamCommand::Retention(r),
+            ..
+        }) = cli.command
+        else {
+            panic!("not stream retention");
+        };
+        r.policy(current)
+    }
+
+    #[test]
+    fn retention_merges_refuses_a_silent_drop_and_replaces_on_request() {
+        let day = 86_400_000;
+        let current = RetentionPolicy {
+            keep_acked_ms: 3_600_000,
+            max_age_ms: Some(2 * day),
+            max_entries_per_shard: None,
+        };
+        // --keep-acked alone would drop the 2-day cap: refused, saying how to keep or drop it.
+        let err = retention(&["--keep-acked", "0"], &current).unwrap_err();
+        assert!(
+            err.contains("--max-age 2d") && err.contains("--replace"),
+            "{err}"
+        );
+        // Repeating the cap keeps it; adding a cap merges; --replace drops.
+        let kept = retention(&["--keep-acked", "0", "--max-age", "2d"], &current).unwrap();
+        assert_eq!((kept.keep_acked_ms, kept.max_age_ms), (0, Some(2 * day)));
+        let added = retention(&["--max-entries", "1000"], &current).unwrap();
+        assert_eq!(
+            added,
+            RetentionPolicy {
+                max_entries_per_shard: Some(1000),
+                ..current
+            }
+        );
+        let replaced = retention(&["--keep-acked", "0", "--replace"], &current).unwrap();
+        assert_eq!((replaced.keep_acked_ms, replaced.max_age_ms), (0, None));
+        let defaulted = retention(&["--max-age", "1d", "--replace"], &current).unwrap();
+        assert_eq!(
+            defaulted.keep_acked_ms,
+            RetentionPolicy::DEFAULT_KEEP_ACKED_MS
+        );
+        // Nothing to set is a usage error.
+        assert!(retention(&[], &current).is_err());
     }
 
     /// `group seek`'s request from its command line.

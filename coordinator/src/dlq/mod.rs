@@ -10,7 +10,7 @@
 pub(crate) mod depth;
 pub(crate) mod scan;
 
-use crate::retention::redrive::DeadLetter;
+use redis::Value;
 use rsc_protocol::{DeadLetterView, entry};
 
 /// Bytes of a payload a view shows.
@@ -69,6 +69,60 @@ impl Filter {
         };
         (start, end)
     }
+}
+
+/// One entry of `<stream>:dlq`: its id and fields, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeadLetter {
+    /// Its id in the dead-letter stream.
+    pub(crate) id: String,
+    /// Its fields, in the order the consumer wrote them.
+    pub(crate) fields: Vec<(String, Vec<u8>)>,
+}
+
+impl DeadLetter {
+    pub(crate) fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    pub(crate) fn text(&self, name: &str) -> Option<String> {
+        self.field(name)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// The entries of an `XRANGE` reply: `[[id, [field, value, …]], …]`.
+pub(crate) fn parse_range(reply: Value) -> redis::RedisResult<Vec<DeadLetter>> {
+    let bad = || {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "dead letters: unexpected XRANGE reply",
+        ))
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let Value::Array(mut pair) = item else {
+                return Err(bad());
+            };
+            if pair.len() != 2 {
+                return Err(bad());
+            }
+            let flat: Vec<Vec<u8>> = redis::from_redis_value(pair.pop().ok_or_else(bad)?)?;
+            let id: String = redis::from_redis_value(pair.pop().ok_or_else(bad)?)?;
+            let fields = flat
+                .chunks_exact(2)
+                .map(|c| (String::from_utf8_lossy(&c[0]).into_owned(), c[1].clone()))
+                .collect();
+            Ok(DeadLetter { id, fields })
+        })
+        .collect()
 }
 
 /// What a list or purge answers of `dl`.

@@ -3,7 +3,7 @@
 //! each dead letter, and `XDEL` of what a purge took.
 
 use super::Filter;
-use crate::retention::redrive::{DeadLetter, parse_range};
+use super::{DeadLetter, parse_range};
 use rsc_protocol::routing;
 use rsc_redis::Conn;
 

@@ -2,7 +2,11 @@
 
 use super::lag::LagProbe;
 use crate::engine::{GroupDoc, StreamDoc, group_view};
-use crate::service::Coordinator;
+
+/// The dead letters per group of each stream (by stream name), as
+/// [`crate::service::Coordinator::dlq_depths`] counts them; a stream that could not be counted
+/// is absent.
+pub(crate) type DlqDepths = HashMap<String, Vec<rsc_protocol::DlqGroupDepth>>;
 use crate::store::MetadataStore;
 use rsc_protocol::{GroupView, MemberState, ShardState};
 use std::collections::{BTreeMap, HashMap};
@@ -64,13 +68,13 @@ pub(crate) async fn render(
     store: &dyn MetadataStore,
     now_ms: u64,
     lag: Option<&LagProbe>,
-    dlq: Option<&Coordinator>,
+    dlq: Option<&DlqDepths>,
 ) -> String {
     let mut f = Families::default();
     let ok = match collect(&mut f, store, now_ms, lag).await {
         Ok(groups_by_stream) => {
-            if let Some(c) = dlq {
-                dlq_gauges(&mut f, c, &groups_by_stream, now_ms).await;
+            if let Some(d) = dlq {
+                dlq_gauges(&mut f, d, &groups_by_stream, now_ms);
             }
             true
         }
@@ -143,16 +147,16 @@ async fn collect(
 
 /// The dead letters of each group (`rsc_dlq_entries`) and its oldest one's age
 /// (`rsc_dlq_oldest_age_seconds`), from the counts of each stream's `<stream>:dlq`
-/// ([`crate::dlq::depth`]); a group without any reads 0. A stream whose dead letters could
+/// (`crate::dlq::depth`); a group without any reads 0. A stream whose dead letters could
 /// not be counted (no data Redis, or it did not answer) has no series.
-async fn dlq_gauges(
+fn dlq_gauges(
     f: &mut Families,
-    c: &Coordinator,
+    dlq: &DlqDepths,
     groups_by_stream: &BTreeMap<String, Vec<String>>,
     now_ms: u64,
 ) {
     for (stream, groups) in groups_by_stream {
-        let Some(depths) = c.dlq_depths(stream).await else {
+        let Some(depths) = dlq.get(stream) else {
             continue;
         };
         for group in groups {
