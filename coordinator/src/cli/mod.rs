@@ -399,7 +399,7 @@ fn flag_duration(ms: u64) -> String {
         ("m", 60_000),
         ("s", 1_000),
     ] {
-        if ms > 0 && ms % scale == 0 {
+        if ms > 0 && ms.is_multiple_of(scale) {
             return format!("{}{unit}", ms / scale);
         }
     }
