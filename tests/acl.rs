@@ -94,6 +94,13 @@ fn rows() -> Vec<Row> {
             "/v1/streams/s1/dlq/redrive",
             ADMIN_ONLY(400),
         ),
+        // Allowed, then refused: no data Redis holding dead letters.
+        row(
+            Method::POST,
+            "/v1/streams/{stream}/dlq/purge",
+            "/v1/streams/s1/dlq/purge",
+            ADMIN_ONLY(400),
+        ),
         row(
             Method::POST,
             "/v1/streams/{stream}/reshard",
@@ -181,6 +188,13 @@ fn rows() -> Vec<Row> {
             "/v1/streams/s1",
             [200, 403, 403, 200, 401, 401, 403, 403, 403, 403],
         ),
+        // Viewers in the stream's scope; allowed, then refused: no data Redis.
+        row(
+            Method::GET,
+            "/v1/streams/{stream}/dlq",
+            "/v1/streams/s1/dlq",
+            [400, 403, 403, 400, 401, 401, 403, 403, 403, 403],
+        ),
         row(
             Method::GET,
             "/v1/audit",
@@ -210,6 +224,7 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
         ("PATCH", _) => Some(json!({"max_members": 100})),
         ("POST", "/v1/groups/{group}/seek") => Some(json!({"to": "earliest"})),
         ("POST", "/v1/streams/{stream}/dlq/redrive") => Some(json!({"group": "g1"})),
+        ("POST", "/v1/streams/{stream}/dlq/purge") => Some(json!({})),
         ("POST", "/v1/streams/{stream}/reshard") => Some(json!({"shard_count": 3})),
         ("POST", "/v1/groups/{group}/heartbeat") => Some(json!({
             "protocol_version": 1, "member_id": format!("m-{who}"), "member_epoch": 0, "owned_shards": []

@@ -606,7 +606,32 @@ async fn stream_retention_and_describe() {
         r.json()["retention"],
         json!({"keep_acked_ms": 3_600_000, "max_age_ms": 604_800_000_u64, "max_entries_per_shard": 5000})
     );
-    let r = cli(&url, &["stream", "retention", "s", "--keep-acked", "0"]).ok();
+    // A --keep-acked change that does not repeat the caps would drop them: refused, naming
+    // them; adding a cap merges; --replace sets exactly what is given.
+    let r = cli(&url, &["stream", "retention", "s", "--keep-acked", "0"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("--max-age 7d")
+            && r.stderr.contains("--max-entries 5000")
+            && r.stderr.contains("--replace"),
+        "{r:?}"
+    );
+    let out = cli(&url, &["stream", "describe", "s", "--output", "json"]).json();
+    assert_eq!(
+        out["retention"]["max_age_ms"], 604_800_000_u64,
+        "unchanged: {out}"
+    );
+    let r = cli(&url, &["stream", "retention", "s", "--max-entries", "9000"]).ok();
+    assert!(
+        r.stdout
+            .contains("max age 168h00m, max entries per shard 9000"),
+        "merged: {r:?}"
+    );
+    let r = cli(
+        &url,
+        &["stream", "retention", "s", "--keep-acked", "0", "--replace"],
+    )
+    .ok();
     assert!(
         r.stdout
             .contains("Retention: acknowledged entries trimmed at once, max age none"),
@@ -682,6 +707,19 @@ fn help_and_readme_list_every_command() {
     };
     let top = help(&["--help"]);
     let readme = include_str!("../README.md");
+    // A command's own options come first; the options every command takes are apart.
+    let seek = help(&["group", "seek", "--help"]);
+    let (own, global) = seek
+        .split_once("Global options:")
+        .unwrap_or_else(|| panic!("no Global options heading: {seek}"));
+    assert!(
+        own.contains("--execute") && !own.contains("--coordinator"),
+        "{seek}"
+    );
+    assert!(
+        global.contains("--coordinator") && global.contains("--output"),
+        "{seek}"
+    );
     for noun in ["group", "stream", "member", "dlq"] {
         let verbs = commands(&help(&[noun, "--help"]));
         assert!(!verbs.is_empty(), "{noun} has commands");

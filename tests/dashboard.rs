@@ -488,6 +488,45 @@ async fn dashboard_chart_shows_the_history_the_api_reports() {
         dom.contains("id=\"group-time-lag\""),
         "the group's time lag fact"
     );
+    // Dead letters (PROTOCOL §18): the panel shows each group's depth and the selected
+    // group's latest errors, long ones cut with their full text as the title.
+    let long_error = format!("payment provider refused: {}", "x".repeat(300));
+    for (group, key, error) in [
+        ("billing", "k1", "timeout talking to the bank"),
+        ("billing", "k2", long_error.as_str()),
+        ("audit", "k1", "schema v1"),
+    ] {
+        let _: String = redis::cmd("XADD")
+            .arg("orders:dlq")
+            .arg("*")
+            .arg(
+                &[
+                    "payload", "{}", "key", key, "error", error, "group", group, "attempts", "4",
+                ][..],
+            )
+            .query(&mut con)
+            .unwrap();
+    }
+    let mut dom = String::new();
+    for _ in 0..3 {
+        dom = run_chromium(&page, &["--dump-dom".to_owned()]);
+        if dom.contains("data-dlq-group=\"billing\"") {
+            break;
+        }
+    }
+    let row = tag_with(&dom, " data-dlq-group=\"billing\"").expect("billing's dead-letter row");
+    assert_eq!(attr(row, "data-entries"), Some("2"), "{row}");
+    let row = tag_with(&dom, " data-dlq-group=\"audit\"").expect("audit's dead-letter row");
+    assert_eq!(attr(row, "data-entries"), Some("1"), "{row}");
+    assert!(
+        dom.contains("timeout talking to the bank")
+            && dom.contains(&format!("title=\"{long_error}\"")),
+        "billing's latest errors, the long one in full as a title"
+    );
+    assert!(
+        !dom.contains(">schema v1<"),
+        "only the selected group's errors"
+    );
     let shot = artifacts_dir().join("dashboard-chart.png");
     let _ = std::fs::remove_file(&shot);
     run_chromium(&page, &[format!("--screenshot={}", shot.display())]);

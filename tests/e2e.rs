@@ -26,6 +26,7 @@ mod dashboard;
 mod data_path;
 mod data_plane;
 mod deploy;
+mod dlq;
 mod expiry;
 mod fencing;
 mod front_door;

@@ -130,6 +130,40 @@ impl CoordinatorClient {
             .1
     }
 
+    /// `GET /v1/streams/{stream}/dlq` (PROTOCOL §18): one page of the stream's dead letters
+    /// that the query's filters take, with the depth per group. `query` holds the query
+    /// parameters (`group`, `key`, `error`, `since_ms`, `until_ms`, `count`, `after`,
+    /// `newest_first`), encoded here.
+    pub async fn dlq_list(
+        &self,
+        stream: &str,
+        query: &[(&str, String)],
+    ) -> Result<Fetched<rsc_protocol::DlqList>, CoordinatorError> {
+        let path = ["v1", "streams", stream, "dlq"];
+        let mut url = reqwest::Url::parse("http://query.invalid/").expect("a valid URL");
+        url.query_pairs_mut()
+            .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        let q = url.query().unwrap_or_default().to_owned();
+        let mut request = Request::new(Method::GET, &path);
+        if !q.is_empty() {
+            request = request.query(&q);
+        }
+        self.json(request).await.1
+    }
+
+    /// `POST /v1/streams/{stream}/dlq/purge` (PROTOCOL §18): deletes the stream's dead
+    /// letters that the request's filters take (with `dry_run`, lists what would be).
+    pub async fn dlq_purge(
+        &self,
+        stream: &str,
+        req: &rsc_protocol::DlqPurgeRequest,
+    ) -> Result<Fetched<rsc_protocol::DlqPurgeResponse>, CoordinatorError> {
+        let path = ["v1", "streams", stream, "dlq", "purge"];
+        self.json(Request::new(Method::POST, &path).body(req))
+            .await
+            .1
+    }
+
     /// `POST /v1/streams/{stream}/rollback`.
     pub async fn rollback(&self, stream: &str) -> Result<Fetched<StreamView>, CoordinatorError> {
         let path = ["v1", "streams", stream, "rollback"];

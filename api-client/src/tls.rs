@@ -33,8 +33,17 @@ pub struct ClientTls {
 pub fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may have installed one meanwhile: either is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = ring_provider().install_default();
     }
+}
+
+/// rustls's ring provider, the one place this crate names it. rustls 0.23.48 deprecates
+/// `ring::default_provider` for lacking post-quantum key exchange, steering to aws-lc-rs;
+/// the workspace keeps ring (no C toolchain to build), so the deprecation is acknowledged
+/// here and nowhere else.
+#[allow(deprecated)]
+fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
 }
 
 fn setup(path: &Path, reason: impl Into<String>) -> CoordinatorError {
@@ -66,7 +75,7 @@ impl ClientTls {
     /// `https` is true (some URL is `https://`). A file that cannot be used is
     /// [`CoordinatorError::Setup`], naming it.
     pub fn rustls_config(&self, https: bool) -> Result<rustls::ClientConfig, CoordinatorError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(ring_provider());
         let mut roots = RootCertStore::empty();
         if https {
             // Unreadable system certificates are skipped: a CA file may still do.

@@ -53,6 +53,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 mod dashboard;
+mod dlq;
 pub mod engine;
 pub mod fencing;
 mod group_commit;

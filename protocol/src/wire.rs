@@ -869,6 +869,118 @@ pub struct RedriveResponse {
     pub entries: Vec<RedrivenEntry>,
 }
 
+/// One dead letter of `<stream>:dlq` as a list or purge answers it (PROTOCOL §18).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DeadLetterView {
+    /// Its id in `<stream>:dlq` (its milliseconds: when it was dead-lettered).
+    pub dlq_id: String,
+    /// The group that gave up on it (its `group` field; empty when it has none).
+    pub group: String,
+    /// Its routing key, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Why it was dead-lettered (its `error` field).
+    pub error: String,
+    /// The shard key it was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    /// Its id on that shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_id: Option<String>,
+    /// The member that gave up on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// How many times the handler was tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// The first 256 bytes of its payload, as text (invalid UTF-8 replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_preview: Option<String>,
+}
+
+/// How many dead letters one group has in `<stream>:dlq` and how old the oldest is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DlqGroupDepth {
+    /// Group id (the `group` field of its dead letters).
+    pub group: String,
+    /// Its dead letters in the stream's dead-letter stream.
+    pub entries: u64,
+    /// When its oldest dead letter was written (Unix ms, by its id); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_ms: Option<u64>,
+}
+
+/// `GET /v1/streams/{stream}/dlq` answer: one page of dead letters and the depth per group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DlqList {
+    /// Stream name.
+    pub stream: String,
+    /// The dead letters that matched, in the order asked (oldest first by default).
+    pub entries: Vec<DeadLetterView>,
+    /// Pass as `after` for the next page; absent when the scan reached the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+    /// Dead letters per group in the whole dead-letter stream (filters do not apply).
+    pub depth: Vec<DlqGroupDepth>,
+}
+
+/// `POST /v1/streams/{stream}/dlq/purge` body (PROTOCOL §18): every filter given must
+/// match; a dry run (the default) deletes nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DlqPurgeRequest {
+    /// Only the dead letters of this group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<String>, pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    )]
+    pub group: Option<crate::GroupId>,
+    /// Only those of this routing key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Only those whose error contains this text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Only those dead-lettered at or after this Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// Only those dead-lettered before this Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// At most this many (1..=100000, default 10000), oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 100000))]
+    pub limit: Option<u32>,
+    /// Only say what would be deleted (the default); `false` deletes.
+    #[serde(default = "dry_run_default")]
+    pub dry_run: bool,
+}
+
+fn dry_run_default() -> bool {
+    true
+}
+
+/// `POST /v1/streams/{stream}/dlq/purge` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DlqPurgeResponse {
+    /// Stream name.
+    pub stream: String,
+    /// Whether this was a dry run (nothing deleted).
+    pub dry_run: bool,
+    /// Dead letters deleted (in a dry run: that would be).
+    pub purged: u64,
+    /// Whether more dead letters matched beyond `limit` (purge again for them).
+    pub more: bool,
+    /// Each of them, oldest first.
+    pub entries: Vec<DeadLetterView>,
+}
+
 /// `POST /v1/streams/{stream}/reshard` body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

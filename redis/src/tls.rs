@@ -254,8 +254,17 @@ mod imp {
     pub(super) fn ensure_provider() {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             // Another thread may have installed one meanwhile: either is fine.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            let _ = ring_provider().install_default();
         }
+    }
+
+    /// rustls's ring provider, the one place this crate names it. rustls 0.23.48 deprecates
+    /// `ring::default_provider` for lacking post-quantum key exchange, steering to
+    /// aws-lc-rs; the workspace keeps ring (no C toolchain to build), so the deprecation is
+    /// acknowledged here and nowhere else.
+    #[allow(deprecated)]
+    pub(super) fn ring_provider() -> rustls::crypto::CryptoProvider {
+        rustls::crypto::ring::default_provider()
     }
 
     fn certificates(
@@ -302,14 +311,12 @@ mod imp {
             path: path(KEY),
             reason: format!("no PEM private key in it: {e}"),
         })?;
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Identity(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| TlsError::Identity(e.to_string()))?;
+        rustls::ClientConfig::builder_with_provider(Arc::new(ring_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Identity(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| TlsError::Identity(e.to_string()))?;
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(seek_group))
         .routes(routes!(patch_stream))
         .routes(routes!(redrive))
+        .routes(routes!(dlq_purge))
         .routes(routes!(reshard))
         .routes(routes!(rollback))
 }
@@ -222,6 +223,29 @@ async fn redrive(
     Json(req): Json<rsc_protocol::RedriveRequest>,
 ) -> Result<Json<rsc_protocol::RedriveResponse>, ApiError> {
     Ok(Json(s.coordinator.redrive(&stream, &req).await?))
+}
+
+/// Delete dead letters (PROTOCOL §18): those of `<stream>:dlq` that every filter given
+/// takes (group, routing key, error text, time window), oldest first, at most `limit`. A dry
+/// run (`dry_run`, the default) only lists what would be deleted. Audited as
+/// `stream.dlq_purge`, dry run or not.
+#[utoipa::path(
+    post, path = "/v1/streams/{stream}/dlq/purge", tag = "admin",
+    params(("stream" = inline(StreamId), Path, description = "Stream name", example = "orders")),
+    request_body = rsc_protocol::DlqPurgeRequest,
+    responses(
+        (status = 200, description = "The dead letters deleted (or, in a dry run, that would be)", body = rsc_protocol::DlqPurgeResponse),
+        (status = 400, description = "INVALID_REQUEST (a bad limit or time window, no data Redis)", body = rsc_protocol::ErrorBody),
+        (status = 404, description = "STREAM_NOT_FOUND", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn dlq_purge(
+    State(s): State<AppState>,
+    _principal: Principal,
+    Path(stream): Path<StreamId>,
+    Json(req): Json<rsc_protocol::DlqPurgeRequest>,
+) -> Result<Json<rsc_protocol::DlqPurgeResponse>, ApiError> {
+    Ok(Json(s.coordinator.dlq_purge(&stream, &req).await?))
 }
 
 /// Start resharding a stream to a new shard count (PROTOCOL §6).

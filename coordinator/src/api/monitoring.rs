@@ -32,6 +32,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(group_history))
         .routes(routes!(list_streams))
         .routes(routes!(describe_stream))
+        .routes(routes!(dlq_list))
         .routes(routes!(audit))
         .routes(routes!(prometheus_metrics))
         .routes(routes!(healthz))
@@ -278,6 +279,67 @@ async fn describe_stream(
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
+struct DlqQuery {
+    /// Only the dead letters of this group.
+    #[param(inline)]
+    group: Option<GroupId>,
+    /// Only those of this routing key.
+    key: Option<String>,
+    /// Only those whose error contains this text.
+    error: Option<String>,
+    /// Only those dead-lettered at or after this Unix ms.
+    since_ms: Option<u64>,
+    /// Only those dead-lettered before this Unix ms.
+    until_ms: Option<u64>,
+    /// How many (1..=1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    count: Option<u32>,
+    /// Start after this dead-letter id (the previous page's `next_after`).
+    after: Option<String>,
+    /// Newest first (default: oldest first).
+    newest_first: Option<bool>,
+}
+
+/// A page of a stream's dead letters (PROTOCOL §18), filtered by group, routing key, error
+/// text and time, oldest first (or newest first), with the depth per group of the whole
+/// dead-letter stream. One list reads at most 20,000 dead letters: a filter that matches
+/// few answers fewer and `next_after` where it stopped.
+#[utoipa::path(
+    get, path = "/v1/streams/{stream}/dlq", tag = "monitoring",
+    params(
+        ("stream" = inline(StreamId), Path, description = "Stream name", example = "orders"),
+        DlqQuery,
+    ),
+    responses(
+        (status = 200, description = "One page of dead letters", body = rsc_protocol::DlqList),
+        (status = 400, description = "INVALID_REQUEST (a bad count, id or time window, no data Redis)", body = rsc_protocol::ErrorBody),
+        (status = 404, description = "STREAM_NOT_FOUND", body = rsc_protocol::ErrorBody),
+    )
+)]
+async fn dlq_list(
+    State(s): State<AppState>,
+    _principal: Principal,
+    Path(stream): Path<StreamId>,
+    Query(q): Query<DlqQuery>,
+) -> Result<Json<rsc_protocol::DlqList>, ApiError> {
+    let req = crate::service::DlqListRequest {
+        filter: crate::dlq::Filter {
+            group: q.group.map(|g| g.to_string()),
+            key: q.key,
+            error: q.error,
+            since_ms: q.since_ms,
+            until_ms: q.until_ms,
+        },
+        count: q.count,
+        after: q.after,
+        newest_first: q.newest_first.unwrap_or(false),
+    };
+    Ok(Json(s.coordinator.dlq_list(&stream, &req).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
     /// How many entries, newest first (1..=1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -382,13 +444,33 @@ async fn prometheus_metrics(State(s): State<AppState>, _principal: Principal) ->
     handle.run_upkeep();
     let mut body = handle.render();
     let now = s.coordinator.now_ms();
+    let dlq = dlq_depths(&s).await;
     body.push_str(
-        &metrics::state::render(s.coordinator.store().as_ref(), now, s.lag.as_deref()).await,
+        &metrics::state::render(
+            s.coordinator.store().as_ref(),
+            now,
+            s.lag.as_deref(),
+            dlq.as_ref(),
+        )
+        .await,
     );
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,
     )
+}
+
+/// The dead letters per group of every stream, for the gauges; `None` without a data Redis.
+async fn dlq_depths(s: &AppState) -> Option<metrics::state::DlqDepths> {
+    s.lag.as_ref()?;
+    let streams = s.coordinator.store().list_streams().await.ok()?;
+    let mut out = metrics::state::DlqDepths::new();
+    for stream in streams {
+        if let Some(d) = s.coordinator.dlq_depths(&stream).await {
+            out.insert(stream, d);
+        }
+    }
+    Some(out)
 }
 
 /// A health answer.

@@ -144,6 +144,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
     ),
     admin(
         "POST",
+        "/v1/streams/{stream}/dlq/purge",
+        "stream.dlq_purge",
+        Scope::Stream,
+    ),
+    admin(
+        "POST",
         "/v1/streams/{stream}/reshard",
         "stream.reshard",
         Scope::Stream,
@@ -198,6 +204,7 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
     roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
+    roles("GET", "/v1/streams/{stream}/dlq", VIEWER, Scope::Stream),
     roles("GET", "/v1/audit", VIEWER, Scope::None),
     roles("GET", "/metrics", VIEWER, Scope::None),
     // Open.

@@ -57,9 +57,10 @@ pub enum OutputFormat {
     Json,
 }
 
-/// Options every operator command takes (before or after the sub-command). `Debug` hides
-/// the token (PROTOCOL §12).
+/// Options every operator command takes (before or after the sub-command), listed apart
+/// from a command's own under "Global options". `Debug` hides the token (PROTOCOL §12).
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct ClientOptions {
     /// Base URL of the coordinator.
     #[arg(
@@ -101,7 +102,8 @@ pub enum OperatorCommand {
     Stream(StreamArgs),
     /// Members: remove (fence) a member.
     Member(MemberArgs),
-    /// Dead letters: redrive a group's dead letters to their shards.
+    /// Dead letters: list (depth per group, filtered pages), purge (dry run first), redrive
+    /// to their shards.
     Dlq(DlqArgs),
 }
 
@@ -361,21 +363,86 @@ enum StreamCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("policy")
+        .required(true)
+        .multiple(true)
+        .args(["keep_acked", "max_age", "max_entries"])
+))]
 struct RetentionArgs {
     /// Stream name.
     stream: StreamId,
     /// Keep acknowledged entries this long (`0` = trim at once; e.g. 30s, 15m, 1h, 7d).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
-    keep_acked: u64,
+    keep_acked: Option<u64>,
     /// Hard cap on age: older entries are trimmed even if undelivered [default: none].
     #[arg(long, value_name = "DURATION", value_parser = duration::parse_ms)]
     max_age: Option<u64>,
     /// Hard cap on entries per shard: older ones trimmed even if undelivered [default: none].
     #[arg(long, value_name = "N")]
     max_entries: Option<u64>,
+    /// Set exactly the policy given: a cap not given is removed, --keep-acked not given is
+    /// the default. Without it, the flags are merged into the current policy, and a
+    /// --keep-acked change that does not repeat an existing cap is refused.
+    #[arg(long)]
+    replace: bool,
     /// Set the policy of the dead-letter stream `<stream>:dlq` instead.
     #[arg(long)]
     dlq: bool,
+}
+
+/// `ms` as a duration flag takes it: the largest unit it is a whole number of (`2d`, `90m`).
+fn flag_duration(ms: u64) -> String {
+    for (unit, scale) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms > 0 && ms.is_multiple_of(scale) {
+            return format!("{}{unit}", ms / scale);
+        }
+    }
+    format!("{ms}ms")
+}
+
+impl RetentionArgs {
+    /// The policy to set, from `current` (the stream's policy now, `dlq`'s when --dlq) and
+    /// the flags (see `--replace`); refused, with what to do, when a --keep-acked change would
+    /// silently drop a cap.
+    fn policy(&self, current: &RetentionPolicy) -> Result<RetentionPolicy, String> {
+        if self.replace {
+            let default = if self.dlq {
+                RetentionPolicy::dlq_default().keep_acked_ms
+            } else {
+                RetentionPolicy::DEFAULT_KEEP_ACKED_MS
+            };
+            return Ok(RetentionPolicy {
+                keep_acked_ms: self.keep_acked.unwrap_or(default),
+                max_age_ms: self.max_age,
+                max_entries_per_shard: self.max_entries,
+            });
+        }
+        let mut dropped = Vec::new();
+        if let (Some(ms), None) = (current.max_age_ms, self.max_age) {
+            dropped.push(format!("--max-age {}", flag_duration(ms)));
+        }
+        if let (Some(n), None) = (current.max_entries_per_shard, self.max_entries) {
+            dropped.push(format!("--max-entries {n}"));
+        }
+        if self.keep_acked.is_some() && !dropped.is_empty() {
+            return Err(format!(
+                "{}the current policy has {}: repeat it to keep it, or add --replace to drop it",
+                if self.dlq { "--dlq: " } else { "" },
+                dropped.join(" and ")
+            ));
+        }
+        Ok(RetentionPolicy {
+            keep_acked_ms: self.keep_acked.unwrap_or(current.keep_acked_ms),
+            max_age_ms: self.max_age.or(current.max_age_ms),
+            max_entries_per_shard: self.max_entries.or(current.max_entries_per_shard),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Args)]
@@ -421,6 +488,35 @@ pub struct DlqArgs {
 
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
+    /// List dead letters (PROTOCOL §18): by group, routing key, error text and time, a page
+    /// at a time, with the depth per group.
+    #[command(after_help = DLQ_LIST_HELP)]
+    List {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// How many per page (1..=1000) [coordinator default: 100].
+        #[arg(long, value_name = "N")]
+        count: Option<u32>,
+        /// Start after this dead-letter id (the `next` a previous page printed).
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
+        /// Newest first (default: oldest first).
+        #[arg(long)]
+        newest_first: bool,
+    },
+    /// Delete dead letters by the same filters as `list` (PROTOCOL §18). A dry run by
+    /// default: prints what would be deleted; --execute deletes. Admin only, audited.
+    #[command(after_help = DLQ_PURGE_HELP)]
+    Purge {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        /// At most this many, oldest first (1..=100000) [coordinator default: 10000].
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// Delete them. Without it, a dry run: nothing is deleted.
+        #[arg(long)]
+        execute: bool,
+    },
     /// Republish a group's dead letters from `<stream>:dlq` to their shards (PROTOCOL §18).
     ///
     /// The coordinator writes each dead letter of the group again, oldest first, to its key's
@@ -450,6 +546,84 @@ enum DlqCommand {
     },
 }
 
+/// Shown under `dlq list --help`.
+const DLQ_LIST_HELP: &str = "Examples:
+  rsc-coordinator dlq list --group billing
+  rsc-coordinator dlq list orders --error timeout --since 1h
+  rsc-coordinator dlq list --group billing --key customer-42 --until 2026-01-31T09:30:00Z
+  rsc-coordinator dlq list --group billing --count 50 --after 1767225600000-0   # next page
+
+Exit status: 0 done; 1 refused by the coordinator (4xx); 2 bad command line; 3 coordinator \
+unreachable or failing (5xx, timeout).";
+
+/// Shown under `dlq purge --help`.
+const DLQ_PURGE_HELP: &str = "Examples:
+  rsc-coordinator dlq purge --group billing --error 'schema v1'            # what would go
+  rsc-coordinator dlq purge --group billing --error 'schema v1' --execute
+  rsc-coordinator dlq purge orders --until 7d --execute    # older than 7 days, every group
+
+Exit status: 0 done; 1 refused by the coordinator (4xx: not admin, bad filter, ...); 2 bad \
+command line; 3 coordinator unreachable or failing (5xx, timeout).";
+
+/// Which dead letters `dlq list` and `dlq purge` take: each filter given must match.
+#[derive(Debug, Args)]
+struct DlqFilterArgs {
+    /// Stream name [default: the stream of --group].
+    stream: Option<StreamId>,
+    /// Only the dead letters of this group.
+    #[arg(long)]
+    group: Option<GroupId>,
+    /// Only those of this routing key.
+    #[arg(long)]
+    key: Option<String>,
+    /// Only those whose error contains this text.
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// Only those dead-lettered at or after TIME: an RFC 3339 time, a Unix time in ms, or a
+    /// duration ago (10m, 2h, 7d).
+    #[arg(long, value_name = "TIME", value_parser = parse_when)]
+    since: Option<u64>,
+    /// Only those dead-lettered before TIME (same forms as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_when)]
+    until: Option<u64>,
+}
+
+impl DlqFilterArgs {
+    /// The stream: the one given, else the stream --group reads.
+    async fn stream(&self, c: &Client) -> Result<String, CliError> {
+        match (&self.stream, &self.group) {
+            (Some(s), _) => Ok(s.to_string()),
+            (None, Some(g)) => Ok(c.describe_group(g.as_str()).await?.view.stream),
+            (None, None) => Err(CliError::Usage(
+                "name the stream (rsc-coordinator dlq list orders) or a group (--group \
+                 billing)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The filters as `GET /v1/streams/{stream}/dlq` query parameters.
+    fn query(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(g) = &self.group {
+            q.push(("group", g.to_string()));
+        }
+        if let Some(k) = &self.key {
+            q.push(("key", k.clone()));
+        }
+        if let Some(e) = &self.error {
+            q.push(("error", e.clone()));
+        }
+        if let Some(t) = self.since {
+            q.push(("since_ms", t.to_string()));
+        }
+        if let Some(t) = self.until {
+            q.push(("until_ms", t.to_string()));
+        }
+        q
+    }
+}
+
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
@@ -457,6 +631,8 @@ enum CliError {
     Client(#[from] ClientError),
     #[error("{0}")]
     WaitFailed(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The command a refusal answered, for its hint: the same code calls for another remedy.
@@ -493,6 +669,7 @@ impl CliError {
             CliError::Client(e) if client::is_refusal(e) => EXIT_REFUSED,
             CliError::Client(_) => EXIT_UNAVAILABLE,
             CliError::WaitFailed(_) => EXIT_WAIT_FAILED,
+            CliError::Usage(_) => EXIT_USAGE,
         }
     }
 
@@ -516,7 +693,7 @@ impl CliError {
                 )),
                 _ => None,
             },
-            CliError::WaitFailed(_) => None,
+            CliError::WaitFailed(_) | CliError::Usage(_) => None,
         }
     }
 }
@@ -701,24 +878,74 @@ async fn member(a: MemberArgs) -> Result<(), CliError> {
 
 async fn dlq(a: DlqArgs) -> Result<(), CliError> {
     let c = connect(&a.client)?;
-    let DlqCommand::Redrive {
-        stream,
-        group,
-        since,
-        limit,
-        dry_run,
-    } = a.command;
-    let req = rsc_protocol::RedriveRequest {
-        group,
-        since_ms: since,
-        limit,
-        dry_run,
-    };
-    let f = c.redrive(&stream, &req).await?;
-    if a.client.output == OutputFormat::Json {
-        emit_json(&f.json);
-    } else {
-        emit(&render::redrive(&f.view));
+    let json_out = a.client.output == OutputFormat::Json;
+    match a.command {
+        DlqCommand::List {
+            filter,
+            count,
+            after,
+            newest_first,
+        } => {
+            let stream = filter.stream(&c).await?;
+            let mut q = filter.query();
+            if let Some(n) = count {
+                q.push(("count", n.to_string()));
+            }
+            if let Some(id) = after {
+                q.push(("after", id));
+            }
+            if newest_first {
+                q.push(("newest_first", "true".into()));
+            }
+            let f = c.dlq_list(&stream, &q).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::dlq_list(&f.view, now_ms()));
+            }
+        }
+        DlqCommand::Purge {
+            filter,
+            limit,
+            execute,
+        } => {
+            let stream = filter.stream(&c).await?;
+            let req = rsc_protocol::DlqPurgeRequest {
+                group: filter.group,
+                key: filter.key,
+                error: filter.error,
+                since_ms: filter.since,
+                until_ms: filter.until,
+                limit,
+                dry_run: !execute,
+            };
+            let f = c.dlq_purge(&stream, &req).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::dlq_purge(&f.view));
+            }
+        }
+        DlqCommand::Redrive {
+            stream,
+            group,
+            since,
+            limit,
+            dry_run,
+        } => {
+            let req = rsc_protocol::RedriveRequest {
+                group,
+                since_ms: since,
+                limit,
+                dry_run,
+            };
+            let f = c.redrive(&stream, &req).await?;
+            if json_out {
+                emit_json(&f.json);
+            } else {
+                emit(&render::redrive(&f.view));
+            }
+        }
     }
     Ok(())
 }
@@ -746,11 +973,13 @@ async fn stream(a: StreamArgs) -> Result<(), CliError> {
             return Ok(());
         }
         StreamCommand::Retention(r) => {
-            let policy = RetentionPolicy {
-                keep_acked_ms: r.keep_acked,
-                max_age_ms: r.max_age,
-                max_entries_per_shard: r.max_entries,
+            let now = c.describe_stream(&r.stream).await?.view;
+            let current = if r.dlq {
+                &now.dlq_retention
+            } else {
+                &now.retention
             };
+            let policy = r.policy(current).map_err(CliError::Usage)?;
             return set_retention(&c, json_out, &r.stream, policy, r.dlq).await;
         }
         StreamCommand::Reshard {
@@ -829,6 +1058,25 @@ fn parse_since(text: &str) -> Result<u64, String> {
                  (e.g. 1767225600000)"
             )
         })
+}
+
+/// `--since`/`--until` of `dlq list|purge`: an RFC 3339 time, a Unix time in ms, or a
+/// duration ago (`10m`: now minus ten minutes, on this machine's clock).
+fn parse_when(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<u64>() {
+        return Ok(ms);
+    }
+    if let Some(ms) = table::parse_rfc3339_ms(t) {
+        return Ok(ms);
+    }
+    match duration::parse_ms(t) {
+        Ok(d) if t.ends_with(|c: char| c.is_ascii_alphabetic()) => Ok(now_ms().saturating_sub(d)),
+        _ => Err(format!(
+            "{text:?}: give an RFC 3339 time (2026-01-31T09:30:00Z), a Unix time in ms, or a \
+             duration ago (10m, 2h, 7d)"
+        )),
+    }
 }
 
 /// `stream retention`: `PATCH /v1/streams/{stream}` with the policy (of the dead-letter
@@ -1004,6 +1252,57 @@ mod tests {
     struct Cli {
         #[command(subcommand)]
         command: OperatorCommand,
+    }
+
+    /// `stream retention`'s policy from its command line, over `current`.
+    fn retention(args: &[&str], current: &RetentionPolicy) -> Result<RetentionPolicy, String> {
+        let mut line = vec!["rsc", "stream", "retention", "orders"];
+        line.extend_from_slice(args);
+        let cli = Cli::try_parse_from(line).map_err(|e| e.to_string())?;
+        let OperatorCommand::Stream(StreamArgs {
+            command: StreamCommand::Retention(r),
+            ..
+        }) = cli.command
+        else {
+            panic!("not stream retention");
+        };
+        r.policy(current)
+    }
+
+    #[test]
+    fn retention_merges_refuses_a_silent_drop_and_replaces_on_request() {
+        let day = 86_400_000;
+        let current = RetentionPolicy {
+            keep_acked_ms: 3_600_000,
+            max_age_ms: Some(2 * day),
+            max_entries_per_shard: None,
+        };
+        // --keep-acked alone would drop the 2-day cap: refused, saying how to keep or drop it.
+        let err = retention(&["--keep-acked", "0"], &current).unwrap_err();
+        assert!(
+            err.contains("--max-age 2d") && err.contains("--replace"),
+            "{err}"
+        );
+        // Repeating the cap keeps it; adding a cap merges; --replace drops.
+        let kept = retention(&["--keep-acked", "0", "--max-age", "2d"], &current).unwrap();
+        assert_eq!((kept.keep_acked_ms, kept.max_age_ms), (0, Some(2 * day)));
+        let added = retention(&["--max-entries", "1000"], &current).unwrap();
+        assert_eq!(
+            added,
+            RetentionPolicy {
+                max_entries_per_shard: Some(1000),
+                ..current
+            }
+        );
+        let replaced = retention(&["--keep-acked", "0", "--replace"], &current).unwrap();
+        assert_eq!((replaced.keep_acked_ms, replaced.max_age_ms), (0, None));
+        let defaulted = retention(&["--max-age", "1d", "--replace"], &current).unwrap();
+        assert_eq!(
+            defaulted.keep_acked_ms,
+            RetentionPolicy::DEFAULT_KEEP_ACKED_MS
+        );
+        // Nothing to set is a usage error.
+        assert!(retention(&[], &current).is_err());
     }
 
     /// `group seek`'s request from its command line.

@@ -349,6 +349,77 @@ pub(super) fn redrive(r: &rsc_protocol::RedriveResponse) -> String {
     )
 }
 
+/// The table of dead letters a list or purge answers.
+fn dead_letters(entries: &[rsc_protocol::DeadLetterView]) -> Table {
+    let mut t = Table::new(["DLQ ID", "TIME", "GROUP", "KEY", "ATTEMPTS", "ERROR"]);
+    for e in entries {
+        let time = e
+            .dlq_id
+            .split('-')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .map_or_else(|| "-".into(), rfc3339_ms);
+        t.row([
+            e.dlq_id.clone(),
+            time,
+            e.group.clone(),
+            e.key.clone().unwrap_or_else(|| "-".into()),
+            or_dash(e.attempts),
+            e.error.chars().take(60).collect(),
+        ]);
+    }
+    t
+}
+
+/// `dlq list`: the depth per group, then the page of dead letters and how to get the next.
+pub(super) fn dlq_list(l: &rsc_protocol::DlqList, now_ms: u64) -> String {
+    let mut out = String::new();
+    let mut d = Table::new(["GROUP", "DEAD LETTERS", "OLDEST"]);
+    for g in &l.depth {
+        let oldest = g.oldest_ms.map_or_else(
+            || "-".into(),
+            |t| format!("{} ago", duration_ms(now_ms.saturating_sub(t))),
+        );
+        d.row([g.group.clone(), g.entries.to_string(), oldest]);
+    }
+    if l.depth.is_empty() {
+        let _ = writeln!(out, "{}:dlq holds no dead letters.", l.stream);
+    } else {
+        let _ = writeln!(out, "{}:dlq\n\n{d}", l.stream);
+    }
+    if l.entries.is_empty() {
+        let _ = writeln!(out, "No dead letter matches.");
+    } else {
+        let _ = write!(out, "\n{}", dead_letters(&l.entries));
+    }
+    if let Some(next) = &l.next_after {
+        let _ = writeln!(
+            out,
+            "\nMore may match: add --after {next} for the next page."
+        );
+    }
+    out
+}
+
+/// `dlq purge`: what was (or would be) deleted.
+pub(super) fn dlq_purge(r: &rsc_protocol::DlqPurgeResponse) -> String {
+    let mut out = if r.dry_run {
+        format!(
+            "Dry run: {} dead letters of {}:dlq would be deleted (nothing deleted; add --execute).\n",
+            r.purged, r.stream
+        )
+    } else {
+        format!("Deleted {} dead letters from {}:dlq.\n", r.purged, r.stream)
+    };
+    if !r.entries.is_empty() {
+        let _ = write!(out, "\n{}", dead_letters(&r.entries));
+    }
+    if r.more {
+        let _ = writeln!(out, "\nMore match beyond --limit: purge again for them.");
+    }
+    out
+}
+
 /// `stream describe`: layout, groups, reshard progress and rollback window.
 pub(super) fn stream(s: &StreamView, now_ms: u64) -> String {
     let mut out = String::new();

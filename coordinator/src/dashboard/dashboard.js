@@ -415,16 +415,62 @@ function renderAudit(r) {
     const refused = /^(4|5)\d\d|refused|denied|error|forbidden|unauth|rate/i.test(resultText);
     // A refusal entry stands for `count` refused requests alike (PROTOCOL §7).
     const times = typeof e.count === 'number' && e.count > 1 ? ' ×' + e.count : '';
+    // Each cell ends in an ellipsis when it is too long; its full text is its title.
+    const cell = (cls, text, title) => el('td', { class: cls, title: title || text }, text);
+    const resultCell = el('td', { title: resultText + times },
+      el('span', { class: 'badge ' + (refused ? 'refused' : 'stable') }, resultText + times));
     return el('tr', {},
-      el('td', { class: 'num nowrap' }, when(pick(e, ['time_ms', 'ts_ms', 'timestamp_ms', 'at_ms', 'time', 'timestamp', 'at']))),
-      el('td', { title: e.client_addr ? 'from ' + e.client_addr : '' }, show(pick(e, ['principal', 'who', 'actor']))),
-      el('td', { class: 'mono' }, show(pick(e, ['action', 'operation', 'op']))),
-      el('td', { class: 'mono' }, show(pick(e, ['target', 'resource', 'group', 'stream']))),
-      el('td', {}, el('span', { class: 'badge ' + (refused ? 'refused' : 'stable') }, resultText + times)));
+      cell('num', when(pick(e, ['time_ms', 'ts_ms', 'timestamp_ms', 'at_ms', 'time', 'timestamp', 'at']))),
+      cell('', show(pick(e, ['principal', 'who', 'actor'])), e.client_addr ? show(pick(e, ['principal', 'who', 'actor'])) + ' from ' + e.client_addr : ''),
+      cell('mono', show(pick(e, ['action', 'operation', 'op']))),
+      cell('mono', show(pick(e, ['target', 'resource', 'group', 'stream']))),
+      resultCell);
   });
-  box.replaceChildren(el('div', { class: 'scroll' }, el('table', {},
+  const widths = ['16%', '22%', '22%', '22%', '18%'];
+  box.replaceChildren(el('table', { class: 'fixed', id: 'audit-table' },
+    el('colgroup', {}, ...widths.map(w => el('col', { style: 'width:' + w }))),
     el('thead', {}, el('tr', {}, ...['time', 'principal', 'action', 'target', 'result'].map(h => el('th', {}, h)))),
-    el('tbody', {}, ...rows))));
+    el('tbody', {}, ...rows)));
+}
+
+// ---- dead letters ---------------------------------------------------------------------------
+
+// The selected group's stream's dead letters (PROTOCOL §18): the depth of every group of the
+// stream (the selected one first) and the selected group's latest errors.
+function renderDlq(r, group, stream) {
+  const box = $('dlq');
+  $('dlq-stream').textContent = stream ? stream + ':dlq' : '';
+  if (!group || !stream) { box.replaceChildren(); return; }
+  if (!r || !r.ok) {
+    const why = r && r.status === 400 ? 'the coordinator has no data Redis' : (r ? errorText(r) : 'no answer');
+    box.replaceChildren(el('div', { class: 'empty-note', id: 'dlq-unavailable' }, 'dead letters unavailable: ' + why));
+    return;
+  }
+  const b = r.body;
+  const depth = (b.depth || []).slice().sort((x, y) => (y.group === group) - (x.group === group) || y.entries - x.entries);
+  const now = Date.now();
+  const depthTable = depth.length
+    ? el('table', { id: 'dlq-depth' },
+      el('thead', {}, el('tr', {}, ...['group', 'dead letters', 'oldest'].map(h => el('th', {}, h)))),
+      el('tbody', {}, ...depth.map(d => el('tr', { 'data-dlq-group': d.group, 'data-entries': d.entries, class: d.group === group ? 'selected' : '' },
+        el('td', { class: 'mono' }, d.group),
+        el('td', { class: 'num' }, d.entries),
+        el('td', { class: 'num' }, d.oldest_ms != null ? ago(Math.max(0, now - d.oldest_ms)) + ' ago' : '–')))))
+    : el('div', { class: 'empty-note', id: 'dlq-empty' }, 'No dead letters in ' + stream + ':dlq.');
+  const latest = b.entries || [];
+  const parts = [depthTable];
+  if (latest.length) {
+    const ms = id => Number(String(id).split('-')[0]);
+    parts.push(el('table', { class: 'fixed', id: 'dlq-latest' },
+      el('colgroup', {}, ...['18%', '18%', '10%', '54%'].map(w => el('col', { style: 'width:' + w }))),
+      el('thead', {}, el('tr', {}, ...['latest errors of ' + group, 'key', 'attempts', 'error'].map(h => el('th', { title: h }, h)))),
+      el('tbody', {}, ...latest.map(e => el('tr', { 'data-dlq-id': e.dlq_id },
+        el('td', { class: 'num', title: e.dlq_id }, clock(new Date(ms(e.dlq_id)))),
+        el('td', { class: 'mono', title: e.key || '' }, e.key || '–'),
+        el('td', { class: 'num' }, e.attempts != null ? e.attempts : '–'),
+        el('td', { title: e.error }, e.error))))));
+  }
+  box.replaceChildren(...parts);
 }
 
 // ---- polling ------------------------------------------------------------------------------
@@ -454,11 +500,12 @@ async function poll(now) {
     const selStream = (list.find(g => g.group === state.selected) || {}).stream;
     // The stream view names the group holding retention back (PROTOCOL §18) only when
     // asked for one stream: the selected group's.
-    const [detail, audit, history, streamDetail] = await Promise.all([
+    const [detail, audit, history, streamDetail, dlq] = await Promise.all([
       sel ? api('/v1/groups/' + sel) : Promise.resolve(null),
       api('/v1/audit?limit=20').catch(() => null),
       sel ? api('/v1/groups/' + sel + '/history').catch(() => null) : Promise.resolve(null),
       selStream ? api('/v1/streams/' + encodeURIComponent(selStream)).catch(() => null) : Promise.resolve(null),
+      selStream ? api('/v1/streams/' + encodeURIComponent(selStream) + '/dlq?newest_first=true&count=5&group=' + sel).catch(() => null) : Promise.resolve(null),
     ]);
     renderGroups(list);
     renderGroup(detail && detail.ok ? detail.body : (list.find(g => g.group === state.selected) || null));
@@ -466,6 +513,7 @@ async function poll(now) {
     renderStreams((streams.body.streams || []).map(s =>
       streamDetail && streamDetail.ok && streamDetail.body.stream === s.stream ? Object.assign({ detailed: true }, streamDetail.body) : s));
     renderAudit(audit);
+    renderDlq(dlq, state.selected, selStream);
     state.lastOk = Date.now();
     setBanner('');
     setStatus('live', 'live · ' + clock(new Date()));

@@ -2,9 +2,14 @@
 
 use super::lag::LagProbe;
 use crate::engine::{GroupDoc, StreamDoc, group_view};
+
+/// The dead letters per group of each stream (by stream name), as
+/// [`crate::service::Coordinator::dlq_depths`] counts them; a stream that could not be counted
+/// is absent.
+pub(crate) type DlqDepths = HashMap<String, Vec<rsc_protocol::DlqGroupDepth>>;
 use crate::store::MetadataStore;
 use rsc_protocol::{GroupView, MemberState, ShardState};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 
 /// Collects samples per metric family, then writes them with one `# HELP`/`# TYPE` each.
@@ -63,9 +68,18 @@ pub(crate) async fn render(
     store: &dyn MetadataStore,
     now_ms: u64,
     lag: Option<&LagProbe>,
+    dlq: Option<&DlqDepths>,
 ) -> String {
     let mut f = Families::default();
-    let ok = collect(&mut f, store, now_ms, lag).await.is_ok();
+    let ok = match collect(&mut f, store, now_ms, lag).await {
+        Ok(groups_by_stream) => {
+            if let Some(d) = dlq {
+                dlq_gauges(&mut f, d, &groups_by_stream, now_ms);
+            }
+            true
+        }
+        Err(_) => false,
+    };
     f.gauge(
         "rsc_state_scrape_ok",
         "1 if the store answered every read of this scrape, else 0.",
@@ -75,13 +89,15 @@ pub(crate) async fn render(
     f.render()
 }
 
-/// Reads every stream and group from `store` and adds their gauges to `f`.
+/// Reads every stream and group from `store` and adds their gauges to `f`; answers the
+/// groups of each stream.
 async fn collect(
     f: &mut Families,
     store: &dyn MetadataStore,
     now_ms: u64,
     lag: Option<&LagProbe>,
-) -> Result<(), crate::store::StoreError> {
+) -> Result<BTreeMap<String, Vec<String>>, crate::store::StoreError> {
+    let mut by_stream: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let streams = store.list_streams().await?;
     let mut stream_docs = HashMap::new();
     f.gauge(
@@ -113,6 +129,10 @@ async fn collect(
             continue;
         };
         let doc = &g.doc;
+        by_stream
+            .entry(doc.stream.clone())
+            .or_default()
+            .push(name.clone());
         let mut view = group_view(doc, &stream.doc, g.revision, now_ms, &HashMap::new());
         let group = name.as_str();
         member_gauges(f, group, doc, &view);
@@ -122,7 +142,43 @@ async fn collect(
         }
         scaling_gauges(f, &super::scaling::scaling(&view, None));
     }
-    Ok(())
+    Ok(by_stream)
+}
+
+/// The dead letters of each group (`rsc_dlq_entries`) and its oldest one's age
+/// (`rsc_dlq_oldest_age_seconds`), from the counts of each stream's `<stream>:dlq`
+/// (`crate::dlq::depth`); a group without any reads 0. A stream whose dead letters could
+/// not be counted (no data Redis, or it did not answer) has no series.
+fn dlq_gauges(
+    f: &mut Families,
+    dlq: &DlqDepths,
+    groups_by_stream: &BTreeMap<String, Vec<String>>,
+    now_ms: u64,
+) {
+    for (stream, groups) in groups_by_stream {
+        let Some(depths) = dlq.get(stream) else {
+            continue;
+        };
+        for group in groups {
+            let d = depths.iter().find(|d| &d.group == group);
+            let labels = [("stream", stream.as_str()), ("group", group.as_str())];
+            f.gauge(
+                "rsc_dlq_entries",
+                "Dead letters of a group in its stream's dead-letter stream <stream>:dlq.",
+                &labels,
+                d.map_or(0, |d| d.entries) as f64,
+            );
+            let age = d
+                .and_then(|d| d.oldest_ms)
+                .map_or(0, |t| now_ms.saturating_sub(t));
+            f.gauge(
+                "rsc_dlq_oldest_age_seconds",
+                "Age of a group's oldest dead letter (0 when it has none).",
+                &labels,
+                age as f64 / 1000.0,
+            );
+        }
+    }
 }
 
 /// The layout and reshard gauges of one stream.

@@ -8,6 +8,8 @@
 //! `XADD`s in dead-letter order and the doorbell ring, `EXEC`; a write under a stale routing
 //! writes nothing (the caller reads the stream again and retries).
 
+pub(crate) use crate::dlq::DeadLetter;
+use crate::dlq::parse_range;
 use redis::Value;
 use rsc_protocol::{entry, routing};
 use rsc_redis::Conn;
@@ -15,29 +17,6 @@ use std::collections::BTreeMap;
 
 /// Dead letters read per `XRANGE` page.
 const PAGE: usize = 500;
-
-/// One entry of `<stream>:dlq`: its id and fields, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DeadLetter {
-    /// Its id in the dead-letter stream.
-    pub(crate) id: String,
-    /// Its fields, in the order the consumer wrote them.
-    pub(crate) fields: Vec<(String, Vec<u8>)>,
-}
-
-impl DeadLetter {
-    fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-    }
-
-    fn text(&self, name: &str) -> Option<String> {
-        self.field(name)
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-    }
-}
 
 /// What a redrive writes for one dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,37 +127,6 @@ pub(crate) async fn scan(
         }
     }
     Ok(out)
-}
-
-/// The entries of an `XRANGE` reply: `[[id, [field, value, …]], …]`.
-fn parse_range(reply: Value) -> redis::RedisResult<Vec<DeadLetter>> {
-    let bad = || {
-        redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "redrive: unexpected XRANGE reply",
-        ))
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    items
-        .into_iter()
-        .map(|item| {
-            let Value::Array(mut pair) = item else {
-                return Err(bad());
-            };
-            if pair.len() != 2 {
-                return Err(bad());
-            }
-            let flat: Vec<Vec<u8>> = redis::from_redis_value(pair.pop().ok_or_else(bad)?)?;
-            let id: String = redis::from_redis_value(pair.pop().ok_or_else(bad)?)?;
-            let fields = flat
-                .chunks_exact(2)
-                .map(|c| (String::from_utf8_lossy(&c[0]).into_owned(), c[1].clone()))
-                .collect();
-            Ok(DeadLetter { id, fields })
-        })
-        .collect()
 }
 
 /// Writes `entries` (all of shard `shard`, in order) with the producer's fenced write under

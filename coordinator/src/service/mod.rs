@@ -26,10 +26,12 @@
 //! - `sweep`: the expiry sweep over the deadline index and the purge of retired shard keys;
 //! - `views`: the read-only views (describe, list, routing);
 //! - `write`: the write cycle of a group document;
-//! - `cache`: the documents this coordinator last read or wrote, for the steady path.
+//! - `cache`: the documents this coordinator last read or wrote, for the steady path;
+//! - `dlq` and `redrive`: the dead letters of a stream — depth, list, purge and redrive.
 
 mod admin;
 mod cache;
+mod dlq;
 mod heartbeat;
 mod outages;
 mod recovery;
@@ -39,6 +41,7 @@ mod views;
 mod write;
 
 use cache::DocCache;
+pub(crate) use dlq::ListRequest as DlqListRequest;
 pub use recovery::Restored;
 pub use sweep::PurgedKeys;
 use write::Mutated;
@@ -211,6 +214,8 @@ pub struct Coordinator {
     /// The recovery copy of the documents, when the coordinator knows the data Redis
     /// (PROTOCOL §2.3).
     recovery: Option<Arc<recovery::Recovery>>,
+    /// The dead letters counted per group of each stream asked about (PROTOCOL §18).
+    dlq_depth: Arc<crate::dlq::depth::DepthCache>,
 }
 
 impl Coordinator {
@@ -236,6 +241,7 @@ impl Coordinator {
             outages,
             wakes: None,
             recovery: None,
+            dlq_depth: Arc::new(crate::dlq::depth::DepthCache::new(Duration::from_secs(1))),
         }
     }
 

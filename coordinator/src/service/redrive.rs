@@ -100,6 +100,7 @@ impl Coordinator {
             ::metrics::counter!("rsc_dlq_redriven_total", "stream" => stream.to_owned(), "group" => req.group.to_string())
                 .increment(found.len() as u64);
             info!(stream, redriven = found.len(), "dead letters redriven");
+            self.dlq_forget(stream).await;
         }
         Ok(response(stream, req, &found, placed))
     }
