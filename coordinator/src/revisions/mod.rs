@@ -304,5 +304,100 @@ fn set(doc: &mut Value, path: &str, value: Option<Value>) -> Result<(), ()> {
     Ok(())
 }
 
+/// `GET /v1/groups/{group}/revisions` and `GET /v1/streams/{stream}/revisions`: a page of
+/// the kept history, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RevisionsPage {
+    /// The group or stream.
+    pub name: String,
+    /// The document's current revision.
+    pub revision: u64,
+    /// Records, newest first, each with a revision below `?before` (when given).
+    pub revisions: Vec<Record>,
+    /// The `?before` of the next (older) page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<u64>,
+}
+
+/// `GET /v1/groups/{group}/diff?from=R1&to=R2`: what changed from one revision to another.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DiffView {
+    /// Group id.
+    pub group: String,
+    /// The earlier revision.
+    pub from: u64,
+    /// The later revision.
+    pub to: u64,
+    /// Each changed path with its value at `from` (`o`) and at `to` (`n`).
+    pub changes: Vec<Change>,
+}
+
+/// `POST /v1/groups/{group}/restore` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// The revision whose settings to restore.
+    pub revision: u64,
+    /// Restore even while members are live (they are removed and fenced).
+    #[serde(default)]
+    pub force: bool,
+    /// Only answer the plan: nothing changes.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/groups/{group}/restore` answer: the plan, carried out unless `dry_run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RestorePlan {
+    /// Group id.
+    pub group: String,
+    /// Nothing was changed: this is what the restore would do.
+    pub dry_run: bool,
+    /// The revision whose settings are restored.
+    pub to_revision: u64,
+    /// The document's revision before the restore.
+    pub from_revision: u64,
+    /// The revision the restore wrote (absent in a dry run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// The group (and assignment) epoch after the restore: above every epoch recorded.
+    pub group_epoch: u64,
+    /// Members removed (they rejoin, at epochs above any they held).
+    pub members_removed: Vec<String>,
+    /// What changes, from the current document to the restored one.
+    pub changes: Vec<Change>,
+}
+
+tokio::task_local! {
+    static ADMIN: String;
+}
+
+/// Runs `f` as an admin request of `principal`: the document writes it makes are recorded
+/// with that principal (the access middleware wraps every admin route in it).
+pub(crate) async fn as_admin<F: std::future::Future>(principal: String, f: F) -> F::Output {
+    ADMIN.scope(principal, f).await
+}
+
+/// Who makes a write: inside [`as_admin`], the admin principal with `admin_cause`;
+/// otherwise `fallback`.
+pub(crate) fn actor(admin_cause: Cause, fallback: impl FnOnce() -> Actor) -> Actor {
+    ADMIN
+        .try_with(|p| Actor {
+            cause: admin_cause,
+            principal: p.clone(),
+        })
+        .unwrap_or_else(|_| fallback())
+}
+
+/// The note of a write of `after` over `before` (`None`: created), by `actor` at `t_ms`;
+/// a write that changed nothing but liveness still gets a record (with no changes).
+pub fn note_of<T: Serialize>(actor: &Actor, t_ms: u64, before: Option<&T>, after: &T) -> Note {
+    let to_value = |d: &T| serde_json::to_value(d).unwrap_or(Value::Null);
+    let before = before.map(to_value);
+    let after = to_value(after);
+    Note::of(actor, t_ms, before.as_ref(), &after)
+        .unwrap_or_else(|| Note::with_changes(actor, t_ms, &[]))
+}
+
 #[cfg(test)]
 mod tests;

@@ -34,6 +34,7 @@ mod heartbeat;
 mod outages;
 mod recovery;
 mod redrive;
+mod revisions;
 mod sweep;
 mod views;
 mod write;
