@@ -152,6 +152,12 @@ impl Note {
         }
     }
 
+    /// A note with no change, by the coordinator (cause `admin`) at time 0: for tests of the
+    /// stores that do not look at the history.
+    pub fn blank() -> Note {
+        Note::with_changes(&Actor::coordinator(Cause::Admin), 0, &[])
+    }
+
     /// The stored record this note becomes at `revision` (what the stores write).
     pub fn record_json(&self, revision: u64) -> String {
         format!("{{\"t\":{},\"r\":{revision},{}", self.t_ms, self.body)
