@@ -1,11 +1,11 @@
 //! The `MetadataStore` contract, run against every store: in memory, a real standalone
 //! Redis and a real 3-node Redis Cluster. The stores must behave identically.
 
-use rsc_coordinator::revisions::{Actor, Cause};
 use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
+use rsc_coordinator::revisions::{Actor, Cause};
 use rsc_coordinator::store::{
-    DocKind, LivenessChange, LockResource, Note, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
-    SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
+    DocKind, LivenessChange, LockResource, MemoryStore, MetadataStore, Note, RedisStore,
+    RedisStoreConfig, SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
 };
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
@@ -111,7 +111,10 @@ async fn documents_are_compare_and_set(kind: Kind) {
     );
     g.group_epoch = 7;
     assert_eq!(st.put_group(&g, 1, &note()).await.unwrap(), 2);
-    assert!(is_conflict(st.put_group(&g, 1, &note()).await), "stale revision");
+    assert!(
+        is_conflict(st.put_group(&g, 1, &note()).await),
+        "stale revision"
+    );
     let v = st.load_group("billing").await.unwrap().unwrap();
     assert_eq!((v.revision, v.doc.group_epoch), (2, 7));
     assert_eq!(v.doc, g);
@@ -197,7 +200,10 @@ async fn liveness_moves_strictly_forward(kind: Kind) {
         forget: vec!["m2".to_owned()],
         ..LivenessChange::default()
     };
-    assert_eq!(st.put_group_live(&g, 1, &forget_m2, &note()).await.unwrap(), 2);
+    assert_eq!(
+        st.put_group_live(&g, 1, &forget_m2, &note()).await.unwrap(),
+        2
+    );
     assert!(!st.liveness("g").await.unwrap().contains_key("m2"));
     assert!(st.load_group_live("absent").await.unwrap().is_none());
     st.delete_group("g", 2).await.unwrap();
@@ -369,7 +375,10 @@ async fn liveness_lists_only_members_at_any_size(kind: Kind) {
         forget: members.iter().cloned().chain(["late".to_owned()]).collect(),
         ..LivenessChange::default()
     };
-    assert_eq!(st.put_group_live(&g, 2, &all_leave, &note()).await.unwrap(), 3);
+    assert_eq!(
+        st.put_group_live(&g, 2, &all_leave, &note()).await.unwrap(),
+        3
+    );
     assert!(st.liveness("g").await.unwrap().is_empty());
     assert!(st.load_group_live("g").await.unwrap().unwrap().1.is_empty());
 }
@@ -443,7 +452,9 @@ async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
         forget: vec!["silent".into()],
         touch: None,
     };
-    assert!(is_conflict(st.put_group_live(&g, 1, &change, &note()).await));
+    assert!(is_conflict(
+        st.put_group_live(&g, 1, &change, &note()).await
+    ));
     let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
     assert_eq!(v.revision, 1, "nothing written");
     assert!(live.contains_key("silent"));
@@ -695,7 +706,10 @@ async fn every_write_appends_one_revision_record(kind: Kind) {
     assert_eq!(streams.len(), 1, "the stream's history is its own");
     assert!(is_conflict(st.put_group(&g, 1, &by(late, 7)).await));
     assert_eq!(
-        st.read_revisions(DocKind::Group, "hist").await.unwrap().len(),
+        st.read_revisions(DocKind::Group, "hist")
+            .await
+            .unwrap()
+            .len(),
         1,
         "a refused write appends nothing"
     );
@@ -800,7 +814,10 @@ async fn redis_liveness_of_16_members_or_more_is_a_skiplist() {
                     touch: Some((member, 1_000)),
                     ..LivenessChange::default()
                 };
-                revision = store.put_group_live(&g, revision, &joined, &note()).await.unwrap();
+                revision = store
+                    .put_group_live(&g, revision, &joined, &note())
+                    .await
+                    .unwrap();
             } else {
                 touch(&store, group, &member, 1_000).await;
             }

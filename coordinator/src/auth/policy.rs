@@ -204,7 +204,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
     roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
     roles("GET", "/v1/groups/{group}/revisions", VIEWER, Scope::Group),
     roles("GET", "/v1/groups/{group}/diff", VIEWER, Scope::Group),
-    roles("GET", "/v1/streams/{stream}/revisions", VIEWER, Scope::Stream),
+    roles(
+        "GET",
+        "/v1/streams/{stream}/revisions",
+        VIEWER,
+        Scope::Stream,
+    ),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
     roles("GET", "/v1/audit", VIEWER, Scope::None),

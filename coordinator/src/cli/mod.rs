@@ -685,7 +685,10 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
             group,
             before,
             limit,
-        } => shown(history::revisions(&c, &group, before, limit).await?, json_out),
+        } => shown(
+            history::revisions(&c, &group, before, limit).await?,
+            json_out,
+        ),
         GroupCommand::Diff { group, from, to } => {
             shown(history::diff(&c, &group, from, to).await?, json_out)
         }

@@ -225,9 +225,7 @@ fn walk(path: String, before: &Value, after: &Value, out: &mut Vec<Change>) {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RewindError {
     /// The history no longer holds (or never held) the records after `revision`.
-    #[error(
-        "revision {revision} is not in the history (it holds revisions {oldest}..={newest})"
-    )]
+    #[error("revision {revision} is not in the history (it holds revisions {oldest}..={newest})")]
     NotKept {
         /// The revision asked for.
         revision: u64,
@@ -263,14 +261,19 @@ pub fn rewind(
     if revision > current || newer.len() as u64 != current - revision || !contiguous {
         return Err(RewindError::NotKept {
             revision,
-            oldest: records.iter().map(|r| r.revision).min().unwrap_or(current + 1),
+            oldest: records
+                .iter()
+                .map(|r| r.revision)
+                .min()
+                .unwrap_or(current + 1),
             newest: current,
         });
     }
     let mut out = doc.clone();
     for r in newer {
         for c in r.changes.iter().rev() {
-            set(&mut out, &c.path, c.old.clone()).map_err(|_| RewindError::Inconsistent(r.revision))?;
+            set(&mut out, &c.path, c.old.clone())
+                .map_err(|_| RewindError::Inconsistent(r.revision))?;
         }
     }
     Ok(out)

@@ -26,8 +26,10 @@ fn history(docs: &[Value]) -> Vec<Record> {
 /// A record is compact: only the changed leaf, with its old and new value.
 #[test]
 fn a_record_holds_only_the_changed_paths() {
-    let a = json!({"group_epoch": 3, "members": {"m/1": {"member_epoch": 3, "last_heartbeat_ms": 5}}});
-    let b = json!({"group_epoch": 4, "members": {"m/1": {"member_epoch": 4, "last_heartbeat_ms": 9}}});
+    let a =
+        json!({"group_epoch": 3, "members": {"m/1": {"member_epoch": 3, "last_heartbeat_ms": 5}}});
+    let b =
+        json!({"group_epoch": 4, "members": {"m/1": {"member_epoch": 4, "last_heartbeat_ms": 9}}});
     let note = Note::of(&actor(), 7, Some(&a), &b).unwrap();
     let rec = note.record_json(12);
     assert_eq!(
@@ -45,7 +47,10 @@ fn liveness_alone_writes_no_record() {
     let a = json!({"members": {"m": {"last_heartbeat_ms": 5}}});
     let b = json!({"members": {"m": {"last_heartbeat_ms": 6}}});
     assert_eq!(Note::of(&actor(), 1, Some(&a), &b), None);
-    assert!(Note::of(&actor(), 1, None, &b).is_some(), "a creation always is");
+    assert!(
+        Note::of(&actor(), 1, None, &b).is_some(),
+        "a creation always is"
+    );
 }
 
 /// Rewinding past the kept history is refused with what is kept.
@@ -76,14 +81,15 @@ fn leaf() -> impl Strategy<Value = Value> {
 }
 
 fn doc() -> impl Strategy<Value = Value> {
-    leaf().prop_recursive(3, 24, 4, |inner| {
-        prop::collection::btree_map("[a-c/~]{1,2}", inner, 0..4)
-            .prop_map(|m| Value::Object(m.into_iter().collect()))
-    })
-    .prop_map(|v| match v {
-        Value::Object(_) => v,
-        other => json!({ "x": other }),
-    })
+    leaf()
+        .prop_recursive(3, 24, 4, |inner| {
+            prop::collection::btree_map("[a-c/~]{1,2}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect()))
+        })
+        .prop_map(|v| match v {
+            Value::Object(_) => v,
+            other => json!({ "x": other }),
+        })
 }
 
 proptest! {

@@ -172,7 +172,9 @@ impl Coordinator {
             let before = stream.clone();
             stream.add_group(group);
             let note = self.note(Cause::Restore, Some(&before), &stream);
-            self.store.put_stream(&stream, stream_revision, &note).await?;
+            self.store
+                .put_stream(&stream, stream_revision, &note)
+                .await?;
         }
         let doc = copy.restore(&stream);
         let note = self.note(Cause::Restore, None, &doc);

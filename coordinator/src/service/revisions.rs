@@ -54,7 +54,8 @@ impl Coordinator {
         let v = self.load_group(group.as_str()).await?;
         let records = self.store.read_revisions(DocKind::Group, group).await?;
         let doc = to_value(&v.doc);
-        let changes = revisions::diff(&doc, v.revision, &records, from, to).map_err(rewind_error)?;
+        let changes =
+            revisions::diff(&doc, v.revision, &records, from, to).map_err(rewind_error)?;
         Ok(DiffView {
             group: group.to_string(),
             from,
@@ -130,9 +131,13 @@ fn restored_doc(
     }
     let old = revisions::rewind(&to_value(current), at, records, revision).map_err(rewind_error)?;
     let old: GroupDoc = serde_json::from_value(old).map_err(|e| {
-        invalid(format!("revision {revision} cannot be rebuilt into a group document: {e}"))
+        invalid(format!(
+            "revision {revision} cannot be rebuilt into a group document: {e}"
+        ))
     })?;
-    let held = GroupCopy::of(current, at).epoch.max(GroupCopy::of(&old, revision).epoch);
+    let held = GroupCopy::of(current, at)
+        .epoch
+        .max(GroupCopy::of(&old, revision).epoch);
     let copy = GroupCopy {
         group: current.group.clone(),
         stream: current.stream.clone(),
@@ -162,7 +167,9 @@ fn page(
 ) -> Result<RevisionsPage> {
     let limit = limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(invalid(format!("limit must be 1..={MAX_PAGE}, not {limit}")));
+        return Err(invalid(format!(
+            "limit must be 1..={MAX_PAGE}, not {limit}"
+        )));
     }
     let mut newer_first: Vec<RevisionRecord> = records
         .into_iter()

@@ -354,9 +354,15 @@ mod tests {
         let store =
             RevisionRecordingStore::new(Arc::new(InstrumentedStore::new(Arc::new(counted))));
         let stream = StreamDoc::new("s", 2, 0).unwrap();
-        store.put_stream(&stream, 0, &crate::revisions::Note::blank()).await.unwrap();
+        store
+            .put_stream(&stream, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
         let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
-        store.put_group(&group, 0, &crate::revisions::Note::blank()).await.unwrap();
+        store
+            .put_group(&group, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
         calls.lock().unwrap().clear();
         let touch = SteadyTouch {
             group: "g",
@@ -411,15 +417,29 @@ mod tests {
         let copies = Arc::new(Copies::default());
         let store = Layered::with_layer(Arc::new(MemoryStore::new()), copies.clone());
         let stream = StreamDoc::new("s", 2, 0).unwrap();
-        store.put_stream(&stream, 0, &crate::revisions::Note::blank()).await.unwrap();
-        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
-        store.put_group(&group, 0, &crate::revisions::Note::blank()).await.unwrap();
         store
-            .put_group_live(&group, 1, &LivenessChange::default(), &crate::revisions::Note::blank())
+            .put_stream(&stream, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
+        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        store
+            .put_group(&group, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
+        store
+            .put_group_live(
+                &group,
+                1,
+                &LivenessChange::default(),
+                &crate::revisions::Note::blank(),
+            )
             .await
             .unwrap();
         assert!(
-            store.put_group(&group, 1, &crate::revisions::Note::blank()).await.is_err(),
+            store
+                .put_group(&group, 1, &crate::revisions::Note::blank())
+                .await
+                .is_err(),
             "a lost compare-and-set"
         );
         copies

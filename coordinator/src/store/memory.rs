@@ -62,8 +62,7 @@ impl Inner {
         note: &Note,
         retention: RevisionRetention,
     ) {
-        let Ok(record) = serde_json::from_str::<RevisionRecord>(&note.record_json(revision))
-        else {
+        let Ok(record) = serde_json::from_str::<RevisionRecord>(&note.record_json(revision)) else {
             return;
         };
         let series = self.revisions.entry((kind, name.to_owned())).or_default();

@@ -247,8 +247,12 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// Writes a group document if its stored revision is `expected` (0: must not exist),
     /// and appends `note` to its metadata history in the same atomic step (PROTOCOL §22).
     /// Returns the new revision.
-    async fn put_group(&self, doc: &GroupDoc, expected: u64, note: &Note)
-    -> Result<u64, StoreError>;
+    async fn put_group(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError>;
     /// Deletes a group document (its liveness and its metadata history) if its stored
     /// revision is `expected`.
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError>;
