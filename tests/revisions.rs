@@ -316,3 +316,98 @@ async fn the_cli_lists_diffs_and_restores() {
     let (_, view) = stack.api.get(&format!("/v1/groups/{GROUP}")).await;
     assert_eq!(view["session_timeout_ms"], 30000);
 }
+
+/// Heartbeats every member in turn until the assignment settles; updates epochs and shards.
+async fn settle(api: &Api, members: &mut [(&str, i64, Vec<u32>)]) {
+    for _ in 0..10 {
+        for (m, e, own) in members.iter_mut() {
+            let (s, a) = api.heartbeat(GROUP, m, *e, own).await;
+            assert_eq!(s, StatusCode::OK, "{m}: {a}");
+            *e = a["member_epoch"].as_i64().unwrap();
+            *own = shards(&a);
+        }
+    }
+    let owned: usize = members.iter().map(|(_, _, o)| o.len()).sum();
+    assert_eq!(owned, 4, "every shard owned once settled");
+}
+
+/// The store is brought back from an older snapshot (here: the group document rewritten by
+/// hand to a revision from before the second member joined). The first heartbeat whose epoch
+/// is above every epoch the stored document records shows the store went back: the group is
+/// rewritten with no members and epochs 1000 above that epoch, every member is answered
+/// `UNKNOWN_MEMBER_ID` — none is trusted on the old document's word — and they rejoin higher.
+#[tokio::test]
+async fn a_store_brought_back_from_an_older_snapshot_fences_every_member() {
+    let stack = Stack::start(Backend::Redis, &[]);
+    let api = &stack.api;
+    let at = stack
+        .store_args
+        .iter()
+        .position(|a| a == "--key-prefix")
+        .unwrap();
+    let key = format!("{}:group:{{{GROUP}}}", stack.store_args[at + 1]);
+    let url = stack.redis.as_ref().unwrap().url();
+    let mut con = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (s, b) = api
+        .post(
+            "/v1/groups",
+            json!({"group": GROUP, "stream": STREAM, "shard_count": 4}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let mut members = vec![("m1", 0, Vec::new())];
+    settle(api, &mut members).await;
+    let (old_revision, old_doc): (String, String) = redis::cmd("HMGET")
+        .arg(&key)
+        .arg("revision")
+        .arg("doc")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    members.push(("m2", 0, Vec::new()));
+    settle(api, &mut members).await;
+    let (e1, e2) = (members[0].1, members[1].1);
+    let old: Value = serde_json::from_str(&old_doc).unwrap();
+    assert!(
+        e2 > old["group_epoch"].as_i64().unwrap(),
+        "m2 holds a newer epoch"
+    );
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("revision")
+        .arg(&old_revision)
+        .arg("doc")
+        .arg(&old_doc)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+
+    let (_, body) = api.heartbeat(GROUP, "m2", e2, &members[1].2).await;
+    assert_eq!(code(&body), "UNKNOWN_MEMBER_ID", "{body}");
+    let (_, view) = api.get(&format!("/v1/groups/{GROUP}")).await;
+    assert!(view["group_epoch"].as_i64().unwrap() >= e2 + 1000, "{view}");
+    assert_eq!(view["members"].as_array().map(Vec::len), Some(0), "{view}");
+    let (_, body) = api.heartbeat(GROUP, "m1", e1, &members[0].2).await;
+    assert_eq!(
+        code(&body),
+        "UNKNOWN_MEMBER_ID",
+        "m1 is not trusted either: {body}"
+    );
+    for m in ["m1", "m2"] {
+        let (s, body) = api.heartbeat(GROUP, m, 0, &[]).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert!(body["member_epoch"].as_i64().unwrap() > e2 + 1000, "{body}");
+    }
+    assert!(api.metric("rsc_store_rewinds_total", &[]).await >= 1.0);
+    assert!(stack.coordinator.logged("the store went back in time"));
+    let recs = revisions(api, &format!("/v1/groups/{GROUP}/revisions")).await;
+    let restore = recs
+        .iter()
+        .find(|r| r["c"] == "restore")
+        .expect("a restore record");
+    assert_eq!(restore["p"], "rsc-coordinator");
+}

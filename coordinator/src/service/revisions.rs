@@ -1,7 +1,8 @@
 //! The metadata history's reads and the restore of a group to a revision (PROTOCOL §22).
 
+use super::write::GroupWrite;
 use super::{Coordinator, Result, ServiceError, invalid};
-use crate::engine::{GroupDoc, GroupEvent};
+use crate::engine::{EngineError, GroupDoc, GroupEvent};
 use crate::recovery::GroupCopy;
 use crate::revisions::{
     self, Actor, Cause, DiffView, Note, RestorePlan, RestoreRequest, RevisionsPage, RewindError,
@@ -10,7 +11,7 @@ use crate::store::{DocKind, RevisionRecord};
 use rsc_protocol::{GroupId, StreamId};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::warn;
+use tracing::{error, warn};
 
 /// Records answered per page when `?limit` is not given.
 pub(crate) const DEFAULT_PAGE: usize = 50;
@@ -101,7 +102,7 @@ impl Coordinator {
             let removed = plan.members_removed.iter().cloned().map(GroupEvent::Removed);
             w.events.extend(removed);
             w.doc = restored;
-            w.admin_cause = Cause::Restore;
+            w.cause = Some(Cause::Restore);
             self.commit_write(&mut w, None).await?;
             let m = self.close_write(w);
             warn!(group = %group, to_revision = req.revision, revision = m.revision,
@@ -113,6 +114,52 @@ impl Coordinator {
         })
         .await
     }
+}
+
+impl Coordinator {
+    /// A member's heartbeat named `epoch`, above every epoch `w`'s document records: the
+    /// store went back in time (brought back from an older snapshot, or a document rewritten
+    /// by hand; PROTOCOL §22). Nothing the document says about members is trusted: it is
+    /// rewritten as a restore would — its own settings, no members, epochs 1000 above the
+    /// highest of its own and `epoch` — and the member is answered `UNKNOWN_MEMBER_ID`, so
+    /// every member rejoins at an epoch above any it held.
+    pub(super) async fn refence_older_store<T>(
+        &self,
+        mut w: GroupWrite<'_>,
+        member: &str,
+        epoch: u64,
+    ) -> Result<T> {
+        let copy = GroupCopy::of(&w.doc, w.revision);
+        let found = copy.epoch;
+        let doc = GroupCopy {
+            epoch: found.max(epoch),
+            ..copy
+        }
+        .restore(&w.stream.doc);
+        let removed: Vec<String> = w.doc.members.keys().cloned().collect();
+        w.events
+            .extend(removed.iter().cloned().map(GroupEvent::Removed));
+        w.doc = doc;
+        w.cause = Some(Cause::Restore);
+        self.commit_write(&mut w, None).await?;
+        let group = w.doc.group.clone();
+        let m = self.close_write(w);
+        metrics::counter!("rsc_store_rewinds_total").increment(1);
+        error!(
+            group = %group, member, member_epoch = epoch, store_epoch = found,
+            revision = m.revision, members = removed.len(),
+            "a member holds an epoch above every epoch the stored group records: the store \
+             went back in time (an older snapshot?); every member is fenced and rejoins higher"
+        );
+        Err(EngineError::UnknownMember(member.to_owned()).into())
+    }
+}
+
+/// Whether `epoch` (a member's, > 0) is above every epoch `doc` records: a consistent
+/// document holds every epoch it handed out (they only grow), so the store went back.
+pub(super) fn older_than_member(doc: &GroupDoc, epoch: i64) -> Option<u64> {
+    let epoch = u64::try_from(epoch).ok().filter(|&e| e > 0)?;
+    (epoch > GroupCopy::of(doc, 0).epoch).then_some(epoch)
 }
 
 /// The document a restore writes: the settings at `revision` (rebuilt from `current`, at

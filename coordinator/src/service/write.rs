@@ -43,9 +43,10 @@ pub(super) struct GroupWrite<'a> {
     /// Whether the commit wrote the document or touched the liveness: the document left is
     /// then the stored one, and the cache keeps it.
     kept: bool,
-    /// The cause an admin request's write is recorded with in the metadata history
-    /// (PROTOCOL §22): [`Cause::Admin`] unless the caller says otherwise.
-    pub(super) admin_cause: Cause,
+    /// The cause the write is recorded with in the metadata history (PROTOCOL §22), when
+    /// the caller names one; otherwise `admin` inside an admin request, `heartbeat` for a
+    /// member's request, `sweep` for the coordinator's own.
+    pub(super) cause: Option<Cause>,
 }
 
 /// What a write cycle left.
@@ -87,7 +88,7 @@ impl Coordinator {
             events,
             expired,
             kept: false,
-            admin_cause: Cause::Admin,
+            cause: None,
         })
     }
 
@@ -106,13 +107,16 @@ impl Coordinator {
                 expired: std::mem::take(&mut w.expired),
                 touch,
             };
-            let actor = revisions::actor(w.admin_cause, || match w.requester {
-                Some(member) => Actor {
-                    cause: Cause::Heartbeat,
-                    principal: member.to_owned(),
-                },
-                None => Actor::coordinator(Cause::Sweep),
-            });
+            let actor = match w.cause {
+                Some(c) => revisions::actor(c, || Actor::coordinator(c)),
+                None => revisions::actor(Cause::Admin, || match w.requester {
+                    Some(member) => Actor {
+                        cause: Cause::Heartbeat,
+                        principal: member.to_owned(),
+                    },
+                    None => Actor::coordinator(Cause::Sweep),
+                }),
+            };
             let note = revisions::note_of(&actor, w.now, Some(&w.before), &w.doc);
             w.revision = self
                 .store
