@@ -253,7 +253,7 @@ pub fn rewind(
         .iter()
         .filter(|r| r.revision > revision && r.revision <= current)
         .collect();
-    newer.sort_by(|a, b| b.revision.cmp(&a.revision));
+    newer.sort_by_key(|r| std::cmp::Reverse(r.revision));
     let contiguous = newer
         .iter()
         .enumerate()
