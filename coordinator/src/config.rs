@@ -550,8 +550,30 @@ impl ServeArgs {
     }
 
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
+    /// The metadata history's retention (PROTOCOL §22): flags over the file over defaults.
+    fn revision_retention(
+        &mut self,
+        file: &mut ServeArgs,
+    ) -> Result<crate::store::RevisionRetention, ConfigError> {
+        let defaults = crate::store::RevisionRetention::default();
+        let age = self.history_max_age.take().or(file.history_max_age.take());
+        Ok(crate::store::RevisionRetention {
+            max_revisions: pick(
+                self.history_max_revisions,
+                file.history_max_revisions,
+                defaults.max_revisions,
+            ),
+            max_age_ms: match age {
+                Some(text) => crate::cli::parse_ms(&text)
+                    .map_err(|e| ConfigError::Invalid(format!("history-max-age: {e}")))?,
+                None => defaults.max_age_ms,
+            },
+        })
+    }
+
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let wake = self.wake(&file);
+        let revisions = self.revision_retention(&mut file)?;
         let access = self.access(&mut file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
@@ -611,18 +633,7 @@ impl ServeArgs {
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
                 .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
-            revisions: crate::store::RevisionRetention {
-                max_revisions: pick(
-                    self.history_max_revisions,
-                    file.history_max_revisions,
-                    crate::store::RevisionRetention::default().max_revisions,
-                ),
-                max_age_ms: match self.history_max_age.or(file.history_max_age) {
-                    Some(text) => crate::cli::parse_ms(&text)
-                        .map_err(|e| ConfigError::Invalid(format!("history-max-age: {e}")))?,
-                    None => crate::store::RevisionRetention::default().max_age_ms,
-                },
-            },
+            revisions,
             store_recovery: pick(self.store_recovery, file.store_recovery, Default::default()),
             store_wait_replicas: pick(self.store_wait_replicas, file.store_wait_replicas, 0),
             body_limit: pick(self.body_limit, file.body_limit, DEFAULT_BODY_LIMIT),
@@ -670,24 +681,7 @@ impl ServeConfig {
                 self.history_interval_ms
             )));
         }
-        if !(100..=30 * 24 * 3_600_000).contains(&self.tombstone_retention_ms) {
-            return Err(ConfigError::Invalid(format!(
-                "tombstone-retention-ms is {}; it must be within 100..=2592000000 (30 days)",
-                self.tombstone_retention_ms
-            )));
-        }
-        if !(1..=100_000).contains(&self.revisions.max_revisions) {
-            return Err(ConfigError::Invalid(format!(
-                "history-max-revisions is {}; it must be within 1..=100000",
-                self.revisions.max_revisions
-            )));
-        }
-        if !(60_000..=365 * 86_400_000).contains(&self.revisions.max_age_ms) {
-            return Err(ConfigError::Invalid(format!(
-                "history-max-age is {} ms; it must be within 1m..=365d",
-                self.revisions.max_age_ms
-            )));
-        }
+        validate_retention(self.tombstone_retention_ms, &self.revisions)?;
         if self.admin_rate == 0 || self.admin_burst == 0 {
             return Err(ConfigError::Invalid(
                 "admin-rate and admin-burst must be at least 1".into(),
@@ -1437,4 +1431,30 @@ mod debug_tests {
         );
         assert!(!reason.contains("pw-typo"), "{reason}");
     }
+}
+
+/// The retention bounds of deleted groups' tombstones and of the metadata history
+/// (PROTOCOL §22).
+fn validate_retention(
+    tombstone_ms: u64,
+    r: &crate::store::RevisionRetention,
+) -> Result<(), ConfigError> {
+    if !(100..=30 * 24 * 3_600_000).contains(&tombstone_ms) {
+        return Err(ConfigError::Invalid(format!(
+            "tombstone-retention-ms is {tombstone_ms}; it must be within 100..=2592000000 (30 days)"
+        )));
+    }
+    if !(1..=100_000).contains(&r.max_revisions) {
+        return Err(ConfigError::Invalid(format!(
+            "history-max-revisions is {}; it must be within 1..=100000",
+            r.max_revisions
+        )));
+    }
+    if !(60_000..=365 * 86_400_000).contains(&r.max_age_ms) {
+        return Err(ConfigError::Invalid(format!(
+            "history-max-age is {} ms; it must be within 1m..=365d",
+            r.max_age_ms
+        )));
+    }
+    Ok(())
 }

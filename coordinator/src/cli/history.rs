@@ -6,11 +6,73 @@ use super::table::{Table, rfc3339_ms};
 use crate::revisions::{Change, DiffView, RestorePlan, RevisionsPage};
 use serde_json::Value;
 
+/// The history commands of `rsc-coordinator group …`.
+#[derive(Debug, clap::Subcommand)]
+pub(super) enum HistoryCommand {
+    /// The group document's metadata history, newest first (PROTOCOL §22): per committed
+    /// change its revision, time, cause, principal and changed paths.
+    Revisions {
+        /// Group id.
+        group: rsc_protocol::GroupId,
+        /// Only revisions below this one (the next page).
+        #[arg(long)]
+        before: Option<u64>,
+        /// Records per page (1..=1000, default 50).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// What changed in the group document from one revision to another.
+    Diff {
+        /// Group id.
+        group: rsc_protocol::GroupId,
+        /// The earlier revision.
+        #[arg(long)]
+        from: u64,
+        /// The later revision.
+        #[arg(long)]
+        to: u64,
+    },
+    /// Restore the group's settings as they were at a revision (PROTOCOL §22): every member
+    /// is removed and rejoins at an epoch above any it held. A dry run by default: prints the
+    /// plan; --execute applies.
+    Restore {
+        /// Group id.
+        group: rsc_protocol::GroupId,
+        /// The revision whose settings to restore.
+        #[arg(long)]
+        revision: u64,
+        /// Restore even while members are live (they are fenced and rejoin).
+        #[arg(long)]
+        force: bool,
+        /// Carry the restore out. Without it, a dry run: the plan is printed.
+        #[arg(long)]
+        execute: bool,
+    },
+}
+
+/// Runs one history command: its answer as JSON and as text.
+pub(super) async fn run(c: &Client, cmd: HistoryCommand) -> Result<(Value, String), ClientError> {
+    match cmd {
+        HistoryCommand::Revisions {
+            group,
+            before,
+            limit,
+        } => revisions(c, &group, before, limit).await,
+        HistoryCommand::Diff { group, from, to } => diff(c, &group, from, to).await,
+        HistoryCommand::Restore {
+            group,
+            revision,
+            force,
+            execute,
+        } => restore(c, &group, revision, force, execute).await,
+    }
+}
+
 /// Longest a value is shown in a table cell.
 const CELL_MAX: usize = 60;
 
 /// `group revisions G`: a page of the history, newest first.
-pub(super) async fn revisions(
+async fn revisions(
     c: &Client,
     group: &str,
     before: Option<u64>,
@@ -30,12 +92,7 @@ pub(super) async fn revisions(
 }
 
 /// `group diff G --from R1 --to R2`.
-pub(super) async fn diff(
-    c: &Client,
-    group: &str,
-    from: u64,
-    to: u64,
-) -> Result<(Value, String), ClientError> {
+async fn diff(c: &Client, group: &str, from: u64, to: u64) -> Result<(Value, String), ClientError> {
     let f = c.group_diff::<DiffView>(group, from, to).await?;
     let v = &f.view;
     let head = format!(
@@ -50,7 +107,7 @@ pub(super) async fn diff(
 
 /// `group restore G --revision R [--force] [--execute]`: the plan, carried out with
 /// `execute`.
-pub(super) async fn restore(
+async fn restore(
     c: &Client,
     group: &str,
     revision: u64,

@@ -145,45 +145,9 @@ enum GroupCommand {
     /// the position now and after, and the entries to be delivered again; --execute applies.
     #[command(after_help = SEEK_HELP)]
     Seek(Box<SeekArgs>),
-    /// The group document's metadata history, newest first (PROTOCOL §22): per committed
-    /// change its revision, time, cause, principal and changed paths.
-    Revisions {
-        /// Group id.
-        group: GroupId,
-        /// Only revisions below this one (the next page).
-        #[arg(long)]
-        before: Option<u64>,
-        /// Records per page (1..=1000, default 50).
-        #[arg(long)]
-        limit: Option<usize>,
-    },
-    /// What changed in the group document from one revision to another.
-    Diff {
-        /// Group id.
-        group: GroupId,
-        /// The earlier revision.
-        #[arg(long)]
-        from: u64,
-        /// The later revision.
-        #[arg(long)]
-        to: u64,
-    },
-    /// Restore the group's settings as they were at a revision (PROTOCOL §22): every member
-    /// is removed and rejoins at an epoch above any it held. A dry run by default: prints the
-    /// plan; --execute applies.
-    Restore {
-        /// Group id.
-        group: GroupId,
-        /// The revision whose settings to restore.
-        #[arg(long)]
-        revision: u64,
-        /// Restore even while members are live (they are fenced and rejoin).
-        #[arg(long)]
-        force: bool,
-        /// Carry the restore out. Without it, a dry run: the plan is printed.
-        #[arg(long)]
-        execute: bool,
-    },
+    /// `revisions`, `diff`, `restore` (PROTOCOL §22).
+    #[command(flatten)]
+    History(history::HistoryCommand),
     /// Delete a group.
     Delete {
         /// Group id.
@@ -681,26 +645,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
         GroupCommand::Seek(args) => seek(&c, &args, json_out).await?,
-        GroupCommand::Revisions {
-            group,
-            before,
-            limit,
-        } => shown(
-            history::revisions(&c, &group, before, limit).await?,
-            json_out,
-        ),
-        GroupCommand::Diff { group, from, to } => {
-            shown(history::diff(&c, &group, from, to).await?, json_out)
-        }
-        GroupCommand::Restore {
-            group,
-            revision,
-            force,
-            execute,
-        } => shown(
-            history::restore(&c, &group, revision, force, execute).await?,
-            json_out,
-        ),
+        GroupCommand::History(cmd) => shown(history::run(&c, cmd).await?, json_out),
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {
