@@ -97,7 +97,7 @@ pub struct ClientOptions {
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
     /// Consumer groups: create, describe (positions per shard), list, pause, resume, seek
-    /// (replay or skip entries), delete.
+    /// (replay or skip entries), revisions, diff, restore (metadata history), delete.
     Group(GroupArgs),
     /// Streams: describe, list, reshard, retention, rollback.
     Stream(StreamArgs),
