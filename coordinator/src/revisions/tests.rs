@@ -122,3 +122,57 @@ proptest! {
         prop_assert_eq!(&first, newest);
     }
 }
+
+/// The records of a group's life through the engine stay compact: a join, the rebalance it
+/// causes and the revocation acknowledgements record only what changed (bounded here so that
+/// a change to the document that bloats every record is noticed).
+#[test]
+fn heartbeat_records_are_compact() {
+    use crate::engine::{GroupConfig, GroupDoc, StreamDoc};
+    use rsc_protocol::HeartbeatRequest;
+    let stream = StreamDoc::new("s", 16, 0).unwrap();
+    let mut g = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+    let hb = |m: &str, epoch: i64, owned: Vec<u32>| HeartbeatRequest {
+        protocol_version: 1,
+        member_id: m.into(),
+        member_epoch: epoch,
+        owned_shards: Some(owned),
+        drained_shards: vec![],
+        client: None,
+        incarnation: None,
+    };
+    let actor = Actor {
+        cause: Cause::Heartbeat,
+        principal: "m".into(),
+    };
+    let mut sizes = Vec::new();
+    let mut owned: std::collections::HashMap<String, (i64, Vec<u32>)> = Default::default();
+    for (i, m) in ["m1", "m2", "m3", "m4"].into_iter().enumerate() {
+        owned.insert(m.into(), (0, vec![]));
+        for round in 0..4u64 {
+            for (id, (e, o)) in owned.iter_mut() {
+                let before = serde_json::to_value(&g).unwrap();
+                let now = 1_000 * (i as u64 * 10 + round + 1);
+                let out = g.heartbeat(&stream, &hb(id, *e, o.clone()), now).unwrap();
+                *e = out.response.member_epoch;
+                *o = out.response.assignment.clone();
+                let after = serde_json::to_value(&g).unwrap();
+                if let Some(n) = Note::of(&actor, now, Some(&before), &after) {
+                    sizes.push(n.record_json(1).len());
+                }
+            }
+        }
+    }
+    let doc = serde_json::to_string(&g).unwrap().len();
+    let max = *sizes.iter().max().unwrap();
+    let mean = sizes.iter().sum::<usize>() / sizes.len();
+    println!(
+        "records {} mean {mean} B max {max} B; document {doc} B",
+        sizes.len()
+    );
+    assert!(
+        max < doc,
+        "a record is smaller than the document ({max} vs {doc})"
+    );
+    assert!(mean < 600, "mean record {mean} B");
+}
