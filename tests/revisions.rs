@@ -333,12 +333,15 @@ async fn settle(api: &Api, members: &mut [(&str, i64, Vec<u32>)]) {
 
 /// The store is brought back from an older snapshot (here: the group document rewritten by
 /// hand to a revision from before the second member joined). The first heartbeat whose epoch
-/// is above every epoch the stored document records shows the store went back: the group is
+/// is above every epoch the stored document records, confirmed by the recovery copy in the
+/// data Redis (a member's word alone is not enough), shows the store went back: the group is
 /// rewritten with no members and epochs 1000 above that epoch, every member is answered
 /// `UNKNOWN_MEMBER_ID` — none is trusted on the old document's word — and they rejoin higher.
 #[tokio::test]
 async fn a_store_brought_back_from_an_older_snapshot_fences_every_member() {
-    let stack = Stack::start(Backend::Redis, &[]);
+    let data = rsc_testkit::RedisServer::start().expect("data redis-server starts");
+    let data_url = data.url();
+    let stack = Stack::start(Backend::Redis, &["--data-redis-url", &data_url]);
     let api = &stack.api;
     let at = stack
         .store_args

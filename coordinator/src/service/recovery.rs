@@ -100,6 +100,19 @@ impl Coordinator {
         Box::pin(self.recover_stream(stream, false))
     }
 
+    /// The highest epoch the recovery copy (outside the store, PROTOCOL §2.3) records for
+    /// `group`, when there is a copy and it answers.
+    pub(super) async fn copied_epoch(&self, group: &str) -> Option<u64> {
+        let r = self.recovery.as_ref()?;
+        match r.copy.group(group).await {
+            Ok(copy) => copy.map(|c| c.epoch),
+            Err(e) => {
+                warn!(group, error = %e, "could not read the recovery copy");
+                None
+            }
+        }
+    }
+
     /// The store does not hold `stream`: restores it from the copy when there is one (and
     /// the mode allows); `None` otherwise.
     pub(super) async fn recover_stream(

@@ -117,9 +117,10 @@ impl Coordinator {
 }
 
 impl Coordinator {
-    /// A member's heartbeat named `epoch`, above every epoch `w`'s document records: the
-    /// store went back in time (brought back from an older snapshot, or a document rewritten
-    /// by hand; PROTOCOL §22). Nothing the document says about members is trusted: it is
+    /// A member's heartbeat named an epoch above every epoch `w`'s document records, and the
+    /// recovery copy confirms the group held `epoch` (at least that one): the store went back
+    /// in time (brought back from an older snapshot, or a document rewritten by hand;
+    /// PROTOCOL §22). Nothing the document says about members is trusted: it is
     /// rewritten as a restore would — its own settings, no members, epochs 1000 above the
     /// highest of its own and `epoch` — and the member is answered `UNKNOWN_MEMBER_ID`, so
     /// every member rejoins at an epoch above any it held.
