@@ -87,6 +87,13 @@ fn rows() -> Vec<Row> {
             "/v1/groups/g1/seek",
             ADMIN_ONLY(400),
         ),
+        // Allowed, then refused: revision 0 is not an earlier revision to restore.
+        row(
+            Method::POST,
+            "/v1/groups/{group}/restore",
+            "/v1/groups/g1/restore",
+            ADMIN_ONLY(400),
+        ),
         // Allowed, then refused: no data Redis to redrive in.
         row(
             Method::POST,
@@ -178,6 +185,24 @@ fn rows() -> Vec<Row> {
         ),
         row(
             Method::GET,
+            "/v1/groups/{group}/revisions",
+            "/v1/groups/g1/revisions",
+            [200, 403, 403, 200, 401, 401, 403, 403, 403, 200],
+        ),
+        row(
+            Method::GET,
+            "/v1/groups/{group}/diff",
+            "/v1/groups/g1/diff?from=0&to=1",
+            [200, 403, 403, 200, 401, 401, 403, 403, 403, 200],
+        ),
+        row(
+            Method::GET,
+            "/v1/streams/{stream}/revisions",
+            "/v1/streams/s1/revisions",
+            [200, 403, 403, 200, 401, 401, 403, 403, 403, 403],
+        ),
+        row(
+            Method::GET,
             "/v1/streams",
             "/v1/streams",
             [200, 403, 403, 200, 401, 401, 200, 403, 403, 200],
@@ -223,6 +248,7 @@ fn body(row: &Row, who: &str, epochs: &HashMap<String, i64>) -> Option<Value> {
         ("PATCH", "/v1/streams/{stream}") => Some(json!({"retention": {"keep_acked_ms": 0}})),
         ("PATCH", _) => Some(json!({"max_members": 100})),
         ("POST", "/v1/groups/{group}/seek") => Some(json!({"to": "earliest"})),
+        ("POST", "/v1/groups/{group}/restore") => Some(json!({"revision": 0, "force": true})),
         ("POST", "/v1/streams/{stream}/dlq/redrive") => Some(json!({"group": "g1"})),
         ("POST", "/v1/streams/{stream}/dlq/purge") => Some(json!({})),
         ("POST", "/v1/streams/{stream}/reshard") => Some(json!({"shard_count": 3})),

@@ -47,6 +47,7 @@ mod redis_store;
 mod replay;
 mod reshard;
 mod retention;
+mod revisions;
 mod secrets;
 mod sentinel_failover;
 mod store_loss;

@@ -170,6 +170,52 @@ impl CoordinatorClient {
         self.json(Request::new(Method::POST, &path)).await.1
     }
 
+    /// `GET /v1/groups/{group}/revisions` or, with `stream`, `GET /v1/streams/{name}/revisions`
+    /// (PROTOCOL §22), with `query` (`before=R&limit=N`, may be empty); the answer decoded
+    /// as `T` (the coordinator's `RevisionsPage`).
+    pub async fn revisions<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        stream: bool,
+        query: &str,
+    ) -> Result<Fetched<T>, CoordinatorError> {
+        let kind = if stream { "streams" } else { "groups" };
+        let path = ["v1", kind, name, "revisions"];
+        let mut request = Request::new(Method::GET, &path);
+        if !query.is_empty() {
+            request = request.query(query);
+        }
+        self.json(request).await.1
+    }
+
+    /// `GET /v1/groups/{group}/diff?from=R1&to=R2` (PROTOCOL §22), decoded as `T` (the
+    /// coordinator's `DiffView`).
+    pub async fn group_diff<T: DeserializeOwned>(
+        &self,
+        group: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Fetched<T>, CoordinatorError> {
+        let path = ["v1", "groups", group, "diff"];
+        let query = format!("from={from}&to={to}");
+        self.json(Request::new(Method::GET, &path).query(&query))
+            .await
+            .1
+    }
+
+    /// `POST /v1/groups/{group}/restore` with `body` (`{revision, force, dry_run}`, PROTOCOL
+    /// §22), decoded as `T` (the coordinator's `RestorePlan`).
+    pub async fn restore_group<T: DeserializeOwned>(
+        &self,
+        group: &str,
+        body: &serde_json::Value,
+    ) -> Result<Fetched<T>, CoordinatorError> {
+        let path = ["v1", "groups", group, "restore"];
+        self.json(Request::new(Method::POST, &path).body(body))
+            .await
+            .1
+    }
+
     async fn get<T: DeserializeOwned>(
         &self,
         path: &[&str],

@@ -196,6 +196,14 @@ pub struct ServeArgs {
     /// [default: 3600000].
     #[arg(long, env = "RSC_TOMBSTONE_RETENTION_MS")]
     pub tombstone_retention_ms: Option<u64>,
+    /// How many records of each group's and stream's metadata history are kept (PROTOCOL
+    /// §22), 1..=100000 [default: 1000].
+    #[arg(long, env = "RSC_HISTORY_MAX_REVISIONS")]
+    pub history_max_revisions: Option<usize>,
+    /// How long records of the metadata history are kept (PROTOCOL §22): `30s`, `15m`, `1h`,
+    /// `7d` or milliseconds, 1m..=365d [default: 7d].
+    #[arg(long, env = "RSC_HISTORY_MAX_AGE")]
+    pub history_max_age: Option<String>,
     /// What to do when the metadata store lost a stream or group document that the
     /// recovery copy in the data Redis holds (PROTOCOL §2.3): `auto` restores it at once
     /// (logged, audited, counted), `manual` refuses and logs (`rsc-coordinator store
@@ -342,6 +350,8 @@ pub struct ServeConfig {
     pub history_interval_ms: u64,
     /// Retention of deleted groups' revision tombstones.
     pub tombstone_retention_ms: u64,
+    /// Retention of the metadata history.
+    pub revisions: crate::store::RevisionRetention,
     /// Restore documents the store lost from the recovery copy by itself, or not.
     pub store_recovery: crate::recovery::RecoveryMode,
     /// Body limit.
@@ -540,8 +550,30 @@ impl ServeArgs {
     }
 
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
+    /// The metadata history's retention (PROTOCOL §22): flags over the file over defaults.
+    fn revision_retention(
+        &mut self,
+        file: &mut ServeArgs,
+    ) -> Result<crate::store::RevisionRetention, ConfigError> {
+        let defaults = crate::store::RevisionRetention::default();
+        let age = self.history_max_age.take().or(file.history_max_age.take());
+        Ok(crate::store::RevisionRetention {
+            max_revisions: pick(
+                self.history_max_revisions,
+                file.history_max_revisions,
+                defaults.max_revisions,
+            ),
+            max_age_ms: match age {
+                Some(text) => crate::cli::parse_ms(&text)
+                    .map_err(|e| ConfigError::Invalid(format!("history-max-age: {e}")))?,
+                None => defaults.max_age_ms,
+            },
+        })
+    }
+
     fn merge(mut self, mut file: ServeArgs) -> Result<ServeConfig, ConfigError> {
         let wake = self.wake(&file);
+        let revisions = self.revision_retention(&mut file)?;
         let access = self.access(&mut file);
         let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
         let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
@@ -601,6 +633,7 @@ impl ServeArgs {
                 .tombstone_retention_ms
                 .or(file.tombstone_retention_ms)
                 .unwrap_or(crate::store::TOMBSTONE_RETENTION.as_millis() as u64),
+            revisions,
             store_recovery: pick(self.store_recovery, file.store_recovery, Default::default()),
             store_wait_replicas: pick(self.store_wait_replicas, file.store_wait_replicas, 0),
             body_limit: pick(self.body_limit, file.body_limit, DEFAULT_BODY_LIMIT),
@@ -648,12 +681,7 @@ impl ServeConfig {
                 self.history_interval_ms
             )));
         }
-        if !(100..=30 * 24 * 3_600_000).contains(&self.tombstone_retention_ms) {
-            return Err(ConfigError::Invalid(format!(
-                "tombstone-retention-ms is {}; it must be within 100..=2592000000 (30 days)",
-                self.tombstone_retention_ms
-            )));
-        }
+        validate_retention(self.tombstone_retention_ms, &self.revisions)?;
         if self.admin_rate == 0 || self.admin_burst == 0 {
             return Err(ConfigError::Invalid(
                 "admin-rate and admin-burst must be at least 1".into(),
@@ -1403,4 +1431,30 @@ mod debug_tests {
         );
         assert!(!reason.contains("pw-typo"), "{reason}");
     }
+}
+
+/// The retention bounds of deleted groups' tombstones and of the metadata history
+/// (PROTOCOL §22).
+fn validate_retention(
+    tombstone_ms: u64,
+    r: &crate::store::RevisionRetention,
+) -> Result<(), ConfigError> {
+    if !(100..=30 * 24 * 3_600_000).contains(&tombstone_ms) {
+        return Err(ConfigError::Invalid(format!(
+            "tombstone-retention-ms is {tombstone_ms}; it must be within 100..=2592000000 (30 days)"
+        )));
+    }
+    if !(1..=100_000).contains(&r.max_revisions) {
+        return Err(ConfigError::Invalid(format!(
+            "history-max-revisions is {}; it must be within 1..=100000",
+            r.max_revisions
+        )));
+    }
+    if !(60_000..=365 * 86_400_000).contains(&r.max_age_ms) {
+        return Err(ConfigError::Invalid(format!(
+            "history-max-age is {} ms; it must be within 1m..=365d",
+            r.max_age_ms
+        )));
+    }
+    Ok(())
 }

@@ -64,6 +64,7 @@ pub mod recovery;
 mod replay;
 pub mod retention;
 mod retired;
+pub mod revisions;
 pub mod server;
 pub mod service;
 pub mod store;

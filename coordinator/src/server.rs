@@ -52,7 +52,8 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
     Ok(match cfg.store {
         StoreKind::Memory => Arc::new(
             MemoryStore::new()
-                .with_tombstone_retention(Duration::from_millis(cfg.tombstone_retention_ms)),
+                .with_tombstone_retention(Duration::from_millis(cfg.tombstone_retention_ms))
+                .with_revision_retention(cfg.revisions),
         ),
         StoreKind::Redis => {
             let store = RedisStore::open(RedisStoreConfig {
@@ -63,6 +64,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 wait_replicas: cfg.store_wait_replicas,
+                revisions: cfg.revisions,
                 ..RedisStoreConfig::default()
             })
             .await?;

@@ -2,9 +2,10 @@
 //! Redis and a real 3-node Redis Cluster. The stores must behave identically.
 
 use rsc_coordinator::engine::{GroupConfig, GroupDoc, StreamDoc};
+use rsc_coordinator::revisions::{Actor, Cause};
 use rsc_coordinator::store::{
-    LivenessChange, LockResource, MemoryStore, MetadataStore, RedisStore, RedisStoreConfig,
-    SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
+    DocKind, LivenessChange, LockResource, MemoryStore, MetadataStore, Note, RedisStore,
+    RedisStoreConfig, SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
 };
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
@@ -84,6 +85,10 @@ fn docs(group: &str, stream: &str) -> (GroupDoc, StreamDoc) {
     (GroupDoc::new(group, GroupConfig::default(), &s, 0), s)
 }
 
+fn note() -> Note {
+    Note::blank()
+}
+
 fn is_conflict<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
     matches!(r, Err(e) if e.is_conflict())
 }
@@ -98,21 +103,24 @@ async fn documents_are_compare_and_set(kind: Kind) {
         None,
         "a tombstone has no revision to offer"
     );
-    assert_eq!(st.put_stream(&s, 0).await.unwrap(), 1);
-    assert_eq!(st.put_group(&g, 0).await.unwrap(), 1);
+    assert_eq!(st.put_stream(&s, 0, &note()).await.unwrap(), 1);
+    assert_eq!(st.put_group(&g, 0, &note()).await.unwrap(), 1);
     assert!(
-        is_conflict(st.put_group(&g, 0).await),
+        is_conflict(st.put_group(&g, 0, &note()).await),
         "create of an existing group"
     );
     g.group_epoch = 7;
-    assert_eq!(st.put_group(&g, 1).await.unwrap(), 2);
-    assert!(is_conflict(st.put_group(&g, 1).await), "stale revision");
+    assert_eq!(st.put_group(&g, 1, &note()).await.unwrap(), 2);
+    assert!(
+        is_conflict(st.put_group(&g, 1, &note()).await),
+        "stale revision"
+    );
     let v = st.load_group("billing").await.unwrap().unwrap();
     assert_eq!((v.revision, v.doc.group_epoch), (2, 7));
     assert_eq!(v.doc, g);
     s.shard_count = 8;
-    assert!(is_conflict(st.put_stream(&s, 0).await));
-    assert_eq!(st.put_stream(&s, 1).await.unwrap(), 2);
+    assert!(is_conflict(st.put_stream(&s, 0, &note()).await));
+    assert_eq!(st.put_stream(&s, 1, &note()).await.unwrap(), 2);
     assert_eq!(st.stream_revision("orders").await.unwrap(), Some(2));
     assert_eq!(st.stream_revision("nope").await.unwrap(), None);
     assert_eq!(st.group_revision("billing").await.unwrap(), Some(2));
@@ -128,7 +136,7 @@ async fn documents_are_compare_and_set(kind: Kind) {
     );
 
     let (a, _) = docs("alpha", "orders");
-    st.put_group(&a, 0).await.unwrap();
+    st.put_group(&a, 0, &note()).await.unwrap();
     assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
     assert_eq!(st.list_streams().await.unwrap(), ["orders"]);
 
@@ -139,10 +147,10 @@ async fn documents_are_compare_and_set(kind: Kind) {
     // A deleted group can be created again; its revisions go on from where the deleted one
     // stopped (+1 for the deletion), so that no revision names two documents.
     assert!(
-        is_conflict(st.put_group(&g, 3).await),
+        is_conflict(st.put_group(&g, 3, &note()).await),
         "the tombstone is not a document"
     );
-    assert_eq!(st.put_group(&g, 0).await.unwrap(), 4);
+    assert_eq!(st.put_group(&g, 0, &note()).await.unwrap(), 4);
     assert_eq!(st.load_group("billing").await.unwrap().unwrap().revision, 4);
     assert_eq!(st.list_groups().await.unwrap(), ["alpha", "billing"]);
     assert_eq!(
@@ -173,7 +181,7 @@ async fn liveness_moves_strictly_forward(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, _) = docs("g", "s");
-    st.put_group(&g, 0).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     touch(st.as_ref(), "g", "m1", 1_000).await;
     touch(st.as_ref(), "g", "m1", 1_000).await;
     touch(st.as_ref(), "g", "m1", 900).await;
@@ -192,7 +200,10 @@ async fn liveness_moves_strictly_forward(kind: Kind) {
         forget: vec!["m2".to_owned()],
         ..LivenessChange::default()
     };
-    assert_eq!(st.put_group_live(&g, 1, &forget_m2).await.unwrap(), 2);
+    assert_eq!(
+        st.put_group_live(&g, 1, &forget_m2, &note()).await.unwrap(),
+        2
+    );
     assert!(!st.liveness("g").await.unwrap().contains_key("m2"));
     assert!(st.load_group_live("absent").await.unwrap().is_none());
     st.delete_group("g", 2).await.unwrap();
@@ -211,7 +222,7 @@ async fn touch_if_requires_the_revision_and_a_live_session(kind: Kind) {
         TouchOutcome::Stale,
         "no document"
     );
-    st.put_group(&g, 0).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     assert_eq!(
         st.touch_if("g", 2, "m", 1_000, None).await.unwrap(),
         TouchOutcome::Stale
@@ -250,8 +261,8 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, mut s) = docs("g", "s");
-    st.put_stream(&s, 0).await.unwrap();
-    st.put_group(&g, 0).await.unwrap();
+    st.put_stream(&s, 0, &note()).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     touch(st.as_ref(), "g", "m", 1_000).await;
     let t = SteadyTouch {
         group: "g",
@@ -294,7 +305,7 @@ async fn touch_steady_requires_both_revisions(kind: Kind) {
         TouchOutcome::NotLive
     );
     s.shard_count = 8;
-    st.put_stream(&s, 1).await.unwrap();
+    st.put_stream(&s, 1, &note()).await.unwrap();
     let later = SteadyTouch { now_ms: 1_800, ..t };
     assert_eq!(
         st.touch_steady(&later).await.unwrap(),
@@ -330,8 +341,8 @@ async fn liveness_lists_only_members_at_any_size(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, s) = docs("g", "s");
-    st.put_stream(&s, 0).await.unwrap();
-    st.put_group(&g, 0).await.unwrap();
+    st.put_stream(&s, 0, &note()).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     let members: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
     for (i, m) in members.iter().enumerate() {
         touch(st.as_ref(), "g", m, 1_000 + i as u64).await;
@@ -342,7 +353,7 @@ async fn liveness_lists_only_members_at_any_size(kind: Kind) {
         touch: Some(("late".to_owned(), 2_000)),
         ..LivenessChange::default()
     };
-    assert_eq!(st.put_group_live(&g, 1, &joined).await.unwrap(), 2);
+    assert_eq!(st.put_group_live(&g, 1, &joined, &note()).await.unwrap(), 2);
     let (_, live) = st.load_group_live("g").await.unwrap().unwrap();
     assert_eq!(live.len(), 41, "{live:?}");
     assert_eq!(live["late"], 2_000);
@@ -364,7 +375,10 @@ async fn liveness_lists_only_members_at_any_size(kind: Kind) {
         forget: members.iter().cloned().chain(["late".to_owned()]).collect(),
         ..LivenessChange::default()
     };
-    assert_eq!(st.put_group_live(&g, 2, &all_leave).await.unwrap(), 3);
+    assert_eq!(
+        st.put_group_live(&g, 2, &all_leave, &note()).await.unwrap(),
+        3
+    );
     assert!(st.liveness("g").await.unwrap().is_empty());
     assert!(st.load_group_live("g").await.unwrap().unwrap().1.is_empty());
 }
@@ -375,8 +389,8 @@ async fn concurrent_steady_touches_each_get_their_answer(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, s) = docs("g", "s");
-    st.put_stream(&s, 0).await.unwrap();
-    st.put_group(&g, 0).await.unwrap();
+    st.put_stream(&s, 0, &note()).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     for i in 0..100 {
         if i % 3 != 0 {
             touch(st.as_ref(), "g", &format!("m{i}"), 1_000).await;
@@ -421,7 +435,7 @@ async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (mut g, _) = docs("g", "s");
-    st.put_group(&g, 0).await.unwrap();
+    st.put_group(&g, 0, &note()).await.unwrap();
     touch(st.as_ref(), "g", "silent", 1_000).await;
     touch(st.as_ref(), "g", "other", 1_000).await;
     let (_, seen) = st.load_group_live("g").await.unwrap().unwrap();
@@ -438,7 +452,9 @@ async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
         forget: vec!["silent".into()],
         touch: None,
     };
-    assert!(is_conflict(st.put_group_live(&g, 1, &change).await));
+    assert!(is_conflict(
+        st.put_group_live(&g, 1, &change, &note()).await
+    ));
     let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
     assert_eq!(v.revision, 1, "nothing written");
     assert!(live.contains_key("silent"));
@@ -448,7 +464,7 @@ async fn expiry_loses_to_a_heartbeat_it_did_not_see(kind: Kind) {
         forget: vec!["silent".into()],
         touch: Some(("other".into(), 2_000)),
     };
-    assert_eq!(st.put_group_live(&g, 1, &change).await.unwrap(), 2);
+    assert_eq!(st.put_group_live(&g, 1, &change, &note()).await.unwrap(), 2);
     let (v, live) = st.load_group_live("g").await.unwrap().unwrap();
     assert_eq!(v.doc.group_epoch, g.group_epoch);
     assert!(!live.contains_key("silent"));
@@ -566,8 +582,8 @@ async fn deadline_index_is_lowered_by_writes_and_claimed_once(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (g, s) = docs("g", "s");
-    st.put_stream(&s, 0).await.unwrap();
-    let r1 = st.put_group(&g, 0).await.unwrap();
+    st.put_stream(&s, 0, &note()).await.unwrap();
+    let r1 = st.put_group(&g, 0, &note()).await.unwrap();
     let all = buckets_of(0, 1);
     let claim = |now: u64| st.claim_due(&all, now, 1_000, 100);
     assert!(
@@ -591,7 +607,7 @@ async fn deadline_index_is_lowered_by_writes_and_claimed_once(kind: Kind) {
         "a claim that lapsed (its sweeper died) is due again"
     );
     // A write at a newer revision: a sweeper that computed from the older one cannot raise.
-    let r2 = st.put_group(&g, r1).await.unwrap();
+    let r2 = st.put_group(&g, r1, &note()).await.unwrap();
     st.lower_deadline("g", r2, 20_000).await.unwrap();
     assert!(!st.reschedule("g", r1, Some(50_000)).await.unwrap());
     assert_eq!(claim(7_000).await.unwrap(), vec!["g".to_owned()]);
@@ -619,10 +635,10 @@ async fn concurrent_claims_share_out_due_groups(kind: Kind) {
     let f = fixture(kind).await;
     let st = &f.store;
     let (_, s) = docs("x", "s");
-    st.put_stream(&s, 0).await.unwrap();
+    st.put_stream(&s, 0, &note()).await.unwrap();
     for i in 0..40 {
         let (g, _) = docs(&format!("g{i}"), "s");
-        let r = st.put_group(&g, 0).await.unwrap();
+        let r = st.put_group(&g, 0, &note()).await.unwrap();
         st.lower_deadline(&g.group, r, 1_000 + i).await.unwrap();
     }
     let all = buckets_of(0, 1);
@@ -654,6 +670,58 @@ async fn coordinators_register_and_lapse(kind: Kind) {
     );
 }
 
+/// Each document write appends one record with the committed revision, in the same step;
+/// the history is bounded by count and by age, kept per document, and deleted with the group.
+async fn every_write_appends_one_revision_record(kind: Kind) {
+    let f = fixture(kind).await;
+    let st = &f.store;
+    let (mut g, s) = docs("hist", "hs");
+    let by = |t: u64, e: u64| {
+        let before = serde_json::json!({"group_epoch": e - 1});
+        let after = serde_json::json!({"group_epoch": e});
+        Note::of(&Actor::coordinator(Cause::Sweep), t, Some(&before), &after).unwrap()
+    };
+    st.put_stream(&s, 0, &note()).await.unwrap();
+    let mut revision = st.put_group(&g, 0, &by(1_000, 1)).await.unwrap();
+    // The default retention keeps 1000 records and 7 days; a write 8 days later drops the
+    // older ones, and at most 1000 are kept.
+    for e in 2..=5u64 {
+        g.group_epoch = e;
+        revision = st.put_group(&g, revision, &by(1_000 + e, e)).await.unwrap();
+    }
+    let recs = st.read_revisions(DocKind::Group, "hist").await.unwrap();
+    let revs: Vec<u64> = recs.iter().map(|r| r.revision).collect();
+    assert_eq!(revs, [1, 2, 3, 4, 5], "oldest first, one per write");
+    assert_eq!(recs[4].cause, Cause::Sweep);
+    assert_eq!(recs[4].changes[0].new, Some(serde_json::json!(5)));
+    let late = 1_000 + 8 * 86_400_000;
+    g.group_epoch = 6;
+    st.put_group_live(&g, revision, &LivenessChange::default(), &by(late, 6))
+        .await
+        .unwrap();
+    let recs = st.read_revisions(DocKind::Group, "hist").await.unwrap();
+    assert_eq!(recs.len(), 1, "records older than the max age are dropped");
+    assert_eq!(recs[0].revision, 6);
+    let streams = st.read_revisions(DocKind::Stream, "hs").await.unwrap();
+    assert_eq!(streams.len(), 1, "the stream's history is its own");
+    assert!(is_conflict(st.put_group(&g, 1, &by(late, 7)).await));
+    assert_eq!(
+        st.read_revisions(DocKind::Group, "hist")
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "a refused write appends nothing"
+    );
+    st.delete_group("hist", 6).await.unwrap();
+    assert!(
+        st.read_revisions(DocKind::Group, "hist")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod memory { $( #[tokio::test] async fn $name() { super::$name(super::Kind::Memory).await; } )* }
@@ -675,6 +743,7 @@ contract!(
     concurrent_claims_share_out_due_groups,
     coordinators_register_and_lapse,
     liveness_lists_only_members_at_any_size,
+    every_write_appends_one_revision_record,
 );
 
 /// A deleted group's tombstone is collected after the retention, and a group created again
@@ -691,11 +760,11 @@ async fn redis_tombstones_expire_and_a_recreated_group_persists() {
     .await
     .unwrap();
     let (g, s) = docs("billing", "orders");
-    store.put_stream(&s, 0).await.unwrap();
-    let r = store.put_group(&g, 0).await.unwrap();
+    store.put_stream(&s, 0, &note()).await.unwrap();
+    let r = store.put_group(&g, 0, &note()).await.unwrap();
     store.delete_group("billing", r).await.unwrap();
     // Re-created within the retention: the revision sequence goes on, and no expiry is left.
-    let r = store.put_group(&g, 0).await.unwrap();
+    let r = store.put_group(&g, 0, &note()).await.unwrap();
     assert_eq!(r, 3, "continues after the tombstone (1, deleted at 2)");
     assert!(
         redis
@@ -716,7 +785,7 @@ async fn redis_tombstones_expire_and_a_recreated_group_persists() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(store.put_group(&g, 0).await.unwrap(), 1);
+    assert_eq!(store.put_group(&g, 0, &note()).await.unwrap(), 1);
 }
 
 // ---- Redis only: lock bounds, outage and recovery, cluster-mode checks ----
@@ -734,7 +803,7 @@ async fn redis_liveness_of_16_members_or_more_is_a_skiplist() {
     };
     for (group, by_join) in [("touched", false), ("joined", true)] {
         let (g, _) = docs(group, "s");
-        let mut revision = store.put_group(&g, 0).await.unwrap();
+        let mut revision = store.put_group(&g, 0, &note()).await.unwrap();
         for i in 0..16 {
             if i == 15 {
                 assert!(encoding(group).contains("listpack"), "{}", encoding(group));
@@ -745,7 +814,10 @@ async fn redis_liveness_of_16_members_or_more_is_a_skiplist() {
                     touch: Some((member, 1_000)),
                     ..LivenessChange::default()
                 };
-                revision = store.put_group_live(&g, revision, &joined).await.unwrap();
+                revision = store
+                    .put_group_live(&g, revision, &joined, &note())
+                    .await
+                    .unwrap();
             } else {
                 touch(&store, group, &member, 1_000).await;
             }
@@ -832,7 +904,7 @@ async fn redis_outage_fails_fast_and_recovers() {
     let mut redis = RedisServer::start().unwrap();
     let store = redis_store(vec![redis.url()], false, RedisStoreConfig::default()).await;
     let (g, _) = docs("g", "s");
-    store.put_group(&g, 0).await.unwrap();
+    store.put_group(&g, 0, &note()).await.unwrap();
     redis.kill();
     for _ in 0..3 {
         let t = Instant::now();
@@ -854,7 +926,7 @@ async fn redis_outage_fails_fast_and_recovers() {
     }
     // Without AOF the data is gone, but the store works again (scripts reloaded too).
     assert_eq!(store.load_group("g").await.unwrap(), None);
-    assert_eq!(store.put_group(&g, 0).await.unwrap(), 1);
+    assert_eq!(store.put_group(&g, 0, &note()).await.unwrap(), 1);
 }
 
 #[tokio::test]
@@ -905,8 +977,8 @@ async fn redis_layout_follows_the_spec() {
     let redis = RedisServer::start().unwrap();
     let store = spec_store(&redis).await;
     let (g, s) = docs("billing", "orders");
-    store.put_stream(&s, 0).await.unwrap();
-    store.put_group(&g, 0).await.unwrap();
+    store.put_stream(&s, 0, &note()).await.unwrap();
+    store.put_group(&g, 0, &note()).await.unwrap();
     touch(&store, "billing", "m1", 1_000).await;
     let _l = store
         .lock(&LockResource::Group("billing".into()))
@@ -943,7 +1015,7 @@ async fn redis_cluster_node_outage_fails_fast_and_recovers() {
     // Groups spread over the three nodes' slots.
     let groups: Vec<String> = (0..12).map(|i| format!("g{i}")).collect();
     for g in &groups {
-        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+        store.put_group(&docs(g, "s").0, 0, &note()).await.unwrap();
     }
     cluster.nodes_mut()[1].kill();
     let mut failed = 0;
@@ -974,7 +1046,7 @@ async fn redis_cluster_node_outage_fails_fast_and_recovers() {
                     // No persistence on the restarted node: its groups are gone, but it
                     // answers again and takes writes.
                     if v.is_none() {
-                        store.put_group(&docs(g, "s").0, 0).await.unwrap();
+                        store.put_group(&docs(g, "s").0, 0, &note()).await.unwrap();
                     }
                     break;
                 }

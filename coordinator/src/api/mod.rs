@@ -13,6 +13,7 @@ mod members;
 mod monitoring;
 mod openapi;
 mod producers;
+mod revisions;
 
 pub(crate) use crate::http_error::ApiError;
 
@@ -69,6 +70,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(members::routes())
         .merge(producers::routes())
         .merge(monitoring::routes())
+        .merge(revisions::routes())
         .merge(openapi::routes())
         .merge(crate::dashboard::routes())
 }

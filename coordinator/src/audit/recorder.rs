@@ -67,17 +67,34 @@ mod tests {
         let stream = StreamDoc::new("s", 2, 0).unwrap();
         let log = RevisionLog::new();
         log.scope(async {
-            store.put_stream(&stream, 0).await.unwrap();
+            store
+                .put_stream(&stream, 0, &crate::revisions::Note::blank())
+                .await
+                .unwrap();
             let g = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
-            store.put_group(&g, 0).await.unwrap();
-            store.put_group(&g, 1).await.unwrap();
+            store
+                .put_group(&g, 0, &crate::revisions::Note::blank())
+                .await
+                .unwrap();
+            store
+                .put_group(&g, 1, &crate::revisions::Note::blank())
+                .await
+                .unwrap();
             // A lost compare-and-set is not a write.
-            assert!(store.put_group(&g, 1).await.is_err());
+            assert!(
+                store
+                    .put_group(&g, 1, &crate::revisions::Note::blank())
+                    .await
+                    .is_err()
+            );
             store.delete_group("g", 2).await.unwrap();
         })
         .await;
         // Outside the scope: not recorded, no panic.
-        store.put_stream(&stream, 1).await.unwrap();
+        store
+            .put_stream(&stream, 1, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
         let got: Vec<(String, u64, u64)> = log
             .take()
             .into_iter()

@@ -394,11 +394,11 @@ async fn admin(
         count: None,
         since_ms: None,
     };
+    let name = principal.name().to_owned();
     parts.extensions.insert(principal);
     let log = RevisionLog::new();
-    let response = log
-        .scope(next.run(Request::from_parts(parts, Body::from(bytes))))
-        .await;
+    let run = next.run(Request::from_parts(parts, Body::from(bytes)));
+    let response = log.scope(crate::revisions::as_admin(name, run)).await;
     entry.time_ms = ctx.sec.auditor.now_ms();
     entry.result = AuditResult {
         status: response.status().as_u16(),

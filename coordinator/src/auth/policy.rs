@@ -125,6 +125,12 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
         Scope::Group,
     ),
     admin(
+        "POST",
+        "/v1/groups/{group}/restore",
+        "group.restore",
+        Scope::Group,
+    ),
+    admin(
         "DELETE",
         "/v1/groups/{group}/members/{member}",
         "member.remove",
@@ -202,6 +208,14 @@ pub(crate) const ROUTES: &[RouteSpec] = &[
     ),
     roles("GET", "/v1/groups/{group}/scaling", VIEWER, Scope::Group),
     roles("GET", "/v1/groups/{group}/history", VIEWER, Scope::Group),
+    roles("GET", "/v1/groups/{group}/revisions", VIEWER, Scope::Group),
+    roles("GET", "/v1/groups/{group}/diff", VIEWER, Scope::Group),
+    roles(
+        "GET",
+        "/v1/streams/{stream}/revisions",
+        VIEWER,
+        Scope::Stream,
+    ),
     roles("GET", "/v1/streams", VIEWER, Scope::None),
     roles("GET", "/v1/streams/{stream}", VIEWER, Scope::Stream),
     roles("GET", "/v1/streams/{stream}/dlq", VIEWER, Scope::Stream),

@@ -1,7 +1,7 @@
 //! Durations on the command line: `500ms`, `30s`, `15m`, `1h`, `7d`, or bare milliseconds.
 
 /// Milliseconds of `text` (`<n>` with unit `ms`, `s`, `m`, `h` or `d`; no unit: ms).
-pub(super) fn parse_ms(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_ms(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);

@@ -12,6 +12,8 @@
 
 mod client;
 mod duration;
+mod history;
+pub(crate) use duration::parse_ms;
 mod render;
 mod table;
 
@@ -96,7 +98,7 @@ pub struct ClientOptions {
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
     /// Consumer groups: create, describe (positions per shard), list, pause, resume, seek
-    /// (replay or skip entries), delete.
+    /// (replay or skip entries), revisions, diff, restore (metadata history), delete.
     Group(GroupArgs),
     /// Streams: describe, list, reshard, retention, rollback.
     Stream(StreamArgs),
@@ -145,6 +147,9 @@ enum GroupCommand {
     /// the position now and after, and the entries to be delivered again; --execute applies.
     #[command(after_help = SEEK_HELP)]
     Seek(Box<SeekArgs>),
+    /// `revisions`, `diff`, `restore` (PROTOCOL §22).
+    #[command(flatten)]
+    History(history::HistoryCommand),
     /// Delete a group.
     Delete {
         /// Group id.
@@ -744,6 +749,15 @@ fn emit(text: &str) {
     let _ = out.flush();
 }
 
+/// Prints an answer as JSON or as its text.
+fn shown((json, text): (Value, String), json_out: bool) {
+    if json_out {
+        emit_json(&json);
+    } else {
+        emit(&text);
+    }
+}
+
 fn emit_json(v: &Value) {
     emit(&serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()));
 }
@@ -808,6 +822,7 @@ async fn group(a: GroupArgs) -> Result<(), CliError> {
         GroupCommand::Pause { group } => set_paused(&c, &group, true, json_out).await?,
         GroupCommand::Resume { group } => set_paused(&c, &group, false, json_out).await?,
         GroupCommand::Seek(args) => seek(&c, &args, json_out).await?,
+        GroupCommand::History(cmd) => shown(history::run(&c, cmd).await?, json_out),
         GroupCommand::Delete { group, force } => {
             c.delete_group(&group, force).await?;
             if json_out {

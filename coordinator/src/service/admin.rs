@@ -4,6 +4,7 @@ use super::{Coordinator, Result, ServiceError, invalid};
 use crate::engine::{
     EngineError, GroupConfig, GroupDoc, GroupEvent, StreamDoc, group_view, stream_view,
 };
+use crate::revisions::Cause;
 use crate::store::Versioned;
 use rsc_protocol::{
     CreateGroupRequest, FencingMode, GroupView, PatchGroupRequest, PatchStreamRequest, StreamView,
@@ -120,10 +121,13 @@ impl Coordinator {
             };
             // The stream names the group before the group exists: a crash in between leaves
             // a name the drain check prunes, never a group without its stream.
+            let before = (revision > 0).then(|| stream.clone());
             stream.add_group(&req.group);
-            self.store.put_stream(&stream, revision).await?;
+            let note = self.note(Cause::Admin, before.as_ref(), &stream);
+            self.store.put_stream(&stream, revision, &note).await?;
             let doc = GroupDoc::new(&req.group, config.clone(), &stream, now);
-            let revision = self.store.put_group(&doc, 0).await?;
+            let note = self.note(Cause::Admin, None, &doc);
+            let revision = self.store.put_group(&doc, 0, &note).await?;
             info!(group = %req.group, stream = %req.stream, shards = stream.shard_count, "group created");
             Ok(group_view(&doc, &stream, revision, now, &HashMap::new()))
         })
@@ -178,9 +182,10 @@ impl Coordinator {
                 self.store.delete_group(group, revision).await?;
                 self.cache.forget_group(group);
                 self.wake(group, Some(&doc), None, None);
-                let mut s = stream.doc;
+                let mut s = stream.doc.clone();
                 let layout_changed = s.remove_group(group, now);
-                self.store.put_stream(&s, stream.revision).await?;
+                let note = self.note(Cause::Admin, Some(&stream.doc), &s);
+                self.store.put_stream(&s, stream.revision, &note).await?;
                 info!(group, stream = %s.stream, force, "group deleted");
                 Ok(layout_changed.then_some(s))
             })
@@ -220,13 +225,15 @@ impl Coordinator {
             .retrying(|| async {
                 let _s = self.lock_stream(stream).await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                let before = doc.clone();
                 if let Some(r) = patch.retention {
                     doc.retention = r;
                 }
                 if let Some(r) = patch.dlq_retention {
                     doc.dlq_retention = r;
                 }
-                let revision = self.store.put_stream(&doc, revision).await?;
+                let note = self.note(Cause::Admin, Some(&before), &doc);
+                let revision = self.store.put_stream(&doc, revision, &note).await?;
                 info!(stream, retention = ?doc.retention, dlq_retention = ?doc.dlq_retention,
                     "stream retention changed");
                 Ok((doc, revision))
@@ -260,7 +267,8 @@ impl Coordinator {
                 let before = doc.clone();
                 f(&mut doc, self.now())?;
                 self.seal_switch(&before, &mut doc).await?;
-                let revision = self.store.put_stream(&doc, revision).await?;
+                let note = self.note(Cause::Reshard, Some(&before), &doc);
+                let revision = self.store.put_stream(&doc, revision, &note).await?;
                 info!(
                     stream,
                     shard_count = doc.shard_count,
@@ -327,6 +335,7 @@ impl Coordinator {
             .retrying(|| async {
                 let _s = self.lock_stream(stream).await?;
                 let Versioned { revision, mut doc } = self.load_stream(stream).await?;
+                let before = doc.clone();
                 let now = self.now();
                 // Prune names of groups that no longer exist (a create that crashed halfway).
                 for g in doc.groups.clone() {
@@ -336,7 +345,8 @@ impl Coordinator {
                     }
                 }
                 let layout_changed = doc.mark_drained(group, shards, now);
-                self.store.put_stream(&doc, revision).await?;
+                let note = self.note(Cause::Reshard, Some(&before), &doc);
+                self.store.put_stream(&doc, revision, &note).await?;
                 info!(stream, group, ?shards, retired = layout_changed, "draining shards drained");
                 Ok(layout_changed.then_some(doc))
             })

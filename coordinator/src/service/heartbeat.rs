@@ -117,6 +117,14 @@ impl Coordinator {
         req: &HeartbeatRequest,
     ) -> Result<(HeartbeatResponse, Vec<u32>, String)> {
         let mut w = self.open_write(group, Some(&req.member_id)).await?;
+        if let Some(epoch) = super::revisions::older_than_member(&w.doc, req.member_epoch)
+            && let Some(copied) = self.copied_epoch(group).await
+            && copied >= epoch
+        {
+            // The member's word alone is never enough: the copy outside the store confirms
+            // that the store held the epoch and went back (PROTOCOL §22).
+            return self.refence_older_store(w, &req.member_id, copied).await;
+        }
         let outcome = match w.doc.heartbeat(&w.stream.doc, req, w.now) {
             Ok(out) => out,
             Err(e) => return self.refuse_write(w, e).await,

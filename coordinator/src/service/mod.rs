@@ -36,6 +36,7 @@ mod heartbeat;
 mod outages;
 mod recovery;
 mod redrive;
+mod revisions;
 mod sweep;
 mod views;
 mod write;

@@ -11,6 +11,7 @@ use super::{Coordinator, Result, ServiceError};
 use crate::audit::Auditor;
 use crate::engine::StreamDoc;
 use crate::recovery::{GroupCopy, RecoveryCopy, RecoveryMode, StreamCopy};
+use crate::revisions::Cause;
 use crate::store::Versioned;
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
 use std::collections::{HashMap, HashSet};
@@ -99,6 +100,19 @@ impl Coordinator {
         Box::pin(self.recover_stream(stream, false))
     }
 
+    /// The highest epoch the recovery copy (outside the store, PROTOCOL §2.3) records for
+    /// `group`, when there is a copy and it answers.
+    pub(super) async fn copied_epoch(&self, group: &str) -> Option<u64> {
+        let r = self.recovery.as_ref()?;
+        match r.copy.group(group).await {
+            Ok(copy) => copy.map(|c| c.epoch),
+            Err(e) => {
+                warn!(group, error = %e, "could not read the recovery copy");
+                None
+            }
+        }
+    }
+
     /// The store does not hold `stream`: restores it from the copy when there is one (and
     /// the mode allows); `None` otherwise.
     pub(super) async fn recover_stream(
@@ -115,7 +129,8 @@ impl Coordinator {
         if !self.may_restore(r, "stream", stream, force) {
             return Ok(None);
         }
-        match self.store.put_stream(&copy.doc, 0).await {
+        let note = self.note(Cause::Restore, None, &copy.doc);
+        match self.store.put_stream(&copy.doc, 0, &note).await {
             Ok(revision) => {
                 let body = serde_json::json!({
                     "shard_count": copy.doc.shard_count,
@@ -167,11 +182,16 @@ impl Coordinator {
         } = stream;
         if !stream.groups.contains(group) {
             // The stream names the group before the group exists (as at creation).
+            let before = stream.clone();
             stream.add_group(group);
-            self.store.put_stream(&stream, stream_revision).await?;
+            let note = self.note(Cause::Restore, Some(&before), &stream);
+            self.store
+                .put_stream(&stream, stream_revision, &note)
+                .await?;
         }
         let doc = copy.restore(&stream);
-        match self.store.put_group(&doc, 0).await {
+        let note = self.note(Cause::Restore, None, &doc);
+        match self.store.put_group(&doc, 0, &note).await {
             Ok(revision) => {
                 self.cache.forget_group(group);
                 let body = serde_json::json!({

@@ -193,8 +193,10 @@ impl Coordinator {
                 warn!(stream = %name, ?shards, error = %e, "could not delete retired shard keys; retrying next pass");
                 continue;
             }
+            let before = doc.clone();
             doc.forget_retired(&shards);
-            let after = self.store.put_stream(&doc, revision).await?;
+            let note = self.note(crate::revisions::Cause::Reshard, Some(&before), &doc);
+            let after = self.store.put_stream(&doc, revision, &note).await?;
             info!(stream = %name, ?shards, ?keys, "deleted retired shard keys");
             left -= shards.len();
             out.push(PurgedKeys {

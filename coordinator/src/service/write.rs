@@ -15,6 +15,7 @@
 
 use super::{Coordinator, Result};
 use crate::engine::{EngineError, GroupDoc, GroupEvent, StreamDoc};
+use crate::revisions::{self, Actor, Cause};
 use crate::store::{LivenessChange, LockGuard, StoreError, TouchOutcome, Versioned};
 use std::collections::HashMap;
 use tracing::debug;
@@ -26,7 +27,7 @@ pub(super) struct GroupWrite<'a> {
     /// The member the decision answers (not woken: it gets its answer directly).
     requester: Option<&'a str>,
     /// The revision read; after the commit, the revision left (written or not).
-    revision: u64,
+    pub(super) revision: u64,
     /// The document as read (liveness overlaid), for the change rule and the wake-ups.
     before: GroupDoc,
     /// The document being decided on.
@@ -42,6 +43,10 @@ pub(super) struct GroupWrite<'a> {
     /// Whether the commit wrote the document or touched the liveness: the document left is
     /// then the stored one, and the cache keeps it.
     kept: bool,
+    /// The cause the write is recorded with in the metadata history (PROTOCOL §22), when
+    /// the caller names one; otherwise `admin` inside an admin request, `heartbeat` for a
+    /// member's request, `sweep` for the coordinator's own.
+    pub(super) cause: Option<Cause>,
 }
 
 /// What a write cycle left.
@@ -83,6 +88,7 @@ impl Coordinator {
             events,
             expired,
             kept: false,
+            cause: None,
         })
     }
 
@@ -101,9 +107,20 @@ impl Coordinator {
                 expired: std::mem::take(&mut w.expired),
                 touch,
             };
+            let actor = match w.cause {
+                Some(c) => revisions::actor(c, || Actor::coordinator(c)),
+                None => revisions::actor(Cause::Admin, || match w.requester {
+                    Some(member) => Actor {
+                        cause: Cause::Heartbeat,
+                        principal: member.to_owned(),
+                    },
+                    None => Actor::coordinator(Cause::Sweep),
+                }),
+            };
+            let note = revisions::note_of(&actor, w.now, Some(&w.before), &w.doc);
             w.revision = self
                 .store
-                .put_group_live(&w.doc, w.revision, &change)
+                .put_group_live(&w.doc, w.revision, &change, &note)
                 .await?;
             if let Some((member, at)) = &change.touch {
                 self.cache.touched(w.group, member, *at);

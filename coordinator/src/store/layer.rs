@@ -10,6 +10,7 @@ use super::{
     AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard, LockResource,
     MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
 };
+use super::{DocKind, Note, RevisionRecord};
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
 use rsc_protocol::AuditEntry;
@@ -118,9 +119,14 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
         let call = self.inner.load_stream(stream);
         self.layer.around("load_stream", call).await
     }
-    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
+    async fn put_group(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
         let call = async {
-            let after = self.inner.put_group(doc, expected).await?;
+            let after = self.inner.put_group(doc, expected, note).await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
             self.layer.stored(Stored::Group(doc, after)).await;
@@ -137,15 +143,28 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
         };
         self.layer.around("delete_group", call).await
     }
-    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+    async fn put_stream(
+        &self,
+        doc: &StreamDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
         let call = async {
-            let after = self.inner.put_stream(doc, expected).await?;
+            let after = self.inner.put_stream(doc, expected, note).await?;
             self.layer
                 .wrote(Document::Stream(&doc.stream), expected, after);
             self.layer.stored(Stored::Stream(doc, after)).await;
             Ok(after)
         };
         self.layer.around("put_stream", call).await
+    }
+    async fn read_revisions(
+        &self,
+        kind: DocKind,
+        name: &str,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        let call = self.inner.read_revisions(kind, name);
+        self.layer.around("read_revisions", call).await
     }
     async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
         let call = self.inner.list_groups();
@@ -192,9 +211,13 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
         doc: &GroupDoc,
         expected: u64,
         change: &LivenessChange,
+        note: &Note,
     ) -> Result<u64, StoreError> {
         let call = async {
-            let after = self.inner.put_group_live(doc, expected, change).await?;
+            let after = self
+                .inner
+                .put_group_live(doc, expected, change, note)
+                .await?;
             self.layer
                 .wrote(Document::Group(&doc.group), expected, after);
             self.layer.stored(Stored::Group(doc, after)).await;
@@ -331,9 +354,15 @@ mod tests {
         let store =
             RevisionRecordingStore::new(Arc::new(InstrumentedStore::new(Arc::new(counted))));
         let stream = StreamDoc::new("s", 2, 0).unwrap();
-        store.put_stream(&stream, 0).await.unwrap();
+        store
+            .put_stream(&stream, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
         let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
-        store.put_group(&group, 0).await.unwrap();
+        store
+            .put_group(&group, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
         calls.lock().unwrap().clear();
         let touch = SteadyTouch {
             group: "g",
@@ -388,15 +417,29 @@ mod tests {
         let copies = Arc::new(Copies::default());
         let store = Layered::with_layer(Arc::new(MemoryStore::new()), copies.clone());
         let stream = StreamDoc::new("s", 2, 0).unwrap();
-        store.put_stream(&stream, 0).await.unwrap();
-        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
-        store.put_group(&group, 0).await.unwrap();
         store
-            .put_group_live(&group, 1, &LivenessChange::default())
+            .put_stream(&stream, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
+        let group = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+        store
+            .put_group(&group, 0, &crate::revisions::Note::blank())
+            .await
+            .unwrap();
+        store
+            .put_group_live(
+                &group,
+                1,
+                &LivenessChange::default(),
+                &crate::revisions::Note::blank(),
+            )
             .await
             .unwrap();
         assert!(
-            store.put_group(&group, 1).await.is_err(),
+            store
+                .put_group(&group, 1, &crate::revisions::Note::blank())
+                .await
+                .is_err(),
             "a lost compare-and-set"
         );
         copies

@@ -1,8 +1,9 @@
 //! The in-process store: the development default, for one coordinator.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
-    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, AuditLog, DocKind, HistoryBounds, HistoryRecord, LivenessChange,
+    LockGuard, LockResource, MetadataStore, Note, RevisionRecord, RevisionRetention, SteadyTouch,
+    StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -35,6 +36,8 @@ struct Inner {
     coordinators: HashMap<String, u64>,
     /// Lag history per group, oldest first.
     history: HashMap<String, VecDeque<HistoryRecord>>,
+    /// Metadata history per document, oldest first (PROTOCOL §22).
+    revisions: HashMap<(DocKind, String), VecDeque<RevisionRecord>>,
 }
 
 impl Inner {
@@ -46,6 +49,29 @@ impl Inner {
         if let Some(due) = due {
             self.due.insert((due, group.to_owned()));
             self.due_at.insert(group.to_owned(), (due, revision));
+        }
+    }
+
+    /// Appends `note` (the change that made `revision` of the document) to its metadata
+    /// history, then drops what `retention` no longer keeps.
+    fn append_revision(
+        &mut self,
+        kind: DocKind,
+        name: &str,
+        revision: u64,
+        note: &Note,
+        retention: RevisionRetention,
+    ) {
+        let Ok(record) = serde_json::from_str::<RevisionRecord>(&note.record_json(revision)) else {
+            return;
+        };
+        let series = self.revisions.entry((kind, name.to_owned())).or_default();
+        series.push_back(record);
+        let cutoff = note.t_ms.saturating_sub(retention.max_age_ms);
+        while series.len() > retention.max_revisions.max(1)
+            || series.front().is_some_and(|r| r.t_ms < cutoff)
+        {
+            series.pop_front();
         }
     }
 
@@ -64,6 +90,7 @@ pub struct MemoryStore {
     locks: Mutex<HashMap<LockResource, Arc<tokio::sync::Mutex<()>>>>,
     audit_capacity: usize,
     tombstone_retention: Duration,
+    revision_retention: RevisionRetention,
 }
 
 impl Default for MemoryStore {
@@ -85,7 +112,15 @@ impl MemoryStore {
             locks: Mutex::default(),
             audit_capacity: capacity.max(1),
             tombstone_retention: super::TOMBSTONE_RETENTION,
+            revision_retention: RevisionRetention::default(),
         }
+    }
+
+    /// Keeps this much metadata history per document (default
+    /// [`RevisionRetention::default`]).
+    pub fn with_revision_retention(mut self, retention: RevisionRetention) -> Self {
+        self.revision_retention = retention;
+        self
     }
 
     /// Keeps a deleted group's revision tombstone this long (default
@@ -202,8 +237,13 @@ impl MetadataStore for MemoryStore {
         Ok(self.inner().streams.get(stream).cloned())
     }
 
-    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
-        self.put_group_live(doc, expected, &LivenessChange::default())
+    async fn put_group(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
+        self.put_group_live(doc, expected, &LivenessChange::default(), note)
             .await
     }
 
@@ -219,19 +259,36 @@ impl MetadataStore for MemoryStore {
                 .insert(group.to_owned(), (tombstone, Instant::now()));
             inner.live.remove(group);
             inner.history.remove(group);
+            inner.revisions.remove(&(DocKind::Group, group.to_owned()));
             inner.set_due(group, None, 0);
         }
         Ok(())
     }
 
-    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
-        cas(
-            &mut self.inner().streams,
-            &doc.stream,
-            Some(doc),
-            expected,
-            0,
-        )
+    async fn put_stream(
+        &self,
+        doc: &StreamDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
+        let mut inner = self.inner();
+        let revision = cas(&mut inner.streams, &doc.stream, Some(doc), expected, 0)?;
+        let retention = self.revision_retention;
+        inner.append_revision(DocKind::Stream, &doc.stream, revision, note, retention);
+        Ok(revision)
+    }
+
+    async fn read_revisions(
+        &self,
+        kind: DocKind,
+        name: &str,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        let inner = self.inner();
+        Ok(inner
+            .revisions
+            .get(&(kind, name.to_owned()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default())
     }
 
     async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
@@ -285,6 +342,7 @@ impl MetadataStore for MemoryStore {
         doc: &GroupDoc,
         expected: u64,
         change: &LivenessChange,
+        note: &Note,
     ) -> Result<u64, StoreError> {
         let mut inner = self.inner();
         let current = inner.groups.get(&doc.group).map_or(0, |v| v.revision);
@@ -312,6 +370,8 @@ impl MetadataStore for MemoryStore {
             expected,
             tombstone,
         )?;
+        let retention = self.revision_retention;
+        inner.append_revision(DocKind::Group, &doc.group, revision, note, retention);
         let live = inner.live.entry(doc.group.clone()).or_default();
         for member in &change.forget {
             live.remove(member);

@@ -29,6 +29,7 @@ pub use memory::MemoryStore;
 pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
 
 use crate::engine::{GroupDoc, StreamDoc};
+pub use crate::revisions::{Note, Record as RevisionRecord};
 use async_trait::async_trait;
 use rsc_protocol::{AuditEntry, HistorySample};
 use serde::{Deserialize, Serialize};
@@ -176,6 +177,35 @@ pub struct HistoryBounds {
     pub ttl_ms: u64,
 }
 
+/// Whose metadata history (PROTOCOL §22): a group document's or a stream document's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DocKind {
+    /// `P:revisions:{<group>}`.
+    Group,
+    /// `P:revisions:stream:{<stream>}`.
+    Stream,
+}
+
+/// How long a document's metadata history is kept (PROTOCOL §22): the newest
+/// `max_revisions` records, none older than `max_age_ms` than the newest write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RevisionRetention {
+    /// Records kept at most (`--history-max-revisions`, default 1000).
+    pub max_revisions: usize,
+    /// A record older than this (ms) when a newer one is written is dropped, and a history
+    /// not written for this long expires (`--history-max-age`, default 7 days).
+    pub max_age_ms: u64,
+}
+
+impl Default for RevisionRetention {
+    fn default() -> Self {
+        RevisionRetention {
+            max_revisions: 1000,
+            max_age_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
 /// What a lock protects.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LockResource {
@@ -214,13 +244,32 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn load_group(&self, group: &str) -> Result<Option<Versioned<GroupDoc>>, StoreError>;
     /// Reads a stream document.
     async fn load_stream(&self, stream: &str) -> Result<Option<Versioned<StreamDoc>>, StoreError>;
-    /// Writes a group document if its stored revision is `expected` (0: must not exist).
+    /// Writes a group document if its stored revision is `expected` (0: must not exist),
+    /// and appends `note` to its metadata history in the same atomic step (PROTOCOL §22).
     /// Returns the new revision.
-    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError>;
-    /// Deletes a group document (and its liveness) if its stored revision is `expected`.
+    async fn put_group(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError>;
+    /// Deletes a group document (its liveness and its metadata history) if its stored
+    /// revision is `expected`.
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError>;
-    /// Writes a stream document if its stored revision is `expected` (0: must not exist).
-    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError>;
+    /// Writes a stream document if its stored revision is `expected` (0: must not exist),
+    /// with `note` appended to its metadata history in the same atomic step.
+    async fn put_stream(
+        &self,
+        doc: &StreamDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError>;
+    /// The kept metadata history of a document, oldest first (PROTOCOL §22).
+    async fn read_revisions(
+        &self,
+        kind: DocKind,
+        name: &str,
+    ) -> Result<Vec<RevisionRecord>, StoreError>;
     /// Every group id, sorted.
     async fn list_groups(&self) -> Result<Vec<String>, StoreError>;
     /// Every stream name, sorted.
@@ -250,7 +299,8 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         group: &str,
     ) -> Result<Option<(Versioned<GroupDoc>, HashMap<String, u64>)>, StoreError>;
     /// Writes a group document if its stored revision is `expected` (0: must not exist), and
-    /// applies `change` to liveness in the same atomic step. Fails with
+    /// applies `change` to liveness and appends `note` to its metadata history in the same
+    /// atomic step. Fails with
     /// a conflict ([`StoreError::is_conflict`]) when the revision differs or when a member in
     /// `change.expired` was heard from after the liveness given for it. Returns the new
     /// revision.
@@ -259,6 +309,7 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         doc: &GroupDoc,
         expected: u64,
         change: &LivenessChange,
+        note: &Note,
     ) -> Result<u64, StoreError>;
     /// Touches `member`'s liveness with `now_ms`, only while the group document is at
     /// `revision`, and, when `max_silence_ms` is given, only if the member has liveness no

@@ -25,6 +25,9 @@
 //! - `P:history:{G}` — a list of JSON [`HistoryRecord`]s, oldest first: the group's lag
 //!   history, appended by whichever coordinator samples the group (`append_history.lua`),
 //!   read by all of them; it expires when no one appends any more.
+//! - `P:revisions:{G}` / `P:revisions:stream:{S}` — lists of JSON [`RevisionRecord`]s,
+//!   oldest first: the metadata history of a group or stream document, appended by the
+//!   script that writes the document (same slot), trimmed by [`RevisionRetention`].
 //!
 //! Every document write is a Lua compare-and-set on `revision` (the scripts are the `.lua`
 //! files beside this one). Scripts touch one slot only: a document, its liveness and its lock
@@ -43,8 +46,9 @@
 //! reconnects, so the coordinator recovers by itself when Redis returns.
 
 use super::{
-    AUDIT_RETAINED, AuditFilter, AuditLog, HistoryBounds, HistoryRecord, LivenessChange, LockGuard,
-    LockResource, MetadataStore, SteadyTouch, StoreError, TouchOutcome, Versioned,
+    AUDIT_RETAINED, AuditFilter, AuditLog, DocKind, HistoryBounds, HistoryRecord, LivenessChange,
+    LockGuard, LockResource, MetadataStore, Note, RevisionRecord, RevisionRetention, SteadyTouch,
+    StoreError, TouchOutcome, Versioned,
 };
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
@@ -95,6 +99,8 @@ pub struct RedisStoreConfig {
     /// Replicas that must have a group document commit before it is acknowledged
     /// (`WAIT N` on the same connection, bounded by a short timeout); 0: no wait.
     pub wait_replicas: u32,
+    /// How much metadata history each document keeps (PROTOCOL §22).
+    pub revisions: RevisionRetention,
 }
 
 /// How long a commit waits for [`RedisStoreConfig::wait_replicas`] replicas. Short: the
@@ -127,6 +133,7 @@ impl Default for RedisStoreConfig {
             lock_wait: Duration::from_millis(3000),
             tombstone_retention: super::TOMBSTONE_RETENTION,
             wait_replicas: 0,
+            revisions: RevisionRetention::default(),
         }
     }
 }
@@ -188,6 +195,12 @@ impl Keys {
     fn coordinators(&self) -> String {
         format!("{}:coordinators", self.prefix)
     }
+    fn revisions(&self, kind: DocKind, name: &str) -> String {
+        match kind {
+            DocKind::Group => format!("{}:revisions:{{{name}}}", self.prefix),
+            DocKind::Stream => format!("{}:revisions:stream:{{{name}}}", self.prefix),
+        }
+    }
     fn history(&self, group: &str) -> String {
         format!("{}:history:{{{group}}}", self.prefix)
     }
@@ -210,9 +223,13 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            put_doc: Script::new(include_str!("lua/put_doc.lua")),
+            put_doc: Script::new(concat!(
+                include_str!("lua/append_revision.lua"),
+                include_str!("lua/put_doc.lua")
+            )),
             put_group: Script::new(concat!(
                 include_str!("lua/liveness_pad.lua"),
+                include_str!("lua/append_revision.lua"),
                 include_str!("lua/put_group.lua")
             )),
             delete_group: Script::new(include_str!("lua/delete_group.lua")),
@@ -607,20 +624,27 @@ impl RedisStore {
 
     async fn put_doc<T: Serialize>(
         &self,
-        key: String,
+        (key, revisions): (String, String),
         doc: &T,
         expected: u64,
+        note: &Note,
     ) -> Result<u64, StoreError> {
         let json = encode(doc)?;
         let k = key.clone();
+        let keep = self.0.config.revisions;
         let reply: Vec<i64> = self
             .run("put", |mut c| async move {
                 self.0
                     .scripts
                     .put_doc
                     .key(&k)
+                    .key(&revisions)
                     .arg(expected)
                     .arg(json)
+                    .arg(note.t_ms)
+                    .arg(&note.body)
+                    .arg(keep.max_revisions.max(1))
+                    .arg(keep.max_age_ms.max(1))
                     .invoke_async(&mut c)
                     .await
             })
@@ -840,13 +864,19 @@ impl MetadataStore for RedisStore {
         self.load_doc(self.0.keys.stream(stream)).await
     }
 
-    async fn put_group(&self, doc: &GroupDoc, expected: u64) -> Result<u64, StoreError> {
-        self.put_group_live(doc, expected, &LivenessChange::default())
+    async fn put_group(
+        &self,
+        doc: &GroupDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
+        self.put_group_live(doc, expected, &LivenessChange::default(), note)
             .await
     }
 
     async fn delete_group(&self, group: &str, expected: u64) -> Result<(), StoreError> {
         let (key, live) = (self.0.keys.group(group), self.0.keys.live(group));
+        let revisions = self.0.keys.revisions(DocKind::Group, group);
         let k = key.clone();
         let reply: Vec<i64> = self
             .run("delete", |mut c| async move {
@@ -855,6 +885,7 @@ impl MetadataStore for RedisStore {
                     .delete_group
                     .key(&k)
                     .key(&live)
+                    .key(&revisions)
                     .arg(expected)
                     .arg(self.0.config.tombstone_retention.as_millis() as u64)
                     .invoke_async(&mut c)
@@ -887,15 +918,43 @@ impl MetadataStore for RedisStore {
         Ok(())
     }
 
-    async fn put_stream(&self, doc: &StreamDoc, expected: u64) -> Result<u64, StoreError> {
+    async fn put_stream(
+        &self,
+        doc: &StreamDoc,
+        expected: u64,
+        note: &Note,
+    ) -> Result<u64, StoreError> {
         if expected == 0 {
             // Before the document: a crash in between leaves a name listings skip, never
             // a document no listing shows.
             self.add_to_index(self.0.keys.streams(), &doc.stream)
                 .await?;
         }
-        self.put_doc(self.0.keys.stream(&doc.stream), doc, expected)
-            .await
+        let keys = (
+            self.0.keys.stream(&doc.stream),
+            self.0.keys.revisions(DocKind::Stream, &doc.stream),
+        );
+        self.put_doc(keys, doc, expected, note).await
+    }
+
+    async fn read_revisions(
+        &self,
+        kind: DocKind,
+        name: &str,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        let key = self.0.keys.revisions(kind, name);
+        let k = key.clone();
+        let raw: Vec<Vec<u8>> = self
+            .run("revisions read", |mut c| async move {
+                redis::cmd("LRANGE")
+                    .arg(&k)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        raw.iter().map(|bytes| decode(&key, bytes)).collect()
     }
 
     async fn list_groups(&self) -> Result<Vec<String>, StoreError> {
@@ -1022,6 +1081,7 @@ impl MetadataStore for RedisStore {
         doc: &GroupDoc,
         expected: u64,
         change: &LivenessChange,
+        note: &Note,
     ) -> Result<u64, StoreError> {
         if expected == 0 {
             // Before the document: see `put_stream`.
@@ -1029,11 +1089,16 @@ impl MetadataStore for RedisStore {
         }
         let json = encode(doc)?;
         let (key, live) = (self.0.keys.group(&doc.group), self.0.keys.live(&doc.group));
+        let revisions = self.0.keys.revisions(DocKind::Group, &doc.group);
+        let keep = self.0.config.revisions;
         let k = key.clone();
         let (reply, acked) = self
             .run("put", |mut c| async move {
                 let mut inv = self.0.scripts.put_group.key(&k);
-                inv.key(&live).arg(expected).arg(json);
+                inv.key(&live).key(&revisions).arg(expected).arg(json);
+                inv.arg(note.t_ms).arg(&note.body);
+                inv.arg(keep.max_revisions.max(1))
+                    .arg(keep.max_age_ms.max(1));
                 inv.arg(change.expired.len());
                 for (member, seen) in &change.expired {
                     inv.arg(member).arg(*seen);

@@ -3,9 +3,11 @@
 -- KEYS[1]  the group document: a hash with fields `revision` and `doc` (a deleted group
 --          leaves a tombstone: `revision` alone, so that revisions of the key never repeat)
 -- KEYS[2]  the group's liveness: a sorted set, member -> last heard from (Unix ms)
+-- KEYS[3]  the group's metadata history (append_revision.lua)
 -- ARGV[1]  the revision the writer read (0: the document must not exist)
 -- ARGV[2]  the new document (JSON)
--- ARGV[3]  n, then n pairs (member, liveness the writer saw): members the write expires for
+-- ARGV[3..6] the history record's time, body, how many records are kept and how long
+-- ARGV[7]  n, then n pairs (member, liveness the writer saw): members the write expires for
 --          silence; any of them heard from since (liveness now newer) fails the write
 -- then     m, then m members whose liveness is deleted
 -- then     a member to touch ('' for none), then the time to touch it with
@@ -19,7 +21,7 @@ end
 if seen ~= tonumber(ARGV[1]) then
   return {0, seen}
 end
-local i = 3
+local i = 7
 local expired = tonumber(ARGV[i])
 i = i + 1
 for _ = 1, expired do
@@ -31,6 +33,7 @@ for _ = 1, expired do
 end
 local revision = current + 1
 redis.call('HSET', KEYS[1], 'revision', revision, 'doc', ARGV[2])
+append_revision(KEYS[3], revision, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 if seen == 0 then
   -- Created over a tombstone: the tombstone's expiry must not take the new group with it.
   redis.call('PERSIST', KEYS[1])
