@@ -264,5 +264,9 @@ pub fn batch_listener(spec: &ListenerSpec, handler: ForeignBatchHandler) -> List
             err.into_result()
         }
     };
-    spec.apply(Listener::batch(spec.group.clone(), spec.stream.clone(), call))
+    spec.apply(Listener::batch(
+        spec.group.clone(),
+        spec.stream.clone(),
+        call,
+    ))
 }

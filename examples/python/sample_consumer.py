@@ -65,7 +65,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--retry-backoff-ms", type=int, default=200)
     p.add_argument("--health-listen", default=env("RSC_HEALTH_LISTEN"))
     p.add_argument("--data-redis-grace-ms", type=int,
-                   default=int(env("RSC_DATA_REDIS_GRACE_MS")) if env("RSC_DATA_REDIS_GRACE_MS") else None)
+                   default=int(os.environ["RSC_DATA_REDIS_GRACE_MS"]) if env("RSC_DATA_REDIS_GRACE_MS") else None)
     args = p.parse_args(argv)
     if not 0.0 <= args.fail_rate <= 1.0:
         p.error("--fail-rate must be within 0..=1")

@@ -34,7 +34,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--redis-sentinel", default=env("RSC_REDIS_SENTINEL"))
     p.add_argument("--redis-sentinel-master", default=env("RSC_REDIS_SENTINEL_MASTER"))
     p.add_argument("--wait-replicas", type=int,
-                   default=int(env("RSC_PUBLISH_WAIT_REPLICAS")) if env("RSC_PUBLISH_WAIT_REPLICAS") else None)
+                   default=int(os.environ["RSC_PUBLISH_WAIT_REPLICAS"]) if env("RSC_PUBLISH_WAIT_REPLICAS") else None)
     p.add_argument("--wait-timeout-ms", type=int, default=int(env("RSC_PUBLISH_WAIT_TIMEOUT_MS", "1000")))
     p.add_argument("--batch", type=int, default=500)
     p.add_argument("--acked-log")

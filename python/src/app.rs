@@ -4,7 +4,7 @@
 
 use crate::message::{Message, Rebalance};
 use crate::options::{Conn, Opts, apply_conn};
-use crate::runtime::{Answer, block_on, into_awaitable, runtime, submit};
+use crate::runtime::{Answer, block_on, into_awaitable, runtime, submit, with_python};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -137,7 +137,7 @@ fn listener_spec(group: String, stream: String, o: &Opts<'_>) -> PyResult<Listen
 /// A rebalance callback calling a Python function (its exception is logged, not raised).
 fn callback(f: Py<PyAny>) -> ForeignCallback {
     Arc::new(move |r: &rsc_client::Rebalance| {
-        let called = Python::try_attach(|py| f.call1(py, (Rebalance::of(r),)).map(drop));
+        let called = with_python(|py| f.call1(py, (Rebalance::of(r),)).map(drop));
         if let Some(Err(e)) = called {
             log::warn!(target: "rsc", "rebalance callback of group {} failed: {e}", r.group);
         }
@@ -147,7 +147,7 @@ fn callback(f: Py<PyAny>) -> ForeignCallback {
 /// The foreign handler of a Python single-message handler on `event_loop`.
 fn single(handler: Py<PyAny>, event_loop: Arc<Py<PyAny>>) -> ForeignHandler {
     Arc::new(move |m: ForeignMessage| {
-        let started = Python::try_attach(|py| -> PyResult<_> {
+        let started = with_python(|py| -> PyResult<_> {
             let msg = Py::new(py, Message::new(py, m)?)?;
             let coro = handler.bind(py).call1((msg,))?;
             submit(py, &event_loop, coro, false)
@@ -168,7 +168,7 @@ fn single(handler: Py<PyAny>, event_loop: Arc<Py<PyAny>>) -> ForeignHandler {
 /// The foreign handler of a Python batch handler on `event_loop`.
 fn batch(handler: Py<PyAny>, event_loop: Arc<Py<PyAny>>) -> ForeignBatchHandler {
     Arc::new(move |ms: Vec<ForeignMessage>| {
-        let started = Python::try_attach(|py| -> PyResult<_> {
+        let started = with_python(|py| -> PyResult<_> {
             let msgs = ms
                 .into_iter()
                 .map(|m| Py::new(py, Message::new(py, m)?))
@@ -272,7 +272,7 @@ impl ConsumerApp {
             handle.shutdown();
         }
         *self.handle.lock().map_err(poisoned)? = Some(handle);
-        into_awaitable(py, app.run_until(std::future::pending()))
+        into_awaitable(py, app.run_until(std::future::pending()), false)
     }
 
     /// Starts a graceful shutdown: in-flight handlers finish and are acknowledged, then the

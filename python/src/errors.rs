@@ -5,20 +5,85 @@ use pyo3::prelude::*;
 use pyo3::{PyErr, Python, create_exception};
 use rsc_client::ClientError;
 
-create_exception!(rsc, RscError, PyException, "Base class of every error of the rsc client.");
-create_exception!(rsc, ConfigError, RscError, "The configuration is incomplete or invalid.");
+create_exception!(
+    rsc,
+    RscError,
+    PyException,
+    "Base class of every error of the rsc client."
+);
+create_exception!(
+    rsc,
+    ConfigError,
+    RscError,
+    "The configuration is incomplete or invalid."
+);
 create_exception!(rsc, RedisError, RscError, "A Redis command failed.");
-create_exception!(rsc, DataRedisUnreachableError, RscError, "The data Redis does not answer.");
-create_exception!(rsc, FencedError, RscError, "The shard belongs to another member now.");
-create_exception!(rsc, StaleRoutingError, RscError, "A write was refused for a stale routing epoch.");
-create_exception!(rsc, DeliveryTimeoutError, RscError, "A publish was not delivered in time.");
-create_exception!(rsc, NotReplicatedError, RscError, "Fewer replicas than asked confirmed a write.");
-create_exception!(rsc, CoordinatorError, RscError, "A call to the coordinator failed.");
-create_exception!(rsc, EncodeError, RscError, "A payload could not be encoded.");
-create_exception!(rsc, PanickedError, RscError, "A task of the client panicked.");
-create_exception!(rsc, ShutdownTimedOutError, RscError, "The graceful shutdown timed out.");
-create_exception!(rsc, OpsListenError, RscError, "The health and metrics endpoints cannot listen.");
-create_exception!(rsc, MemberRejectedError, RscError, "The coordinator refused a member for good.");
+create_exception!(
+    rsc,
+    DataRedisUnreachableError,
+    RscError,
+    "The data Redis does not answer."
+);
+create_exception!(
+    rsc,
+    FencedError,
+    RscError,
+    "The shard belongs to another member now."
+);
+create_exception!(
+    rsc,
+    StaleRoutingError,
+    RscError,
+    "A write was refused for a stale routing epoch."
+);
+create_exception!(
+    rsc,
+    DeliveryTimeoutError,
+    RscError,
+    "A publish was not delivered in time."
+);
+create_exception!(
+    rsc,
+    NotReplicatedError,
+    RscError,
+    "Fewer replicas than asked confirmed a write."
+);
+create_exception!(
+    rsc,
+    CoordinatorError,
+    RscError,
+    "A call to the coordinator failed."
+);
+create_exception!(
+    rsc,
+    EncodeError,
+    RscError,
+    "A payload could not be encoded."
+);
+create_exception!(
+    rsc,
+    PanickedError,
+    RscError,
+    "A task of the client panicked."
+);
+create_exception!(
+    rsc,
+    ShutdownTimedOutError,
+    RscError,
+    "The graceful shutdown timed out."
+);
+create_exception!(
+    rsc,
+    OpsListenError,
+    RscError,
+    "The health and metrics endpoints cannot listen."
+);
+create_exception!(
+    rsc,
+    MemberRejectedError,
+    RscError,
+    "The coordinator refused a member for good."
+);
 
 /// Registers the exception classes in the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -26,15 +91,24 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RscError", py.get_type::<RscError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("RedisError", py.get_type::<RedisError>())?;
-    m.add("DataRedisUnreachableError", py.get_type::<DataRedisUnreachableError>())?;
+    m.add(
+        "DataRedisUnreachableError",
+        py.get_type::<DataRedisUnreachableError>(),
+    )?;
     m.add("FencedError", py.get_type::<FencedError>())?;
     m.add("StaleRoutingError", py.get_type::<StaleRoutingError>())?;
-    m.add("DeliveryTimeoutError", py.get_type::<DeliveryTimeoutError>())?;
+    m.add(
+        "DeliveryTimeoutError",
+        py.get_type::<DeliveryTimeoutError>(),
+    )?;
     m.add("NotReplicatedError", py.get_type::<NotReplicatedError>())?;
     m.add("CoordinatorError", py.get_type::<CoordinatorError>())?;
     m.add("EncodeError", py.get_type::<EncodeError>())?;
     m.add("PanickedError", py.get_type::<PanickedError>())?;
-    m.add("ShutdownTimedOutError", py.get_type::<ShutdownTimedOutError>())?;
+    m.add(
+        "ShutdownTimedOutError",
+        py.get_type::<ShutdownTimedOutError>(),
+    )?;
     m.add("OpsListenError", py.get_type::<OpsListenError>())?;
     m.add("MemberRejectedError", py.get_type::<MemberRejectedError>())?;
     Ok(())
@@ -44,7 +118,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `is_timeout` attributes, and its cause (the error's source, converted the same way) as
 /// `__cause__`.
 pub(crate) fn to_py(e: ClientError) -> PyErr {
-    Python::attach(|py| with_cause(py, &e))
+    crate::runtime::with_python(|py| with_cause(py, &e)).unwrap_or_else(|| new_err(&e))
 }
 
 /// The exception of a client error, and its causes below it.

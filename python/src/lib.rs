@@ -29,6 +29,12 @@ fn _rsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::PyRecord>()?;
     m.add_class::<producer::Published>()?;
     m.add_class::<runtime::Completion>()?;
+    m.add_class::<runtime::Resolve>()?;
+    m.add_class::<runtime::AbortOnCancel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let exiting = wrap_pyfunction!(runtime::_interpreter_exiting, m)?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (exiting,))?;
     Ok(())
 }

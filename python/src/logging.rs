@@ -34,6 +34,9 @@ struct ToLog;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLog {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if !crate::runtime::python_alive() {
+            return;
+        }
         let meta = event.metadata();
         let level = match *meta.level() {
             tracing::Level::ERROR => log::Level::Error,
@@ -66,8 +69,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLog {
 /// Installs the bridge (once per process; a program that set its own tracing subscriber
 /// keeps it).
 pub(crate) fn init(py: Python<'_>) {
-    let _ = pyo3_log::Logger::new(py, pyo3_log::Caching::Loggers)
-        .map(|l| l.install());
+    let _ = pyo3_log::Logger::new(py, pyo3_log::Caching::Loggers).map(|l| l.install());
     let filter = std::env::var("RSC_LOG")
         .ok()
         .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())

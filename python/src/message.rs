@@ -99,7 +99,7 @@ impl Message {
     /// Acknowledges the entry now (`XACK`): an awaitable. Only needed with `ack="manual"`.
     fn ack<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let acker = self.acker.clone();
-        into_awaitable(py, async move { acker.ack().await })
+        into_awaitable(py, async move { acker.ack().await }, true)
     }
 
     /// Acknowledges the entry now, blocking (for plain `def` handlers).
@@ -114,7 +114,9 @@ impl Message {
             self.id,
             self.stream,
             self.shard,
-            self.key.as_deref().map_or("None".into(), |k| format!("{k:?}")),
+            self.key
+                .as_deref()
+                .map_or("None".into(), |k| format!("{k:?}")),
             self.delivery_count
         )
     }

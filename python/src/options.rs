@@ -22,7 +22,10 @@ impl<'py> Opts<'py> {
     }
 
     /// Takes option `name` (`None` when absent or `None`).
-    pub(crate) fn take<T: pyo3::conversion::FromPyObjectOwned<'py>>(&self, name: &str) -> PyResult<Option<T>> {
+    pub(crate) fn take<T: pyo3::conversion::FromPyObjectOwned<'py>>(
+        &self,
+        name: &str,
+    ) -> PyResult<Option<T>> {
         let Some(v) = self.kwargs.get_item(name)? else {
             return Ok(None);
         };
@@ -30,12 +33,10 @@ impl<'py> Opts<'py> {
         if v.is_none() {
             return Ok(None);
         }
-        v.extract::<T>()
-            .map(Some)
-            .map_err(|e| {
-                let e: PyErr = e.into();
-                PyTypeError::new_err(format!("option {name}: {e}"))
-            })
+        v.extract::<T>().map(Some).map_err(|e| {
+            let e: PyErr = e.into();
+            PyTypeError::new_err(format!("option {name}: {e}"))
+        })
     }
 
     /// Takes a duration in seconds (a float or an int).
@@ -125,7 +126,7 @@ macro_rules! apply_conn {
             _ => {
                 return Err(pyo3::exceptions::PyValueError::new_err(
                     "redis_sentinel and redis_sentinel_master go together",
-                ))
+                ));
             }
         }
         if let Some(v) = c.redis_sentinel_tls {
@@ -140,7 +141,7 @@ macro_rules! apply_conn {
             _ => {
                 return Err(pyo3::exceptions::PyValueError::new_err(
                     "redis_tls_cert and redis_tls_key go together",
-                ))
+                ));
             }
         }
         if let Some(v) = &c.token {
@@ -149,7 +150,8 @@ macro_rules! apply_conn {
         if let Some(v) = &c.token_file {
             b = b.token_file(v.as_str());
         }
-        if c.coordinator_ca.is_some() || c.coordinator_cert.is_some() || c.coordinator_key.is_some() {
+        if c.coordinator_ca.is_some() || c.coordinator_cert.is_some() || c.coordinator_key.is_some()
+        {
             let mut tls = rsc_client::CoordinatorTls::default();
             tls.ca = c.coordinator_ca.clone().map(Into::into);
             tls.cert = c.coordinator_cert.clone().map(Into::into);

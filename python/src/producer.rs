@@ -187,9 +187,11 @@ impl Producer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let record = PyRecord::new(payload, key, headers, fields, content_type)?.record;
         let p = self.inner.clone();
-        into_awaitable(py, async move {
-            p.publish_record(&stream, record).await.map(Published::from)
-        })
+        into_awaitable(
+            py,
+            async move { p.publish_record(&stream, record).await.map(Published::from) },
+            true,
+        )
     }
 
     /// Publishes one message, blocking (the GIL released).
@@ -218,10 +220,14 @@ impl Producer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let records = self::records(records)?;
         let p = self.inner.clone();
-        into_awaitable(py, async move {
-            let out = p.publish_batch(&stream, records).await?;
-            Ok(out.into_iter().map(Published::from).collect::<Vec<_>>())
-        })
+        into_awaitable(
+            py,
+            async move {
+                let out = p.publish_batch(&stream, records).await?;
+                Ok(out.into_iter().map(Published::from).collect::<Vec<_>>())
+            },
+            true,
+        )
     }
 
     /// Publishes records in one round trip, blocking (the GIL released).

@@ -10,12 +10,64 @@ use rsc_client::foreign::{BatchVerdict, Verdict};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// The process's tokio runtime (pyo3-async-runtimes' one, multi-threaded).
+/// Whether threads of the Rust runtime may still call into Python: cleared when the
+/// interpreter starts to exit (`atexit`). A tokio thread inside Python while the main thread
+/// finalizes the interpreter would crash the process, so the exit also waits for those
+/// inside ([`INSIDE`]) to leave.
+static PYTHON_ALIVE: AtomicBool = AtomicBool::new(true);
+
+/// Threads of the Rust runtime inside [`with_python`] now.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` with the GIL from a thread of the Rust runtime, unless the interpreter is
+/// exiting (`None` then).
+pub(crate) fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    if !PYTHON_ALIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    INSIDE.fetch_add(1, Ordering::AcqRel);
+    let out = if PYTHON_ALIVE.load(Ordering::Acquire) {
+        Python::try_attach(f)
+    } else {
+        None
+    };
+    INSIDE.fetch_sub(1, Ordering::AcqRel);
+    out
+}
+
+/// Whether the interpreter is still running (not exiting).
+pub(crate) fn python_alive() -> bool {
+    PYTHON_ALIVE.load(Ordering::Acquire)
+}
+
+/// Registered with `atexit`: from now on the Rust runtime's threads leave Python alone; waits
+/// (the GIL released, at most 5 s) for those inside to leave.
+#[pyfunction]
+pub(crate) fn _interpreter_exiting(py: Python<'_>) {
+    PYTHON_ALIVE.store(false, Ordering::Release);
+    py.detach(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while INSIDE.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// The process's tokio runtime (multi-threaded, started on first use): every consumer app
+/// and producer of the process runs on it.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    pyo3_async_runtimes::tokio::get_runtime()
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("rsc-runtime")
+            .build()
+            .expect("the tokio runtime starts (threads could not be created)")
+    })
 }
 
 /// `fut` run to completion with its error converted and any panic caught.
@@ -27,14 +79,69 @@ async fn guarded<T>(fut: impl Future<Output = Result<T, ClientError>>) -> PyResu
     }
 }
 
-/// A Python awaitable of a Rust future run on the tokio runtime (call it on the loop's
-/// thread: the awaitable belongs to the running loop).
-pub(crate) fn into_awaitable<'py, T, F>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+/// A Python awaitable (an asyncio future of the running loop) of a Rust future run on the
+/// tokio runtime; call it on the loop's thread. With `abort_on_cancel`, cancelling the
+/// awaitable drops the Rust future.
+pub(crate) fn into_awaitable<'py, T, F>(
+    py: Python<'py>,
+    fut: F,
+    abort_on_cancel: bool,
+) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, ClientError>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, guarded(fut))
+    let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let awaitable = event_loop.call_method0("create_future")?;
+    let (target, event_loop) = (awaitable.clone().unbind(), event_loop.unbind());
+    let task = runtime().spawn(async move {
+        let result = guarded(fut).await;
+        with_python(move |py| {
+            let value = result.and_then(|v| pyo3::IntoPyObjectExt::into_py_any(v, py));
+            let resolve = Resolve(Mutex::new(Some(value)));
+            // A closed loop refuses: nobody waits any more.
+            let _ = event_loop.call_method1(py, "call_soon_threadsafe", (resolve, target));
+        });
+    });
+    if abort_on_cancel {
+        let abort = AbortOnCancel(task.abort_handle());
+        awaitable.call_method1("add_done_callback", (abort,))?;
+    }
+    Ok(awaitable)
+}
+
+/// Sets an asyncio future's result or exception, on its loop (unless it was cancelled).
+#[pyclass(module = "rsc._rsc", frozen)]
+pub(crate) struct Resolve(Mutex<Option<PyResult<Py<PyAny>>>>);
+
+#[pymethods]
+impl Resolve {
+    fn __call__(&self, fut: &Bound<'_, PyAny>) -> PyResult<()> {
+        if fut.call_method0("done")?.is_truthy()? {
+            return Ok(());
+        }
+        match self.0.lock().ok().and_then(|mut v| v.take()) {
+            Some(Ok(v)) => fut.call_method1("set_result", (v,)).map(drop),
+            Some(Err(e)) => fut
+                .call_method1("set_exception", (e.into_value(fut.py()),))
+                .map(drop),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Drops the Rust future when its awaitable was cancelled.
+#[pyclass(module = "rsc._rsc", frozen)]
+pub(crate) struct AbortOnCancel(tokio::task::AbortHandle);
+
+#[pymethods]
+impl AbortOnCancel {
+    fn __call__(&self, fut: &Bound<'_, PyAny>) -> PyResult<()> {
+        if fut.call_method0("cancelled")?.is_truthy()? {
+            self.0.abort();
+        }
+        Ok(())
+    }
 }
 
 /// Runs a Rust future to completion on the tokio runtime, the GIL released meanwhile.
@@ -75,7 +182,10 @@ impl Completion {
         let answer = answer.unwrap_or_else(|e| {
             let why = format!("the handler's answer could not be read: {e}");
             if self.batch {
-                Answer::Batch(BatchVerdict { all: Verdict::Retry(why), each: Vec::new() })
+                Answer::Batch(BatchVerdict {
+                    all: Verdict::Retry(why),
+                    each: Vec::new(),
+                })
             } else {
                 Answer::Single(Verdict::Retry(why))
             }
@@ -128,7 +238,7 @@ impl CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(cf) = self.0.take() {
-            let _ = Python::try_attach(|py| cf.call_method0(py, "cancel").map(drop));
+            let _ = with_python(|py| cf.call_method0(py, "cancel").map(drop));
         }
     }
 }
@@ -157,7 +267,10 @@ pub(crate) fn submit(
         answer.unwrap_or_else(|_| {
             let why = "the handler's task ended without an answer (its event loop stopped?)";
             if batch {
-                Answer::Batch(BatchVerdict { all: Verdict::Retry(why.into()), each: Vec::new() })
+                Answer::Batch(BatchVerdict {
+                    all: Verdict::Retry(why.into()),
+                    each: Vec::new(),
+                })
             } else {
                 Answer::Single(Verdict::Retry(why.into()))
             }

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar, cast
 
 import pytest
 import redis
@@ -165,6 +165,14 @@ class Stack:
 
         return wait_for(f"group {group}: {members} stable members owning {shards} shards",
                         timeout, check)
+
+    def xrange(self, key: str) -> List[Tuple[bytes, Dict[bytes, bytes]]]:
+        """Every entry of a stream key: (id, fields)."""
+        return cast(List[Tuple[bytes, Dict[bytes, bytes]]], self.redis.client.xrange(key))
+
+    def xlen(self, key: str) -> int:
+        n: int = self.redis.client.xlen(key)
+        return n
 
     def env(self) -> Dict[str, str]:
         """The environment of a pod of this stack."""

@@ -92,13 +92,13 @@ def test_raising_handler_is_retried_then_dead_lettered(stack: Stack) -> None:
             raise rsc.RetryAfter(0.05, "rate limited")
 
     def dlq_len() -> int:
-        return int(stack.redis.client.xlen("s2:dlq"))
+        return stack.xlen("s2:dlq")
 
     asyncio.run(run_until(app, lambda: dlq_len() >= 2 and len(attempts.get("later", [])) >= 2))
     assert attempts["boom"] == [1, 2, 3], "max_retries=2: three attempts, then the dead letter"
     assert attempts["poison"] == [1], "DeadLetter: no retry"
     assert attempts["later"] == [1, 2], "RetryAfter: retried, then handled"
-    entries = stack.redis.client.xrange("s2:dlq")
+    entries = stack.xrange("s2:dlq")
     errors = {e[1][b"key"].decode(): e[1].get(b"error", b"").decode() for e in entries}
     assert set(errors) == {"boom", "poison"}
     assert "ValueError: cannot handle boom" in errors["boom"] and "KeyError" in errors["boom"]
@@ -177,7 +177,7 @@ def test_batch_handler_fails_single_messages(stack: Stack) -> None:
         return failed
 
     asyncio.run(
-        run_until(app, lambda: len(done) >= 29 and int(stack.redis.client.xlen("s5:dlq")) == 1)
+        run_until(app, lambda: len(done) >= 29 and stack.xlen("s5:dlq") == 1)
     )
     assert max(sizes) <= 8 and max(sizes) > 1, sizes
     assert 7 not in done
@@ -278,3 +278,44 @@ def test_tracing_events_reach_python_logging(stack: Stack, caplog: Any) -> None:
     names = {r.name for r in caplog.records}
     assert any(n.startswith("rsc_client") for n in names), names
     assert any("consumer app started" in r.getMessage() for r in caplog.records)
+
+
+def test_health_and_metrics_endpoints(stack: Stack) -> None:
+    import urllib.request
+
+    from conftest import free_port
+
+    stack.create_group("g9", "s9", 1)
+    producer_for(stack).publish_sync("s9", {"n": 1})
+    port = free_port()
+    app = app_for(stack, health_listen=f"127.0.0.1:{port}")
+    handled: List[int] = []
+
+    @app.listener(group="g9", stream="s9")
+    async def handle(msg: rsc.Message) -> None:
+        handled.append(1)
+
+    def get(path: str) -> Any:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except OSError:
+            return None
+
+    seen: Dict[str, Any] = {}
+
+    async def probe() -> None:
+        while not handled or "metrics" not in seen:
+            ready = await asyncio.to_thread(get, "/readyz")
+            if ready and ready[0] == 200 and handled:
+                seen["metrics"] = await asyncio.to_thread(get, "/metrics")
+            await asyncio.sleep(0.05)
+
+    async def main() -> None:
+        prober = asyncio.create_task(probe())
+        await run_until(app, lambda: "metrics" in seen)
+        await prober
+
+    asyncio.run(main())
+    status, text = seen["metrics"]
+    assert status == 200 and "rsc_client_messages_handled_total" in text, text[:500]

@@ -37,7 +37,7 @@ def produce(stack: Stack, stream: str, count: int, keys: int = 20) -> None:
 
 
 def records(stack: Stack, key: str) -> List[Dict[bytes, bytes]]:
-    return [e[1] for e in stack.redis.client.xrange(key)]
+    return [e[1] for e in stack.xrange(key)]
 
 
 def owners(stack: Stack, group: str) -> Dict[str, List[int]]:

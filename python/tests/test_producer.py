@@ -22,7 +22,7 @@ def test_publish_routes_by_key_and_batches_keep_order(stack: Stack) -> None:
     again = producer.publish_sync("ps1", b"raw bytes", key="customer-1",
                                   content_type="application/octet-stream")
     assert first.shard == again.shard, "one key, one shard"
-    entries = stack.redis.client.xrange(f"ps1:{first.shard}")
+    entries = stack.xrange(f"ps1:{first.shard}")
     assert entries[-2][1][b"payload"] == b'{"a":1}'
     assert entries[-1][1][b"payload"] == b"raw bytes"
     assert entries[-1][1][b"content_type"] == b"application/octet-stream"
@@ -38,7 +38,7 @@ def test_publish_routes_by_key_and_batches_keep_order(stack: Stack) -> None:
     assert len(out) == 12
     same = out[1:11]
     assert len({p.shard for p in same}) == 1
-    stored = [e[1] for e in stack.redis.client.xrange(f"ps1:{same[0].shard}")
+    stored = [e[1] for e in stack.xrange(f"ps1:{same[0].shard}")
               if e[1].get(b"key") == b"same"]
     assert [json.loads(e[b"payload"])["seq"] for e in stored] == list(range(10))
 
@@ -110,7 +110,7 @@ def test_a_publish_whose_reply_was_lost_is_sent_again_and_written_once(stack: St
         assert proxy.dropped.is_set(), "the reply of the write was lost"
     finally:
         proxy.close()
-    entries = stack.redis.client.xrange("ps2:0")
+    entries = stack.xrange("ps2:0")
     payloads = [json.loads(e[1][b"payload"]) for e in entries]
     assert payloads == [{"warm": 1}] + [{"n": i} for i in range(5)], "each record once"
     assert [p.id for p in published] == [e[0].decode() for e in entries[1:]]
@@ -160,7 +160,7 @@ def test_a_consumer_with_a_bad_token_stops_with_member_rejected(secured_stack: S
 
 def test_unknown_options_and_bad_values_are_refused() -> None:
     with pytest.raises(TypeError, match="colour"):
-        rsc.Producer(colour="blue")
+        rsc.Producer(colour="blue")  # type: ignore[call-arg]
     app = rsc.ConsumerApp(coordinator="http://127.0.0.1:1", redis_url="redis://127.0.0.1:1",
                           instance_id="x")
     with pytest.raises(ValueError, match="ack"):
