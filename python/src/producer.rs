@@ -174,6 +174,8 @@ impl Producer {
     }
 
     /// Publishes one message (an awaitable of `Published`).
+    // The arguments are the Python signature's keyword arguments.
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (stream, payload, key = None, headers = None, fields = None, content_type = None))]
     fn publish<'py>(
         &self,
@@ -195,6 +197,7 @@ impl Producer {
     }
 
     /// Publishes one message, blocking (the GIL released).
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (stream, payload, key = None, headers = None, fields = None, content_type = None))]
     fn publish_sync(
         &self,
