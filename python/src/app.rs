@@ -2,9 +2,10 @@
 //! awaited on the caller's asyncio loop (the `rsc` package wraps plain functions in a thread
 //! pool). Every protocol rule stays in `rsc-client`; this module converts and calls.
 
+use crate::interpreter::with_python;
 use crate::message::{Message, Rebalance};
 use crate::options::{Conn, Opts, apply_conn};
-use crate::runtime::{Answer, block_on, into_awaitable, runtime, submit, with_python};
+use crate::runtime::{Answer, block_on, into_awaitable, runtime, submit};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

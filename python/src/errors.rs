@@ -118,7 +118,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `is_timeout` attributes, and its cause (the error's source, converted the same way) as
 /// `__cause__`.
 pub(crate) fn to_py(e: ClientError) -> PyErr {
-    crate::runtime::with_python(|py| with_cause(py, &e)).unwrap_or_else(|| new_err(&e))
+    crate::interpreter::with_python(|py| with_cause(py, &e)).unwrap_or_else(|| new_err(&e))
 }
 
 /// The exception of a client error, and its causes below it.

@@ -8,6 +8,7 @@
 
 mod app;
 mod errors;
+mod interpreter;
 mod logging;
 mod message;
 mod options;
@@ -32,7 +33,7 @@ fn _rsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<runtime::Resolve>()?;
     m.add_class::<runtime::AbortOnCancel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    let exiting = wrap_pyfunction!(runtime::_interpreter_exiting, m)?;
+    let exiting = wrap_pyfunction!(interpreter::_interpreter_exiting, m)?;
     m.py()
         .import("atexit")?
         .call_method1("register", (exiting,))?;

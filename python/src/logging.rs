@@ -34,7 +34,7 @@ struct ToLog;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ToLog {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if !crate::runtime::python_alive() {
+        if !crate::interpreter::python_alive() {
             return;
         }
         let meta = event.metadata();
