@@ -145,6 +145,36 @@ pub(crate) fn owned_by(group_view: &Value) -> HashMap<String, Vec<u32>> {
         .collect()
 }
 
+/// The sample consumer a pod at `pod_ip` runs. `RSC_TEST_POD_LANG` chooses: `rust` (the
+/// default: the `sample-consumer` binary), `python` (`examples/python/sample_consumer.py`
+/// under `RSC_TEST_PYTHON`, an interpreter with the `rsc` package installed, default
+/// `python3`), or `mixed` (pods whose address ends in an odd number run Python, the others
+/// Rust: one group of both). Both take the same flags and write the same record stream
+/// (PROTOCOL §8).
+fn pod_command(pod_ip: &str) -> Command {
+    let lang = std::env::var("RSC_TEST_POD_LANG").unwrap_or_default();
+    let odd = pod_ip
+        .rsplit('.')
+        .next()
+        .and_then(|o| o.parse::<u32>().ok())
+        .is_some_and(|o| o % 2 == 1);
+    let python = match lang.as_str() {
+        "python" => true,
+        "mixed" => odd,
+        "" | "rust" => false,
+        other => panic!("RSC_TEST_POD_LANG={other:?}: expected rust, python or mixed"),
+    };
+    if !python {
+        return Command::new(binary_path("sample-consumer").expect("built"));
+    }
+    let interpreter = std::env::var("RSC_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/python/sample_consumer.py");
+    let mut cmd = Command::new(interpreter);
+    cmd.arg(script);
+    cmd
+}
+
 /// A `sample-consumer` process. Killed when dropped.
 pub(crate) struct Consumer {
     child: Option<Child>,
@@ -215,7 +245,7 @@ impl Consumer {
         };
         let redis_url = stack.redis.url();
         let redis = (!extra.contains(&"--redis-url")).then_some(["--redis-url", &redis_url]);
-        let mut child = Command::new(binary_path("sample-consumer").expect("built"))
+        let mut child = pod_command(pod_ip)
             .args(["--coordinator", coordinator])
             .args(redis.into_iter().flatten())
             .args(["--pod-ip", pod_ip])

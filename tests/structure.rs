@@ -16,6 +16,7 @@ const CRATES: &[&str] = &[
     "coordinator",
     "client",
     "macros",
+    "python",
 ];
 
 /// The longest function allowed in library code, in lines (signature to closing brace).

@@ -96,6 +96,7 @@ mod config;
 mod consumer;
 mod data;
 mod error;
+pub mod foreign;
 mod handler;
 pub mod layer;
 mod listener;

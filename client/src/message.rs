@@ -264,6 +264,14 @@ impl<T> Message<T> {
         self.entry.field(name)
     }
 
+    /// Every field of the entry, raw, in the order Redis returned them.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.entry
+            .fields
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_slice()))
+    }
+
     /// Redis's delivery count for the entry in this group (1 on a first read).
     pub fn delivery_count(&self) -> u64 {
         self.entry.delivery_count

@@ -1,0 +1,159 @@
+"""Type stubs of the extension module ``rsc._rsc`` (the Rust side of the ``rsc`` package)."""
+
+from typing import Any, Awaitable, Dict, Iterable, List, Optional, Tuple, Union
+
+__version__: str
+
+class RscError(Exception):
+    is_retriable: bool
+    is_timeout: bool
+
+class ConfigError(RscError): ...
+class RedisError(RscError): ...
+class DataRedisUnreachableError(RscError): ...
+class FencedError(RscError): ...
+class StaleRoutingError(RscError): ...
+class DeliveryTimeoutError(RscError): ...
+class NotReplicatedError(RscError): ...
+class CoordinatorError(RscError): ...
+class EncodeError(RscError): ...
+class PanickedError(RscError): ...
+class ShutdownTimedOutError(RscError): ...
+class OpsListenError(RscError): ...
+class MemberRejectedError(RscError): ...
+
+class Message:
+    """A message handed to a listener: the payload bytes and the entry's metadata."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def shard(self) -> int: ...
+    @property
+    def shard_key(self) -> str: ...
+    @property
+    def key(self) -> Optional[str]: ...
+    @property
+    def delivery_count(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def headers(self) -> Dict[str, str]: ...
+    @property
+    def fields(self) -> Dict[str, bytes]: ...
+    def json(self) -> Any:
+        """The payload decoded as JSON."""
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+    def ack(self) -> Awaitable[None]:
+        """Acknowledges the entry now (``XACK``); for ``ack="manual"`` listeners."""
+    def ack_sync(self) -> None:
+        """Acknowledges the entry now, blocking (plain ``def`` handlers)."""
+
+class Rebalance:
+    """Which shards a member was given or gave up."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def stream(self) -> str: ...
+    @property
+    def shards(self) -> List[int]: ...
+
+class Published:
+    """Where a message was written."""
+
+    @property
+    def shard(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+
+class Record:
+    """One message of a batch to publish."""
+
+    def __init__(
+        self,
+        payload: Any,
+        key: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+        fields: Optional[Dict[str, Union[str, bytes]]] = None,
+        content_type: Optional[str] = None,
+    ) -> None: ...
+
+class Producer:
+    """Publishes messages to sharded streams: routed by key, fenced by the routing epoch,
+    idempotent (a publish sent again after a lost reply writes each record once)."""
+
+    def __init__(
+        self,
+        *,
+        coordinator: Optional[str] = None,
+        redis_url: Optional[str] = None,
+        redis_cluster: Optional[bool] = None,
+        redis_sentinel: Optional[str] = None,
+        redis_sentinel_master: Optional[str] = None,
+        redis_sentinel_tls: Optional[bool] = None,
+        redis_tls_ca: Optional[str] = None,
+        redis_tls_cert: Optional[str] = None,
+        redis_tls_key: Optional[str] = None,
+        token: Optional[str] = None,
+        token_file: Optional[str] = None,
+        coordinator_ca: Optional[str] = None,
+        coordinator_cert: Optional[str] = None,
+        coordinator_key: Optional[str] = None,
+        idempotent: Optional[bool] = None,
+        idempotence_ttl: Optional[float] = None,
+        retry_budget: Optional[float] = None,
+        delivery_timeout: Optional[float] = None,
+        refresh_every: Optional[float] = None,
+        stale_retry_budget: Optional[float] = None,
+        wait_replicas: Optional[int] = None,
+        wait_timeout: Optional[float] = None,
+    ) -> None: ...
+    def publish(
+        self,
+        stream: str,
+        payload: Any,
+        key: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+        fields: Optional[Dict[str, Union[str, bytes]]] = None,
+        content_type: Optional[str] = None,
+    ) -> Awaitable[Published]: ...
+    def publish_sync(
+        self,
+        stream: str,
+        payload: Any,
+        key: Optional[str] = None,
+        headers: Optional[Dict[str, str]] = None,
+        fields: Optional[Dict[str, Union[str, bytes]]] = None,
+        content_type: Optional[str] = None,
+    ) -> Published: ...
+    def publish_batch(self, stream: str, records: Iterable[Any]) -> Awaitable[List[Published]]: ...
+    def publish_batch_sync(self, stream: str, records: Iterable[Any]) -> List[Published]: ...
+    def not_ready(self) -> Optional[str]: ...
+
+class ConsumerApp:
+    def __init__(self, **options: Any) -> None: ...
+    def add_listener(
+        self, handler: Any, group: str, stream: str, batch: bool = False, **options: Any
+    ) -> None: ...
+    def member_ids(self) -> List[str]: ...
+    def run(self, event_loop: Any) -> Awaitable[None]: ...
+    def shutdown(self) -> None: ...
+    def pause(self, listener: str) -> bool: ...
+    def resume(self, listener: str) -> bool: ...
+    def not_ready(self) -> Optional[str]: ...
+    def wait_ready(self, timeout: float) -> bool: ...
+

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The Python package (python/, import `rsc`): builds the wheel with maturin, installs it in a
+# fresh virtual environment under the target directory, type-checks the package, its tests
+# and the Python sample pods with mypy (strict, against the .pyi stubs), then runs the pytest
+# suite against real redis-server and rsc-coordinator processes on free loopback ports.
+# Respects CARGO_TARGET_DIR; needs python3 (>= 3.9) with venv, and PyPI for maturin, pytest,
+# redis and mypy. Extra arguments go to pytest (e.g. `-k producer`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+export CARGO_TARGET_DIR=$target
+python=${PYTHON:-python3}
+
+echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh)"
+cargo build --locked --workspace --bins
+
+venv=$target/python-venv
+echo "== fresh venv in $venv"
+rm -rf "$venv"
+"$python" -m venv "$venv"
+"$venv/bin/pip" install -q --upgrade pip
+"$venv/bin/pip" install -q "maturin>=1.5,<2" pytest redis mypy
+
+echo "== building the wheel (maturin)"
+wheels=$target/wheels
+rm -rf "$wheels"
+(cd python && "$venv/bin/maturin" build --locked -q -o "$wheels")
+"$venv/bin/pip" install -q "$wheels"/rsc_client-*.whl
+
+echo "== mypy (strict)"
+(cd python && "$venv/bin/mypy")
+
+echo "== pytest"
+# From the tests' directory, with the installed wheel (not the source tree) imported.
+(cd python/tests && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  --rootdir . "$@")
