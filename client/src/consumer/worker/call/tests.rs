@@ -135,7 +135,11 @@ async fn a_deferred_attempt_is_not_counted_against_the_retries() {
     let (_, verdicts) = runner(listener, &stop).run(call).await;
     assert_eq!(verdicts, [("3-0".to_owned(), Verdict::Handled)]);
     assert_eq!(*attempts.lock().expect("lock"), [1, 1, 1, 1, 1]);
-    assert_eq!(started.elapsed(), Duration::from_secs(8), "four waits of 2 s");
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(8),
+        "four waits of 2 s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
