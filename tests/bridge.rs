@@ -465,6 +465,26 @@ async fn java_app_down_holds_entries_back_and_a_slow_one_loses_nothing() {
         .filter(|l| l["seq"].as_u64().is_some_and(|s| s >= 40))
         .count();
     assert_eq!(handled, 0, "nothing handled while the application is down");
+    let text = rsc_e2e::http()
+        .get(format!("{}/metrics", bridge.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        rsc_testkit::metric_sum(
+            &text,
+            "rsc_bridge_deliveries_total",
+            &[("outcome", "deferred")]
+        ) >= 2.0,
+        "the bridge tried, and deferred: {text}"
+    );
+    assert_eq!(
+        rsc_testkit::metric_sum(&text, "rsc_bridge_app_up", &[]),
+        0.0
+    );
 
     // Back (slow now): every entry arrives, none dead-lettered.
     let _app = App::java(app.port, &record, &[("APP_HANDLE_MS", "100")]);
@@ -521,4 +541,63 @@ async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss() {
         );
     }
     drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_listener_on_a_unix_socket_gets_arrays_and_fails_entries_one_by_one() {
+    let _serial = SERIAL.lock().await;
+    let stack = Stack::start();
+    stack
+        .create_group("billing", "orders", 2, SESSION_MS, 500)
+        .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("node.jsonl");
+    let socket = dir.path().join("app.sock");
+    let mut cmd = Command::new("node");
+    cmd.arg(root().join("examples/bridge/node/app.js"))
+        .env("APP_SOCKET", &socket)
+        .env("APP_RECORD", &record);
+    let app = Proc::spawn("node-unix", cmd);
+    app.wait_line("listening on", Duration::from_secs(30));
+    let deliver_to = format!("unix:{}", socket.display());
+    let bridge = Bridge::start(
+        &stack,
+        "bridge-u",
+        0,
+        &[
+            ("RSC_LISTENER_BILLING_DELIVER_TO", &deliver_to),
+            ("RSC_LISTENER_BILLING_DELIVER_PATH", "/batch"),
+            ("RSC_LISTENER_BILLING_MAX_BATCH", "10"),
+            ("RSC_LISTENER_BILLING_LINGER_MS", "20"),
+        ],
+    );
+    stack.wait_stable("billing", 1, 2).await;
+    bridge.wait_ready(true).await;
+    let producer = producer(&stack);
+    publish(&producer, 0..60, 6, json!({})).await;
+    publish(&producer, 1000..1002, 6, json!({"poison": true})).await;
+    wait_recorded(&record, &(0..60).collect(), "batches").await;
+    wait_for("2 dead letters", Duration::from_secs(20), || {
+        (dlq_len(&stack) == 2).then_some(())
+    })
+    .expect("poison dead-lettered");
+    tokio::time::sleep(Duration::from_millis(500)).await; // the window of a negative check
+    assert_eq!(dlq_len(&stack), 2, "only the poison entries");
+    let text = rsc_e2e::http()
+        .get(format!("{}/metrics", bridge.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let requests = rsc_testkit::metric_sum(
+        &text,
+        "rsc_bridge_deliveries_total",
+        &[("outcome", "acked")],
+    );
+    assert!(
+        requests < 60.0,
+        "entries travel in batches: {requests} requests for 62 entries"
+    );
 }
