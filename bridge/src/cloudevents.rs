@@ -106,7 +106,7 @@ impl Event<'_> {
         a
     }
 
-    /// Binary mode: the request's headers (the body is [`Event::data`] as it is).
+    /// Binary mode: the request's headers (the body is `Event::data` as it is).
     pub(crate) fn binary_headers(&self) -> Vec<(String, String)> {
         let mut h: Vec<(String, String)> = self
             .attributes()

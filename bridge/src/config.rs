@@ -212,7 +212,7 @@ pub(crate) fn env_name(listener: &str) -> String {
         .collect()
 }
 
-/// What [`load`] reads.
+/// What `load` reads.
 #[derive(Debug, Default)]
 pub(crate) struct Sources<'a> {
     /// The file's path and text.

@@ -1,5 +1,5 @@
 //! Delivery to the application: one HTTP POST per entry (or per batch), over loopback TCP or
-//! a Unix socket; the answer becomes the listener's verdict ([`crate::outcome`]). Keeps what
+//! a Unix socket; the answer becomes the listener's verdict (`outcome`). Keeps what
 //! `/readyz` says of the application: reachable, and not asking to wait.
 
 use crate::cloudevents::{BATCH, Event, STRUCTURED};

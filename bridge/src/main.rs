@@ -62,6 +62,10 @@ struct Args {
         default_value_t = 25_000
     )]
     shutdown_timeout_ms: u64,
+    /// Check the configuration (listeners, connection settings, tokens), print the
+    /// listeners, and exit without connecting.
+    #[arg(long = "check-config")]
+    check_config: bool,
 }
 
 /// The default listen address of the bridge's own routes.
@@ -120,6 +124,12 @@ async fn main() -> anyhow::Result<()> {
         builder = builder.listener(listener(route, target.clone()));
     }
     let app = builder.build()?;
+    if args.check_config {
+        for r in &routes {
+            println!("listener {}: group {} stream {} -> {}", r.name, r.group, r.stream, r.deliver_to);
+        }
+        return Ok(());
+    }
     let producer = producer(&cfg)?;
     let listen = args
         .listen
