@@ -419,7 +419,11 @@ fn bridge_sidecar_manifest_matches_the_binary_and_its_configuration_checks() {
         sidecar["restartPolicy"], "Always",
         "a native sidecar: up before the application, down after it"
     );
-    assert!(sidecar["image"].as_str().is_some_and(|i| i.starts_with("rsc-bridge:")));
+    assert!(
+        sidecar["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("rsc-bridge:"))
+    );
     let a = args(sidecar);
     assert_flags_exist(&a, "rsc-bridge", &[]);
     // The configuration file the ConfigMap holds, where the sidecar reads it.
@@ -434,7 +438,10 @@ fn bridge_sidecar_manifest_matches_the_binary_and_its_configuration_checks() {
         .trim_matches('"');
     assert_probes(sidecar, port_of(listen));
     let app = &pod["containers"][0];
-    assert_eq!(env(app, "BRIDGE_URL")["value"], format!("http://127.0.0.1:{}", port_of(listen)));
+    assert_eq!(
+        env(app, "BRIDGE_URL")["value"],
+        format!("http://127.0.0.1:{}", port_of(listen))
+    );
     assert_eq!(
         env(app, "APP_TOKEN")["valueFrom"]["secretKeyRef"]["name"],
         "rsc-bridge-app-token"
@@ -453,8 +460,15 @@ fn bridge_sidecar_manifest_matches_the_binary_and_its_configuration_checks() {
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("listener billing: group billing stream orders"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("listener billing: group billing stream orders"),
+        "{stdout}"
+    );
 }
 
 // ---- the sample consumer's probe endpoints ------------------------------------------------------

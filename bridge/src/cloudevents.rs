@@ -155,10 +155,10 @@ fn data_value(content_type: &str, data: &[u8]) -> Option<Value> {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    if essence == "application/json" || essence.ends_with("+json") {
-        if let Ok(v) = serde_json::from_slice(data) {
-            return Some(v);
-        }
+    if (essence == "application/json" || essence.ends_with("+json"))
+        && let Ok(v) = serde_json::from_slice(data)
+    {
+        return Some(v);
     }
     if essence.starts_with("text/") {
         return std::str::from_utf8(data)

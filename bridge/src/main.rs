@@ -126,7 +126,10 @@ async fn main() -> anyhow::Result<()> {
     let app = builder.build()?;
     if args.check_config {
         for r in &routes {
-            println!("listener {}: group {} stream {} -> {}", r.name, r.group, r.stream, r.deliver_to);
+            println!(
+                "listener {}: group {} stream {} -> {}",
+                r.name, r.group, r.stream, r.deliver_to
+            );
         }
         return Ok(());
     }
