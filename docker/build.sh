@@ -7,6 +7,7 @@
 #   rsc-coordinator:TAG      host-built `rsc-coordinator` on rsc-base
 #   rsc-sample-consumer:TAG  host-built `sample-consumer` on rsc-base
 #   rsc-sample-producer:TAG  host-built `sample-producer` on rsc-base
+#   rsc-bridge:TAG           host-built `rsc-bridge` on rsc-base
 #   rsc-redis:TAG            redis-server on rsc-redis-base
 #
 # The binaries are built on the host (`cargo build`, in $CARGO_TARGET_DIR) and copied in: they
@@ -142,12 +143,12 @@ make_base "$BASE_IMAGE" ca-certificates
 make_base "$REDIS_BASE_IMAGE" ca-certificates,redis-server
 
 target="${CARGO_TARGET_DIR:-$root/target}"
-bins=(rsc-coordinator sample-consumer sample-producer)
+bins=(rsc-coordinator sample-consumer sample-producer rsc-bridge)
 if [ -n "$run_cargo" ]; then
   log "cargo build --profile $profile (${bins[*]})"
   if [ "$profile" = release ]; then
-    cargo build --locked --release -p rsc-coordinator -p rsc-examples \
-      --bin rsc-coordinator --bin sample-consumer --bin sample-producer
+    cargo build --locked --release -p rsc-coordinator -p rsc-examples -p rsc-bridge \
+      --bin rsc-coordinator --bin sample-consumer --bin sample-producer --bin rsc-bridge
   else
     # Debug binaries are the ones scripts/test.sh builds: the same command, so the same
     # feature set, and cargo has nothing to recompile (a `-p … --bin …` selection unifies
@@ -185,6 +186,7 @@ build_image rsc-coordinator coordinator.Dockerfile "$bin_dir/rsc-coordinator"
 build_image rsc-sample-consumer consumer.Dockerfile "$bin_dir/sample-consumer" \
   "$root/docker/pod-entrypoint.sh"
 build_image rsc-sample-producer producer.Dockerfile "$bin_dir/sample-producer"
+build_image rsc-bridge bridge.Dockerfile "$bin_dir/rsc-bridge"
 build_image rsc-redis redis.Dockerfile
 # Earlier builds of these images, now untagged, would pile up run after run.
 docker image prune -f --filter "label=rsc.cargo-profile" >/dev/null

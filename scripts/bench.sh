@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark suite (docs/BENCHMARKS.md): builds in release mode, then runs P1–P7, D1–D3,
-# R-MEM/R-IDLE and S1–S3.
+# R-MEM/R-IDLE, S1–S3 and BR1.
 # Every binary starts its own redis-server and rsc-coordinator on free loopback ports and
 # prints its rows; at the end one table gathers them all, with the machine described.
 #
@@ -67,6 +67,8 @@ run lanes $quick
 run retention $quick
 # S1–S3: control-plane scale (idle groups, batched heartbeats, 100,000 members).
 run scale $quick
+# BR1: rsc-bridge to a no-op application against the Rust listener (throughput, added latency).
+run bridge $quick
 
 seconds=$(( $(date +%s) - start ))
 if [ -n "$quick" ]; then

@@ -37,6 +37,14 @@ if ! command -v redis-sentinel >/dev/null; then
   echo "== installing redis-sentinel (apt-get; the Sentinel failover test runs sentinels)"
   apt_install redis-sentinel
 fi
+if ! command -v node >/dev/null; then
+  echo "== installing nodejs (apt-get; the bridge tests run the Node sample application)"
+  apt_install nodejs
+fi
+if ! command -v java >/dev/null; then
+  echo "== installing a JDK (apt-get; the bridge tests run the Java sample application)"
+  apt_install default-jdk-headless
+fi
 if [ -z "${RSC_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
   echo "== installing chromium (apt-get; the dashboard test drives it headless)"
   apt_install chromium

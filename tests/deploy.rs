@@ -408,6 +408,69 @@ fn producer_manifest_matches_the_binary_and_is_scrape_ready() {
     assert!(env(c, "RSC_TOKEN")["valueFrom"]["secretKeyRef"]["name"].is_string());
 }
 
+#[test]
+fn bridge_sidecar_manifest_matches_the_binary_and_its_configuration_checks() {
+    let docs = manifest("bridge-sidecar.yaml");
+    let deploy = find(&docs, "Deployment", "billing");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let sidecar = &pod["initContainers"][0];
+    assert_eq!(sidecar["name"], "rsc-bridge");
+    assert_eq!(
+        sidecar["restartPolicy"], "Always",
+        "a native sidecar: up before the application, down after it"
+    );
+    assert!(
+        sidecar["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("rsc-bridge:"))
+    );
+    let a = args(sidecar);
+    assert_flags_exist(&a, "rsc-bridge", &[]);
+    // The configuration file the ConfigMap holds, where the sidecar reads it.
+    let config = find(&docs, "ConfigMap", "rsc-bridge-billing");
+    let toml = config["data"]["bridge.toml"].as_str().expect("bridge.toml");
+    let path = arg(&a, "--config");
+    assert!(on_a_mount(sidecar, path), "{path} is on a mount");
+    let listen = toml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listen = "))
+        .expect("listen")
+        .trim_matches('"');
+    assert_probes(sidecar, port_of(listen));
+    let app = &pod["containers"][0];
+    assert_eq!(
+        env(app, "BRIDGE_URL")["value"],
+        format!("http://127.0.0.1:{}", port_of(listen))
+    );
+    assert_eq!(
+        env(app, "APP_TOKEN")["valueFrom"]["secretKeyRef"]["name"],
+        "rsc-bridge-app-token"
+    );
+    // The bridge accepts the file as written (the token file replaced by a local one).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").expect("write");
+    let local = toml.replace("/var/run/secrets/rsc-app/token", &token.to_string_lossy());
+    let file = dir.path().join("bridge.toml");
+    std::fs::write(&file, local).expect("write");
+    let out = Command::new(binary_path("rsc-bridge").expect("built"))
+        .args(["--config", &file.to_string_lossy(), "--check-config"])
+        .env("RSC_COORDINATOR_URL", "http://127.0.0.1:1")
+        .env("POD_IP", "10.0.0.7")
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("listener billing: group billing stream orders"),
+        "{stdout}"
+    );
+}
+
 // ---- the sample consumer's probe endpoints ------------------------------------------------------
 
 /// A running `sample-consumer` whose log is kept for failure messages. Killed when dropped.

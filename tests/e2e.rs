@@ -15,6 +15,7 @@ mod acl;
 mod acl_reload;
 mod audit;
 mod autoscaling;
+mod bridge;
 mod chaos;
 mod cli;
 mod client_batching;

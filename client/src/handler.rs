@@ -19,6 +19,13 @@ pub enum FailureAction {
     RetryAfter(Duration),
     /// Write the message to `<stream>:dlq` now and acknowledge it: retrying cannot help.
     DeadLetter,
+    /// Not a failure of the message: try it again after this delay, without counting the
+    /// attempt against `max_retries` (a dependency answered "later", such as an HTTP `429` or
+    /// `503` with `Retry-After`, or could not be reached). The shard (with key concurrency,
+    /// the key) waits meanwhile, so the worker reads no further than its queue's bound: an
+    /// unavailable dependency holds entries back rather than dead-lettering them. A stop
+    /// (revocation, shutdown) cuts the wait short and leaves the entry pending.
+    Defer(Duration),
 }
 
 /// The error a listener returns: the cause, and what the runtime should do about it.
@@ -78,6 +85,15 @@ impl HandlerError {
         HandlerError {
             action: FailureAction::RetryAfter(delay),
             error: error.into(),
+        }
+    }
+
+    /// Not a failure: try the message again after `delay` without counting an attempt
+    /// ([`FailureAction::Defer`]); `reason` is logged.
+    pub fn defer(delay: Duration, reason: impl Into<BoxError>) -> Self {
+        HandlerError {
+            action: FailureAction::Defer(delay),
+            error: reason.into(),
         }
     }
 

@@ -147,6 +147,13 @@ impl Runner {
                 verdicts.push((entry.id.clone(), Verdict::Handled));
                 continue;
             };
+            if let FailureAction::Defer(d) = err.action() {
+                // Not counted: the same attempt again once the delay has passed.
+                delay = delay.max(d);
+                debug!(entry_id = %entry.id, attempt, reason = %err, "deferred");
+                retry.push((entry, attempt));
+                continue;
+            }
             m.failed.increment(1);
             if err.action() == FailureAction::DeadLetter || attempt > settings.max_retries {
                 if !self.dead_letter(&entry, &err, attempt).await {

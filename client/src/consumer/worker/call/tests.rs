@@ -112,6 +112,37 @@ async fn a_stop_cuts_a_retry_wait_short_and_leaves_the_entry_pending() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deferred_attempt_is_not_counted_against_the_retries() {
+    let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let seen = attempts.clone();
+    // No retry at all: a counted failure would dead-letter (and, without Redis, hang).
+    let listener = Listener::new("g", "s", move |msg: Message<Raw>| {
+        let seen = seen.clone();
+        async move {
+            let mut seen = seen.lock().expect("lock");
+            seen.push(msg.attempt());
+            if seen.len() < 5 {
+                Err(HandlerError::defer(Duration::from_secs(2), "busy"))
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .max_retries(0);
+    let stop = CancellationToken::new();
+    let (_d, call) = call_of(&["3-0"], 1);
+    let started = Instant::now();
+    let (_, verdicts) = runner(listener, &stop).run(call).await;
+    assert_eq!(verdicts, [("3-0".to_owned(), Verdict::Handled)]);
+    assert_eq!(*attempts.lock().expect("lock"), [1, 1, 1, 1, 1]);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(8),
+        "four waits of 2 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_panic_is_a_failed_attempt() {
     let listener = Listener::new("g", "s", |msg: Message<Raw>| async move {
         assert!(msg.attempt() > 1, "the first attempt panics");
