@@ -540,6 +540,9 @@ async fn consume_section(
     reps: usize,
 ) -> anyhow::Result<Vec<Row>> {
     let (mut raw, mut shared, mut dedicated) = (vec![], vec![], vec![]);
+    // Per variant (raw, shared, per-shard): this process's and Redis' CPU ms per 1,000.
+    let mut cpu: [Vec<(f64, f64)>; 3] = Default::default();
+    let per_k = |secs: f64| secs * 1e3 / (n as f64 / 1e3);
     for rep in 0..reps {
         let stream = format!("con-{rep}");
         for g in ["cg", "dg"] {
@@ -548,7 +551,9 @@ async fn consume_section(
         raw_publish(con, &stream, args.shards, n, 500).await?;
         let mut firsts = [0.0; 2];
         for k in 0..3 {
-            match (rep + k) % 3 {
+            let (own0, redis0) = (own_cpu()?, redis_cpu(con).await?);
+            let v = (rep + k) % 3;
+            match v {
                 0 => raw.push(
                     raw_consume(
                         client,
@@ -573,7 +578,13 @@ async fn consume_section(
                     }
                 }
             }
+            let used = (own_cpu()? - own0, redis_cpu(con).await? - redis0);
+            cpu[v].push((per_k(used.0), per_k(used.1)));
         }
+        eprintln!(
+            "rep {rep}: CPU per 1k (process, Redis): raw {:.2?}, shared {:.2?}, per-shard {:.2?} ms",
+            cpu[0][rep], cpu[1][rep], cpu[2][rep]
+        );
         eprintln!(
             "rep {rep}: consume raw {:.0}, listener shared {:.0} ({:.2}; first message after \
              {:.0} ms), per-shard {:.0} ({:.2}; first after {:.0} ms) msgs/s",
@@ -600,9 +611,42 @@ async fn consume_section(
         baseline: Some(summarize(&raw)),
         goal: "ratio >= 0.9 (baseline: redis-rs XREADGROUP + XACK loop per shard)".into(),
     };
+    let ms = |name: &str, v: &[f64], b: &[f64]| Row {
+        name: format!("P3 {name} CPU per 1,000 messages consumed, vs redis-rs loop"),
+        unit: "ms".into(),
+        value: summarize(v),
+        baseline: Some(summarize(b)),
+        goal: "- (getrusage of this process / INFO cpu of Redis, same run)".into(),
+    };
+    let col = |v: usize, redis: bool| -> Vec<f64> {
+        cpu[v]
+            .iter()
+            .map(|c| if redis { c.1 } else { c.0 })
+            .collect()
+    };
     Ok(vec![
         row(name(""), &shared),
         row(name(", shared_reader(false)"), &dedicated),
+        ms(
+            "consumer process, listener (shared reader),",
+            &col(1, false),
+            &col(0, false),
+        ),
+        ms(
+            "consumer process, listener shared_reader(false),",
+            &col(2, false),
+            &col(0, false),
+        ),
+        ms(
+            "Redis, listener (shared reader),",
+            &col(1, true),
+            &col(0, true),
+        ),
+        ms(
+            "Redis, listener shared_reader(false),",
+            &col(2, true),
+            &col(0, true),
+        ),
     ])
 }
 
