@@ -2,8 +2,10 @@
 //! reply was lost is sent again and not written twice. A real redis-server and coordinator;
 //! between the producer and Redis a TCP proxy of the test that forwards requests and, when
 //! armed, drops the reply of the next request (at once, after holding it past the response
-//! timeout, or once the test releases it). The checker reads every shard: duplicates by
-//! `(producer_id, producer_seq)` and records lost or written twice by their number. Also: a
+//! timeout, or once the test releases it). The checker reads every shard: records lost or
+//! written twice by their number, and duplicates by `(producer_id, producer_seq)` where a
+//! producer writes those fields (`producer_fields(true)`; by default entries carry none, the
+//! duplicate check lives in the producer record alone). Also: a
 //! check that fails at run time writes nothing (standalone and Redis Cluster), and a master
 //! killed behind Redis Sentinel neither duplicates nor loses a confirmed record; writes a
 //! publish had reported published and that are gone (a failover without `WAIT`, simulated)
@@ -269,10 +271,40 @@ async fn a_lost_reply_after_a_reset_is_not_written_twice() {
         duplicates: 0,
         lost: 0,
         twice: 0,
-        unmarked: 0,
+        unmarked: 150,
     };
-    assert_eq!(found, clean);
+    assert_eq!(
+        found, clean,
+        "the default writes no producer fields in the entries"
+    );
     assert_ids_match(&stack, STREAM, 3, 10, &at);
+
+    // The same loss with the entry fields asked for (consumer-side deduplication).
+    let fields = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(proxy.url())
+        .producer_fields(true)
+        .build()
+        .expect("producer");
+    fields
+        .publish_batch(STREAM, batch(150..160))
+        .await
+        .expect("warm-up");
+    proxy.arm(CUT);
+    let at = (fields.publish_batch(STREAM, batch(160..200)).await).expect("retried publish");
+    assert_eq!(proxy.dropped(), 2, "the first attempt's reply was dropped");
+    let found = check(&stack, STREAM, 3, 200);
+    let clean = Check {
+        duplicates: 0,
+        lost: 0,
+        twice: 0,
+        unmarked: 150,
+    };
+    assert_eq!(
+        found, clean,
+        "every entry of this producer carries the fields"
+    );
+    assert_ids_match(&stack, STREAM, 3, 160, &at);
 
     // The control: the same loss without idempotence.
     let plain = producer(&stack, proxy.url(), false);
@@ -282,18 +314,18 @@ async fn a_lost_reply_after_a_reset_is_not_written_twice() {
         None
     );
     proxy.arm(CUT);
-    let first = plain.publish_batch(STREAM, batch(150..200)).await;
+    let first = plain.publish_batch(STREAM, batch(200..250)).await;
     assert!(
         first.is_err(),
         "a lost reply fails an at-least-once publish"
     );
     plain
-        .publish_batch(STREAM, batch(150..200))
+        .publish_batch(STREAM, batch(200..250))
         .await
         .expect("retry");
-    let found = check(&stack, STREAM, 3, 200);
+    let found = check(&stack, STREAM, 3, 250);
     assert_eq!((found.duplicates, found.lost), (0, 0));
-    assert_eq!((found.twice, found.unmarked), (50, 100), "{found:?}");
+    assert_eq!((found.twice, found.unmarked), (50, 250), "{found:?}");
 }
 
 /// The reply is held past the response timeout, then lost: the publish fails over to a new
@@ -433,7 +465,7 @@ async fn a_wait_not_confirmed_is_retried_without_writing_twice() {
     let found = check(&stack, STREAM, 2, 40);
     assert_eq!(
         (found.duplicates, found.lost, found.twice, found.unmarked),
-        (0, 0, 0, 0),
+        (0, 0, 0, 40),
         "{found:?}"
     );
     assert_ids_match(&stack, STREAM, 2, 0, &at);
@@ -610,7 +642,12 @@ async fn a_check_that_fails_writes_nothing() {
             .expect("warm-up");
         a_wrong_type_fails_the_publish(&p, &mut con, (STREAM, 2), &marker, batch(10..20)).await;
     }
-    let p = producer(&stack, stack.redis.url(), true);
+    let p = Producer::builder()
+        .coordinator(&stack.coordinator.url())
+        .redis_url(stack.redis.url())
+        .producer_fields(true)
+        .build()
+        .expect("producer");
     let at = (p.publish_batch(STREAM, batch(0..10)).await).expect("warm-up");
     let id = (entries(&stack, STREAM, 2).into_iter())
         .find(|(s, id, _)| (*s, id) == (at[0].shard, &at[0].id))
@@ -676,7 +713,8 @@ type Outcome = (u64, Result<Vec<Published>, String>);
 /// records) and is promoted. The publish in flight is sent again to the new master, where
 /// its records are found written (their entry ids are from before the kill) and not written
 /// again; it returns success, with those ids, once a fresh replica confirms. The checker reads every shard on the final master: no two entries
-/// share a `(producer_id, producer_seq)` or a number, and every record of a publish that
+/// share a number (the default producer writes no producer fields; its duplicate check lives
+/// in the producer records, replicated with the entries), and every record of a publish that
 /// returned success is there (`WAIT 1` with one replica: the promoted server had each of
 /// them). A publish that returned an error (none is expected here) may be missing; it must
 /// not be duplicated either.
@@ -778,14 +816,10 @@ async fn a_sentinel_failover_neither_duplicates_nor_loses() {
     let mut pairs: HashMap<(String, String), usize> = HashMap::new();
     let mut numbers: HashMap<u64, usize> = HashMap::new();
     for (_, _, f) in &all {
-        let pair = (
-            f.get("producer_id").cloned(),
-            f.get("producer_seq").cloned(),
-        );
-        let (Some(id), Some(seq)) = pair else {
-            panic!("an entry without producer fields: {f:?}")
-        };
-        *pairs.entry((id, seq)).or_default() += 1;
+        // The default producer writes no producer fields: duplicates show by number.
+        if let (Some(id), Some(seq)) = (f.get("producer_id"), f.get("producer_seq")) {
+            *pairs.entry((id.clone(), seq.clone())).or_default() += 1;
+        }
         let n = f.get("n").and_then(|v| v.parse().ok()).expect("numbered");
         *numbers.entry(n).or_default() += 1;
     }
@@ -838,6 +872,7 @@ fn producer_with_ttl(stack: &Stack, ttl: Duration) -> Producer {
         .coordinator(&stack.coordinator.url())
         .redis_url(stack.redis.url())
         .idempotence_ttl(ttl)
+        .producer_fields(true)
         .build()
         .expect("producer")
 }

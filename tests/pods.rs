@@ -407,7 +407,9 @@ pub(crate) fn spawn_producer(
     if let Some(r) = rate {
         cmd.args(["--rate", &r.to_string()]);
     }
-    cmd.stdin(Stdio::null())
+    // The entry fields, so that the checkers find duplicates by them (PROTOCOL §21).
+    cmd.env("RSC_PUBLISH_PRODUCER_FIELDS", "true")
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

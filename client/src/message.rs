@@ -250,7 +250,8 @@ impl<T> Message<T> {
 
     /// The idempotent producer's id and sequence number that wrote the entry (entry fields
     /// `producer_id`, `producer_seq`, PROTOCOL §21): one publish of one record, however many
-    /// times the producer sent it. `None`: written without idempotence. A consumer that
+    /// times the producer sent it. `None`: written without idempotence or without
+    /// `ProducerBuilder::producer_fields(true)` (the default). A consumer that
     /// crashed before its acknowledgement is still given the entry again (same id, same
     /// pair): handling stays at-least-once.
     pub fn producer_seq(&self) -> Option<(&str, u64)> {

@@ -314,6 +314,8 @@ impl World {
             .args(["--redis-url", &self.redis.url(), "--stream", STREAM])
             .args(["--count", &count.to_string(), "--keys", &KEYS.to_string()])
             .args(["--rate", &rate.to_string()])
+            // The entry fields, so that the checker finds duplicates by them (PROTOCOL §21).
+            .env("RSC_PUBLISH_PRODUCER_FIELDS", "true")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

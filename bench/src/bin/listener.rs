@@ -62,7 +62,8 @@ struct Args {
     /// Records per publish pipeline.
     #[arg(long, default_value_t = 100)]
     batch: usize,
-    /// Run one section only (`batch`: the batch listener comparison, P10).
+    /// Run one section only (`batch`: the batch listener comparison, P10; `publish`: P4, P8
+    /// and the write options; `consume`: P3 with and without the shared reader).
     #[arg(long)]
     only: Option<String>,
 }
@@ -479,11 +480,28 @@ async fn listener_consume(
     n: u64,
     count: usize,
 ) -> anyhow::Result<f64> {
+    let at = (stream, group, n, count);
+    Ok(listener_consume_with(coordinator, redis_url, at, true)
+        .await?
+        .0)
+}
+
+/// [`listener_consume`] with the shared reader on or off; (msgs/s, seconds from the start
+/// to the first message handled).
+async fn listener_consume_with(
+    coordinator: &str,
+    redis_url: &str,
+    (stream, group, n, count): (&str, &str, u64, usize),
+    shared: bool,
+) -> anyhow::Result<(f64, f64)> {
+    let first = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let f = first.clone();
     let handled = Arc::new(AtomicU64::new(0));
     let done = Arc::new(Notify::new());
     let (h, d) = (handled.clone(), done.clone());
     let listener = Listener::new(group, stream, move |msg: Message<Raw>| {
         let (h, d) = (h.clone(), d.clone());
+        f.get_or_init(Instant::now);
         async move {
             std::hint::black_box(msg.payload());
             if h.fetch_add(1, Ordering::Relaxed) + 1 == n {
@@ -497,6 +515,7 @@ async fn listener_consume(
         .coordinator(coordinator)
         .redis_url(redis_url)
         .instance_id("bench")
+        .shared_reader(shared)
         .listener(listener)
         .build()?;
     let handle = app.handle();
@@ -506,7 +525,129 @@ async fn listener_consume(
     let elapsed = started.elapsed();
     handle.shutdown();
     run.await??;
-    Ok(n as f64 / elapsed.as_secs_f64())
+    let first = first.get().map_or(0.0, |t| (*t - started).as_secs_f64());
+    Ok((n as f64 / elapsed.as_secs_f64(), first))
+}
+
+/// `--only consume`: P3 alone, the listener with the shared reader (the default) and with
+/// `shared_reader(false)` against the hand-written loop, same stream, rotating the order.
+async fn consume_section(
+    client: &redis::Client,
+    con: &mut redis::aio::MultiplexedConnection,
+    (url, redis_url): (&str, &str),
+    args: &Args,
+    n: u64,
+    reps: usize,
+) -> anyhow::Result<Vec<Row>> {
+    let (mut raw, mut shared, mut dedicated) = (vec![], vec![], vec![]);
+    // Per variant (raw, shared, per-shard): this process's and Redis' CPU ms per 1,000.
+    let mut cpu: [Vec<(f64, f64)>; 3] = Default::default();
+    let per_k = |secs: f64| secs * 1e3 / (n as f64 / 1e3);
+    for rep in 0..reps {
+        let stream = format!("con-{rep}");
+        for g in ["cg", "dg"] {
+            create_group(url, &format!("{g}-{rep}"), &stream, args.shards, "lease").await?;
+        }
+        raw_publish(con, &stream, args.shards, n, 500).await?;
+        let mut firsts = [0.0; 2];
+        for k in 0..3 {
+            let (own0, redis0) = (own_cpu()?, redis_cpu(con).await?);
+            let v = (rep + k) % 3;
+            match v {
+                0 => raw.push(
+                    raw_consume(
+                        client,
+                        &stream,
+                        &format!("raw-{rep}"),
+                        args.shards,
+                        n,
+                        args.count,
+                    )
+                    .await?,
+                ),
+                v => {
+                    let on = v == 1;
+                    let g = format!("{}-{rep}", if on { "cg" } else { "dg" });
+                    let at = (stream.as_str(), g.as_str(), n, args.count);
+                    let (rate, first) = listener_consume_with(url, redis_url, at, on).await?;
+                    firsts[usize::from(!on)] = first;
+                    if on {
+                        shared.push(rate)
+                    } else {
+                        dedicated.push(rate)
+                    }
+                }
+            }
+            let used = (own_cpu()? - own0, redis_cpu(con).await? - redis0);
+            cpu[v].push((per_k(used.0), per_k(used.1)));
+        }
+        eprintln!(
+            "rep {rep}: CPU per 1k (process, Redis): raw {:.2?}, shared {:.2?}, per-shard {:.2?} ms",
+            cpu[0][rep], cpu[1][rep], cpu[2][rep]
+        );
+        eprintln!(
+            "rep {rep}: consume raw {:.0}, listener shared {:.0} ({:.2}; first message after \
+             {:.0} ms), per-shard {:.0} ({:.2}; first after {:.0} ms) msgs/s",
+            raw[rep],
+            shared[rep],
+            shared[rep] / raw[rep],
+            firsts[0] * 1e3,
+            dedicated[rep],
+            dedicated[rep] / raw[rep],
+            firsts[1] * 1e3,
+        );
+        let _: () = redis::cmd("FLUSHALL").query_async(con).await?;
+    }
+    let name = |what: &str| {
+        format!(
+            "P3 listener consume{what} ({} shards, COUNT {}, {n} msgs) vs redis-rs loop",
+            args.shards, args.count
+        )
+    };
+    let row = |name: String, v: &[f64]| Row {
+        name,
+        unit: "msgs/s".into(),
+        value: summarize(v),
+        baseline: Some(summarize(&raw)),
+        goal: "ratio >= 0.9 (baseline: redis-rs XREADGROUP + XACK loop per shard)".into(),
+    };
+    let ms = |name: &str, v: &[f64], b: &[f64]| Row {
+        name: format!("P3 {name} CPU per 1,000 messages consumed, vs redis-rs loop"),
+        unit: "ms".into(),
+        value: summarize(v),
+        baseline: Some(summarize(b)),
+        goal: "- (getrusage of this process / INFO cpu of Redis, same run)".into(),
+    };
+    let col = |v: usize, redis: bool| -> Vec<f64> {
+        cpu[v]
+            .iter()
+            .map(|c| if redis { c.1 } else { c.0 })
+            .collect()
+    };
+    Ok(vec![
+        row(name(""), &shared),
+        row(name(", shared_reader(false)"), &dedicated),
+        ms(
+            "consumer process, listener (shared reader),",
+            &col(1, false),
+            &col(0, false),
+        ),
+        ms(
+            "consumer process, listener shared_reader(false),",
+            &col(2, false),
+            &col(0, false),
+        ),
+        ms(
+            "Redis, listener (shared reader),",
+            &col(1, true),
+            &col(0, true),
+        ),
+        ms(
+            "Redis, listener shared_reader(false),",
+            &col(2, true),
+            &col(0, true),
+        ),
+    ])
 }
 
 /// `redis-benchmark` XADD on the same server (pipelined, `clients` connections): the
@@ -570,8 +711,16 @@ async fn main() -> anyhow::Result<()> {
         emit(&publish::section(setup(&mut con)).await?)?;
         return Ok(());
     }
+    if args.only.as_deref() == Some("consume") {
+        let at = (url.as_str(), redis.url());
+        let rows = consume_section(&client, &mut con, (at.0, &at.1), &args, n, reps).await?;
+        emit(&rows)?;
+        return Ok(());
+    }
     if let Some(other) = args.only.as_deref() {
-        anyhow::bail!("--only {other}: the sections that run alone are `batch` and `publish`");
+        anyhow::bail!(
+            "--only {other}: the sections that run alone are `batch`, `publish` and `consume`"
+        );
     }
     let publish_rows = publish::section(setup(&mut con)).await?;
 

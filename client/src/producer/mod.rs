@@ -213,6 +213,8 @@ struct Inner {
     /// Idempotence (PROTOCOL §21): the idle time after which a producer record expires;
     /// `None`: off.
     idempotence: Option<Duration>,
+    /// An idempotent producer also writes `producer_id` and `producer_seq` in every entry.
+    producer_fields: bool,
     /// How long a publish sends its records again after errors that may have written them.
     retry_budget: Duration,
     /// How long a publish waits for its stream's routing ([`ProducerBuilder::delivery_timeout`]).
@@ -241,6 +243,7 @@ pub struct ProducerBuilder {
     wait: Option<(u32, Duration)>,
     idempotent: bool,
     idempotence_ttl: Duration,
+    producer_fields: bool,
     retry_budget: Duration,
     delivery_timeout: Duration,
 }
@@ -276,13 +279,25 @@ impl ProducerBuilder {
     }
 
     /// Idempotence (PROTOCOL §21; default on): each publish carries a producer id and
-    /// sequence numbers (the entry fields `producer_id`, `producer_seq`), and the write to a
+    /// sequence numbers, checked against the producer's record on each shard (not written in
+    /// the entries unless [`ProducerBuilder::producer_fields`]), and the write to a
     /// shard, in the same round trip, skips the records that an earlier attempt of the same
     /// publish wrote, so a publish sent again after a lost reply, a dropped connection or a
     /// `WAIT` not confirmed writes each record once. Off: such a publish fails at once and
     /// sending it again may write it twice (at-least-once).
     pub fn idempotent(mut self, on: bool) -> Self {
         self.idempotent = on;
+        self
+    }
+
+    /// Consumer-side deduplication (PROTOCOL §21; default off): an idempotent producer also
+    /// writes its producer id and each record's sequence in every entry (the fields
+    /// `producer_id`, `producer_seq`; `Message::producer_seq()`), a stable key a handler may
+    /// deduplicate redeliveries on. The producer's own duplicate check does not need them;
+    /// they cost Redis about a quarter more per `XADD` (docs/BENCHMARKS.md). Also
+    /// `RSC_PUBLISH_PRODUCER_FIELDS=true`.
+    pub fn producer_fields(mut self, on: bool) -> Self {
+        self.producer_fields = on;
         self
     }
 
@@ -337,6 +352,7 @@ impl ProducerBuilder {
                 round_robin: AtomicU64::new(0),
                 stale_budget: self.stale_budget,
                 idempotence: self.idempotent.then_some(self.idempotence_ttl),
+                producer_fields: self.producer_fields,
                 retry_budget: self.retry_budget,
                 delivery_timeout: self.delivery_timeout,
                 lanes: std::sync::Mutex::new(Vec::new()),
@@ -367,6 +383,9 @@ impl Producer {
             codec: CodecSpec::JSON,
             idempotent: true,
             idempotence_ttl: DEFAULT_IDEMPOTENCE_TTL,
+            producer_fields: std::env::var("RSC_PUBLISH_PRODUCER_FIELDS").is_ok_and(|v| {
+                matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+            }),
             retry_budget: Duration::from_secs(10),
             delivery_timeout: env("RSC_PUBLISH_DELIVERY_TIMEOUT_MS")
                 .map_or(DEFAULT_DELIVERY_TIMEOUT, Duration::from_millis),
@@ -749,6 +768,7 @@ impl Producer {
             records,
             lane,
             ttl_ms: self.inner.idempotence.unwrap_or(Duration::ZERO).as_millis() as u64,
+            fields: self.inner.producer_fields,
             cluster: self.inner.cluster,
             wait: self.inner.wait,
         };

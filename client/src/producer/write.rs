@@ -102,6 +102,9 @@ pub(super) struct Writer<'a> {
     pub(super) lane: Option<&'a LaneIds>,
     /// The producer records' idle expiry (ms).
     pub(super) ttl_ms: u64,
+    /// An idempotent producer also writes `producer_id` and `producer_seq` in every entry
+    /// ([`super::ProducerBuilder::producer_fields`]); the duplicate check never needs them.
+    pub(super) fields: bool,
     /// A Redis Cluster: the doorbells are rung with `SPUBLISH` (PROTOCOL §16).
     pub(super) cluster: bool,
     /// `WAIT` after the transaction: (replicas, timeout).
@@ -177,17 +180,26 @@ impl Writer<'_> {
         for (shard, idx) in parts {
             let shard_key = &self.routing.shard_keys[*shard as usize];
             for &i in idx {
-                let idem = self.lane.map(|l| (l.id.as_str(), l.seqs[i]));
+                let idem = (self.lane.filter(|_| self.fields)).map(|l| (l.id.as_str(), l.seqs[i]));
                 self.records[i].xadd(&mut pipe, shard_key, idem);
             }
         }
-        let tail = pipe.cmd("EVAL").arg(tail_body()).arg(keys.len()).arg(&keys);
+        let shard_keys = (parts.iter()).map(|(s, _)| &self.routing.shard_keys[*s as usize]);
+        let tail_keys = keys.len() + self.lane.map_or(0, |_| parts.len());
+        let tail = pipe.cmd("EVAL").arg(tail_body()).arg(tail_keys).arg(&keys);
+        if self.lane.is_some() {
+            for key in shard_keys {
+                tail.arg(key);
+            }
+        }
         tail.arg(self.ttl_ms)
             .arg(parts.len())
             .arg(rsc_protocol::routing::ring_command(self.cluster));
         if let Some(lane) = self.lane {
             for (_, idx) in parts {
-                tail.arg(idx.last().map_or(0, |&i| lane.seqs[i]));
+                tail.arg(idx.last().map_or(0, |&i| lane.seqs[i]))
+                    .arg(idx.first().map_or(0, |&i| lane.seqs[i]))
+                    .arg(idx.len());
             }
         }
         for (shard, _) in parts {
@@ -423,6 +435,7 @@ mod tests {
             records,
             lane,
             ttl_ms: 1,
+            fields: false,
             cluster: false,
             wait: None,
         }
@@ -630,6 +643,48 @@ mod tests {
             .collect();
         // EVAL body 5 <5 keys> epoch id <lowest seq ×2> <known ×2>
         assert_eq!(args[8..], ["4", "p", "10", "11", "0", "9"]);
+    }
+
+    /// The arguments of the `n`th command of `pipe`, as text.
+    fn args_of(pipe: &redis::Pipeline, n: usize) -> Vec<String> {
+        let cmd = pipe.cmd_iter().nth(n).expect("the command");
+        (cmd.args_iter())
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_idempotent_write_records_its_last_write_per_shard_and_no_entry_fields() {
+        let routing = two_shards(4);
+        let lane = LaneIds {
+            id: "p".into(),
+            seqs: vec![10, 11, 12],
+            ..LaneIds::default()
+        };
+        let records = [Record::raw("a"), Record::raw("b"), Record::raw("c")];
+        let mut w = writer(&routing, &records, Some(&lane));
+        let pipe = w.pipeline(&parts());
+        // WATCH, check, MULTI, 3 XADDs, tail, EXEC.
+        let xadd = args_of(&pipe, 3);
+        assert_eq!(xadd, ["XADD", "s:0", "*", "payload", "a"]);
+        let tail = args_of(&pipe, 6);
+        // EVAL body 7 <markers ×2> <records ×2> <abort> <shard keys ×2> ttl k ring
+        // (s f n) ×2 <channels ×2>
+        assert_eq!(tail[2], "7");
+        assert_eq!(tail[8..10], ["s:0", "s:1"]);
+        assert_eq!(tail[13..19], ["12", "10", "2", "11", "11", "1"]);
+        // With the entry fields asked for, each XADD ends with them.
+        w.fields = true;
+        let pipe = w.pipeline(&parts());
+        let xadd = args_of(&pipe, 4);
+        assert_eq!(xadd[5..], ["producer_id", "p", "producer_seq", "12"]);
+        // Without idempotence, the tail has the check's keys only.
+        w.lane = None;
+        let pipe = w.pipeline(&parts());
+        assert_eq!(args_of(&pipe, 6)[2], "3");
     }
 
     #[test]

@@ -14,7 +14,10 @@
 //! - `watch_multi_fields`: the same with `producer_id` and `producer_seq` in every entry (the
 //!   fields PROTOCOL §2.2 asks of an idempotent producer) and no duplicate check, no producer
 //!   record: what any idempotent write that keeps those fields costs at least, so the
-//!   highest P8 such a write can reach.
+//!   highest P8 such a write can reach;
+//! - `fenced_fields`: P8 with `producer_fields(true)` (every entry also carries `producer_id`
+//!   and `producer_seq`, for consumer-side deduplication): the default before the duplicate
+//!   check moved into the producer record alone.
 
 use super::{
     PAYLOAD, create_group, own_cpu, raw_publish, redis_cpu, routed_publish, unfenced_publish,
@@ -29,7 +32,7 @@ use std::time::{Duration, Instant};
 const PRODUCER_ID: &str = "0123456789abcdef";
 
 /// The variants, in their rotation order.
-const VARIANTS: [&str; 7] = [
+const VARIANTS: [&str; 8] = [
     "raw",
     "unfenced",
     "idem",
@@ -37,15 +40,17 @@ const VARIANTS: [&str; 7] = [
     "fenced_plain",
     "watch_multi",
     "watch_multi_fields",
+    "fenced_fields",
 ];
 
 /// What one section measures: per variant, msgs/s of each repetition; and the Redis and
 /// total CPU per 1,000 messages of `raw` and `fenced`.
 #[derive(Default)]
 struct Samples {
-    rate: [Vec<f64>; 7],
-    redis_cpu: [Vec<f64>; 7],
-    total_cpu: [Vec<f64>; 7],
+    rate: [Vec<f64>; 8],
+    redis_cpu: [Vec<f64>; 8],
+    total_cpu: [Vec<f64>; 8],
+    own_cpu: [Vec<f64>; 8],
 }
 
 /// Everything a section needs.
@@ -155,6 +160,11 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
         .redis_url(s.redis_url.clone())
         .idempotent(false)
         .build()?;
+    let fields = Producer::builder()
+        .coordinator(s.url)
+        .redis_url(s.redis_url.clone())
+        .producer_fields(true)
+        .build()?;
     let mut samples = Samples::default();
     for rep in 0..s.reps {
         let names: Vec<String> = VARIANTS.iter().map(|v| format!("pub-{v}-{rep}")).collect();
@@ -166,9 +176,9 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
             plain.refresh_routing(&names[6]).await?.routing_epoch,
         );
         let chunk = (s.n / 10).max(1);
-        let mut took = [Duration::ZERO; 7];
-        let mut rcpu = [0.0; 7];
-        let mut own = [0.0; 7];
+        let mut took = [Duration::ZERO; 8];
+        let mut rcpu = [0.0; 8];
+        let mut own = [0.0; 8];
         for c in 0..10 {
             for k in 0..VARIANTS.len() {
                 let v = (c + k) % VARIANTS.len();
@@ -183,10 +193,11 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
                         let at = (s.shards, epochs.0);
                         watch_multi_publish(s.con, name, at, chunk, s.batch, false).await?
                     }
-                    _ => {
+                    6 => {
                         let at = (s.shards, epochs.1);
                         watch_multi_publish(s.con, name, at, chunk, s.batch, true).await?
                     }
+                    _ => routed_publish(&fields, name, chunk, s.batch).await?,
                 };
                 own[v] += own_cpu()? - own0;
                 rcpu[v] += redis_cpu(s.con).await? - before;
@@ -198,13 +209,14 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
             samples.rate[v].push(msgs / took[v].as_secs_f64());
             samples.redis_cpu[v].push(per_k(rcpu[v]));
             samples.total_cpu[v].push(per_k(rcpu[v] + own[v]));
+            samples.own_cpu[v].push(per_k(own[v]));
         }
         let line: Vec<String> = (0..VARIANTS.len())
             .map(|v| {
                 let r = samples.rate[v][rep];
-                let cpu = (samples.redis_cpu[v][rep], samples.total_cpu[v][rep]);
+                let cpu = (samples.redis_cpu[v][rep], samples.own_cpu[v][rep]);
                 format!(
-                    "{} {r:.0} ({:.2}; Redis {:.2} ms, total {:.2} ms per 1k)",
+                    "{} {r:.0} ({:.2}; Redis {:.2} ms, producer {:.2} ms per 1k)",
                     VARIANTS[v],
                     r / samples.rate[0][rep],
                     cpu.0,
@@ -299,6 +311,41 @@ fn rows(x: &Samples, batch: usize, n: u64) -> Vec<Row> {
             "ms",
             &x.redis_cpu[6],
             &x.redis_cpu[0],
+            "- (INFO cpu of the Redis server, same run)",
+        ),
+        row(
+            "P8 option: producer_fields(true) (the entry fields for consumer-side dedup; the default before) vs raw".into(),
+            "msgs/s",
+            &x.rate[7],
+            &x.rate[0],
+            &format!("- {raw_goal}"),
+        ),
+        row(
+            "P8 default vs producer_fields(true) (the previous default), same run".into(),
+            "msgs/s",
+            &x.rate[3],
+            &x.rate[7],
+            "- (baseline: the same producer writing producer_id/producer_seq in every entry)",
+        ),
+        row(
+            "P8 idempotent publish_batch without markers vs raw: producer process CPU per 1,000 messages".into(),
+            "ms",
+            &x.own_cpu[2],
+            &x.own_cpu[0],
+            "- (getrusage of this process, same chunks)",
+        ),
+        row(
+            "P8 producer process CPU per 1,000 messages, epoch-guarded idempotent vs raw XADD".into(),
+            "ms",
+            &x.own_cpu[3],
+            &x.own_cpu[0],
+            "- (getrusage of this process, same chunks)",
+        ),
+        row(
+            "P8 Redis CPU per 1,000 messages, idempotent without markers vs P4 (unfenced routed)".into(),
+            "ms",
+            &x.redis_cpu[2],
+            &x.redis_cpu[1],
             "- (INFO cpu of the Redis server, same run)",
         ),
         row(
