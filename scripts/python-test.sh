@@ -12,8 +12,8 @@ target=${CARGO_TARGET_DIR:-$root/target}
 export CARGO_TARGET_DIR=$target
 python=${PYTHON:-python3}
 
-echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh)"
-cargo build --locked --workspace --bins
+echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh, so nothing is built twice)"
+cargo build --locked --workspace --bins --tests
 
 venv=$target/python-venv
 echo "== fresh venv in $venv"

@@ -82,6 +82,9 @@ wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log"
 [ "$matrix_status" = 0 ] || { echo "server matrix failed" >&2; exit 1; }
 
+echo "== [${SECONDS}s] Python package: wheel (maturin), mypy, pytest against real processes"
+scripts/python-test.sh
+
 echo "== [${SECONDS}s] API fuzzing against the OpenAPI document (schemathesis)"
 scripts/schemathesis.sh
 # The same over HTTPS, with fewer examples per operation: this pass is about the transport
