@@ -109,7 +109,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # After clippy, whose dependency metadata it reuses: an application resolving our crates
 # today gets the newest compatible releases, not our lock file; the build must be clean there
 # too (the committed Cargo.lock is left as it is).
-echo "== newest compatible dependencies: cargo update in a scratch copy, cargo check, no warning"
+echo "== [${SECONDS}s] newest compatible dependencies: cargo update in a scratch copy, cargo check, no warning"
 scripts/newest-deps.sh
 
 # After clippy: the dependencies' metadata it checked is what rustdoc needs, so this step only
