@@ -202,11 +202,13 @@ async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) 
     stack.wait_stable(GROUP, 6, 4).await;
     let mut con = stack.redis();
 
-    // The stale producer: its routing refreshes only when a write is refused.
+    // The stale producer: its routing refreshes only when a write is refused. It writes the
+    // producer fields, as the sample producer here does, for the duplicate check below.
     let stale = Producer::builder()
         .coordinator(&stack.coordinator.url())
         .redis_url(stack.redis.url())
         .refresh_every(Duration::from_secs(3600))
+        .producer_fields(true)
         .build()
         .expect("producer");
     assert_eq!(

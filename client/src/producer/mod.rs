@@ -294,7 +294,7 @@ impl ProducerBuilder {
     /// writes its producer id and each record's sequence in every entry (the fields
     /// `producer_id`, `producer_seq`; `Message::producer_seq()`), a stable key a handler may
     /// deduplicate redeliveries on. The producer's own duplicate check does not need them;
-    /// they cost Redis about a quarter more per `XADD` (docs/BENCHMARKS.md). Also
+    /// they cost Redis about a quarter more per `XADD` (docs/benchmarks/HISTORY.md). Also
     /// `RSC_PUBLISH_PRODUCER_FIELDS=true`.
     pub fn producer_fields(mut self, on: bool) -> Self {
         self.producer_fields = on;
