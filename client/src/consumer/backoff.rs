@@ -12,11 +12,17 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     pub(crate) fn new(min: Duration, max: Duration) -> Self {
+        Self::seeded(min, max, rand::random())
+    }
+
+    /// The same, its jitter drawn from `seed` (the same seed, the same delays).
+    pub(crate) fn seeded(min: Duration, max: Duration, seed: u64) -> Self {
         let builder = ExponentialBuilder::new()
             .with_min_delay(min)
             .with_max_delay(max.max(min))
             .with_factor(2.0)
             .with_jitter()
+            .with_jitter_seed(seed)
             .without_max_times();
         Backoff {
             iter: builder.build(),

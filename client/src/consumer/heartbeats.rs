@@ -15,8 +15,8 @@
 //! - **Older coordinators**: `404 NOT_FOUND` from the batch route re-sends that batch's
 //!   heartbeats on the single route, and uses the single route for [`REPROBE_AFTER`] before
 //!   trying the batch route again.
-//! - **Alignment**: [`Heartbeats::next_periodic`] puts a member's next periodic heartbeat on a
-//!   process-wide grid, so that members with the same interval keep sharing requests.
+//! - **Alignment**: [`grid_point`] on [`Heartbeats::grid`] puts a member's next periodic heartbeat
+//!   on a process-wide grid, so that members with the same interval keep sharing requests.
 
 use crate::error::CoordinatorError;
 use futures::future::{BoxFuture, join_all};
@@ -191,17 +191,23 @@ impl Heartbeats {
     /// Single route: `sent_at + interval`. Batched: the point of the process-wide grid
     /// `base + k·interval` in `(sent_at, sent_at + interval]` — never later than the single
     /// route would, and the same instant for every member with that interval.
+    #[cfg(test)]
     pub(crate) fn next_periodic(&self, sent_at: Instant, interval: Duration) -> Instant {
-        if self.batch.is_none() {
-            return sent_at + interval;
+        match self.grid() {
+            Some(base) => grid_point(base, interval, sent_at),
+            None => sent_at + interval,
         }
-        grid_point(self.base, interval, sent_at)
+    }
+
+    /// The base of the process-wide grid of batched heartbeats (`None`: the single route).
+    pub(crate) fn grid(&self) -> Option<Instant> {
+        self.batch.is_some().then_some(self.base)
     }
 }
 
 /// The grid point `base + k·interval` in `(sent_at, sent_at + interval]` (`sent_at + interval`
 /// before `base`, or for an empty interval).
-fn grid_point(base: Instant, interval: Duration, sent_at: Instant) -> Instant {
+pub(crate) fn grid_point(base: Instant, interval: Duration, sent_at: Instant) -> Instant {
     let step = interval.as_nanos();
     if step == 0 || sent_at < base {
         return sent_at + interval;
