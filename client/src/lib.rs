@@ -99,6 +99,7 @@ mod error;
 mod handler;
 pub mod layer;
 mod listener;
+mod logging;
 mod message;
 #[cfg(feature = "ops")]
 pub mod ops;
