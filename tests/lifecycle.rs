@@ -733,3 +733,24 @@ async fn listener_settings_from_the_environment_and_a_file_override_the_code() {
         t0.elapsed().as_millis()
     );
 }
+
+/// A pod whose app sets up no logging (no `RUST_LOG`, no `RSC_LOG`, no subscriber of its
+/// own) still tells what it does: the client's default subscriber writes its assignment to
+/// stderr at `info` (GUIDE "Logs").
+#[tokio::test]
+async fn a_pod_logs_its_assignment_by_default() {
+    let _serial = SERIAL.lock().await;
+    const SHARDS: u32 = 2;
+    let stack = Stack::start_with_data_redis();
+    stack.create_group(GROUP, STREAM, SHARDS, 1000, 200).await;
+    let unset = [("RSC_LOG", ""), ("RUST_LOG", "")];
+    let pod = Consumer::start_env(&stack, "127.0.0.21", &POD_ARGS, &unset);
+    stack.wait_stable(GROUP, 1, SHARDS as usize).await;
+    eventually("the assignment line on the pod's stderr", 10, || {
+        let log = pod.log();
+        log.iter()
+            .find(|l| l.contains("INFO") && l.contains("starting shards"))
+            .cloned()
+    })
+    .await;
+}

@@ -376,6 +376,7 @@ impl ConsumerApp {
         self,
         signal: impl Future<Output = ()> + Send,
     ) -> Result<(), ClientError> {
+        crate::logging::install_default();
         let cfg = &self.config;
         let redis = cfg.data_redis()?;
         let coord = cfg.coordinator()?;

@@ -100,6 +100,7 @@ pub mod foreign;
 mod handler;
 pub mod layer;
 mod listener;
+mod logging;
 mod message;
 #[cfg(feature = "ops")]
 pub mod ops;

@@ -191,7 +191,11 @@ impl Pod {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    rsc_client::ops::init_tracing()?;
+    // The app logs what it does to stderr by default (RUST_LOG or RSC_LOG filter it); the
+    // ops subscriber is only needed for JSON lines.
+    if std::env::var_os("RSC_LOG_FORMAT").is_some() {
+        rsc_client::ops::init_tracing()?;
+    }
     let args = Args::parse();
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.fail_rate),
