@@ -11,23 +11,10 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
+use crate::retention::operator_cli;
+
 const SESSION_MS: u64 = 3000;
 const HEARTBEAT_MS: u64 = 300;
-
-fn operator_cli(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out =
-        std::process::Command::new(rsc_testkit::binary_path("rsc-coordinator").expect("built"))
-            .args(args)
-            .args(["--coordinator", url])
-            .env_remove("RSC_TOKEN")
-            .output()
-            .expect("the CLI runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// A pod of `group` on `stream` that dead-letters every entry of `poison` at once.
 fn sick_pod(stack: &Stack, ip: &str, group: &str, stream: &str, poison: &str) -> Consumer {

@@ -517,7 +517,7 @@ async fn seek_by_time_replays_the_entries_from_then_on() {
 }
 
 /// Runs `rsc-coordinator <args> --coordinator <url>`: (exit code, stdout, stderr).
-fn operator_cli(url: &str, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn operator_cli(url: &str, args: &[&str]) -> (i32, String, String) {
     let out =
         std::process::Command::new(rsc_testkit::binary_path("rsc-coordinator").expect("built"))
             .args(args)
