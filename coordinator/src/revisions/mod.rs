@@ -61,7 +61,6 @@ pub struct Change {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schema(value_type = Option<Object>)]
     pub old: Option<Value>,
     /// The value after, absent when the path was removed.
     #[serde(
@@ -70,7 +69,6 @@ pub struct Change {
         skip_serializing_if = "Option::is_none",
         deserialize_with = "present"
     )]
-    #[schema(value_type = Option<Object>)]
     pub new: Option<Value>,
 }
 
