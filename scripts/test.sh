@@ -54,6 +54,9 @@ fi
 target_dir="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target_dir"
 echo "== [${SECONDS}s] disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free where the build goes ($target_dir; a full build takes about 3 GiB)"
+echo "== [${SECONDS}s] format"
+cargo fmt --all -- --check
+
 echo "== [${SECONDS}s] build (all binaries the end-to-end tests spawn, and every test)"
 # With the tests selected, cargo unifies the dev-dependencies' features into this build, so
 # the binaries and `cargo test` below share one feature set and every dependency is compiled
@@ -72,6 +75,33 @@ export RSC_E2E_BIN
 scripts/server-matrix.sh >"$matrix_log" 2>&1 &
 matrix_pid=$!
 trap 'kill "$matrix_pid" 2>/dev/null || true' EXIT
+
+# The lints, the newest-dependencies check and the API documentation only compile: they run
+# beside the main pass too, in a target directory of their own (they would otherwise wait
+# for the build-directory lock `cargo test` holds), and are waited for at the end.
+lint_dir="$target_dir/lint"
+lint_log="$target_dir/lint.log"
+echo "== [${SECONDS}s] lints, newest dependencies and API documentation in the background (log: $lint_log)"
+(
+  set -e
+  export CARGO_TARGET_DIR="$lint_dir"
+  start=$SECONDS
+  echo "== [+$((SECONDS - start))s] lint: cargo clippy, warnings are errors"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+  # After clippy, whose dependency metadata it reuses: an application resolving our crates
+  # today gets the newest compatible releases, not our lock file; the build must be clean
+  # there too (the committed Cargo.lock is left as it is).
+  echo "== [+$((SECONDS - start))s] newest compatible dependencies: cargo update in a scratch copy, cargo check, no warning"
+  scripts/newest-deps.sh
+  # The dependencies' metadata clippy checked is what rustdoc needs, so this step only
+  # documents the workspace's own crates.
+  echo "== [+$((SECONDS - start))s] API documentation: cargo doc, warnings are errors (default and all features)"
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
+  RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
+  echo "== [+$((SECONDS - start))s] lints, newest dependencies and documentation passed"
+) >"$lint_log" 2>&1 &
+lint_pid=$!
+trap 'kill "$matrix_pid" "$lint_pid" 2>/dev/null || true' EXIT
 
 echo "== [${SECONDS}s] test"
 cargo test --workspace --locked
@@ -102,20 +132,10 @@ scripts/bench.sh --quick
 echo "== [${SECONDS}s] packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
 scripts/package.sh
 
-echo "== [${SECONDS}s] lint"
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
-# After clippy, whose dependency metadata it reuses: an application resolving our crates
-# today gets the newest compatible releases, not our lock file; the build must be clean there
-# too (the committed Cargo.lock is left as it is).
-echo "== [${SECONDS}s] newest compatible dependencies: cargo update in a scratch copy, cargo check, no warning"
-scripts/newest-deps.sh
-
-# After clippy: the dependencies' metadata it checked is what rustdoc needs, so this step only
-# documents the workspace's own crates.
-echo "== [${SECONDS}s] API documentation: cargo doc, warnings are errors (default and all features)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --locked
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features --locked
+echo "== [${SECONDS}s] lints, newest dependencies, API documentation (waiting for them to end)"
+lint_status=0
+wait "$lint_pid" || lint_status=$?
+cat "$lint_log"
+[ "$lint_status" = 0 ] || { echo "lints, newest dependencies or API documentation failed" >&2; exit 1; }
 
 echo "== [${SECONDS}s] all tests passed"
