@@ -301,13 +301,25 @@ impl GroupDoc {
         }
     }
 
+    /// The list of a heartbeat that says what the member owns now (PROTOCOL §5, §5.4): one
+    /// sent at the member's current epoch. A list sent at the tolerated previous epoch may be
+    /// a request that reached the coordinator after newer ones (its sender gave up on it, and
+    /// its report predates a revocation asked since): it is ignored, as a missing list is.
+    fn current_report<'r>(&self, req: &'r HeartbeatRequest) -> Option<&'r [u32]> {
+        let m = self.members.get(&req.member_id)?;
+        let owned = req.owned_shards.as_deref()?;
+        (req.member_epoch == m.member_epoch).then_some(owned)
+    }
+
     /// What a heartbeat says the member owns, for reconciliation (PROTOCOL §5): nothing for
-    /// a join; the list it sent; without the list, "unchanged" — every shard the member holds
-    /// (assigned or pending revocation), so a heartbeat never releases a shard it did not
-    /// report releasing.
+    /// a join; the list it sent at its current epoch; otherwise "unchanged" — every shard the
+    /// member holds (assigned or pending revocation), so a heartbeat never releases a shard it
+    /// did not report releasing at its current epoch (a previous-epoch one never does, §5.4).
     fn reported_owned(&self, req: &HeartbeatRequest) -> BTreeSet<u32> {
-        match (&req.owned_shards, self.members.get(&req.member_id)) {
-            _ if MemberEpoch::new(req.member_epoch).is_join() => BTreeSet::new(),
+        if MemberEpoch::new(req.member_epoch).is_join() {
+            return BTreeSet::new();
+        }
+        match (self.current_report(req), self.members.get(&req.member_id)) {
             (Some(owned), _) => owned.iter().copied().collect(),
             (None, Some(m)) => m.assigned.union(&m.pending_revocation).copied().collect(),
             (None, None) => BTreeSet::new(),
@@ -325,6 +337,10 @@ impl GroupDoc {
     ) -> HeartbeatOutcome {
         let id = req.member_id.as_str();
         let reported = self.reported_owned(req);
+        // Without a list at the current epoch, what the member last reported stays on record
+        // (the view shows it).
+        let keeps_last_report =
+            !MemberEpoch::new(req.member_epoch).is_join() && self.current_report(req).is_none();
         let m = self
             .members
             .get_mut(id)
@@ -333,10 +349,7 @@ impl GroupDoc {
         if req.client.is_some() {
             m.client.clone_from(&req.client);
         }
-        // Without a list, what the member last reported stays on record (the view shows it).
-        let last_report = (!MemberEpoch::new(req.member_epoch).is_join()
-            && req.owned_shards.is_none())
-        .then(|| m.reported.clone());
+        let last_report = keeps_last_report.then(|| m.reported.clone());
         if let Some(e) = self.reconcile(id, reported, now_ms) {
             events.push(e);
         }

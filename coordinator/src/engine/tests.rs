@@ -195,6 +195,96 @@ fn previous_epoch_is_tolerated_only_with_an_owned_subset() {
     assert_eq!(e.code(), ErrorCode::FencedMemberEpoch);
 }
 
+/// A group of three shards where "m1" is stable at epoch 2 (previous 1) with two shards, "m2"
+/// holds the third, and "m3" has just joined (epoch 3), so that m1 must give up one shard.
+/// On the way, m1's lease ran out at epoch 1 and it reported owning nothing: that heartbeat
+/// timed out and its retry got through, but the first request is still on the network.
+/// Returns it, with the shard m1 keeps and the one it must give up.
+fn late_previous_epoch_world(w: &mut World) -> (HeartbeatRequest, u32, u32) {
+    w.join("m1");
+    w.join("m2");
+    w.hb("m1", 1, &[0, 1, 2]).unwrap(); // asked to revoke one shard
+    let late = HeartbeatRequest {
+        protocol_version: 1,
+        member_id: "m1".into(),
+        member_epoch: 1,
+        owned_shards: Some(vec![]),
+        drained_shards: vec![],
+        client: None,
+        incarnation: None,
+    };
+    // The retry of the same report: m1 moves to epoch 2 with two shards and resumes them.
+    let kept = w.hb("m1", 1, &[]).unwrap().assignment;
+    assert_eq!(kept.len(), 2);
+    let m2 = w.hb("m2", 2, &[]).unwrap();
+    w.hb("m2", 2, &m2.assignment).unwrap();
+    assert_eq!(w.hb("m1", 2, &kept).unwrap().member_epoch, 2);
+    let m1 = &w.group.members["m1"];
+    assert_eq!((m1.member_epoch, m1.previous_epoch), (2, 1));
+    w.join("m3");
+    let target = &w.group.members["m1"].target;
+    assert_eq!(
+        target.len(),
+        1,
+        "m1 has two shards of three: it gives one to m3"
+    );
+    let keep = *target.first().unwrap();
+    let give = kept.into_iter().find(|s| *s != keep).unwrap();
+    (late, keep, give)
+}
+
+/// Delivers `late` to the engine (its sender gave up on it: the answer goes nowhere).
+fn deliver(w: &mut World, late: &HeartbeatRequest) -> HeartbeatResponse {
+    let out = w.group.heartbeat(&w.stream, late, w.now).unwrap();
+    w.assert_exclusive();
+    out.response
+}
+
+/// PROTOCOL §5.4: a heartbeat at the tolerated previous epoch never releases a shard. A
+/// request sent before the member was asked to revoke can reach the coordinator after newer
+/// ones (delayed past its sender's timeout); what it reports owning says nothing of what the
+/// member owns now. (The member simulation found it: seed 852.)
+#[test]
+fn a_late_heartbeat_at_the_previous_epoch_completes_no_revocation() {
+    let mut w = World::new(3);
+    let (late, keep, give) = late_previous_epoch_world(&mut w);
+    // m1 is asked to give up `give` and still works it.
+    let r = w.hb("m1", 2, &[keep, give]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (2, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    // The late request reports nothing at epoch 1: accepted, but it releases nothing.
+    let r = deliver(&mut w, &late);
+    assert_eq!((r.member_epoch, r.assignment), (2, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    assert_eq!(w.group.members["m1"].pending_revocation, [give].into());
+    assert_eq!(w.group.members["m1"].reported, [keep, give].into());
+    let r3 = w.hb("m3", 3, &[]).unwrap();
+    assert!(r3.assignment.is_empty(), "m1 still works {give}");
+    // Only a report at the current epoch completes the revocation.
+    let r = w.hb("m1", 2, &[keep]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.hb("m3", 3, &[]).unwrap().assignment, vec![give]);
+}
+
+/// The same late request arriving before the member's own heartbeat at the new target: it
+/// starts the revocation rather than take the shard as already given up.
+#[test]
+fn a_late_heartbeat_at_the_previous_epoch_releases_nothing_a_new_target_revokes() {
+    let mut w = World::new(3);
+    let (late, keep, give) = late_previous_epoch_world(&mut w);
+    let r = deliver(&mut w, &late);
+    assert_eq!((r.member_epoch, r.assignment), (2, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    assert_eq!(w.group.members["m1"].pending_revocation, [give].into());
+    assert!(w.hb("m3", 3, &[]).unwrap().assignment.is_empty());
+    // m1 gets the answer of its own heartbeat at epoch 2, revokes, and reports.
+    let r = w.hb("m1", 2, &[keep, give]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (2, vec![keep]));
+    let r = w.hb("m1", 2, &[keep]).unwrap();
+    assert_eq!(r.member_epoch, 3);
+    assert_eq!(w.hb("m3", 3, &[]).unwrap().assignment, vec![give]);
+}
+
 #[test]
 fn unknown_member_and_bad_requests() {
     let mut w = World::new(2);
