@@ -103,11 +103,11 @@ async fn second_member_waits_for_revocation(backend: Backend) {
         (r2["member_epoch"].as_i64(), shards(&r2)),
         (Some(2), vec![])
     );
-    // m1 is asked to give up 2 and 3, keeping its epoch.
+    // m1 is asked to give up 2 and 3, moving to the assignment epoch (PROTOCOL §5.2).
     let (_, r1) = api.heartbeat("g", "m1", 1, &[0, 1, 2, 3]).await;
     assert_eq!(
         (r1["member_epoch"].as_i64(), shards(&r1)),
-        (Some(1), vec![0, 1])
+        (Some(2), vec![0, 1])
     );
     let (_, view) = api.get("/v1/groups/g").await;
     assert_eq!(view["state"], "reconciling");
@@ -121,7 +121,7 @@ async fn second_member_waits_for_revocation(backend: Backend) {
     // m2 waits until m1 confirms.
     let (_, r2) = api.heartbeat("g", "m2", 2, &[]).await;
     assert_eq!(shards(&r2), Vec::<u64>::new());
-    let (_, r1) = api.heartbeat("g", "m1", 1, &[0, 1]).await;
+    let (_, r1) = api.heartbeat("g", "m1", 2, &[0, 1]).await;
     assert_eq!(
         (r1["member_epoch"].as_i64(), shards(&r1)),
         (Some(2), vec![0, 1])
@@ -251,9 +251,9 @@ async fn leave_frees_shards_at_once(backend: Backend) {
 }
 
 /// PROTOCOL §5: a heartbeat without `owned_shards` means "unchanged" — on the single and
-/// the batched route alike: the member revoking 3, 4, 5 keeps them pending, stays at its
-/// epoch, the other member is not given them, and at the tolerated previous epoch the
-/// omission is fenced (§5.4).
+/// the batched route alike: the member revoking 3, 4, 5 keeps them pending, stays at the
+/// epoch it was asked at, the other member is not given them, and at the tolerated previous
+/// epoch the omission is fenced (§5.4).
 async fn a_heartbeat_without_owned_shards_releases_nothing(backend: Backend) {
     let stack = Stack::start(backend, &[]);
     let api = &stack.api;
@@ -274,15 +274,15 @@ async fn a_heartbeat_without_owned_shards_releases_nothing(backend: Backend) {
         let (_, a) = hb("a", 1, Some(&[0, 1, 2, 3, 4, 5])).await.unwrap();
         assert_eq!(
             (a["member_epoch"].as_i64(), shards(&a)),
-            (Some(1), vec![0, 1, 2])
+            (Some(2), vec![0, 1, 2])
         );
 
-        // The omission: 200, still epoch 1 and unrevoked, 3, 4, 5 still pending.
-        let (s, a) = hb("a", 1, None).await.unwrap();
+        // The omission: 200, still epoch 2 and unrevoked, 3, 4, 5 still pending.
+        let (s, a) = hb("a", 2, None).await.unwrap();
         assert_eq!(s, StatusCode::OK, "{a}");
         assert_eq!(
             (a["member_epoch"].as_i64(), shards(&a)),
-            (Some(1), vec![0, 1, 2])
+            (Some(2), vec![0, 1, 2])
         );
         let (_, view) = api.get(&format!("/v1/groups/{group}")).await;
         let m = &view["members"][0];
@@ -296,7 +296,7 @@ async fn a_heartbeat_without_owned_shards_releases_nothing(backend: Backend) {
         assert_eq!(shards(&b), Vec::<u64>::new(), "3, 4, 5 are still a's: {b}");
 
         // a revokes; its previous epoch without the list is fenced, with a subset accepted.
-        let (_, a) = hb("a", 1, Some(&[0, 1, 2])).await.unwrap();
+        let (_, a) = hb("a", 2, Some(&[0, 1, 2])).await.unwrap();
         assert_eq!(a["member_epoch"], 2, "{a}");
         let (s, e) = hb("a", 1, None).await.unwrap();
         assert_eq!(

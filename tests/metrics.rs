@@ -116,6 +116,7 @@ async fn metrics_and_lag_from_the_data_redis() {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
+    let e1 = a2["member_epoch"].as_i64().unwrap(); // asked to revoke: the assignment epoch
     let (_, a3) = admin.heartbeat("g1", "m1", e1, &keep).await;
     let (_, b2) = admin
         .heartbeat("g1", "m2", b["member_epoch"].as_i64().unwrap(), &[])

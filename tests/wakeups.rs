@@ -185,11 +185,13 @@ async fn changes_wake_the_members_that_must_act(backend: Backend) {
     );
     eprintln!("join -> a woken in {:?}", t.elapsed());
 
-    // a heartbeats: asked to revoke two shards (it keeps reporting them for now).
+    // a heartbeats: asked to revoke two shards (it keeps reporting them for now), at the
+    // assignment epoch (PROTOCOL §5.2).
     let (s, v) = decide.heartbeat(g, "a", ea, &owned_a).await;
     assert_eq!(s.as_u16(), 200, "{v}");
     let keep = shards(&v);
     assert_eq!(keep.len(), 2, "{v}");
+    let ea = v["member_epoch"].as_i64().unwrap();
     // b is waiting for them.
     let (s, v) = decide.heartbeat(g, "b", eb, &[]).await;
     assert_eq!(s.as_u16(), 200, "{v}");

@@ -16,7 +16,8 @@ use std::collections::BTreeSet;
 pub enum GroupEvent {
     /// A new member joined.
     Joined(String),
-    /// A known member rejoined with epoch 0 (its old incarnation's shards were released).
+    /// A known member rejoined with epoch 0 (what its old incarnation held is released once
+    /// it reports at its new epoch, or at once past its session: PROTOCOL §5.1).
     Rejoined(String),
     /// A member left.
     Left(String),
@@ -238,8 +239,9 @@ impl GroupDoc {
     /// The fencing check of a member heartbeating at `epoch`: it must be known, the process
     /// run that holds the id when the request names one (PROTOCOL §11), not away (only a join
     /// brings back a member that left with -2), and at its current epoch, or at its previous
-    /// one while reporting `owned_shards` within its assignment (PROTOCOL §5.4: a request
-    /// without the list cannot be checked, so it is fenced).
+    /// one while reporting `owned_shards` within what it holds, its assignment and the shards
+    /// pending revocation (PROTOCOL §5.4: a request without the list cannot be checked, so it
+    /// is fenced).
     fn check_fenced(
         &self,
         id: &str,
@@ -269,7 +271,7 @@ impl GroupDoc {
             && req
                 .owned_shards
                 .as_ref()
-                .is_some_and(|owned| owned.iter().all(|s| m.assigned.contains(s)));
+                .is_some_and(|owned| owned.iter().all(|s| m.holds(*s)));
         if epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: id.to_owned(),
@@ -301,17 +303,26 @@ impl GroupDoc {
         }
     }
 
-    /// What a heartbeat says the member owns, for reconciliation (PROTOCOL §5): nothing for
-    /// a join; the list it sent; without the list, "unchanged" — every shard the member holds
-    /// (assigned or pending revocation), so a heartbeat never releases a shard it did not
-    /// report releasing.
-    fn reported_owned(&self, req: &HeartbeatRequest) -> BTreeSet<u32> {
-        match (&req.owned_shards, self.members.get(&req.member_id)) {
-            _ if MemberEpoch::new(req.member_epoch).is_join() => BTreeSet::new(),
-            (Some(owned), _) => owned.iter().copied().collect(),
-            (None, Some(m)) => m.assigned.union(&m.pending_revocation).copied().collect(),
-            (None, None) => BTreeSet::new(),
+    /// The list of a heartbeat that says what the member owns now (PROTOCOL §5, §5.4): one
+    /// sent at the member's current epoch. A list sent at the tolerated previous epoch may be
+    /// a request that reached the coordinator after newer ones (its sender gave up on it, and
+    /// its report predates a revocation asked since): it is ignored, as a missing list is.
+    fn current_report<'r>(&self, req: &'r HeartbeatRequest) -> Option<&'r [u32]> {
+        let m = self.members.get(&req.member_id)?;
+        let owned = req.owned_shards.as_deref()?;
+        (req.member_epoch == m.member_epoch).then_some(owned)
+    }
+
+    /// What a heartbeat says the member owns now, for reconciliation (PROTOCOL §5.2): the list
+    /// it sent at its current epoch. `None` — "unchanged", nothing released — without the
+    /// list, at the tolerated previous epoch (§5.4), and for a join: a join may be a late copy
+    /// of one the member sent before it joined and started shards.
+    fn report(&self, req: &HeartbeatRequest) -> Option<BTreeSet<u32>> {
+        if MemberEpoch::new(req.member_epoch).is_join() {
+            return None;
         }
+        self.current_report(req)
+            .map(|owned| owned.iter().copied().collect())
     }
 
     /// After the join or the fencing check: records the heartbeat, reconciles what the
@@ -324,7 +335,7 @@ impl GroupDoc {
         mut events: Vec<GroupEvent>,
     ) -> HeartbeatOutcome {
         let id = req.member_id.as_str();
-        let reported = self.reported_owned(req);
+        let report = self.report(req);
         let m = self
             .members
             .get_mut(id)
@@ -333,15 +344,9 @@ impl GroupDoc {
         if req.client.is_some() {
             m.client.clone_from(&req.client);
         }
-        // Without a list, what the member last reported stays on record (the view shows it).
-        let last_report = (!MemberEpoch::new(req.member_epoch).is_join()
-            && req.owned_shards.is_none())
-        .then(|| m.reported.clone());
-        if let Some(e) = self.reconcile(id, reported, now_ms) {
+        // Without a report, what the member last reported stays on record (the view shows it).
+        if let Some(e) = self.reconcile(id, report, now_ms) {
             events.push(e);
-        }
-        if let Some(last) = last_report {
-            self.members.get_mut(id).expect("member present").reported = last;
         }
         let m = &self.members[id];
         let drained = self.newly_drained(stream, m, &req.drained_shards);
@@ -421,8 +426,9 @@ impl GroupDoc {
         })
     }
 
-    /// A join (epoch 0) of `id`: a new member, a rejoin of a known one (its old incarnation's
-    /// shards are released, a rebalance follows), or a static member's return after a -2
+    /// A join (epoch 0) of `id`: a new member, a rejoin of a known one (it owns nothing; what
+    /// its old incarnation held is released once it reports so at its new epoch, or at once
+    /// past its session; a rebalance follows), or a static member's return after a -2
     /// leave (`Resumed`: it keeps its shards, no rebalance). Refuses a static member's id
     /// held by another live incarnation.
     fn join(
@@ -459,10 +465,14 @@ impl GroupDoc {
                 });
             }
         }
-        // The old incarnation's shards are released: the new one owns nothing.
+        // The new incarnation owns nothing. Within the old one's session the join may also be a
+        // late copy of one this run sent before it joined and started shards (PROTOCOL §5.4):
+        // what it holds stays held, pending revocation, until a report at its new epoch no
+        // longer names it. Past the session, the old run has stopped reading: released at once.
+        let held: BTreeSet<u32> = m.assigned.union(&m.pending_revocation).copied().collect();
+        m.pending_revocation = if live { held } else { BTreeSet::new() };
         m.assigned.clear();
         m.granted_at.clear();
-        m.pending_revocation.clear();
         m.reported.clear();
         m.revoke_started_ms = None;
         m.member_epoch = MemberEpoch::JOIN.get();
@@ -630,38 +640,55 @@ impl GroupDoc {
         self.assignment_epoch = self.group_epoch;
     }
 
-    /// KIP-848's current-assignment rule for one member (PROTOCOL §5.2). Returns the event when
-    /// this heartbeat starts a revocation.
-    fn reconcile(&mut self, id: &str, reported: BTreeSet<u32>, now_ms: u64) -> Option<GroupEvent> {
+    /// KIP-848's current-assignment rule for one member (PROTOCOL §5.2), given what the
+    /// heartbeat reports it owns now (`None`: unchanged). Returns the event when this
+    /// heartbeat starts a revocation.
+    ///
+    /// A shard is released only when a report at the member's current epoch no longer names
+    /// it, and only if the member was asked to revoke it before that heartbeat: asking moves
+    /// the member to the assignment epoch, so a report that predates the request (a late
+    /// request, sent before the member started the shard again) is at an older epoch.
+    fn reconcile(
+        &mut self,
+        id: &str,
+        report: Option<BTreeSet<u32>>,
+        now_ms: u64,
+    ) -> Option<GroupEvent> {
         let m = &self.members[id];
         let owned: BTreeSet<u32> = m.assigned.union(&m.pending_revocation).copied().collect();
         let keep: BTreeSet<u32> = owned.intersection(&m.target).copied().collect();
+        let released = |s: &u32| {
+            m.pending_revocation.contains(s) && report.as_ref().is_some_and(|r| !r.contains(s))
+        };
         let still_owned: BTreeSet<u32> = owned
             .difference(&m.target)
-            .filter(|s| reported.contains(s))
+            .filter(|s| !released(s))
             .copied()
             .collect();
-        let assignment_epoch = MemberEpoch::of_assignment(self.assignment_epoch).get();
-        if !still_owned.is_empty() {
-            let m = self.members.get_mut(id).expect("member exists");
-            let first = m.revoke_started_ms.is_none();
-            m.state = MemberState::Unrevoked;
-            m.assigned = keep;
-            let assigned = &m.assigned;
-            m.granted_at.retain(|s, _| assigned.contains(s));
-            m.pending_revocation = still_owned;
-            m.reported = reported;
-            if first {
-                m.revoke_started_ms = Some(now_ms);
-                return Some(GroupEvent::RevocationRequested(
-                    id.to_owned(),
-                    m.pending_revocation.iter().copied().collect(),
-                ));
-            }
+        let epoch = MemberEpoch::of_assignment(self.assignment_epoch).get();
+        if still_owned.is_empty() {
+            self.grant(id, keep, report, epoch);
             return None;
         }
-        // Grant what the target wants and nobody else holds.
-        let wanted: BTreeSet<u32> = m.target.difference(&keep).copied().collect();
+        let m = self.members.get_mut(id).expect("member exists");
+        m.state = MemberState::Unrevoked;
+        m.assigned = keep;
+        m.pending_revocation = still_owned;
+        record_step(m, epoch, report);
+        if m.revoke_started_ms.is_some() {
+            return None;
+        }
+        m.revoke_started_ms = Some(now_ms);
+        Some(GroupEvent::RevocationRequested(
+            id.to_owned(),
+            m.pending_revocation.iter().copied().collect(),
+        ))
+    }
+
+    /// Nothing left to revoke: the member keeps `keep`, is granted what its target wants and
+    /// nobody else holds, and moves to the assignment `epoch` (PROTOCOL §5.2).
+    fn grant(&mut self, id: &str, keep: BTreeSet<u32>, report: Option<BTreeSet<u32>>, epoch: i64) {
+        let wanted: BTreeSet<u32> = self.members[id].target.difference(&keep).copied().collect();
         let mut held_elsewhere = BTreeSet::new();
         if !wanted.is_empty() {
             for (other_id, other) in &self.members {
@@ -681,22 +708,12 @@ impl GroupDoc {
         m.assigned.extend(wanted.difference(&held_elsewhere));
         m.pending_revocation.clear();
         m.revoke_started_ms = None;
-        m.reported = reported;
-        if m.member_epoch != assignment_epoch {
-            m.previous_epoch = m.member_epoch;
-            m.member_epoch = assignment_epoch;
-        }
-        let (assigned, epoch) = (&m.assigned, m.member_epoch);
-        m.granted_at.retain(|s, _| assigned.contains(s));
-        for &s in assigned {
-            m.granted_at.entry(s).or_insert(epoch);
-        }
+        record_step(m, epoch, report);
         m.state = if held_elsewhere.is_empty() {
             MemberState::Stable
         } else {
             MemberState::Unreleased
         };
-        None
     }
 
     fn response(
@@ -741,6 +758,24 @@ impl GroupDoc {
                 )
             })
             .collect()
+    }
+}
+
+/// After a reconciliation step of member `m`: what it reported (when it did) goes on record,
+/// it moves to the assignment `epoch`, and each shard of its assignment keeps the epoch it
+/// was granted at (one without, kept across a rejoin, is granted now: PROTOCOL §5.6).
+fn record_step(m: &mut MemberDoc, epoch: i64, report: Option<BTreeSet<u32>>) {
+    if let Some(r) = report {
+        m.reported = r;
+    }
+    if m.member_epoch != epoch {
+        m.previous_epoch = m.member_epoch;
+        m.member_epoch = epoch;
+    }
+    let assigned = &m.assigned;
+    m.granted_at.retain(|s, _| assigned.contains(s));
+    for &s in assigned {
+        m.granted_at.entry(s).or_insert(epoch);
     }
 }
 
@@ -916,6 +951,111 @@ mod tests {
         (0..16).filter(|i| m & (1 << i) != 0).collect()
     }
 
+    /// A protocol-following member, for the late-heartbeat property: the epoch it knows, the
+    /// shards it works (a revoked one until its worker ended) and those whose workers stop.
+    #[derive(Debug, Clone, Default)]
+    struct Worker {
+        epoch: i64,
+        works: BTreeSet<u32>,
+        stopping: BTreeSet<u32>,
+    }
+
+    impl Worker {
+        /// Takes an answer as the member does: revoke what is missing, start what is new;
+        /// refused, it stops every worker and joins again once they ended.
+        fn answered(&mut self, r: Result<HeartbeatResponse, EngineError>) {
+            let Ok(resp) = r else {
+                self.epoch = 0;
+                self.stopping.clone_from(&self.works);
+                return;
+            };
+            self.epoch = resp.member_epoch;
+            let assigned: BTreeSet<u32> = resp.assignment.into_iter().collect();
+            let revoked = self.works.difference(&assigned).copied();
+            self.stopping.extend(revoked.collect::<Vec<_>>());
+            self.works.extend(assigned);
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Late {
+        /// Member `m` heartbeats (a join once its workers ended, after a refusal or a leave),
+        /// reporting every shard it works. The request is `delayed` (it stays on the network
+        /// and its sender gives up on it) or delivered now, its answer `lost` or not.
+        Beat { m: usize, delayed: bool, lost: bool },
+        /// Member `m`'s stopping workers end.
+        Finish(usize),
+        /// Member `m`'s lease runs out: it stops every worker, keeping its epoch (a later
+        /// answer resumes it with what it assigns).
+        Fence(usize),
+        /// A delayed request reaches the coordinator: its answer goes nowhere.
+        Deliver(usize),
+        /// Member `m` leaves (-1) once its workers ended.
+        Leave(usize),
+    }
+
+    fn late_op() -> impl Strategy<Value = Late> {
+        prop_oneof![
+            8 => (0..3usize, prop::bool::weighted(0.25), prop::bool::weighted(0.2))
+                .prop_map(|(m, delayed, lost)| Late::Beat { m, delayed, lost }),
+            3 => (0..3usize).prop_map(Late::Finish),
+            1 => (0..3usize).prop_map(Late::Fence),
+            3 => any::<usize>().prop_map(Late::Deliver),
+            1 => (0..3usize).prop_map(Late::Leave),
+        ]
+    }
+
+    /// Steps one [`Late`] operation of the late-heartbeat property.
+    fn step_late(
+        doc: &mut GroupDoc,
+        stream: &StreamDoc,
+        workers: &mut [Worker],
+        network: &mut Vec<HeartbeatRequest>,
+        op: Late,
+    ) {
+        match op {
+            Late::Beat { m, delayed, lost } => {
+                let w = &workers[m];
+                if w.epoch == 0 && !w.works.is_empty() {
+                    return;
+                }
+                let r = req(&format!("m{m}"), w.epoch, w.works.iter().copied().collect());
+                if delayed {
+                    network.push(r);
+                    return;
+                }
+                let out = doc.heartbeat(stream, &r, NOW).map(|o| o.response);
+                if !lost {
+                    workers[m].answered(out);
+                }
+            }
+            Late::Finish(m) => {
+                let w = &mut workers[m];
+                for s in std::mem::take(&mut w.stopping) {
+                    w.works.remove(&s);
+                }
+            }
+            Late::Fence(m) => {
+                let w = &mut workers[m];
+                w.stopping.clone_from(&w.works);
+            }
+            Late::Deliver(i) if !network.is_empty() => {
+                let r = network.remove(i % network.len());
+                let _ = doc.heartbeat(stream, &r, NOW);
+            }
+            Late::Deliver(_) => {}
+            Late::Leave(m) if workers[m].works.is_empty() => {
+                if doc
+                    .leave(stream, &format!("m{m}"), MemberEpoch::LEAVE.get())
+                    .is_ok()
+                {
+                    workers[m].epoch = 0;
+                }
+            }
+            Late::Leave(_) => {}
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         #[test]
@@ -959,6 +1099,32 @@ mod tests {
                             doc.sync_layout(&stream);
                         }
                     }
+                }
+            }
+        }
+
+        /// Revoke before assign through late requests (PROTOCOL §5.2, §5.4): whatever order
+        /// the heartbeats of protocol-following members reach the engine in (a request may
+        /// arrive after newer ones of its sender, which gave up on it), no shard is worked by
+        /// two members of the group at once.
+        #[test]
+        fn members_never_share_a_shard_through_late_heartbeats(
+            ops in prop::collection::vec(late_op(), 1..120)
+        ) {
+            let mut stream = StreamDoc::new("s", 6, 0).unwrap();
+            stream.add_group("g");
+            let mut doc = GroupDoc::new("g", GroupConfig::default(), &stream, 0);
+            let mut workers = vec![Worker::default(); 3];
+            let mut network = Vec::new();
+            for op in ops {
+                step_late(&mut doc, &stream, &mut workers, &mut network, op.clone());
+                for s in 0..6 {
+                    let working: Vec<usize> = (0..workers.len())
+                        .filter(|&i| workers[i].works.contains(&s)
+                            && doc.members.contains_key(&format!("m{i}")))
+                        .collect();
+                    prop_assert!(working.len() <= 1,
+                        "after {:?}: shard {} worked by members {:?}", op, s, working);
                 }
             }
         }

@@ -127,17 +127,18 @@ fn second_member_waits_for_the_first_to_revoke() {
     assert!(r2.assignment.is_empty(), "m1 still holds 2 and 3");
     assert_eq!(w.state("m2"), S::Unreleased);
 
-    // m1, still at epoch 1, is asked to revoke 2 and 3: no epoch change, no new shards.
+    // m1, at epoch 1, is asked to revoke 2 and 3: it moves to epoch 2 (only a report sent
+    // after this answer can release them), no new shards.
     let r1 = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
-    assert_eq!((r1.member_epoch, r1.assignment.clone()), (1, vec![0, 1]));
+    assert_eq!((r1.member_epoch, r1.assignment.clone()), (2, vec![0, 1]));
     assert_eq!(w.state("m1"), S::Unrevoked);
     assert_eq!(w.group.members["m1"].pending_revocation, [2, 3].into());
 
     // m2 keeps waiting while m1 still reports 2 and 3.
     assert!(w.hb("m2", 2, &[]).unwrap().assignment.is_empty());
 
-    // m1 confirms: it moves to epoch 2 and is stable; then m2 gets 2 and 3.
-    let r1 = w.hb("m1", 1, &[0, 1]).unwrap();
+    // m1 confirms at epoch 2: it is stable; then m2 gets 2 and 3.
+    let r1 = w.hb("m1", 2, &[0, 1]).unwrap();
     assert_eq!((r1.member_epoch, r1.assignment), (2, vec![0, 1]));
     assert_eq!(w.state("m1"), S::Stable);
     let r2 = w.hb("m2", 2, &[]).unwrap();
@@ -153,8 +154,8 @@ fn partial_revocation_releases_what_is_no_longer_reported() {
     w.join("m2");
     w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
     // m1 stopped reading 2 but not 3 yet: 2 is released at once.
-    let r = w.hb("m1", 1, &[0, 1, 3]).unwrap();
-    assert_eq!(r.member_epoch, 1);
+    let r = w.hb("m1", 2, &[0, 1, 3]).unwrap();
+    assert_eq!(r.member_epoch, 2);
     assert_eq!(w.group.members["m1"].pending_revocation, [3].into());
     assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment, vec![2]);
     assert_eq!(w.state("m2"), S::Unreleased);
@@ -165,8 +166,8 @@ fn future_and_older_epochs_are_fenced() {
     let mut w = World::new(2);
     w.join("m1");
     w.join("m2");
-    w.hb("m1", 1, &[0, 1]).unwrap();
-    w.hb("m1", 1, &[0]).unwrap(); // now at epoch 2, previous 1
+    w.hb("m1", 1, &[0, 1]).unwrap(); // asked to revoke 1: epoch 2, previous 1
+    w.hb("m1", 2, &[0]).unwrap(); // stable at epoch 2
     w.join("m3"); // group epoch 3
     w.hb("m1", 2, &[0]).unwrap(); // m1 keeps 0 (target of 2 members of 3: 1,1,0)
     let m1 = w.group.members["m1"].clone();
@@ -182,17 +183,189 @@ fn previous_epoch_is_tolerated_only_with_an_owned_subset() {
     let mut w = World::new(4);
     w.join("m1");
     w.join("m2");
+    // The answer asking m1 to revoke 2 and 3 at epoch 2 is lost...
     w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
-    // The answer moving m1 to epoch 2 with [0, 1] is lost...
-    w.hb("m1", 1, &[0, 1]).unwrap();
-    // ...so m1 sends epoch 1 again: its owned shards are within [0, 1]: accepted.
-    let r = w.hb("m1", 1, &[0, 1]).unwrap();
+    // ...so m1 sends epoch 1 again: what it reports is within what it holds: accepted, and
+    // nothing is released (§5.4).
+    let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
     assert_eq!((r.member_epoch, r.assignment), (2, vec![0, 1]));
-    let r = w.hb("m1", 1, &[0]).unwrap();
+    let r = w.hb("m1", 1, &[0, 1]).unwrap();
     assert_eq!(r.member_epoch, 2);
-    // With a shard outside its current assignment: fenced.
-    let e = w.hb("m1", 1, &[0, 1, 2]).unwrap_err();
+    assert_eq!(
+        w.state("m1"),
+        S::Unrevoked,
+        "a previous-epoch report releases nothing"
+    );
+    // Its report at epoch 2 releases them; then the answer moving it on is lost too.
+    w.hb("m1", 2, &[0, 1]).unwrap();
+    assert_eq!(w.state("m1"), S::Stable);
+    w.join("m3"); // epoch 3
+    let r = w.hb("m1", 2, &[0, 1]).unwrap();
+    let m1 = &w.group.members["m1"];
+    assert_eq!((r.member_epoch, m1.previous_epoch), (3, 2));
+    assert!(
+        w.hb("m1", 2, &r.assignment).is_ok(),
+        "previous epoch, a subset"
+    );
+    // With a shard outside what it holds: fenced.
+    let e = w.hb("m1", 2, &[0, 1, 2]).unwrap_err();
     assert_eq!(e.code(), ErrorCode::FencedMemberEpoch);
+}
+
+/// A group of three shards where "m1" is stable at epoch 2 with two shards, "m2" holds the
+/// third, and "m3" has just joined (epoch 3), so that m1 must give up one shard. On the way,
+/// while m1 revoked at epoch 2, its lease ran out and it reported owning nothing: that request
+/// timed out and its retry got through (m1 then resumed its two shards), but the first one is
+/// still on the network. Returns it, with the shard m1 keeps and the one it must give up.
+fn late_report_world(w: &mut World) -> (HeartbeatRequest, u32, u32) {
+    w.join("m1");
+    w.join("m2");
+    let r = w.hb("m1", 1, &[0, 1, 2]).unwrap(); // asked to revoke one shard: epoch 2
+    assert_eq!(r.member_epoch, 2);
+    let late = HeartbeatRequest {
+        protocol_version: 1,
+        member_id: "m1".into(),
+        member_epoch: 2,
+        owned_shards: Some(vec![]),
+        drained_shards: vec![],
+        client: None,
+        incarnation: None,
+    };
+    // The retry of the same report releases the revoked shard; m1 resumes the two others.
+    let kept = w.hb("m1", 2, &[]).unwrap().assignment;
+    assert_eq!(kept.len(), 2);
+    assert_eq!(w.state("m1"), S::Stable);
+    let m2 = w.hb("m2", 2, &[]).unwrap();
+    w.hb("m2", 2, &m2.assignment).unwrap();
+    assert_eq!(w.hb("m1", 2, &kept).unwrap().member_epoch, 2);
+    w.join("m3");
+    let target = &w.group.members["m1"].target;
+    assert_eq!(
+        target.len(),
+        1,
+        "m1 has two shards of three: it gives one to m3"
+    );
+    let keep = *target.first().unwrap();
+    let give = kept.into_iter().find(|s| *s != keep).unwrap();
+    (late, keep, give)
+}
+
+/// Delivers `late` to the engine (its sender gave up on it: the answer goes nowhere).
+fn deliver(w: &mut World, late: &HeartbeatRequest) -> HeartbeatResponse {
+    let out = w.group.heartbeat(&w.stream, late, w.now).unwrap();
+    w.assert_exclusive();
+    out.response
+}
+
+/// PROTOCOL §5.4: a heartbeat at the tolerated previous epoch never releases a shard. A
+/// request can reach the coordinator after newer ones of its member (delayed past its
+/// sender's timeout); what it reports owning says nothing of what the member owns now. (The
+/// member simulation found it: seed 852.)
+#[test]
+fn a_late_heartbeat_at_the_previous_epoch_completes_no_revocation() {
+    let mut w = World::new(3);
+    let (late, keep, give) = late_report_world(&mut w);
+    // m1 is asked to give up `give` (moving to epoch 3) and still works it.
+    let r = w.hb("m1", 2, &[keep, give]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    // The late request reports nothing at epoch 2, now the previous one: accepted, but it
+    // releases nothing.
+    let r = deliver(&mut w, &late);
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    assert_eq!(w.group.members["m1"].pending_revocation, [give].into());
+    assert_eq!(w.group.members["m1"].reported, [keep, give].into());
+    let r3 = w.hb("m3", 3, &[]).unwrap();
+    assert!(r3.assignment.is_empty(), "m1 still works {give}");
+    // Only a report at the current epoch completes the revocation.
+    let r = w.hb("m1", 3, &[keep]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.hb("m3", 3, &[]).unwrap().assignment, vec![give]);
+}
+
+/// PROTOCOL §5.2: the same late request arriving before the member's own heartbeat at the new
+/// target is at the member's current epoch, yet it predates the member's latest start of the
+/// shard. A shard is never released by the heartbeat that finds it revoked: the revocation
+/// starts (the member moves to the assignment epoch), and only a report sent after that
+/// answer can complete it. (The member simulation found it: seeds 4158, 4879.)
+#[test]
+fn a_late_heartbeat_at_the_current_epoch_releases_nothing_a_new_target_revokes() {
+    let mut w = World::new(3);
+    let (late, keep, give) = late_report_world(&mut w);
+    let r = deliver(&mut w, &late);
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    assert_eq!(w.group.members["m1"].pending_revocation, [give].into());
+    assert!(w.hb("m3", 3, &[]).unwrap().assignment.is_empty());
+    // m1, unaware, heartbeats at epoch 2 (now the previous one), learns, revokes, reports.
+    let r = w.hb("m1", 2, &[keep, give]).unwrap();
+    assert_eq!((r.member_epoch, r.assignment), (3, vec![keep]));
+    assert_eq!(w.state("m1"), S::Unrevoked);
+    let r = w.hb("m1", 3, &[keep]).unwrap();
+    assert_eq!((r.member_epoch, w.state("m1")), (3, S::Stable));
+    assert_eq!(w.hb("m3", 3, &[]).unwrap().assignment, vec![give]);
+}
+
+/// PROTOCOL §5.1: a join of a live member may be a late copy of one it sent before it joined
+/// and started shards; what it holds is released only once a report at its new epoch no
+/// longer names it. (The member simulation found it: seeds 1134, 6394, 6587.)
+#[test]
+fn a_late_join_releases_nothing_the_member_works() {
+    let mut w = World::new(2);
+    let late = HeartbeatRequest {
+        protocol_version: 1,
+        member_id: "m1".into(),
+        member_epoch: 0,
+        owned_shards: Some(vec![]),
+        drained_shards: vec![],
+        client: None,
+        incarnation: None,
+    };
+    // m1's join timed out; its retry got through: m1 works both shards.
+    let r = w.join("m1");
+    w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
+    let r2 = w.join("m2"); // epoch 2: m1 is to give one shard up
+    assert!(r2.assignment.is_empty());
+    let mut m2 = r2.member_epoch;
+    let mut m2_beat = |w: &mut World| {
+        let r = w.hb("m2", m2, &[]).unwrap();
+        m2 = r.member_epoch;
+        r.assignment
+    };
+    // The late join arrives: m1 (the coordinator cannot tell) joins again, owning nothing.
+    let r = deliver(&mut w, &late);
+    assert_eq!(r.member_epoch, 3);
+    let give = 1 - r.assignment[0];
+    assert_eq!(w.group.members["m1"].pending_revocation, [give].into());
+    assert!(m2_beat(&mut w).is_empty(), "m1 still works {give}");
+    // m1, unaware, heartbeats at epoch 1: fenced (its epoch moved on), it stops its workers
+    // and joins again, owning nothing; its report at the new epoch releases the shard.
+    assert_eq!(
+        w.hb("m1", 1, &[0, 1]).unwrap_err().code(),
+        ErrorCode::FencedMemberEpoch
+    );
+    let r = w.join("m1");
+    assert!(m2_beat(&mut w).is_empty());
+    w.hb("m1", r.member_epoch, &[]).unwrap();
+    assert_eq!(m2_beat(&mut w), vec![give]);
+}
+
+/// A join after the member's session is over releases what it held at once: its old process
+/// run has stopped reading (its lease ran out first, PROTOCOL §5.3).
+#[test]
+fn a_join_after_the_session_releases_at_once() {
+    let mut w = World::new(2);
+    let r = w.join("m1");
+    w.hb("m1", r.member_epoch, &[0, 1]).unwrap();
+    w.join("m2");
+    w.now += SESSION + 1;
+    w.hb("m2", 2, &[]).unwrap();
+    let r = w.join("m1");
+    assert!(w.group.members["m1"].pending_revocation.is_empty());
+    assert_eq!(w.state("m1"), S::Stable);
+    assert_eq!(r.assignment.len(), 1);
+    assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment.len(), 1);
 }
 
 #[test]
@@ -260,7 +433,7 @@ fn session_expiry_removes_and_frees() {
     w.join("m1");
     w.join("m2");
     w.hb("m1", 1, &[0, 1]).unwrap();
-    w.hb("m1", 1, &[0]).unwrap();
+    w.hb("m1", 2, &[0]).unwrap();
     w.hb("m2", 2, &[]).unwrap();
     // m2 keeps heartbeating; m1 goes silent.
     w.now += SESSION;
@@ -286,8 +459,8 @@ fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() 
     let mut w = World::new(6);
     w.join("slow");
     w.join("quick");
-    w.hb("slow", 1, &[0, 1, 2, 3, 4, 5]).unwrap(); // asked to revoke 3,4,5
-    w.hb("slow", 1, &[0, 1, 2]).unwrap(); // revokes: epoch 2
+    w.hb("slow", 1, &[0, 1, 2, 3, 4, 5]).unwrap(); // asked to revoke 3,4,5: epoch 2
+    w.hb("slow", 2, &[0, 1, 2]).unwrap(); // revokes
     w.hb("quick", 2, &[]).unwrap();
     w.join("late"); // both slow and quick must give one shard up
     w.hb("slow", 2, &[0, 1, 2]).unwrap();
@@ -297,10 +470,10 @@ fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() 
     let asked_at = w.now;
     w.now += 1_000;
     // quick revokes; slow never does, but keeps heartbeating (so no session expiry).
-    w.hb("quick", 2, &[3, 4]).unwrap();
+    w.hb("quick", 3, &[3, 4]).unwrap();
     while w.now + 10_000 < asked_at + REBALANCE {
         w.now += 10_000;
-        w.hb("slow", 2, &[0, 1, 2]).unwrap();
+        w.hb("slow", 3, &[0, 1, 2]).unwrap();
         w.hb("quick", 3, &[3, 4]).unwrap();
         w.hb("late", 3, &[]).unwrap();
         assert!(w.group.expire(&w.stream, w.now).is_empty());
@@ -318,7 +491,7 @@ fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() 
 }
 
 #[test]
-fn a_new_target_while_revoking_is_ignored_until_the_member_confirms() {
+fn a_new_target_while_revoking_applies_at_once() {
     let mut w = World::new(6);
     w.join("m1");
     w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
@@ -326,12 +499,12 @@ fn a_new_target_while_revoking_is_ignored_until_the_member_confirms() {
     w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
     assert_eq!(w.state("m1"), S::Unrevoked);
     w.join("m3"); // epoch 3: target of m1 shrinks to 0,1
-    let r = w.hb("m1", 1, &[0, 1, 2, 3, 4, 5]).unwrap();
-    assert_eq!(r.member_epoch, 1, "still revoking: no new epoch");
+    let r = w.hb("m1", 2, &[0, 1, 2, 3, 4, 5]).unwrap();
+    assert_eq!(r.member_epoch, 3, "asked to revoke more: the newest epoch");
     assert_eq!(r.assignment, vec![0, 1]);
     assert_eq!(w.state("m1"), S::Unrevoked);
-    // Confirms: jumps straight to the newest assignment epoch.
-    let r = w.hb("m1", 1, &[0, 1]).unwrap();
+    // Confirms: stable at the newest assignment epoch.
+    let r = w.hb("m1", 3, &[0, 1]).unwrap();
     assert_eq!((r.member_epoch, r.assignment), (3, vec![0, 1]));
     let r2 = w.hb("m2", 2, &[]).unwrap();
     let r3 = w.hb("m3", 3, &[]).unwrap();
@@ -344,18 +517,18 @@ fn a_shard_returning_to_its_revoker_is_kept() {
     let mut w = World::new(4);
     w.join("m1");
     w.join("m2");
-    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap(); // asked to revoke 2, 3
+    w.hb("m1", 1, &[0, 1, 2, 3]).unwrap(); // asked to revoke 2, 3: epoch 2
     w.hb("m2", 2, &[]).unwrap();
     // m2 leaves before m1 let go: the target gives everything back to m1.
     w.hb("m2", -1, &[]).unwrap();
-    let r = w.hb("m1", 1, &[0, 1, 2, 3]).unwrap();
+    let r = w.hb("m1", 2, &[0, 1, 2, 3]).unwrap();
     assert_eq!(r.assignment, vec![0, 1, 2, 3]);
     assert!(rsc_protocol::MemberEpoch::new(r.member_epoch).is(w.group.assignment_epoch));
     assert_eq!(w.state("m1"), S::Stable);
 }
 
 #[test]
-fn rejoin_with_epoch_zero_releases_the_old_incarnation() {
+fn rejoin_with_epoch_zero_releases_the_old_incarnation_once_reported() {
     let mut w = World::new(2);
     w.join("m1");
     w.join("m2");
@@ -363,7 +536,10 @@ fn rejoin_with_epoch_zero_releases_the_old_incarnation() {
     // m1 restarts and rejoins while the coordinator thinks it holds 0 and 1 pending 1.
     let r = w.hb("m1", 0, &[0, 1]).unwrap();
     assert_eq!(r.member_epoch, 3);
-    assert_eq!(r.assignment, vec![0], "its target shard is free again");
+    assert_eq!(r.assignment, vec![0], "its target shard is its own again");
+    // Within the old run's session, 1 is released by m1's first report at its new epoch.
+    assert!(w.hb("m2", 2, &[]).unwrap().assignment.is_empty());
+    w.hb("m1", 3, &[0]).unwrap();
     assert_eq!(w.hb("m2", 2, &[]).unwrap().assignment, vec![1]);
     // Its old epoch is fenced.
     assert_eq!(
@@ -378,7 +554,7 @@ fn reporting_a_shard_never_given_is_ignored() {
     w.join("m1");
     w.join("m2");
     w.hb("m1", 1, &[0, 1]).unwrap();
-    w.hb("m1", 1, &[0]).unwrap();
+    w.hb("m1", 2, &[0]).unwrap();
     let r = w.hb("m2", 2, &[0, 1, 7]).unwrap();
     assert_eq!(r.assignment, vec![1]);
     assert!(w.group.members["m1"].holds(0));
