@@ -4,7 +4,10 @@
 # and the Python sample pods with mypy (strict, against the .pyi stubs), then runs the pytest
 # suite against real redis-server and rsc-coordinator processes on free loopback ports.
 # Respects CARGO_TARGET_DIR; needs python3 (>= 3.9) with venv, and PyPI for maturin, pytest,
-# redis and mypy. Extra arguments go to pytest (e.g. `-k producer`).
+# redis and mypy. Extra arguments go to pytest (e.g. `-k producer`). Last, the end-to-end pod
+# scenarios run with Rust and Python sample pods mixed in one group (RSC_TEST_POD_LANG=mixed,
+# docs/PYTHON.md "Sample pods"): routing and ownership, kill -9, SIGTERM hand-over, retries to
+# the dead letters, a slow handler, and a pod joining a strictly fenced group (about 2 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -35,3 +38,9 @@ echo "== pytest"
 # From the tests' directory, with the installed wheel (not the source tree) imported.
 (cd python/tests && "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir . "$@")
+
+echo "== e2e pod scenarios, Rust and Python pods in one group"
+# The same feature set as scripts/test.sh's `cargo test --workspace`: nothing is rebuilt.
+RSC_TEST_POD_LANG=mixed RSC_TEST_PYTHON=$venv/bin/python \
+  cargo test --workspace --locked --test e2e -- listener:: \
+  fencing::strict_groups_rebalance_without_refusals_or_losses
