@@ -231,16 +231,33 @@ async fn create_delete_cycles_leave_no_keys_behind() {
 }
 
 /// Create a group, join a member (liveness and a deadline-index entry), delete by force.
+/// Eight cycles run at once on one stream, so on a busy machine a request can wait longer
+/// than the stream lock's 3 s and be refused with 503 `STORE_UNAVAILABLE`, which PROTOCOL
+/// §4.2 makes retryable: retried as a client would, within a deadline.
 async fn cycle(api: &Api, group: &str) {
-    create_group(api, group, "s").await;
+    let create = json!({"group": group, "stream": "s", "shard_count": 2,
+                        "session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": 500});
+    let (status, body) = retry_unavailable(|| api.post("/v1/groups", create.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
     let (status, body) = api.heartbeat(group, "m", 0, &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = api
-        .call(
-            Method::DELETE,
-            &format!("/v1/groups/{group}?force=true"),
-            None,
-        )
-        .await;
+    let path = format!("/v1/groups/{group}?force=true");
+    let (status, body) = retry_unavailable(|| api.call(Method::DELETE, &path, None)).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+}
+
+/// Repeats `call` while it answers 503 (for at most 30 s).
+async fn retry_unavailable<F, Fut>(call: F) -> (StatusCode, serde_json::Value)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, serde_json::Value)>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = call().await;
+        if status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
