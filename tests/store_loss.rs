@@ -13,7 +13,7 @@ use crate::pods::{
     order_violations, spawn_producer,
 };
 use rsc_e2e::{Api, code};
-use rsc_testkit::{CoordinatorProcess, RedisServer, binary_path};
+use rsc_testkit::{CoordinatorProcess, RedisCluster, RedisServer, binary_path};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -24,20 +24,54 @@ const RECORD: &str = "handled";
 const SESSION_MS: u64 = 3_000;
 const HEARTBEAT_MS: u64 = 300;
 
-/// A store Redis and a data Redis, and a coordinator on both (Redis store).
-fn stack(store: &RedisServer, extra: &[&str]) -> Stack {
+/// The metadata store a scenario loses: a standalone Redis, or a 3-node Redis Cluster of its
+/// own (a flush of a shared cluster would empty other tests' stores).
+enum Store {
+    Standalone(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Store {
+    fn standalone() -> Self {
+        Store::Standalone(RedisServer::start().expect("store redis-server starts"))
+    }
+
+    fn cluster() -> Self {
+        Store::Cluster(RedisCluster::start().expect("store redis cluster starts"))
+    }
+
+    /// The `serve` (and `store restore`) flags that select this store.
+    fn args(&self) -> Vec<String> {
+        let mut args = vec!["--store".to_owned(), "redis".to_owned()];
+        match self {
+            Store::Standalone(r) => args.extend(["--redis-url".to_owned(), r.url()]),
+            Store::Cluster(c) => args.extend([
+                "--redis-cluster".to_owned(),
+                "--redis-url".to_owned(),
+                c.url(),
+            ]),
+        }
+        args
+    }
+
+    /// `FLUSHALL` on every node (a cluster's primaries each hold their slots' keys).
+    fn flush(&self) {
+        let nodes = match self {
+            Store::Standalone(r) => std::slice::from_ref(r),
+            Store::Cluster(c) => c.nodes(),
+        };
+        for n in nodes {
+            n.command("FLUSHALL").expect("FLUSHALL");
+        }
+    }
+}
+
+/// A data Redis, and a coordinator on it and on `store` (Redis store).
+fn stack(store: &Store, extra: &[&str]) -> Stack {
     let redis = RedisServer::start().expect("data redis-server starts");
-    let (store_url, data_url) = (store.url(), redis.url());
-    let mut args = vec![
-        "--store",
-        "redis",
-        "--redis-url",
-        &store_url,
-        "--data-redis-url",
-        &data_url,
-        "--sweep-interval-ms",
-        "20",
-    ];
+    let (store_args, data_url) = (store.args(), redis.url());
+    let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    args.extend(["--data-redis-url", &data_url, "--sweep-interval-ms", "20"]);
     args.extend_from_slice(extra);
     let coordinator = CoordinatorProcess::start(&args).expect("coordinator starts");
     let api = Api::new(coordinator.url());
@@ -83,8 +117,17 @@ async fn max_epoch(stack: &Stack) -> u64 {
 /// every entry is handled, per-key order holds; the restore is audited and counted.
 #[tokio::test]
 async fn a_flushed_store_is_restored_under_load() {
+    flushed_under_load(Store::standalone()).await;
+}
+
+/// The same on a Redis Cluster store, every node flushed.
+#[tokio::test]
+async fn a_flushed_cluster_store_is_restored_under_load() {
+    flushed_under_load(Store::cluster()).await;
+}
+
+async fn flushed_under_load(store: Store) {
     let _serial = SERIAL.lock().await;
-    let store = RedisServer::start().expect("store redis-server starts");
     let stack = stack(&store, &[]);
     stack
         .create_group(GROUP, STREAM, 4, SESSION_MS, HEARTBEAT_MS)
@@ -115,7 +158,7 @@ async fn a_flushed_store_is_restored_under_load() {
     let producer = spawn_producer(&stack, STREAM, N, 32, Some(1_500));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     let flushed = Instant::now();
     // Serving again: the group, its four members stable owning every shard.
     let after = stack.wait_stable(GROUP, 4, 4).await;
@@ -196,7 +239,7 @@ async fn a_flushed_store_is_restored_under_load() {
 #[tokio::test]
 async fn manual_recovery_waits_for_store_restore() {
     let _serial = SERIAL.lock().await;
-    let store = RedisServer::start().expect("store redis-server starts");
+    let store = Store::standalone();
     let stack = stack(&store, &["--store-recovery", "manual"]);
     stack
         .create_group(GROUP, STREAM, 3, SESSION_MS, HEARTBEAT_MS)
@@ -208,7 +251,7 @@ async fn manual_recovery_waits_for_store_restore() {
     })
     .await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     // Past a heartbeat, a routing request and a periodic check (5 s): still missing.
     let (s, body) = stack
         .api
@@ -247,16 +290,9 @@ async fn manual_recovery_waits_for_store_restore() {
     );
 
     let out = std::process::Command::new(binary_path("rsc-coordinator").expect("built"))
-        .args([
-            "store",
-            "restore",
-            "--store",
-            "redis",
-            "--redis-url",
-            &store.url(),
-            "--data-redis-url",
-            &stack.redis.url(),
-        ])
+        .args(["store", "restore"])
+        .args(store.args())
+        .args(["--data-redis-url", &stack.redis.url()])
         .output()
         .expect("store restore runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -350,7 +386,7 @@ async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
 /// a stream copy behind its document is written again.
 #[tokio::test]
 async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
-    let store = RedisServer::start().expect("store redis-server starts");
+    let store = Store::standalone();
     let stack = stack(&store, &[]);
     for g in ["kept", "deleted"] {
         let (s, body) = stack
@@ -415,7 +451,7 @@ async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
     })
     .await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     let (s, body) = stack.api.get("/v1/groups/kept").await;
     assert_eq!(s.as_u16(), 200, "restored on the first request: {body}");
     // Past a periodic check (5 s): the deleted group is still gone.
