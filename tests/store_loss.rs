@@ -4,7 +4,8 @@
 //! recovery copy in the data Redis by itself: members rejoin at higher epochs, producers
 //! keep routing with the same shard count, nothing is lost, per-key order holds. With
 //! `--store-recovery manual` it does not restore by itself; `rsc-coordinator store restore`
-//! does.
+//! does. The same on a Redis Cluster store (every node flushed); a restart noticed by the
+//! store's run id; the projections (revisions, lag history) after a loss (PROTOCOL §22).
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
@@ -464,4 +465,144 @@ async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
     );
     let (_, list) = stack.api.get("/v1/groups").await;
     assert!(!list.to_string().contains("\"deleted\""), "{list}");
+}
+
+/// The store's run id (PROTOCOL §2.3): a store Redis restarted with its data (AOF) is
+/// noticed, logged and counted as intact, nothing restored; restarted empty, the documents
+/// are restored by the check its new run id starts (no request asks for them). Then the
+/// projections after a `FLUSHALL` (PROTOCOL §22 "Projections"): the group's revisions start
+/// again with the restore, and `/history` answers fresh samples within a few sampling
+/// intervals.
+#[tokio::test]
+async fn a_restarted_store_is_noticed_by_its_run_id_and_projections_come_back() {
+    use rsc_testkit::RedisOptions;
+    let _serial = SERIAL.lock().await;
+    let mut server = RedisServer::start_with(RedisOptions {
+        aof: true,
+        ..RedisOptions::default()
+    })
+    .expect("store redis-server starts");
+    let stack = {
+        let url = server.url();
+        let data = RedisServer::start().expect("data redis-server starts");
+        let data_url = data.url();
+        let coordinator = CoordinatorProcess::start(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--data-redis-url",
+            &data_url,
+            "--sweep-interval-ms",
+            "20",
+            "--history-interval-ms",
+            "200",
+        ])
+        .expect("coordinator starts");
+        let api = Api::new(coordinator.url());
+        Stack {
+            redis: data,
+            coordinator,
+            api,
+        }
+    };
+    stack
+        .create_group(GROUP, STREAM, 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let changes = |outcome: &'static str| {
+        let api = stack.api.clone();
+        async move {
+            api.metric("rsc_store_run_id_changes_total", &[("outcome", outcome)])
+                .await
+        }
+    };
+    // The first reading only remembers the run id: wait for it (a reading is timed).
+    eventually_async("the run id read", 20, || async {
+        let n = stack
+            .api
+            .metric(
+                "rsc_store_operation_duration_seconds_count",
+                &[("operation", "run_ids")],
+            )
+            .await;
+        (n >= 1.0).then_some(())
+    })
+    .await;
+    let revision = stack.group(GROUP).await["revision"].clone();
+
+    server.restart().expect("store restarts with its AOF");
+    eventually_async("the restart noticed", 20, || async {
+        (changes("intact").await >= 1.0).then_some(())
+    })
+    .await;
+    assert!(stack.coordinator.logged("run id changed"));
+    assert_eq!(
+        stack.group(GROUP).await["revision"],
+        revision,
+        "nothing restored"
+    );
+    assert_eq!(changes("restored").await, 0.0);
+
+    server.kill();
+    for f in ["appendonlydir", "dump.rdb"] {
+        let p = server.dir().join(f);
+        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+    }
+    server.restart().expect("store restarts empty");
+    eventually_async(
+        "the loss noticed by the run id and restored",
+        20,
+        || async { (changes("restored").await >= 1.0).then_some(()) },
+    )
+    .await;
+    assert!(stack.coordinator.logged("restored from the recovery copy"));
+    let recovered = stack
+        .api
+        .metric("rsc_store_recoveries_total", &[("kind", "group")])
+        .await;
+    assert!(recovered >= 1.0, "{recovered}");
+
+    // Projections: a pod consumes, the history fills; FLUSHALL; both come back.
+    let _pod = consumer(&stack, "127.0.0.64");
+    stack.wait_stable(GROUP, 2, 2).await;
+    let samples = |h: &Value| h["samples"].as_array().cloned().unwrap_or_default();
+    let history = format!("/v1/groups/{GROUP}/history");
+    eventually_async("lag samples", 30, || async {
+        let (_, h) = stack.api.get(&history).await;
+        (samples(&h).len() >= 3).then_some(())
+    })
+    .await;
+    server.command("FLUSHALL").expect("FLUSHALL");
+    let flushed_ms = crate::pods::now_ms();
+    let flushed = Instant::now();
+    stack.wait_stable(GROUP, 2, 2).await;
+    let fresh = eventually_async("fresh lag samples after the loss", 30, || async {
+        let (s, h) = stack.api.get(&history).await;
+        let new: Vec<Value> = samples(&h)
+            .into_iter()
+            .filter(|x| x["t_ms"].as_u64().is_some_and(|t| t > flushed_ms))
+            .collect();
+        (s.as_u16() == 200 && new.len() >= 2).then_some(new)
+    })
+    .await;
+    let took = flushed.elapsed();
+    eprintln!(
+        "history answers {} fresh samples {took:?} after the flush",
+        fresh.len()
+    );
+    assert!(
+        took <= Duration::from_millis(2 * SESSION_MS) + Duration::from_secs(2),
+        "samples back within a few intervals of the restore: {took:?}"
+    );
+    let (_, revs) = stack
+        .api
+        .get(&format!("/v1/groups/{GROUP}/revisions?limit=1000"))
+        .await;
+    let recs = revs["revisions"].as_array().cloned().unwrap_or_default();
+    let oldest = recs.last().expect("revisions after the restore");
+    assert_eq!(
+        (oldest["c"].as_str(), oldest["p"].as_str()),
+        (Some("restore"), Some("rsc-coordinator")),
+        "the timeline starts again with the restore: {revs}"
+    );
 }
