@@ -4,7 +4,8 @@
 //! recovery copy in the data Redis by itself: members rejoin at higher epochs, producers
 //! keep routing with the same shard count, nothing is lost, per-key order holds. With
 //! `--store-recovery manual` it does not restore by itself; `rsc-coordinator store restore`
-//! does.
+//! does. The same on a Redis Cluster store (every node flushed); a restart noticed by the
+//! store's run id; the projections (revisions, lag history) after a loss (PROTOCOL §22).
 //!
 //! Build the binaries first: `cargo build --workspace --bins`.
 
@@ -13,7 +14,7 @@ use crate::pods::{
     order_violations, spawn_producer,
 };
 use rsc_e2e::{Api, code};
-use rsc_testkit::{CoordinatorProcess, RedisServer, binary_path};
+use rsc_testkit::{CoordinatorProcess, RedisCluster, RedisServer, binary_path};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -24,20 +25,54 @@ const RECORD: &str = "handled";
 const SESSION_MS: u64 = 3_000;
 const HEARTBEAT_MS: u64 = 300;
 
-/// A store Redis and a data Redis, and a coordinator on both (Redis store).
-fn stack(store: &RedisServer, extra: &[&str]) -> Stack {
+/// The metadata store a scenario loses: a standalone Redis, or a 3-node Redis Cluster of its
+/// own (a flush of a shared cluster would empty other tests' stores).
+enum Store {
+    Standalone(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Store {
+    fn standalone() -> Self {
+        Store::Standalone(RedisServer::start().expect("store redis-server starts"))
+    }
+
+    fn cluster() -> Self {
+        Store::Cluster(RedisCluster::start().expect("store redis cluster starts"))
+    }
+
+    /// The `serve` (and `store restore`) flags that select this store.
+    fn args(&self) -> Vec<String> {
+        let mut args = vec!["--store".to_owned(), "redis".to_owned()];
+        match self {
+            Store::Standalone(r) => args.extend(["--redis-url".to_owned(), r.url()]),
+            Store::Cluster(c) => args.extend([
+                "--redis-cluster".to_owned(),
+                "--redis-url".to_owned(),
+                c.url(),
+            ]),
+        }
+        args
+    }
+
+    /// `FLUSHALL` on every node (a cluster's primaries each hold their slots' keys).
+    fn flush(&self) {
+        let nodes = match self {
+            Store::Standalone(r) => std::slice::from_ref(r),
+            Store::Cluster(c) => c.nodes(),
+        };
+        for n in nodes {
+            n.command("FLUSHALL").expect("FLUSHALL");
+        }
+    }
+}
+
+/// A data Redis, and a coordinator on it and on `store` (Redis store).
+fn stack(store: &Store, extra: &[&str]) -> Stack {
     let redis = RedisServer::start().expect("data redis-server starts");
-    let (store_url, data_url) = (store.url(), redis.url());
-    let mut args = vec![
-        "--store",
-        "redis",
-        "--redis-url",
-        &store_url,
-        "--data-redis-url",
-        &data_url,
-        "--sweep-interval-ms",
-        "20",
-    ];
+    let (store_args, data_url) = (store.args(), redis.url());
+    let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    args.extend(["--data-redis-url", &data_url, "--sweep-interval-ms", "20"]);
     args.extend_from_slice(extra);
     let coordinator = CoordinatorProcess::start(&args).expect("coordinator starts");
     let api = Api::new(coordinator.url());
@@ -83,8 +118,17 @@ async fn max_epoch(stack: &Stack) -> u64 {
 /// every entry is handled, per-key order holds; the restore is audited and counted.
 #[tokio::test]
 async fn a_flushed_store_is_restored_under_load() {
+    flushed_under_load(Store::standalone()).await;
+}
+
+/// The same on a Redis Cluster store, every node flushed.
+#[tokio::test]
+async fn a_flushed_cluster_store_is_restored_under_load() {
+    flushed_under_load(Store::cluster()).await;
+}
+
+async fn flushed_under_load(store: Store) {
     let _serial = SERIAL.lock().await;
-    let store = RedisServer::start().expect("store redis-server starts");
     let stack = stack(&store, &[]);
     stack
         .create_group(GROUP, STREAM, 4, SESSION_MS, HEARTBEAT_MS)
@@ -115,7 +159,7 @@ async fn a_flushed_store_is_restored_under_load() {
     let producer = spawn_producer(&stack, STREAM, N, 32, Some(1_500));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     let flushed = Instant::now();
     // Serving again: the group, its four members stable owning every shard.
     let after = stack.wait_stable(GROUP, 4, 4).await;
@@ -196,7 +240,7 @@ async fn a_flushed_store_is_restored_under_load() {
 #[tokio::test]
 async fn manual_recovery_waits_for_store_restore() {
     let _serial = SERIAL.lock().await;
-    let store = RedisServer::start().expect("store redis-server starts");
+    let store = Store::standalone();
     let stack = stack(&store, &["--store-recovery", "manual"]);
     stack
         .create_group(GROUP, STREAM, 3, SESSION_MS, HEARTBEAT_MS)
@@ -208,7 +252,7 @@ async fn manual_recovery_waits_for_store_restore() {
     })
     .await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     // Past a heartbeat, a routing request and a periodic check (5 s): still missing.
     let (s, body) = stack
         .api
@@ -247,16 +291,9 @@ async fn manual_recovery_waits_for_store_restore() {
     );
 
     let out = std::process::Command::new(binary_path("rsc-coordinator").expect("built"))
-        .args([
-            "store",
-            "restore",
-            "--store",
-            "redis",
-            "--redis-url",
-            &store.url(),
-            "--data-redis-url",
-            &stack.redis.url(),
-        ])
+        .args(["store", "restore"])
+        .args(store.args())
+        .args(["--data-redis-url", &stack.redis.url()])
         .output()
         .expect("store restore runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -350,7 +387,7 @@ async fn a_publish_to_a_lost_stream_fails_after_the_delivery_timeout() {
 /// a stream copy behind its document is written again.
 #[tokio::test]
 async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
-    let store = RedisServer::start().expect("store redis-server starts");
+    let store = Store::standalone();
     let stack = stack(&store, &[]);
     for g in ["kept", "deleted"] {
         let (s, body) = stack
@@ -415,7 +452,7 @@ async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
     })
     .await;
 
-    store.command("FLUSHALL").expect("FLUSHALL");
+    store.flush();
     let (s, body) = stack.api.get("/v1/groups/kept").await;
     assert_eq!(s.as_u16(), 200, "restored on the first request: {body}");
     // Past a periodic check (5 s): the deleted group is still gone.
@@ -428,4 +465,144 @@ async fn a_deleted_group_stays_deleted_and_a_lost_copy_is_written_again() {
     );
     let (_, list) = stack.api.get("/v1/groups").await;
     assert!(!list.to_string().contains("\"deleted\""), "{list}");
+}
+
+/// The store's run id (PROTOCOL §2.3): a store Redis restarted with its data (AOF) is
+/// noticed, logged and counted as intact, nothing restored; restarted empty, the documents
+/// are restored by the check its new run id starts (no request asks for them). Then the
+/// projections after a `FLUSHALL` (PROTOCOL §22 "Projections"): the group's revisions start
+/// again with the restore, and `/history` answers fresh samples within a few sampling
+/// intervals.
+#[tokio::test]
+async fn a_restarted_store_is_noticed_by_its_run_id_and_projections_come_back() {
+    use rsc_testkit::RedisOptions;
+    let _serial = SERIAL.lock().await;
+    let mut server = RedisServer::start_with(RedisOptions {
+        aof: true,
+        ..RedisOptions::default()
+    })
+    .expect("store redis-server starts");
+    let stack = {
+        let url = server.url();
+        let data = RedisServer::start().expect("data redis-server starts");
+        let data_url = data.url();
+        let coordinator = CoordinatorProcess::start(&[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--data-redis-url",
+            &data_url,
+            "--sweep-interval-ms",
+            "20",
+            "--history-interval-ms",
+            "200",
+        ])
+        .expect("coordinator starts");
+        let api = Api::new(coordinator.url());
+        Stack {
+            redis: data,
+            coordinator,
+            api,
+        }
+    };
+    stack
+        .create_group(GROUP, STREAM, 2, SESSION_MS, HEARTBEAT_MS)
+        .await;
+    let changes = |outcome: &'static str| {
+        let api = stack.api.clone();
+        async move {
+            api.metric("rsc_store_run_id_changes_total", &[("outcome", outcome)])
+                .await
+        }
+    };
+    // The first reading only remembers the run id: wait for it (a reading is timed).
+    eventually_async("the run id read", 20, || async {
+        let n = stack
+            .api
+            .metric(
+                "rsc_store_operation_duration_seconds_count",
+                &[("operation", "run_ids")],
+            )
+            .await;
+        (n >= 1.0).then_some(())
+    })
+    .await;
+    let revision = stack.group(GROUP).await["revision"].clone();
+
+    server.restart().expect("store restarts with its AOF");
+    eventually_async("the restart noticed", 20, || async {
+        (changes("intact").await >= 1.0).then_some(())
+    })
+    .await;
+    assert!(stack.coordinator.logged("run id changed"));
+    assert_eq!(
+        stack.group(GROUP).await["revision"],
+        revision,
+        "nothing restored"
+    );
+    assert_eq!(changes("restored").await, 0.0);
+
+    server.kill();
+    for f in ["appendonlydir", "dump.rdb"] {
+        let p = server.dir().join(f);
+        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+    }
+    server.restart().expect("store restarts empty");
+    eventually_async(
+        "the loss noticed by the run id and restored",
+        20,
+        || async { (changes("restored").await >= 1.0).then_some(()) },
+    )
+    .await;
+    assert!(stack.coordinator.logged("restored from the recovery copy"));
+    let recovered = stack
+        .api
+        .metric("rsc_store_recoveries_total", &[("kind", "group")])
+        .await;
+    assert!(recovered >= 1.0, "{recovered}");
+
+    // Projections: a pod consumes, the history fills; FLUSHALL; both come back.
+    let _pod = consumer(&stack, "127.0.0.64");
+    stack.wait_stable(GROUP, 2, 2).await;
+    let samples = |h: &Value| h["samples"].as_array().cloned().unwrap_or_default();
+    let history = format!("/v1/groups/{GROUP}/history");
+    eventually_async("lag samples", 30, || async {
+        let (_, h) = stack.api.get(&history).await;
+        (samples(&h).len() >= 3).then_some(())
+    })
+    .await;
+    server.command("FLUSHALL").expect("FLUSHALL");
+    let flushed_ms = crate::pods::now_ms();
+    let flushed = Instant::now();
+    stack.wait_stable(GROUP, 2, 2).await;
+    let fresh = eventually_async("fresh lag samples after the loss", 30, || async {
+        let (s, h) = stack.api.get(&history).await;
+        let new: Vec<Value> = samples(&h)
+            .into_iter()
+            .filter(|x| x["t_ms"].as_u64().is_some_and(|t| t > flushed_ms))
+            .collect();
+        (s.as_u16() == 200 && new.len() >= 2).then_some(new)
+    })
+    .await;
+    let took = flushed.elapsed();
+    eprintln!(
+        "history answers {} fresh samples {took:?} after the flush",
+        fresh.len()
+    );
+    assert!(
+        took <= Duration::from_millis(2 * SESSION_MS) + Duration::from_secs(2),
+        "samples back within a few intervals of the restore: {took:?}"
+    );
+    let (_, revs) = stack
+        .api
+        .get(&format!("/v1/groups/{GROUP}/revisions?limit=1000"))
+        .await;
+    let recs = revs["revisions"].as_array().cloned().unwrap_or_default();
+    let oldest = recs.last().expect("revisions after the restore");
+    assert_eq!(
+        (oldest["c"].as_str(), oldest["p"].as_str()),
+        (Some("restore"), Some("rsc-coordinator")),
+        "the timeline starts again with the restore: {revs}"
+    );
 }

@@ -150,7 +150,9 @@ pub async fn serve(
     if let Some(copy) = copy {
         tasks.push(tokio::spawn(copy.run_retries(coordinator.store().clone())));
         tasks.push(tokio::spawn(
-            coordinator.clone().run_recovery_check(RECOVERY_CHECK_EVERY),
+            coordinator
+                .clone()
+                .run_recovery_check(RECOVERY_CHECK_EVERY, RUN_ID_PROBE_EVERY),
         ));
     }
     // Refusals alike are merged per interval; the per-address buckets are pruned with it.
@@ -374,6 +376,10 @@ fn build_coordinator(
 /// How often a coordinator compares the recovery copy's names with the store's (PROTOCOL
 /// §2.3): a lost document nobody asks for is restored within this.
 const RECOVERY_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// How often a coordinator reads the store servers' run ids (`INFO server`, one command per
+/// primary): a change runs the recovery check at once (PROTOCOL §2.3).
+const RUN_ID_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// The recovery copy in the data Redis (PROTOCOL §2.3); `None` without a data Redis, and
 /// for the memory store (which keeps nothing across a restart by design, and whose

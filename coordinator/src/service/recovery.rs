@@ -14,12 +14,12 @@ use crate::recovery::{GroupCopy, RecoveryCopy, RecoveryMode, StreamCopy};
 use crate::revisions::Cause;
 use crate::store::Versioned;
 use rsc_protocol::{AuditEntry, AuditRequest, AuditResult, AuditTarget, RevisionChange};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 /// A boxed restore.
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
@@ -34,6 +34,8 @@ pub(super) struct Recovery {
     mode: RecoveryMode,
     /// When each refused restore was last logged (manual mode).
     refused: Mutex<HashMap<String, Instant>>,
+    /// The store servers' run ids as last read (PROTOCOL §2.3), by server.
+    run_ids: Mutex<BTreeMap<String, String>>,
 }
 
 /// What [`Coordinator::restore_missing`] restored.
@@ -57,6 +59,7 @@ impl Coordinator {
             copy,
             mode,
             refused: Mutex::default(),
+            run_ids: Mutex::default(),
         }));
         self
     }
@@ -345,15 +348,110 @@ impl Coordinator {
     }
 
     /// Runs [`Coordinator::restore_missing`] every `every`, for ever (a failure is logged and
-    /// tried again next time).
-    pub async fn run_recovery_check(self, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+    /// tried again next time), and at once when the store's run ids change (read every
+    /// `probe`, [`Coordinator::store_restarted`]). While run ids that could be read before
+    /// cannot be (the store is down or restarting) no check runs: the first one after the
+    /// store is back follows the reading that tells whether it restarted.
+    pub async fn run_recovery_check(self, every: Duration, probe: Duration) {
+        let mut tick = tokio::time::interval(probe.min(every));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_check: Option<Instant> = None;
         loop {
             tick.tick().await;
-            if let Err(e) = self.restore_missing(false).await {
-                warn!(error = %e, "the recovery check failed; trying again");
+            let Some(restarted) = self.store_restarted().await else {
+                continue;
+            };
+            if !restarted.is_empty() || last_check.is_none_or(|t| t.elapsed() >= every) {
+                last_check = Some(Instant::now());
+                match self.restore_missing(false).await {
+                    Ok(done) if !restarted.is_empty() => store_restarted_outcome(&restarted, &done),
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "the recovery check failed; trying again"),
+                }
             }
         }
+    }
+
+    /// The store servers whose run id changed since the last reading (PROTOCOL §2.3): a
+    /// server restarted, or another one took over (a failover). The first reading, and a
+    /// server seen for the first time, only remember theirs. `None` when the reading failed
+    /// after an earlier one succeeded; a store whose run ids were never read (`INFO` not
+    /// permitted) answers no change.
+    pub(super) async fn store_restarted(&self) -> Option<Vec<String>> {
+        let Some(r) = &self.recovery else {
+            return Some(Vec::new());
+        };
+        let read = self.store.run_ids().await;
+        let mut known = r.run_ids.lock().unwrap_or_else(|p| p.into_inner());
+        match read {
+            Ok(now) => {
+                let changed = run_ids_changed(&known, &now);
+                known.extend(now);
+                Some(changed)
+            }
+            Err(e) => {
+                debug!(error = %e, "could not read the store's run ids");
+                known.is_empty().then(Vec::new)
+            }
+        }
+    }
+}
+
+/// The servers of `now` whose run id differs from the one `known` records for them.
+pub(crate) fn run_ids_changed(
+    known: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+) -> Vec<String> {
+    now.iter()
+        .filter(|(server, id)| known.get(*server).is_some_and(|k| k != *id))
+        .map(|(server, _)| server.clone())
+        .collect()
+}
+
+/// Logs and counts what the check that followed a run id change found.
+fn store_restarted_outcome(servers: &[String], done: &Restored) {
+    let lost = !done.streams.is_empty() || !done.groups.is_empty();
+    let outcome = if lost { "restored" } else { "intact" };
+    metrics::counter!("rsc_store_run_id_changes_total", "outcome" => outcome).increment(1);
+    if lost {
+        error!(
+            ?servers,
+            streams = ?done.streams,
+            groups = ?done.groups,
+            "the metadata store restarted or failed over (run id changed) and lost documents: \
+             restored from the recovery copy"
+        );
+    } else {
+        warn!(
+            ?servers,
+            "the metadata store restarted or failed over (run id changed); its documents are \
+             there (an older snapshot is caught by the epoch check, PROTOCOL §22)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(s, id)| (s.to_string(), id.to_string()))
+            .collect()
+    }
+
+    /// Only a server known before with another id counts: the first reading, a new server
+    /// (a cluster that grew) and a server gone (no answer) do not.
+    #[test]
+    fn a_run_id_change_is_a_known_server_with_another_id() {
+        let known = ids(&[("a:1", "x"), ("b:2", "y")]);
+        assert!(run_ids_changed(&BTreeMap::new(), &known).is_empty());
+        assert!(run_ids_changed(&known, &known).is_empty());
+        assert!(run_ids_changed(&known, &ids(&[("a:1", "x"), ("c:3", "z")])).is_empty());
+        assert_eq!(
+            run_ids_changed(&known, &ids(&[("a:1", "x"), ("b:2", "w")])),
+            ["b:2"]
+        );
     }
 }

@@ -14,7 +14,7 @@ use super::{DocKind, Note, RevisionRecord};
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
 use rsc_protocol::AuditEntry;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -185,6 +185,10 @@ impl<L: StoreLayer> MetadataStore for Layered<L> {
     async fn ping(&self) -> Result<(), StoreError> {
         let call = self.inner.ping();
         self.layer.around("ping", call).await
+    }
+    async fn run_ids(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        let call = self.inner.run_ids();
+        self.layer.around("run_ids", call).await
     }
     async fn append_audit(&self, log: AuditLog, entry: &AuditEntry) -> Result<(), StoreError> {
         let call = self.inner.append_audit(log, entry);

@@ -324,6 +324,11 @@ impl MetadataStore for MemoryStore {
         Ok(())
     }
 
+    async fn run_ids(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        // The documents live as long as this store: one id for its whole life.
+        Ok(BTreeMap::from([(String::new(), "memory".to_owned())]))
+    }
+
     async fn load_group_live(
         &self,
         group: &str,

@@ -33,7 +33,7 @@ pub use crate::revisions::{Note, Record as RevisionRecord};
 use async_trait::async_trait;
 use rsc_protocol::{AuditEntry, HistorySample};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// How many audit entries a store keeps at least in each of its two logs; older ones may be
 /// dropped (the Redis store trims `rsc:audit` and `rsc:audit:refusals` with
@@ -280,6 +280,11 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     async fn liveness(&self, group: &str) -> Result<HashMap<String, u64>, StoreError>;
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
+    /// The run id of each server that holds the store, by server (PROTOCOL §2.3): Redis's
+    /// `INFO server` `run_id`, of every primary on a cluster (keyed by address; `""` for a
+    /// standalone or Sentinel-named server). A new run id is a restarted server or another
+    /// one after a failover. The memory store answers one id fixed for the process.
+    async fn run_ids(&self) -> Result<BTreeMap<String, String>, StoreError>;
     /// Appends one entry to audit log `log` (PROTOCOL §7; Redis: `XADD rsc:audit MAXLEN ~`
     /// [`AUDIT_RETAINED`] with the entry as JSON, `rsc:audit:refusals` for refusals). Keeps
     /// at least the newest [`AUDIT_RETAINED`] entries of each log.

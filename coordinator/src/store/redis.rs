@@ -59,7 +59,7 @@ use rsc_protocol::redact::{ExposeSecret, SecretUrl};
 use rsc_redis::{Conn, ConnSettings, LazyRedis, OpenError, Reconnect};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -719,6 +719,24 @@ fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError>
 }
 
 /// Reads a `{status, revision[, member]}` reply of a compare-and-set script.
+/// Each server's `run_id` in a reply to `INFO server`: one text (keyed `""`), or a map
+/// address → text (a cluster's primaries). `None` when a text holds no run id.
+fn run_ids_of(reply: Value) -> Option<BTreeMap<String, String>> {
+    let run_id = |v: Value| {
+        let text: String = redis::from_redis_value(v).ok()?;
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("run_id:"))
+            .map(str::to_owned)
+    };
+    match reply {
+        Value::Map(nodes) => nodes
+            .into_iter()
+            .map(|(addr, v)| Some((redis::from_redis_value(addr).ok()?, run_id(v)?)))
+            .collect(),
+        text => Some(BTreeMap::from([(String::new(), run_id(text)?)])),
+    }
+}
+
 fn cas_reply(key: &str, expected: u64, reply: &[i64]) -> Result<u64, StoreError> {
     match reply {
         [1, revision, ..] => Ok(*revision as u64),
@@ -1030,6 +1048,17 @@ impl MetadataStore for RedisStore {
         })
         .await
         .map(|_| ())
+    }
+
+    async fn run_ids(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        // On a cluster `INFO` goes to every primary and answers a map address → text.
+        let reply: Value = self
+            .run("info", |mut c| async move {
+                redis::cmd("INFO").arg("server").query_async(&mut c).await
+            })
+            .await?;
+        run_ids_of(reply)
+            .ok_or_else(|| StoreError::unavailable("INFO server answered no run_id".to_owned()))
     }
 
     async fn load_group_live(
@@ -1357,5 +1386,30 @@ impl MetadataStore for RedisStore {
                 .await
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// A standalone server answers one text; a cluster a map of its primaries' texts.
+    #[test]
+    fn run_ids_are_read_from_info_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\ntcp_port:6379\r\n";
+        let one = run_ids_of(text(info)).unwrap();
+        assert_eq!(one, BTreeMap::from([(String::new(), "abc".to_owned())]));
+        let map = Value::Map(vec![
+            (text("127.0.0.1:7001"), text("run_id:x\r\n")),
+            (text("127.0.0.1:7002"), text("run_id:y\r\n")),
+        ]);
+        let both = run_ids_of(map).unwrap();
+        assert_eq!(both["127.0.0.1:7001"], "x");
+        assert_eq!(both["127.0.0.1:7002"], "y");
+        assert_eq!(run_ids_of(text("redis_version:7\r\n")), None);
     }
 }
