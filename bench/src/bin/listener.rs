@@ -439,6 +439,29 @@ fn own_cpu() -> anyhow::Result<f64> {
 }
 
 /// The Redis server's CPU time so far (`used_cpu_user + used_cpu_sys`), in seconds.
+/// Redis' calls per command so far (`INFO commandstats`), to count a reader's commands.
+async fn redis_calls(
+    con: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect())
+}
+
 async fn redis_cpu(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<f64> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(con).await?;
     let field = |name: &str| {
@@ -552,6 +575,7 @@ async fn consume_section(
         let mut firsts = [0.0; 2];
         for k in 0..3 {
             let (own0, redis0) = (own_cpu()?, redis_cpu(con).await?);
+            let calls0 = redis_calls(con).await?;
             let v = (rep + k) % 3;
             match v {
                 0 => raw.push(
@@ -580,6 +604,19 @@ async fn consume_section(
             }
             let used = (own_cpu()? - own0, redis_cpu(con).await? - redis0);
             cpu[v].push((per_k(used.0), per_k(used.1)));
+            let calls: Vec<String> = redis_calls(con)
+                .await?
+                .into_iter()
+                .filter_map(|(c, total)| {
+                    let d = total - calls0.get(&c).copied().unwrap_or(0);
+                    (d > 0).then(|| format!("{c} {:.2}", d as f64 * 1e3 / n as f64))
+                })
+                .collect();
+            eprintln!(
+                "rep {rep} {}: Redis commands per 1k msgs: {}",
+                ["raw", "shared", "per-shard"][v],
+                calls.join(", ")
+            );
         }
         eprintln!(
             "rep {rep}: CPU per 1k (process, Redis): raw {:.2?}, shared {:.2?}, per-shard {:.2?} ms",
