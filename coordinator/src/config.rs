@@ -35,8 +35,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// How errors name the metadata store's Redis settings (`--redis-url`, …).
-pub const STORE_REDIS: Names = Names::Flags("redis");
+pub use crate::store::STORE_REDIS;
 /// How errors name the data Redis settings (`--data-redis-url`, …).
 pub const DATA_REDIS: Names = Names::Flags("data-redis");
 

@@ -84,83 +84,40 @@ impl Names {
     }
 }
 
-/// [`RedisSettings`] that cannot work, each naming the settings to fix.
+/// [`RedisSettings`] that cannot work, each naming the settings to fix (as [`Names`] spells
+/// them).
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
-    /// No URL, or only blanks between commas.
-    #[error("{url} is empty")]
-    NoUrl {
-        /// The URL setting.
-        url: String,
-    },
-    /// Several URLs without cluster mode.
-    #[error("{url} lists several servers: that is only accepted with Redis Cluster ({cluster})")]
-    SeveralUrls {
-        /// The URL setting.
-        url: String,
-        /// The cluster setting.
-        cluster: String,
-    },
-    /// Cluster mode without a URL.
-    #[error("{cluster} needs {url} (the cluster's seed nodes)")]
-    ClusterWithoutUrl {
-        /// The cluster setting.
-        cluster: String,
-        /// The URL setting.
-        url: String,
-    },
-    /// Sentinels and cluster mode together.
-    #[error("{sentinel} and {cluster} exclude each other (a cluster fails over by itself)")]
-    ClusterAndSentinel {
-        /// The sentinel setting.
-        sentinel: String,
-        /// The cluster setting.
-        cluster: String,
-    },
-    /// Sentinel addresses without the master's name.
-    #[error("{sentinel} needs {master} (the name the sentinels monitor the master under)")]
-    NoMasterName {
-        /// The sentinel setting.
-        sentinel: String,
-        /// The master name setting.
-        master: String,
-    },
-    /// A master name, sentinel password or sentinel TLS without sentinel addresses.
-    #[error("{master}, {password} and {tls} need {sentinel} (the sentinel addresses)")]
-    NoSentinel {
-        /// The master name setting.
-        master: String,
-        /// The sentinel password setting.
-        password: String,
-        /// The sentinel TLS setting.
-        tls: String,
-        /// The sentinel setting.
-        sentinel: String,
-    },
-    /// A sentinel address is not `HOST:PORT`.
-    #[error("{sentinel}: {source}")]
-    Sentinel {
-        /// The sentinel setting.
-        sentinel: String,
-        /// What is wrong.
-        source: SentinelError,
-    },
-    /// The TLS files cannot be used (unreadable, not PEM, a key without its certificate…).
-    #[error("{files}: {source}")]
-    Tls {
-        /// The three TLS file settings.
-        files: String,
-        /// What is wrong.
-        source: TlsError,
-    },
-    /// The URL or the combination is refused by the connection ([`OpenError`]).
-    #[error("{url}: {source}")]
-    Open {
-        /// The URL setting.
-        url: String,
-        /// What is wrong.
-        source: OpenError,
-    },
+    /// No URL, or only blanks between commas (the URL setting).
+    #[error("{0} is empty")]
+    NoUrl(String),
+    /// Several URLs without cluster mode (the URL and cluster settings).
+    #[error("{0} lists several servers: that is only accepted with Redis Cluster ({1})")]
+    SeveralUrls(String, String),
+    /// Cluster mode without a URL (the cluster and URL settings).
+    #[error("{0} needs {1} (the cluster's seed nodes)")]
+    ClusterWithoutUrl(String, String),
+    /// Sentinels and cluster mode together (the sentinel and cluster settings).
+    #[error("{0} and {1} exclude each other (a cluster fails over by itself)")]
+    ClusterAndSentinel(String, String),
+    /// Sentinel addresses without the master's name (the sentinel and master settings).
+    #[error("{0} needs {1} (the name the sentinels monitor the master under)")]
+    NoMasterName(String, String),
+    /// A master name, sentinel password or sentinel TLS without sentinel addresses (those
+    /// three settings, then the sentinel setting).
+    #[error("{0} need {1} (the sentinel addresses)")]
+    NoSentinel(String, String),
+    /// A sentinel address is not `HOST:PORT` (the sentinel setting, what is wrong).
+    #[error("{0}: {1}")]
+    Sentinel(String, #[source] SentinelError),
+    /// The TLS files cannot be used: unreadable, not PEM, a key without its certificate…
+    /// (the three file settings, what is wrong).
+    #[error("{0}: {1}")]
+    Tls(String, #[source] TlsError),
+    /// The URL or the combination is refused by the connection (the URL setting, what is
+    /// wrong).
+    #[error("{0}: {1}")]
+    Open(String, #[source] OpenError),
 }
 
 impl RedisSettings {
@@ -234,12 +191,9 @@ impl RedisSettings {
                 || self.sentinel_password.is_some()
                 || self.sentinel_tls
             {
-                return Err(SettingsError::NoSentinel {
-                    master,
-                    password: names.of("sentinel-password"),
-                    tls: names.of("sentinel-tls"),
-                    sentinel,
-                });
+                let (p, t) = (names.of("sentinel-password"), names.of("sentinel-tls"));
+                let options = format!("{master}, {p} and {t}");
+                return Err(SettingsError::NoSentinel(options, sentinel));
             }
             return Ok(None);
         };
@@ -248,15 +202,16 @@ impl RedisSettings {
             .as_deref()
             .filter(|m| !m.trim().is_empty())
         else {
-            return Err(SettingsError::NoMasterName { sentinel, master });
+            return Err(SettingsError::NoMasterName(sentinel, master));
         };
         if self.cluster {
-            let cluster = names.of("cluster");
-            return Err(SettingsError::ClusterAndSentinel { sentinel, cluster });
+            return Err(SettingsError::ClusterAndSentinel(
+                sentinel,
+                names.of("cluster"),
+            ));
         }
         Ok(Some(SentinelTarget {
-            sentinels: parse_addrs(addrs)
-                .map_err(|source| SettingsError::Sentinel { sentinel, source })?,
+            sentinels: parse_addrs(addrs).map_err(|e| SettingsError::Sentinel(sentinel, e))?,
             master_name: name.trim().to_owned(),
             username: None,
             password: self.sentinel_password.clone(),
@@ -271,12 +226,10 @@ impl RedisSettings {
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
         };
-        files.load().map_err(|source| SettingsError::Tls {
-            files: ["tls-ca", "tls-cert", "tls-key"]
-                .map(|s| names.of(s))
-                .join(" / "),
-            source,
-        })
+        let named = ["tls-ca", "tls-cert", "tls-key"].map(|s| names.of(s));
+        files
+            .load()
+            .map_err(|e| SettingsError::Tls(named.join(" / "), e))
     }
 
     /// Checks everything that can be checked without connecting (or a runtime): the URLs,
@@ -312,17 +265,19 @@ impl RedisSettings {
     fn checked_urls(&self, names: Names) -> Result<Vec<String>, SettingsError> {
         let urls = SecretUrl::expose_all(&self.urls());
         if self.url.is_none() && self.cluster {
-            let (cluster, url) = (names.of("cluster"), names.of("url"));
-            return Err(SettingsError::ClusterWithoutUrl { cluster, url });
+            return Err(SettingsError::ClusterWithoutUrl(
+                names.of("cluster"),
+                names.of("url"),
+            ));
         }
         if urls.is_empty() {
-            return Err(SettingsError::NoUrl {
-                url: names.of("url"),
-            });
+            return Err(SettingsError::NoUrl(names.of("url")));
         }
         if urls.len() > 1 && !self.cluster {
-            let (url, cluster) = (names.of("url"), names.of("cluster"));
-            return Err(SettingsError::SeveralUrls { url, cluster });
+            return Err(SettingsError::SeveralUrls(
+                names.of("url"),
+                names.of("cluster"),
+            ));
         }
         Ok(urls)
     }
@@ -330,10 +285,7 @@ impl RedisSettings {
 
 /// An [`OpenError`] naming the URL setting.
 fn open_error(names: Names, source: OpenError) -> SettingsError {
-    SettingsError::Open {
-        url: names.of("url"),
-        source,
-    }
+    SettingsError::Open(names.of("url"), source)
 }
 
 #[cfg(test)]

@@ -50,14 +50,13 @@ use super::{
     LockGuard, LockResource, MetadataStore, Note, RevisionRecord, RevisionRetention, SteadyTouch,
     StoreError, TouchOutcome, Versioned,
 };
-use crate::config::STORE_REDIS;
 use crate::engine::{GroupDoc, StreamDoc};
 use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
 use rsc_protocol::redact::ExposeSecret;
-use rsc_redis::{Conn, ConnSettings, LazyRedis, Reconnect, RedisSettings};
+use rsc_redis::{Conn, ConnSettings, LazyRedis, Names, Reconnect, RedisSettings};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -96,6 +95,9 @@ pub struct RedisStoreConfig {
     /// How much metadata history each document keeps (PROTOCOL §22).
     pub revisions: RevisionRetention,
 }
+
+/// How errors name the store's Redis settings: as `serve`'s flags (`--redis-url`, …).
+pub const STORE_REDIS: Names = Names::Flags("redis");
 
 /// How long a commit waits for [`RedisStoreConfig::wait_replicas`] replicas. Short: the
 /// `WAIT` holds back the store's other commands on the shared connection meanwhile.
