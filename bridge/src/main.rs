@@ -109,7 +109,7 @@ async fn main() -> anyhow::Result<()> {
             .collect();
     }
     if let Some(r) = &args.redis_url {
-        cfg.redis_url = r.as_str().into();
+        cfg.redis.url = Some(r.as_str().into());
     }
     if let Some(id) = &args.instance_id {
         cfg.instance_id = Some(id.clone());
@@ -238,11 +238,17 @@ fn listener(route: &Route, target: Target) -> Listener {
 /// coordinator and data Redis.
 fn producer(cfg: &ClientConfig) -> anyhow::Result<Producer> {
     let urls = cfg.coordinator_urls.join(",");
-    let redis = rsc_client::ExposeSecret::expose_secret(&cfg.redis_url).to_owned();
-    Ok(Producer::builder()
-        .coordinator(&urls)
-        .redis_url(redis)
-        .build()?)
+    let redis = cfg
+        .redis
+        .url
+        .as_ref()
+        .map(rsc_client::ExposeSecret::expose_secret);
+    let builder = Producer::builder().coordinator(&urls);
+    Ok(match redis {
+        Some(url) => builder.redis_url(url),
+        None => builder,
+    }
+    .build()?)
 }
 
 /// The token between the application and the bridge: `RSC_BRIDGE_APP_TOKEN`, else the file

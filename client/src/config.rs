@@ -4,8 +4,7 @@
 use crate::error::{ClientError, ConfigError};
 use rsc_api::CoordinatorClient;
 use rsc_protocol::redact::{SecretString, SecretUrl};
-use rsc_redis::sentinel::SentinelTarget;
-use rsc_redis::{LazyRedis, Tls, TlsFiles};
+use rsc_redis::{LazyRedis, Names, RedisSettings, SettingsError};
 use std::path::PathBuf;
 
 /// Connection settings shared by consumers and producers.
@@ -16,32 +15,12 @@ use std::path::PathBuf;
 pub struct ClientConfig {
     /// Coordinator base URLs (`http://host:port`), tried in order on failure.
     pub coordinator_urls: Vec<String>,
-    /// The data Redis (`redis://host:port`); with [`Self::redis_cluster`], one or more seed
-    /// nodes of the cluster, comma-separated.
-    pub redis_url: SecretUrl,
-    /// The data Redis is a Redis Cluster.
-    pub redis_cluster: bool,
-    /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`,
-    /// comma-separated) instead of [`Self::redis_url`]'s host, whose user name, password and
-    /// database number still apply. Needs [`Self::redis_sentinel_master`]. After a failover
-    /// (or when a connection answers `READONLY`) the client asks the sentinels again.
-    pub redis_sentinel: Option<String>,
-    /// The name the sentinels monitor the data Redis master under.
-    pub redis_sentinel_master: Option<String>,
-    /// Password of the sentinels, if they require one.
-    pub redis_sentinel_password: Option<SecretString>,
-    /// Connect to the sentinels over TLS, and to the master too (verified as a
-    /// `rediss://` URL is).
-    pub redis_sentinel_tls: bool,
-    /// CA certificate file (PEM) to verify the data Redis against when
-    /// [`Self::redis_url`] is `rediss://` (default: the system's roots).
-    /// `rediss://HOST:PORT/#insecure` skips the verification: for tests only.
-    pub redis_tls_ca: Option<PathBuf>,
-    /// Client certificate file (PEM) for mutual TLS (`tls-auth-clients yes`); needs
-    /// [`Self::redis_tls_key`].
-    pub redis_tls_cert: Option<PathBuf>,
-    /// Private key file (PEM) of [`Self::redis_tls_cert`].
-    pub redis_tls_key: Option<PathBuf>,
+    /// The data Redis: URL (default `redis://127.0.0.1:6379`; with cluster mode, seed nodes
+    /// separated by commas), Redis Cluster, Redis Sentinel (the URL's user name, password and
+    /// database number then apply to the master; after a failover, or when a connection
+    /// answers `READONLY`, the client asks the sentinels again) and TLS files. Read from
+    /// `RSC_REDIS_URL`, `RSC_REDIS_CLUSTER`, `RSC_REDIS_SENTINEL`, … ([`Self::from_env`]).
+    pub redis: RedisSettings,
     /// Bearer token for the coordinator.
     pub token: Option<SecretString>,
     /// File holding the bearer token, read again whenever it changes (a Kubernetes
@@ -98,15 +77,10 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             coordinator_urls: Vec::new(),
-            redis_url: "redis://127.0.0.1:6379".into(),
-            redis_cluster: false,
-            redis_sentinel: None,
-            redis_sentinel_master: None,
-            redis_sentinel_password: None,
-            redis_sentinel_tls: false,
-            redis_tls_ca: None,
-            redis_tls_cert: None,
-            redis_tls_key: None,
+            redis: RedisSettings {
+                url: Some("redis://127.0.0.1:6379".into()),
+                ..RedisSettings::default()
+            },
             token: None,
             token_file: None,
             coordinator_tls: rsc_api::ClientTls::default(),
@@ -144,21 +118,23 @@ impl ClientConfig {
         if let Some(urls) = get("RSC_COORDINATOR_URL") {
             cfg.coordinator_urls = split_urls(&urls);
         }
-        if let Some(url) = get("RSC_REDIS_URL") {
-            cfg.redis_url = url.into();
+        let yes = |k: &str| {
+            get(k).is_some_and(|v| {
+                matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+            })
+        };
+        cfg.redis = RedisSettings {
+            url: get("RSC_REDIS_URL").map(SecretUrl::new),
+            cluster: yes("RSC_REDIS_CLUSTER"),
+            sentinel: get("RSC_REDIS_SENTINEL"),
+            sentinel_master: get("RSC_REDIS_SENTINEL_MASTER"),
+            sentinel_password: get("RSC_REDIS_SENTINEL_PASSWORD").map(SecretString::from),
+            sentinel_tls: yes("RSC_REDIS_SENTINEL_TLS"),
+            tls_ca: get("RSC_REDIS_TLS_CA").map(PathBuf::from),
+            tls_cert: get("RSC_REDIS_TLS_CERT").map(PathBuf::from),
+            tls_key: get("RSC_REDIS_TLS_KEY").map(PathBuf::from),
         }
-        cfg.redis_cluster = get("RSC_REDIS_CLUSTER").is_some_and(|v| {
-            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
-        });
-        cfg.redis_sentinel = get("RSC_REDIS_SENTINEL");
-        cfg.redis_sentinel_master = get("RSC_REDIS_SENTINEL_MASTER");
-        cfg.redis_sentinel_password = get("RSC_REDIS_SENTINEL_PASSWORD").map(SecretString::from);
-        cfg.redis_sentinel_tls = get("RSC_REDIS_SENTINEL_TLS").is_some_and(|v| {
-            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
-        });
-        cfg.redis_tls_ca = get("RSC_REDIS_TLS_CA").map(PathBuf::from);
-        cfg.redis_tls_cert = get("RSC_REDIS_TLS_CERT").map(PathBuf::from);
-        cfg.redis_tls_key = get("RSC_REDIS_TLS_KEY").map(PathBuf::from);
+        .or(cfg.redis);
         if let Some(v) = get("RSC_HEARTBEAT_BATCHING") {
             cfg.heartbeat_batching = !matches!(
                 v.trim().to_ascii_lowercase().as_str(),
@@ -188,9 +164,7 @@ impl ClientConfig {
             key: get("RSC_COORDINATOR_KEY").map(PathBuf::from),
         };
         cfg.host = get("POD_NAME").or_else(|| get("HOSTNAME"));
-        cfg.static_membership = get("RSC_STATIC_MEMBERSHIP").is_some_and(|v| {
-            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
-        });
+        cfg.static_membership = yes("RSC_STATIC_MEMBERSHIP");
         cfg.instance_id = if cfg.static_membership {
             // A static id must survive the restart: the pod name does, the pod IP does not.
             cfg.host.clone()
@@ -244,76 +218,26 @@ pub(crate) fn env_error(get: impl Fn(&str) -> Option<String>) -> Option<ConfigEr
     }
 }
 
+/// How the client's errors name the data Redis settings.
+const NAMES: Names = Names::Env("RSC_REDIS");
+
 impl ClientConfig {
+    /// The data Redis settings to check and connect with (the `RSC_*` variables are shared by
+    /// every program of a pod).
+    fn redis_settings(&self) -> RedisSettings {
+        self.redis.clone().ignoring_unused_sentinel_options()
+    }
+
     /// Checks the data Redis settings without connecting.
     pub(crate) fn check_data_redis(&self) -> Result<(), ClientError> {
-        let sentinel = self.sentinel()?;
-        let tls = self.tls()?;
-        match sentinel {
-            // Behind sentinels the URL only carries the master's credentials.
-            Some(_) => crate::data::check(&self.redis_urls(), self.redis_cluster, &Tls::default()),
-            None => crate::data::check(&self.redis_urls(), self.redis_cluster, &tls),
-        }
-        .map_err(|e| ConfigError::DataRedis(e).into())
-    }
-
-    /// The TLS files, loaded (read and checked).
-    pub(crate) fn tls(&self) -> Result<Tls, ClientError> {
-        TlsFiles {
-            ca: self.redis_tls_ca.clone(),
-            cert: self.redis_tls_cert.clone(),
-            key: self.redis_tls_key.clone(),
-        }
-        .load()
-        .map_err(|e| ConfigError::Tls(e.to_string()).into())
-    }
-
-    /// The sentinel settings, when the data Redis is found through Redis Sentinel.
-    pub(crate) fn sentinel(&self) -> Result<Option<SentinelTarget>, ClientError> {
-        match (&self.redis_sentinel, &self.redis_sentinel_master) {
-            (None, None) => Ok(None),
-            (Some(addrs), Some(master)) if !master.trim().is_empty() => {
-                if self.redis_cluster {
-                    return Err(ConfigError::Sentinel(
-                        "RSC_REDIS_SENTINEL and RSC_REDIS_CLUSTER exclude each other".into(),
-                    )
-                    .into());
-                }
-                Ok(Some(SentinelTarget {
-                    sentinels: rsc_redis::sentinel::parse_addrs(addrs)
-                        .map_err(|e| ConfigError::Sentinel(format!("RSC_REDIS_SENTINEL: {e}")))?,
-                    master_name: master.trim().to_owned(),
-                    username: None,
-                    password: self.redis_sentinel_password.clone(),
-                    tls: self.redis_sentinel_tls,
-                }))
-            }
-            (Some(_), _) => Err(ConfigError::Sentinel(
-                "RSC_REDIS_SENTINEL needs RSC_REDIS_SENTINEL_MASTER (the master's name)".into(),
-            )
-            .into()),
-            (None, Some(_)) => Err(ConfigError::Sentinel(
-                "RSC_REDIS_SENTINEL_MASTER needs RSC_REDIS_SENTINEL (the sentinel addresses)"
-                    .into(),
-            )
-            .into()),
-        }
+        let r = self.redis_settings().check(NAMES);
+        r.map_err(|e| config_error(e).into())
     }
 
     /// The data Redis for logs and errors: its URL(s) with any password hidden, or behind
     /// Redis Sentinel the master's name and the sentinels.
     pub(crate) fn data_redis_label(&self) -> String {
-        match (&self.redis_sentinel, &self.redis_sentinel_master) {
-            (Some(sentinels), Some(master)) => {
-                format!("master {master} of the sentinels {sentinels}")
-            }
-            _ => self.redis_url.to_string(),
-        }
-    }
-
-    /// The data Redis URLs, to connect with.
-    fn redis_urls(&self) -> Vec<String> {
-        SecretUrl::expose_all(&self.redis_url.split())
+        self.redis.label()
     }
 
     /// The data Redis these settings name (checked; connected on first use). Needs a Tokio
@@ -327,16 +251,23 @@ impl ClientConfig {
         &self,
         settings: &rsc_redis::ConnSettings,
     ) -> Result<LazyRedis, ClientError> {
-        crate::data::open(
-            &self.redis_urls(),
-            self.redis_cluster,
-            self.sentinel()?,
-            &self.tls()?,
-            settings,
-        )
-        .map_err(|e| ConfigError::DataRedis(e).into())
+        let r = self.redis_settings().open(NAMES, settings);
+        r.map_err(|e| config_error(e).into())
     }
 }
+
+/// The client's configuration error for data Redis settings that cannot work.
+fn config_error(e: SettingsError) -> ConfigError {
+    match e {
+        SettingsError::Tls { .. } => ConfigError::Tls(e.to_string()),
+        SettingsError::Sentinel { .. }
+        | SettingsError::NoSentinel { .. }
+        | SettingsError::NoMasterName { .. }
+        | SettingsError::ClusterAndSentinel { .. } => ConfigError::Sentinel(e.to_string()),
+        e => ConfigError::DataRedis(e.to_string()),
+    }
+}
+
 /// The setters of the coordinator and data-Redis connection settings, the same on every
 /// builder that holds a `config: ClientConfig` (the consumer app's and the producer's).
 macro_rules! connection_setters {
@@ -349,34 +280,34 @@ macro_rules! connection_setters {
 
         /// The data Redis URL (with [`Self::redis_cluster`], seed nodes, comma-separated).
         pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-            self.config.redis_url = rsc_protocol::redact::SecretUrl::new(url);
+            self.config.redis.url = Some(rsc_protocol::redact::SecretUrl::new(url));
             self
         }
 
         /// Whether the data Redis is a Redis Cluster (default: `RSC_REDIS_CLUSTER`, else no).
         pub fn redis_cluster(mut self, cluster: bool) -> Self {
-            self.config.redis_cluster = cluster;
+            self.config.redis.cluster = cluster;
             self
         }
 
         /// Finds the data Redis master through Redis Sentinel: `sentinels` is `HOST:PORT`,
         /// comma-separated, `master` the monitored name (default: `RSC_REDIS_SENTINEL`,
-        /// `RSC_REDIS_SENTINEL_MASTER`); see [`ClientConfig::redis_sentinel`].
+        /// `RSC_REDIS_SENTINEL_MASTER`); see [`rsc_redis::RedisSettings::sentinel`].
         pub fn redis_sentinel(
             mut self,
             sentinels: impl Into<String>,
             master: impl Into<String>,
         ) -> Self {
-            self.config.redis_sentinel = Some(sentinels.into());
-            self.config.redis_sentinel_master = Some(master.into());
+            self.config.redis.sentinel = Some(sentinels.into());
+            self.config.redis.sentinel_master = Some(master.into());
             self
         }
 
         /// Verifies the data Redis (a `rediss://` URL) against this CA certificate file (PEM)
         /// rather than the system's roots (default: `RSC_REDIS_TLS_CA`); see
-        /// [`ClientConfig::redis_tls_ca`].
+        /// [`rsc_redis::RedisSettings::tls_ca`].
         pub fn redis_tls_ca(mut self, ca: impl Into<std::path::PathBuf>) -> Self {
-            self.config.redis_tls_ca = Some(ca.into());
+            self.config.redis.tls_ca = Some(ca.into());
             self
         }
 
@@ -387,15 +318,15 @@ macro_rules! connection_setters {
             cert: impl Into<std::path::PathBuf>,
             key: impl Into<std::path::PathBuf>,
         ) -> Self {
-            self.config.redis_tls_cert = Some(cert.into());
-            self.config.redis_tls_key = Some(key.into());
+            self.config.redis.tls_cert = Some(cert.into());
+            self.config.redis.tls_key = Some(key.into());
             self
         }
 
         /// Connects to the sentinels (and the master they name) over TLS (default:
-        /// `RSC_REDIS_SENTINEL_TLS`); see [`ClientConfig::redis_sentinel_tls`].
+        /// `RSC_REDIS_SENTINEL_TLS`); see [`rsc_redis::RedisSettings::sentinel_tls`].
         pub fn redis_sentinel_tls(mut self, tls: bool) -> Self {
-            self.config.redis_sentinel_tls = tls;
+            self.config.redis.sentinel_tls = tls;
             self
         }
 
@@ -442,7 +373,11 @@ mod tests {
     fn debug_hides_the_token_and_redis_passwords() {
         let cfg = ClientConfig {
             token: Some("s3cret-token".into()),
-            redis_url: "redis://app:pa55@r1:6379,redis://:pa55@r2:6379,redis://r3:6379".into(),
+            redis: RedisSettings {
+                url: Some("redis://app:pa55@r1:6379,redis://:pa55@r2:6379,redis://r3:6379".into()),
+                sentinel_password: Some("pa55".into()),
+                ..RedisSettings::default()
+            },
             ..ClientConfig::default()
         };
         let shown = format!("{cfg:?}");
@@ -515,7 +450,7 @@ mod tests {
         .into();
         let cfg = ClientConfig::from_lookup(|k| env.get(k).map(|v| v.to_string()));
         assert_eq!(cfg.coordinator_urls, ["http://a:1", "http://b:2"]);
-        assert_eq!(cfg.redis_url, "redis://r:7");
+        assert_eq!(cfg.redis.url, Some("redis://r:7".into()));
         assert_eq!(
             cfg.token.as_ref().map(ExposeSecret::expose_secret),
             Some("t")
@@ -529,7 +464,7 @@ mod tests {
             Some(std::path::Path::new("/etc/rsc/ca.pem"))
         );
         assert_eq!(cfg.coordinator_tls.cert, None);
-        assert!(cfg.redis_cluster);
+        assert!(cfg.redis.cluster);
         assert_eq!(cfg.instance_id.as_deref(), Some("pod-1"));
         assert!(cfg.heartbeat_batching);
         let off =
@@ -544,22 +479,20 @@ mod tests {
         let cfg = ClientConfig::from_lookup(|k| (k == "POD_IP").then(|| "10.0.0.9".into()));
         assert_eq!(cfg.instance_id.as_deref(), Some("10.0.0.9"));
         assert!(cfg.check_coordinator().is_err());
-        assert!(!cfg.redis_cluster);
+        assert!(!cfg.redis.cluster);
     }
 
     #[test]
     fn several_redis_urls_only_for_a_cluster() {
-        let mut cfg = ClientConfig {
-            redis_url: "redis://a:1, redis://b:2".into(),
-            ..ClientConfig::default()
-        };
+        let mut cfg = ClientConfig::default();
+        cfg.redis.url = Some("redis://a:1, redis://b:2".into());
         let err = cfg.check_data_redis().unwrap_err().to_string();
         assert!(err.contains("only accepted with Redis Cluster"), "{err}");
-        cfg.redis_cluster = true;
+        cfg.redis.cluster = true;
         assert!(cfg.check_data_redis().is_ok());
-        cfg.redis_url = "not a url".into();
+        cfg.redis.url = Some("not a url".into());
         assert!(cfg.check_data_redis().is_err());
-        cfg.redis_url = " , ".into();
+        cfg.redis.url = Some(" , ".into());
         assert!(cfg.check_data_redis().is_err());
     }
 
@@ -576,19 +509,17 @@ mod tests {
                 .map(|(_, v)| (*v).to_owned())
         });
         assert_eq!(
-            cfg.redis_tls_ca.as_deref(),
+            cfg.redis.tls_ca.as_deref(),
             Some(std::path::Path::new("/nonexistent/ca.pem"))
         );
-        assert!(cfg.redis_sentinel_tls);
+        assert!(cfg.redis.sentinel_tls);
         let err = cfg.check_data_redis().unwrap_err().to_string();
         assert!(
             err.contains("RSC_REDIS_TLS_CA") && err.contains("/nonexistent/ca.pem"),
             "{err}"
         );
-        let half = ClientConfig {
-            redis_tls_key: Some("/etc/rsc/key.pem".into()),
-            ..ClientConfig::default()
-        };
+        let mut half = ClientConfig::default();
+        half.redis.tls_key = Some("/etc/rsc/key.pem".into());
         let err = half.check_data_redis().unwrap_err().to_string();
         assert!(err.contains("needs its certificate"), "{err}");
         let plain = ClientConfig::default();
@@ -607,7 +538,7 @@ mod tests {
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| (*v).to_owned())
         });
-        let s = cfg.sentinel().unwrap().expect("sentinel settings");
+        let s = (cfg.redis.sentinel_target(NAMES).unwrap()).expect("sentinel settings");
         assert_eq!(s.sentinels.len(), 2);
         assert_eq!(
             (
@@ -618,21 +549,15 @@ mod tests {
         );
         assert!(cfg.check_data_redis().is_ok());
 
-        let no_master = ClientConfig {
-            redis_sentinel_master: None,
-            ..cfg.clone()
-        };
+        let mut no_master = cfg.clone();
+        no_master.redis.sentinel_master = None;
         let err = no_master.check_data_redis().unwrap_err().to_string();
         assert!(err.contains("RSC_REDIS_SENTINEL_MASTER"), "{err}");
-        let with_cluster = ClientConfig {
-            redis_cluster: true,
-            ..cfg.clone()
-        };
+        let mut with_cluster = cfg.clone();
+        with_cluster.redis.cluster = true;
         assert!(with_cluster.check_data_redis().is_err());
-        let bad = ClientConfig {
-            redis_sentinel: Some("no-port".into()),
-            ..cfg
-        };
+        let mut bad = cfg;
+        bad.redis.sentinel = Some("no-port".into());
         assert!(bad.check_data_redis().is_err());
     }
 }

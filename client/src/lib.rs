@@ -120,6 +120,8 @@ pub use rsc_api::{ClientTls as CoordinatorTls, install_crypto_provider};
 /// The types of [`ClientConfig`]'s secrets (the token, the Redis URL, the sentinels'
 /// password): their `Debug` hides them (PROTOCOL §12).
 pub use rsc_protocol::redact::{ExposeSecret, SecretString, SecretUrl};
+/// The data Redis settings of [`ClientConfig::redis`].
+pub use rsc_redis::RedisSettings;
 pub use state::Data;
 
 /// Declares a stream listener: an `async fn(msg: Message<T>) -> Result<(), HandlerError>` run

@@ -6,8 +6,7 @@
 use crate::api::DEFAULT_BODY_LIMIT;
 use clap::{Args, ValueEnum};
 use rsc_protocol::redact::{SecretString, SecretUrl};
-use rsc_redis::sentinel::SentinelTarget;
-use rsc_redis::{Tls, TlsFiles};
+use rsc_redis::{Names, RedisSettings};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +35,90 @@ pub enum LogFormat {
     Json,
 }
 
+pub use crate::store::STORE_REDIS;
+/// How errors name the data Redis settings (`--data-redis-url`, …).
+pub const DATA_REDIS: Names = Names::Flags("data-redis");
+
+/// Declares the flags (`--PREFIX-url`, …), variables (`ENV_URL`, …) and TOML keys
+/// (`PREFIX-url`, …) of one Redis's [`RedisSettings`]; the field names carry the prefix.
+macro_rules! redis_args {
+    ($(#[$doc:meta])* $name:ident, $env:literal, $url:ident, $cluster:ident, $sentinel:ident,
+     $master:ident, $password:ident, $sentinel_tls:ident, $ca:ident, $cert:ident, $key:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, Args, Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub struct $name {
+            /// Redis URL (`rediss://` for TLS); with the cluster flag, one or more seed nodes
+            /// separated by commas. Behind sentinels only its user name, password and
+            /// database number are used.
+            #[arg(long, env = concat!($env, "_URL"), hide_env_values = true)]
+            pub $url: Option<SecretUrl>,
+            /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to the URL's nodes.
+            /// Required for a cluster: the coordinator refuses to start when this does not
+            /// match what the server reports (`INFO cluster`).
+            #[arg(long, env = concat!($env, "_CLUSTER"))]
+            #[serde(default)]
+            pub $cluster: bool,
+            /// Find the master through these Redis Sentinels (`HOST:PORT`, separated by
+            /// commas) instead of the URL's host; needs the sentinel master name. After a
+            /// failover the coordinator finds the new master by itself.
+            #[arg(long, env = concat!($env, "_SENTINEL"))]
+            pub $sentinel: Option<String>,
+            /// The master name the sentinels monitor (`sentinel monitor NAME …`).
+            #[arg(long, env = concat!($env, "_SENTINEL_MASTER"))]
+            pub $master: Option<String>,
+            /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
+            #[arg(long, env = concat!($env, "_SENTINEL_PASSWORD"), hide_env_values = true)]
+            pub $password: Option<SecretString>,
+            /// Connect to the sentinels over TLS, and to the master too (verified as with
+            /// `rediss://`: the TLS CA, else the system's roots).
+            #[arg(long, env = concat!($env, "_SENTINEL_TLS"))]
+            #[serde(default)]
+            pub $sentinel_tls: bool,
+            /// CA certificate file (PEM) to verify the server against when the URL is
+            /// `rediss://` [default: the system's roots]. (`rediss://…/#insecure` skips the
+            /// check: for tests only.)
+            #[arg(long, env = concat!($env, "_TLS_CA"))]
+            pub $ca: Option<PathBuf>,
+            /// Client certificate file (PEM) for mutual TLS (`tls-auth-clients yes`); needs
+            /// the TLS key.
+            #[arg(long, env = concat!($env, "_TLS_CERT"))]
+            pub $cert: Option<PathBuf>,
+            /// Private key file (PEM) of the client certificate.
+            #[arg(long, env = concat!($env, "_TLS_KEY"))]
+            pub $key: Option<PathBuf>,
+        }
+
+        impl From<$name> for RedisSettings {
+            fn from(a: $name) -> Self {
+                RedisSettings {
+                    url: a.$url,
+                    cluster: a.$cluster,
+                    sentinel: a.$sentinel,
+                    sentinel_master: a.$master,
+                    sentinel_password: a.$password,
+                    sentinel_tls: a.$sentinel_tls,
+                    tls_ca: a.$ca,
+                    tls_cert: a.$cert,
+                    tls_key: a.$key,
+                }
+            }
+        }
+    };
+}
+
+redis_args!(
+    /// The metadata store's Redis for `--store redis` [default URL: redis://127.0.0.1:6379].
+    StoreRedisArgs, "RSC_REDIS", redis_url, redis_cluster, redis_sentinel, redis_sentinel_master,
+    redis_sentinel_password, redis_sentinel_tls, redis_tls_ca, redis_tls_cert, redis_tls_key
+);
+redis_args!(
+    /// The data Redis.
+    DataRedisArgs, "RSC_DATA_REDIS", data_redis_url, data_redis_cluster, data_redis_sentinel,
+    data_redis_sentinel_master, data_redis_sentinel_password, data_redis_sentinel_tls,
+    data_redis_tls_ca, data_redis_tls_cert, data_redis_tls_key
+);
+
 /// `serve` flags. Every flag is optional here so that a `--config` file can fill it.
 /// (`Debug` hides passwords: the Redis URLs' and the sentinels', PROTOCOL §12.)
 #[derive(Clone, Debug, Default, Args, Deserialize)]
@@ -54,28 +137,10 @@ pub struct ServeArgs {
     /// ACL file (TOML, PROTOCOL §8). Without one every request is served as `anonymous`.
     #[arg(long, env = "RSC_ACL")]
     pub acl: Option<PathBuf>,
-    /// Redis server for `--store redis` [default: redis://127.0.0.1:6379]. With
-    /// `--redis-cluster`, one or more seed nodes separated by commas.
-    #[arg(long, env = "RSC_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<SecretUrl>,
-    /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--redis-url`. Required for a
-    /// cluster: the coordinator refuses to start when this does not match what the server
-    /// reports (`INFO cluster`).
-    #[arg(long, env = "RSC_REDIS_CLUSTER")]
-    #[serde(default)]
-    pub redis_cluster: bool,
-    /// Find the store's Redis master through these Redis Sentinels (`HOST:PORT`, separated
-    /// by commas) instead of `--redis-url`'s host; needs `--redis-sentinel-master`. The URL's
-    /// user name, password and database number still apply to the master. After a failover
-    /// the coordinator finds the new master by itself.
-    #[arg(long, env = "RSC_REDIS_SENTINEL")]
-    pub redis_sentinel: Option<String>,
-    /// The master name the sentinels monitor (`sentinel monitor NAME …`).
-    #[arg(long, env = "RSC_REDIS_SENTINEL_MASTER")]
-    pub redis_sentinel_master: Option<String>,
-    /// Password of the sentinels (`requirepass` in sentinel.conf), if any.
-    #[arg(long, env = "RSC_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub redis_sentinel_password: Option<SecretString>,
+    /// The metadata store's Redis (`--redis-*`, `RSC_REDIS_*`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub redis: StoreRedisArgs,
     /// Redis store: after each group document commit, wait (`WAIT N 250`) until this many
     /// replicas have it, and refuse the commit (503 STORE_UNAVAILABLE, counted in
     /// `rsc_store_commits_refused_total`) when fewer did: a master that lost its replicas to
@@ -83,23 +148,6 @@ pub struct ServeArgs {
     /// 0, no wait].
     #[arg(long, env = "RSC_STORE_WAIT_REPLICAS")]
     pub store_wait_replicas: Option<u32>,
-    /// Connect to the sentinels of `--redis-sentinel` over TLS, and to the master too
-    /// (verified as with `rediss://`: `--redis-tls-ca`, else the system's roots).
-    #[arg(long, env = "RSC_REDIS_SENTINEL_TLS")]
-    #[serde(default)]
-    pub redis_sentinel_tls: bool,
-    /// CA certificate file (PEM) to verify the store's Redis against when `--redis-url` is
-    /// `rediss://` [default: the system's roots]. (`rediss://…/#insecure` skips the check:
-    /// for tests only.)
-    #[arg(long, env = "RSC_REDIS_TLS_CA")]
-    pub redis_tls_ca: Option<PathBuf>,
-    /// Client certificate file (PEM) for mutual TLS with the store's Redis
-    /// (`tls-auth-clients yes`); needs `--redis-tls-key`.
-    #[arg(long, env = "RSC_REDIS_TLS_CERT")]
-    pub redis_tls_cert: Option<PathBuf>,
-    /// Private key file (PEM) of `--redis-tls-cert`.
-    #[arg(long, env = "RSC_REDIS_TLS_KEY")]
-    pub redis_tls_key: Option<PathBuf>,
     /// Prefix of every Redis key [default: rsc]; characters A-Z a-z 0-9 . _ : -
     #[arg(long, env = "RSC_KEY_PREFIX")]
     pub key_prefix: Option<String>,
@@ -138,44 +186,13 @@ pub struct ServeArgs {
     /// counted audit entry per this interval, in ms (PROTOCOL §7) [default: 10000].
     #[arg(long, env = "RSC_AUDIT_REFUSAL_INTERVAL_MS")]
     pub audit_refusal_interval_ms: Option<u64>,
-    /// The data Redis (where the shard streams live): owner tokens of strict fencing are
-    /// written there, lag and pending entries per shard are read from it (`XINFO GROUPS`)
-    /// and retired shard keys are deleted from it. With `--data-redis-cluster`, one or more
-    /// seed nodes separated by commas. Unset: nothing is queried.
-    #[arg(long, env = "RSC_DATA_REDIS_URL", hide_env_values = true)]
-    pub data_redis_url: Option<SecretUrl>,
-    /// Talk Redis Cluster protocol (slot routing, MOVED/ASK) to `--data-redis-url`. Required
-    /// when the data Redis is a cluster: the coordinator refuses to start when this does not
-    /// match what the server reports (`INFO cluster`).
-    #[arg(long, env = "RSC_DATA_REDIS_CLUSTER")]
-    #[serde(default)]
-    pub data_redis_cluster: bool,
-    /// Find the data Redis master through these Redis Sentinels (`HOST:PORT`, separated by
-    /// commas); needs `--data-redis-sentinel-master`. `--data-redis-url` is then optional
-    /// (its user name, password and database number apply to the master).
-    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL")]
-    pub data_redis_sentinel: Option<String>,
-    /// The data Redis master name the sentinels monitor.
-    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_MASTER")]
-    pub data_redis_sentinel_master: Option<String>,
-    /// Password of the data Redis's sentinels, if any.
-    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
-    pub data_redis_sentinel_password: Option<SecretString>,
-    /// Connect to the data Redis's sentinels over TLS, and to its master too.
-    #[arg(long, env = "RSC_DATA_REDIS_SENTINEL_TLS")]
-    #[serde(default)]
-    pub data_redis_sentinel_tls: bool,
-    /// CA certificate file (PEM) to verify the data Redis against when `--data-redis-url`
-    /// is `rediss://` [default: the system's roots].
-    #[arg(long, env = "RSC_DATA_REDIS_TLS_CA")]
-    pub data_redis_tls_ca: Option<PathBuf>,
-    /// Client certificate file (PEM) for mutual TLS with the data Redis; needs
-    /// `--data-redis-tls-key`.
-    #[arg(long, env = "RSC_DATA_REDIS_TLS_CERT")]
-    pub data_redis_tls_cert: Option<PathBuf>,
-    /// Private key file (PEM) of `--data-redis-tls-cert`.
-    #[arg(long, env = "RSC_DATA_REDIS_TLS_KEY")]
-    pub data_redis_tls_key: Option<PathBuf>,
+    /// The data Redis (`--data-redis-*`, `RSC_DATA_REDIS_*`), where the shard streams live:
+    /// owner tokens of strict fencing are written there, lag and pending entries per shard
+    /// are read from it (`XINFO GROUPS`) and retired shard keys are deleted from it. Unset:
+    /// nothing is queried.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub data_redis: DataRedisArgs,
     /// How long after completion a reshard may be rolled back, in ms [default: 900000].
     #[arg(long, env = "RSC_ROLLBACK_WINDOW_MS")]
     pub rollback_window_ms: Option<u64>,
@@ -301,16 +318,10 @@ pub struct ServeConfig {
     pub store: StoreKind,
     /// ACL file.
     pub acl: Option<PathBuf>,
-    /// Redis URLs (one, or cluster seed nodes).
-    pub redis_urls: Vec<SecretUrl>,
-    /// Redis Cluster mode.
-    pub redis_cluster: bool,
-    /// The store's master is found through these sentinels.
-    pub redis_sentinel: Option<SentinelTarget>,
+    /// The metadata store's Redis (checked; the URL defaults to `redis://127.0.0.1:6379`).
+    pub redis: RedisSettings,
     /// Replicas that must acknowledge a group document commit (0: none).
     pub store_wait_replicas: u32,
-    /// CA and client certificate of the store's TLS connections (loaded).
-    pub redis_tls: Tls,
     /// Key prefix.
     pub key_prefix: String,
     /// Allow non-loopback binding without an ACL.
@@ -331,15 +342,8 @@ pub struct ServeConfig {
     pub client_refusal_burst: u32,
     /// Interval over which refusals alike are merged in the audit log, in ms.
     pub audit_refusal_interval_ms: u64,
-    /// Data Redis URLs (one, or cluster seed nodes); `None` without a data Redis.
-    pub data_redis_urls: Option<Vec<SecretUrl>>,
-    /// The data Redis is a Redis Cluster.
-    pub data_redis_cluster: bool,
-    /// The data Redis master is found through these sentinels (`data_redis_urls` then only
-    /// carries credentials).
-    pub data_redis_sentinel: Option<SentinelTarget>,
-    /// CA and client certificate of the data Redis's TLS connections (loaded).
-    pub data_redis_tls: Tls,
+    /// The data Redis (checked); `None` without one.
+    pub data_redis: Option<RedisSettings>,
     /// Rollback window.
     pub rollback_window_ms: u64,
     /// Delay before retired shard keys are deleted from the data Redis.
@@ -481,74 +485,6 @@ impl ServeArgs {
         }
     }
 
-    /// The sentinel settings of the metadata and the data Redis (taken from these settings
-    /// over `file`'s), checked.
-    fn sentinels(
-        &mut self,
-        file: &mut ServeArgs,
-    ) -> Result<[Option<SentinelTarget>; 2], ConfigError> {
-        Ok([
-            sentinel_target(
-                "redis-sentinel",
-                self.redis_sentinel.take().or(file.redis_sentinel.take()),
-                self.redis_sentinel_master
-                    .take()
-                    .or(file.redis_sentinel_master.take()),
-                self.redis_sentinel_password
-                    .take()
-                    .or(file.redis_sentinel_password.take()),
-                self.redis_sentinel_tls || file.redis_sentinel_tls,
-            )?,
-            sentinel_target(
-                "data-redis-sentinel",
-                self.data_redis_sentinel
-                    .take()
-                    .or(file.data_redis_sentinel.take()),
-                self.data_redis_sentinel_master
-                    .take()
-                    .or(file.data_redis_sentinel_master.take()),
-                self.data_redis_sentinel_password
-                    .take()
-                    .or(file.data_redis_sentinel_password.take()),
-                self.data_redis_sentinel_tls || file.data_redis_sentinel_tls,
-            )?,
-        ])
-    }
-
-    /// The TLS files of the metadata and the data Redis (these settings over `file`'s),
-    /// loaded: a file that cannot be read or used is an error here, at startup.
-    fn tls(&mut self, file: &mut ServeArgs) -> Result<[Tls; 2], ConfigError> {
-        let load = |flag: &str, files: TlsFiles| {
-            files.load().map_err(|e| {
-                ConfigError::Invalid(format!("--{flag}-ca / --{flag}-cert / --{flag}-key: {e}"))
-            })
-        };
-        Ok([
-            load(
-                "redis-tls",
-                TlsFiles {
-                    ca: self.redis_tls_ca.take().or(file.redis_tls_ca.take()),
-                    cert: self.redis_tls_cert.take().or(file.redis_tls_cert.take()),
-                    key: self.redis_tls_key.take().or(file.redis_tls_key.take()),
-                },
-            )?,
-            load(
-                "data-redis-tls",
-                TlsFiles {
-                    ca: self
-                        .data_redis_tls_ca
-                        .take()
-                        .or(file.data_redis_tls_ca.take()),
-                    cert: (self.data_redis_tls_cert.take()).or(file.data_redis_tls_cert.take()),
-                    key: self
-                        .data_redis_tls_key
-                        .take()
-                        .or(file.data_redis_tls_key.take()),
-                },
-            )?,
-        ])
-    }
-
     /// These settings over `file`'s over the defaults (checking the sentinel settings).
     /// The metadata history's retention (PROTOCOL §22): flags over the file over defaults.
     fn revision_retention(
@@ -575,16 +511,11 @@ impl ServeArgs {
         let wake = self.wake(&file);
         let revisions = self.revision_retention(&mut file)?;
         let access = self.access(&mut file);
-        let [redis_sentinel, data_redis_sentinel] = self.sentinels(&mut file)?;
-        let [redis_tls, data_redis_tls] = self.tls(&mut file)?;
         // The connection caps' defaults follow the wake-up channel limit (`wake` has it too).
         let (_, http) = HttpLimits::merge(&self, &file);
-        let data_redis_url = self.data_redis_url.or(file.data_redis_url).or_else(|| {
-            // Behind sentinels the URL only carries credentials: none by default.
-            data_redis_sentinel
-                .as_ref()
-                .map(|_| SecretUrl::from("redis://sentinel-master/"))
-        });
+        let mut redis = RedisSettings::from(self.redis).or(file.redis.into());
+        redis.url = redis.url.or_else(|| Some("redis://127.0.0.1:6379".into()));
+        let data_redis = RedisSettings::from(self.data_redis).or(file.data_redis.into());
         let rollback_window_ms = self
             .rollback_window_ms
             .or(file.rollback_window_ms)
@@ -596,14 +527,7 @@ impl ServeArgs {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7070))),
             store: self.store.or(file.store).unwrap_or_default(),
             acl: self.acl.or(file.acl),
-            redis_urls: self
-                .redis_url
-                .or(file.redis_url)
-                .map(|urls| urls.split())
-                .unwrap_or_else(|| vec!["redis://127.0.0.1:6379".into()]),
-            redis_cluster: self.redis_cluster || file.redis_cluster,
-            redis_sentinel,
-            redis_tls,
+            redis,
             key_prefix: self
                 .key_prefix
                 .or(file.key_prefix)
@@ -617,10 +541,8 @@ impl ServeArgs {
             client_refusal_rate: access.client_refusal_rate,
             client_refusal_burst: access.client_refusal_burst,
             audit_refusal_interval_ms: access.audit_refusal_interval_ms,
-            data_redis_urls: data_redis_url.map(|urls| urls.split()),
-            data_redis_cluster: self.data_redis_cluster || file.data_redis_cluster,
-            data_redis_sentinel,
-            data_redis_tls,
+            // Any data Redis setting enables it (`validate` refuses one alone that names none).
+            data_redis: (!data_redis.is_empty()).then_some(data_redis),
             rollback_window_ms,
             retired_key_delay_ms: (self.retired_key_delay_ms.or(file.retired_key_delay_ms))
                 .unwrap_or(rollback_window_ms),
@@ -730,47 +652,12 @@ impl ServeConfig {
         self.http.validate()
     }
 
-    /// Checks the metadata and data Redis settings: URLs, cluster and sentinel together.
+    /// Checks the metadata and data Redis settings (URLs, cluster and sentinel together,
+    /// TLS files loaded: a file that cannot be used is an error here, at startup).
     fn validate_redis(&self) -> Result<(), ConfigError> {
-        if self.redis_urls.is_empty() {
-            return Err(ConfigError::Invalid("redis-url is empty".into()));
-        }
-        if self.redis_urls.len() > 1 && !self.redis_cluster {
-            return Err(ConfigError::Invalid(
-                "redis-url lists several servers: that is only valid with --redis-cluster".into(),
-            ));
-        }
-        match &self.data_redis_urls {
-            Some(urls) if urls.is_empty() => {
-                return Err(ConfigError::Invalid("data-redis-url is empty".into()));
-            }
-            Some(urls) if urls.len() > 1 && !self.data_redis_cluster => {
-                return Err(ConfigError::Invalid(
-                    "data-redis-url lists several servers: that is only valid with \
-                     --data-redis-cluster"
-                        .into(),
-                ));
-            }
-            None if self.data_redis_cluster => {
-                return Err(ConfigError::Invalid(
-                    "--data-redis-cluster needs --data-redis-url (the cluster's seed nodes)".into(),
-                ));
-            }
-            _ => {}
-        }
-        if self.redis_sentinel.is_some() && self.redis_cluster {
-            return Err(ConfigError::Invalid(
-                "--redis-sentinel and --redis-cluster exclude each other (a cluster fails \
-                 over by itself)"
-                    .into(),
-            ));
-        }
-        if self.data_redis_sentinel.is_some() && self.data_redis_cluster {
-            return Err(ConfigError::Invalid(
-                "--data-redis-sentinel and --data-redis-cluster exclude each other".into(),
-            ));
-        }
-        Ok(())
+        let data = self.data_redis.as_ref().map(|d| d.check(DATA_REDIS));
+        (self.redis.check(STORE_REDIS).and(data.unwrap_or(Ok(()))))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 }
 
@@ -918,35 +805,6 @@ impl HttpLimits {
     }
 }
 
-/// The sentinel settings of one Redis (`flag` names them in errors): none, or addresses and
-/// a master name together.
-fn sentinel_target(
-    flag: &str,
-    addrs: Option<String>,
-    master: Option<String>,
-    password: Option<SecretString>,
-    tls: bool,
-) -> Result<Option<SentinelTarget>, ConfigError> {
-    match (addrs, master) {
-        (None, None) if password.is_none() && !tls => Ok(None),
-        (Some(addrs), Some(master)) if !master.trim().is_empty() => Ok(Some(SentinelTarget {
-            sentinels: rsc_redis::sentinel::parse_addrs(&addrs)
-                .map_err(|e| ConfigError::Invalid(format!("--{flag}: {e}")))?,
-            master_name: master.trim().to_owned(),
-            username: None,
-            password,
-            tls,
-        })),
-        (Some(_), _) => Err(ConfigError::Invalid(format!(
-            "--{flag} needs --{flag}-master (the name the sentinels monitor the master under)"
-        ))),
-        _ => Err(ConfigError::Invalid(format!(
-            "--{flag}-master, --{flag}-password and --{flag}-tls need --{flag} (the sentinel \
-             addresses)"
-        ))),
-    }
-}
-
 /// The listener's TLS files: a certificate and its key together, a client CA only with
 /// them, a client CRL only with a client CA. (The files are read when the server starts,
 /// which names a file it cannot use.)
@@ -984,9 +842,22 @@ fn listener_tls(
 
 /// A TOML file's parse error for a message: where (line and column) and what, without the
 /// line itself, which `toml`'s own message quotes and which may hold a password or a token
-/// (PROTOCOL §12).
+/// (PROTOCOL §12). An unknown key is found by name: serde reports it after reading the whole
+/// table (the Redis settings are flattened into it), without its place.
 pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
-    match e.span() {
+    let unknown = (e.message().strip_prefix("unknown field `"))
+        .and_then(|m| m.split('`').next())
+        .and_then(|key| {
+            let line = text.lines().position(|l| {
+                l.trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|r| r.trim_start().starts_with('='))
+            })?;
+            let column = text.lines().nth(line)?.find(key)?;
+            let start = text.lines().take(line).map(|l| l.len() + 1).sum::<usize>() + column;
+            Some(start..start)
+        });
+    match unknown.or(e.span()) {
         Some(span) => {
             let before = text.get(..span.start).unwrap_or(text);
             let line = before.matches('\n').count() + 1;
@@ -1042,8 +913,9 @@ mod tests {
             Some(std::path::Path::new("/etc/rsc/acl.toml"))
         );
         assert_eq!((cfg.admin_rate, cfg.admin_burst), (5, 7));
-        assert_eq!(cfg.data_redis_urls.unwrap(), ["redis://127.0.0.1:6390"]);
-        assert!(!cfg.data_redis_cluster);
+        let data = cfg.data_redis.unwrap();
+        assert_eq!(data.urls(), ["redis://127.0.0.1:6390"]);
+        assert!(!data.cluster);
         assert!(
             !cfg.listen.ip().is_loopback(),
             "with an ACL any address may be bound"
@@ -1052,7 +924,7 @@ mod tests {
 
         let d = ServeArgs::default().resolve().unwrap();
         assert_eq!((d.admin_rate, d.admin_burst, d.acl), (10, 20, None));
-        assert_eq!(d.data_redis_urls, None);
+        assert!(d.data_redis.is_none());
         assert_eq!(d.retired_key_delay_ms, d.rollback_window_ms);
     }
 
@@ -1203,23 +1075,37 @@ mod tests {
     #[test]
     fn sentinel_settings_need_addresses_and_a_master_name() {
         let cfg = ServeArgs {
-            redis_sentinel: Some("127.0.0.1:26379, 127.0.0.1:26380".into()),
-            redis_sentinel_master: Some("rsc".into()),
-            data_redis_sentinel: Some("127.0.0.1:26381".into()),
-            data_redis_sentinel_master: Some("data".into()),
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("127.0.0.1:26379, 127.0.0.1:26380".into()),
+                redis_sentinel_master: Some("rsc".into()),
+                ..Default::default()
+            },
+            data_redis: DataRedisArgs {
+                data_redis_sentinel: Some("127.0.0.1:26381".into()),
+                data_redis_sentinel_master: Some("data".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         }
         .resolve()
         .unwrap();
-        let s = cfg.redis_sentinel.unwrap();
+        let s = cfg.redis.sentinel_target(STORE_REDIS).unwrap().unwrap();
         assert_eq!((s.sentinels.len(), s.master_name.as_str()), (2, "rsc"));
-        assert_eq!(cfg.data_redis_sentinel.unwrap().master_name, "data");
-        assert!(
-            cfg.data_redis_urls.is_some(),
-            "a data Redis behind sentinels is enabled without a URL"
+        let data = cfg
+            .data_redis
+            .expect("a data Redis behind sentinels is enabled without a URL");
+        assert_eq!(
+            data.sentinel_target(DATA_REDIS)
+                .unwrap()
+                .unwrap()
+                .master_name,
+            "data"
         );
         let no_master = ServeArgs {
-            redis_sentinel: Some("127.0.0.1:26379".into()),
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("127.0.0.1:26379".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         assert!(
@@ -1230,15 +1116,21 @@ mod tests {
                 .contains("--redis-sentinel-master")
         );
         let bad = ServeArgs {
-            redis_sentinel: Some("nohost".into()),
-            redis_sentinel_master: Some("m".into()),
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("nohost".into()),
+                redis_sentinel_master: Some("m".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         assert!(bad.resolve().is_err());
         let both = ServeArgs {
-            redis_sentinel: Some("127.0.0.1:26379".into()),
-            redis_sentinel_master: Some("m".into()),
-            redis_cluster: true,
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("127.0.0.1:26379".into()),
+                redis_sentinel_master: Some("m".into()),
+                redis_cluster: true,
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         assert!(both.resolve().is_err());
@@ -1247,9 +1139,12 @@ mod tests {
     #[test]
     fn tls_files_are_loaded_at_startup_and_named_in_errors() {
         let none = ServeArgs::default().resolve().unwrap();
-        assert!(!none.redis_tls.is_set() && !none.data_redis_tls.is_set());
+        assert!(!none.redis.tls(STORE_REDIS).unwrap().is_set() && none.data_redis.is_none());
         let missing = ServeArgs {
-            data_redis_tls_ca: Some("/nonexistent/ca.pem".into()),
+            data_redis: DataRedisArgs {
+                data_redis_tls_ca: Some("/nonexistent/ca.pem".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         let e = missing.resolve().unwrap_err().to_string();
@@ -1258,13 +1153,19 @@ mod tests {
             "{e}"
         );
         let half = ServeArgs {
-            redis_tls_cert: Some("/etc/rsc/client.pem".into()),
+            redis: StoreRedisArgs {
+                redis_tls_cert: Some("/etc/rsc/client.pem".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         let e = half.resolve().unwrap_err().to_string();
         assert!(e.contains("needs its private key"), "{e}");
         let tls_alone = ServeArgs {
-            redis_sentinel_tls: true,
+            redis: StoreRedisArgs {
+                redis_sentinel_tls: true,
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         let e = tls_alone.resolve().unwrap_err().to_string();
@@ -1273,12 +1174,16 @@ mod tests {
             "{e}"
         );
         let behind = ServeArgs {
-            redis_sentinel: Some("127.0.0.1:26379".into()),
-            redis_sentinel_master: Some("m".into()),
-            redis_sentinel_tls: true,
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("127.0.0.1:26379".into()),
+                redis_sentinel_master: Some("m".into()),
+                redis_sentinel_tls: true,
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
-        assert!(behind.resolve().unwrap().redis_sentinel.unwrap().tls);
+        let target = behind.resolve().unwrap().redis.sentinel_target(STORE_REDIS);
+        assert!(target.unwrap().unwrap().tls);
     }
 
     #[test]
@@ -1396,21 +1301,33 @@ mod debug_tests {
     #[test]
     fn debug_output_hides_redis_and_sentinel_passwords() {
         let args = ServeArgs {
-            redis_url: Some("redis://app:pw-store@r:6379".into()),
-            data_redis_url: Some("redis://:pw-data@d:6379".into()),
-            redis_sentinel_password: Some("pw-sentinel".into()),
-            data_redis_sentinel_password: Some("pw-data-sentinel".into()),
+            redis: StoreRedisArgs {
+                redis_url: Some("redis://app:pw-store@r:6379".into()),
+                redis_sentinel_password: Some("pw-sentinel".into()),
+                ..Default::default()
+            },
+            data_redis: DataRedisArgs {
+                data_redis_url: Some("redis://:pw-data@d:6379".into()),
+                data_redis_sentinel_password: Some("pw-data-sentinel".into()),
+                ..Default::default()
+            },
             ..ServeArgs::default()
         };
         let shown = format!("{args:?}");
         assert!(!shown.contains("pw-"), "{shown}");
         assert!(shown.contains("redis://app:<redacted>@r:6379"), "{shown}");
         let cfg = ServeArgs {
-            redis_sentinel: Some("127.0.0.1:26379".into()),
-            redis_sentinel_master: Some("m".into()),
-            data_redis_url: Some("redis://:pw-data@d1:1, redis://:pw-data@d2:2".into()),
-            data_redis_cluster: true,
-            data_redis_sentinel_password: None,
+            redis: StoreRedisArgs {
+                redis_sentinel: Some("127.0.0.1:26379".into()),
+                redis_sentinel_master: Some("m".into()),
+                ..Default::default()
+            },
+            data_redis: DataRedisArgs {
+                data_redis_url: Some("redis://:pw-data@d1:1, redis://:pw-data@d2:2".into()),
+                data_redis_cluster: true,
+                data_redis_sentinel_password: None,
+                ..Default::default()
+            },
             ..args
         }
         .resolve()

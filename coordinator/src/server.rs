@@ -5,7 +5,7 @@ use crate::audit::{Auditor, RevisionRecordingStore};
 use crate::auth::client::{ClientLimiter, Rate, TrustedProxies};
 use crate::auth::{AdminRateLimiter, LiveAcl, Security};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{HttpLimits, ServeConfig, StoreKind};
+use crate::config::{DATA_REDIS, HttpLimits, STORE_REDIS, ServeConfig, StoreKind};
 use crate::metrics::{self, History, InstrumentedStore, LagProbe};
 use crate::recovery::{CopyLayer, RecoveryCopy};
 use crate::retired::{DELETE_TIMEOUT, RetiredKeyCleaner};
@@ -15,8 +15,8 @@ use crate::store::{
 };
 use crate::tls::{self, ClientCertificate};
 use crate::wake::{WakeHub, WakeLimits};
-use rsc_protocol::redact::{ExposeSecret, SecretUrl};
-use rsc_redis::{ConnSettings, LazyRedis, Reconnect};
+use rsc_protocol::redact::ExposeSecret;
+use rsc_redis::{ConnSettings, LazyRedis, Reconnect, RedisSettings};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -57,10 +57,7 @@ pub async fn build_store(cfg: &ServeConfig) -> anyhow::Result<Arc<dyn MetadataSt
         ),
         StoreKind::Redis => {
             let store = RedisStore::open(RedisStoreConfig {
-                urls: cfg.redis_urls.clone(),
-                cluster: cfg.redis_cluster,
-                sentinel: cfg.redis_sentinel.clone(),
-                tls: cfg.redis_tls.clone(),
+                redis: cfg.redis.clone(),
                 key_prefix: cfg.key_prefix.clone(),
                 tombstone_retention: Duration::from_millis(cfg.tombstone_retention_ms),
                 wait_replicas: cfg.store_wait_replicas,
@@ -97,22 +94,8 @@ fn build_wakeups(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<WakeHub>>> {
 /// The wake-up hub's connection to the store's Redis: the same server, cluster or
 /// sentinel-named master, with the same TLS settings.
 fn wake_redis(cfg: &ServeConfig) -> anyhow::Result<LazyRedis> {
-    let settings = WakeHub::REDIS_SETTINGS;
-    match &cfg.redis_sentinel {
-        Some(target) => LazyRedis::open_sentinel(
-            target,
-            cfg.redis_urls[0].expose_secret(),
-            &settings,
-            &cfg.redis_tls,
-        ),
-        None => LazyRedis::open(
-            &SecretUrl::expose_all(&cfg.redis_urls),
-            cfg.redis_cluster,
-            &settings,
-            &cfg.redis_tls,
-        ),
-    }
-    .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))
+    (cfg.redis.open(STORE_REDIS, &WakeHub::REDIS_SETTINGS))
+        .map_err(|e| anyhow::anyhow!("wake-up publisher: {e}"))
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests and returns.
@@ -284,24 +267,25 @@ fn load_acl(cfg: &ServeConfig) -> anyhow::Result<Option<Arc<LiveAcl>>> {
 /// Checks that the data Redis (when configured by URL) is reachable and in the mode the
 /// configuration says (cluster or not).
 async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
-    if let (Some(urls), None) = (&cfg.data_redis_urls, &cfg.data_redis_sentinel) {
-        let settings = data_settings(FENCING_TIMEOUT);
-        rsc_redis::check_mode(
-            urls[0].expose_secret(),
-            cfg.data_redis_cluster,
-            "--data-redis-cluster",
-            &settings,
-            &cfg.data_redis_tls,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
-        info!(
-            servers = urls.len(),
-            cluster = cfg.data_redis_cluster,
-            tls = urls[0].expose_secret().starts_with("rediss://"),
-            "using a data Redis"
-        );
-    }
+    let Some(data) = cfg.data_redis.as_ref().filter(|d| d.sentinel.is_none()) else {
+        return Ok(());
+    };
+    let urls = data.urls();
+    rsc_redis::check_mode(
+        urls[0].expose_secret(),
+        data.cluster,
+        "--data-redis-cluster",
+        &data_settings(FENCING_TIMEOUT),
+        &data.tls(DATA_REDIS)?,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("data Redis (--data-redis-url): {e}"))?;
+    info!(
+        servers = urls.len(),
+        cluster = data.cluster,
+        tls = urls[0].expose_secret().starts_with("rediss://"),
+        "using a data Redis"
+    );
     Ok(())
 }
 
@@ -309,32 +293,8 @@ async fn check_data_redis(cfg: &ServeConfig) -> anyhow::Result<()> {
 /// (one per user, so that a slow lag read never queues a token write); `None` without a
 /// data Redis.
 fn data_redis(cfg: &ServeConfig, timeout: Duration) -> anyhow::Result<Option<LazyRedis>> {
-    cfg.data_redis_urls
-        .as_deref()
-        .map(|urls| {
-            match &cfg.data_redis_sentinel {
-                Some(target) => LazyRedis::open_sentinel(
-                    target,
-                    urls[0].expose_secret(),
-                    &data_settings(timeout),
-                    &cfg.data_redis_tls,
-                ),
-                None => LazyRedis::open(
-                    &SecretUrl::expose_all(urls),
-                    cfg.data_redis_cluster,
-                    &data_settings(timeout),
-                    &cfg.data_redis_tls,
-                ),
-            }
-            .map_err(|e| match e {
-                rsc_redis::OpenError::SeveralUrls => anyhow::anyhow!(
-                    "--data-redis-url lists several servers: that is only valid with \
-                         --data-redis-cluster"
-                ),
-                e => anyhow::anyhow!("invalid --data-redis-url: {e}"),
-            })
-        })
-        .transpose()
+    let open = |d: &RedisSettings| d.open(DATA_REDIS, &data_settings(timeout));
+    Ok(cfg.data_redis.as_ref().map(open).transpose()?)
 }
 
 /// The coordinator over `store`, with owner tokens and seals in the data Redis when there is

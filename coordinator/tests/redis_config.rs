@@ -1,13 +1,13 @@
 //! `serve` settings for the Redis store: flags, TOML, defaults and refusals.
 
-use rsc_coordinator::config::{ServeArgs, StoreKind};
+use rsc_coordinator::config::{DataRedisArgs, ServeArgs, StoreKind, StoreRedisArgs};
 
 #[test]
 fn defaults_follow_the_spec() {
     let cfg = ServeArgs::default().resolve().unwrap();
     assert_eq!(cfg.store, StoreKind::Memory);
-    assert_eq!(cfg.redis_urls, ["redis://127.0.0.1:6379"]);
-    assert!(!cfg.redis_cluster);
+    assert_eq!(cfg.redis.urls(), ["redis://127.0.0.1:6379"]);
+    assert!(!cfg.redis.cluster);
     assert_eq!(cfg.key_prefix, "rsc");
 }
 
@@ -29,10 +29,10 @@ fn toml_file_and_flags() {
     .unwrap();
     assert_eq!(cfg.store, StoreKind::Redis);
     assert_eq!(
-        cfg.redis_urls,
+        cfg.redis.urls(),
         ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]
     );
-    assert!(cfg.redis_cluster);
+    assert!(cfg.redis.cluster);
     assert_eq!(cfg.key_prefix, "prod:rsc");
     // A flag wins over the file.
     let cfg = ServeArgs {
@@ -49,7 +49,10 @@ fn toml_file_and_flags() {
 #[test]
 fn refusals_say_what_to_do() {
     let err = ServeArgs {
-        redis_url: Some("redis://a:1,redis://b:2".into()),
+        redis: StoreRedisArgs {
+            redis_url: Some("redis://a:1,redis://b:2".into()),
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
@@ -70,20 +73,24 @@ fn refusals_say_what_to_do() {
 fn data_redis_cluster_from_flags_and_toml() {
     // Flags: comma-separated seed URLs with --data-redis-cluster.
     let cfg = ServeArgs {
-        data_redis_url: Some("redis://127.0.0.1:7101, redis://127.0.0.1:7102,".into()),
-        data_redis_cluster: true,
+        data_redis: DataRedisArgs {
+            data_redis_url: Some("redis://127.0.0.1:7101, redis://127.0.0.1:7102,".into()),
+            data_redis_cluster: true,
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
     .unwrap();
+    let data = cfg.data_redis.clone().unwrap();
     assert_eq!(
-        cfg.data_redis_urls.clone().unwrap(),
+        data.urls(),
         ["redis://127.0.0.1:7101", "redis://127.0.0.1:7102"]
     );
-    assert!(cfg.data_redis_cluster);
+    assert!(data.cluster);
     // The metadata store is independent of it.
-    assert!(!cfg.redis_cluster);
-    assert_eq!(cfg.redis_urls, ["redis://127.0.0.1:6379"]);
+    assert!(!cfg.redis.cluster);
+    assert_eq!(cfg.redis.urls(), ["redis://127.0.0.1:6379"]);
 
     // The same from a TOML file.
     let dir = std::env::temp_dir().join(format!("rsc-data-cluster-test-{}", std::process::id()));
@@ -101,30 +108,37 @@ fn data_redis_cluster_from_flags_and_toml() {
     }
     .resolve()
     .unwrap();
+    let data = cfg.data_redis.unwrap();
     assert_eq!(
-        cfg.data_redis_urls.unwrap(),
+        data.urls(),
         ["redis://127.0.0.1:7101", "redis://127.0.0.1:7103"]
     );
-    assert!(cfg.data_redis_cluster);
+    assert!(data.cluster);
     std::fs::remove_dir_all(dir).unwrap();
 
     // One URL, no flag: a standalone data Redis.
     let cfg = ServeArgs {
-        data_redis_url: Some("redis://127.0.0.1:7101".into()),
+        data_redis: DataRedisArgs {
+            data_redis_url: Some("redis://127.0.0.1:7101".into()),
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
     .unwrap();
-    assert!(!cfg.data_redis_cluster);
+    assert!(!cfg.data_redis.unwrap().cluster);
     // No data Redis at all.
     let cfg = ServeArgs::default().resolve().unwrap();
-    assert_eq!((cfg.data_redis_urls, cfg.data_redis_cluster), (None, false));
+    assert!(cfg.data_redis.is_none());
 }
 
 #[test]
 fn data_redis_refusals_say_what_to_do() {
     let err = ServeArgs {
-        data_redis_url: Some("redis://a:1,redis://b:2".into()),
+        data_redis: DataRedisArgs {
+            data_redis_url: Some("redis://a:1,redis://b:2".into()),
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
@@ -132,23 +146,35 @@ fn data_redis_refusals_say_what_to_do() {
     assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
     // --redis-cluster is the metadata store's flag: it does not cover the data Redis.
     let err = ServeArgs {
-        data_redis_url: Some("redis://a:1,redis://b:2".into()),
-        redis_cluster: true,
-        redis_url: Some("redis://a:1,redis://b:2".into()),
+        redis: StoreRedisArgs {
+            redis_cluster: true,
+            redis_url: Some("redis://a:1,redis://b:2".into()),
+            ..Default::default()
+        },
+        data_redis: DataRedisArgs {
+            data_redis_url: Some("redis://a:1,redis://b:2".into()),
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
     .unwrap_err();
     assert!(err.to_string().contains("--data-redis-cluster"), "{err}");
     let err = ServeArgs {
-        data_redis_url: Some(" , ".into()),
+        data_redis: DataRedisArgs {
+            data_redis_url: Some(" , ".into()),
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()
     .unwrap_err();
     assert!(err.to_string().contains("data-redis-url is empty"), "{err}");
     let err = ServeArgs {
-        data_redis_cluster: true,
+        data_redis: DataRedisArgs {
+            data_redis_cluster: true,
+            ..Default::default()
+        },
         ..ServeArgs::default()
     }
     .resolve()

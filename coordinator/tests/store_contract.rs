@@ -7,6 +7,7 @@ use rsc_coordinator::store::{
     DocKind, LivenessChange, LockResource, MemoryStore, MetadataStore, Note, RedisStore,
     RedisStoreConfig, SteadyTouch, StoreError, TouchOutcome, buckets_of, due_bucket,
 };
+use rsc_redis::RedisSettings;
 use rsc_testkit::{RedisCluster, RedisServer};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,8 +61,11 @@ async fn fixture(kind: Kind) -> Fixture {
 
 async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -> RedisStore {
     RedisStore::open(RedisStoreConfig {
-        urls: urls.into_iter().map(Into::into).collect(),
-        cluster,
+        redis: RedisSettings {
+            url: Some(urls.join(",").into()),
+            cluster,
+            ..RedisSettings::default()
+        },
         key_prefix: unique_prefix(),
         ..base
     })
@@ -72,7 +76,7 @@ async fn redis_store(urls: Vec<String>, cluster: bool, base: RedisStoreConfig) -
 /// A Redis store on `redis` with the default key prefix `rsc`, as PROTOCOL §2 writes the keys.
 async fn spec_store(redis: &RedisServer) -> RedisStore {
     RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url().into()],
+        redis: url(redis.url()),
         key_prefix: "rsc".into(),
         ..RedisStoreConfig::default()
     })
@@ -752,7 +756,7 @@ contract!(
 async fn redis_tombstones_expire_and_a_recreated_group_persists() {
     let redis = RedisServer::start().unwrap();
     let store = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url().into()],
+        redis: url(redis.url()),
         key_prefix: "rsc".into(),
         tombstone_retention: Duration::from_millis(300),
         ..RedisStoreConfig::default()
@@ -868,7 +872,7 @@ async fn redis_lock_wait_is_bounded_and_an_abandoned_lock_expires() {
 async fn redis_lock_release_only_deletes_its_own_token() {
     let redis = RedisServer::start().unwrap();
     let config = RedisStoreConfig {
-        urls: vec![redis.url().into()],
+        redis: url(redis.url()),
         key_prefix: unique_prefix(),
         lock_hold: Duration::from_millis(100),
         lock_wait: Duration::from_millis(1000),
@@ -948,7 +952,7 @@ async fn redis_store_starts_while_redis_is_down() {
 async fn redis_mode_mismatch_is_refused_at_start() {
     let cluster = RedisCluster::shared().unwrap();
     let err = RedisStore::open(RedisStoreConfig {
-        urls: vec![cluster.urls()[0].clone().into()],
+        redis: url(cluster.urls()[0].clone()),
         ..RedisStoreConfig::default()
     })
     .await
@@ -956,8 +960,10 @@ async fn redis_mode_mismatch_is_refused_at_start() {
     assert!(err.to_string().contains("--redis-cluster"), "{err}");
     let redis = RedisServer::start().unwrap();
     let err = RedisStore::open(RedisStoreConfig {
-        urls: vec![redis.url().into()],
-        cluster: true,
+        redis: RedisSettings {
+            cluster: true,
+            ..url(redis.url())
+        },
         ..RedisStoreConfig::default()
     })
     .await
@@ -1056,5 +1062,13 @@ async fn redis_cluster_node_outage_fails_fast_and_recovers() {
                 }
             }
         }
+    }
+}
+
+/// Settings of the standalone Redis at `url`.
+fn url(url: impl Into<String>) -> RedisSettings {
+    RedisSettings {
+        url: Some(rsc_protocol::redact::SecretUrl::new(url)),
+        ..RedisSettings::default()
     }
 }

@@ -6,17 +6,14 @@
 //! - `quickstart`: the smallest real listener program; start from this one.
 #![deny(missing_docs)]
 
-use rsc_redis::sentinel::{SentinelTarget, parse_addrs};
-use rsc_redis::{ConnSettings, LazyRedis, Reconnect, TlsFiles};
+use rsc_redis::{ConnSettings, LazyRedis, Names, Reconnect};
 use std::time::Duration;
 
 /// The data Redis, for the sample pods' own commands beside the client's: `redis_url` (with
 /// `cluster`, seed nodes, comma-separated), or with `sentinel` (`HOST:PORT` addresses,
 /// comma-separated, and the master's name) the master the sentinels name, with `redis_url`'s
-/// credentials and database and `RSC_REDIS_SENTINEL_PASSWORD` as the sentinels' password.
-/// TLS as the client library reads it from the environment: a `rediss://` URL,
-/// `RSC_REDIS_TLS_CA`, `RSC_REDIS_TLS_CERT`, `RSC_REDIS_TLS_KEY`, `RSC_REDIS_SENTINEL_TLS`.
-/// Connects on first use.
+/// credentials and database. The other settings (sentinel password and TLS, TLS files) as the
+/// client library reads them from the environment (`RSC_REDIS_*`). Connects on first use.
 pub fn data_redis(
     redis_url: &str,
     cluster: bool,
@@ -28,36 +25,11 @@ pub fn data_redis(
         operation_timeout: Duration::from_secs(5),
         reconnect: Reconnect::Patient,
     };
-    let urls: Vec<String> = redis_url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let tls = TlsFiles {
-        ca: env("RSC_REDIS_TLS_CA").map(Into::into),
-        cert: env("RSC_REDIS_TLS_CERT").map(Into::into),
-        key: env("RSC_REDIS_TLS_KEY").map(Into::into),
-    }
-    .load()?;
-    let Some((sentinels, master)) = sentinel else {
-        return Ok(LazyRedis::open(&urls, cluster, &settings, &tls)?);
-    };
-    let target = SentinelTarget {
-        sentinels: parse_addrs(sentinels)?,
-        master_name: master.to_owned(),
-        username: None,
-        password: std::env::var("RSC_REDIS_SENTINEL_PASSWORD")
-            .ok()
-            .map(Into::into),
-        tls: env("RSC_REDIS_SENTINEL_TLS").is_some_and(|v| {
-            matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
-        }),
-    };
-    Ok(LazyRedis::open_sentinel(
-        &target, redis_url, &settings, &tls,
-    )?)
+    let mut redis = rsc_client::ClientConfig::from_env().redis;
+    (redis.url, redis.cluster) = (Some(redis_url.into()), cluster);
+    (redis.sentinel, redis.sentinel_master) = sentinel.map(|(s, m)| (s.into(), m.into())).unzip();
+    let redis = redis.ignoring_unused_sentinel_options();
+    Ok(redis.open(Names::Env("RSC_REDIS"), &settings)?)
 }
 
 /// Milliseconds since the Unix epoch.

@@ -145,8 +145,11 @@ impl Harness {
         let redis_url = format!("redis://127.0.0.1:{port}");
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let cfg = rsc_coordinator::config::ServeArgs {
+            data_redis: rsc_coordinator::config::DataRedisArgs {
+                data_redis_url: Some(redis_url.clone().into()),
+                ..Default::default()
+            },
             listen: Some(listen),
-            data_redis_url: Some(redis_url.clone().into()),
             ..Default::default()
         }
         .resolve()

@@ -56,9 +56,11 @@ pub mod cluster;
 mod conn;
 mod node;
 pub mod sentinel;
+mod settings;
 pub mod tls;
 pub mod watch;
 
 pub use conn::{Conn, ConnSettings, LazyRedis, ModeError, OpenError, Reconnect, check_mode};
 pub use node::NodeConn;
+pub use settings::{Names, RedisSettings, SettingsError};
 pub use tls::{Tls, TlsError, TlsFiles};

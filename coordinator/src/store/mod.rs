@@ -26,7 +26,7 @@ mod redis;
 pub use error::{StoreError, StoreErrorKind};
 pub use layer::{Document, Layered, StoreLayer, Stored};
 pub use memory::MemoryStore;
-pub use redis::{RedisStore, RedisStoreConfig, validate_key_prefix};
+pub use redis::{RedisStore, RedisStoreConfig, STORE_REDIS, validate_key_prefix};
 
 use crate::engine::{GroupDoc, StreamDoc};
 pub use crate::revisions::{Note, Record as RevisionRecord};

@@ -55,8 +55,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use redis::{RedisError, Script, Value};
 use rsc_protocol::AuditEntry;
-use rsc_protocol::redact::{ExposeSecret, SecretUrl};
-use rsc_redis::{Conn, ConnSettings, LazyRedis, OpenError, Reconnect};
+use rsc_protocol::redact::ExposeSecret;
+use rsc_redis::{Conn, ConnSettings, LazyRedis, Names, Reconnect, RedisSettings};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, HashMap};
@@ -68,16 +68,9 @@ use tracing::{debug, warn};
 /// Settings of the Redis store.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
-    /// Server URL (`redis://HOST:PORT[/DB]`); for a cluster, one or more seed nodes (printed
-    /// with their passwords hidden).
-    pub urls: Vec<SecretUrl>,
-    /// Talk Redis Cluster (slot routing, MOVED/ASK) rather than to one server.
-    pub cluster: bool,
-    /// Find the master through Redis Sentinel (`urls[0]` then only gives the master's
-    /// credentials and database).
-    pub sentinel: Option<rsc_redis::sentinel::SentinelTarget>,
-    /// CA and client certificate for `rediss://` URLs (and sentinels over TLS).
-    pub tls: rsc_redis::Tls,
+    /// The Redis (a server, a cluster's seed nodes or the master the sentinels name, TLS
+    /// files); errors name its settings as `serve`'s `--redis-*` flags.
+    pub redis: RedisSettings,
     /// Prefix of every key (PROTOCOL §2 default `rsc`).
     pub key_prefix: String,
     /// Time to establish a connection.
@@ -103,6 +96,9 @@ pub struct RedisStoreConfig {
     pub revisions: RevisionRetention,
 }
 
+/// How errors name the store's Redis settings: as `serve`'s flags (`--redis-url`, …).
+pub const STORE_REDIS: Names = Names::Flags("redis");
+
 /// How long a commit waits for [`RedisStoreConfig::wait_replicas`] replicas. Short: the
 /// `WAIT` holds back the store's other commands on the shared connection meanwhile.
 pub(crate) const WAIT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -121,10 +117,10 @@ impl RedisStoreConfig {
 impl Default for RedisStoreConfig {
     fn default() -> Self {
         RedisStoreConfig {
-            urls: vec!["redis://127.0.0.1:6379".into()],
-            cluster: false,
-            sentinel: None,
-            tls: rsc_redis::Tls::default(),
+            redis: RedisSettings {
+                url: Some("redis://127.0.0.1:6379".into()),
+                ..RedisSettings::default()
+            },
             key_prefix: "rsc".into(),
             connect_timeout: Duration::from_millis(1000),
             response_timeout: Duration::from_millis(1000),
@@ -309,9 +305,7 @@ pub struct RedisStore(Arc<Inner>);
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("urls", &self.0.config.urls)
-            .field("cluster", &self.0.config.cluster)
-            .field("sentinel", &self.0.config.sentinel)
+            .field("redis", &self.0.config.redis)
             .field("key_prefix", &self.0.keys.prefix)
             .finish()
     }
@@ -327,27 +321,9 @@ impl RedisStore {
     /// the store is returned anyway and connects on first use.
     pub async fn open(config: RedisStoreConfig) -> Result<Self, StoreError> {
         validate_key_prefix(&config.key_prefix).map_err(StoreError::unavailable)?;
-        let redis = match &config.sentinel {
-            Some(target) => LazyRedis::open_sentinel(
-                target,
-                config.urls[0].expose_secret(),
-                &config.settings(),
-                &config.tls,
-            ),
-            None => LazyRedis::open(
-                &SecretUrl::expose_all(&config.urls),
-                config.cluster,
-                &config.settings(),
-                &config.tls,
-            ),
-        }
-        .map_err(|e| match e {
-            OpenError::SeveralUrls => StoreError::unavailable(
-                "several Redis URLs are only accepted with Redis Cluster (--redis-cluster)".into(),
-            ),
-            e => StoreError::unavailable(e.to_string()).with_source(e),
-        })?;
-        let sentinel = config.sentinel.is_some();
+        let redis = (config.redis.open(STORE_REDIS, &config.settings()))
+            .map_err(|e| StoreError::unavailable(e.to_string()))?;
+        let sentinel = config.redis.sentinel.is_some();
         let store = RedisStore(Arc::new(Inner {
             redis,
             keys: Keys {
@@ -369,12 +345,15 @@ impl RedisStore {
     /// first server answers; logs and carries on when it does not.
     async fn check_mode(&self) -> Result<(), StoreError> {
         let config = &self.0.config;
+        let url = config.redis.urls().remove(0);
+        let tls =
+            (config.redis.tls(STORE_REDIS)).map_err(|e| StoreError::unavailable(e.to_string()))?;
         rsc_redis::check_mode(
-            config.urls[0].expose_secret(),
-            config.cluster,
+            url.expose_secret(),
+            config.redis.cluster,
             "--redis-cluster",
             &config.settings(),
-            &config.tls,
+            &tls,
         )
         .await
         // The message says it all (a wrong mode or a refused TLS handshake): no source, so
@@ -431,7 +410,7 @@ impl RedisStore {
     /// Queues steady-heartbeat touches (under one lock) and starts the flushes they need;
     /// returns where each one's outcome will arrive, in order.
     fn queue_touches(&self, touches: &[SteadyTouch<'_>]) -> Vec<TouchAnswer> {
-        let cluster = self.0.config.cluster;
+        let cluster = self.0.config.redis.cluster;
         let mut answers = Vec::with_capacity(touches.len());
         let waiting = touches.iter().map(|t| {
             let (reply, answer) = oneshot::channel();
@@ -480,7 +459,7 @@ impl RedisStore {
     /// and its stream's revision is read alongside (another slot).
     async fn touch_batch(&self, batch: &[WaitingTouch]) -> Result<Vec<TouchOutcome>, StoreError> {
         let keys = &self.0.keys;
-        let cluster = self.0.config.cluster;
+        let cluster = self.0.config.redis.cluster;
         // Each group once, in order of first appearance; a touch names its group by index.
         let mut groups: Vec<(&str, &str)> = Vec::new();
         let mut index: HashMap<&str, usize> = HashMap::new();
@@ -1236,7 +1215,7 @@ impl MetadataStore for RedisStore {
     ) -> Result<Vec<String>, StoreError> {
         // Standalone: every bucket in one script call. Cluster: one call per bucket (slot),
         // all sent at once.
-        let calls: Vec<Vec<u32>> = if self.0.config.cluster {
+        let calls: Vec<Vec<u32>> = if self.0.config.redis.cluster {
             buckets.iter().map(|&b| vec![b]).collect()
         } else {
             vec![buckets.to_vec()]
