@@ -48,6 +48,7 @@ mod redis_store;
 mod replay;
 mod reshard;
 mod retention;
+mod retry_stages;
 mod revisions;
 mod secrets;
 mod sentinel_failover;

@@ -215,6 +215,8 @@ pub(crate) struct Settings {
     pub(crate) max_retries: u32,
     pub(crate) retry_min: Duration,
     pub(crate) retry_max: Duration,
+    /// Non-blocking retries: the delay of each retry stage (empty: retries in place).
+    pub(crate) retry_stages: Vec<Duration>,
     pub(crate) batch_size: usize,
     pub(crate) block: Duration,
     pub(crate) drain_grace: Duration,
@@ -235,6 +237,7 @@ impl Default for Settings {
             max_retries: 3,
             retry_min: Duration::from_millis(200),
             retry_max: Duration::from_secs(10),
+            retry_stages: Vec::new(),
             batch_size: 64,
             block: Duration::from_secs(2),
             drain_grace: Duration::from_secs(3),
@@ -515,6 +518,29 @@ impl Listener {
         self
     }
 
+    /// Non-blocking retries (GUIDE "Non-blocking retries: retry stages"): a failed message
+    /// leaves its shard for retry stage 1, is tried again `delays[0]` later, on failure moves
+    /// to stage 2, and so on; after the last stage it is dead-lettered. Its key does not wait:
+    /// the shard's later messages (of the same key too) are handled meanwhile, so a retried
+    /// message is handled after them. [`Self::max_retries`] and [`Self::retry_backoff`] then
+    /// no longer apply. Empty (the default): retries in place.
+    ///
+    /// At most [`rsc_protocol::retry::MAX_STAGES`] stages of 1 ms to 7 days each (longer
+    /// lists are cut, delays clamped).
+    ///
+    /// ```
+    /// use rsc_client::prelude::*;
+    /// use std::time::Duration;
+    /// # async fn on_order(_msg: Message<serde_json::Value>) -> Result<(), HandlerError> { Ok(()) }
+    /// let listener = Listener::new("billing", "orders", on_order)
+    ///     .retry_stages(&[Duration::from_secs(10), Duration::from_secs(60)]);
+    /// # let _ = listener;
+    /// ```
+    pub fn retry_stages(mut self, delays: &[Duration]) -> Self {
+        self.settings.retry_stages = clamp_stages(delays);
+        self
+    }
+
     /// How many entries one read fetches (`XREADGROUP COUNT`, default 64).
     pub fn batch_size(mut self, n: usize) -> Self {
         self.settings.batch_size = n.max(1);
@@ -568,6 +594,17 @@ impl Listener {
     pub fn stream(&self) -> &str {
         &self.stream
     }
+}
+
+/// `delays` within the limits of [`rsc_protocol::retry`]: at most `MAX_STAGES`, each from
+/// 1 ms to `MAX_DELAY`.
+pub(crate) fn clamp_stages(delays: &[Duration]) -> Vec<Duration> {
+    use rsc_protocol::retry::{MAX_DELAY, MAX_STAGES};
+    delays
+        .iter()
+        .take(MAX_STAGES)
+        .map(|d| (*d).clamp(Duration::from_millis(1), MAX_DELAY))
+        .collect()
 }
 
 /// The innermost service: decodes, calls the handler (a panic is a failed attempt), in a span

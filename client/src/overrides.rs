@@ -36,6 +36,8 @@ enum Kind {
     Number,
     /// A duration in whole milliseconds.
     Millis,
+    /// Retry stages' delays, e.g. `10s,1m` (see [`rsc_protocol::retry::parse_stages`]).
+    Delays,
 }
 
 impl Kind {
@@ -45,6 +47,7 @@ impl Kind {
             Kind::Count => "a whole number of at least 1",
             Kind::Number => "a whole number",
             Kind::Millis => "a whole number of milliseconds",
+            Kind::Delays => "delays separated by commas, e.g. 10s,1m (empty: retries in place)",
         }
     }
 }
@@ -58,6 +61,7 @@ const SETTINGS: &[(&str, Kind)] = &[
     ("max_retries", Kind::Number),
     ("retry_backoff_ms", Kind::Millis),
     ("retry_backoff_max_ms", Kind::Millis),
+    ("retry_stages", Kind::Delays),
     ("batch_size", Kind::Count),
     ("max_batch", Kind::Count),
     ("linger_ms", Kind::Millis),
@@ -358,6 +362,10 @@ impl Overrides {
                 }
                 "retry_backoff_ms" => s.retry_min = Duration::from_millis(n()?),
                 "retry_backoff_max_ms" => s.retry_max = Duration::from_millis(n()?),
+                "retry_stages" => {
+                    s.retry_stages = rsc_protocol::retry::parse_stages(&value.text)
+                        .map_err(|why| invalid(&value.from, &value.text, why))?
+                }
                 "batch_size" => s.batch_size = count()?,
                 "max_batch" => {
                     s.max_batch = count()?;

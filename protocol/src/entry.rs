@@ -67,3 +67,28 @@ pub const REDRIVE_COUNT_HEADER: &str = "rsc-redrive-count";
 /// Header of a dead letter republished by a redrive: the group it was redriven for (every
 /// group of the stream is delivered the republished entry).
 pub const REDRIVE_GROUP_HEADER: &str = "rsc-redrive-group";
+
+/// Retry stage entry (non-blocking retries, PROTOCOL §2.2): the entry's id on its shard.
+pub const RETRY_ORIGIN_ID: &str = "retry_origin_id";
+
+/// Retry stage entry: how many times the handler was tried so far.
+pub const RETRY_ATTEMPTS: &str = "retry_attempts";
+
+/// Retry stage entry: Redis's delivery count of the entry's last attempt.
+pub const RETRY_DELIVERIES: &str = "retry_deliveries";
+
+/// Retry stage entry: when the entry is due for its next attempt (Unix milliseconds).
+pub const RETRY_DUE_MS: &str = "retry_due_ms";
+
+/// Retry stage entry: the last attempt's error.
+pub const RETRY_ERROR: &str = "retry_error";
+
+/// The fields a retry stage entry starts with, in this order; the original entry's fields
+/// follow, unchanged (any name, since the position tells them apart).
+pub const RETRY_FIELDS: [&str; 5] = [
+    RETRY_ORIGIN_ID,
+    RETRY_ATTEMPTS,
+    RETRY_DELIVERIES,
+    RETRY_DUE_MS,
+    RETRY_ERROR,
+];

@@ -26,6 +26,7 @@ pub mod limits;
 pub mod names;
 pub mod owner;
 pub mod redact;
+pub mod retry;
 pub mod routing;
 pub mod wire;
 

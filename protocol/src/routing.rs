@@ -54,6 +54,13 @@ pub fn owner_key(shard_key: &str, group: &str) -> String {
     format!("{{{shard_key}}}:owner:{group}")
 }
 
+/// The retry stream of stage `stage` (from 1) of `group` on a shard (non-blocking retries,
+/// PROTOCOL §2.2): `{<shard key>}:retry:<group>:<stage>`, in the shard's Redis Cluster slot,
+/// so that one script can acknowledge an entry on the shard and append it to its stage.
+pub fn retry_key(shard_key: &str, group: &str, stage: u32) -> String {
+    format!("{{{shard_key}}}:retry:{group}:{stage}")
+}
+
 /// The doorbell channel of a shard (PROTOCOL §16): `{<shard key>}:ring`, in the shard's Redis
 /// Cluster slot. A producer publishes an empty message on it in the round trip of its `XADD`s
 /// to the shard, so that consumers waiting on the shard read at once instead of at their
@@ -202,6 +209,10 @@ mod tests {
     #[test]
     fn owner_key_shares_the_shard_slot() {
         assert_eq!(owner_key("orders:3", "billing"), "{orders:3}:owner:billing");
+        assert_eq!(
+            retry_key("orders:3", "billing", 2),
+            "{orders:3}:retry:billing:2"
+        );
         assert_eq!(epoch_key("orders:3"), "{orders:3}:epoch");
         assert_eq!(seals_key("orders:3"), "{orders:3}:seals");
         assert_eq!(publish_abort_key("orders:3"), "{orders:3}:publish-abort");

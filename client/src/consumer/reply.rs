@@ -36,6 +36,12 @@ pub(crate) struct OrderedClaim {
     pub(crate) claimed: Vec<OrderedId>,
 }
 
+/// An `XRANGE` reply.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OrderedRange {
+    pub(crate) ids: Vec<OrderedId>,
+}
+
 fn invalid(what: &str, v: &Value) -> ParsingError {
     format!("unexpected {what} in a stream reply: {v:?}").into()
 }
@@ -101,6 +107,12 @@ impl FromRedisValue for OrderedRead {
             .map(|v| Ok(OrderedKey { ids: entries(v)? }))
             .collect::<Result<_, ParsingError>>()?;
         Ok(OrderedRead { keys })
+    }
+}
+
+impl FromRedisValue for OrderedRange {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        Ok(OrderedRange { ids: entries(v)? })
     }
 }
 

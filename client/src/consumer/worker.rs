@@ -44,7 +44,8 @@
 //! waits), [`takeover`] (group, claim, cleanup), [`hold`] (ordered resharding's seals and
 //! parents), [`ack`] (acknowledgements), [`conn`] (where the commands go); [`call`] and
 //! [`calls`] (one handler call with its retries and dead letters, through the listener's
-//! layers; the calls in flight).
+//! layers; the calls in flight); [`stages`] (non-blocking retries' decisions; pure) and
+//! [`retries`] (their I/O: the retry streams of the shard, worked beside its reads).
 
 use super::MemberShared;
 use crate::message::{Entry, Origin};
@@ -67,6 +68,8 @@ mod dispatch;
 mod hold;
 mod machine;
 mod read;
+mod retries;
+mod stages;
 mod takeover;
 
 /// Flags the member and its worker share for one shard.
@@ -186,11 +189,18 @@ impl ShardWorker {
             ("stream", shared.stream.clone()),
             ("shard", shard.to_string()),
         ];
+        let stager = retries::Stager::new(
+            &shared.listener.settings.retry_stages,
+            flags.clone(),
+            &shared.group,
+            &shared.stream,
+        );
         let runner = call::Runner {
             shared: shared.clone(),
             origin: origin.clone(),
             stop: stop.clone(),
             parked: metrics::gauge!("rsc_client_shard_parked_entries", &labels),
+            stager,
         };
         let machine = Machine::new(machine_config(&shared, bell.is_none()));
         ShardWorker {
@@ -256,7 +266,15 @@ impl ShardWorker {
             shared_connection = !conn.may_block(),
             "shard worker started"
         );
-        self.drive(&mut conn).await;
+        // Non-blocking retries: the shard's retry streams are worked beside its reads, for as
+        // long as the worker owns the shard (see [`retries`]).
+        let stage_loop = (self.runner.stager.as_ref()).map(|s| s.stage_loop(self.runner.clone()));
+        let stages = async {
+            if let Some(l) = stage_loop {
+                l.run().await;
+            }
+        };
+        tokio::join!(self.drive(&mut conn), stages);
         debug!("shard worker stopped");
     }
 

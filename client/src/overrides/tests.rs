@@ -150,3 +150,26 @@ fn what_names_no_listener_setting_or_profile_is_an_error_not_ignored() {
     let e = err(&[], Some("[listeners.billing\n"));
     assert!(matches!(e, ConfigError::ConfigFile { .. }), "{e}");
 }
+
+#[test]
+fn retry_stages_are_delays_separated_by_commas() {
+    let names = ["billing"];
+    let vars = env(&[("RSC_LISTENER_BILLING_RETRY_STAGES", "10s, 1m")]);
+    let o = resolve(&vars, None, &names).expect("valid");
+    let mut l = listener();
+    o.apply(&mut l).expect("applies");
+    assert_eq!(
+        l.settings.retry_stages,
+        [Duration::from_secs(10), Duration::from_secs(60)]
+    );
+    // The file may turn them off for a deployment: an empty list retries in place.
+    let file = "[listeners.billing]\nretry_stages = \"\"\n";
+    let o = resolve(&[], Some(("rsc.toml", file)), &names).expect("valid");
+    let mut l = listener().retry_stages(&[Duration::from_secs(1)]);
+    o.apply(&mut l).expect("applies");
+    assert!(l.settings.retry_stages.is_empty());
+
+    let e = err(&[("RSC_LISTENER_BILLING_RETRY_STAGES", "10s,0s")], None);
+    assert_eq!(setting_of(&e), "RSC_LISTENER_BILLING_RETRY_STAGES");
+    assert!(e.to_string().contains("at least 1ms"), "{e}");
+}

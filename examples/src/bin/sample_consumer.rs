@@ -3,17 +3,18 @@
 //! ```text
 //! sample-consumer --coordinator URL[,URL…] --redis-url URL[,URL…] [--redis-cluster] --group G --stream S \
 //!   --concurrency N --pod-ip IP [--key-concurrency N] [--token T] [--handle-ms N] [--fail-rate F]
-//!   [--poison-key K] [--hang-key-prefix P] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
+//!   [--poison-key K] [--poison-seq N] [--flaky-seq N] [--hang-key-prefix P] [--record-stream KEY] [--max-retries N] [--retry-backoff-ms N]
 //!   [--health-listen ADDR] [--static-id ID] [--data-redis-grace-ms N]
 //! ```
 //! Member ids are `<pod_ip>-<group>-<index>`. Each handling attempt takes `--handle-ms` and
 //! fails with probability `--fail-rate` (then it is retried, then dead-lettered to
-//! `<stream>:dlq`); every attempt on an entry with key `--poison-key` fails; the handling of
+//! `<stream>:dlq`); every attempt on an entry with key `--poison-key` (or payload seq `--poison-seq`) fails, the
+//! first attempt on the entry with seq `--flaky-seq` fails; the handling of
 //! an entry whose key starts with `--hang-key-prefix` never ends (a stuck handler: a
 //! revocation drops it at its deadline, PROTOCOL §5.3). With
 //! `--key-concurrency N`, up to N entries of one shard are handled at once, never two of one
 //! key. With `--record-stream`, every successful handling adds one entry to KEY
-//! (`entry_id, shard, member, key, seq, started_ms, finished_ms`) before the acknowledgement.
+//! (`entry_id, shard, member, key, seq, started_ms, finished_ms, attempt, delivery_count`) before the acknowledgement.
 //! SIGTERM: finish in-flight messages, acknowledge, leave the group, exit 0 (with `--static-id`
 //! the pod leaves for a restart: its shards wait for it). A crash of the app (a panic, a
 //! refusal by the coordinator, a shutdown past its deadline) exits non-zero.
@@ -91,6 +92,13 @@ struct Args {
     /// Every handling attempt of an entry with this key fails (a poison key).
     #[arg(long)]
     poison_key: Option<String>,
+    /// Every handling attempt of the entry whose payload `seq` is this fails (one poison entry).
+    #[arg(long)]
+    poison_seq: Option<u64>,
+    /// The first handling attempt of the entry whose payload `seq` is this fails; the next ones
+    /// succeed.
+    #[arg(long)]
+    flaky_seq: Option<u64>,
     /// The handling of an entry whose key starts with this never ends (a stuck handler).
     #[arg(long)]
     hang_key_prefix: Option<String>,
@@ -127,6 +135,8 @@ struct Pod {
     handle: Duration,
     fail_rate: f64,
     poison_key: Option<String>,
+    poison_seq: Option<u64>,
+    flaky_seq: Option<u64>,
     hang_key_prefix: Option<String>,
     /// Where handlings are recorded: the stream key on the data Redis.
     record: Option<(String, LazyRedis)>,
@@ -156,6 +166,13 @@ impl Pod {
                 msg.attempt()
             )));
         }
+        let seq = msg.payload().seq;
+        if self.poison_seq == Some(seq) || (self.flaky_seq == Some(seq) && msg.attempt() == 1) {
+            return Err(HandlerError::retry(format!(
+                "failing seq {seq} (attempt {})",
+                msg.attempt()
+            )));
+        }
         if self.fail_rate > 0.0 && rand::random::<f64>() < self.fail_rate {
             return Err(HandlerError::retry(format!(
                 "injected failure (seq {}, attempt {})",
@@ -182,7 +199,11 @@ impl Pod {
                 .arg("started_ms")
                 .arg(started_ms)
                 .arg("finished_ms")
-                .arg(finished_ms);
+                .arg(finished_ms)
+                .arg("attempt")
+                .arg(msg.attempt())
+                .arg("delivery_count")
+                .arg(msg.delivery_count());
             let _: String = cmd.query_async(&mut conn.clone()).await?;
         }
         Ok(())
@@ -222,6 +243,8 @@ impl Pod {
             handle: Duration::from_millis(args.handle_ms),
             fail_rate: args.fail_rate,
             poison_key: args.poison_key.clone(),
+            poison_seq: args.poison_seq,
+            flaky_seq: args.flaky_seq,
             hang_key_prefix: args.hang_key_prefix.clone(),
             record: args.record_stream.clone().map(|key| (key, data.clone())),
         }

@@ -28,6 +28,9 @@ pub(crate) fn expand(func: &syn::ItemFn, args: &ListenerArgs, handler: &Handler)
     if let Some(n) = args.max_retries {
         chain.extend(quote!(.max_retries(#n)));
     }
+    if let Some(stages) = &args.retry_stages {
+        chain.extend(quote!(.retry_stages(&[#(::std::time::Duration::from_millis(#stages)),*])));
+    }
     match args.ack {
         Some(Ack::Manual) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Manual))),
         Some(Ack::Auto) => chain.extend(quote!(.ack_mode(::rsc_client::AckMode::Auto))),

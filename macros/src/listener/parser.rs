@@ -8,8 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, FnArg, Lit, MetaNameValue, Token};
 
 /// The keys the attribute accepts, for error messages.
-const KEYS: &str =
-    "group, stream, concurrency, key_concurrency, name, ack, max_retries, batch, linger_ms";
+const KEYS: &str = "group, stream, concurrency, key_concurrency, name, ack, max_retries, retry_stages, batch, linger_ms";
 
 /// The error for an unknown key: with the known key it most likely misspells (at most two
 /// edits away), then every key.
@@ -43,6 +42,8 @@ pub(crate) struct ListenerArgs {
     pub(crate) name: Option<String>,
     pub(crate) ack: Option<Ack>,
     pub(crate) max_retries: Option<u32>,
+    /// Non-blocking retries: each stage's delay in milliseconds (checked at compile time).
+    pub(crate) retry_stages: Option<Vec<u64>>,
     /// A batch listener: the most messages per call.
     pub(crate) batch: Option<u32>,
     /// A batch listener's linger, in milliseconds.
@@ -98,6 +99,7 @@ struct Given {
     name: Option<String>,
     ack: Option<Ack>,
     max_retries: Option<u32>,
+    retry_stages: Option<Vec<u64>>,
     batch: Option<u32>,
     linger_ms: Option<u32>,
 }
@@ -125,6 +127,7 @@ impl Given {
                 )
             }),
             "max_retries" => once(&mut self.max_retries, pair, |v| int_value(v, "max_retries")),
+            "retry_stages" => once(&mut self.retry_stages, pair, stages_value),
             "batch" => once(&mut self.batch, pair, |v| {
                 at_least_one(
                     v,
@@ -154,6 +157,7 @@ impl Given {
             name: self.name,
             ack: self.ack,
             max_retries: self.max_retries,
+            retry_stages: self.retry_stages,
             batch: self.batch,
             linger_ms: self.linger_ms,
         })
@@ -199,6 +203,19 @@ fn ack_value(value: &Expr) -> syn::Result<Ack> {
             "`ack` is \"auto\" (after the handler succeeds) or \"manual\"",
         )),
     }
+}
+
+/// `retry_stages = "10s,1m"`: each stage's delay in milliseconds
+/// ([`rsc_protocol::retry::parse_stages`]).
+fn stages_value(value: &Expr) -> syn::Result<Vec<u64>> {
+    let text = str_value(value, "retry_stages")?;
+    let stages = rsc_protocol::retry::parse_stages(&text).map_err(|why| {
+        syn::Error::new(
+            value.span(),
+            format!("`retry_stages` takes delays separated by commas, e.g. \"10s,1m\": {why}"),
+        )
+    })?;
+    Ok(stages.iter().map(|d| d.as_millis() as u64).collect())
 }
 
 fn missing(key: &str, args: &TokenStream) -> syn::Error {
@@ -443,10 +460,12 @@ mod tests {
             name = "n",
             ack = "manual",
             max_retries = 7,
+            retry_stages = "10s, 1m",
             batch = 100,
             linger_ms = 20
         ))
         .unwrap();
+        assert_eq!(a.retry_stages, Some(vec![10_000, 60_000]));
         assert_eq!((a.batch, a.linger_ms), (Some(100), Some(20)));
         assert_eq!((a.group.as_str(), a.stream.as_str()), ("g", "s"));
         assert_eq!(a.concurrency, Some(4));
@@ -485,6 +504,14 @@ mod tests {
             (quote!(group = "g", stream = "s", ack = "later"), "`ack` is"),
             (quote!(group, stream = "s"), "key = value"),
             (quote!(group = "g", stream = "s", batch = 0), "at least 1"),
+            (
+                quote!(group = "g", stream = "s", retry_stages = "10s,1w"),
+                "`retry_stages` takes delays separated by commas",
+            ),
+            (
+                quote!(group = "g", stream = "s", retry_stages = 10),
+                "`retry_stages` takes a string literal",
+            ),
             (
                 quote!(group = "g", stream = "s", linger_ms = 5),
                 "only applies to a batch",

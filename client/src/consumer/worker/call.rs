@@ -30,6 +30,9 @@ pub(super) struct Runner {
     pub(super) stop: CancellationToken,
     /// Entries (with several lanes: keys) waiting out a retry's backoff on this shard.
     pub(super) parked: metrics::Gauge,
+    /// Non-blocking retries: a failed entry goes to a retry stage instead of being retried
+    /// in place (`None`: no stage configured).
+    pub(super) stager: Option<super::retries::Stager>,
 }
 
 impl Runner {
@@ -97,13 +100,13 @@ impl Runner {
     }
 
     /// Sleeps unless stopped first; `false` when stopped.
-    async fn pause_for(&self, d: Duration) -> bool {
+    pub(super) async fn pause_for(&self, d: Duration) -> bool {
         super::sleep_unless_stopped(&self.stop, d).await
     }
 
     /// One attempt on `pending` through the listener's stack (its layers around the
     /// handler, [`crate::layer`]): a verdict per entry, in order (`None`: handled).
-    async fn attempt(&self, pending: &[(Arc<Entry>, u32)]) -> Vec<Option<HandlerError>> {
+    pub(super) async fn attempt(&self, pending: &[(Arc<Entry>, u32)]) -> Vec<Option<HandlerError>> {
         let started = tokio::time::Instant::now();
         let listener = &self.shared.listener;
         let verdicts = if listener.layers.is_empty() {
@@ -155,6 +158,22 @@ impl Runner {
                 continue;
             }
             m.failed.increment(1);
+            if let Some(stager) = &self.stager {
+                // Non-blocking retries: to retry stage 1 (or the dead letters), never in place.
+                if !self
+                    .stage_or_dead_letter(stager, &entry, &err, attempt)
+                    .await
+                {
+                    return None;
+                }
+                let verdict = if err.action() == FailureAction::DeadLetter {
+                    Verdict::DeadLettered
+                } else {
+                    Verdict::Staged
+                };
+                verdicts.push((entry.id.clone(), verdict));
+                continue;
+            }
             if err.action() == FailureAction::DeadLetter || attempt > settings.max_retries {
                 if !self.dead_letter(&entry, &err, attempt).await {
                     return None;
@@ -175,7 +194,12 @@ impl Runner {
     /// Copies the entry to `<stream>:dlq` with `error`, `origin` (shard key), `origin_id`,
     /// `group`, `member`, `attempts` and `failed_ms`. Retried until written (`true`) or
     /// stopped (`false`).
-    async fn dead_letter(&self, entry: &Entry, err: &HandlerError, attempts: u32) -> bool {
+    pub(super) async fn dead_letter(
+        &self,
+        entry: &Entry,
+        err: &HandlerError,
+        attempts: u32,
+    ) -> bool {
         let dlq = rsc_protocol::routing::dlq_key(&self.origin.stream);
         let cmd = dead_letter_cmd(&dlq, &self.origin, entry, err, attempts);
         // On the shared connection: on a cluster the dead-letter stream lives in another slot.

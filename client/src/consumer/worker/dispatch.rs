@@ -64,6 +64,9 @@ pub(crate) enum Verdict {
     Handled,
     /// Written to the dead-letter stream.
     DeadLettered,
+    /// Moved to a retry stage, acknowledged on the shard by the same script (PROTOCOL §2.2
+    /// "Retry stages").
+    Staged,
     /// Stopped before the entry was settled: it stays pending.
     Abandoned,
 }
@@ -293,7 +296,7 @@ impl<E: Keyed + Clone> Dispatch<E> {
             let ack = match verdict {
                 Verdict::Handled => self.shape.auto_ack,
                 Verdict::DeadLettered => true,
-                Verdict::Abandoned => false,
+                Verdict::Staged | Verdict::Abandoned => false,
             };
             if ack {
                 self.acks.push(id.to_owned());

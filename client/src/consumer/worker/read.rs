@@ -413,10 +413,31 @@ impl ShardWorker {
                 .await;
         if let Ok(p) = pending
             && p.count() == 0
+            && self.retry_stages_empty(conn).await
             && !self.flags.drained.swap(true, Ordering::Relaxed)
         {
             info!("draining shard is empty");
         }
+    }
+
+    /// Non-blocking retries: whether the shard's retry streams are empty (a draining shard
+    /// with entries waiting in a stage is not drained: they are its owner's to try).
+    async fn retry_stages_empty(&self, conn: &mut WorkerConn) -> bool {
+        let stages = self.shared.listener.settings.retry_stages.len() as u32;
+        if stages == 0 {
+            return true;
+        }
+        let mut pipe = redis::pipe();
+        for stage in 1..=stages {
+            let o = &self.origin;
+            pipe.cmd("XLEN").arg(rsc_protocol::routing::retry_key(
+                &o.shard_key,
+                &o.group,
+                stage,
+            ));
+        }
+        let lens: Result<Vec<u64>, RedisError> = pipe.query_async(conn).await;
+        lens.is_ok_and(|l| l.iter().all(|n| *n == 0))
     }
 
     /// [`Step::ReadLag`]: the shard's lag gauge from `XINFO GROUPS`.

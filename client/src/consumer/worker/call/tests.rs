@@ -33,6 +33,7 @@ fn runner(listener: Listener, stop: &CancellationToken) -> Runner {
         origin,
         stop: stop.clone(),
         parked: metrics::gauge!("rsc_test_parked"),
+        stager: None,
     }
 }
 

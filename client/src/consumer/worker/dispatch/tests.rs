@@ -164,6 +164,20 @@ fn acks_follow_verdicts_and_abandoned_entries_stay_pending() {
 }
 
 #[test]
+fn a_staged_entry_frees_its_key_and_is_not_acknowledged_again() {
+    let mut d = Dispatch::new(shape(2, 1));
+    d.offer([e(1, Some("a")), e(2, Some("a"))]);
+    let c = d.next_call().expect("a call");
+    assert_eq!(ids(&c), ["1-0"]);
+    assert!(d.next_call().is_none(), "2-0 waits for its key");
+    // Moved to a retry stage: the stage script acknowledged it on the shard.
+    d.finished(c.id, &[("1-0".into(), Verdict::Staged)]);
+    assert!(d.take_acks().is_empty());
+    let c = d.next_call().expect("the key's next entry starts at once");
+    assert_eq!(ids(&c), ["2-0"]);
+}
+
+#[test]
 fn a_re_read_of_known_entries_starts_nothing_twice() {
     let mut d = Dispatch::new(shape(2, 1));
     d.offer([e(1, Some("a")), e(2, Some("b"))]);
