@@ -116,6 +116,7 @@ pub use error::{BoxError, ClientError, ConfigError, CoordinatorError, Coordinato
 pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError, IntoBatchError};
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
+pub use overrides::{ListenerOverrides, ListenerSettings, OverrideSources, SettingKind};
 pub use rsc_api::{ClientTls as CoordinatorTls, install_crypto_provider};
 /// The types of [`ClientConfig`]'s secrets (the token, the Redis URL, the sentinels'
 /// password): their `Debug` hides them (PROTOCOL §12).
