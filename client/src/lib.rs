@@ -78,7 +78,9 @@
 //! names in the TOML file `RSC_CONFIG_FILE` (`[profiles.<profile>.listeners.<name>]`), that
 //! file's `[listeners.<name>]`, then the code. A bad value, or one naming no listener, fails
 //! [`ConsumerAppBuilder::build`] with [`ConfigError::InvalidSetting`] naming the variable or
-//! key. GUIDE "Configuration outside the code".
+//! key. GUIDE "Configuration outside the code". [`ListenerOverrides`] reads the same layers
+//! for a program that runs listeners from its own configuration, with settings of its own
+//! (`rsc-bridge`).
 //!
 //! # Features
 //! - `tls` (default): TLS to the data Redis (`rediss://`).
