@@ -7,37 +7,21 @@
 //! set by variables alone. The bridge's own settings are the file's `[bridge]` section,
 //! under `RSC_BRIDGE_*` variables and flags.
 //!
-//! Nothing is ignored silently: an unknown setting, section or variable, or a value of the
-//! wrong kind, is an error naming where it was read.
+//! The layering and its refusals are `rsc-client`'s own ([`ListenerOverrides`]), with the
+//! bridge's settings added: nothing is ignored silently; an unknown setting, section or
+//! variable, or a value of the wrong kind, is an error naming where it was read.
 
-use std::collections::BTreeMap;
+use rsc_client::{ListenerOverrides, ListenerSettings, OverrideSources, SettingKind};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The prefix of the listener variables (as `ConsumerApp`'s).
-const ENV_PREFIX: &str = "RSC_LISTENER_";
-
-/// A configuration that cannot be used: where, what, and what was expected.
+/// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub(crate) enum ConfigError {
-    /// A value of the wrong kind, or a key that names nothing.
-    #[error("{at}: {value:?} is not valid: expected {expected}")]
-    Invalid {
-        /// The variable, or the file and key.
-        at: String,
-        /// The value as read.
-        value: String,
-        /// What it must be.
-        expected: String,
-    },
-    /// The file cannot be read or parsed.
-    #[error("configuration file {path}: {reason}")]
-    File {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
+    /// A value of the wrong kind, a key that names nothing, or a file that cannot be read:
+    /// `ConsumerApp`'s error, naming where it was read.
+    #[error(transparent)]
+    Setting(#[from] rsc_client::ConfigError),
     /// No listener at all.
     #[error(
         "no listener: declare one as a [listeners.<name>] section of RSC_CONFIG_FILE, or name it in RSC_BRIDGE_LISTENERS"
@@ -53,47 +37,13 @@ pub(crate) enum ConfigError {
     },
 }
 
-/// What a setting's value must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Any text.
-    Text,
-    /// A whole number, at least 1.
-    Count,
-    /// A whole number, 0 or more.
-    Number,
-    /// Whole milliseconds.
-    Millis,
-}
-
-impl Kind {
-    fn expected(self) -> &'static str {
-        match self {
-            Kind::Text => "a string",
-            Kind::Count => "a whole number of at least 1",
-            Kind::Number => "a whole number",
-            Kind::Millis => "a whole number of milliseconds",
-        }
-    }
-}
-
-/// Every listener setting: `ConsumerApp`'s, then the bridge's own.
-const SETTINGS: &[(&str, Kind)] = &[
-    ("group", Kind::Text),
-    ("stream", Kind::Text),
-    ("concurrency", Kind::Count),
-    ("key_concurrency", Kind::Count),
-    ("max_retries", Kind::Number),
-    ("retry_backoff_ms", Kind::Millis),
-    ("retry_backoff_max_ms", Kind::Millis),
-    ("batch_size", Kind::Count),
-    ("max_batch", Kind::Count),
-    ("linger_ms", Kind::Millis),
-    ("deliver_to", Kind::Text),
-    ("deliver_path", Kind::Text),
-    ("delivery_timeout_ms", Kind::Millis),
-    ("mode", Kind::Text),
-    ("event_type", Kind::Text),
+/// The bridge's listener settings beyond `ConsumerApp`'s.
+const SETTINGS: &[(&str, SettingKind)] = &[
+    ("deliver_to", SettingKind::Text),
+    ("deliver_path", SettingKind::Text),
+    ("delivery_timeout_ms", SettingKind::Millis),
+    ("mode", SettingKind::Text),
+    ("event_type", SettingKind::Text),
 ];
 
 /// How an entry is written into the HTTP request (CloudEvents 1.0 HTTP binding).
@@ -149,6 +99,8 @@ pub(crate) struct Route {
     pub(crate) max_retries: u32,
     /// The retry backoff, from and to.
     pub(crate) retry_backoff: (Duration, Duration),
+    /// Non-blocking retry stages' delays (GUIDE "Non-blocking retries: retry stages"); empty: retries in place.
+    pub(crate) retry_stages: Vec<Duration>,
     /// Entries per read (`XREADGROUP COUNT`).
     pub(crate) batch_size: Option<usize>,
     /// A batch listener's wait for a fuller batch.
@@ -175,41 +127,16 @@ pub(crate) struct FileBridge {
     pub(crate) publish_body_limit: Option<usize>,
 }
 
-/// One setting's value and where it was read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Value {
-    text: String,
-    from: String,
-}
-
-/// Settings by listener, then by setting name.
-type Raw = BTreeMap<String, BTreeMap<&'static str, Value>>;
-
 fn invalid(
     at: impl Into<String>,
     value: impl Into<String>,
     expected: impl Into<String>,
 ) -> ConfigError {
-    ConfigError::Invalid {
-        at: at.into(),
+    ConfigError::Setting(rsc_client::ConfigError::InvalidSetting {
+        setting: at.into(),
         value: value.into(),
         expected: expected.into(),
-    }
-}
-
-/// A listener name as a variable spells it: upper case, `_` for anything but a letter or
-/// digit (as `ConsumerApp`'s).
-pub(crate) fn env_name(listener: &str) -> String {
-    listener
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    })
 }
 
 /// What `load` reads.
@@ -227,91 +154,37 @@ pub(crate) struct Sources<'a> {
 
 /// The listeners and the file's `[bridge]` section.
 pub(crate) fn load(src: &Sources<'_>) -> Result<(Vec<Route>, FileBridge), ConfigError> {
-    let mut raw = Raw::new();
-    for name in &src.declared {
-        raw.entry(name.clone()).or_default();
-    }
-    let mut bridge = FileBridge::default();
-    match src.file {
-        Some((path, text)) => bridge = read_file(&mut raw, path, text, src.profile)?,
-        None => {
-            if let Some(p) = src.profile {
-                return Err(invalid(
-                    "RSC_PROFILE",
-                    p,
-                    "a profile of a configuration file (RSC_CONFIG_FILE is not set)",
-                ));
-            }
+    let declared: Vec<&str> = src.declared.iter().map(String::as_str).collect();
+    let overrides = ListenerOverrides::read(&OverrideSources {
+        env: &src.env,
+        file: src.file,
+        profile: src.profile,
+        listeners: &declared,
+        file_declares: true,
+        extra_settings: SETTINGS,
+        extra_sections: &["bridge"],
+    })?;
+    let bridge = match src.file {
+        Some((path, text)) => {
+            let doc: toml::Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| rsc_client::ConfigError::ConfigFile {
+                        path: path.to_owned(),
+                        reason: e.message().to_owned(),
+                    })?;
+            let at = format!("{path}: bridge");
+            read_bridge(table(doc.get("bridge"), &at)?, path)?
         }
-    }
-    read_env(&mut raw, &src.env)?;
-    if raw.is_empty() {
+        None => FileBridge::default(),
+    };
+    let routes = overrides
+        .listeners()
+        .map(|name| route(name, overrides.of(name)))
+        .collect::<Result<Vec<_>, _>>()?;
+    if routes.is_empty() {
         return Err(ConfigError::NoListeners);
     }
-    let routes = raw
-        .iter()
-        .map(|(name, settings)| route(name, settings))
-        .collect::<Result<Vec<_>, _>>()?;
     Ok((routes, bridge))
-}
-
-/// The file: `[bridge]`, `[listeners.*]`, then the profile's `[profiles.<p>.listeners.*]`.
-fn read_file(
-    raw: &mut Raw,
-    path: &str,
-    text: &str,
-    profile: Option<&str>,
-) -> Result<FileBridge, ConfigError> {
-    let doc: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| ConfigError::File {
-            path: path.to_owned(),
-            reason: e.message().to_owned(),
-        })?;
-    if let Some(key) = doc
-        .keys()
-        .find(|k| !matches!(k.as_str(), "listeners" | "profiles" | "bridge"))
-    {
-        return Err(invalid(
-            format!("{path}: {key}"),
-            "…",
-            "a [bridge], [listeners.<name>] or [profiles.<profile>] section",
-        ));
-    }
-    let bridge = read_bridge(table(doc.get("bridge"), &format!("{path}: bridge"))?, path)?;
-    read_section(
-        raw,
-        table(doc.get("listeners"), &format!("{path}: listeners"))?,
-        &format!("{path}: listeners"),
-        true,
-    )?;
-    let profiles = table(doc.get("profiles"), &format!("{path}: profiles"))?;
-    if let Some(p) = profile {
-        let Some(chosen) = profiles.and_then(|t| t.get(p)) else {
-            let known: Vec<&str> = profiles
-                .iter()
-                .flat_map(|t| t.keys())
-                .map(String::as_str)
-                .collect();
-            return Err(invalid(
-                "RSC_PROFILE",
-                p,
-                format!("a profile of {path} ({})", known.join(", ")),
-            ));
-        };
-        let at = format!("{path}: profiles.{p}");
-        let chosen = table(Some(chosen), &at)?.expect("a value");
-        if let Some(other) = chosen.keys().find(|k| *k != "listeners") {
-            return Err(invalid(
-                format!("{at}.{other}"),
-                "…",
-                "a [profiles.<profile>.listeners.<name>] section",
-            ));
-        }
-        let at = format!("{at}.listeners");
-        read_section(raw, table(chosen.get("listeners"), &at)?, &at, false)?;
-    }
-    Ok(bridge)
 }
 
 /// The `[bridge]` section.
@@ -344,97 +217,6 @@ fn read_bridge(section: Option<&toml::Table>, path: &str) -> Result<FileBridge, 
     Ok(out)
 }
 
-/// One `listeners` table; `declares`: it may name new listeners (the base section; a
-/// profile only overrides the listeners the file declares).
-fn read_section(
-    raw: &mut Raw,
-    section: Option<&toml::Table>,
-    at: &str,
-    declares: bool,
-) -> Result<(), ConfigError> {
-    for (name, settings) in section.into_iter().flatten() {
-        let at = format!("{at}.{name}");
-        if !declares && !raw.contains_key(name) {
-            let names: Vec<&str> = raw.keys().map(String::as_str).collect();
-            return Err(invalid(
-                at,
-                "…",
-                format!("a listener of the file ({})", names.join(", ")),
-            ));
-        }
-        let settings = table(Some(settings), &at)?.expect("a value");
-        let entry = raw.entry(name.clone()).or_default();
-        for (key, value) in settings {
-            let from = format!("{at}.{key}");
-            let Some(&(setting, _)) = SETTINGS.iter().find(|(s, _)| s == key) else {
-                return Err(invalid(
-                    from,
-                    value.to_string(),
-                    format!("one of {}", setting_list(false)),
-                ));
-            };
-            let text = match value {
-                toml::Value::String(s) => s.clone(),
-                toml::Value::Integer(i) => i.to_string(),
-                other => return Err(invalid(from, other.to_string(), "a string or an integer")),
-            };
-            entry.insert(setting, Value { text, from });
-        }
-    }
-    Ok(())
-}
-
-/// `RSC_LISTENER_<NAME>_<SETTING>` of each listener; any other `RSC_LISTENER_*` is an error.
-fn read_env(raw: &mut Raw, env: &[(String, String)]) -> Result<(), ConfigError> {
-    let names: Vec<String> = raw.keys().cloned().collect();
-    for (var, value) in env.iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)) {
-        let found = names.iter().find_map(|name| {
-            let rest = var[ENV_PREFIX.len()..]
-                .strip_prefix(&env_name(name))?
-                .strip_prefix('_')?;
-            let setting = SETTINGS
-                .iter()
-                .find(|(s, _)| s.to_ascii_uppercase() == rest)?;
-            Some((name.clone(), setting.0))
-        });
-        let Some((name, setting)) = found else {
-            let listeners: Vec<String> = names.iter().map(|n| env_name(n)).collect();
-            return Err(invalid(
-                var.clone(),
-                value.clone(),
-                format!(
-                    "RSC_LISTENER_<listener>_<setting> of a listener ({}) and a setting ({})",
-                    listeners.join(", "),
-                    setting_list(true)
-                ),
-            ));
-        };
-        if !value.trim().is_empty() {
-            let v = Value {
-                text: value.trim().to_owned(),
-                from: var.clone(),
-            };
-            raw.entry(name).or_default().insert(setting, v);
-        }
-    }
-    Ok(())
-}
-
-/// The settings' names, as the file spells them or (`upper`) as variables do.
-fn setting_list(upper: bool) -> String {
-    let names: Vec<String> = SETTINGS
-        .iter()
-        .map(|(s, _)| {
-            if upper {
-                s.to_ascii_uppercase()
-            } else {
-                (*s).to_owned()
-            }
-        })
-        .collect();
-    names.join(", ")
-}
-
 /// `value` as a table (`None` when absent); anything else is an error naming `at`.
 fn table<'a>(
     value: Option<&'a toml::Value>,
@@ -447,60 +229,51 @@ fn table<'a>(
     }
 }
 
-/// The listener `name` from its settings.
-fn route(name: &str, s: &BTreeMap<&'static str, Value>) -> Result<Route, ConfigError> {
-    let text = |k: &str| s.get(k).map(|v| v.text.clone());
-    let num = |k: &'static str| -> Result<Option<u64>, ConfigError> {
-        let Some(v) = s.get(k) else { return Ok(None) };
-        let kind = SETTINGS
-            .iter()
-            .find(|(n, _)| *n == k)
-            .map_or(Kind::Number, |(_, k)| *k);
-        match v.text.parse::<u64>() {
-            Ok(n) if !(kind == Kind::Count && n == 0) && n <= u64::from(u32::MAX) => Ok(Some(n)),
-            _ => Err(invalid(&v.from, &v.text, kind.expected())),
+/// The listener `name` from its settings (defaults as `Listener`'s).
+fn route(name: &str, s: ListenerSettings<'_>) -> Result<Route, ConfigError> {
+    let missing = |setting| ConfigError::Missing {
+        listener: name.to_owned(),
+        setting,
+    };
+    let stream = s.text("stream").ok_or_else(|| missing("stream"))?;
+    let deliver_to = s.text("deliver_to").ok_or_else(|| missing("deliver_to"))?;
+    let from = s.source("deliver_to").unwrap_or_default();
+    let path = s.text("deliver_path").map(str::to_owned);
+    let mode = match s.text("mode") {
+        None | Some("binary") => Mode::Binary,
+        Some("structured") => Mode::Structured,
+        Some(other) => {
+            let at = s.source("mode").unwrap_or_default();
+            return Err(invalid(at, other, "binary or structured"));
         }
     };
-    let ms = |k: &'static str, d: Duration| -> Result<Duration, ConfigError> {
-        Ok(num(k)?.map_or(d, Duration::from_millis))
-    };
-    let stream = text("stream").ok_or(ConfigError::Missing {
-        listener: name.to_owned(),
-        setting: "stream",
-    })?;
-    let deliver_to = s.get("deliver_to").ok_or(ConfigError::Missing {
-        listener: name.to_owned(),
-        setting: "deliver_to",
-    })?;
-    let path = s.get("deliver_path").map(|v| v.text.clone());
-    let mode = match s.get("mode") {
-        None => Mode::Binary,
-        Some(v) => match v.text.as_str() {
-            "binary" => Mode::Binary,
-            "structured" => Mode::Structured,
-            _ => return Err(invalid(&v.from, &v.text, "binary or structured")),
-        },
-    };
-    let retry_min = ms("retry_backoff_ms", Duration::from_millis(200))?;
+    let retry_min = s
+        .millis("retry_backoff_ms")?
+        .unwrap_or(Duration::from_millis(200));
+    let retry_max = s
+        .millis("retry_backoff_max_ms")?
+        .unwrap_or(Duration::from_secs(10));
+    let delivery_timeout = s
+        .millis("delivery_timeout_ms")?
+        .unwrap_or(Duration::from_secs(30));
     Ok(Route {
         name: name.to_owned(),
-        group: text("group").unwrap_or_else(|| name.to_owned()),
-        stream,
-        deliver_to: parse_deliver_to(&deliver_to.text, path, &deliver_to.from)?,
-        concurrency: num("concurrency")?.map_or(1, |n| n as u32),
-        key_concurrency: num("key_concurrency")?.map_or(1, |n| n as usize),
-        max_batch: num("max_batch")?.map(|n| n as usize),
-        max_retries: num("max_retries")?.map_or(3, |n| n as u32),
-        retry_backoff: (
-            retry_min,
-            ms("retry_backoff_max_ms", Duration::from_secs(10))?.max(retry_min),
-        ),
-        batch_size: num("batch_size")?.map(|n| n as usize),
-        linger: ms("linger_ms", Duration::ZERO)?,
-        delivery_timeout: ms("delivery_timeout_ms", Duration::from_secs(30))?
-            .max(Duration::from_millis(1)),
+        group: s.text("group").unwrap_or(name).to_owned(),
+        stream: stream.to_owned(),
+        deliver_to: parse_deliver_to(deliver_to, path, from)?,
+        concurrency: s.number("concurrency")?.unwrap_or(1),
+        key_concurrency: s.number("key_concurrency")?.unwrap_or(1),
+        max_batch: s.number("max_batch")?,
+        max_retries: s.number("max_retries")?.unwrap_or(3),
+        retry_backoff: (retry_min, retry_max.max(retry_min)),
+        retry_stages: s.delays("retry_stages")?.unwrap_or_default(),
+        batch_size: s.number("batch_size")?,
+        linger: s.millis("linger_ms")?.unwrap_or_default(),
+        delivery_timeout: delivery_timeout.max(Duration::from_millis(1)),
         mode,
-        event_type: text("event_type").unwrap_or_else(|| DEFAULT_EVENT_TYPE.to_owned()),
+        event_type: s
+            .text("event_type")
+            .map_or_else(|| DEFAULT_EVENT_TYPE.to_owned(), str::to_owned),
     })
 }
 

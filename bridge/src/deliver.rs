@@ -7,7 +7,7 @@ use crate::config::{DeliverTo, Mode, Route};
 use crate::outcome::{Answer, Verdict, parse_retry_after, verdict};
 use rsc_client::{BatchError, ExposeSecret, HandlerError, Message, Raw, SecretString};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, warn};
 
 /// What the bridge knows of the application behind a listener.
@@ -221,7 +221,7 @@ impl Target {
                     .headers()
                     .get("retry-after")
                     .and_then(|v| v.to_str().ok())
-                    .and_then(parse_retry_after);
+                    .and_then(|v| parse_retry_after(v, SystemTime::now()));
                 let body = if (200..300).contains(&code) {
                     resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default()
                 } else {

@@ -227,7 +227,8 @@ fn listener(route: &Route, target: Target) -> Listener {
         .concurrency(route.concurrency)
         .key_concurrency(route.key_concurrency)
         .max_retries(route.max_retries)
-        .retry_backoff(route.retry_backoff.0, route.retry_backoff.1);
+        .retry_backoff(route.retry_backoff.0, route.retry_backoff.1)
+        .retry_stages(&route.retry_stages);
     match route.batch_size {
         Some(n) => l.batch_size(n),
         None => l,

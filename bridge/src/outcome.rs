@@ -10,7 +10,7 @@
 //! | no connection (refused, no socket file) | deferred: the application is down, the entry waits |
 
 use rsc_client::HandlerError;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How long a deferred delivery waits when the answer did not say.
 pub(crate) const DEFAULT_DEFER: Duration = Duration::from_secs(1);
@@ -24,7 +24,7 @@ pub(crate) enum Answer {
     Status {
         /// The status code.
         code: u16,
-        /// Its `Retry-After`, in whole seconds (an HTTP date is not read).
+        /// Its `Retry-After`, as the wait it asks for (seconds or an HTTP-date).
         retry_after: Option<Duration>,
     },
     /// No connection could be made.
@@ -94,9 +94,29 @@ pub(crate) fn verdict(answer: &Answer) -> Verdict {
     }
 }
 
-/// A `Retry-After` value in whole seconds (`None` for an HTTP date or garbage).
-pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+/// A `Retry-After` value (RFC 9110 §10.2.3) as the wait from `now`: whole seconds, or an
+/// HTTP-date (§5.6.7: IMF-fixdate or the obsolete asctime form; zero once past). `None` for
+/// anything else (the obsolete RFC 850 form included).
+pub(crate) fn parse_retry_after(v: &str, now: SystemTime) -> Option<Duration> {
+    use time::macros::format_description;
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let imf = format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+    );
+    let asctime = format_description!(
+        "[weekday repr:short] [month repr:short] [day padding:space] [hour]:[minute]:[second] [year]"
+    );
+    let at = time::PrimitiveDateTime::parse(v, imf)
+        .or_else(|_| time::PrimitiveDateTime::parse(v, asctime))
+        .ok()?;
+    Some(
+        SystemTime::from(at.assume_utc())
+            .duration_since(now)
+            .unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
@@ -148,8 +168,25 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_in_seconds() {
-        assert_eq!(parse_retry_after(" 5 "), Some(Duration::from_secs(5)));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    fn retry_after_in_seconds_or_as_an_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480 - 90);
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(parse_retry_after(" 5 ", now), secs(5));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now),
+            secs(90)
+        );
+        assert_eq!(parse_retry_after("Wed Oct 21 07:28:00 2015", now), secs(90));
+        assert_eq!(
+            parse_retry_after("Wed Oct  1 07:28:00 2015", now),
+            secs(0),
+            "past"
+        );
+        assert_eq!(
+            parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now),
+            None
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-3", now), None);
     }
 }

@@ -78,7 +78,9 @@
 //! names in the TOML file `RSC_CONFIG_FILE` (`[profiles.<profile>.listeners.<name>]`), that
 //! file's `[listeners.<name>]`, then the code. A bad value, or one naming no listener, fails
 //! [`ConsumerAppBuilder::build`] with [`ConfigError::InvalidSetting`] naming the variable or
-//! key. GUIDE "Configuration outside the code".
+//! key. GUIDE "Configuration outside the code". [`ListenerOverrides`] reads the same layers
+//! for a program that runs listeners from its own configuration, with settings of its own
+//! (`rsc-bridge`).
 //!
 //! # Features
 //! - `tls` (default): TLS to the data Redis (`rediss://`).
@@ -116,6 +118,7 @@ pub use error::{BoxError, ClientError, ConfigError, CoordinatorError, Coordinato
 pub use handler::{BatchError, BatchHandler, FailureAction, Handler, HandlerError, IntoBatchError};
 pub use listener::{AckMode, Listener, Rebalance};
 pub use message::{Acker, Batch, Headers, Message, Payload, Raw};
+pub use overrides::{ListenerOverrides, ListenerSettings, OverrideSources, SettingKind};
 pub use rsc_api::{ClientTls as CoordinatorTls, install_crypto_provider};
 /// The types of [`ClientConfig`]'s secrets (the token, the Redis URL, the sentinels'
 /// password): their `Debug` hides them (PROTOCOL §12).

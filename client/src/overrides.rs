@@ -12,6 +12,9 @@
 //! Nothing is ignored silently: a value of the wrong kind, a setting or section that names
 //! no listener of the app, an unknown setting or profile is a [`ConfigError`] naming the
 //! variable or the file's key.
+//!
+//! [`ListenerOverrides`] is this layering as a public reader, for programs that run
+//! listeners from their own configuration (`rsc-bridge`) and add settings of their own.
 
 use crate::error::ConfigError;
 use crate::listener::Listener;
@@ -25,11 +28,11 @@ pub(crate) const PROFILE_ENV: &str = "RSC_PROFILE";
 /// The variable that names the file.
 pub(crate) const FILE_ENV: &str = "RSC_CONFIG_FILE";
 
-/// What a setting's value must be.
+/// What a listener setting's value must be; [`ListenerSettings`]' getters check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A group or stream name (checked with the listener's, at build).
-    Name,
+pub enum SettingKind {
+    /// Any text (a name, a URL…: the caller checks it).
+    Text,
     /// A whole number, at least 1.
     Count,
     /// A whole number, 0 or more.
@@ -40,44 +43,109 @@ enum Kind {
     Delays,
 }
 
-impl Kind {
+impl SettingKind {
     fn expected(self) -> &'static str {
         match self {
-            Kind::Name => "a name",
-            Kind::Count => "a whole number of at least 1",
-            Kind::Number => "a whole number",
-            Kind::Millis => "a whole number of milliseconds",
-            Kind::Delays => "delays separated by commas, e.g. 10s,1m (empty: retries in place)",
+            SettingKind::Text => "a string",
+            SettingKind::Count => "a whole number of at least 1",
+            SettingKind::Number => "a whole number",
+            SettingKind::Millis => "a whole number of milliseconds",
+            SettingKind::Delays => {
+                "delays separated by commas, e.g. 10s,1m (empty: retries in place)"
+            }
         }
     }
 }
 
-/// Every setting that may be overridden, as the file spells it (a variable upper-cases it).
-const SETTINGS: &[(&str, Kind)] = &[
-    ("group", Kind::Name),
-    ("stream", Kind::Name),
-    ("concurrency", Kind::Count),
-    ("key_concurrency", Kind::Count),
-    ("max_retries", Kind::Number),
-    ("retry_backoff_ms", Kind::Millis),
-    ("retry_backoff_max_ms", Kind::Millis),
-    ("retry_stages", Kind::Delays),
-    ("batch_size", Kind::Count),
-    ("max_batch", Kind::Count),
-    ("linger_ms", Kind::Millis),
+/// Every setting `ConsumerApp` applies, as the file spells it (a variable upper-cases it).
+/// A new setting is a row here and a line of [`ListenerOverrides::apply`].
+const SETTINGS: &[(&str, SettingKind)] = &[
+    ("group", SettingKind::Text),
+    ("stream", SettingKind::Text),
+    ("concurrency", SettingKind::Count),
+    ("key_concurrency", SettingKind::Count),
+    ("max_retries", SettingKind::Number),
+    ("retry_backoff_ms", SettingKind::Millis),
+    ("retry_backoff_max_ms", SettingKind::Millis),
+    ("retry_stages", SettingKind::Delays),
+    ("batch_size", SettingKind::Count),
+    ("max_batch", SettingKind::Count),
+    ("linger_ms", SettingKind::Millis),
 ];
 
-/// One value and where it was read (the variable, or the file and key).
+/// One value, its kind, and where it was read (the variable, or the file and key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Value {
     text: String,
     from: String,
+    kind: SettingKind,
 }
 
-/// The overrides of every listener, by listener name then setting.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Overrides {
+/// Where listener settings are read, and what a program adds to `ConsumerApp`'s settings
+/// and file sections. The layering (variable over profile over file) and every refusal are
+/// [`ListenerOverrides::read`]'s.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OverrideSources<'a> {
+    /// The environment's variables; those beginning `RSC_LISTENER_` are read, the others
+    /// ignored.
+    pub env: &'a [(String, String)],
+    /// The TOML file: its path (named in errors) and its text.
+    pub file: Option<(&'a str, &'a str)>,
+    /// The profile whose `[profiles.<profile>.listeners.<name>]` sections apply
+    /// (`RSC_PROFILE`); it must be one of the file's.
+    pub profile: Option<&'a str>,
+    /// The listeners that exist without the file.
+    pub listeners: &'a [&'a str],
+    /// Whether the file's `[listeners.<name>]` sections declare more listeners; if not, a
+    /// section naming a listener not in `listeners` is an error. A profile's section or a
+    /// variable never declares one.
+    pub file_declares: bool,
+    /// Settings read beyond `ConsumerApp`'s, with their kinds.
+    pub extra_settings: &'a [(&'static str, SettingKind)],
+    /// Top-level sections of the file that the caller reads itself (e.g. `bridge`); any
+    /// other section but `listeners` and `profiles` is an error.
+    pub extra_sections: &'a [&'a str],
+}
+
+/// The settings of every listener, layered: variable over profile section over file section
+/// (module docs). [`Self::of`] gives one listener's.
+#[derive(Debug, Default, Clone)]
+pub struct ListenerOverrides {
+    /// The settings of each listener (every listener, with settings or not).
     by_listener: BTreeMap<String, BTreeMap<&'static str, Value>>,
+    /// The listeners in the order they were named (for errors).
+    names: Vec<String>,
+}
+
+/// One listener's settings, from [`ListenerOverrides::of`]. A getter answers `None` for a
+/// setting that is not set, and an error naming where the value was read when it is not of
+/// the setting's kind.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerSettings<'a> {
+    settings: Option<&'a BTreeMap<&'static str, Value>>,
+}
+
+impl Value {
+    /// The value as a whole number of its kind, converted to `T`.
+    fn number<T: TryFrom<u64>>(&self) -> Result<T, ConfigError> {
+        let bad = |expected: &str| invalid(&self.from, &self.text, expected);
+        let n: u64 = (self.text.parse()).map_err(|_| bad(self.kind.expected()))?;
+        if self.kind == SettingKind::Count && n == 0 {
+            return Err(bad(self.kind.expected()));
+        }
+        T::try_from(n).map_err(|_| bad("a smaller number"))
+    }
+
+    /// The value as whole milliseconds.
+    fn millis(&self) -> Result<Duration, ConfigError> {
+        self.number().map(Duration::from_millis)
+    }
+
+    /// The value as retry stages' delays (`10s,1m`; empty: none).
+    fn delays(&self) -> Result<Vec<Duration>, ConfigError> {
+        rsc_protocol::retry::parse_stages(&self.text)
+            .map_err(|why| invalid(&self.from, &self.text, why))
+    }
 }
 
 /// Where the overrides are read: the environment's variables and the file, if any.
@@ -103,7 +171,7 @@ impl Sources {
     }
 
     /// Reads the file (if any) and resolves the overrides of the listeners `names`.
-    pub(crate) fn resolve(&self, names: &[&str]) -> Result<Overrides, ConfigError> {
+    pub(crate) fn resolve(&self, names: &[&str]) -> Result<ListenerOverrides, ConfigError> {
         let text = match &self.file {
             None => None,
             Some(path) => Some((
@@ -149,44 +217,87 @@ fn invalid(
     }
 }
 
-/// The overrides of the listeners `names` from the variables `env` and the file
-/// `(path, text)`, highest precedence last applied: file, profile, variables.
+/// `ConsumerApp`'s overrides of the listeners `names` from the variables `env` (with
+/// `RSC_PROFILE`) and the file `(path, text)`.
 pub(crate) fn resolve(
     env: &[(String, String)],
     file: Option<(&str, &str)>,
     names: &[&str],
-) -> Result<Overrides, ConfigError> {
-    let get = |k: &str| {
-        env.iter()
-            .find(|(n, v)| n == k && !v.trim().is_empty())
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let mut out = Overrides::default();
-    let profile = get(PROFILE_ENV);
-    match file {
-        Some((path, text)) => out.read_file(path, text, profile.as_deref(), names)?,
-        None => {
-            if let Some(p) = profile {
-                return Err(invalid(
-                    PROFILE_ENV,
-                    p,
-                    format!("a profile of a configuration file ({FILE_ENV} is not set)"),
-                ));
-            }
-        }
-    }
-    out.read_env(env, names)?;
-    Ok(out)
+) -> Result<ListenerOverrides, ConfigError> {
+    let profile = env
+        .iter()
+        .find(|(n, v)| n == PROFILE_ENV && !v.trim().is_empty())
+        .map(|(_, v)| v.trim());
+    ListenerOverrides::read(&OverrideSources {
+        env,
+        file,
+        profile,
+        listeners: names,
+        ..OverrideSources::default()
+    })
 }
 
-impl Overrides {
+impl ListenerOverrides {
+    /// The settings `ConsumerApp` applies to a listener, as the file spells them (a variable
+    /// upper-cases them), with their kinds.
+    pub const SETTINGS: &'static [(&'static str, SettingKind)] = SETTINGS;
+
+    /// Reads the settings of the listeners of `src`, highest precedence last applied: the
+    /// file's `[listeners.<name>]` sections, the profile's
+    /// `[profiles.<profile>.listeners.<name>]`, then the variables
+    /// `RSC_LISTENER_<NAME>_<SETTING>` (an empty one is not set).
+    ///
+    /// # Errors
+    /// [`ConfigError::ConfigFile`] for a file that is not TOML; [`ConfigError::InvalidSetting`]
+    /// naming the variable or the file's key for an unknown section, listener, setting or
+    /// profile, a profile without a file, or a value that is neither a string nor an integer.
+    /// The values' kinds are checked when read ([`ListenerSettings`]).
+    pub fn read(src: &OverrideSources<'_>) -> Result<Self, ConfigError> {
+        let mut out = ListenerOverrides::default();
+        for name in src.listeners {
+            out.declare(name);
+        }
+        match src.file {
+            Some((path, text)) => out.read_file(src, path, text)?,
+            None => {
+                if let Some(p) = src.profile {
+                    return Err(invalid(
+                        PROFILE_ENV,
+                        p,
+                        format!("a profile of a configuration file ({FILE_ENV} is not set)"),
+                    ));
+                }
+            }
+        }
+        out.read_env(src)?;
+        Ok(out)
+    }
+
+    /// Every listener: those of the sources, then those the file declares, by name.
+    pub fn listeners(&self) -> impl Iterator<Item = &str> {
+        self.by_listener.keys().map(String::as_str)
+    }
+
+    /// The settings of `listener` (none for a listener it does not know).
+    pub fn of(&self, listener: &str) -> ListenerSettings<'_> {
+        ListenerSettings {
+            settings: self.by_listener.get(listener),
+        }
+    }
+
+    fn declare(&mut self, name: &str) {
+        if !self.by_listener.contains_key(name) {
+            self.by_listener.insert(name.to_owned(), BTreeMap::new());
+            self.names.push(name.to_owned());
+        }
+    }
+
     /// The file's `[listeners.*]` sections, then the profile's.
     fn read_file(
         &mut self,
+        src: &OverrideSources<'_>,
         path: &str,
         text: &str,
-        profile: Option<&str>,
-        names: &[&str],
     ) -> Result<(), ConfigError> {
         let doc: toml::Table =
             text.parse()
@@ -194,18 +305,17 @@ impl Overrides {
                     path: path.to_owned(),
                     reason: e.message().to_owned(),
                 })?;
-        if let Some(key) = doc
-            .keys()
-            .find(|k| !matches!(k.as_str(), "listeners" | "profiles"))
-        {
+        let known =
+            |k: &str| matches!(k, "listeners" | "profiles") || src.extra_sections.contains(&k);
+        if let Some(key) = doc.keys().find(|k| !known(k)) {
             return Err(invalid(
                 format!("{path}: {key}"),
                 "…",
-                "a [listeners.<name>] or [profiles.<profile>] section",
+                sections(src.extra_sections),
             ));
         }
         let profiles = table(doc.get("profiles"), &format!("{path}: profiles"))?;
-        if let Some(p) = profile {
+        if let Some(p) = src.profile {
             let known: Vec<&str> = profiles
                 .iter()
                 .flat_map(|t| t.keys())
@@ -230,44 +340,49 @@ impl Overrides {
                 ));
             }
         }
-        let base = (doc.get("listeners"), format!("{path}: listeners"));
-        let chosen = profile.map(|p| {
-            let t = &profiles.expect("checked above")[p];
-            (
-                t.get("listeners"),
-                format!("{path}: profiles.{p}.listeners"),
-            )
-        });
-        for (section, at) in std::iter::once(base).chain(chosen) {
-            self.read_section(table(section, &at)?, &at, names)?;
+        let at = format!("{path}: listeners");
+        self.read_section(
+            src,
+            table(doc.get("listeners"), &at)?,
+            &at,
+            src.file_declares,
+        )?;
+        if let Some(p) = src.profile {
+            let chosen = &profiles.expect("checked above")[p];
+            let at = format!("{path}: profiles.{p}.listeners");
+            self.read_section(src, table(chosen.get("listeners"), &at)?, &at, false)?;
         }
         Ok(())
     }
 
-    /// One `listeners` table: a table of settings per listener name.
+    /// One `listeners` table: a table of settings per listener name; `declares`: a name
+    /// the sources do not know is a new listener (else an error).
     fn read_section(
         &mut self,
+        src: &OverrideSources<'_>,
         section: Option<&toml::Table>,
         at: &str,
-        names: &[&str],
+        declares: bool,
     ) -> Result<(), ConfigError> {
         for (name, settings) in section.into_iter().flatten() {
             let at = format!("{at}.{name}");
-            if !names.contains(&name.as_str()) {
+            if declares {
+                self.declare(name);
+            } else if !self.by_listener.contains_key(name) {
                 return Err(invalid(
                     at,
                     "…",
-                    format!("a listener of the app ({})", names.join(", ")),
+                    format!("a listener of the app ({})", self.names.join(", ")),
                 ));
             }
             let settings = table(Some(settings), &at)?.expect("a value");
             for (key, value) in settings {
                 let from = format!("{at}.{key}");
-                let Some(&(setting, _)) = SETTINGS.iter().find(|(s, _)| s == key) else {
+                let Some(&(setting, kind)) = all_settings(src).find(|(s, _)| s == key) else {
                     return Err(invalid(
                         from,
                         value.to_string(),
-                        format!("one of {}", setting_list(false)),
+                        format!("one of {}", setting_list(src, false)),
                     ));
                 };
                 let text = match value {
@@ -277,7 +392,7 @@ impl Overrides {
                         return Err(invalid(from, other.to_string(), "a string or an integer"));
                     }
                 };
-                self.set(name, setting, Value { text, from });
+                self.set(name, setting, Value { text, from, kind });
             }
         }
         Ok(())
@@ -285,19 +400,17 @@ impl Overrides {
 
     /// `RSC_LISTENER_<NAME>_<SETTING>` of each listener; any other `RSC_LISTENER_*` is an
     /// error (a misspelt listener or setting).
-    fn read_env(&mut self, env: &[(String, String)], names: &[&str]) -> Result<(), ConfigError> {
-        for (var, value) in env.iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)) {
-            let found = names.iter().find_map(|name| {
+    fn read_env(&mut self, src: &OverrideSources<'_>) -> Result<(), ConfigError> {
+        for (var, value) in src.env.iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)) {
+            let found = self.names.iter().find_map(|name| {
                 let rest = var[ENV_PREFIX.len()..]
                     .strip_prefix(&env_name(name))?
                     .strip_prefix('_')?;
-                let setting = SETTINGS
-                    .iter()
-                    .find(|(s, _)| s.to_ascii_uppercase() == rest)?;
-                Some((*name, setting.0))
+                let setting = all_settings(src).find(|(s, _)| s.to_ascii_uppercase() == rest)?;
+                Some((name.clone(), *setting))
             });
-            let Some((name, setting)) = found else {
-                let listeners: Vec<String> = names.iter().map(|n| env_name(n)).collect();
+            let Some((name, (setting, kind))) = found else {
+                let listeners: Vec<String> = self.names.iter().map(|n| env_name(n)).collect();
                 return Err(invalid(
                     var.clone(),
                     value.clone(),
@@ -305,16 +418,14 @@ impl Overrides {
                         "a variable RSC_LISTENER_<listener>_<setting> of a listener of the app ({}) and \
                      a setting ({})",
                         listeners.join(", "),
-                        setting_list(true)
+                        setting_list(src, true)
                     ),
                 ));
             };
             if !value.trim().is_empty() {
-                let v = Value {
-                    text: value.trim().to_owned(),
-                    from: var.clone(),
-                };
-                self.set(name, setting, v);
+                let text = value.trim().to_owned();
+                let from = var.clone();
+                self.set(&name, setting, Value { text, from, kind });
             }
         }
         Ok(())
@@ -329,49 +440,23 @@ impl Overrides {
         let Some(settings) = self.by_listener.get(&listener.name) else {
             return Ok(());
         };
-        for (&setting, value) in settings {
-            let kind = SETTINGS
-                .iter()
-                .find(|(s, _)| *s == setting)
-                .map(|(_, k)| *k)
-                .expect("known");
-            let n = || -> Result<u64, ConfigError> {
-                let n: u64 = (value.text.parse())
-                    .map_err(|_| invalid(&value.from, &value.text, kind.expected()))?;
-                if kind == Kind::Count && n == 0 {
-                    return Err(invalid(&value.from, &value.text, kind.expected()));
-                }
-                Ok(n)
-            };
-            let count = || -> Result<usize, ConfigError> {
-                usize::try_from(n()?)
-                    .map_err(|_| invalid(&value.from, &value.text, "a smaller number"))
-            };
+        for (&setting, v) in settings {
             let s = &mut listener.settings;
             match setting {
-                "group" => listener.group = value.text.clone(),
-                "stream" => listener.stream = value.text.clone(),
-                "concurrency" => {
-                    listener.concurrency = u32::try_from(n()?)
-                        .map_err(|_| invalid(&value.from, &value.text, "a smaller number"))?
-                }
-                "key_concurrency" => s.key_concurrency = count()?,
-                "max_retries" => {
-                    s.max_retries = u32::try_from(n()?)
-                        .map_err(|_| invalid(&value.from, &value.text, "a smaller number"))?
-                }
-                "retry_backoff_ms" => s.retry_min = Duration::from_millis(n()?),
-                "retry_backoff_max_ms" => s.retry_max = Duration::from_millis(n()?),
-                "retry_stages" => {
-                    s.retry_stages = rsc_protocol::retry::parse_stages(&value.text)
-                        .map_err(|why| invalid(&value.from, &value.text, why))?
-                }
-                "batch_size" => s.batch_size = count()?,
+                "group" => listener.group = v.text.clone(),
+                "stream" => listener.stream = v.text.clone(),
+                "concurrency" => listener.concurrency = v.number()?,
+                "key_concurrency" => s.key_concurrency = v.number()?,
+                "max_retries" => s.max_retries = v.number()?,
+                "retry_backoff_ms" => s.retry_min = v.millis()?,
+                "retry_backoff_max_ms" => s.retry_max = v.millis()?,
+                "retry_stages" => s.retry_stages = v.delays()?,
+                "batch_size" => s.batch_size = v.number()?,
                 "max_batch" => {
-                    s.max_batch = count()?;
+                    s.max_batch = v.number()?;
                     s.batch_size = s.max_batch;
                 }
-                "linger_ms" => s.linger = Duration::from_millis(n()?),
+                "linger_ms" => s.linger = v.millis()?,
                 _ => unreachable!("every entry of SETTINGS is applied"),
             }
         }
@@ -381,10 +466,58 @@ impl Overrides {
     }
 }
 
+impl<'a> ListenerSettings<'a> {
+    /// `setting`'s value as written.
+    pub fn text(&self, setting: &str) -> Option<&'a str> {
+        self.value(setting).map(|v| v.text.as_str())
+    }
+
+    /// Where `setting`'s value was read: the variable (`RSC_LISTENER_BILLING_MODE`) or the
+    /// file and key (`rsc.toml: listeners.billing.mode`), for the caller's own errors.
+    pub fn source(&self, setting: &str) -> Option<&'a str> {
+        self.value(setting).map(|v| v.from.as_str())
+    }
+
+    /// `setting` as a whole number of its kind (a [`SettingKind::Count`] at least 1),
+    /// converted to `T`.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidSetting`] naming where the value was read.
+    pub fn number<T: TryFrom<u64>>(&self, setting: &str) -> Result<Option<T>, ConfigError> {
+        self.value(setting).map(Value::number).transpose()
+    }
+
+    /// `setting` as whole milliseconds.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidSetting`] naming where the value was read.
+    pub fn millis(&self, setting: &str) -> Result<Option<Duration>, ConfigError> {
+        self.value(setting).map(Value::millis).transpose()
+    }
+
+    /// `setting` as retry stages' delays (`10s,1m`; an empty value: none).
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidSetting`] naming where the value was read.
+    pub fn delays(&self, setting: &str) -> Result<Option<Vec<Duration>>, ConfigError> {
+        self.value(setting).map(Value::delays).transpose()
+    }
+
+    fn value(&self, setting: &str) -> Option<&'a Value> {
+        self.settings?.get(setting)
+    }
+}
+
+/// `ConsumerApp`'s settings, then the caller's.
+fn all_settings<'s>(
+    src: &OverrideSources<'s>,
+) -> impl Iterator<Item = &'s (&'static str, SettingKind)> {
+    SETTINGS.iter().chain(src.extra_settings)
+}
+
 /// The settings' names, as the file spells them or (`upper`) as variables do.
-fn setting_list(upper: bool) -> String {
-    let names: Vec<String> = SETTINGS
-        .iter()
+fn setting_list(src: &OverrideSources<'_>, upper: bool) -> String {
+    let names: Vec<String> = all_settings(src)
         .map(|(s, _)| {
             if upper {
                 s.to_ascii_uppercase()
@@ -394,6 +527,15 @@ fn setting_list(upper: bool) -> String {
         })
         .collect();
     names.join(", ")
+}
+
+/// What a top-level key of the file must be: the caller's sections, `[listeners.<name>]` or
+/// `[profiles.<profile>]`.
+fn sections(extra: &[&str]) -> String {
+    let mut all: Vec<String> = extra.iter().map(|s| format!("[{s}]")).collect();
+    all.push("[listeners.<name>]".to_owned());
+    let listed = all.join(", ");
+    format!("a {listed} or [profiles.<profile>] section")
 }
 
 /// `value` as a table (`None` when absent); anything else is an error naming `at`.

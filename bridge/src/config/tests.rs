@@ -157,3 +157,31 @@ fn mistakes_are_refused_with_where_they_were_read() {
             .contains("prod")
     );
 }
+
+#[test]
+fn every_setting_of_consumer_app_changes_the_route() {
+    let base = [
+        ("RSC_LISTENER_X_STREAM", "s"),
+        ("RSC_LISTENER_X_DELIVER_TO", "http://127.0.0.1:1/"),
+    ];
+    let route = |extra: Option<(String, &str)>| {
+        let mut vars = env(&base);
+        vars.extend(extra.map(|(k, v)| (k, v.to_owned())));
+        let src = Sources {
+            declared: vec!["x".into()],
+            env: vars,
+            ..Sources::default()
+        };
+        load(&src).unwrap().0.remove(0)
+    };
+    let default = route(None);
+    for (setting, kind) in rsc_client::ListenerOverrides::SETTINGS {
+        let value = match kind {
+            SettingKind::Text => "other",
+            SettingKind::Delays => "7s",
+            _ => "7",
+        };
+        let var = format!("RSC_LISTENER_X_{}", setting.to_ascii_uppercase());
+        assert_ne!(route(Some((var, value))), default, "{setting} is ignored");
+    }
+}
