@@ -535,8 +535,9 @@ impl GroupDoc {
     }
 
     /// Removes a member that leaves (`POST leave` or a heartbeat with epoch -1). Epoch -1 is not
-    /// checked; otherwise the current or the tolerated previous epoch is required (a member
-    /// already removed for the rebalance timeout is unknown then, PROTOCOL §5.3).
+    /// checked; otherwise the current or the tolerated previous epoch is required. A member
+    /// removed for the rebalance timeout whose lease still runs (PROTOCOL §5.3) leaves at any
+    /// epoch: its run stopped reading, so what it held is free.
     pub fn leave(
         &mut self,
         stream: &StreamDoc,
@@ -546,10 +547,10 @@ impl GroupDoc {
         let m = self
             .members
             .get(member_id)
-            .filter(|m| !m.is_removed() || MemberEpoch::new(epoch) == MemberEpoch::LEAVE)
             .ok_or_else(|| EngineError::UnknownMember(member_id.to_owned()))?;
         let tolerated = MemberEpoch::new(epoch).is_generation() && epoch == m.previous_epoch;
-        if MemberEpoch::new(epoch) != MemberEpoch::LEAVE && epoch != m.member_epoch && !tolerated {
+        let checked = MemberEpoch::new(epoch) != MemberEpoch::LEAVE && !m.is_removed();
+        if checked && epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: member_id.to_owned(),
                 sent: epoch,
