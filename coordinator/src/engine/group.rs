@@ -88,10 +88,12 @@ impl GroupDoc {
     }
 
     /// Whether every member is stable at the assignment epoch (a static member that is
-    /// away does not count: it cannot act until it returns).
+    /// away does not count: it cannot act until it returns; nor does a removed member whose
+    /// lease still runs, [`MemberDoc::is_removed`]).
     pub fn is_stable(&self) -> bool {
         self.members.values().all(|m| {
             m.away_since_ms.is_some()
+                || m.is_removed()
                 || (m.state == MemberState::Stable
                     && MemberEpoch::new(m.member_epoch).is(self.assignment_epoch))
         })
@@ -109,6 +111,12 @@ impl GroupDoc {
 
     /// Removes every member whose session expired or whose revocation outlived the
     /// rebalance timeout, then recomputes the target once.
+    ///
+    /// A member removed for the rebalance timeout while its lease (last heartbeat + session
+    /// timeout) still runs may still be reading, and is not told until its next heartbeat:
+    /// its record stays, out of the assignment ([`MemberDoc::is_removed`]), holding what it
+    /// held pending revocation — as a rejoin within the session does (PROTOCOL §5.1) — until
+    /// its lease ends (then it is expired like any silent member) or it joins again (§5.3).
     pub fn expire(&mut self, stream: &StreamDoc, now_ms: u64) -> Vec<GroupEvent> {
         let cfg = &self.config;
         let mut events = Vec::new();
@@ -123,8 +131,16 @@ impl GroupDoc {
             }
         }
         for e in &events {
-            if let GroupEvent::SessionExpired(id) | GroupEvent::RebalanceTimedOut(id) = e {
-                self.members.remove(id);
+            match e {
+                GroupEvent::SessionExpired(id) => {
+                    self.members.remove(id);
+                }
+                GroupEvent::RebalanceTimedOut(id) => {
+                    let m = self.members.get_mut(id).expect("member found above");
+                    start_over(m, MemberEpoch::LEAVE, true);
+                    m.target.clear();
+                }
+                _ => {}
             }
         }
         if !events.is_empty() {
@@ -251,6 +267,7 @@ impl GroupDoc {
         let m = self
             .members
             .get(id)
+            .filter(|m| !m.is_removed())
             .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
         if let Some(sent) = req.incarnation.as_deref()
             && m.incarnation.as_deref() != Some(sent)
@@ -466,18 +483,9 @@ impl GroupDoc {
             }
         }
         // The new incarnation owns nothing. Within the old one's session the join may also be a
-        // late copy of one this run sent before it joined and started shards (PROTOCOL §5.4):
-        // what it holds stays held, pending revocation, until a report at its new epoch no
-        // longer names it. Past the session, the old run has stopped reading: released at once.
-        let held: BTreeSet<u32> = m.assigned.union(&m.pending_revocation).copied().collect();
-        m.pending_revocation = if live { held } else { BTreeSet::new() };
-        m.assigned.clear();
-        m.granted_at.clear();
-        m.reported.clear();
-        m.revoke_started_ms = None;
-        m.member_epoch = MemberEpoch::JOIN.get();
-        m.previous_epoch = MemberEpoch::JOIN.get();
-        m.away_since_ms = None;
+        // late copy of one this run sent before it joined and started shards (PROTOCOL §5.4),
+        // or the old run, removed for the rebalance timeout, may still be reading (§5.3).
+        start_over(m, MemberEpoch::JOIN, live);
         m.incarnation = incarnation.map(str::to_owned);
         Ok(GroupEvent::Rejoined(id.to_owned()))
     }
@@ -494,6 +502,7 @@ impl GroupDoc {
         let m = self
             .members
             .get_mut(id)
+            .filter(|m| !m.is_removed())
             .ok_or_else(|| EngineError::UnknownMember(id.to_owned()))?;
         let Some(held) = m
             .incarnation
@@ -526,7 +535,9 @@ impl GroupDoc {
     }
 
     /// Removes a member that leaves (`POST leave` or a heartbeat with epoch -1). Epoch -1 is not
-    /// checked; otherwise the current or the tolerated previous epoch is required.
+    /// checked; otherwise the current or the tolerated previous epoch is required. A member
+    /// removed for the rebalance timeout whose lease still runs (PROTOCOL §5.3) leaves at any
+    /// epoch: its run stopped reading, so what it held is free.
     pub fn leave(
         &mut self,
         stream: &StreamDoc,
@@ -538,7 +549,8 @@ impl GroupDoc {
             .get(member_id)
             .ok_or_else(|| EngineError::UnknownMember(member_id.to_owned()))?;
         let tolerated = MemberEpoch::new(epoch).is_generation() && epoch == m.previous_epoch;
-        if MemberEpoch::new(epoch) != MemberEpoch::LEAVE && epoch != m.member_epoch && !tolerated {
+        let checked = MemberEpoch::new(epoch) != MemberEpoch::LEAVE && !m.is_removed();
+        if checked && epoch != m.member_epoch && !tolerated {
             return Err(EngineError::Fenced {
                 member: member_id.to_owned(),
                 sent: epoch,
@@ -618,16 +630,19 @@ impl GroupDoc {
         let shards = stream.assignable_shards();
         static DEFAULT: StickyAssignor = StickyAssignor;
         let assignor = assignor::by_name(&self.config.assignor).unwrap_or(&DEFAULT);
+        // A removed member whose lease still runs is out of the assignment (PROTOCOL §5.3).
         let specs: Vec<AssignorMember<'_>> = self
             .members
             .iter()
+            .filter(|(_, m)| !m.is_removed())
             .map(|(id, m)| AssignorMember {
                 id,
                 previous: &m.target,
             })
             .collect();
         let targets = assignor.assign(&specs, &shards);
-        for (m, t) in self.members.values_mut().zip(targets) {
+        let assigned = self.members.values_mut().filter(|m| !m.is_removed());
+        for (m, t) in assigned.zip(targets) {
             m.target = t.into_iter().collect();
             if m.away_since_ms.is_some() {
                 // An away static member reads nothing: what it no longer gets is free at once.
@@ -759,6 +774,23 @@ impl GroupDoc {
             })
             .collect()
     }
+}
+
+/// Starts member `m` over at `epoch` (a rejoin, or a removal for the rebalance timeout),
+/// owning nothing. While its lease runs (`live`) a run of it may still be reading what it
+/// held: that stays held, pending revocation, until a report at a new epoch no longer names
+/// it or the lease ends (PROTOCOL §5.1, §5.3). Past the lease the run has stopped reading
+/// (it self-fences first): released at once.
+fn start_over(m: &mut MemberDoc, epoch: MemberEpoch, live: bool) {
+    let held: BTreeSet<u32> = m.assigned.union(&m.pending_revocation).copied().collect();
+    m.pending_revocation = if live { held } else { BTreeSet::new() };
+    m.assigned.clear();
+    m.granted_at.clear();
+    m.reported.clear();
+    m.revoke_started_ms = None;
+    m.member_epoch = epoch.get();
+    m.previous_epoch = epoch.get();
+    m.away_since_ms = None;
 }
 
 /// After a reconciliation step of member `m`: what it reported (when it did) goes on record,

@@ -727,7 +727,10 @@ fn rebalance_timeout_lifecycle_and_expiration() {
             assert_eq!(g.members["a"].revoke_started_ms, None);
         } else {
             assert_eq!(events[0], GroupEvent::RebalanceTimedOut("a".into()));
-            assert!(!g.members.contains_key("a"));
+            // Removed (out of the assignment, as in Kafka), but its lease still runs: it
+            // holds what it held until then (PROTOCOL §5.3).
+            assert!(g.members["a"].is_removed());
+            assert!(g.members["a"].target.is_empty());
         }
     }
 }

@@ -171,6 +171,14 @@ impl MemberDoc {
         }
     }
 
+    /// Whether the member was removed for the rebalance timeout while its lease still ran
+    /// (PROTOCOL §5.3), recorded as member epoch −1: out of the assignment, answered
+    /// `UNKNOWN_MEMBER_ID`, it holds what it held (pending revocation) until its lease ends
+    /// or it joins again.
+    pub fn is_removed(&self) -> bool {
+        rsc_protocol::MemberEpoch::new(self.member_epoch) == rsc_protocol::MemberEpoch::LEAVE
+    }
+
     /// Whether the member holds `shard`: assigned to it, or pending revocation from it.
     pub fn holds(&self, shard: u32) -> bool {
         self.assigned.contains(&shard) || self.pending_revocation.contains(&shard)

@@ -490,6 +490,85 @@ fn rebalance_timeout_removes_a_member_that_never_revokes_but_not_one_that_did() 
     );
 }
 
+/// A member removed for the rebalance timeout while its lease runs may still be reading (it is
+/// not told until its next heartbeat, and a worker it restarts is not stopped under `lease`
+/// fencing): what it held stays held until its lease would have ended, as for a silent
+/// member, then is free (PROTOCOL §5.3). Its next heartbeat is `UNKNOWN_MEMBER_ID`.
+#[test]
+fn a_member_removed_for_the_rebalance_timeout_holds_its_shards_until_its_lease_ends() {
+    let mut w = World::new(2);
+    w.join("slow");
+    w.hb("slow", 1, &[0, 1]).unwrap();
+    w.join("quick"); // epoch 2: slow keeps 0, must revoke 1
+    w.hb("slow", 1, &[0, 1]).unwrap();
+    w.hb("quick", 2, &[]).unwrap();
+    assert_eq!(w.state("slow"), S::Unrevoked);
+    let asked_at = w.now;
+    while w.now + 10_000 <= asked_at + REBALANCE {
+        w.now += 10_000;
+        w.hb("slow", 2, &[0, 1]).unwrap(); // never revokes
+        w.hb("quick", 2, &[]).unwrap();
+    }
+    let last_heard = w.now;
+    w.now = asked_at + REBALANCE + 1;
+    let events = w.group.expire(&w.stream, w.now);
+    assert_eq!(events[0], GroupEvent::RebalanceTimedOut("slow".into()));
+    assert!(w.group.members["slow"].is_removed());
+    assert!(w.group.members["slow"].target.is_empty());
+    assert_eq!(w.group.members["quick"].target, BTreeSet::from([0, 1]));
+    // Within slow's lease, quick gets nothing slow held, and the group is not stable.
+    let epoch = w.group.members["quick"].member_epoch;
+    let r = w.hb("quick", epoch, &[]).unwrap();
+    assert!(r.assignment.is_empty(), "{r:?}");
+    assert_eq!(w.state("quick"), S::Unreleased);
+    assert!(!w.group.is_stable());
+    let e = w.hb("slow", 2, &[0, 1]).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnknownMemberId);
+    let e = w.hb("slow", 3, &[0, 1]).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::UnknownMemberId);
+    assert_eq!(w.group.next_deadline_ms(), Some(last_heard + SESSION + 1));
+    w.now = last_heard + SESSION;
+    assert!(w.group.expire(&w.stream, w.now).is_empty());
+    // At the end of its lease it is expired like any silent member: quick gets both.
+    w.now += 1;
+    let events = w.group.expire(&w.stream, w.now);
+    assert_eq!(events[0], GroupEvent::SessionExpired("slow".into()));
+    assert!(!w.group.members.contains_key("slow"));
+    let epoch = w.group.members["quick"].member_epoch;
+    let r = w.hb("quick", epoch, &[]).unwrap();
+    assert_eq!(r.assignment, vec![0, 1]);
+}
+
+/// A member removed for the rebalance timeout that joins again within its lease starts over
+/// as any rejoin does (PROTOCOL §5.1): what it held is released by its first report at its new
+/// epoch that leaves it out, not before.
+#[test]
+fn a_member_removed_for_the_rebalance_timeout_rejoins_holding_until_it_reports() {
+    let mut w = World::new(2);
+    w.join("slow");
+    w.hb("slow", 1, &[0, 1]).unwrap();
+    w.join("quick");
+    w.hb("slow", 1, &[0, 1]).unwrap();
+    w.now += REBALANCE - 5_000;
+    w.hb("slow", 2, &[0, 1]).unwrap();
+    w.hb("quick", 2, &[]).unwrap();
+    w.now += 5_001;
+    let events = w.group.expire(&w.stream, w.now);
+    assert_eq!(events[0], GroupEvent::RebalanceTimedOut("slow".into()));
+    let r = w.hb("slow", 0, &[]).unwrap(); // rejoins: keeps what its new target has
+    assert_eq!(r.assignment.len(), 1);
+    assert!(!w.group.members["slow"].is_removed());
+    assert_eq!(w.group.members["slow"].pending_revocation.len(), 1);
+    let quick = w.group.members["quick"].member_epoch;
+    assert!(w.hb("quick", quick, &[]).unwrap().assignment.is_empty());
+    // Its report at the new epoch without the shards it no longer gets releases them.
+    let epoch = r.member_epoch;
+    let r = w.hb("slow", epoch, &[]).unwrap();
+    let quick = w.group.members["quick"].member_epoch;
+    let q = w.hb("quick", quick, &[]).unwrap();
+    assert_eq!(r.assignment.len() + q.assignment.len(), 2);
+}
+
 #[test]
 fn a_new_target_while_revoking_applies_at_once() {
     let mut w = World::new(6);

@@ -56,8 +56,9 @@ const SEEDS: u64 = 500;
 /// of a member (sent before a timeout, delivered after newer ones) released a shard it worked.
 /// 852: a heartbeat at its previous epoch completed a revocation (PROTOCOL §5.4); 4158, 4879:
 /// one at its current epoch, sent before it was asked to revoke (§5.2); 1134, 6394, 6587: a
-/// join, taken for a rejoin that owns nothing (§5.1).
-const REGRESSIONS: &[u64] = &[852, 1134, 4158, 4879, 6394, 6587];
+/// join, taken for a rejoin that owns nothing (§5.1). 18993, 19199: a member removed for the
+/// rebalance timeout within its lease, whose shards were given away at once (§5.3).
+const REGRESSIONS: &[u64] = &[852, 1134, 4158, 4879, 6394, 6587, 18993, 19199];
 
 /// A bug planted on purpose, to show that the checks catch it (the test
 /// `planted_bugs_are_caught`); `None` in every other run.
