@@ -43,6 +43,9 @@ pub(super) struct Stager {
     staged: Arc<[metrics::Counter]>,
 }
 
+/// An entry's fields as the stage script appends them.
+type Fields = Vec<(String, Vec<u8>)>;
+
 /// Where the stage script takes an entry from, and what it appends.
 struct Move<'a> {
     /// The shard key (with the group: `XACK`) or a retry stream (without: `XDEL`).
@@ -50,7 +53,7 @@ struct Move<'a> {
     group: &'a str,
     id: &'a str,
     /// The retry stream to append to, with the fields.
-    to: Option<(String, Vec<(String, Vec<u8>)>)>,
+    to: Option<(String, Fields)>,
 }
 
 impl Stager {
