@@ -41,14 +41,16 @@ pub fn parse_stages(text: &str) -> Result<Vec<Duration>, String> {
     Ok(stages)
 }
 
-/// One stage's delay (see [`parse_stages`]).
-fn parse_delay(text: &str) -> Result<Duration, String> {
+/// Milliseconds of `text`: a whole number with unit `ms`, `s`, `m`, `h` or `d` (no unit:
+/// milliseconds), as retry stages and the operators' CLI (`--by-duration 10m`) write them.
+/// The error says what is wrong.
+pub fn parse_millis(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("{t:?} is not a delay (e.g. 500ms, 10s, 1m, 1h)"))?;
+        .map_err(|_| format!("{t:?} is not a duration (e.g. 500ms, 30s, 15m, 1h, 7d)"))?;
     let scale: u64 = match unit {
         "" | "ms" => 1,
         "s" => 1_000,
@@ -57,10 +59,17 @@ fn parse_delay(text: &str) -> Result<Duration, String> {
         "d" => 86_400_000,
         other => return Err(format!("unknown unit {other:?} in {t:?} (ms, s, m, h, d)")),
     };
-    let delay = Duration::from_millis(n.saturating_mul(scale));
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{t:?} is too long a duration"))
+}
+
+/// One stage's delay (see [`parse_stages`]).
+fn parse_delay(text: &str) -> Result<Duration, String> {
+    let delay = Duration::from_millis(parse_millis(text)?);
     if delay.is_zero() || delay > MAX_DELAY {
         return Err(format!(
-            "{t:?}: a stage's delay is at least 1ms and at most 7d"
+            "{:?}: a stage's delay is at least 1ms and at most 7d",
+            text.trim()
         ));
     }
     Ok(delay)

@@ -69,6 +69,7 @@ mod hold;
 mod machine;
 mod read;
 mod retries;
+mod stager;
 mod stages;
 mod takeover;
 
@@ -189,7 +190,7 @@ impl ShardWorker {
             ("stream", shared.stream.clone()),
             ("shard", shard.to_string()),
         ];
-        let stager = retries::Stager::new(
+        let stager = stager::Stager::new(
             &shared.listener.settings.retry_stages,
             flags.clone(),
             &shared.group,

@@ -1,27 +1,9 @@
 //! Durations on the command line: `500ms`, `30s`, `15m`, `1h`, `7d`, or bare milliseconds.
 
-/// Milliseconds of `text` (`<n>` with unit `ms`, `s`, `m`, `h` or `d`; no unit: ms).
+/// Milliseconds of `text` (`<n>` with unit `ms`, `s`, `m`, `h` or `d`; no unit: ms): the
+/// same syntax as a listener's retry stages.
 pub(crate) fn parse_ms(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 30s, 15m, 1h, 7d)"))?;
-    let scale: u64 = match unit {
-        "" | "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (ms, s, m, h, d)"
-            ));
-        }
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} is too long a duration"))
+    rsc_protocol::retry::parse_millis(text)
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub(super) struct Runner {
     pub(super) parked: metrics::Gauge,
     /// Non-blocking retries: a failed entry goes to a retry stage instead of being retried
     /// in place (`None`: no stage configured).
-    pub(super) stager: Option<super::retries::Stager>,
+    pub(super) stager: Option<super::stager::Stager>,
 }
 
 impl Runner {

@@ -7,8 +7,8 @@
 //! flight runs to its end (or is dropped when the revocation's wait is cut short) and what it
 //! settled is written; an entry not settled stays in its retry stream for the next owner.
 
-use super::ShardFlags;
 use super::call::Runner;
+use super::stager::Stager;
 use super::stages::{After, Event, PAGE, Retry, Schedule, Step, after_failure};
 use crate::consumer::backoff::Backoff;
 use crate::consumer::reply::OrderedRange;
@@ -17,7 +17,6 @@ use crate::message::Entry;
 use redis::{RedisError, Script};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 static STAGE: LazyLock<Script> =
@@ -28,19 +27,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Moves entries into and between a shard's retry stages (shared by the worker's calls and
-/// its stage loop).
-#[derive(Clone)]
-pub(super) struct Stager {
-    /// Each stage's delay.
-    delays: Arc<[Duration]>,
-    flags: Arc<ShardFlags>,
-    /// Rung when an entry was appended to stage 1.
-    appended: Arc<Notify>,
-    /// `rsc_client_retry_stage_entries_total{group,stream,stage}`, per stage.
-    staged: Arc<[metrics::Counter]>,
 }
 
 /// An entry's fields as the stage script appends them.
@@ -57,31 +43,6 @@ struct Move<'a> {
 }
 
 impl Stager {
-    /// The stager of a listener with `delays` (`None`: no stage, retries in place).
-    pub(super) fn new(
-        delays: &[Duration],
-        flags: Arc<ShardFlags>,
-        group: &str,
-        stream: &str,
-    ) -> Option<Self> {
-        if delays.is_empty() {
-            return None;
-        }
-        let staged = (1..=delays.len())
-            .map(|stage| {
-                metrics::counter!("rsc_client_retry_stage_entries_total",
-                    "group" => group.to_owned(), "stream" => stream.to_owned(),
-                    "stage" => stage.to_string())
-            })
-            .collect();
-        Some(Stager {
-            delays: delays.into(),
-            flags,
-            appended: Arc::new(Notify::new()),
-            staged,
-        })
-    }
-
     /// The stage loop of the shard (see the module docs).
     pub(super) fn stage_loop(&self, runner: Runner) -> StageLoop {
         StageLoop {
