@@ -349,7 +349,7 @@ impl Coordinator {
 
     /// Runs [`Coordinator::restore_missing`] every `every`, for ever (a failure is logged and
     /// tried again next time), and at once when the store's run ids change (read every
-    /// `probe`, [`Coordinator::store_restarted`]). While run ids that could be read before
+    /// `probe`, `Coordinator::store_restarted`). While run ids that could be read before
     /// cannot be (the store is down or restarting) no check runs: the first one after the
     /// store is back follows the reading that tells whether it restarted.
     pub async fn run_recovery_check(self, every: Duration, probe: Duration) {
