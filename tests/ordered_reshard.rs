@@ -158,7 +158,7 @@ fn pause_figures(
 /// the shard of the current layout.
 #[tokio::test]
 async fn per_key_order_through_reshards_and_rollback_with_producers_running() {
-    let violations = scenario("ordered", "key").await;
+    let violations = scenario("ordered", "key", "strict").await;
     assert_eq!(
         violations.0, 0,
         "order violations, e.g. {:#?}",
@@ -171,13 +171,26 @@ async fn per_key_order_through_reshards_and_rollback_with_producers_running() {
 /// it (this is also the baseline figure of docs/RESHARDING.md).
 #[tokio::test]
 async fn without_ordering_the_checker_sees_violations() {
-    let violations = scenario("unordered", "none").await;
+    let violations = scenario("unordered", "none", "strict").await;
     assert!(violations.0 > 0, "the order checker must catch reordering");
 }
 
-/// Runs the scenario; returns the order violations (count, examples). Asserts nothing is
-/// lost and that the stale producer's writes land on the current layout.
-async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) {
+/// The ordered scenario under lease fencing: the workers read with plain `XREADGROUP`s (not
+/// the guarded transaction), which carry the seals too (PROTOCOL §15).
+#[tokio::test]
+async fn per_key_order_through_reshards_under_lease_fencing() {
+    let violations = scenario("ordered-lease", "key", "lease").await;
+    assert_eq!(
+        violations.0, 0,
+        "order violations, e.g. {:#?}",
+        violations.1
+    );
+}
+
+/// Runs the scenario with the group's `ordering` and `fencing`; returns the order violations
+/// (count, examples). Asserts nothing is lost and that the stale producer's writes land on
+/// the current layout.
+async fn scenario(stream: &'static str, ordering: &str, fencing: &str) -> (usize, Vec<String>) {
     #[allow(non_snake_case)]
     let STREAM = stream;
     let _serial = SERIAL.lock().await;
@@ -190,11 +203,12 @@ async fn scenario(stream: &'static str, ordering: &str) -> (usize, Vec<String>) 
         .call(
             reqwest::Method::PATCH,
             &format!("/v1/groups/{GROUP}"),
-            Some(json!({"ordering": ordering})),
+            Some(json!({"ordering": ordering, "fencing": fencing})),
         )
         .await;
     assert!(s.is_success(), "{g}");
     assert_eq!(g["ordering"], ordering, "{g}");
+    assert_eq!(g["fencing"], fencing, "{g}");
     let mut pods: Vec<Consumer> = ["127.0.0.41", "127.0.0.42", "127.0.0.43"]
         .iter()
         .map(|p| consumer(&stack, STREAM, p))

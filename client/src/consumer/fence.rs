@@ -49,10 +49,25 @@ const WATCH_RETRIES: usize = 3;
 pub(crate) enum Read {
     /// The token is not the shard's any more.
     Fenced,
-    /// Entries (pending for this member now).
-    Entries(Vec<OrderedId>),
+    /// Entries (pending for this member now), and the shard's seals read right after them
+    /// when the read asked for them (ordered resharding, PROTOCOL §15).
+    Entries(Vec<OrderedId>, Option<Seals>),
     /// Nothing; the stream's last entry id, to wake on (`XREAD BLOCK … <id>`).
     Idle(String),
+}
+
+/// The fields of a shard's seals hash (`HGETALL {<shard key>}:seals`).
+pub(crate) type Seals = Vec<(String, String)>;
+
+/// What a guarded read asks for: the acknowledgements sent first, then up to `count`
+/// entries after `from`, and, with `seals`, the shard's seals read after the entries (so
+/// they name every switch an entry read may follow: PROTOCOL §15).
+#[derive(Clone, Copy)]
+pub(crate) struct ReadAsk<'a> {
+    pub(crate) acks: &'a [String],
+    pub(crate) from: &'a str,
+    pub(crate) count: usize,
+    pub(crate) seals: bool,
 }
 
 fn owner_key(origin: &Origin) -> String {
@@ -148,16 +163,13 @@ impl Guard {
     /// Acknowledges `acks`, then reads up to `count` entries after `from` (`>`: new ones;
     /// an id: this member's own pending ones), if `token` is the shard's. `armed_by` is the
     /// connection's (see [`ArmedBy`]).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn read(
         &mut self,
         conn: &mut NodeConn,
         armed_by: &mut ArmedBy,
         origin: &Origin,
         token: &str,
-        acks: &[String],
-        from: &str,
-        count: usize,
+        ask: ReadAsk<'_>,
     ) -> Result<Read, RedisError> {
         for _ in 0..WATCH_RETRIES {
             if !self.is_armed(conn, *armed_by) && !self.arm(conn, armed_by, token).await? {
@@ -165,7 +177,7 @@ impl Guard {
                 return Ok(Read::Fenced);
             }
             let generation = conn.generation();
-            let pipe = self.transaction(origin, acks, from, count);
+            let pipe = self.transaction(origin, ask);
             self.armed = None;
             *armed_by = None;
             let Some(values) = conn.pipeline_on(generation, &pipe).await? else {
@@ -176,7 +188,7 @@ impl Guard {
             }
             // The trailing `WATCH owner` is the connection's last one now.
             *armed_by = Some(self.id);
-            match self.answer(values, generation, token, !acks.is_empty())? {
+            match self.answer(values, generation, token, ask)? {
                 Some(read) => return Ok(read),
                 // The owner key was written since it was checked: check it again.
                 None => continue,
@@ -185,14 +197,12 @@ impl Guard {
         Err(unexpected("the owner key keeps changing"))
     }
 
-    /// `MULTI, [XACK acks], XREADGROUP, XREVRANGE + - COUNT 1, EXEC, WATCH owner, GET owner`.
-    fn transaction(
-        &self,
-        origin: &Origin,
-        acks: &[String],
-        from: &str,
-        count: usize,
-    ) -> redis::Pipeline {
+    /// `MULTI, [XACK acks], XREADGROUP, XREVRANGE + - COUNT 1, [HGETALL seals], EXEC, WATCH
+    /// owner, GET owner`.
+    fn transaction(&self, origin: &Origin, ask: ReadAsk<'_>) -> redis::Pipeline {
+        let ReadAsk {
+            acks, from, count, ..
+        } = ask;
         let mut pipe = redis::pipe();
         pipe.cmd("MULTI");
         if !acks.is_empty() {
@@ -216,6 +226,10 @@ impl Guard {
             .arg("-")
             .arg("COUNT")
             .arg(1);
+        if ask.seals {
+            pipe.cmd("HGETALL")
+                .arg(rsc_protocol::routing::seals_key(&origin.shard_key));
+        }
         pipe.cmd("EXEC");
         pipe.cmd("WATCH").arg(&self.key);
         pipe.cmd("GET").arg(&self.key);
@@ -229,7 +243,7 @@ impl Guard {
         mut values: Vec<Value>,
         generation: u64,
         token: &str,
-        acked: bool,
+        ask: ReadAsk<'_>,
     ) -> Result<Option<Read>, RedisError> {
         let current = values.pop().and_then(|v| status(&v));
         if current.as_deref() == Some(token) {
@@ -244,18 +258,23 @@ impl Guard {
         }
         match exec {
             Value::Nil => Ok(None),
-            Value::Array(items) => exec_read(items, acked).map(Some),
+            Value::Array(items) => exec_read(items, ask).map(Some),
             other => Err(server_error(&other).unwrap_or_else(|| unexpected("EXEC"))),
         }
     }
 }
 
 /// What the `EXEC` of a guarded read returned: the `XREADGROUP` reply (after the `XACK`'s,
-/// when `acked`) and the stream's last entry.
-fn exec_read(items: Vec<Value>, acked: bool) -> Result<Read, RedisError> {
-    let mut items = items.into_iter().skip(usize::from(acked));
+/// when the ask had some), the stream's last entry and, when asked, the seals.
+fn exec_read(items: Vec<Value>, ask: ReadAsk<'_>) -> Result<Read, RedisError> {
+    let mut items = items.into_iter().skip(usize::from(!ask.acks.is_empty()));
     let (Some(read), Some(last)) = (items.next(), items.next()) else {
         return Err(unexpected("EXEC reply count"));
+    };
+    let seals = match (ask.seals, items.next()) {
+        (false, _) => None,
+        (true, Some(v)) => Some(redis::from_redis_value::<Seals>(v)?),
+        (true, None) => return Err(unexpected("EXEC reply count")),
     };
     if let Some(e) = server_error(&read) {
         return Err(e); // e.g. NOGROUP
@@ -267,7 +286,7 @@ fn exec_read(items: Vec<Value>, acked: bool) -> Result<Read, RedisError> {
         .flat_map(|k| k.ids)
         .collect();
     if !entries.is_empty() {
-        return Ok(Read::Entries(entries));
+        return Ok(Read::Entries(entries, seals));
     }
     let last: StreamRangeReply = redis::from_redis_value(last)?;
     Ok(Read::Idle(
@@ -331,5 +350,60 @@ pub(crate) async fn claim(
             Ok(Some(redis::from_redis_value(v)?))
         }
         _ => Err(unexpected("unknown status")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(s: &str) -> Value {
+        redis::parse_redis_value(s.as_bytes()).expect("resp")
+    }
+
+    /// `XREADGROUP` reply: one entry `1-1` of `s:0`.
+    const READ: &str =
+        "*1\r\n*2\r\n$3\r\ns:0\r\n*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nk\r\n$1\r\nv\r\n";
+    const LAST: &str = "*1\r\n*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nk\r\n$1\r\nv\r\n";
+    const SEALS: &str = "*2\r\n$1\r\n7\r\n$5\r\n0-9/2\r\n";
+
+    fn ask(acks: &[String], seals: bool) -> ReadAsk<'_> {
+        ReadAsk {
+            acks,
+            from: ">",
+            count: 64,
+            seals,
+        }
+    }
+
+    #[test]
+    fn a_read_that_asked_for_the_seals_answers_them_with_its_entries() {
+        let acks = ["1-0".to_owned()];
+        let items = vec![resp(":1\r\n"), resp(READ), resp(LAST), resp(SEALS)];
+        let Read::Entries(ids, seals) = exec_read(items, ask(&acks, true)).expect("read") else {
+            panic!("entries expected");
+        };
+        assert_eq!(ids.len(), 1);
+        assert_eq!(seals, Some(vec![("7".to_owned(), "0-9/2".to_owned())]));
+    }
+
+    #[test]
+    fn a_read_without_the_seals_answers_none_and_a_missing_seals_reply_is_an_error() {
+        let items = vec![resp(READ), resp(LAST)];
+        let Read::Entries(_, seals) = exec_read(items.clone(), ask(&[], false)).expect("read")
+        else {
+            panic!("entries expected");
+        };
+        assert_eq!(seals, None);
+        assert!(exec_read(items, ask(&[], true)).is_err());
+    }
+
+    #[test]
+    fn an_empty_seals_hash_is_no_switch() {
+        let items = vec![resp(READ), resp(LAST), resp("*0\r\n")];
+        let Read::Entries(_, seals) = exec_read(items, ask(&[], true)).expect("read") else {
+            panic!("entries expected");
+        };
+        assert_eq!(seals, Some(vec![]));
     }
 }

@@ -8,7 +8,7 @@
 //! shard. A shard whose node is not known (the map could not be read) uses a set of its own,
 //! whose connections follow `MOVED`.
 
-use super::{ArmedBy, Guard, Read};
+use super::{ArmedBy, Guard, Read, ReadAsk};
 use crate::data::NodeConn;
 use crate::message::Origin;
 use redis::RedisError;
@@ -130,15 +130,12 @@ impl GuardConns {
     /// completes: a read cancelled midway (the worker stopped) leaves no connection in an
     /// unknown state behind. A failed read on a cluster makes the next one read the slot
     /// map again (the shard may have moved).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn read(
         &self,
         guard: &mut Guard,
         origin: &Origin,
         token: &str,
-        acks: &[String],
-        from: &str,
-        count: usize,
+        ask: ReadAsk<'_>,
         timeout: Duration,
     ) -> Result<Read, RedisError> {
         let set = self.set_for(&origin.shard_key).await;
@@ -151,7 +148,7 @@ impl GuardConns {
             .unwrap_or_else(|| self.redis.dedicated(timeout));
         let mut armed_by = slot.armed_by.take();
         let r = guard
-            .read(&mut conn, &mut armed_by, origin, token, acks, from, count)
+            .read(&mut conn, &mut armed_by, origin, token, ask)
             .await;
         slot.conn = Some(conn);
         slot.armed_by = armed_by;

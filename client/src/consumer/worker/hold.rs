@@ -4,6 +4,7 @@
 use super::ShardWorker;
 use super::machine::Event;
 use crate::consumer::backoff::Backoff;
+use crate::consumer::fence::Seals;
 use crate::consumer::order::{Gate, HoldQueue, SealBook};
 use crate::message::Entry;
 use redis::RedisError;
@@ -50,16 +51,26 @@ impl ShardWorker {
     }
 
     /// Ordering `key`: sorts a batch read in stream order into entries to handle now and
-    /// entries held for their key's parent. Reads this shard's seals again first when an
-    /// entry with a key lies past every known seal (a switch may have happened since).
-    /// `None` when stopped.
-    pub(super) async fn admit(&mut self, entries: Vec<Entry>) -> Option<Vec<Entry>> {
+    /// entries held for their key's parent. `seals`, when the read brought them, are the
+    /// shard's seals read after the entries (they know every switch an entry may follow);
+    /// without them the seals are read again first when an entry with a key lies past every
+    /// known seal (a switch may have happened since). `None` when stopped.
+    pub(super) async fn admit(
+        &mut self,
+        entries: Vec<Entry>,
+        seals: Option<Seals>,
+    ) -> Option<Vec<Entry>> {
         if !self.shared.ordered.load(Ordering::Relaxed) {
             return Some(entries);
         }
-        let stale = entries
-            .iter()
-            .any(|e| e.key.is_some() && !self.order.book.covers(&e.id));
+        let fresh = seals.is_some();
+        if let Some(fields) = seals {
+            self.order.book = SealBook::from_hash(fields);
+        }
+        let stale = !fresh
+            && entries
+                .iter()
+                .any(|e| e.key.is_some() && !self.order.book.covers(&e.id));
         if stale {
             let key = rsc_protocol::routing::seals_key(&self.origin.shard_key);
             let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));

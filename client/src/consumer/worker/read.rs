@@ -11,7 +11,7 @@
 use super::conn::{GUARD_TIMEOUT, WorkerConn};
 use super::machine::{Ctx, Event, ReadPlan, Step};
 use super::{ShardWorker, entry_from};
-use crate::consumer::fence::{self, Guard};
+use crate::consumer::fence::{self, Guard, ReadAsk, Seals};
 use crate::consumer::reply::OrderedRead;
 use crate::message::Entry;
 use redis::streams::{StreamInfoGroupsReply, StreamRangeReply};
@@ -25,10 +25,21 @@ use tracing::{debug, info, warn};
 enum Found {
     /// Strict fencing: Redis refused the owner token (the shard moved on).
     Fenced,
-    /// Entries, now pending for this member.
-    Entries(Vec<Entry>),
+    /// Entries, now pending for this member, and the shard's seals read right after them
+    /// when the group orders by key (PROTOCOL §15).
+    Entries(Vec<Entry>, Option<Seals>),
     /// Nothing; the stream's last entry id when the read learned it.
     Idle(Option<String>),
+}
+
+/// The next reply of a pipeline, converted (a missing one is a protocol error).
+fn next_reply<T: redis::FromRedisValue>(
+    values: &mut impl Iterator<Item = Value>,
+) -> Result<T, RedisError> {
+    let v = values.next().ok_or_else(|| {
+        RedisError::from((redis::ErrorKind::UnexpectedReturnType, "a reply is missing"))
+    })?;
+    Ok(redis::from_redis_value(v)?)
 }
 
 /// Sleeps until `t`, or forever.
@@ -221,10 +232,10 @@ impl ShardWorker {
                 self.flags.refuse("read");
                 Event::Fenced
             }
-            Some(Ok(Found::Entries(entries))) => {
+            Some(Ok(Found::Entries(entries, seals))) => {
                 self.flags.drained.store(false, Ordering::Relaxed);
                 let last = entries.last().map(|e| e.id.clone()).unwrap_or_default();
-                match calls.beside(self.admit(entries)).await {
+                match calls.beside(self.admit(entries, seals)).await {
                     Some(ready) => Event::ReadEntries {
                         ready: ready.into_iter().map(Arc::new).collect(),
                         last,
@@ -268,28 +279,35 @@ impl ShardWorker {
         if conn.master_left() {
             return Err(rsc_redis::sentinel::switched_error());
         }
+        // Ordering `key`: the seals are read in the same round trip, after the entries, so
+        // they name every switch an entry read may follow (PROTOCOL §15).
+        let seals = self.shared.ordered.load(Ordering::Relaxed);
         let Some((guard, token)) = guarded else {
-            return self.lease_read(conn, plan).await;
+            return self.lease_read(conn, plan, seals).await;
         };
-        let (acks, from, count) = (&plan.acks, plan.from.as_str(), plan.count);
+        let ask = ReadAsk {
+            acks: &plan.acks,
+            from: &plan.from,
+            count: plan.count,
+            seals,
+        };
         let read = match conn {
             WorkerConn::Dedicated { node, armed_by } => {
-                guard
-                    .read(node, armed_by, &self.origin, token, acks, from, count)
-                    .await?
+                guard.read(node, armed_by, &self.origin, token, ask).await?
             }
             WorkerConn::Shared { guards, .. } => {
                 guards
-                    .read(guard, &self.origin, token, acks, from, count, GUARD_TIMEOUT)
+                    .read(guard, &self.origin, token, ask, GUARD_TIMEOUT)
                     .await?
             }
         };
         Ok(match read {
             fence::Read::Fenced => Found::Fenced,
-            fence::Read::Entries(ids) => Found::Entries(
+            fence::Read::Entries(ids, seals) => Found::Entries(
                 ids.into_iter()
                     .map(|s| entry_from(s.id, s.map, 1))
                     .collect(),
+                seals,
             ),
             fence::Read::Idle(last) => Found::Idle(Some(last)),
         })
@@ -298,11 +316,13 @@ impl ShardWorker {
     /// Lease fencing's read: `XREADGROUP` (with `BLOCK` when the plan says so) with the
     /// `XACK` of the plan's acknowledgements pipelined first, and, when the plan asks to
     /// learn the stream's last id, `XREVRANGE … COUNT 1` before the read (so that an entry
-    /// added in between is read, not waited for).
+    /// added in between is read, not waited for); with `seals`, `HGETALL` of the shard's
+    /// seals after it.
     async fn lease_read(
         &self,
         conn: &mut WorkerConn,
         plan: &ReadPlan,
+        seals: bool,
     ) -> Result<Found, RedisError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
@@ -316,8 +336,12 @@ impl ShardWorker {
         cmd.arg("STREAMS")
             .arg(&self.origin.shard_key)
             .arg(&plan.from);
-        let (reply, last) = if plan.acks.is_empty() && !plan.learn_last {
-            (cmd.query_async::<Option<OrderedRead>>(conn).await?, None)
+        let (reply, last, seals) = if plan.acks.is_empty() && !plan.learn_last && !seals {
+            (
+                cmd.query_async::<Option<OrderedRead>>(conn).await?,
+                None,
+                None,
+            )
         } else {
             let mut pipe = redis::pipe();
             if !plan.acks.is_empty() {
@@ -336,19 +360,25 @@ impl ShardWorker {
                     .arg(1);
             }
             pipe.add_command(cmd);
-            if plan.learn_last {
-                let (last, reply) = pipe
-                    .query_async::<(StreamRangeReply, Option<OrderedRead>)>(conn)
-                    .await?;
-                let last = last
-                    .ids
-                    .first()
-                    .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
-                (reply, Some(last))
-            } else {
-                let (reply,) = pipe.query_async::<(Option<OrderedRead>,)>(conn).await?;
-                (reply, None)
+            if seals {
+                pipe.cmd("HGETALL")
+                    .arg(rsc_protocol::routing::seals_key(&self.origin.shard_key));
             }
+            let mut values = pipe.query_async::<Vec<Value>>(conn).await?.into_iter();
+            let last = match plan.learn_last {
+                true => {
+                    let last: StreamRangeReply = next_reply(&mut values)?;
+                    let first = last.ids.into_iter().next();
+                    Some(first.map_or_else(|| "0-0".to_owned(), |e| e.id))
+                }
+                false => None,
+            };
+            let reply: Option<OrderedRead> = next_reply(&mut values)?;
+            let seals = match seals {
+                true => Some(next_reply::<Seals>(&mut values)?),
+                false => None,
+            };
+            (reply, last, seals)
         };
         let entries: Vec<Entry> = reply
             .into_iter()
@@ -359,7 +389,7 @@ impl ShardWorker {
         Ok(if entries.is_empty() {
             Found::Idle(last)
         } else {
-            Found::Entries(entries)
+            Found::Entries(entries, seals)
         })
     }
 

@@ -65,7 +65,7 @@ impl ShardWorker {
                     info!(claimed = self.claimed, "took over pending entries");
                 }
                 calls
-                    .beside(self.admit(entries))
+                    .beside(self.admit(entries, None))
                     .await
                     .map(|ready| Event::Claimed {
                         ready: ready.into_iter().map(Arc::new).collect(),
