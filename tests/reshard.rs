@@ -605,6 +605,24 @@ async fn retired_keys_are_deleted_after_the_window() {
     let until = done["rollback_until_ms"].as_u64().expect("window open");
     // Kept within the window: a rollback would need them.
     assert!(exists(&mut con, "aux:2") && exists(&mut con, "aux:3"));
+    // Retry streams a listener with retry stages leaves on a shard (empty once it drained,
+    // PROTOCOL §2.2): a retired shard's go with its key, an active shard's stay.
+    let retry = |shard: &str, stage: u32| format!("{{{shard}}}:retry:{GROUP}:{stage}");
+    for key in [retry("aux:2", 1), retry("aux:3", 16), retry("aux:0", 1)] {
+        let id: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("f")
+            .arg("v")
+            .query(&mut con)
+            .expect("XADD");
+        let _: i64 = redis::cmd("XDEL")
+            .arg(&key)
+            .arg(id)
+            .query(&mut con)
+            .expect("XDEL");
+        assert!(exists(&mut con, &key), "an empty stream stays: {key}");
+    }
     assert!(
         now_ms() < until,
         "the test was too slow to look within the window"
@@ -616,6 +634,11 @@ async fn retired_keys_are_deleted_after_the_window() {
     .await;
     assert!(now_ms() >= until, "deleted before the window closed");
     assert!(exists(&mut con, "aux:0") && exists(&mut con, "aux:1"));
+    assert!(!exists(&mut con, &retry("aux:2", 1)) && !exists(&mut con, &retry("aux:3", 16)));
+    assert!(
+        exists(&mut con, &retry("aux:0", 1)),
+        "an active shard's retry stream stays"
+    );
     let v = stream_until(&stack, STREAM, "the stream to forget them", 5, |v| {
         v["retired_shards"] == json!([])
     })

@@ -17,8 +17,12 @@ const SHARD: &str = "rs:0";
 const RECORD: &str = "rs-handled";
 
 fn publish(con: &mut redis::Connection, seq: u64) -> String {
+    publish_to(con, SHARD, seq)
+}
+
+fn publish_to(con: &mut redis::Connection, shard: &str, seq: u64) -> String {
     redis::cmd("XADD")
-        .arg(SHARD)
+        .arg(shard)
         .arg("*")
         .arg("payload")
         .arg(format!(r#"{{"seq":{seq},"key":"k"}}"#))
@@ -119,4 +123,61 @@ async fn a_poison_entry_goes_through_each_stage_to_the_dlq_and_its_key_does_not_
         .query(&mut con)
         .expect("XPENDING");
     assert_eq!(pending.count(), 0);
+}
+
+/// A shard changes hands while an entry waits in its retry stage (GUIDE "Non-blocking
+/// retries", PROTOCOL §2.2: "an entry not settled when the owner stops stays in its stream
+/// for the next owner"): the first pod stages the flaky entry and is killed (-9) before its
+/// delay ends; the next owner of the shard retries it when due, under its shard id, once, as
+/// attempt 2; nothing is dead-lettered and the stage ends empty.
+#[tokio::test]
+async fn an_entry_waiting_in_a_stage_is_retried_by_the_next_owner_after_a_kill() {
+    const STREAM: &str = "rsk";
+    const SHARD: &str = "rsk:0";
+    const RECORD: &str = "rsk-handled";
+    let _serial = SERIAL.lock().await;
+    let stack = Stack::start();
+    stack.create_group("gk", STREAM, 1, 3000, 300).await;
+    let args = [
+        "--group",
+        "gk",
+        "--stream",
+        STREAM,
+        "--flaky-seq",
+        "1",
+        "--record-stream",
+        RECORD,
+    ];
+    let env = [("RSC_LISTENER_GK_RETRY_STAGES", "5s")];
+    let mut first = Consumer::start_env(&stack, "127.0.0.62", &args, &env);
+    stack.wait_stable("gk", 1, 1).await;
+    let mut con = stack.redis();
+    let staged_id = publish_to(&mut con, SHARD, 1);
+    publish_to(&mut con, SHARD, 2);
+    let stage = format!("{{{SHARD}}}:retry:gk:1");
+    eventually("the flaky entry staged and seq 2 handled", 10, || {
+        (xlen(&mut con, &stage) == 1 && read_stream(&mut con, RECORD).len() == 1).then_some(())
+    })
+    .await;
+    first.kill9();
+
+    let _second = Consumer::start_env(&stack, "127.0.0.63", &args, &env);
+    let handled = eventually("seq 1 retried by the next owner", 30, || {
+        let h = read_stream(&mut con, RECORD);
+        h.iter().any(|h| h["seq"] == "1").then_some(h)
+    })
+    .await;
+    let retried: Vec<_> = handled.iter().filter(|h| h["seq"] == "1").collect();
+    assert_eq!(retried.len(), 1, "handled once: {handled:?}");
+    assert_eq!(retried[0]["attempt"], "2", "{handled:?}");
+    assert_eq!(retried[0]["entry_id"], staged_id, "under its shard id");
+    assert!(
+        retried[0]["member"].starts_with("127.0.0.63-"),
+        "by the next owner: {handled:?}"
+    );
+    eventually("the stage empty", 10, || {
+        (xlen(&mut con, &stage) == 0).then_some(())
+    })
+    .await;
+    assert!(read_stream(&mut con, "rsk:dlq").is_empty());
 }

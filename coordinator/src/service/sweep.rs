@@ -187,7 +187,7 @@ impl Coordinator {
                 .iter()
                 .map(|&s| rsc_protocol::routing::shard_key(&name, s))
                 .collect();
-            if let Err(e) = delete(keys.clone()).await {
+            if let Err(e) = delete(with_retry_streams(&keys, &doc.groups)).await {
                 ::metrics::counter!("rsc_retired_key_delete_errors_total", "stream" => name.clone())
                     .increment(1);
                 warn!(stream = %name, ?shards, error = %e, "could not delete retired shard keys; retrying next pass");
@@ -209,6 +209,22 @@ impl Coordinator {
         }
         Ok(out)
     }
+}
+
+/// The shard keys and, with them, every retry stream their groups may have left there
+/// (PROTOCOL §2.2 "Retry stages": a shard is drained only once they are empty, so they hold
+/// nothing; all in the shard's slot, so a Redis Cluster deletes them in the same call).
+fn with_retry_streams(keys: &[String], groups: &std::collections::BTreeSet<String>) -> Vec<String> {
+    let stages = rsc_protocol::retry::MAX_STAGES as u32;
+    let mut all = keys.to_vec();
+    for key in keys {
+        for group in groups {
+            all.extend(
+                (1..=stages).map(|stage| rsc_protocol::routing::retry_key(key, group, stage)),
+            );
+        }
+    }
+    all
 }
 
 /// Retired shard keys one [`Coordinator::purge_retired`] pass deleted on one stream.
