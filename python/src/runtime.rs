@@ -2,6 +2,7 @@
 //! awaitables, Python coroutines as Rust futures, and blocking calls that release the GIL.
 //! A panic never unwinds into Python: it becomes a `PanickedError`.
 
+use crate::dispatch::Stage;
 use crate::errors;
 use crate::interpreter::with_python;
 use futures::FutureExt;
@@ -10,7 +11,7 @@ use rsc_client::ClientError;
 use rsc_client::foreign::{BatchVerdict, Verdict};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -120,12 +121,60 @@ pub(crate) enum Answer {
     Batch(BatchVerdict),
 }
 
-/// Called by asyncio when a handler's coroutine finished: reads its answer and sends it to
-/// the waiting Rust future.
+/// Called by asyncio when a handler's task finished: reads its answer and sends it to the
+/// waiting Rust future.
 #[pyclass(module = "rsc._rsc", frozen)]
 pub(crate) struct Completion {
     batch: bool,
     tx: Mutex<Option<oneshot::Sender<Answer>>>,
+    /// The call's stage, set to finished (the task released) once answered.
+    stage: Option<Arc<Mutex<Stage>>>,
+}
+
+impl Answer {
+    /// A failure before the handler answered: retried as a handler's exception would be.
+    pub(crate) fn failed(batch: bool, why: String) -> Self {
+        if batch {
+            Answer::Batch(BatchVerdict {
+                all: Verdict::Retry(why),
+                each: Vec::new(),
+            })
+        } else {
+            Answer::Single(Verdict::Retry(why))
+        }
+    }
+}
+
+impl Completion {
+    /// The completion of a call answering on `tx`.
+    pub(crate) fn new(
+        batch: bool,
+        tx: oneshot::Sender<Answer>,
+        stage: Option<Arc<Mutex<Stage>>>,
+    ) -> Self {
+        Completion {
+            batch,
+            tx: Mutex::new(Some(tx)),
+            stage,
+        }
+    }
+
+    /// Answers the call with a failure (the handler could not be called).
+    pub(crate) fn fail(&self, why: String) {
+        self.send(Answer::failed(self.batch, why));
+    }
+
+    fn send(&self, answer: Answer) {
+        if let Some(tx) = self.tx.lock().ok().and_then(|mut t| t.take()) {
+            let _ = tx.send(answer);
+        }
+        if let Some(stage) = &self.stage
+            && let Ok(mut s) = stage.lock()
+            && matches!(*s, Stage::Running(_))
+        {
+            *s = Stage::Finished;
+        }
+    }
 }
 
 #[pymethods]
@@ -136,20 +185,12 @@ impl Completion {
             Ok(v) => verdict(&v).map(Answer::Single),
             Err(e) => Err(e),
         };
-        let answer = answer.unwrap_or_else(|e| {
-            let why = format!("the handler's answer could not be read: {e}");
-            if self.batch {
-                Answer::Batch(BatchVerdict {
-                    all: Verdict::Retry(why),
-                    each: Vec::new(),
-                })
-            } else {
-                Answer::Single(Verdict::Retry(why))
-            }
-        });
-        if let Some(tx) = self.tx.lock().ok().and_then(|mut t| t.take()) {
-            let _ = tx.send(answer);
-        }
+        self.send(answer.unwrap_or_else(|e| {
+            Answer::failed(
+                self.batch,
+                format!("the handler's answer could not be read: {e}"),
+            )
+        }));
     }
 }
 
@@ -179,58 +220,4 @@ fn batch_verdict(v: &Bound<'_, PyAny>) -> PyResult<BatchVerdict> {
             .map(|(id, v)| Ok((id, verdict(&v)?)))
             .collect::<PyResult<_>>()?,
     })
-}
-
-/// Cancels the coroutine's task when the Rust side stops waiting for it (a revocation's
-/// deadline, a shutdown), unless it finished.
-struct CancelOnDrop(Option<Py<PyAny>>);
-
-impl CancelOnDrop {
-    /// The coroutine finished: nothing to cancel.
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(cf) = self.0.take() {
-            let _ = with_python(|py| cf.call_method0(py, "cancel").map(drop));
-        }
-    }
-}
-
-/// Schedules `coro` on the asyncio `event_loop` (from any thread) and returns a Rust future
-/// of its answer; dropping the future cancels the coroutine.
-pub(crate) fn submit(
-    py: Python<'_>,
-    event_loop: &Py<PyAny>,
-    coro: Bound<'_, PyAny>,
-    batch: bool,
-) -> PyResult<futures::future::BoxFuture<'static, Answer>> {
-    let (tx, rx) = oneshot::channel();
-    let asyncio = py.import("asyncio")?;
-    let cf = asyncio.call_method1("run_coroutine_threadsafe", (coro, event_loop.bind(py)))?;
-    let done = Completion {
-        batch,
-        tx: Mutex::new(Some(tx)),
-    };
-    cf.call_method1("add_done_callback", (done,))?;
-    let cf = cf.unbind();
-    Ok(Box::pin(async move {
-        let mut guard = CancelOnDrop(Some(cf));
-        let answer = rx.await;
-        guard.disarm();
-        answer.unwrap_or_else(|_| {
-            let why = "the handler's task ended without an answer (its event loop stopped?)";
-            if batch {
-                Answer::Batch(BatchVerdict {
-                    all: Verdict::Retry(why.into()),
-                    each: Vec::new(),
-                })
-            } else {
-                Answer::Single(Verdict::Retry(why.into()))
-            }
-        })
-    }))
 }
