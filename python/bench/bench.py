@@ -2,7 +2,7 @@
 would write by hand, in the same run, against one redis-server and one rsc-coordinator.
 
     python bench.py [--messages N] [--reps R] [--only py1,py2,py3,py4] [--py3-secs S]
-                    [--py4-messages N] [--py4-prefix CMD] [--json FILE]
+                    [--py4-messages N] [--json FILE]
 
 - **PY1**: a no-op ``async def`` listener draining a pre-filled 4-shard stream, against a
   redis-py asyncio loop per shard (``XREADGROUP COUNT 64`` + ``XACK``), each on a stream of
@@ -34,7 +34,6 @@ import asyncio
 import json
 import os
 import resource
-import shlex
 import signal
 import statistics
 import subprocess
@@ -279,7 +278,7 @@ def progress(r: "redis.Redis", stream: str, group: str) -> Tuple[int, int]:
     return read, pending
 
 
-def py4(stack: Stack, n: int, lang: str, prefix: List[str]) -> Dict[str, Any]:
+def py4(stack: Stack, n: int, lang: str) -> Dict[str, Any]:
     """One sample pod (``lang``: python or rust) draining ``n`` pre-filled entries."""
     name = fresh(f"py4-{lang}-")
     stack.create_group(name, name, SHARDS)
@@ -287,7 +286,7 @@ def py4(stack: Stack, n: int, lang: str, prefix: List[str]) -> Dict[str, Any]:
     args = ["--coordinator", stack.coordinator.url, "--redis-url", stack.redis.url,
             "--group", name, "--stream", name, "--pod-ip", "127.0.0.1", "--handle-ms", "0"]
     if lang == "python":
-        cmd = [*prefix, sys.executable, str(REPO / "examples/python/sample_consumer.py"), *args]
+        cmd = [sys.executable, str(REPO / "examples/python/sample_consumer.py"), *args]
     else:
         cmd = [str(bin_dir() / "sample-consumer"), *args]
     env = dict(os.environ, RSC_LOG="warn")
@@ -295,12 +294,7 @@ def py4(stack: Stack, n: int, lang: str, prefix: List[str]) -> Dict[str, Any]:
                            stderr=None if os.environ.get("RSC_BENCH_ECHO") else subprocess.DEVNULL)
     r = redis.Redis(host="127.0.0.1", port=stack.redis.port)
     try:
-        # Under a profiler the pod is the profiler's child: measure the pod itself.
         pid = pod.pid
-        if prefix:
-            kids = wait_for("the profiled pod", 20, lambda: Path(
-                f"/proc/{pod.pid}/task/{pod.pid}/children").read_text().split() or None)
-            pid = int(kids[0])
         wait_for("the first entry read", 60, lambda: progress(r, name, name)[0] > 0 or None)
         t0, c0 = time.perf_counter(), threads(pid)
         deadline = time.monotonic() + 300
@@ -344,8 +338,6 @@ def main() -> None:
     ap.add_argument("--py3-secs", type=float, default=3.0,
                     help="PY3: seconds of backlog at the goal's rate")
     ap.add_argument("--py4-messages", type=int, default=100_000)
-    ap.add_argument("--py4-prefix", default="",
-                    help="PY4: a command the Python pod runs under (e.g. a profiler)")
     ap.add_argument("--json", help="append the figures as JSON to this file")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -378,8 +370,7 @@ def main() -> None:
                 print(f"PY3 rep {rep}: {got3}", flush=True)
             if "py4" in only:
                 order4 = ["python", "rust"] if rep % 2 == 0 else ["rust", "python"]
-                prefix = shlex.split(a.py4_prefix)
-                got4 = {k: py4(stack, a.py4_messages, k, prefix) for k in order4}
+                got4 = {k: py4(stack, a.py4_messages, k) for k in order4}
                 res["py4"].append(got4)
                 print(f"PY4 rep {rep}: " + ", ".join(
                     f"{k} {v['rate']:,.0f}/s {v['cpu_ms_per_1k']:.1f} ms/1k"
