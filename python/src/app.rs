@@ -2,11 +2,11 @@
 //! awaited on the caller's asyncio loop (the `rsc` package wraps plain functions in a thread
 //! pool). Every protocol rule stays in `rsc-client`; this module converts and calls.
 
-use crate::dispatch::{Dispatcher, Input};
+use crate::dispatch::{Answer, Dispatcher, Input};
 use crate::interpreter::with_python;
 use crate::message::Rebalance;
 use crate::options::{Conn, Opts, apply_conn};
-use crate::runtime::{Answer, block_on, into_awaitable, runtime};
+use crate::runtime::{block_on, into_awaitable, runtime};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

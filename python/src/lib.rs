@@ -30,7 +30,7 @@ fn _rsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::PyRecord>()?;
     m.add_class::<producer::Published>()?;
-    m.add_class::<runtime::Completion>()?;
+    m.add_class::<dispatch::Completion>()?;
     m.add_class::<dispatch::Drain>()?;
     m.add_class::<dispatch::Detach>()?;
     m.add_class::<runtime::Resolve>()?;
