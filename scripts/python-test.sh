@@ -7,7 +7,8 @@
 # redis and mypy. Extra arguments go to pytest (e.g. `-k producer`). Last, the end-to-end pod
 # scenarios run with Rust and Python sample pods mixed in one group (RSC_TEST_POD_LANG=mixed,
 # docs/PYTHON.md "Sample pods"): routing and ownership, kill -9, SIGTERM hand-over, retries to
-# the dead letters, a slow handler, and a pod joining a strictly fenced group (about 2 minutes).
+# the dead letters, a slow handler, a pod joining under load, and a pod joining a strictly
+# fenced group (about 2 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -2,16 +2,17 @@
 //! awaited on the caller's asyncio loop (the `rsc` package wraps plain functions in a thread
 //! pool). Every protocol rule stays in `rsc-client`; this module converts and calls.
 
+use crate::dispatch::{Answer, Dispatcher, Input};
 use crate::interpreter::with_python;
-use crate::message::{Message, Rebalance};
+use crate::message::Rebalance;
 use crate::options::{Conn, Opts, apply_conn};
-use crate::runtime::{Answer, block_on, into_awaitable, runtime, submit};
+use crate::runtime::{block_on, into_awaitable, runtime};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rsc_client::foreign::{
     BatchVerdict, ForeignBatchHandler, ForeignCallback, ForeignHandler, ForeignMessage,
-    ListenerSpec, Verdict,
+    ListenerSpec,
 };
 use rsc_client::{AppHandle, ConsumerAppBuilder};
 use std::sync::{Arc, Mutex};
@@ -145,70 +146,48 @@ fn callback(f: Py<PyAny>) -> ForeignCallback {
     })
 }
 
-/// The foreign handler of a Python single-message handler on `event_loop`.
-fn single(handler: Py<PyAny>, event_loop: Arc<Py<PyAny>>) -> ForeignHandler {
+/// The foreign handler of a Python single-message handler: calls go through `dispatcher`.
+fn single(handler: Py<PyAny>, dispatcher: Dispatcher) -> ForeignHandler {
+    let handler = Arc::new(handler);
     Arc::new(move |m: ForeignMessage| {
-        let started = with_python(|py| -> PyResult<_> {
-            let msg = Py::new(py, Message::new(py, m)?)?;
-            let coro = handler.bind(py).call1((msg,))?;
-            submit(py, &event_loop, coro, false)
-        });
+        let answer = dispatcher.submit(handler.clone(), Input::One(Box::new(m)), false);
         Box::pin(async move {
-            match started {
-                Some(Ok(answer)) => match answer.await {
-                    Answer::Single(v) => v,
-                    Answer::Batch(b) => b.all,
-                },
-                Some(Err(e)) => Verdict::Retry(format!("the handler could not be called: {e}")),
-                None => Verdict::Retry("the Python interpreter is shutting down".into()),
+            match answer.await {
+                Answer::Single(v) => v,
+                Answer::Batch(b) => b.all,
             }
         })
     })
 }
 
-/// The foreign handler of a Python batch handler on `event_loop`.
-fn batch(handler: Py<PyAny>, event_loop: Arc<Py<PyAny>>) -> ForeignBatchHandler {
+/// The foreign handler of a Python batch handler: calls go through `dispatcher`.
+fn batch(handler: Py<PyAny>, dispatcher: Dispatcher) -> ForeignBatchHandler {
+    let handler = Arc::new(handler);
     Arc::new(move |ms: Vec<ForeignMessage>| {
-        let started = with_python(|py| -> PyResult<_> {
-            let msgs = ms
-                .into_iter()
-                .map(|m| Py::new(py, Message::new(py, m)?))
-                .collect::<PyResult<Vec<_>>>()?;
-            let coro = handler.bind(py).call1((msgs,))?;
-            submit(py, &event_loop, coro, true)
-        });
-        let failed = |why: String| BatchVerdict {
-            all: Verdict::Retry(why),
-            each: Vec::new(),
-        };
+        let answer = dispatcher.submit(handler.clone(), Input::Many(ms), true);
         Box::pin(async move {
-            match started {
-                Some(Ok(answer)) => match answer.await {
-                    Answer::Batch(b) => b,
-                    Answer::Single(v) => BatchVerdict {
-                        all: v,
-                        each: Vec::new(),
-                    },
+            match answer.await {
+                Answer::Batch(b) => b,
+                Answer::Single(v) => BatchVerdict {
+                    all: v,
+                    each: Vec::new(),
                 },
-                Some(Err(e)) => failed(format!("the batch handler could not be called: {e}")),
-                None => failed("the Python interpreter is shutting down".into()),
             }
         })
     })
 }
 
 impl ConsumerApp {
-    /// The Rust app, its handlers awaited on `event_loop`.
-    fn build(&self, py: Python<'_>, event_loop: Py<PyAny>) -> PyResult<rsc_client::ConsumerApp> {
-        let event_loop = Arc::new(event_loop);
+    /// The Rust app, its handlers called through `dispatcher`.
+    fn build(&self, py: Python<'_>, dispatcher: &Dispatcher) -> PyResult<rsc_client::ConsumerApp> {
         let mut b = self.opts.builder()?;
         let listeners = self.listeners.lock().map_err(poisoned)?;
         for l in listeners.iter() {
             let handler = l.handler.clone_ref(py);
             b = b.listener(if l.batch {
-                rsc_client::foreign::batch_listener(&l.spec, batch(handler, event_loop.clone()))
+                rsc_client::foreign::batch_listener(&l.spec, batch(handler, dispatcher.clone()))
             } else {
-                rsc_client::foreign::listener(&l.spec, single(handler, event_loop.clone()))
+                rsc_client::foreign::listener(&l.spec, single(handler, dispatcher.clone()))
             });
         }
         let _rt = runtime().enter();
@@ -262,18 +241,27 @@ impl ConsumerApp {
     /// The member ids the app runs (`<instance>-<listener>-<index>`); checks the
     /// configuration as running it would.
     fn member_ids(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        Ok(self.build(py, py.None())?.member_ids())
+        Ok(self.build(py, &Dispatcher::new(py, None)?)?.member_ids())
     }
 
     /// Runs the app until `shutdown()`: an awaitable; handlers are awaited on `event_loop`.
     fn run<'py>(&self, py: Python<'py>, event_loop: Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let app = self.build(py, event_loop)?;
+        let dispatcher = Dispatcher::new(py, Some(event_loop))?;
+        let app = match self.build(py, &dispatcher) {
+            Ok(app) => app,
+            Err(e) => {
+                dispatcher.close(py);
+                return Err(e);
+            }
+        };
         let handle = app.handle();
         if self.stopped_early.load(std::sync::atomic::Ordering::SeqCst) {
             handle.shutdown();
         }
         *self.handle.lock().map_err(poisoned)? = Some(handle);
-        into_awaitable(py, app.run_until(std::future::pending()), false)
+        let ran = into_awaitable(py, app.run_until(std::future::pending()), false)?;
+        ran.call_method1("add_done_callback", (dispatcher.detach(py)?,))?;
+        Ok(ran)
     }
 
     /// Starts a graceful shutdown: in-flight handlers finish and are acknowledged, then the

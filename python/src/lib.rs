@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 mod app;
+mod dispatch;
 mod errors;
 mod interpreter;
 mod logging;
@@ -29,7 +30,9 @@ fn _rsc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::PyRecord>()?;
     m.add_class::<producer::Published>()?;
-    m.add_class::<runtime::Completion>()?;
+    m.add_class::<dispatch::Completion>()?;
+    m.add_class::<dispatch::Drain>()?;
+    m.add_class::<dispatch::Detach>()?;
     m.add_class::<runtime::Resolve>()?;
     m.add_class::<runtime::AbortOnCancel>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,5 +1,6 @@
 //! The bridge between the Rust runtime (tokio) and Python's asyncio: Rust futures as Python
-//! awaitables, Python coroutines as Rust futures, and blocking calls that release the GIL.
+//! awaitables and blocking calls that release the GIL (handlers' coroutines go the other way
+//! through `dispatch`).
 //! A panic never unwinds into Python: it becomes a `PanickedError`.
 
 use crate::errors;
@@ -7,12 +8,9 @@ use crate::interpreter::with_python;
 use futures::FutureExt;
 use pyo3::prelude::*;
 use rsc_client::ClientError;
-use rsc_client::foreign::{BatchVerdict, Verdict};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
-use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// The process's tokio runtime (multi-threaded, started on first use): every consumer app
 /// and producer of the process runs on it.
@@ -110,127 +108,4 @@ where
         std::panic::catch_unwind(AssertUnwindSafe(|| runtime().block_on(guarded(fut))))
             .unwrap_or_else(|panic| Err(errors::panicked(panic.as_ref())))
     })
-}
-
-/// What a handler's coroutine answered.
-pub(crate) enum Answer {
-    /// A single-message handler's verdict.
-    Single(Verdict),
-    /// A batch handler's verdicts.
-    Batch(BatchVerdict),
-}
-
-/// Called by asyncio when a handler's coroutine finished: reads its answer and sends it to
-/// the waiting Rust future.
-#[pyclass(module = "rsc._rsc", frozen)]
-pub(crate) struct Completion {
-    batch: bool,
-    tx: Mutex<Option<oneshot::Sender<Answer>>>,
-}
-
-#[pymethods]
-impl Completion {
-    fn __call__(&self, fut: &Bound<'_, PyAny>) {
-        let answer = match fut.call_method0("result") {
-            Ok(v) if self.batch => batch_verdict(&v).map(Answer::Batch),
-            Ok(v) => verdict(&v).map(Answer::Single),
-            Err(e) => Err(e),
-        };
-        let answer = answer.unwrap_or_else(|e| {
-            let why = format!("the handler's answer could not be read: {e}");
-            if self.batch {
-                Answer::Batch(BatchVerdict {
-                    all: Verdict::Retry(why),
-                    each: Vec::new(),
-                })
-            } else {
-                Answer::Single(Verdict::Retry(why))
-            }
-        });
-        if let Some(tx) = self.tx.lock().ok().and_then(|mut t| t.take()) {
-            let _ = tx.send(answer);
-        }
-    }
-}
-
-/// A verdict as the Python wrapper returns it: `None` (handled) or
-/// `(kind, seconds, message)` with kind `retry`, `retry_after` or `dead_letter`.
-fn verdict(v: &Bound<'_, PyAny>) -> PyResult<Verdict> {
-    if v.is_none() {
-        return Ok(Verdict::Done);
-    }
-    let (kind, seconds, why): (String, f64, String) = v.extract()?;
-    Ok(match kind.as_str() {
-        "retry_after" if seconds.is_finite() && seconds >= 0.0 => {
-            Verdict::RetryAfter(Duration::from_secs_f64(seconds), why)
-        }
-        "dead_letter" => Verdict::DeadLetter(why),
-        _ => Verdict::Retry(why),
-    })
-}
-
-/// A batch's verdicts as the Python wrapper returns them: `(all, [(entry_id, verdict)…])`.
-fn batch_verdict(v: &Bound<'_, PyAny>) -> PyResult<BatchVerdict> {
-    let (all, each): (Bound<'_, PyAny>, Vec<(String, Bound<'_, PyAny>)>) = v.extract()?;
-    Ok(BatchVerdict {
-        all: verdict(&all)?,
-        each: each
-            .into_iter()
-            .map(|(id, v)| Ok((id, verdict(&v)?)))
-            .collect::<PyResult<_>>()?,
-    })
-}
-
-/// Cancels the coroutine's task when the Rust side stops waiting for it (a revocation's
-/// deadline, a shutdown), unless it finished.
-struct CancelOnDrop(Option<Py<PyAny>>);
-
-impl CancelOnDrop {
-    /// The coroutine finished: nothing to cancel.
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(cf) = self.0.take() {
-            let _ = with_python(|py| cf.call_method0(py, "cancel").map(drop));
-        }
-    }
-}
-
-/// Schedules `coro` on the asyncio `event_loop` (from any thread) and returns a Rust future
-/// of its answer; dropping the future cancels the coroutine.
-pub(crate) fn submit(
-    py: Python<'_>,
-    event_loop: &Py<PyAny>,
-    coro: Bound<'_, PyAny>,
-    batch: bool,
-) -> PyResult<futures::future::BoxFuture<'static, Answer>> {
-    let (tx, rx) = oneshot::channel();
-    let asyncio = py.import("asyncio")?;
-    let cf = asyncio.call_method1("run_coroutine_threadsafe", (coro, event_loop.bind(py)))?;
-    let done = Completion {
-        batch,
-        tx: Mutex::new(Some(tx)),
-    };
-    cf.call_method1("add_done_callback", (done,))?;
-    let cf = cf.unbind();
-    Ok(Box::pin(async move {
-        let mut guard = CancelOnDrop(Some(cf));
-        let answer = rx.await;
-        guard.disarm();
-        answer.unwrap_or_else(|_| {
-            let why = "the handler's task ended without an answer (its event loop stopped?)";
-            if batch {
-                Answer::Batch(BatchVerdict {
-                    all: Verdict::Retry(why.into()),
-                    each: Vec::new(),
-                })
-            } else {
-                Answer::Single(Verdict::Retry(why.into()))
-            }
-        })
-    }))
 }
