@@ -151,7 +151,7 @@ pub(crate) struct Sources<'a> {
     /// The `RSC_LISTENER_*` variables.
     pub(crate) env: Vec<(String, String)>,
     /// The `--listener-<name>-<setting>` flags, as [`split_listener_flags`] gives them.
-    pub(crate) flags: Vec<(String, String)>,
+    pub(crate) flags: ListenerFlags,
 }
 
 /// The listeners and the file's `[bridge]` section.
@@ -300,6 +300,9 @@ pub(crate) fn flags_help() -> String {
     )
 }
 
+/// Per-listener flags, each as its name and value.
+pub(crate) type ListenerFlags = Vec<(String, String)>;
+
 /// The command line without its per-listener flags, and those flags as (name, value): an
 /// argument `--listener-<name>-<setting>=VALUE`, or `--listener-<name>-<setting> VALUE`
 /// (`ListenerOverrides::flag` spells them). They cannot be declared to the argument parser:
@@ -309,7 +312,7 @@ pub(crate) fn flags_help() -> String {
 /// A flag without a value.
 pub(crate) fn split_listener_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> Result<(Vec<std::ffi::OsString>, Vec<(String, String)>), ConfigError> {
+) -> Result<(Vec<std::ffi::OsString>, ListenerFlags), ConfigError> {
     let prefix = ListenerOverrides::FLAG_PREFIX;
     let (mut rest, mut flags) = (Vec::new(), Vec::new());
     let mut args = args.into_iter();
