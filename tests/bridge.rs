@@ -2,7 +2,10 @@
 //! the sample applications of `examples/bridge/` (Node 20's `http` module, Java's
 //! `com.sun.net.httpserver`) as real processes. Each application appends a JSON line per
 //! entry it handled, before answering 2xx; the tests read those lines and the dead-letter
-//! stream.
+//! stream. Every scenario runs with each application (docs/BRIDGE.md): kill -9 of the
+//! bridge, the application killed and restarted, a slow application, poison entries,
+//! SIGTERM, binary and structured events and batches, publishing through the bridge, and
+//! per-key order with `key_concurrency` > 1.
 
 use crate::pods::{SERIAL, Stack};
 use rsc_client::producer::{Producer, Record};
@@ -100,6 +103,40 @@ impl Drop for Proc {
     }
 }
 
+/// The language of a sample application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lang {
+    /// `examples/bridge/node/app.js`.
+    Node,
+    /// `examples/bridge/java/App.java`.
+    Java,
+}
+
+impl Lang {
+    /// The command that runs the application.
+    fn command(self) -> Command {
+        match self {
+            Lang::Node => {
+                let mut cmd = Command::new("node");
+                cmd.arg(root().join("examples/bridge/node/app.js"));
+                cmd
+            }
+            Lang::Java => {
+                let mut cmd = Command::new("java");
+                cmd.arg(root().join("examples/bridge/java/App.java"));
+                cmd
+            }
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Lang::Node => "node",
+            Lang::Java => "java",
+        }
+    }
+}
+
 /// A sample application.
 struct App {
     proc: Proc,
@@ -107,24 +144,15 @@ struct App {
 }
 
 impl App {
-    fn node(port: u16, record: &Path, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new("node");
-        cmd.arg(root().join("examples/bridge/node/app.js"));
-        Self::start("node", cmd, port, record, env)
-    }
-
-    fn java(port: u16, record: &Path, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new("java");
-        cmd.arg(root().join("examples/bridge/java/App.java"));
-        Self::start("java", cmd, port, record, env)
-    }
-
-    fn start(tag: &str, mut cmd: Command, port: u16, record: &Path, env: &[(&str, &str)]) -> Self {
+    /// The application of `lang` on `port` (127.0.0.1), recording to `record`.
+    fn start(lang: Lang, port: u16, record: &Path, env: &[(&str, &str)]) -> Self {
+        let mut cmd = lang.command();
         cmd.env("APP_PORT", port.to_string())
             .env("APP_RECORD", record)
             .envs(env.iter().copied());
-        let proc = Proc::spawn(tag, cmd);
-        proc.wait_line("listening on", Duration::from_secs(30));
+        let proc = Proc::spawn(lang.tag(), cmd);
+        // `java App.java` compiles the source first: slow on a loaded machine.
+        proc.wait_line("listening on", Duration::from_secs(90));
         App { proc, port }
     }
 }
@@ -137,10 +165,17 @@ struct Bridge {
 
 impl Bridge {
     /// A bridge of listener `billing` (group `billing`, stream `orders`) delivering to
-    /// `app_port`, with more `RSC_*` variables.
-    fn start(stack: &Stack, instance: &str, app_port: u16, env: &[(&str, &str)]) -> Self {
+    /// `app_port`, with more `RSC_*` variables and more arguments (the per-listener flags).
+    fn start(
+        stack: &Stack,
+        instance: &str,
+        app_port: u16,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
         let mut cmd = Command::new(binary_path("rsc-bridge").expect("built"));
         cmd.args(["--listen", "127.0.0.1:0", "--instance-id", instance])
+            .args(args)
             .env("RSC_COORDINATOR_URL", stack.coordinator.url())
             .env("RSC_REDIS_URL", stack.redis.url())
             .env("RSC_BRIDGE_LISTENERS", "billing")
@@ -267,6 +302,25 @@ fn dlq_len(stack: &Stack) -> u64 {
         .expect("XLEN")
 }
 
+/// The modes (`binary`, `structured`, `batch`) of the lines whose seq is in `seqs`.
+fn modes(lines: &[Value], seqs: std::ops::Range<u64>) -> BTreeSet<String> {
+    lines
+        .iter()
+        .filter(|l| l["seq"].as_u64().is_some_and(|s| seqs.contains(&s)))
+        .map(|l| l["mode"].as_str().unwrap_or("none").to_owned())
+        .collect()
+}
+
+/// Asserts that each key's seqs were handled in order.
+fn assert_key_order(lines: &[Value]) {
+    for (key, seqs) in per_key_order(lines) {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "key {key} out of order: {seqs:?}"
+        );
+    }
+}
+
 /// Each key's seqs in the order the application finished them (first handling of each).
 fn per_key_order(lines: &[Value]) -> BTreeMap<String, Vec<u64>> {
     let mut seen = BTreeSet::new();
@@ -284,8 +338,26 @@ fn per_key_order(lines: &[Value]) -> BTreeMap<String, Vec<u64>> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_through_the_bridge() {
+/// Two tests of `scenario`, one with each sample application.
+macro_rules! with_each_app {
+    ($scenario:ident: $node:ident, $java:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $node() {
+            $scenario(Lang::Node).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $java() {
+            $scenario(Lang::Java).await;
+        }
+    };
+}
+
+with_each_app!(consumes_in_key_order_dead_letters_poison_and_publishes:
+    node_app_consumes_in_key_order_dead_letters_poison_and_publishes_through_the_bridge,
+    java_app_consumes_in_key_order_dead_letters_poison_and_publishes_through_the_bridge);
+
+async fn consumes_in_key_order_dead_letters_poison_and_publishes(lang: Lang) {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start();
     stack
@@ -295,7 +367,7 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
         .create_group("shipping", "out", 2, SESSION_MS, 500)
         .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let record = dir.path().join("node.jsonl");
+    let record = dir.path().join("app.jsonl");
     let token = "app-s3cret";
     let port = free_port().expect("port");
     let bridge = Bridge::start(
@@ -306,8 +378,10 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
             ("RSC_LISTENER_BILLING_KEY_CONCURRENCY", "4"),
             ("RSC_BRIDGE_APP_TOKEN", token),
         ],
+        &[],
     );
-    let app = App::node(
+    let app = App::start(
+        lang,
         port,
         &record,
         &[("APP_TOKEN", token), ("BRIDGE_URL", &bridge.url)],
@@ -319,13 +393,9 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
     publish(&producer, 0..200, 8, json!({"forward_to": "out"})).await;
     publish(&producer, 1000..1003, 8, json!({"poison": true})).await;
     let want: BTreeSet<u64> = (0..200).collect();
-    let lines = wait_recorded(&record, &want, "node").await;
-    for (key, seqs) in per_key_order(&lines) {
-        assert!(
-            seqs.windows(2).all(|w| w[0] < w[1]),
-            "key {key} out of order: {seqs:?}"
-        );
-    }
+    let lines = wait_recorded(&record, &want, lang.tag()).await;
+    assert_key_order(&lines);
+    assert_eq!(modes(&lines, 0..200), BTreeSet::from(["binary".to_owned()]));
     assert!(
         lines
             .iter()
@@ -347,8 +417,13 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
         })
         .sum();
     assert!(out >= 200, "forwarded {out}");
+    check_publish_route(&bridge, token).await;
+    drop(app);
+}
 
-    // The publish route: the token, PROTOCOL's error shape, entry ids.
+/// The publish route: the token, PROTOCOL's error shape, entry ids; the metrics count the
+/// outcomes; the token is never logged.
+async fn check_publish_route(bridge: &Bridge, token: &str) {
     let http = rsc_e2e::http();
     let url = format!("{}/v1/publish/out", bridge.url);
     let r = http
@@ -389,15 +464,7 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
         .expect("answer");
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["error"]["code"], "STREAM_NOT_FOUND", "{body}");
-    // The metrics count the outcomes.
-    let text = http
-        .get(format!("{}/metrics", bridge.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(bridge).await;
     assert!(
         rsc_testkit::metric_sum(
             &text,
@@ -417,31 +484,50 @@ async fn node_app_consumes_in_key_order_dead_letters_poison_and_publishes_throug
         !bridge.proc.log().join("\n").contains(token),
         "the token is never logged"
     );
-    drop(app);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn java_app_down_holds_entries_back_and_a_slow_one_loses_nothing() {
+async fn metrics(bridge: &Bridge) -> String {
+    rsc_e2e::http()
+        .get(format!("{}/metrics", bridge.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+with_each_app!(app_down_holds_entries_back_and_a_slow_one_loses_nothing:
+    node_app_down_holds_entries_back_and_a_slow_one_loses_nothing,
+    java_app_down_holds_entries_back_and_a_slow_one_loses_nothing);
+
+async fn app_down_holds_entries_back_and_a_slow_one_loses_nothing(lang: Lang) {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start();
     stack
         .create_group("billing", "orders", 2, SESSION_MS, 500)
         .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let record = dir.path().join("java.jsonl");
+    let record = dir.path().join("app.jsonl");
     let port = free_port().expect("port");
+    // Per-listener settings as flags (docs/BRIDGE.md "Configuration").
     let bridge = Bridge::start(
         &stack,
         "bridge-j",
         port,
-        &[("RSC_LISTENER_BILLING_MAX_RETRIES", "1")],
+        &[("RSC_LISTENER_BILLING_KEY_CONCURRENCY", "1")],
+        &[
+            "--listener-billing-max-retries",
+            "1",
+            "--listener-billing-key-concurrency=4",
+        ],
     );
-    let mut app = App::java(port, &record, &[("APP_HANDLE_MS", "20")]);
+    let mut app = App::start(lang, port, &record, &[("APP_HANDLE_MS", "20")]);
     stack.wait_stable("billing", 1, 2).await;
     bridge.wait_ready(true).await;
     let producer = producer(&stack);
     publish(&producer, 0..40, 4, json!({})).await;
-    wait_recorded(&record, &(0..40).collect(), "java").await;
+    wait_recorded(&record, &(0..40).collect(), lang.tag()).await;
 
     // The application goes away: the bridge holds the entries (readyz says why), dead-letters
     // nothing, however long it stays away (far beyond max_retries of a failing delivery).
@@ -465,14 +551,7 @@ async fn java_app_down_holds_entries_back_and_a_slow_one_loses_nothing() {
         .filter(|l| l["seq"].as_u64().is_some_and(|s| s >= 40))
         .count();
     assert_eq!(handled, 0, "nothing handled while the application is down");
-    let text = rsc_e2e::http()
-        .get(format!("{}/metrics", bridge.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(&bridge).await;
     assert!(
         rsc_testkit::metric_sum(
             &text,
@@ -486,33 +565,47 @@ async fn java_app_down_holds_entries_back_and_a_slow_one_loses_nothing() {
         0.0
     );
 
-    // Back (slow now): every entry arrives, none dead-lettered.
-    let _app = App::java(app.port, &record, &[("APP_HANDLE_MS", "100")]);
+    // Back (slow now): every entry arrives, none dead-lettered, each key in order through
+    // four lanes per shard (the flag's, over the variable's 1).
+    let _app = App::start(lang, app.port, &record, &[("APP_HANDLE_MS", "100")]);
     bridge.wait_ready(true).await;
-    let lines = wait_recorded(&record, &(0..80).collect(), "java after restart").await;
+    let started = tokio::time::Instant::now();
+    let lines = wait_recorded(&record, &(0..80).collect(), "after restart").await;
     assert_eq!(dlq_len(&stack), 0);
-    for (key, seqs) in per_key_order(&lines) {
-        assert!(
-            seqs.windows(2).all(|w| w[0] < w[1]),
-            "key {key} out of order: {seqs:?}"
-        );
-    }
+    assert_key_order(&lines);
+    // 40 entries of 100 ms on 2 shards take 2 s one at a time; the lanes overlap them.
+    let overlapped = lines.iter().any(|a| {
+        lines.iter().any(|b| {
+            a["shard"] == b["shard"]
+                && a["seq"] != b["seq"]
+                && a["started_ms"].as_u64() < b["finished_ms"].as_u64()
+                && b["started_ms"].as_u64() < a["finished_ms"].as_u64()
+        })
+    });
+    assert!(
+        overlapped,
+        "two entries of one shard in flight at once ({:?})",
+        started.elapsed()
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss() {
+with_each_app!(a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss:
+    node_app_behind_a_killed_bridge_and_a_sigterm_hand_over_loses_nothing,
+    java_app_behind_a_killed_bridge_and_a_sigterm_hand_over_loses_nothing);
+
+async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss(lang: Lang) {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start();
     stack
         .create_group("billing", "orders", 4, SESSION_MS, 300)
         .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let record = dir.path().join("node.jsonl");
+    let record = dir.path().join("app.jsonl");
     let port = free_port().expect("port");
-    let _app = App::node(port, &record, &[("APP_HANDLE_MS", "5")]);
+    let _app = App::start(lang, port, &record, &[("APP_HANDLE_MS", "5")]);
     let lanes = [("RSC_LISTENER_BILLING_KEY_CONCURRENCY", "2")];
-    let mut a = Bridge::start(&stack, "bridge-a", port, &lanes);
-    let mut b = Bridge::start(&stack, "bridge-b", port, &lanes);
+    let mut a = Bridge::start(&stack, "bridge-a", port, &lanes, &[]);
+    let mut b = Bridge::start(&stack, "bridge-b", port, &lanes, &[]);
     stack.wait_stable("billing", 2, 4).await;
     let producer = producer(&stack);
     publish(&producer, 0..100, 8, json!({})).await;
@@ -525,12 +618,13 @@ async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss() {
     stack.wait_stable("billing", 1, 4).await;
 
     // SIGTERM: in-flight deliveries finish, the member leaves, the new bridge takes over.
-    // This one delivers in structured mode (the application takes both).
+    // This one delivers in structured mode (a flag over the variable's binary).
     let c = Bridge::start(
         &stack,
         "bridge-c",
         port,
-        &[lanes[0], ("RSC_LISTENER_BILLING_MODE", "structured")],
+        &[lanes[0], ("RSC_LISTENER_BILLING_MODE", "binary")],
+        &["--listener-billing-mode", "structured"],
     );
     stack.wait_stable("billing", 2, 4).await;
     publish(&producer, 200..300, 8, json!({})).await;
@@ -539,6 +633,12 @@ async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss() {
     stack.wait_stable("billing", 1, 4).await;
     publish(&producer, 300..400, 8, json!({})).await;
     let lines = wait_recorded(&record, &(0..400).collect(), "after SIGTERM").await;
+    assert_eq!(modes(&lines, 0..200), BTreeSet::from(["binary".to_owned()]));
+    assert_eq!(
+        modes(&lines, 300..400),
+        BTreeSet::from(["structured".to_owned()]),
+        "the last bridge's events are structured"
+    );
     // A graceful hand-over delivers nothing twice: in-flight deliveries finished and were
     // acknowledged before the member left; what it had read but not started went to the next
     // owner once.
@@ -556,41 +656,52 @@ async fn a_killed_bridge_is_taken_over_and_sigterm_hands_over_without_loss() {
         "delivered twice across SIGTERM: {twice:?}"
     );
     assert_eq!(dlq_len(&stack), 0);
-    for (key, seqs) in per_key_order(&lines) {
-        assert!(
-            seqs.windows(2).all(|w| w[0] < w[1]),
-            "key {key} out of order: {seqs:?}"
-        );
-    }
+    assert_key_order(&lines);
     drop(c);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_listener_on_a_unix_socket_gets_arrays_and_fails_entries_one_by_one() {
+with_each_app!(a_batch_listener_gets_arrays_and_fails_entries_one_by_one:
+    node_app_on_a_unix_socket_gets_batches_and_fails_entries_one_by_one,
+    java_app_gets_batches_and_fails_entries_one_by_one);
+
+/// A batch listener (flags `max_batch`, `linger_ms`): Node's application on a Unix socket,
+/// Java's (whose `HttpServer` listens on TCP only) on loopback.
+async fn a_batch_listener_gets_arrays_and_fails_entries_one_by_one(lang: Lang) {
     let _serial = SERIAL.lock().await;
     let stack = Stack::start();
     stack
         .create_group("billing", "orders", 2, SESSION_MS, 500)
         .await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let record = dir.path().join("node.jsonl");
+    let record = dir.path().join("app.jsonl");
     let socket = dir.path().join("app.sock");
-    let mut cmd = Command::new("node");
-    cmd.arg(root().join("examples/bridge/node/app.js"))
-        .env("APP_SOCKET", &socket)
-        .env("APP_RECORD", &record);
-    let app = Proc::spawn("node-unix", cmd);
-    app.wait_line("listening on", Duration::from_secs(30));
-    let deliver_to = format!("unix:{}", socket.display());
+    let (_app, deliver_to, port) = match lang {
+        Lang::Node => {
+            let mut cmd = lang.command();
+            cmd.env("APP_SOCKET", &socket).env("APP_RECORD", &record);
+            let app = Proc::spawn("node-unix", cmd);
+            app.wait_line("listening on", Duration::from_secs(30));
+            (app, format!("unix:{}", socket.display()), 0)
+        }
+        Lang::Java => {
+            let port = free_port().expect("port");
+            let app = App::start(lang, port, &record, &[]);
+            (app.proc, format!("http://127.0.0.1:{port}/batch"), port)
+        }
+    };
+    let mut env = vec![("RSC_LISTENER_BILLING_DELIVER_TO", deliver_to.as_str())];
+    if lang == Lang::Node {
+        env.push(("RSC_LISTENER_BILLING_DELIVER_PATH", "/batch"));
+    }
     let bridge = Bridge::start(
         &stack,
         "bridge-u",
-        0,
+        port,
+        &env,
         &[
-            ("RSC_LISTENER_BILLING_DELIVER_TO", &deliver_to),
-            ("RSC_LISTENER_BILLING_DELIVER_PATH", "/batch"),
-            ("RSC_LISTENER_BILLING_MAX_BATCH", "10"),
-            ("RSC_LISTENER_BILLING_LINGER_MS", "20"),
+            "--listener-billing-max-batch=10",
+            "--listener-billing-linger-ms",
+            "20",
         ],
     );
     stack.wait_stable("billing", 1, 2).await;
@@ -598,21 +709,15 @@ async fn a_batch_listener_on_a_unix_socket_gets_arrays_and_fails_entries_one_by_
     let producer = producer(&stack);
     publish(&producer, 0..60, 6, json!({})).await;
     publish(&producer, 1000..1002, 6, json!({"poison": true})).await;
-    wait_recorded(&record, &(0..60).collect(), "batches").await;
+    let lines = wait_recorded(&record, &(0..60).collect(), "batches").await;
+    assert_eq!(modes(&lines, 0..60), BTreeSet::from(["batch".to_owned()]));
     wait_for("2 dead letters", Duration::from_secs(20), || {
         (dlq_len(&stack) == 2).then_some(())
     })
     .expect("poison dead-lettered");
     tokio::time::sleep(Duration::from_millis(500)).await; // the window of a negative check
     assert_eq!(dlq_len(&stack), 2, "only the poison entries");
-    let text = rsc_e2e::http()
-        .get(format!("{}/metrics", bridge.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(&bridge).await;
     let requests = rsc_testkit::metric_sum(
         &text,
         "rsc_bridge_deliveries_total",

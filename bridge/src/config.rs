@@ -150,6 +150,8 @@ pub(crate) struct Sources<'a> {
     pub(crate) declared: Vec<String>,
     /// The `RSC_LISTENER_*` variables.
     pub(crate) env: Vec<(String, String)>,
+    /// The `--listener-<name>-<setting>` flags, as [`split_listener_flags`] gives them.
+    pub(crate) flags: ListenerFlags,
 }
 
 /// The listeners and the file's `[bridge]` section.
@@ -157,6 +159,7 @@ pub(crate) fn load(src: &Sources<'_>) -> Result<(Vec<Route>, FileBridge), Config
     let declared: Vec<&str> = src.declared.iter().map(String::as_str).collect();
     let overrides = ListenerOverrides::read(&OverrideSources {
         env: &src.env,
+        flags: &src.flags,
         file: src.file,
         profile: src.profile,
         listeners: &declared,
@@ -275,6 +278,76 @@ fn route(name: &str, s: ListenerSettings<'_>) -> Result<Route, ConfigError> {
             .text("event_type")
             .map_or_else(|| DEFAULT_EVENT_TYPE.to_owned(), str::to_owned),
     })
+}
+
+/// `--help`'s text on the per-listener flags, with every setting they may name.
+pub(crate) fn flags_help() -> String {
+    let settings: Vec<String> = (ListenerOverrides::SETTINGS.iter().chain(SETTINGS))
+        .map(|(s, _)| s.replace('_', "-"))
+        .collect();
+    format!(
+        "Listener settings (docs/BRIDGE.md \"Configuration\"), highest first:\n  \
+         {flag} VALUE  a flag, e.g. {example} 8\n  \
+         {var}  a variable, e.g. {example_var}\n  \
+         [profiles.<profile>.listeners.<name>], then [listeners.<name>] of the --config file\n\
+         <name> is the listener's name, in a flag lower-cased with - for anything but a letter or \
+         a digit; <setting> one of: {list}.",
+        flag = "--listener-<name>-<setting>",
+        example = ListenerOverrides::flag("billing", "key_concurrency"),
+        var = "RSC_LISTENER_<NAME>_<SETTING>",
+        example_var = ListenerOverrides::variable("billing", "key_concurrency") + "=8",
+        list = settings.join(", "),
+    )
+}
+
+/// Per-listener flags, each as its name and value.
+pub(crate) type ListenerFlags = Vec<(String, String)>;
+
+/// The command line without its per-listener flags, and those flags as (name, value): an
+/// argument `--listener-<name>-<setting>=VALUE`, or `--listener-<name>-<setting> VALUE`
+/// (`ListenerOverrides::flag` spells them). They cannot be declared to the argument parser:
+/// their names depend on the listeners. Nothing after `--` is one.
+///
+/// # Errors
+/// A flag without a value.
+pub(crate) fn split_listener_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<(Vec<std::ffi::OsString>, ListenerFlags), ConfigError> {
+    let prefix = ListenerOverrides::FLAG_PREFIX;
+    let (mut rest, mut flags) = (Vec::new(), Vec::new());
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let text = arg
+            .to_str()
+            .filter(|a| a.starts_with(prefix))
+            .map(str::to_owned);
+        let Some(text) = text else {
+            let end = arg == "--";
+            rest.push(arg);
+            if end {
+                rest.extend(args.by_ref());
+            }
+            continue;
+        };
+        let (name, value) = match text.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => {
+                let value = args.next().and_then(|v| v.into_string().ok());
+                match value {
+                    Some(v) if !v.starts_with("--") => (text, v),
+                    _ => {
+                        return Err(invalid(
+                            text,
+                            "",
+                            "a value (--listener-<name>-<setting> VALUE)",
+                        ));
+                    }
+                }
+            }
+        };
+        flags.push((name, value));
+    }
+    Ok((rest, flags))
 }
 
 /// `deliver_to`: an `http://` URL on a loopback host, or `unix:/path/to.sock`.

@@ -12,7 +12,7 @@ mod http;
 mod outcome;
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use config::Route;
 use deliver::Target;
 use rsc_client::producer::Producer;
@@ -77,7 +77,9 @@ const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 async fn main() -> anyhow::Result<()> {
     rsc_client::ops::init_tracing()?;
     rsc_client::install_crypto_provider();
-    let args = Args::parse();
+    let (argv, flags) = config::split_listener_flags(std::env::args_os())?;
+    let cmd = Args::command().after_help(config::flags_help());
+    let args = Args::from_arg_matches(&cmd.get_matches_from(argv))?;
     let file_text = match &args.config {
         Some(p) => {
             Some(std::fs::read_to_string(p).with_context(|| format!("configuration file {p}"))?)
@@ -97,6 +99,7 @@ async fn main() -> anyhow::Result<()> {
             .filter(|s| !s.is_empty())
             .collect(),
         env,
+        flags,
     };
     let (routes, file) = config::load(&sources)?;
     let token = app_token(&args, &file)?;

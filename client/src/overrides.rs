@@ -2,11 +2,14 @@
 //! environment and an optional TOML file override what `#[stream_listener]` (or the
 //! [`Listener`] builder) says, so that one binary serves several deployments.
 //!
-//! Precedence, highest first: an environment variable `RSC_LISTENER_<NAME>_<SETTING>`, the
+//! Precedence, highest first: a program's flag `--listener-<name>-<setting>` (for programs
+//! with a command line that read them, as `rsc-bridge`), an environment variable
+//! `RSC_LISTENER_<NAME>_<SETTING>`, the
 //! file's section of the profile `RSC_PROFILE` names (`[profiles.<profile>.listeners.<name>]`),
 //! the file's `[listeners.<name>]` section, then the code. `<name>` is the listener's name
 //! (the group unless `name = "…"` says otherwise); in a variable it is upper-cased, with
-//! every character other than a letter or digit written `_`. The file is the one
+//! every character other than a letter or digit written `_`; in a flag it is lower-cased, with
+//! `-` for them (and `-` for the `_` of the setting). The file is the one
 //! `RSC_CONFIG_FILE` names (or [`crate::ConsumerAppBuilder::config_file`]).
 //!
 //! Nothing is ignored silently: a value of the wrong kind, a setting or section that names
@@ -23,6 +26,8 @@ use std::time::Duration;
 
 /// The prefix of the override variables.
 const ENV_PREFIX: &str = "RSC_LISTENER_";
+/// The prefix of the override flags.
+const FLAG_PREFIX: &str = "--listener-";
 /// The variable that selects a profile of the file.
 pub(crate) const PROFILE_ENV: &str = "RSC_PROFILE";
 /// The variable that names the file.
@@ -89,6 +94,10 @@ pub struct OverrideSources<'a> {
     /// The environment's variables; those beginning `RSC_LISTENER_` are read, the others
     /// ignored.
     pub env: &'a [(String, String)],
+    /// The program's per-listener flags, each as its name (`--listener-billing-concurrency`)
+    /// and value; they override the variables. Unlike a variable's, an empty value is a
+    /// value (checked as any other).
+    pub flags: &'a [(String, String)],
     /// The TOML file: its path (named in errors) and its text.
     pub file: Option<(&'a str, &'a str)>,
     /// The profile whose `[profiles.<profile>.listeners.<name>]` sections apply
@@ -190,19 +199,65 @@ impl Sources {
     }
 }
 
+/// How a layer above the file names a listener's setting: a variable or a flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    /// `RSC_LISTENER_<NAME>_<SETTING>`: upper case, `_` for anything but a letter or digit.
+    Variable,
+    /// `--listener-<name>-<setting>`: lower case, `-` for anything but a letter or digit.
+    Flag,
+}
+
+impl Spelling {
+    fn prefix(self) -> &'static str {
+        match self {
+            Spelling::Variable => ENV_PREFIX,
+            Spelling::Flag => FLAG_PREFIX,
+        }
+    }
+
+    /// What errors show as the expected shape.
+    fn pattern(self) -> &'static str {
+        match self {
+            Spelling::Variable => "a variable RSC_LISTENER_<listener>_<setting>",
+            Spelling::Flag => "a flag --listener-<listener>-<setting>",
+        }
+    }
+
+    /// A listener's name or a setting as this layer writes it.
+    fn listener(self, name: &str) -> String {
+        let (sep, case): (char, fn(&char) -> char) = match self {
+            Spelling::Variable => ('_', char::to_ascii_uppercase),
+            Spelling::Flag => ('-', char::to_ascii_lowercase),
+        };
+        name.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    case(&c)
+                } else {
+                    sep
+                }
+            })
+            .collect()
+    }
+
+    /// The variable or flag of `setting` of `listener`.
+    fn name(self, listener: &str, setting: &str) -> String {
+        let sep = if self == Spelling::Variable { '_' } else { '-' };
+        let (prefix, listener, setting) = (
+            self.prefix(),
+            self.listener(listener),
+            self.listener(setting),
+        );
+        format!("{prefix}{listener}{sep}{setting}")
+    }
+}
+
 /// A listener name as a variable spells it: upper case, `_` for anything but a letter or
 /// digit.
+#[cfg(test)]
 fn env_name(listener: &str) -> String {
-    listener
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    Spelling::Variable.listener(listener)
 }
 
 fn invalid(
@@ -242,15 +297,37 @@ impl ListenerOverrides {
     /// upper-cases them), with their kinds.
     pub const SETTINGS: &'static [(&'static str, SettingKind)] = SETTINGS;
 
+    /// The prefix of the per-listener flags ([`Self::flag`]): an argument beginning with it is
+    /// one, for [`OverrideSources::flags`].
+    pub const FLAG_PREFIX: &'static str = FLAG_PREFIX;
+
+    /// The variable that sets `setting` of `listener`: `RSC_LISTENER_<NAME>_<SETTING>`, the
+    /// name upper-cased with `_` for every character other than a letter or a digit
+    /// (`billing-eu`, `key_concurrency` → `RSC_LISTENER_BILLING_EU_KEY_CONCURRENCY`).
+    pub fn variable(listener: &str, setting: &str) -> String {
+        Spelling::Variable.name(listener, setting)
+    }
+
+    /// The flag that sets `setting` of `listener`: the variable's name without `RSC_`, in
+    /// lower case with `-` for `_` (`billing-eu`, `key_concurrency` →
+    /// `--listener-billing-eu-key-concurrency`), as each of the coordinator's flags is its
+    /// variable's.
+    pub fn flag(listener: &str, setting: &str) -> String {
+        Spelling::Flag.name(listener, setting)
+    }
+
     /// Reads the settings of the listeners of `src`, highest precedence last applied: the
     /// file's `[listeners.<name>]` sections, the profile's
-    /// `[profiles.<profile>.listeners.<name>]`, then the variables
-    /// `RSC_LISTENER_<NAME>_<SETTING>` (an empty one is not set).
+    /// `[profiles.<profile>.listeners.<name>]`, the variables
+    /// `RSC_LISTENER_<NAME>_<SETTING>` (an empty one is not set), then the flags
+    /// `--listener-<name>-<setting>`.
     ///
     /// # Errors
     /// [`ConfigError::ConfigFile`] for a file that is not TOML; [`ConfigError::InvalidSetting`]
-    /// naming the variable or the file's key for an unknown section, listener, setting or
-    /// profile, a profile without a file, or a value that is neither a string nor an integer.
+    /// naming the variable, the flag or the file's key for an unknown section, listener,
+    /// setting or profile, a variable or flag that two listeners' names make ambiguous, a flag
+    /// given twice, a profile without a file, or a value that is neither a string nor an
+    /// integer.
     /// The values' kinds are checked when read ([`ListenerSettings`]).
     pub fn read(src: &OverrideSources<'_>) -> Result<Self, ConfigError> {
         let mut out = ListenerOverrides::default();
@@ -269,7 +346,8 @@ impl ListenerOverrides {
                 }
             }
         }
-        out.read_env(src)?;
+        out.read_layer(src, Spelling::Variable, src.env)?;
+        out.read_layer(src, Spelling::Flag, src.flags)?;
         Ok(out)
     }
 
@@ -382,7 +460,7 @@ impl ListenerOverrides {
                     return Err(invalid(
                         from,
                         value.to_string(),
-                        format!("one of {}", setting_list(src, false)),
+                        format!("one of {}", setting_list(src, None)),
                     ));
                 };
                 let text = match value {
@@ -398,33 +476,65 @@ impl ListenerOverrides {
         Ok(())
     }
 
-    /// `RSC_LISTENER_<NAME>_<SETTING>` of each listener; any other `RSC_LISTENER_*` is an
-    /// error (a misspelt listener or setting).
-    fn read_env(&mut self, src: &OverrideSources<'_>) -> Result<(), ConfigError> {
-        for (var, value) in src.env.iter().filter(|(k, _)| k.starts_with(ENV_PREFIX)) {
-            let found = self.names.iter().find_map(|name| {
-                let rest = var[ENV_PREFIX.len()..]
-                    .strip_prefix(&env_name(name))?
-                    .strip_prefix('_')?;
-                let setting = all_settings(src).find(|(s, _)| s.to_ascii_uppercase() == rest)?;
-                Some((name.clone(), *setting))
-            });
-            let Some((name, (setting, kind))) = found else {
-                let listeners: Vec<String> = self.names.iter().map(|n| env_name(n)).collect();
-                return Err(invalid(
-                    var.clone(),
-                    value.clone(),
-                    format!(
-                        "a variable RSC_LISTENER_<listener>_<setting> of a listener of the app ({}) and \
-                     a setting ({})",
-                        listeners.join(", "),
-                        setting_list(src, true)
-                    ),
-                ));
+    /// The variables (or the flags) of each listener, by their spelling's names; any other
+    /// beginning with the spelling's prefix is an error (a misspelt listener or setting), and
+    /// so is one that two listeners' names spell alike (`billing` and `billing-key` both
+    /// spell `RSC_LISTENER_BILLING_KEY_CONCURRENCY`).
+    fn read_layer(
+        &mut self,
+        src: &OverrideSources<'_>,
+        spelling: Spelling,
+        pairs: &[(String, String)],
+    ) -> Result<(), ConfigError> {
+        let mut seen: Vec<&str> = Vec::new();
+        for (var, value) in pairs
+            .iter()
+            .filter(|(k, _)| k.starts_with(spelling.prefix()))
+        {
+            let found: Vec<(&String, &(&'static str, SettingKind))> = (self.names.iter())
+                .flat_map(|name| all_settings(src).map(move |s| (name, s)))
+                .filter(|(name, (setting, _))| spelling.name(name, setting) == *var)
+                .collect();
+            let (name, &(setting, kind)) = match found.as_slice() {
+                [one] => *one,
+                [] => {
+                    let listeners: Vec<String> =
+                        self.names.iter().map(|n| spelling.listener(n)).collect();
+                    return Err(invalid(
+                        var.clone(),
+                        value.clone(),
+                        format!(
+                            "{} of a listener of the app ({}) and a setting ({})",
+                            spelling.pattern(),
+                            listeners.join(", "),
+                            setting_list(src, spelling),
+                        ),
+                    ));
+                }
+                [..] => {
+                    let meanings: Vec<String> = (found.iter())
+                        .map(|(name, (setting, _))| format!("{setting} of {name}"))
+                        .collect();
+                    return Err(invalid(
+                        var.clone(),
+                        value.clone(),
+                        format!(
+                            "one setting of one listener, not one of {}: rename a listener",
+                            meanings.join(" or ")
+                        ),
+                    ));
+                }
             };
-            if !value.trim().is_empty() {
-                let text = value.trim().to_owned();
-                let from = var.clone();
+            if spelling == Spelling::Flag {
+                if seen.contains(&var.as_str()) {
+                    return Err(invalid(var.clone(), value.clone(), "the flag once"));
+                }
+                seen.push(var);
+            }
+            let text = value.trim();
+            if !text.is_empty() || spelling == Spelling::Flag {
+                let (text, from) = (text.to_owned(), var.clone());
+                let name = name.clone();
                 self.set(&name, setting, Value { text, from, kind });
             }
         }
@@ -515,16 +625,11 @@ fn all_settings<'s>(
     SETTINGS.iter().chain(src.extra_settings)
 }
 
-/// The settings' names, as the file spells them or (`upper`) as variables do.
-fn setting_list(src: &OverrideSources<'_>, upper: bool) -> String {
+/// The settings' names, as the file spells them (`None`) or as variables or flags do.
+fn setting_list(src: &OverrideSources<'_>, spelling: impl Into<Option<Spelling>>) -> String {
+    let spelling = spelling.into();
     let names: Vec<String> = all_settings(src)
-        .map(|(s, _)| {
-            if upper {
-                s.to_ascii_uppercase()
-            } else {
-                (*s).to_owned()
-            }
-        })
+        .map(|(s, _)| spelling.map_or_else(|| (*s).to_owned(), |sp| sp.listener(s)))
         .collect();
     names.join(", ")
 }

@@ -5,12 +5,15 @@
 //!   with a no-op `Listener` (the baseline), and by an `rsc-bridge` process delivering each
 //!   entry (binary-mode CloudEvent over loopback HTTP) to a no-op application (an in-process
 //!   HTTP server answering 204), each with a group of its own; msgs/s from start (join
-//!   included) to the last entry handled. `key_concurrency` 1 for both: one delivery per
-//!   shard at a time, the hop's latency in full on every entry.
+//!   included) to the last entry handled. The bridge in three shapes (set by its
+//!   per-listener flags): `key_concurrency` 1 (as the listener: one delivery per shard at a
+//!   time, the hop's latency in full on every entry), `key_concurrency` 16 (deliveries of
+//!   different keys of a shard overlap), and a batch listener (`max_batch` 64: one request
+//!   per batch of structured events). The same listener is the baseline of all three.
 //! - **added latency**: entries published at a steady rate on another stream that both a
-//!   listener and a bridge consume (each its own group): the time from the entry's `XADD`
-//!   (its id's milliseconds) to the handler (the application) seeing it, p50 and p99 of each;
-//!   the hop adds the difference.
+//!   listener and a bridge (of each shape, one after the other) consume, each its own
+//!   group: the time from the entry's `XADD` (its id's milliseconds) to the handler (the
+//!   application) seeing it, p50 and p99 of each; the hop adds the difference.
 //!
 //! ```text
 //! cargo build --release -p rsc-bridge -p rsc-coordinator -p rsc-bench --bin rsc-bridge \
@@ -89,32 +92,63 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The no-op application: answers 204 to every POST, counting what it saw.
+/// The no-op application: answers 204 to every POST, counting what it saw (each event of
+/// a batch, `application/cloudevents-batch+json`, by its `id`).
 async fn serve_app(sink: Arc<Sink>) -> anyhow::Result<u16> {
-    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-        let sink = sink.clone();
-        async move {
-            let id = headers
-                .get("ce-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            sink.saw(id);
-            axum::http::StatusCode::NO_CONTENT
-        }
-    });
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let sink = sink.clone();
+            async move {
+                let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+                if header("content-type") == Some("application/cloudevents-batch+json") {
+                    let events: Vec<serde_json::Value> =
+                        serde_json::from_slice(&body).unwrap_or_default();
+                    for e in &events {
+                        sink.saw(e["id"].as_str().unwrap_or(""));
+                    }
+                } else {
+                    sink.saw(header("ce-id").unwrap_or(""));
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        },
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(port)
 }
 
-/// An `rsc-bridge` process of listener `l` (group `group`) on `stream`, delivering to `port`.
+/// A shape of the bridge's listener: its name in the rows, and its per-listener flags.
+struct Shape {
+    name: &'static str,
+    flags: &'static [&'static str],
+}
+
+/// The shapes measured, each against the same listener.
+const SHAPES: &[Shape] = &[
+    Shape {
+        name: "key_concurrency 1",
+        flags: &[],
+    },
+    Shape {
+        name: "key_concurrency 16",
+        flags: &["--listener-l-key-concurrency", "16"],
+    },
+    Shape {
+        name: "batch, max_batch 64",
+        flags: &["--listener-l-max-batch", "64"],
+    },
+];
+
+/// An `rsc-bridge` process of listener `l` (group `group`) on `stream`, delivering to `port`,
+/// in `shape`.
 fn spawn_bridge(
     coord: &str,
     redis: &str,
-    group: &str,
-    stream: &str,
+    (group, stream): (&str, &str),
     port: u16,
+    shape: &Shape,
 ) -> anyhow::Result<Child> {
     Command::new(binary_path("rsc-bridge")?)
         .args([
@@ -123,6 +157,7 @@ fn spawn_bridge(
             "--instance-id",
             &format!("bench-{group}"),
         ])
+        .args(shape.flags)
         .env("RSC_COORDINATOR_URL", coord)
         .env("RSC_REDIS_URL", redis)
         .env("RSC_BRIDGE_LISTENERS", "l")
@@ -200,12 +235,15 @@ async fn until_done(sink: &Sink, n: u64, started: Instant) -> anyhow::Result<Dur
     Ok(started.elapsed())
 }
 
-/// One repetition: the listener's msgs/s, then the bridge's, on one pre-filled stream.
-async fn throughput(env: &Env, rep: usize, n: u64, shards: u32) -> anyhow::Result<(f64, f64)> {
+/// One repetition: the listener's msgs/s, then the bridge's in each shape (starting with
+/// the `rep`-th, so that none always runs first), on one pre-filled stream.
+async fn throughput(env: &Env, rep: usize, n: u64, shards: u32) -> anyhow::Result<Vec<f64>> {
     let stream = format!("t{rep}");
-    let (base, bridged) = (format!("base{rep}"), format!("br{rep}"));
+    let base = format!("base{rep}");
     group(&env.coord, &base, &stream, shards).await?;
-    group(&env.coord, &bridged, &stream, shards).await?;
+    for i in 0..SHAPES.len() {
+        group(&env.coord, &format!("br{rep}-{i}"), &stream, shards).await?;
+    }
     prefill(&env.producer, &stream, n).await?;
     env.sink.reset(n);
     let app = listener_app(&env.coord, &env.redis, &base, &stream, env.sink.clone())?;
@@ -215,13 +253,19 @@ async fn throughput(env: &Env, rep: usize, n: u64, shards: u32) -> anyhow::Resul
     let listener = n as f64 / until_done(&env.sink, n, started).await?.as_secs_f64();
     handle.shutdown();
     run.await??;
-    env.sink.reset(n);
-    let started = Instant::now();
-    let mut child = spawn_bridge(&env.coord, &env.redis, &bridged, &stream, env.app_port)?;
-    let bridge = n as f64 / until_done(&env.sink, n, started).await?.as_secs_f64();
-    let _ = child.kill();
-    let _ = child.wait();
-    Ok((listener, bridge))
+    let mut out = vec![listener; SHAPES.len() + 1];
+    for k in 0..SHAPES.len() {
+        let i = (rep + k) % SHAPES.len();
+        env.sink.reset(n);
+        let started = Instant::now();
+        let bridged = format!("br{rep}-{i}");
+        let at = (bridged.as_str(), stream.as_str());
+        let mut child = spawn_bridge(&env.coord, &env.redis, at, env.app_port, &SHAPES[i])?;
+        out[i + 1] = n as f64 / until_done(&env.sink, n, started).await?.as_secs_f64();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(out)
 }
 
 struct Env {
@@ -239,29 +283,25 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// The latency run: both paths consume one paced stream; (listener, bridge) latencies, sorted.
+/// The latency run of `shape`: both paths consume one paced stream; (listener, bridge)
+/// latencies, sorted.
 async fn latency(
     env: &Env,
-    shards: u32,
-    rate: u64,
-    seconds: u64,
+    (shards, rate, seconds): (u32, u64, u64),
+    shape: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
-    let stream = "lat";
-    group(&env.coord, "lat-base", stream, shards).await?;
-    group(&env.coord, "lat-br", stream, shards).await?;
+    let stream = &format!("lat{shape}");
+    let (base, bridged) = (format!("lat-base{shape}"), format!("lat-br{shape}"));
+    group(&env.coord, &base, stream, shards).await?;
+    group(&env.coord, &bridged, stream, shards).await?;
     let base_sink = Arc::new(Sink::default());
     base_sink.reset(u64::MAX);
     env.sink.reset(u64::MAX);
-    let app = listener_app(
-        &env.coord,
-        &env.redis,
-        "lat-base",
-        stream,
-        base_sink.clone(),
-    )?;
+    let app = listener_app(&env.coord, &env.redis, &base, stream, base_sink.clone())?;
     let handle = app.handle();
     let run = tokio::spawn(app.run_until(std::future::pending()));
-    let mut child = spawn_bridge(&env.coord, &env.redis, "lat-br", stream, env.app_port)?;
+    let at = (bridged.as_str(), stream.as_str());
+    let mut child = spawn_bridge(&env.coord, &env.redis, at, env.app_port, &SHAPES[shape])?;
     // Both joined and reading: a first entry reaches each.
     env.producer
         .publish_record(stream, Record::raw(b"{}".to_vec()))
@@ -323,52 +363,64 @@ async fn main() -> anyhow::Result<()> {
         app_port: serve_app(sink.clone()).await?,
         sink,
     };
-    let (mut base, mut bridged) = (Vec::new(), Vec::new());
+    // by_shape[0]: the listener; by_shape[i + 1]: the bridge in SHAPES[i].
+    let mut by_shape: Vec<Vec<f64>> = vec![Vec::new(); SHAPES.len() + 1];
     for rep in 0..args.reps.max(1) {
-        let (l, b) = throughput(&env, rep, n, args.shards).await?;
-        eprintln!("rep {rep}: listener {l:.0} msgs/s, bridge {b:.0} msgs/s");
-        base.push(l);
-        bridged.push(b);
+        let rates = throughput(&env, rep, n, args.shards).await?;
+        let shown: Vec<String> = (SHAPES.iter())
+            .zip(&rates[1..])
+            .map(|(s, r)| format!("bridge ({}) {r:.0}", s.name))
+            .collect();
+        eprintln!(
+            "rep {rep}: listener {:.0} msgs/s, {}",
+            rates[0],
+            shown.join(", ")
+        );
+        for (all, r) in by_shape.iter_mut().zip(rates) {
+            all.push(r);
+        }
     }
-    let (lb, lr) = latency(&env, args.shards, args.rate, seconds).await?;
-    let row = |name: &str, unit: &str, v: Vec<f64>, b: Option<Vec<f64>>, goal: &str| Row {
-        name: name.into(),
+    let mut rows = Vec::new();
+    let row = |name: String, unit: &str, v: Vec<f64>, b: Vec<f64>| Row {
+        name,
         unit: unit.into(),
         value: summarize(&v),
-        baseline: b.map(|b| summarize(&b)),
-        goal: goal.into(),
+        baseline: Some(summarize(&b)),
+        goal: "reported".into(),
     };
-    let (p50, p99) = (
-        percentile(&lr, 0.5) - percentile(&lb, 0.5),
-        percentile(&lr, 0.99) - percentile(&lb, 0.99),
-    );
-    emit(&[
-        row(
-            "BR1 bridge consume (no-op app) vs listener (P3 shape)",
+    for (i, shape) in SHAPES.iter().enumerate() {
+        rows.push(row(
+            format!(
+                "BR1 bridge ({}) consume (no-op app) vs listener (P3 shape)",
+                shape.name
+            ),
             "msgs/s",
-            bridged,
-            Some(base),
-            "reported",
-        ),
-        row(
-            "BR1 bridge end-to-end latency p50 vs listener",
-            "ms",
-            vec![percentile(&lr, 0.5)],
-            Some(vec![percentile(&lb, 0.5)]),
-            "reported",
-        ),
-        row(
-            "BR1 bridge end-to-end latency p99 vs listener",
-            "ms",
-            vec![percentile(&lr, 0.99)],
-            Some(vec![percentile(&lb, 0.99)]),
-            "reported",
-        ),
-    ])?;
-    println!(
-        "added by the hop: p50 {p50:.1} ms, p99 {p99:.1} ms ({} and {} samples)",
-        lr.len(),
-        lb.len()
-    );
+            by_shape[i + 1].clone(),
+            by_shape[0].clone(),
+        ));
+    }
+    for (i, shape) in SHAPES.iter().enumerate() {
+        let (lb, lr) = latency(&env, (args.shards, args.rate, seconds), i).await?;
+        for (q, p) in [("p50", 0.5), ("p99", 0.99)] {
+            rows.push(row(
+                format!(
+                    "BR1 bridge ({}) end-to-end latency {q} vs listener",
+                    shape.name
+                ),
+                "ms",
+                vec![percentile(&lr, p)],
+                vec![percentile(&lb, p)],
+            ));
+        }
+        println!(
+            "{}: added by the hop: p50 {:.1} ms, p99 {:.1} ms ({} and {} samples)",
+            shape.name,
+            percentile(&lr, 0.5) - percentile(&lb, 0.5),
+            percentile(&lr, 0.99) - percentile(&lb, 0.99),
+            lr.len(),
+            lb.len()
+        );
+    }
+    emit(&rows)?;
     Ok(())
 }

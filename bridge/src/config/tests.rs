@@ -41,6 +41,7 @@ fn the_file_the_profile_and_the_variables_layer() {
         profile: Some("prod"),
         declared: vec![],
         env: vars,
+        flags: vec![],
     };
     let (routes, bridge) = load(&src).unwrap();
     assert_eq!(bridge.listen.as_deref(), Some("127.0.0.1:0"));
@@ -183,5 +184,196 @@ fn every_setting_of_consumer_app_changes_the_route() {
         };
         let var = format!("RSC_LISTENER_X_{}", setting.to_ascii_uppercase());
         assert_ne!(route(Some((var, value))), default, "{setting} is ignored");
+    }
+}
+
+/// Every per-listener setting, as its flag, its variable (listener `pay-eu`) and a value that
+/// is not the default: the names are pinned here, so renaming one breaks this test.
+const NAMES: &[(&str, &str, &str)] = &[
+    ("--listener-pay-eu-group", "RSC_LISTENER_PAY_EU_GROUP", "g2"),
+    (
+        "--listener-pay-eu-stream",
+        "RSC_LISTENER_PAY_EU_STREAM",
+        "s2",
+    ),
+    (
+        "--listener-pay-eu-concurrency",
+        "RSC_LISTENER_PAY_EU_CONCURRENCY",
+        "3",
+    ),
+    (
+        "--listener-pay-eu-key-concurrency",
+        "RSC_LISTENER_PAY_EU_KEY_CONCURRENCY",
+        "3",
+    ),
+    (
+        "--listener-pay-eu-max-retries",
+        "RSC_LISTENER_PAY_EU_MAX_RETRIES",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-retry-backoff-ms",
+        "RSC_LISTENER_PAY_EU_RETRY_BACKOFF_MS",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-retry-backoff-max-ms",
+        "RSC_LISTENER_PAY_EU_RETRY_BACKOFF_MAX_MS",
+        "70000",
+    ),
+    (
+        "--listener-pay-eu-retry-stages",
+        "RSC_LISTENER_PAY_EU_RETRY_STAGES",
+        "7s,1m",
+    ),
+    (
+        "--listener-pay-eu-batch-size",
+        "RSC_LISTENER_PAY_EU_BATCH_SIZE",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-max-batch",
+        "RSC_LISTENER_PAY_EU_MAX_BATCH",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-linger-ms",
+        "RSC_LISTENER_PAY_EU_LINGER_MS",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-deliver-to",
+        "RSC_LISTENER_PAY_EU_DELIVER_TO",
+        "unix:/other.sock",
+    ),
+    (
+        "--listener-pay-eu-deliver-path",
+        "RSC_LISTENER_PAY_EU_DELIVER_PATH",
+        "/events",
+    ),
+    (
+        "--listener-pay-eu-delivery-timeout-ms",
+        "RSC_LISTENER_PAY_EU_DELIVERY_TIMEOUT_MS",
+        "7",
+    ),
+    (
+        "--listener-pay-eu-mode",
+        "RSC_LISTENER_PAY_EU_MODE",
+        "structured",
+    ),
+    (
+        "--listener-pay-eu-event-type",
+        "RSC_LISTENER_PAY_EU_EVENT_TYPE",
+        "other",
+    ),
+];
+
+fn pay_eu(vars: &[(&str, &str)], flags: &[(&str, &str)]) -> Result<Route, ConfigError> {
+    let mut all = vec![
+        ("RSC_LISTENER_PAY_EU_STREAM", "s"),
+        ("RSC_LISTENER_PAY_EU_DELIVER_TO", "unix:/run/app.sock"),
+    ];
+    all.extend_from_slice(vars);
+    let src = Sources {
+        declared: vec!["pay-eu".into()],
+        env: env(&all),
+        flags: env(flags),
+        ..Sources::default()
+    };
+    load(&src).map(|(mut routes, _)| routes.remove(0))
+}
+
+#[test]
+fn each_setting_has_a_flag_named_as_its_variable_and_the_flag_wins() {
+    let every: Vec<&str> = (ListenerOverrides::SETTINGS.iter().chain(SETTINGS))
+        .map(|(s, _)| *s)
+        .collect();
+    assert_eq!(
+        NAMES.len(),
+        every.len(),
+        "a setting without its row in NAMES"
+    );
+    let default = pay_eu(&[], &[]).unwrap();
+    for (&(flag, var, value), setting) in NAMES.iter().zip(&every) {
+        assert_eq!(ListenerOverrides::flag("pay-eu", setting), flag);
+        assert_eq!(ListenerOverrides::variable("pay-eu", setting), var);
+        let by_var = pay_eu(&[(var, value)], &[]).unwrap();
+        assert_ne!(by_var, default, "{var} is ignored");
+        assert_eq!(
+            pay_eu(&[], &[(flag, value)]).unwrap(),
+            by_var,
+            "{flag} is not {var}"
+        );
+    }
+    // Flag over variable over file.
+    let file = "[listeners.pay-eu]\nstream = \"s\"\ndeliver_to = \"http://127.0.0.1:1/\"\nmax_retries = 1\nmode = \"structured\"\n";
+    let src = Sources {
+        file: Some(("b.toml", file)),
+        env: env(&[
+            ("RSC_LISTENER_PAY_EU_MAX_RETRIES", "2"),
+            ("RSC_LISTENER_PAY_EU_MODE", "binary"),
+        ]),
+        flags: env(&[("--listener-pay-eu-max-retries", "3")]),
+        ..Sources::default()
+    };
+    let route = load(&src).unwrap().0.remove(0);
+    assert_eq!((route.max_retries, route.mode), (3, Mode::Binary));
+    // A flag's error names the flag.
+    let e = pay_eu(&[], &[("--listener-pay-eu-mode", "fancy")]).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("--listener-pay-eu-mode=\"fancy\""),
+        "{e}"
+    );
+    let e = pay_eu(&[], &[("--listener-pay-eu-concurency", "2")]).unwrap_err();
+    assert!(
+        e.to_string().contains("key-concurrency"),
+        "lists the settings as flags: {e}"
+    );
+}
+
+#[test]
+fn listener_flags_are_taken_out_of_the_command_line() {
+    let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+    let (rest, flags) = split_listener_flags(args(&[
+        "rsc-bridge",
+        "--listeners",
+        "a,b",
+        "--listener-a-concurrency=2",
+        "--listen",
+        "127.0.0.1:0",
+        "--listener-b-deliver-to",
+        "http://127.0.0.1:1/x=y",
+        "--listener-a-retry-stages=",
+        "--",
+        "--listener-a-mode",
+    ]))
+    .unwrap();
+    assert_eq!(
+        rest,
+        args(&[
+            "rsc-bridge",
+            "--listeners",
+            "a,b",
+            "--listen",
+            "127.0.0.1:0",
+            "--",
+            "--listener-a-mode"
+        ])
+    );
+    assert_eq!(
+        flags,
+        env(&[
+            ("--listener-a-concurrency", "2"),
+            ("--listener-b-deliver-to", "http://127.0.0.1:1/x=y"),
+            ("--listener-a-retry-stages", ""),
+        ])
+    );
+    for missing in [
+        &["x", "--listener-a-mode"][..],
+        &["x", "--listener-a-mode", "--listen"],
+    ] {
+        let e = split_listener_flags(args(missing)).unwrap_err();
+        assert!(e.to_string().starts_with("--listener-a-mode"), "{e}");
     }
 }

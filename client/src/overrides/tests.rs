@@ -173,3 +173,92 @@ fn retry_stages_are_delays_separated_by_commas() {
     assert_eq!(setting_of(&e), "RSC_LISTENER_BILLING_RETRY_STAGES");
     assert!(e.to_string().contains("at least 1ms"), "{e}");
 }
+
+#[test]
+fn a_flag_is_the_variable_in_lower_case_with_dashes_and_overrides_it() {
+    assert_eq!(
+        ListenerOverrides::variable("billing-eu.v2", "key_concurrency"),
+        "RSC_LISTENER_BILLING_EU_V2_KEY_CONCURRENCY"
+    );
+    assert_eq!(
+        ListenerOverrides::flag("billing-eu.v2", "key_concurrency"),
+        "--listener-billing-eu-v2-key-concurrency"
+    );
+    assert_eq!(
+        ListenerOverrides::flag("Pay_2", "linger_ms"),
+        "--listener-pay-2-linger-ms"
+    );
+    let vars = env(&[
+        ("RSC_LISTENER_BILLING_CONCURRENCY", "6"),
+        ("RSC_LISTENER_BILLING_MAX_RETRIES", "5"),
+    ]);
+    let flags = env(&[
+        ("--listener-billing-concurrency", "7"),
+        ("--listener-billing-retry-stages", ""),
+    ]);
+    let file = "[listeners.billing]\nconcurrency = 4\nretry_stages = \"1s\"\nlinger_ms = 9\n";
+    let o = ListenerOverrides::read(&OverrideSources {
+        env: &vars,
+        flags: &flags,
+        file: Some(("rsc.toml", file)),
+        listeners: &["billing"],
+        ..OverrideSources::default()
+    })
+    .expect("valid");
+    let mut l = listener();
+    o.apply(&mut l).expect("applies");
+    assert_eq!(l.concurrency, 7, "the flag over the variable and the file");
+    assert_eq!(
+        l.settings.max_retries, 5,
+        "the variable where no flag is given"
+    );
+    assert_eq!(
+        l.settings.linger,
+        Duration::from_millis(9),
+        "the file below both"
+    );
+    assert!(
+        l.settings.retry_stages.is_empty(),
+        "an empty flag is a value: no stages"
+    );
+    assert_eq!(
+        o.of("billing").source("concurrency"),
+        Some("--listener-billing-concurrency")
+    );
+}
+
+#[test]
+fn a_flag_or_variable_two_listeners_spell_alike_or_naming_nothing_is_refused() {
+    let read = |vars: &[(&str, &str)], flags: &[(&str, &str)]| {
+        let (vars, flags) = (env(vars), env(flags));
+        ListenerOverrides::read(&OverrideSources {
+            env: &vars,
+            flags: &flags,
+            listeners: &["billing", "billing-key"],
+            ..OverrideSources::default()
+        })
+        .map(|_| ())
+    };
+    let e = read(&[("RSC_LISTENER_BILLING_KEY_CONCURRENCY", "2")], &[]).unwrap_err();
+    assert_eq!(setting_of(&e), "RSC_LISTENER_BILLING_KEY_CONCURRENCY");
+    assert!(
+        e.to_string()
+            .contains("key_concurrency of billing or concurrency of billing-key"),
+        "{e}"
+    );
+    let e = read(&[], &[("--listener-billing-key-concurrency", "2")]).unwrap_err();
+    assert_eq!(setting_of(&e), "--listener-billing-key-concurrency");
+    let e = read(&[], &[("--listener-biling-concurrency", "2")]).unwrap_err();
+    assert_eq!(setting_of(&e), "--listener-biling-concurrency");
+    assert!(e.to_string().contains("(billing, billing-key)"), "{e}");
+    assert!(e.to_string().contains("key-concurrency"), "{e}");
+    let e = read(&[], &[("--listener-billing-concurrency", "four")]);
+    assert!(e.is_ok(), "kinds are checked when read");
+    let twice = [
+        ("--listener-billing-max-retries", "2"),
+        ("--listener-billing-max-retries", "3"),
+    ];
+    let e = read(&[], &twice).unwrap_err();
+    assert!(e.to_string().contains("the flag once"), "{e}");
+    assert!(read(&[("RSC_LISTENER_BILLING_MAX_RETRIES", "2")], &[]).is_ok());
+}

@@ -6,7 +6,8 @@
 // Environment:
 //   APP_PORT       port to listen on (127.0.0.1), or APP_SOCKET a Unix socket path
 //   APP_RECORD     file to append one JSON line per handled entry (before answering 2xx):
-//                  {entry_id, shard, key, seq, delivery_count, attempt, started_ms, finished_ms, app}
+//                  {entry_id, shard, key, seq, delivery_count, attempt, started_ms, finished_ms, app, mode}
+//                  (mode: how the entry came, "binary", "structured" or "batch")
 //   APP_HANDLE_MS  time each delivery takes (a slow application), default 0
 //   APP_TOKEN      the bearer token shared with the bridge (checked on deliveries, sent on publish)
 //   BRIDGE_URL     the bridge (default http://127.0.0.1:3500), for publishing
@@ -43,7 +44,7 @@ function publish(stream, rec) {
   });
 }
 
-// One event: {id, shard, key, deliveryCount, attempt, data}. Returns an HTTP status.
+// One event: {id, shard, key, deliveryCount, attempt, data, mode}. Returns an HTTP status.
 async function handle(ev, started) {
   const data = ev.data || {};
   if (data.poison) return 400;
@@ -59,20 +60,20 @@ async function handle(ev, started) {
   if (record) {
     const line = {
       entry_id: ev.id, shard: ev.shard, key: ev.key, seq: data.seq, delivery_count: ev.deliveryCount,
-      attempt: ev.attempt, started_ms: started, finished_ms: Date.now(), app: 'node',
+      attempt: ev.attempt, started_ms: started, finished_ms: Date.now(), app: 'node', mode: ev.mode,
     };
     fs.appendFileSync(record, JSON.stringify(line) + '\n');
   }
   return 200;
 }
 
-function fromStructured(o) {
+function fromStructured(o, mode) {
   let data = o.data;
   if (data === undefined && o.data_base64 !== undefined) {
     try { data = JSON.parse(Buffer.from(o.data_base64, 'base64').toString()); } catch (_) { data = {}; }
   }
   return { id: o.id, shard: Number(o.rscshard), key: o.subject || null, deliveryCount: Number(o.rscdeliverycount),
-    attempt: Number(o.rscattempt), data };
+    attempt: Number(o.rscattempt), data, mode };
 }
 
 const server = http.createServer((req, res) => {
@@ -90,7 +91,7 @@ const server = http.createServer((req, res) => {
       if (type === 'application/cloudevents-batch+json') {
         const failed = [];
         for (const o of JSON.parse(body)) {
-          const status = await handle(fromStructured(o), started);
+          const status = await handle(fromStructured(o, 'batch'), started);
           if (status !== 200) failed.push({ id: o.id, status });
         }
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ failed }));
@@ -98,12 +99,12 @@ const server = http.createServer((req, res) => {
       }
       let ev;
       if (type === 'application/cloudevents+json') {
-        ev = fromStructured(JSON.parse(body));
+        ev = fromStructured(JSON.parse(body), 'structured');
       } else {
         let data = {};
         try { data = JSON.parse(body); } catch (_) { res.writeHead(400).end(); return; }
         ev = { id: req.headers['ce-id'], shard: Number(req.headers['ce-rscshard']), key: decodeCe(req.headers['ce-subject']),
-          deliveryCount: Number(req.headers['ce-rscdeliverycount']), attempt: Number(req.headers['ce-rscattempt']), data };
+          deliveryCount: Number(req.headers['ce-rscdeliverycount']), attempt: Number(req.headers['ce-rscattempt']), data, mode: 'binary' };
       }
       res.writeHead(await handle(ev, started)).end();
     } catch (e) {
