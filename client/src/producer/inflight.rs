@@ -41,6 +41,8 @@ pub(super) struct Window {
     next: Ticket,
     /// Tickets not settled, with the shard keys each placed records on.
     open: BTreeSet<Ticket>,
+    /// Tickets not placed yet: placements (sequences, chains) are made in ticket order.
+    unplaced: BTreeSet<Ticket>,
     /// Tickets not sent yet: first attempts go out in ticket order.
     unsent: BTreeSet<Ticket>,
     placed: HashMap<Ticket, Vec<String>>,
@@ -56,6 +58,7 @@ impl Window {
             max: max_in_flight.max(1),
             next: 0,
             open: BTreeSet::new(),
+            unplaced: BTreeSet::new(),
             unsent: BTreeSet::new(),
             placed: HashMap::new(),
             chains: HashMap::new(),
@@ -68,8 +71,14 @@ impl Window {
         let t = self.next;
         self.next += 1;
         self.open.insert(t);
+        self.unplaced.insert(t);
         self.unsent.insert(t);
         t
+    }
+
+    /// `t` may be placed a first time: every earlier ticket was placed (or settled).
+    pub(super) fn may_place(&self, t: Ticket) -> bool {
+        self.unplaced.first().is_none_or(|&u| u >= t)
     }
 
     /// `t`'s first attempt goes out now: the next ticket may follow.
@@ -117,6 +126,7 @@ impl Window {
         now: Instant,
         window: Duration,
     ) -> Vec<(u64, u64)> {
+        self.unplaced.remove(&t);
         let keys: Vec<String> = parts.iter().map(|(k, _)| k.clone()).collect();
         if let Some(old) = self.placed.insert(t, keys) {
             for k in old {
@@ -157,6 +167,7 @@ impl Window {
     /// tickets after it and the lane retires. A ticket never sent wrote nothing: its end
     /// poisons nothing (the tickets chained on it are refused for order once and retried).
     pub(super) fn close(&mut self, t: Ticket, ok: bool) {
+        self.unplaced.remove(&t);
         let ok = ok || self.unsent.remove(&t);
         if !self.open.remove(&t) {
             return;
@@ -278,6 +289,9 @@ mod tests {
         w.place(a, &[part("s:0", 1)], false, now, DAY);
         w.place(b, &[part("s:0", 2)], false, now, DAY);
         w.place(c, &[part("s:1", 3)], false, now, DAY);
+        for t in [a, b, c] {
+            w.sent(t);
+        }
         assert!(!w.retired());
         w.close(a, false);
         assert!(w.retired());
@@ -288,6 +302,20 @@ mod tests {
         w.close(b, false);
         w.close(c, true);
         assert!(w.idle());
+    }
+
+    #[test]
+    fn tickets_are_placed_in_order_whatever_order_their_routing_arrives_in() {
+        let now = Instant::now();
+        let mut w = Window::new(5);
+        let (a, b) = (w.open(), w.open());
+        assert!(w.may_place(a) && !w.may_place(b));
+        w.place(a, &[part("s:0", 1)], false, now, DAY);
+        assert!(w.may_place(b));
+        let c = w.open();
+        // b's routing never came (its publish failed before placing): c goes on.
+        w.close(b, false);
+        assert!(w.may_place(c) && !w.retired());
     }
 
     #[test]

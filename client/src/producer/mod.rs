@@ -511,15 +511,15 @@ impl Producer {
             return Ok(Vec::new());
         }
         let rr = self.round_robin(&records);
+        // Idempotent: a ticket at the call, in call order (PROTOCOL §21); placed in turn below.
+        let mut ticket = self.ticket();
         let started = Instant::now();
         let mut routing = self.routing_within(stream, started).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
         let mut placed = place(&routing, &records, &rr, &todo);
-        // An idempotent publish takes its place in the lane (its ticket, sequences and first
-        // placement, PROTOCOL §21), then waits for room in the window.
-        let mut ticket = self.ticket(&routing, &placed);
-        if let Some(t) = &ticket {
+        if let Some(t) = ticket.as_mut() {
+            t.place_in_turn(&routing, &placed).await;
             t.send_in_turn().await;
         }
         let mut delay = Duration::from_millis(2);
@@ -695,9 +695,9 @@ impl Producer {
     }
 
     /// The place of one publish of an idempotent producer in its lane (`None` without
-    /// idempotence): a ticket after every earlier publish's, the records' sequences, and
-    /// their first placement `placed` (index, shard) chained on the lane's earlier writes.
-    fn ticket(&self, routing: &Routing, placed: &[(usize, u32)]) -> Option<InFlight> {
+    /// idempotence): a ticket after every earlier call's ([`InFlight::place_in_turn`] gives
+    /// it its sequences and placement).
+    fn ticket(&self) -> Option<InFlight> {
         let window = compare_window(self.inner.idempotence?);
         let lane = {
             let mut current = self.inner.lane.lock().unwrap_or_else(|p| p.into_inner());
@@ -717,30 +717,21 @@ impl Producer {
                 }
             }
         };
-        let n = placed.len() as u64;
-        let now = Instant::now();
         let mut st = lane.state();
-        st.window.forget_idle(now, window);
+        st.window.forget_idle(Instant::now(), window);
         let ticket = st.window.open();
-        let first = st.next;
-        st.next += n;
+        drop(st);
         let ids = LaneIds {
             id: lane.id.clone(),
-            seqs: (first..first + n).collect(),
             ..LaneIds::default()
         };
-        let parts = chain_parts(routing, placed, &ids.seqs);
-        let chain = st.window.place(ticket, &parts, false, now, window);
-        drop(st);
-        let mut t = InFlight {
+        Some(InFlight {
             lane,
             ticket,
             ids,
             window,
             ok: false,
-        };
-        t.chain(&parts, chain);
-        Some(t)
+        })
     }
 
     /// A publish's Redis error; one of the connection (refused, dropped, timed out) names
@@ -1230,6 +1221,23 @@ impl InFlight {
             }
             notified.await;
         }
+    }
+
+    /// Waits until every earlier ticket is placed, then gives the records `placed` (index,
+    /// shard) the lane's next sequences and places them, chained on the lane's earlier
+    /// writes.
+    async fn place_in_turn(&mut self, routing: &Routing, placed: &[(usize, u32)]) {
+        self.wait_until(|w| w.may_place(self.ticket)).await;
+        let now = Instant::now();
+        let mut st = self.lane.state();
+        let (first, n) = (st.next, placed.len() as u64);
+        st.next += n;
+        self.ids.seqs = (first..first + n).collect();
+        let parts = chain_parts(routing, placed, &self.ids.seqs);
+        let chain = (st.window).place(self.ticket, &parts, false, now, self.window);
+        drop(st);
+        self.lane.changed.notify_waiters();
+        self.chain(&parts, chain);
     }
 
     /// Waits for the ticket's turn to be sent a first time (every earlier ticket sent, room in

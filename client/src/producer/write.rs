@@ -683,6 +683,7 @@ mod tests {
             id: "p".into(),
             seqs: vec![10, 11, 12],
             known: [("s:1".to_owned(), 9)].into(),
+            ..LaneIds::default()
         };
         let records = [Record::raw("a"), Record::raw("b"), Record::raw("c")];
         let w = writer(&routing, &records, Some(&lane));
