@@ -520,7 +520,9 @@ async fn short_lived_producers_leave_no_state_behind() {
     );
     for key in left.iter().take(20) {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).expect("PTTL");
-        assert!((0..=2_000).contains(&ttl), "{key}: {ttl}");
+        // -2: expired since the listing (the first of 1,000 publishes can be 2 s old on a
+        // loaded machine); any record still there expires within the 2 s idle time.
+        assert!(ttl == -2 || (0..=2_000).contains(&ttl), "{key}: {ttl}");
     }
     eventually("every producer record expired", 10, || {
         records(&mut con).is_empty().then_some(())

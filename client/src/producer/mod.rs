@@ -534,7 +534,7 @@ impl Producer {
             retry = true;
             let lane = ticket.as_ref().map(|t| &t.ids);
             let sent = self.send_guarded(&routing, &records, &placed, lane);
-            let outcome = match sent.await {
+            let outcome = match queued(sent, ticket.as_ref()).await {
                 Ok(r) => r,
                 Err(e) => {
                     let idem = ticket.is_some();
@@ -1241,9 +1241,13 @@ impl InFlight {
     }
 
     /// Waits for the ticket's turn to be sent a first time (every earlier ticket sent, room in
-    /// the window), then lets the next one follow.
+    /// the window).
     async fn send_in_turn(&self) {
         self.wait_until(|w| w.may_send(self.ticket)).await;
+    }
+
+    /// The ticket's attempt is in the connection's queue: the next ticket may follow.
+    fn mark_sent(&self) {
         self.lane.state().window.sent(self.ticket);
         self.lane.changed.notify_waiters();
     }
@@ -1349,6 +1353,22 @@ fn settle(
         .collect();
     todo.sort_unstable();
     (todo, marker, refused)
+}
+
+/// Awaits `send` after polling it once, which writes its pipelines to the multiplexed
+/// connection's queue, and then lets the lane's next ticket be sent: first attempts reach
+/// Redis in ticket order (one sent before the one ahead of it would be refused for order,
+/// PROTOCOL §21, and go again).
+async fn queued<T>(send: impl std::future::Future<Output = T>, ticket: Option<&InFlight>) -> T {
+    let mut send = std::pin::pin!(send);
+    let first = futures::poll!(send.as_mut());
+    if let Some(t) = ticket {
+        t.mark_sent();
+    }
+    match first {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => send.await,
+    }
 }
 
 /// The records of a publish, each carrying the current trace context in its headers.
