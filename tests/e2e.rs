@@ -35,6 +35,7 @@ mod guide;
 mod heartbeat_batch;
 mod http_api;
 mod idempotence;
+mod in_flight;
 mod jwt;
 mod keep_alive;
 mod key_lanes;

@@ -27,19 +27,19 @@ const SESSION_MS: u64 = 6_000;
 const HEARTBEAT_MS: u64 = 500;
 
 /// Forward every reply.
-const PASS: u8 = 0;
+pub(crate) const PASS: u8 = 0;
 /// Drop the next reply and close that connection.
-const CUT: u8 = 1;
+pub(crate) const CUT: u8 = 1;
 /// Hold the next reply for [`HOLD`] (past the producer's 5 s response timeout), then drop it
 /// and close the connection.
-const TIMEOUT: u8 = 2;
+pub(crate) const TIMEOUT: u8 = 2;
 /// Hold the next reply until [`Proxy::release`], then drop it and close the connection.
-const UNTIL_RELEASED: u8 = 3;
+pub(crate) const UNTIL_RELEASED: u8 = 3;
 
 const HOLD: Duration = Duration::from_millis(5_500);
 
 /// A loopback TCP proxy to a Redis port that can lose one reply.
-struct Proxy {
+pub(crate) struct Proxy {
     port: u16,
     mode: Arc<AtomicU8>,
     /// Replies dropped so far.
@@ -50,7 +50,7 @@ struct Proxy {
 }
 
 impl Proxy {
-    async fn start(upstream: u16) -> Proxy {
+    pub(crate) async fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let proxy = Proxy {
@@ -79,15 +79,15 @@ impl Proxy {
         proxy
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn arm(&self, mode: u8) {
+    pub(crate) fn arm(&self, mode: u8) {
         self.mode.store(mode, Ordering::SeqCst);
     }
 
-    fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::SeqCst)
     }
 
@@ -135,10 +135,10 @@ async fn pump(client: TcpStream, server: TcpStream, state: PumpState) {
 }
 
 /// One entry: (shard, entry id, fields).
-type Entry = (u32, String, HashMap<String, String>);
+pub(crate) type Entry = (u32, String, HashMap<String, String>);
 
 /// Every entry of the stream's `shards` shards.
-fn entries(stack: &Stack, stream: &str, shards: u32) -> Vec<Entry> {
+pub(crate) fn entries(stack: &Stack, stream: &str, shards: u32) -> Vec<Entry> {
     entries_on(&mut stack.redis(), stream, shards)
 }
 
@@ -167,18 +167,18 @@ fn entries_on(con: &mut redis::Connection, stream: &str, shards: u32) -> Vec<Ent
 
 /// What the checker found.
 #[derive(Debug, PartialEq, Eq)]
-struct Check {
+pub(crate) struct Check {
     /// Entries whose `(producer_id, producer_seq)` another entry has too.
-    duplicates: usize,
+    pub(crate) duplicates: usize,
     /// Record numbers `0..n` not found.
-    lost: usize,
+    pub(crate) lost: usize,
     /// Record numbers found more than once.
-    twice: usize,
+    pub(crate) twice: usize,
     /// Entries without `producer_id` / `producer_seq`.
-    unmarked: usize,
+    pub(crate) unmarked: usize,
 }
 
-fn check(stack: &Stack, stream: &str, shards: u32, n: u64) -> Check {
+pub(crate) fn check(stack: &Stack, stream: &str, shards: u32, n: u64) -> Check {
     let all = entries(stack, stream, shards);
     let mut pairs: HashMap<(String, String), usize> = HashMap::new();
     let mut numbers: HashMap<u64, usize> = HashMap::new();
@@ -200,7 +200,7 @@ fn check(stack: &Stack, stream: &str, shards: u32, n: u64) -> Check {
     }
 }
 
-fn batch(range: std::ops::Range<u64>) -> Vec<Record> {
+pub(crate) fn batch(range: std::ops::Range<u64>) -> Vec<Record> {
     range
         .map(|i| {
             Record::raw(format!("m{i}"))
@@ -212,7 +212,13 @@ fn batch(range: std::ops::Range<u64>) -> Vec<Record> {
 
 /// The entry ids the publish returned are those of the entries in the stream (also for
 /// records found written by an earlier attempt).
-fn assert_ids_match(stack: &Stack, stream: &str, shards: u32, first: u64, at: &[Published]) {
+pub(crate) fn assert_ids_match(
+    stack: &Stack,
+    stream: &str,
+    shards: u32,
+    first: u64,
+    at: &[Published],
+) {
     let all = entries(stack, stream, shards);
     let by_n: HashMap<u64, (u32, String)> = (all.into_iter())
         .filter_map(|(s, id, f)| Some((f.get("n")?.parse().ok()?, (s, id))))
@@ -223,7 +229,7 @@ fn assert_ids_match(stack: &Stack, stream: &str, shards: u32, first: u64, at: &[
     }
 }
 
-async fn stack_with(stream: &str, shards: u32) -> Stack {
+pub(crate) async fn stack_with(stream: &str, shards: u32) -> Stack {
     let stack = Stack::start_with_data_redis();
     stack
         .create_group(
@@ -514,7 +520,9 @@ async fn short_lived_producers_leave_no_state_behind() {
     );
     for key in left.iter().take(20) {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).expect("PTTL");
-        assert!((0..=2_000).contains(&ttl), "{key}: {ttl}");
+        // -2: expired since the listing (the first of 1,000 publishes can be 2 s old on a
+        // loaded machine); any record still there expires within the 2 s idle time.
+        assert!(ttl == -2 || (0..=2_000).contains(&ttl), "{key}: {ttl}");
     }
     eventually("every producer record expired", 10, || {
         records(&mut con).is_empty().then_some(())

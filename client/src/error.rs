@@ -77,6 +77,20 @@ pub enum ClientError {
         /// Replicas asked for.
         wanted: u32,
     },
+    /// An earlier publish of this idempotent producer to the same shard failed, and this
+    /// one, refused or not yet written there, must not land after it (per-key order with
+    /// several publishes in flight, PROTOCOL §21): nothing of this publish is written to
+    /// that shard (its records on other shards may be, as after any failed publish).
+    /// Publishing again is a new publish (on a new producer id).
+    #[error(
+        "stream {stream}: an earlier publish to {shard_key} failed; this one was not written after it"
+    )]
+    EarlierPublishFailed {
+        /// The stream.
+        stream: String,
+        /// The shard key the earlier publish failed on.
+        shard_key: String,
+    },
     /// A call to the coordinator failed.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
@@ -307,6 +321,7 @@ impl ClientError {
             ClientError::Coordinator(e) => e.is_retriable(),
             ClientError::StaleRouting { .. }
             | ClientError::NotReplicated { .. }
+            | ClientError::EarlierPublishFailed { .. }
             | ClientError::DataRedisUnreachable { .. } => true,
             _ => false,
         }

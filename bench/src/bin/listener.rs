@@ -62,6 +62,11 @@ struct Args {
     /// Records per publish pipeline.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// Publishes in flight at once in the concurrent publish variants (raw pipelined `XADD`,
+    /// the bare `MULTI`/`EXEC`, and P8 with the producer's default `max_in_flight`): the
+    /// same concurrency offered to each.
+    #[arg(long, default_value_t = 5)]
+    in_flight: usize,
     /// Run one section only (`batch`: the batch listener comparison, P10; `publish`: P4, P8
     /// and the write options; `consume`: P3 with and without the shared reader).
     #[arg(long)]
@@ -741,6 +746,7 @@ async fn main() -> anyhow::Result<()> {
         con,
         shards: args.shards,
         batch: args.batch,
+        in_flight: args.in_flight.max(1),
         n,
         reps,
     };

@@ -17,11 +17,15 @@
 //!
 //! An idempotent producer (the default, PROTOCOL §21) also `WATCH`es its producer record on
 //! each shard; the same script refuses, and answers with their entry ids, the records an
-//! earlier attempt of the publish wrote, and the transaction records the highest sequence
-//! written (module `write`). It also passes the highest sequence it knows it wrote to each
-//! shard: a record found behind it is a loss (writes reported published and gone, e.g. a
+//! earlier attempt of the publish wrote, and the transaction records the last sequence
+//! written (module `write`). Its concurrent publishes share one producer id, several in
+//! flight, ordered by call (module `inflight`; [`ProducerBuilder::max_in_flight`]): on each
+//! shard a write runs only where the one before it ended. It also passes the last sequence
+//! it knows it wrote to each shard: a record found elsewhere, nothing being in flight before
+//! the write there, is a loss (writes reported published and gone, e.g. a
 //! failover without `WAIT`), logged, counted and kept for [`Producer::lost_writes`].
 
+mod inflight;
 mod routing;
 mod write;
 
@@ -49,6 +53,10 @@ pub const DEFAULT_IDEMPOTENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The default [`ProducerBuilder::delivery_timeout`]: Kafka's `delivery.timeout.ms`.
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The default [`ProducerBuilder::max_in_flight`]: Kafka's
+/// `max.in.flight.requests.per.connection` with idempotence.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 5;
 
 /// One message to publish: payload, optional key, headers and extra fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -219,8 +227,11 @@ struct Inner {
     retry_budget: Duration,
     /// How long a publish waits for its stream's routing ([`ProducerBuilder::delivery_timeout`]).
     delivery_timeout: Duration,
-    /// The idle lanes of an idempotent producer.
-    lanes: std::sync::Mutex<Vec<Lane>>,
+    /// The lane an idempotent producer's publishes take now (a new one after a publish
+    /// failed on it).
+    lane: std::sync::Mutex<Option<Arc<SharedLane>>>,
+    /// Publishes of an idempotent producer sent and not settled, at most.
+    max_in_flight: usize,
     /// The last [`LOST_WRITES_KEPT`] losses detected, oldest first ([`Producer::lost_writes`]).
     lost: std::sync::Mutex<std::collections::VecDeque<LostWrites>>,
     /// The coordinators' base URLs, for [`Producer::not_ready`].
@@ -246,6 +257,7 @@ pub struct ProducerBuilder {
     producer_fields: bool,
     retry_budget: Duration,
     delivery_timeout: Duration,
+    max_in_flight: usize,
 }
 
 impl ProducerBuilder {
@@ -298,6 +310,22 @@ impl ProducerBuilder {
     /// `RSC_PUBLISH_PRODUCER_FIELDS=true`.
     pub fn producer_fields(mut self, on: bool) -> Self {
         self.producer_fields = on;
+        self
+    }
+
+    /// How many publishes of an idempotent producer may be in flight at once (sent and not
+    /// settled; default [`DEFAULT_MAX_IN_FLIGHT`], as Kafka's
+    /// `max.in.flight.requests.per.connection`; at least 1; `RSC_PUBLISH_MAX_IN_FLIGHT`).
+    /// Concurrent calls of [`Producer::publish_batch`] share one producer id and are ordered
+    /// by call: each is sent at once while fewer than this many are in flight (their
+    /// transactions pipelined on the connection), else it waits for the oldest to settle. Order
+    /// per key holds across them: on each shard a publish's write runs only where the one
+    /// before it ended (PROTOCOL §21 "Several publishes in flight"), so a later publish never
+    /// lands before an earlier one that was refused, aborted or lost; retries go out in call
+    /// order. A publish that fails (or whose future is dropped) fails the later ones that
+    /// still have to write to its shards. 1: one publish at a time.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
         self
     }
 
@@ -355,7 +383,8 @@ impl ProducerBuilder {
                 producer_fields: self.producer_fields,
                 retry_budget: self.retry_budget,
                 delivery_timeout: self.delivery_timeout,
-                lanes: std::sync::Mutex::new(Vec::new()),
+                lane: std::sync::Mutex::new(None),
+                max_in_flight: self.max_in_flight,
                 lost: std::sync::Mutex::new(std::collections::VecDeque::new()),
                 codec: self.codec,
                 wait: self.wait,
@@ -389,6 +418,8 @@ impl Producer {
             retry_budget: Duration::from_secs(10),
             delivery_timeout: env("RSC_PUBLISH_DELIVERY_TIMEOUT_MS")
                 .map_or(DEFAULT_DELIVERY_TIMEOUT, Duration::from_millis),
+            max_in_flight: env("RSC_PUBLISH_MAX_IN_FLIGHT")
+                .map_or(DEFAULT_MAX_IN_FLIGHT, |n| n.max(1) as usize),
             wait: env("RSC_PUBLISH_WAIT_REPLICAS")
                 .filter(|&n| n > 0)
                 .map(|n| {
@@ -475,54 +506,52 @@ impl Producer {
         stream: &str,
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
-        let trace = crate::otel::current();
-        let mut records: Vec<Record> = records.into_iter().collect();
-        for record in &mut records {
-            crate::otel::inject(&mut record.headers, &trace);
-        }
+        let records = traced(records);
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let rr = self.round_robin(&records);
-        let mut guard = self.lane();
-        let mut lane = guard.as_mut().map(|g| g.take(records.len()));
+        // Idempotent: a ticket at the call, in call order (PROTOCOL §21); placed in turn below.
+        let mut ticket = self.ticket();
         let started = Instant::now();
         let mut routing = self.routing_within(stream, started).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
         let mut todo: Vec<usize> = (0..records.len()).collect();
+        let mut placed = place(&routing, &records, &rr, &todo);
+        if let Some(t) = ticket.as_mut() {
+            t.place_in_turn(&routing, &placed).await;
+            t.send_in_turn().await;
+        }
         let mut delay = Duration::from_millis(2);
+        let mut retry = false;
         loop {
-            let placed = place(&routing, &records, &rr, &todo);
-            let sent = self.send_guarded(&routing, &records, &placed, lane.as_ref());
-            let outcome = match sent.await {
+            if retry {
+                placed = place(&routing, &records, &rr, &todo);
+                if let Some(t) = ticket.as_mut() {
+                    t.retry_in_turn(stream, &routing, &placed).await?;
+                }
+            }
+            retry = true;
+            let lane = ticket.as_ref().map(|t| &t.ids);
+            let sent = self.send_guarded(&routing, &records, &placed, lane);
+            let outcome = match queued(sent, ticket.as_ref()).await {
                 Ok(r) => r,
                 Err(e) => {
-                    self.retry_or_fail(stream, e, lane.is_some(), started, &mut delay)
+                    let idem = ticket.is_some();
+                    self.retry_or_fail(stream, e, idem, started, &mut delay)
                         .await?;
                     continue;
                 }
             };
-            self.written(stream, &routing, guard.as_mut(), lane.as_ref(), &outcome);
-            let (written, acked) = (outcome.written.len(), outcome.acked);
-            if let Some((wanted, _)) = self.inner.wait
-                && acked < wanted
-                && written > 0
+            self.written(stream, &routing, ticket.as_mut(), &outcome);
+            if self
+                .unreplicated(stream, &outcome, ticket.is_some(), started, &mut delay)
+                .await?
             {
-                metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
-                    .increment(written as u64);
-                if lane.is_some() && started.elapsed() < self.inner.retry_budget {
-                    // The same records again: those written are recognised, then `WAIT`ed for.
-                    debug!(
-                        stream,
-                        acked, wanted, "publish not replicated in time: sent again"
-                    );
-                    backoff(&mut delay).await;
-                    continue;
-                }
-                return Err(ClientError::NotReplicated { acked, wanted });
+                continue;
             }
             metrics::counter!("rsc_client_published_total", "stream" => stream.to_owned())
-                .increment(written as u64);
+                .increment(outcome.written.len() as u64);
             let (marker, refused);
             (todo, marker, refused) = settle(&mut out, outcome);
             if todo.is_empty() {
@@ -535,20 +564,54 @@ impl Producer {
                 started,
             };
             if marker.is_none() {
-                // Aborted after the check passed: nothing written, sent again as it was.
+                // Aborted after the check passed, or refused for order: nothing written,
+                // sent again as it was.
                 self.again(&stale, &routing, &mut delay).await?;
                 continue;
             }
             metrics::counter!("rsc_client_publish_stale_total", "stream" => stream.to_owned())
                 .increment(refused as u64);
             routing = self.newer_routing(&stale, &routing, &mut delay).await?;
-            if let (Some(g), Some(ids)) = (guard.as_mut(), lane.as_mut()) {
+            if let Some(t) = ticket.as_mut() {
                 // Not written anywhere; placed anew, they must not meet the sequences this
                 // publish wrote to their new shard (PROTOCOL §21).
-                g.renumber(ids, &todo);
+                t.renumber(&todo);
             }
         }
+        ticket.iter_mut().for_each(|t| t.ok = true);
         Ok(out.into_iter().flatten().collect())
+    }
+
+    /// After an attempt that wrote records and whose `WAIT` fewer replicas than asked
+    /// confirmed: `Ok(true)` when the same records go again (an idempotent producer within
+    /// its retry budget: those written are recognised, then `WAIT`ed for), after a backoff;
+    /// else [`ClientError::NotReplicated`]. `Ok(false)`: nothing to wait for.
+    async fn unreplicated(
+        &self,
+        stream: &str,
+        outcome: &write::Outcome,
+        idempotent: bool,
+        started: Instant,
+        delay: &mut Duration,
+    ) -> Result<bool, ClientError> {
+        let (written, acked) = (outcome.written.len(), outcome.acked);
+        let Some((wanted, _)) = self.inner.wait else {
+            return Ok(false);
+        };
+        if acked >= wanted || written == 0 {
+            return Ok(false);
+        }
+        metrics::counter!("rsc_client_publish_unreplicated_total", "stream" => stream.to_owned())
+            .increment(written as u64);
+        if idempotent && started.elapsed() < self.inner.retry_budget {
+            debug!(
+                stream,
+                acked, wanted, "publish not replicated in time: sent again"
+            );
+            backoff(delay).await;
+            return Ok(true);
+        }
+        Err(ClientError::NotReplicated { acked, wanted })
     }
 
     /// The routing of `stream`; while the coordinator answers that the stream does not
@@ -631,20 +694,43 @@ impl Producer {
         Ok(())
     }
 
-    /// A lane for one publish of an idempotent producer (`None` without idempotence).
-    fn lane(&self) -> Option<LaneGuard<'_>> {
-        self.inner.idempotence?;
-        let pool = &self.inner.lanes;
-        let free = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let lane = free.unwrap_or_else(|| Lane {
-            id: format!("{:016x}", rand::random::<u64>()),
-            next: 1,
-            wrote: HashMap::new(),
-        });
-        Some(LaneGuard {
-            pool,
-            lane: Some(lane),
-            window: compare_window(self.inner.idempotence?),
+    /// The place of one publish of an idempotent producer in its lane (`None` without
+    /// idempotence): a ticket after every earlier call's ([`InFlight::place_in_turn`] gives
+    /// it its sequences and placement).
+    fn ticket(&self) -> Option<InFlight> {
+        let window = compare_window(self.inner.idempotence?);
+        let lane = {
+            let mut current = self.inner.lane.lock().unwrap_or_else(|p| p.into_inner());
+            match &*current {
+                Some(l) if !l.state().window.retired() => l.clone(),
+                _ => {
+                    let l = Arc::new(SharedLane {
+                        id: format!("{:016x}", rand::random::<u64>()),
+                        state: std::sync::Mutex::new(LaneState {
+                            next: 1,
+                            window: inflight::Window::new(self.inner.max_in_flight),
+                        }),
+                        changed: tokio::sync::Notify::new(),
+                    });
+                    *current = Some(l.clone());
+                    l
+                }
+            }
+        };
+        let mut st = lane.state();
+        st.window.forget_idle(Instant::now(), window);
+        let ticket = st.window.open();
+        drop(st);
+        let ids = LaneIds {
+            id: lane.id.clone(),
+            ..LaneIds::default()
+        };
+        Some(InFlight {
+            lane,
+            ticket,
+            ids,
+            window,
+            ok: false,
         })
     }
 
@@ -771,6 +857,7 @@ impl Producer {
             fields: self.inner.producer_fields,
             cluster: self.inner.cluster,
             wait: self.inner.wait,
+            history: self.inner.max_in_flight,
         };
         let wait = self.inner.wait.is_some();
         let sends = groups.into_iter().map(|group| {
@@ -798,6 +885,13 @@ impl Producer {
             }
         }
         for ((shard, idx), answer) in answered {
+            if answer.order {
+                // An earlier publish of the lane is missing on the shard: this one waits for
+                // it and goes again (PROTOCOL §21 "Several publishes in flight").
+                metrics::counter!("rsc_client_publish_out_of_order_total", "stream" => routing.stream.clone())
+                    .increment(1);
+                debug!(stream = %routing.stream, shard, "publish refused for order: sent again after the earlier ones");
+            }
             for (&i, id) in idx.iter().zip(answer.ids) {
                 match id {
                     Some(id) => out.written.push((i, Published { shard: *shard, id })),
@@ -819,16 +913,17 @@ impl Producer {
         writer: &write::Writer<'_>,
         answered: &mut [(&write::Part, write::ShardAnswer)],
     ) -> redis::RedisResult<()> {
-        let Some(lane) = writer.lane else {
+        if writer.lane.is_none() {
             return Ok(());
-        };
+        }
         let mut asks: Vec<LandedAsk> = Vec::new();
         for (a, ((shard, idx), answer)) in answered.iter().enumerate() {
-            let Some(top) = answer.landed else { continue };
-            let (pos, recs): (Vec<usize>, Vec<usize>) = (idx.iter().enumerate())
-                .filter(|&(_, &i)| lane.seqs[i] <= top)
-                .map(|(p, &i)| (p, i))
-                .unzip();
+            if answer.landed.is_none() {
+                continue;
+            }
+            // One transaction wrote all of the shard's records of that attempt, the same
+            // records as this one's (a retry under the same routing).
+            let (pos, recs): (Vec<usize>, Vec<usize>) = idx.iter().copied().enumerate().unzip();
             asks.push((a, *shard, pos, recs));
         }
         let groups: Vec<&[LandedAsk]> = if self.inner.cluster {
@@ -985,14 +1080,14 @@ impl Producer {
         &self,
         stream: &str,
         routing: &Routing,
-        guard: Option<&mut LaneGuard<'_>>,
-        lane: Option<&LaneIds>,
+        ticket: Option<&mut InFlight>,
         outcome: &write::Outcome,
     ) {
-        let (Some(guard), Some(lane)) = (guard, lane) else {
+        let Some(ticket) = ticket else {
             return;
         };
-        guard.wrote(routing, lane, &outcome.written, outcome.sent);
+        ticket.wrote(routing, &outcome.written, outcome.sent);
+        let lane = &ticket.ids;
         for &(shard, s, known) in &outcome.lost {
             let lost = LostWrites {
                 stream: stream.to_owned(),
@@ -1037,52 +1132,47 @@ struct LaneIds {
     id: String,
     /// By record index.
     seqs: Vec<u64>,
-    /// By shard key: the highest sequence the lane wrote there, for the shards written within
-    /// the comparison window ([`compare_window`]) when the publish began.
+    /// By shard key: the last sequence the lane is known to have written there, for the
+    /// shards written within the comparison window ([`compare_window`]); 0 or absent: none.
     known: HashMap<String, u64>,
+    /// By shard key: where the shard's producer record must end for this write to run (the
+    /// lane's write before it there; PROTOCOL §21 "Several publishes in flight"); absent:
+    /// `known`.
+    prev: HashMap<String, u64>,
 }
 
 impl LaneIds {
-    /// The highest sequence the lane knows it wrote to `shard_key`, for the check to compare
+    /// The last sequence the lane knows it wrote to `shard_key`, for the check to compare
     /// with the producer record (0: nothing to compare; PROTOCOL §21 "Across a failover").
     fn known_on(&self, shard_key: &str) -> u64 {
         self.known.get(shard_key).copied().unwrap_or(0)
     }
-}
 
-/// One sequence of publishes, one at a time: an idempotent producer takes a lane for each
-/// publish (a new one when all are busy), so the sequences a lane writes to a shard only
-/// grow, and a retry of its publish in flight is the only one that can meet its own writes.
-#[derive(Debug)]
-struct Lane {
-    id: String,
-    next: u64,
-    /// By shard key: the highest sequence written there and when the attempt that wrote it
-    /// was sent (no later than the write, so the record's age is not underestimated).
-    wrote: HashMap<String, (u64, Instant)>,
-}
-
-impl Lane {
-    /// Notes that the lane wrote `seq` to `shard_key` in an attempt sent `at`.
-    fn wrote(&mut self, shard_key: &str, seq: u64, at: Instant) {
-        match self.wrote.get_mut(shard_key) {
-            Some(w) if w.0 >= seq => {}
-            Some(w) => *w = (seq, at),
-            None => {
-                self.wrote.insert(shard_key.to_owned(), (seq, at));
-            }
-        }
+    /// Where the producer record of `shard_key` must end for the write to run (0: anywhere).
+    fn prev_on(&self, shard_key: &str) -> u64 {
+        (self.prev.get(shard_key).copied()).unwrap_or_else(|| self.known_on(shard_key))
     }
+}
 
-    /// The highest sequence written per shard key, for the shards last written less than
-    /// `window` before `now` (an older record may have expired: not a loss); forgets the
-    /// others.
-    fn known(&mut self, now: Instant, window: Duration) -> HashMap<String, u64> {
-        self.wrote
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
-        (self.wrote.iter())
-            .map(|(k, (seq, _))| (k.clone(), *seq))
-            .collect()
+/// The lane of an idempotent producer (PROTOCOL §21): one producer id whose publishes are
+/// ordered by call, several in flight ([`ProducerBuilder::max_in_flight`]).
+struct SharedLane {
+    /// 16 hex digits.
+    id: String,
+    state: std::sync::Mutex<LaneState>,
+    /// Notified whenever a ticket is sent or settled.
+    changed: tokio::sync::Notify,
+}
+
+struct LaneState {
+    /// The next sequence number.
+    next: u64,
+    window: inflight::Window,
+}
+
+impl SharedLane {
+    fn state(&self) -> std::sync::MutexGuard<'_, LaneState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -1094,61 +1184,155 @@ fn compare_window(ttl: Duration) -> Duration {
     ttl.saturating_sub((ttl / 10).max(Duration::from_secs(1)))
 }
 
-/// A lane taken for one publish; given back when dropped (the publish done, or cancelled:
-/// the lane's next publish still has higher sequences).
-struct LaneGuard<'a> {
-    pool: &'a std::sync::Mutex<Vec<Lane>>,
-    lane: Option<Lane>,
+/// Per shard key of `placed` (index, shard; in order), the highest sequence placed there.
+fn chain_parts(routing: &Routing, placed: &[(usize, u32)], seqs: &[u64]) -> Vec<(String, u64)> {
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for &(i, shard) in placed {
+        let e = last.entry(shard).or_default();
+        *e = (*e).max(seqs[i]);
+    }
+    (last.into_iter())
+        .map(|(s, seq)| (routing.shard_keys[s as usize].clone(), seq))
+        .collect()
+}
+
+/// One publish's ticket in its lane, held until it is settled: dropped, it settles the
+/// ticket (failed unless [`InFlight::ok`]) and wakes the publishes waiting on the lane.
+struct InFlight {
+    lane: Arc<SharedLane>,
+    ticket: inflight::Ticket,
+    /// The producer id, the records' sequences and the chain of the current placement.
+    ids: LaneIds,
     /// [`compare_window`] of the producer's record expiry.
     window: Duration,
+    /// Every record written: the ticket settles as done.
+    ok: bool,
 }
 
-impl LaneGuard<'_> {
-    /// The next `n` sequence numbers of the lane, with its id and what it knows it wrote.
-    fn take(&mut self, n: usize) -> LaneIds {
-        let lane = self.lane.as_mut().expect("a lane until dropped");
-        let first = lane.next;
-        lane.next += n as u64;
-        LaneIds {
-            id: lane.id.clone(),
-            seqs: (first..first + n as u64).collect(),
-            known: lane.known(Instant::now(), self.window),
+impl InFlight {
+    /// Waits until `ready` holds of the lane's window.
+    async fn wait_until(&self, ready: impl Fn(&inflight::Window) -> bool) {
+        loop {
+            let notified = self.lane.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if ready(&self.lane.state().window) {
+                return;
+            }
+            notified.await;
         }
     }
 
-    /// Notes the records `written` (index, where) of an attempt sent `at`.
-    fn wrote(
+    /// Waits until every earlier ticket is placed, then gives the records `placed` (index,
+    /// shard) the lane's next sequences and places them, chained on the lane's earlier
+    /// writes.
+    async fn place_in_turn(&mut self, routing: &Routing, placed: &[(usize, u32)]) {
+        self.wait_until(|w| w.may_place(self.ticket)).await;
+        let now = Instant::now();
+        let mut st = self.lane.state();
+        let (first, n) = (st.next, placed.len() as u64);
+        st.next += n;
+        self.ids.seqs = (first..first + n).collect();
+        let parts = chain_parts(routing, placed, &self.ids.seqs);
+        let chain = (st.window).place(self.ticket, &parts, false, now, self.window);
+        drop(st);
+        self.lane.changed.notify_waiters();
+        self.chain(&parts, chain);
+    }
+
+    /// Waits for the ticket's turn to be sent a first time (every earlier ticket sent, room in
+    /// the window).
+    async fn send_in_turn(&self) {
+        self.wait_until(|w| w.may_send(self.ticket)).await;
+    }
+
+    /// The ticket's attempt is in the connection's queue: the next ticket may follow.
+    fn mark_sent(&self) {
+        self.lane.state().window.sent(self.ticket);
+        self.lane.changed.notify_waiters();
+    }
+
+    /// Waits until every earlier ticket is settled (retries go out in ticket order), then
+    /// places `placed` again, chained on what is written ([`InFlight::replace`]).
+    async fn retry_in_turn(
         &mut self,
+        stream: &str,
         routing: &Routing,
-        ids: &LaneIds,
-        written: &[(usize, Published)],
-        at: Instant,
-    ) {
-        let lane = self.lane.as_mut().expect("a lane until dropped");
-        for (i, p) in written {
-            lane.wrote(&routing.shard_keys[p.shard as usize], ids.seqs[*i], at);
+        placed: &[(usize, u32)],
+    ) -> Result<(), ClientError> {
+        self.wait_until(|w| w.may_retry(self.ticket)).await;
+        self.replace(stream, routing, placed)
+    }
+
+    /// Notes the chain `(prev, known)` of each part `(shard key, last)`.
+    fn chain(&mut self, parts: &[(String, u64)], chain: Vec<(u64, u64)>) {
+        self.ids.prev.clear();
+        self.ids.known.clear();
+        for ((key, _), (prev, known)) in parts.iter().zip(chain) {
+            self.ids.prev.insert(key.clone(), prev);
+            self.ids.known.insert(key.clone(), known);
         }
     }
-}
 
-impl LaneGuard<'_> {
+    /// Places the records `placed` again for a retry (every earlier ticket settled),
+    /// chained on what the lane knows written; an earlier ticket that failed on one of their
+    /// shards fails this publish ([`ClientError::EarlierPublishFailed`]).
+    fn replace(
+        &mut self,
+        stream: &str,
+        routing: &Routing,
+        placed: &[(usize, u32)],
+    ) -> Result<(), ClientError> {
+        let parts = chain_parts(routing, placed, &self.ids.seqs);
+        let keys: Vec<String> = parts.iter().map(|(k, _)| k.clone()).collect();
+        let mut st = self.lane.state();
+        if let Some(shard_key) = st.window.blocked(self.ticket, &keys) {
+            warn!(stream, shard_key, producer_id = %self.lane.id,
+                "an earlier publish of this producer to the shard failed: this one fails too (per-key order)");
+            return Err(ClientError::EarlierPublishFailed {
+                stream: stream.to_owned(),
+                shard_key: shard_key.to_owned(),
+            });
+        }
+        let chain = st
+            .window
+            .place(self.ticket, &parts, true, Instant::now(), self.window);
+        drop(st);
+        self.chain(&parts, chain);
+        Ok(())
+    }
+
     /// Gives the records `todo` (indices, in order) the lane's next sequence numbers.
-    fn renumber(&mut self, ids: &mut LaneIds, todo: &[usize]) {
-        let fresh = self.take(todo.len());
-        for (&i, seq) in todo.iter().zip(fresh.seqs) {
-            ids.seqs[i] = seq;
+    fn renumber(&mut self, todo: &[usize]) {
+        let mut st = self.lane.state();
+        let first = st.next;
+        st.next += todo.len() as u64;
+        drop(st);
+        for (k, &i) in todo.iter().enumerate() {
+            self.ids.seqs[i] = first + k as u64;
+        }
+    }
+
+    /// Notes the records `written` (index, where) of an attempt sent `at`: per shard, the
+    /// last sequence written there.
+    fn wrote(&mut self, routing: &Routing, written: &[(usize, Published)], at: Instant) {
+        let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+        for (i, p) in written {
+            let e = last.entry(p.shard).or_default();
+            *e = (*e).max(self.ids.seqs[*i]);
+        }
+        let mut st = self.lane.state();
+        for (shard, seq) in last {
+            let key = &routing.shard_keys[shard as usize];
+            st.window.written(self.ticket, key, seq, at);
         }
     }
 }
 
-impl Drop for LaneGuard<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(lane) = self.lane.take() {
-            self.pool
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(lane);
-        }
+        self.lane.state().window.close(self.ticket, self.ok);
+        self.lane.changed.notify_waiters();
     }
 }
 
@@ -1169,6 +1353,32 @@ fn settle(
         .collect();
     todo.sort_unstable();
     (todo, marker, refused)
+}
+
+/// Awaits `send` after polling it once, which writes its pipelines to the multiplexed
+/// connection's queue, and then lets the lane's next ticket be sent: first attempts reach
+/// Redis in ticket order (one sent before the one ahead of it would be refused for order,
+/// PROTOCOL §21, and go again).
+async fn queued<T>(send: impl std::future::Future<Output = T>, ticket: Option<&InFlight>) -> T {
+    let mut send = std::pin::pin!(send);
+    let first = futures::poll!(send.as_mut());
+    if let Some(t) = ticket {
+        t.mark_sent();
+    }
+    match first {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => send.await,
+    }
+}
+
+/// The records of a publish, each carrying the current trace context in its headers.
+fn traced(records: impl IntoIterator<Item = Record>) -> Vec<Record> {
+    let trace = crate::otel::current();
+    let mut records: Vec<Record> = records.into_iter().collect();
+    for record in &mut records {
+        crate::otel::inject(&mut record.headers, &trace);
+    }
+    records
 }
 
 /// Where each record of `todo` goes under `routing`: (index, shard), in order.
@@ -1212,46 +1422,6 @@ struct Stale<'a> {
 mod tests {
     use super::*;
 
-    fn lane() -> Lane {
-        Lane {
-            id: "p".into(),
-            next: 1,
-            wrote: HashMap::new(),
-        }
-    }
-
-    #[test]
-    fn a_lane_knows_the_highest_sequence_written_per_shard() {
-        let t0 = Instant::now();
-        let mut l = lane();
-        l.wrote("s:0", 3, t0);
-        l.wrote("s:0", 2, t0 + Duration::from_secs(5));
-        l.wrote("s:1", 4, t0);
-        let known = l.known(t0 + Duration::from_secs(1), Duration::from_secs(60));
-        assert_eq!(known, [("s:0".into(), 3), ("s:1".into(), 4)].into());
-        // A lower sequence (a retry's record found written) neither lowers nor refreshes it.
-        assert_eq!(l.wrote["s:0"], (3, t0));
-        l.wrote("s:0", 9, t0 + Duration::from_secs(30));
-        assert_eq!(l.wrote["s:0"], (9, t0 + Duration::from_secs(30)));
-    }
-
-    #[test]
-    fn a_shard_written_longer_ago_than_the_window_is_not_compared() {
-        let t0 = Instant::now();
-        let window = Duration::from_secs(10);
-        let mut l = lane();
-        l.wrote("s:0", 3, t0);
-        l.wrote("s:1", 4, t0 + Duration::from_secs(5));
-        let known = l.known(t0 + window, window);
-        assert_eq!(known, [("s:1".into(), 4)].into());
-        assert!(!l.wrote.contains_key("s:0"), "forgotten");
-        let ids = LaneIds {
-            known,
-            ..LaneIds::default()
-        };
-        assert_eq!((ids.known_on("s:0"), ids.known_on("s:1")), (0, 4));
-    }
-
     #[test]
     fn the_window_is_the_expiry_less_a_margin() {
         let day = Duration::from_secs(24 * 3600);
@@ -1262,9 +1432,18 @@ mod tests {
         );
         // An expiry of a second or less: never compared (it may have expired already).
         assert_eq!(compare_window(Duration::from_millis(800)), Duration::ZERO);
-        let mut l = lane();
-        let t0 = Instant::now();
-        l.wrote("s:0", 1, t0);
-        assert!(l.known(t0, Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn a_placement_chains_on_the_last_sequence_of_each_shard() {
+        let routing = Routing {
+            stream: "s".into(),
+            shard_count: 2,
+            routing_epoch: 1,
+            shard_keys: vec!["s:0".into(), "s:1".into()],
+        };
+        let placed = [(0, 1), (1, 0), (2, 1), (3, 0)];
+        let parts = chain_parts(&routing, &placed, &[7, 8, 9, 10]);
+        assert_eq!(parts, [("s:0".to_owned(), 10), ("s:1".to_owned(), 9)]);
     }
 }

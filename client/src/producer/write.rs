@@ -7,7 +7,7 @@
 //! earlier attempt of an idempotent producer wrote; in either case it touches a watched key,
 //! which aborts the transaction. The entry ids of such records are then read by another
 //! script (`publish_landed.lua`), in that retry only. The `XADD`s
-//! run natively inside `MULTI`. The tail, queued after them, records the highest sequence
+//! run natively inside `MULTI`. The tail, queued after them, records the last sequence
 //! written in each producer record and rings the doorbells; queued with the check's keys, it
 //! is refused at queueing time (and the whole transaction with it, `EXECABORT`) wherever an
 //! ACL refuses the check, so a write never runs unchecked. `EVAL` rather than `EVALSHA` for
@@ -19,10 +19,16 @@
 //! value; no user key is written), which aborts the transaction, and answers the error
 //! naming the key: the publish fails with it and nothing is written ([`read`]).
 //!
+//! Order (PROTOCOL §21 "Several publishes in flight"): an idempotent write also passes, per
+//! shard, `prev`, where the producer record must end for the write to follow the lane's
+//! earlier ones; a record elsewhere, with an earlier publish of the lane still unsettled
+//! there, refuses the write for order (the abort key is touched, nothing written; the shard
+//! answers −2) and the publish goes again once the earlier ones settled.
+//!
 //! Losses (PROTOCOL §21 "Across a failover"): an idempotent write also passes, per shard, the
-//! highest sequence the lane knows it wrote there (0 when it wrote nothing there within the
+//! last sequence the lane knows it wrote there (0 when it wrote nothing there within the
 //! records' idle expiry less a margin, so an expired record is not taken for a loss). A record
-//! behind it means writes reported published are gone (a failover without `WAIT` rolled them
+//! not at it, with nothing of the lane in flight before the write there, means writes reported published are gone (a failover without `WAIT` rolled them
 //! back, or the record was deleted); the check then answers `{'behind', s…}` instead of nil,
 //! touches no key, and the transaction runs; the producer reports the range. Not detected: a
 //! loss on a shard the lane never writes again, one of an earlier producer id (a restarted
@@ -33,8 +39,9 @@
 //! transaction; so is the producer record of an idempotent write, so two attempts of one
 //! publish that overlap in Redis (a reply lost while the first attempt still travels) cannot
 //! both pass the check: the first `EXEC` writes the record and aborts the other. Producers of
-//! other ids watch other records and never abort each other; one id has one publish in flight
-//! (a lane), so its own transactions only meet across attempts of that publish.
+//! other ids watch other records and never abort each other. The publishes of one id in
+//! flight are pipelined on one connection, each transaction written as one buffer (a redis-rs
+//! pipeline), so each `WATCH … EXEC` runs whole before the next one's `WATCH`.
 
 use super::routing::Routing;
 use super::{LaneIds, Published, Record};
@@ -84,9 +91,13 @@ impl Outcome {
 pub(super) struct ShardAnswer {
     /// The epoch marker that refused the shard's records (0: none).
     pub(super) marker: u64,
-    /// Records with a sequence up to this one were written by an earlier attempt (their ids
-    /// still to read, [`Writer::landed_pipeline`]).
+    /// The shard's records were written by an earlier attempt (one that started at this
+    /// sequence; their ids still to read, [`Writer::landed_pipeline`]).
     pub(super) landed: Option<u64>,
+    /// Refused for order: the shard's producer record does not end where this write
+    /// follows on (an earlier publish of the lane is missing there, PROTOCOL §21); nothing
+    /// written.
+    pub(super) order: bool,
     /// Each record's entry id, in order; `None`: not written (or not read yet).
     pub(super) ids: Vec<Option<String>>,
     /// The check passed but found the shard's producer record behind the sequence the lane
@@ -109,6 +120,9 @@ pub(super) struct Writer<'a> {
     pub(super) cluster: bool,
     /// `WAIT` after the transaction: (replicas, timeout).
     pub(super) wait: Option<(u32, Duration)>,
+    /// How many writes each producer record names (the producer's publishes in flight,
+    /// PROTOCOL §21): a retry finds its write among them.
+    pub(super) history: usize,
 }
 
 impl Writer<'_> {
@@ -175,6 +189,9 @@ impl Writer<'_> {
             for (shard, _) in parts {
                 check.arg(lane.known_on(&self.routing.shard_keys[*shard as usize]));
             }
+            for (shard, _) in parts {
+                check.arg(lane.prev_on(&self.routing.shard_keys[*shard as usize]));
+            }
         }
         pipe.cmd("MULTI");
         for (shard, idx) in parts {
@@ -201,6 +218,7 @@ impl Writer<'_> {
                     .arg(idx.first().map_or(0, |&i| lane.seqs[i]))
                     .arg(idx.len());
             }
+            tail.arg(self.history.max(1));
         }
         for (shard, _) in parts {
             let shard_key = &self.routing.shard_keys[*shard as usize];
@@ -312,6 +330,7 @@ fn executed(
         out.push(ShardAnswer {
             marker: 0,
             landed: None,
+            order: false,
             ids: part,
             behind,
         });
@@ -320,7 +339,8 @@ fn executed(
 }
 
 /// The answers of an aborted transaction: from the check's reply (`nil`: it passed, a watched
-/// key changed before the `EXEC`, nothing was written), per shard `{marker, s}`.
+/// key changed before the `EXEC`, nothing was written), per shard `{marker, w}`: `w` the
+/// first sequence of a write found landed, −2 refused for order, −1 neither.
 fn aborted(check: &Value, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>> {
     let passed = vec![Value::Array(vec![Value::Int(0), Value::Int(-1)]); parts.len()];
     let shards = match check {
@@ -339,7 +359,8 @@ fn aborted(check: &Value, parts: &[Part]) -> redis::RedisResult<Vec<ShardAnswer>
         };
         out.push(ShardAnswer {
             marker: marker.max(0) as u64,
-            landed: u64::try_from(hw).ok(),
+            landed: u64::try_from(hw).ok().filter(|&w| w > 0),
+            order: hw == -2,
             ids: vec![None; idx.len()],
             behind: None,
         });
@@ -438,6 +459,7 @@ mod tests {
             fields: false,
             cluster: false,
             wait: None,
+            history: 5,
         }
     }
 
@@ -481,6 +503,37 @@ mod tests {
         assert_eq!(answers[0].ids, [None, None]);
         assert_eq!((answers[1].marker, answers[1].landed), (7, None));
         assert_eq!(answers[1].ids, [None]);
+    }
+
+    #[test]
+    fn an_abort_for_order_is_reported_per_shard_and_writes_nothing() {
+        let check = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(-2)]),
+            Value::Array(vec![Value::Int(0), Value::Int(-1)]),
+        ]);
+        let mut v = vec![ok(), check, ok()];
+        v.extend(queued(4));
+        v.push(Value::Nil);
+        let (answers, _) = read(v, &parts(), false).expect("read");
+        assert!(answers[0].order && answers[0].landed.is_none());
+        assert!(!answers[1].order && answers[1].landed.is_none());
+        assert!(answers.iter().all(|a| a.ids.iter().all(Option::is_none)));
+    }
+
+    #[test]
+    fn the_check_gets_where_each_shard_must_end_for_the_write_to_follow() {
+        let routing = two_shards(4);
+        let lane = LaneIds {
+            id: "p".into(),
+            seqs: vec![10, 11, 12],
+            known: [("s:1".to_owned(), 3)].into(),
+            prev: [("s:0".to_owned(), 7), ("s:1".to_owned(), 9)].into(),
+        };
+        let records = [Record::raw("a"), Record::raw("b"), Record::raw("c")];
+        let w = writer(&routing, &records, Some(&lane));
+        let args = args_of(&w.pipeline(&parts()), 1);
+        // <lowest seq ×2> <known ×2> <prev ×2>
+        assert_eq!(args[10..], ["10", "11", "0", "3", "7", "9"]);
     }
 
     #[test]
@@ -630,6 +683,7 @@ mod tests {
             id: "p".into(),
             seqs: vec![10, 11, 12],
             known: [("s:1".to_owned(), 9)].into(),
+            ..LaneIds::default()
         };
         let records = [Record::raw("a"), Record::raw("b"), Record::raw("c")];
         let w = writer(&routing, &records, Some(&lane));
@@ -641,8 +695,8 @@ mod tests {
                 _ => String::new(),
             })
             .collect();
-        // EVAL body 5 <5 keys> epoch id <lowest seq ×2> <known ×2>
-        assert_eq!(args[8..], ["4", "p", "10", "11", "0", "9"]);
+        // EVAL body 5 <5 keys> epoch id <lowest seq ×2> <known ×2> <prev ×2>
+        assert_eq!(args[8..], ["4", "p", "10", "11", "0", "9", "0", "9"]);
     }
 
     /// The arguments of the `n`th command of `pipe`, as text.
@@ -672,10 +726,10 @@ mod tests {
         assert_eq!(xadd, ["XADD", "s:0", "*", "payload", "a"]);
         let tail = args_of(&pipe, 6);
         // EVAL body 7 <markers ×2> <records ×2> <abort> <shard keys ×2> ttl k ring
-        // (s f n) ×2 <channels ×2>
+        // (s f n) ×2 H <channels ×2>
         assert_eq!(tail[2], "7");
         assert_eq!(tail[8..10], ["s:0", "s:1"]);
-        assert_eq!(tail[13..19], ["12", "10", "2", "11", "11", "1"]);
+        assert_eq!(tail[13..20], ["12", "10", "2", "11", "11", "1", "5"]);
         // With the entry fields asked for, each XADD ends with them.
         w.fields = true;
         let pipe = w.pipeline(&parts());

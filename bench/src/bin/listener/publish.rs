@@ -17,13 +17,19 @@
 //!   highest P8 such a write can reach;
 //! - `fenced_fields`: P8 with `producer_fields(true)` (every entry also carries `producer_id`
 //!   and `producer_seq`, for consumer-side deduplication): the default before the duplicate
-//!   check moved into the producer record alone.
+//!   check moved into the producer record alone;
+//! - `raw_c`, `fenced_c`, `multi_c`: `--in-flight` publishes at once (default 5), each a task
+//!   of its own taking every `in_flight`-th batch: raw pipelined `XADD`s on one multiplexed
+//!   connection; P8 (`publish_batch` of the default producer, whose `max_in_flight` is 5, from
+//!   that many tasks); and the bare transaction `MULTI; XADD…; EXEC` of the same records (no
+//!   `WATCH`, no script): the least any transactional write costs Redis 7.0, so the bound of
+//!   P8's design.
 
 use super::{
     PAYLOAD, create_group, own_cpu, raw_publish, redis_cpu, routed_publish, unfenced_publish,
 };
 use rsc_bench::{Row, summarize};
-use rsc_client::producer::Producer;
+use rsc_client::producer::{Producer, Record};
 use rsc_protocol::entry;
 use rsc_protocol::routing::{epoch_key, shard_for_key, shard_key};
 use std::time::{Duration, Instant};
@@ -31,8 +37,11 @@ use std::time::{Duration, Instant};
 /// The producer id `watch_multi_fields` writes (16 hex digits, as a producer's, PROTOCOL §21).
 const PRODUCER_ID: &str = "0123456789abcdef";
 
+/// How many variants.
+const V: usize = 11;
+
 /// The variants, in their rotation order.
-const VARIANTS: [&str; 8] = [
+const VARIANTS: [&str; V] = [
     "raw",
     "unfenced",
     "idem",
@@ -41,16 +50,19 @@ const VARIANTS: [&str; 8] = [
     "watch_multi",
     "watch_multi_fields",
     "fenced_fields",
+    "raw_c",
+    "fenced_c",
+    "multi_c",
 ];
 
 /// What one section measures: per variant, msgs/s of each repetition; and the Redis and
 /// total CPU per 1,000 messages of `raw` and `fenced`.
 #[derive(Default)]
 struct Samples {
-    rate: [Vec<f64>; 8],
-    redis_cpu: [Vec<f64>; 8],
-    total_cpu: [Vec<f64>; 8],
-    own_cpu: [Vec<f64>; 8],
+    rate: [Vec<f64>; V],
+    redis_cpu: [Vec<f64>; V],
+    total_cpu: [Vec<f64>; V],
+    own_cpu: [Vec<f64>; V],
 }
 
 /// Everything a section needs.
@@ -61,6 +73,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) con: &'a mut redis::aio::MultiplexedConnection,
     pub(crate) shards: u32,
     pub(crate) batch: usize,
+    pub(crate) in_flight: usize,
     pub(crate) n: u64,
     pub(crate) reps: usize,
 }
@@ -149,6 +162,99 @@ async fn watch_multi_publish(
     Ok(started.elapsed())
 }
 
+/// Runs `one(first, end)` for every batch of `n` messages, `c` tasks at once (task `j` takes
+/// batches `j`, `j + c`, …); the time taken.
+async fn concurrently<F, Fut>(n: u64, batch: usize, c: usize, one: F) -> anyhow::Result<Duration>
+where
+    F: Fn(u64, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let started = Instant::now();
+    let (batch, c) = (batch as u64, c as u64);
+    let batches = n.div_ceil(batch);
+    let mut tasks = tokio::task::JoinSet::new();
+    for j in 0..c {
+        let one = one.clone();
+        tasks.spawn(async move {
+            let mut b = j;
+            while b < batches {
+                let i = b * batch;
+                one(i, (i + batch).min(n)).await?;
+                b += c;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(started.elapsed())
+}
+
+/// `XADD`s of messages `first..end` (as [`super::raw_publish`] places them) on `pipe`.
+fn raw_xadds(pipe: &mut redis::Pipeline, stream: &str, shards: u32, first: u64, end: u64) {
+    for i in first..end {
+        pipe.cmd("XADD")
+            .arg(shard_key(stream, (i % u64::from(shards)) as u32))
+            .arg("*")
+            .arg("payload")
+            .arg(PAYLOAD)
+            .arg("key")
+            .arg(format!("k{}", i % 1000));
+    }
+}
+
+/// Raw pipelined `XADD`s, or (`multi`) each batch as the bare transaction `MULTI; XADD…;
+/// EXEC`, `c` batches in flight on one multiplexed connection; the time taken.
+async fn raw_concurrent(
+    con: &redis::aio::MultiplexedConnection,
+    stream: &str,
+    (shards, n, batch, c): (u32, u64, usize, usize),
+    multi: bool,
+) -> anyhow::Result<Duration> {
+    let (con, stream) = (con.clone(), stream.to_owned());
+    concurrently(n, batch, c, move |first, end| {
+        let (mut con, stream) = (con.clone(), stream.clone());
+        async move {
+            let mut pipe = redis::pipe();
+            if multi {
+                pipe.atomic();
+            }
+            raw_xadds(&mut pipe, &stream, shards, first, end);
+            let _: Vec<String> = pipe.query_async(&mut con).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// `Producer::publish_batch` of the same messages from `c` tasks at once; the time taken.
+async fn routed_concurrent(
+    producer: &Producer,
+    stream: &str,
+    (n, batch, c): (u64, usize, usize),
+) -> anyhow::Result<Duration> {
+    producer.routing(stream).await?;
+    let (producer, stream) = (producer.clone(), stream.to_owned());
+    concurrently(n, batch, c, move |first, end| {
+        let (producer, stream) = (producer.clone(), stream.clone());
+        async move {
+            let records = (first..end).map(|j| Record::raw(PAYLOAD).key(format!("k{}", j % 1000)));
+            producer.publish_batch(&stream, records).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The machine's load average over the last minute (`/proc/loadavg`), for the log.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
 /// Runs the section; the rows of P4, P8 and the options.
 pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
     let idem = Producer::builder()
@@ -176,9 +282,10 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
             plain.refresh_routing(&names[6]).await?.routing_epoch,
         );
         let chunk = (s.n / 10).max(1);
-        let mut took = [Duration::ZERO; 8];
-        let mut rcpu = [0.0; 8];
-        let mut own = [0.0; 8];
+        let mut took = [Duration::ZERO; V];
+        let mut rcpu = [0.0; V];
+        let mut own = [0.0; V];
+        let conc = (s.shards, chunk, s.batch, s.in_flight);
         for c in 0..10 {
             for k in 0..VARIANTS.len() {
                 let v = (c + k) % VARIANTS.len();
@@ -197,7 +304,10 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
                         let at = (s.shards, epochs.1);
                         watch_multi_publish(s.con, name, at, chunk, s.batch, true).await?
                     }
-                    _ => routed_publish(&fields, name, chunk, s.batch).await?,
+                    7 => routed_publish(&fields, name, chunk, s.batch).await?,
+                    8 => raw_concurrent(s.con, name, conc, false).await?,
+                    9 => routed_concurrent(&idem, name, (chunk, s.batch, s.in_flight)).await?,
+                    _ => raw_concurrent(s.con, name, conc, true).await?,
                 };
                 own[v] += own_cpu()? - own0;
                 rcpu[v] += redis_cpu(s.con).await? - before;
@@ -225,12 +335,73 @@ pub(crate) async fn section(mut s: Setup<'_>) -> anyhow::Result<Vec<Row>> {
             })
             .collect();
         eprintln!(
-            "rep {rep}: publish msgs/s (ratio to raw): {}",
+            "rep {rep} (load average {}; {} in flight in raw_c, fenced_c, multi_c): publish msgs/s (ratio to raw): {}",
+            load(),
+            s.in_flight,
             line.join(", ")
         );
         let _: () = redis::cmd("FLUSHALL").query_async(s.con).await?;
     }
-    Ok(rows(&samples, s.batch, s.n))
+    let mut out = rows(&samples, s.batch, s.n);
+    out.extend(concurrent_rows(&samples, s.batch, s.in_flight));
+    Ok(out)
+}
+
+/// The rows of the variants with several publishes in flight.
+fn concurrent_rows(x: &Samples, batch: usize, c: usize) -> Vec<Row> {
+    let row = |name: String, unit: &str, v: &[f64], b: &[f64], goal: &str| Row {
+        name,
+        unit: unit.into(),
+        value: summarize(v),
+        baseline: Some(summarize(b)),
+        goal: goal.into(),
+    };
+    let raw_goal = format!("(baseline: raw pipelined XADD, {c} pipelines in flight, same run)");
+    vec![
+        row(
+            format!(
+                "P8 with {c} publishes in flight (batch {batch}, max_in_flight 5) vs raw XADD with {c} in flight"
+            ),
+            "msgs/s",
+            &x.rate[9],
+            &x.rate[8],
+            &format!("ratio >= 0.9 {raw_goal}"),
+        ),
+        row(
+            format!("P8 ({c} in flight) Redis CPU per 1,000 messages vs raw XADD ({c} in flight)"),
+            "ms",
+            &x.redis_cpu[9],
+            &x.redis_cpu[8],
+            "- (INFO cpu of the Redis server, same chunks)",
+        ),
+        row(
+            format!(
+                "P8 ({c} in flight) producer process CPU per 1,000 messages vs raw XADD ({c} in flight)"
+            ),
+            "ms",
+            &x.own_cpu[9],
+            &x.own_cpu[8],
+            "- (getrusage of this process, same chunks)",
+        ),
+        row(
+            format!(
+                "bound: bare MULTI; {batch} XADD; EXEC ({c} in flight) vs raw XADD ({c} in flight)"
+            ),
+            "msgs/s",
+            &x.rate[10],
+            &x.rate[8],
+            &format!("- (the most a transactional write can reach on this server) {raw_goal}"),
+        ),
+        row(
+            format!(
+                "bound: Redis CPU per 1,000 messages, bare MULTI/EXEC vs raw XADD ({c} in flight)"
+            ),
+            "ms",
+            &x.redis_cpu[10],
+            &x.redis_cpu[8],
+            "- (INFO cpu of the Redis server, same chunks)",
+        ),
+    ]
 }
 
 fn rows(x: &Samples, batch: usize, n: u64) -> Vec<Row> {
