@@ -10,6 +10,7 @@ use super::extract::{Json, Path};
 use crate::auth::{Credential, Principal, check_item_group};
 use crate::http_error::ApiError;
 use crate::metrics;
+use crate::service::ServiceError;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -103,15 +104,12 @@ async fn heartbeat_batch(
             .zip(scoped)
             .map(|(h, scope)| {
                 let outcome = scope.and_then(|()| {
-                    let r: Result<_, ApiError> = match answers.next() {
-                        Some(answer) => answer.map_err(ApiError::from),
-                        // The service answers every admitted item, in order: a missing answer
-                        // would be its bug, answered as a conflict the member retries.
-                        None => Err(ApiError::new(
-                            ErrorCode::StoreConflict,
-                            "heartbeat left unanswered; retry",
-                        )),
-                    };
+                    // The service answers every admitted item, in order: a missing answer
+                    // would be its bug, answered as the service's conflict the member retries.
+                    let r = answers
+                        .next()
+                        .unwrap_or_else(|| Err(ServiceError::unanswered()))
+                        .map_err(ApiError::from);
                     metrics::record_heartbeat(&h.group, r.as_ref().map(|_| ()).map_err(|e| e.code));
                     r
                 });

@@ -324,42 +324,9 @@ impl Coordinator {
         }
     }
 
-    /// Records drained shards of `group` in the stream; retires shards every group drained.
-    pub(super) async fn record_drained(
-        &self,
-        stream: &str,
-        group: &str,
-        shards: &[u32],
-    ) -> Result<()> {
-        let changed = self
-            .retrying(|| async {
-                let _s = self.lock_stream(stream).await?;
-                let Versioned { revision, mut doc } = self.load_stream(stream).await?;
-                let before = doc.clone();
-                let now = self.now();
-                // Prune names of groups that no longer exist (a create that crashed halfway).
-                for g in doc.groups.clone() {
-                    if g != group && self.store.load_group(&g).await?.is_none() {
-                        warn!(stream, group = %g, "pruning a group the stream names but the store lacks");
-                        doc.remove_group(&g, now);
-                    }
-                }
-                let layout_changed = doc.mark_drained(group, shards, now);
-                let note = self.note(Cause::Reshard, Some(&before), &doc);
-                self.store.put_stream(&doc, revision, &note).await?;
-                info!(stream, group, ?shards, retired = layout_changed, "draining shards drained");
-                Ok(layout_changed.then_some(doc))
-            })
-            .await?;
-        if let Some(doc) = changed {
-            self.fan_out(&doc).await;
-        }
-        Ok(())
-    }
-
     /// Recomputes every group of the stream for its new layout, now rather than at the next
     /// heartbeat. A failure here is healed by the next heartbeat or sweep (`sync_layout`).
-    async fn fan_out(&self, stream: &StreamDoc) {
+    pub(super) async fn fan_out(&self, stream: &StreamDoc) {
         for group in &stream.groups {
             let r = self
                 .mutate_group(group, |_doc, _stream, _now| Ok(Vec::new()))

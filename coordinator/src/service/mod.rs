@@ -54,7 +54,7 @@ use crate::outage::StoreOutages;
 use crate::store::{Layered, LockGuard, LockResource, MetadataStore, StoreError, Versioned};
 use crate::wake::WakeHub;
 use rsc_protocol::names::validate_name;
-use rsc_protocol::{ErrorCode, FencingMode, HeartbeatResponse};
+use rsc_protocol::{ErrorCode, FencingMode};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -188,6 +188,12 @@ impl ServiceError {
     pub(crate) fn fencing(e: FencingError, after: &'static str) -> Self {
         ServiceError::Fencing { source: e, after }
     }
+
+    /// The answer to a heartbeat of a batch that the service left unanswered: a conflict the
+    /// member retries. Unreachable: the service answers every item it is given, in order.
+    pub(crate) fn unanswered() -> Self {
+        StoreError::conflict("heartbeat left unanswered; retry".into()).into()
+    }
 }
 
 type Result<T> = std::result::Result<T, ServiceError>;
@@ -314,36 +320,6 @@ impl Coordinator {
                     .into(),
             ));
         }
-        Ok(())
-    }
-
-    /// With strict fencing, writes the owner tokens of the answer's assignment before the
-    /// answer leaves (and repairs lost ones); without a data Redis, strips them (lease only).
-    /// A `steady` heartbeat's re-assertion may be answered from the owner keys the data
-    /// Redis tracks for this coordinator (PROTOCOL §5.6); any other reads them.
-    async fn assert_tokens(
-        &self,
-        doc: &GroupDoc,
-        response: &mut HeartbeatResponse,
-        steady: bool,
-    ) -> Result<()> {
-        if response.owner_tokens.is_empty()
-            || rsc_protocol::MemberEpoch::new(response.member_epoch).is_leave()
-        {
-            return Ok(());
-        }
-        let Some(fencing) = &self.fencing else {
-            warn!(group = %doc.group, "group is set to strict fencing but this coordinator has no --data-redis-url: members fall back to their lease");
-            response.owner_tokens.clear();
-            return Ok(());
-        };
-        let (group, stream, tokens) = (&doc.group, &doc.stream, &response.owner_tokens);
-        let asserted = if steady {
-            fencing.reassert(group, stream, tokens).await
-        } else {
-            fencing.assert(group, stream, tokens).await
-        };
-        asserted.map_err(|e| ServiceError::fencing(e, ""))?;
         Ok(())
     }
 
