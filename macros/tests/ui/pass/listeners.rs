@@ -23,8 +23,15 @@ async fn on_raw(msg: rsc_client::Message<Raw>) -> Result<(), HandlerError> {
     Ok(())
 }
 
+#[stream_listener(group = "mailer", stream = "orders", retry_stages = "10s,1m,2h")]
+async fn on_mail(msg: Message<Order>) -> Result<(), HandlerError> {
+    let _ = msg.payload().id;
+    Ok(())
+}
+
 pub(crate) fn main() {
     // Still plain functions.
     let _ = on_order(Message::test(Order { id: 1 }));
     let _ = on_raw(Message::test(Raw(vec![])));
+    let _ = on_mail(Message::test(Order { id: 2 }));
 }
