@@ -32,14 +32,20 @@ enum Found {
     Idle(Option<String>),
 }
 
-/// The next reply of a pipeline, converted (a missing one is a protocol error).
+/// The next reply of a pipeline sent with `ignore_errors`, converted: a server's error reply
+/// is that error, with its code (e.g. `NOGROUP`, which makes the worker create the group
+/// again); a missing reply is a protocol error.
 fn next_reply<T: redis::FromRedisValue>(
     values: &mut impl Iterator<Item = Value>,
 ) -> Result<T, RedisError> {
-    let v = values.next().ok_or_else(|| {
-        RedisError::from((redis::ErrorKind::UnexpectedReturnType, "a reply is missing"))
-    })?;
-    Ok(redis::from_redis_value(v)?)
+    match values.next() {
+        Some(Value::ServerError(e)) => Err(e.into()),
+        Some(v) => Ok(redis::from_redis_value(v)?),
+        None => Err(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "a reply is missing",
+        ))),
+    }
 }
 
 /// Sleeps until `t`, or forever.
@@ -348,8 +354,7 @@ impl ShardWorker {
                 pipe.cmd("XACK")
                     .arg(&self.origin.shard_key)
                     .arg(&self.origin.group)
-                    .arg(&*plan.acks)
-                    .ignore();
+                    .arg(&*plan.acks);
             }
             if plan.learn_last {
                 pipe.cmd("XREVRANGE")
@@ -364,7 +369,12 @@ impl ShardWorker {
                 pipe.cmd("HGETALL")
                     .arg(rsc_protocol::routing::seals_key(&self.origin.shard_key));
             }
+            // Error replies come back in place, so that the read's own error keeps its code.
+            pipe.ignore_errors();
             let mut values = pipe.query_async::<Vec<Value>>(conn).await?.into_iter();
+            if !plan.acks.is_empty() {
+                next_reply::<i64>(&mut values)?; // how many were pending: nothing to check
+            }
             let last = match plan.learn_last {
                 true => {
                     let last: StreamRangeReply = next_reply(&mut values)?;
