@@ -24,16 +24,7 @@ async fn three_pods(extra: &[&str]) -> (Stack, Vec<Consumer>) {
     stack
         .create_group(GROUP, STREAM, SHARDS, SESSION_MS, HEARTBEAT_MS)
         .await;
-    let mut args = vec![
-        "--group",
-        GROUP,
-        "--stream",
-        STREAM,
-        "--concurrency",
-        "2",
-        "--record-stream",
-        RECORD,
-    ];
+    let mut args = pod_args();
     args.extend_from_slice(extra);
     let pods: Vec<Consumer> = PODS
         .iter()
@@ -78,6 +69,21 @@ fn duplicates(records: &[Handled]) -> Vec<u64> {
         .collect();
     dup.sort_unstable();
     dup
+}
+
+/// The sample pods' arguments every scenario here shares: the group, the stream, two members
+/// per pod and the record stream.
+fn pod_args() -> Vec<&'static str> {
+    vec![
+        "--group",
+        GROUP,
+        "--stream",
+        STREAM,
+        "--concurrency",
+        "2",
+        "--record-stream",
+        RECORD,
+    ]
 }
 
 #[tokio::test]
@@ -259,16 +265,7 @@ async fn a_pod_joining_under_load_takes_shards_without_overlap_or_duplicates() {
     stack
         .create_group(GROUP, STREAM, SHARDS, SESSION_MS, HEARTBEAT_MS)
         .await;
-    let args = [
-        "--group",
-        GROUP,
-        "--stream",
-        STREAM,
-        "--concurrency",
-        "2",
-        "--record-stream",
-        RECORD,
-    ];
+    let args = pod_args();
     let mut pods: Vec<Consumer> = PODS[..2]
         .iter()
         .map(|ip| Consumer::start(&stack, ip, &args))
