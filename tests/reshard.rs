@@ -194,6 +194,23 @@ fn spawn_loop_producer(
     })
 }
 
+/// Waits until the in-test producer's routing has certainly followed `switch` (one refresh
+/// interval and the slack after it), then until it wrote every key once more: the entries of
+/// one whole cycle through the keys carry the new layout.
+async fn cover_every_key(switch: &Switch, published: &AtomicU64) {
+    let refreshed_ms = switch.after_ms + REFRESH_MS + SWITCH_SLACK_MS;
+    eventually("the producer's routing refreshed", 30, || {
+        (now_ms() > refreshed_ms).then_some(())
+    })
+    .await;
+    // (+4: the batch in flight when the count was read may have been routed before.)
+    let since = published.load(Ordering::Relaxed) + 4;
+    eventually("every key written again on the new layout", 60, || {
+        (published.load(Ordering::Relaxed) >= since + KEYS).then_some(())
+    })
+    .await;
+}
+
 fn stale_record(key: &str) -> Record {
     Record::json(&json!({"seq": 0, "key": key}))
         .expect("json")
@@ -272,6 +289,10 @@ async fn reshard_and_rollback_under_continuous_production() {
         .await;
     assert_eq!(s.as_u16(), 409, "{body}");
     assert_eq!(code(&body), "ROLLBACK_WINDOW_EXPIRED", "{body}");
+    // The key movement measured below compares the keys handled on each layout: every key is
+    // written on the 16-shard one before the next switch (a busy machine slows the producers,
+    // so this waits on the count, not on time).
+    cover_every_key(&switches[0], &published).await;
 
     // The stale producer learns the 16-shard layout now, before the scale-down.
     let r = stale.refresh_routing(STREAM).await.expect("routing");
@@ -415,16 +436,7 @@ async fn reshard_and_rollback_under_continuous_production() {
 
     // Long enough after the switch for the in-test producer to cover every key again once
     // its routing was refreshed (the check below allows the old layout until then).
-    let refreshed_ms = switches.last().expect("switches").after_ms + REFRESH_MS + SWITCH_SLACK_MS;
-    eventually("the producer's routing refreshed", 30, || {
-        (now_ms() > refreshed_ms).then_some(())
-    })
-    .await;
-    let since = published.load(Ordering::Relaxed);
-    eventually("every key written again on the new layout", 60, || {
-        (published.load(Ordering::Relaxed) >= since + KEYS).then_some(())
-    })
-    .await;
+    cover_every_key(switches.last().expect("switches"), &published).await;
     stop.store(true, Ordering::Relaxed);
     let fresh_written = fresh_task.await.expect("producer task");
     finish_producer(sample, 3000);
