@@ -6,6 +6,8 @@
 //! a [`Verdict`]. [`listener`] and [`batch_listener`] wrap it in an ordinary [`Listener`]
 //! whose payload is [`Raw`] bytes: reading, retries, dead letters, acknowledgements, lanes,
 //! fencing and rebalancing stay the client's. The binding only converts values and calls.
+//! A binding's producer calls [`publish_batch`], which takes the publish's turn at the call
+//! (an event loop's publishes keep their call order).
 //!
 //! ```
 //! use rsc_client::foreign::{ForeignMessage, ListenerSpec, Verdict, listener};
@@ -20,10 +22,13 @@
 //! assert_eq!(l.group(), "billing");
 //! ```
 
+use crate::ClientError;
 use crate::handler::{BatchError, HandlerError};
 use crate::listener::{AckMode, Listener, Rebalance};
 use crate::message::{Acker, Batch, Headers, Message, Raw};
+use crate::producer::{Producer, Published, Record};
 use futures::future::BoxFuture;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -269,4 +274,16 @@ pub fn batch_listener(spec: &ListenerSpec, handler: ForeignBatchHandler) -> List
         spec.stream.clone(),
         call,
     ))
+}
+
+/// Publishes `records` as [`Producer::publish_batch`] does, with the publish's turn taken now,
+/// at the call: per key, publishes keep the order of these calls (PROTOCOL §21 "Several
+/// publishes in flight") whatever order their futures are polled in. The future must be
+/// spawned (or polled) at once: later publishes wait for this one's turn.
+pub fn publish_batch(
+    producer: &Producer,
+    stream: &str,
+    records: Vec<Record>,
+) -> impl Future<Output = Result<Vec<Published>, ClientError>> + Send + use<> {
+    producer.publish_batch_now(stream, records)
 }

@@ -21,6 +21,7 @@ from ._rsc import (
     CoordinatorError,
     DataRedisUnreachableError,
     DeliveryTimeoutError,
+    EarlierPublishFailedError,
     EncodeError,
     FencedError,
     MemberRejectedError,
@@ -63,6 +64,7 @@ __all__ = [
     "ShutdownTimedOutError",
     "OpsListenError",
     "MemberRejectedError",
+    "EarlierPublishFailedError",
 ]
 
 

@@ -85,6 +85,13 @@ create_exception!(
     "The coordinator refused a member for good."
 );
 
+create_exception!(
+    rsc,
+    EarlierPublishFailedError,
+    RscError,
+    "A publish called before this one failed on a shard this one writes to."
+);
+
 /// Registers the exception classes in the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -111,6 +118,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("OpsListenError", py.get_type::<OpsListenError>())?;
     m.add("MemberRejectedError", py.get_type::<MemberRejectedError>())?;
+    m.add(
+        "EarlierPublishFailedError",
+        py.get_type::<EarlierPublishFailedError>(),
+    )?;
     Ok(())
 }
 
@@ -150,6 +161,7 @@ fn new_err(e: &ClientError) -> PyErr {
         ClientError::ShutdownTimedOut { .. } => ShutdownTimedOutError::new_err(text),
         ClientError::OpsListen { .. } => OpsListenError::new_err(text),
         ClientError::MemberRejected { .. } => MemberRejectedError::new_err(text),
+        ClientError::EarlierPublishFailed { .. } => EarlierPublishFailedError::new_err(text),
         _ => RscError::new_err(text),
     }
 }

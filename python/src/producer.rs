@@ -3,7 +3,7 @@
 
 use crate::options::{Conn, Opts, apply_conn};
 use crate::runtime::{block_on, into_awaitable, runtime};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView};
 use rsc_client::producer::{Producer as RustProducer, Published as RustPublished, Record};
@@ -144,6 +144,12 @@ impl Producer {
         let stale_retry_budget = o.seconds("stale_retry_budget")?;
         let wait_replicas: Option<u32> = o.take("wait_replicas")?;
         let wait_timeout = o.seconds("wait_timeout")?;
+        let max_in_flight: Option<usize> = o.take("max_in_flight")?;
+        if max_in_flight == Some(0) {
+            return Err(PyValueError::new_err(
+                "max_in_flight 0: at least one publish must be able to run",
+            ));
+        }
         o.finish("Producer")?;
         let mut b = apply_conn!(RustProducer::builder(), &conn);
         if let Some(on) = idempotent {
@@ -163,6 +169,9 @@ impl Producer {
         }
         if let Some(d) = stale_retry_budget {
             b = b.stale_retry_budget(d);
+        }
+        if let Some(n) = max_in_flight {
+            b = b.max_in_flight(n);
         }
         if let Some(n) = wait_replicas {
             let timeout = wait_timeout.unwrap_or(std::time::Duration::from_secs(1));
@@ -188,10 +197,12 @@ impl Producer {
         content_type: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let record = PyRecord::new(payload, key, headers, fields, content_type)?.record;
-        let p = self.inner.clone();
+        // The publish's turn is taken here, at the call: publishes awaited together keep
+        // their call order per key (PROTOCOL §21), whichever task the runtime polls first.
+        let publish = rsc_client::foreign::publish_batch(&self.inner, &stream, vec![record]);
         into_awaitable(
             py,
-            async move { p.publish_record(&stream, record).await.map(Published::from) },
+            async move { Ok(Published::from(publish.await?.remove(0))) },
             true,
         )
     }
@@ -222,11 +233,12 @@ impl Producer {
         records: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let records = self::records(records)?;
-        let p = self.inner.clone();
+        // The turn is taken at the call, as in `publish`.
+        let publish = rsc_client::foreign::publish_batch(&self.inner, &stream, records);
         into_awaitable(
             py,
             async move {
-                let out = p.publish_batch(&stream, records).await?;
+                let out = publish.await?;
                 Ok(out.into_iter().map(Published::from).collect::<Vec<_>>())
             },
             true,

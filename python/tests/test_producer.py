@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import rsc
@@ -158,9 +158,35 @@ def test_a_consumer_with_a_bad_token_stops_with_member_rejected(secured_stack: S
     assert err.value.is_retriable is False
 
 
+def test_publishes_awaited_together_keep_per_key_order(stack: Stack) -> None:
+    stack.create_group("pg3", "ps3", 4)
+    producer = rsc.Producer(coordinator=stack.coordinator.url, redis_url=stack.redis.url,
+                            max_in_flight=3)
+
+    async def burst() -> List[List[rsc.Published]]:
+        # 30 batches awaited together, each writing every key once: up to 3 in flight.
+        return await asyncio.gather(*(
+            producer.publish_batch("ps3", [rsc.Record({"n": n}, key=f"key-{k}") for k in range(8)])
+            for n in range(30)
+        ))
+
+    out = asyncio.run(burst())
+    assert sum(len(b) for b in out) == 240
+    seen: Dict[bytes, List[int]] = {}
+    for shard in range(4):
+        for _, fields in stack.xrange(f"ps3:{shard}"):
+            seen.setdefault(fields[b"key"], []).append(json.loads(fields[b"payload"])["n"])
+    assert len(seen) == 8
+    for key, ns in seen.items():
+        assert ns == list(range(30)), f"{key!r} out of call order: {ns}"
+
+
 def test_unknown_options_and_bad_values_are_refused() -> None:
     with pytest.raises(TypeError, match="colour"):
         rsc.Producer(colour="blue")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="max_in_flight"):
+        rsc.Producer(coordinator="http://127.0.0.1:1", redis_url="redis://127.0.0.1:1",
+                     max_in_flight=0)
     app = rsc.ConsumerApp(coordinator="http://127.0.0.1:1", redis_url="redis://127.0.0.1:1",
                           instance_id="x")
     with pytest.raises(ValueError, match="ack"):
@@ -173,4 +199,5 @@ def test_handler_exception_types() -> None:
     e = rsc.RetryAfter(1.5, "slow down")
     assert e.seconds == 1.5 and str(e) == "slow down"
     assert issubclass(rsc.MemberRejectedError, rsc.RscError)
+    assert issubclass(rsc.EarlierPublishFailedError, rsc.RscError)
     assert issubclass(rsc.RscError, Exception)

@@ -501,18 +501,53 @@ impl Producer {
     /// Idempotent (the default, PROTOCOL §21): after a lost reply, a dropped connection or a
     /// `WAIT` not confirmed, the same records are sent again within
     /// [`ProducerBuilder::retry_budget`], and what had landed is recognised, not written twice.
+    ///
+    /// Publishes awaited together (`join`) keep per key the order in which their futures are
+    /// first polled: each takes its turn then.
     pub async fn publish_batch(
         &self,
         stream: &str,
         records: impl IntoIterator<Item = Record>,
     ) -> Result<Vec<Published>, ClientError> {
         let records = traced(records);
+        let ticket = self.turn(&records);
+        self.publish_in_turn(stream, records, ticket).await
+    }
+
+    /// [`Producer::publish_batch`] with its turn taken at the call, for a caller that runs the
+    /// future at once (a language binding spawning it, [`crate::foreign::publish_batch`]):
+    /// a turn holds the later publishes until its future runs.
+    pub(crate) fn publish_batch_now(
+        &self,
+        stream: &str,
+        records: Vec<Record>,
+    ) -> impl Future<Output = Result<Vec<Published>, ClientError>> + Send + use<> {
+        let records = traced(records);
+        let ticket = self.turn(&records);
+        let (this, stream) = (self.clone(), stream.to_owned());
+        async move { this.publish_in_turn(&stream, records, ticket).await }
+    }
+
+    /// Idempotent: the publish's ticket, in call order (PROTOCOL §21); placed in turn.
+    fn turn(&self, records: &[Record]) -> Option<InFlight> {
+        if records.is_empty() {
+            None
+        } else {
+            self.ticket()
+        }
+    }
+
+    /// [`Producer::publish_batch`] once its turn is taken.
+    async fn publish_in_turn(
+        &self,
+        stream: &str,
+        records: Vec<Record>,
+        mut ticket: Option<InFlight>,
+    ) -> Result<Vec<Published>, ClientError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let rr = self.round_robin(&records);
-        // Idempotent: a ticket at the call, in call order (PROTOCOL §21); placed in turn below.
-        let mut ticket = self.ticket();
         let started = Instant::now();
         let mut routing = self.routing_within(stream, started).await?;
         let mut out: Vec<Option<Published>> = vec![None; records.len()];
