@@ -14,7 +14,8 @@
 # RSC_SMOKE_LIMIT_S (default 540 s). Without a Docker engine it prints
 # "skipped: no Docker engine" and exits 0.
 #
-# Env: RSC_DOCKER_PROFILE [debug] cargo profile of the binaries put in the images (debug reuses
+# Env: RSC_SMOKE_NO_CARGO=1 uses the binaries already built (docker/build.sh --no-cargo);
+#      RSC_DOCKER_PROFILE [debug] cargo profile of the binaries put in the images (debug reuses
 #      what scripts/test.sh built); CARGO_TARGET_DIR as for cargo; RSC_SMOKE_KEEP=1 leaves the
 #      stack running on failure for inspection.
 set -euo pipefail
@@ -204,7 +205,9 @@ all_handled() { check handled >/dev/null; }
 # --- 1. build, start, first batch --------------------------------------------------------------
 log "building images ($PROFILE binaries, tag $RSC_IMAGE_TAG)"
 t=$SECONDS
-docker/build.sh --profile "$PROFILE" --tag "$RSC_IMAGE_TAG" 2>&1 | sed 's/^/  /'
+no_cargo=()
+[ -n "${RSC_SMOKE_NO_CARGO:-}" ] && no_cargo=(--no-cargo)
+docker/build.sh --profile "$PROFILE" --tag "$RSC_IMAGE_TAG" "${no_cargo[@]}" 2>&1 | sed 's/^/  /'
 build_s=$((SECONDS - t))
 
 log "starting $PROJECT: redis, coordinator, 3 consumer pods"

@@ -29,7 +29,11 @@ done
 profile=release
 [ -n "$quick" ] && profile="${RSC_BENCH_PROFILE:-debug}"
 echo "== building ($profile)"
-if [ "$profile" = release ]; then
+if [ -n "${RSC_BENCH_NO_BUILD:-}" ]; then
+  # scripts/test.sh runs the quick pass beside `cargo test`, which holds cargo's
+  # build-directory lock: the binaries are those it built before.
+  echo "   (skipped: RSC_BENCH_NO_BUILD, the $profile binaries are used as they are)"
+elif [ "$profile" = release ]; then
   cargo build --release -q --workspace --bins
 else
   # With the tests, as scripts/test.sh builds: the same feature set, so nothing is recompiled.

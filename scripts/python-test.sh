@@ -9,17 +9,32 @@
 # docs/PYTHON.md "Sample pods"): routing and ownership, kill -9, SIGTERM hand-over, retries to
 # the dead letters, a slow handler, a pod joining under load, and a pod joining a strictly
 # fenced group (about 2 minutes).
+#
+#   scripts/python-test.sh [pytest args]            # everything
+#   scripts/python-test.sh --prepare                # build, venv, wheel, mypy
+#   scripts/python-test.sh --run [pytest args]      # pytest and the mixed pods (after --prepare)
+#
+# scripts/test.sh prepares before its main `cargo test` (the wheel's build needs cargo's
+# build-directory lock) and runs the rest beside it; with RSC_E2E_BIN set (the e2e test binary,
+# scripts/server-matrix.sh --bin) the mixed pods run that binary directly, without cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 export CARGO_TARGET_DIR=$target
 python=${PYTHON:-python3}
+prepare=1
+run=1
+case "${1:-}" in
+  --prepare) run=""; shift ;;
+  --run) prepare=""; shift ;;
+esac
+venv=$target/python-venv
 
+if [ -n "$prepare" ]; then
 echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh, so nothing is built twice)"
 cargo build --locked --workspace --bins --tests
 
-venv=$target/python-venv
 echo "== fresh venv in $venv"
 rm -rf "$venv"
 "$python" -m venv "$venv"
@@ -34,6 +49,8 @@ rm -rf "$wheels"
 
 echo "== mypy (strict)"
 (cd python && "$venv/bin/mypy")
+fi
+[ -n "$run" ] || exit 0
 
 echo "== pytest"
 # From the tests' directory, with the installed wheel (not the source tree) imported.
@@ -41,7 +58,12 @@ echo "== pytest"
   --rootdir . "$@")
 
 echo "== e2e pod scenarios, Rust and Python pods in one group"
-# The same feature set as scripts/test.sh's `cargo test --workspace`: nothing is rebuilt.
-RSC_TEST_POD_LANG=mixed RSC_TEST_PYTHON=$venv/bin/python \
-  cargo test --workspace --locked --test e2e -- listener:: \
-  fencing::strict_groups_rebalance_without_refusals_or_losses
+mixed=(listener:: fencing::strict_groups_rebalance_without_refusals_or_losses)
+export RSC_TEST_POD_LANG=mixed RSC_TEST_PYTHON=$venv/bin/python
+if [ -n "${RSC_E2E_BIN:-}" ]; then
+  # As cargo runs it: from the package's directory.
+  (cd tests && "$RSC_E2E_BIN" -q "${mixed[@]}")
+else
+  # The same feature set as scripts/test.sh's `cargo test --workspace`: nothing is rebuilt.
+  cargo test --workspace --locked --test e2e -- "${mixed[@]}"
+fi

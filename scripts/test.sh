@@ -103,8 +103,43 @@ echo "== [${SECONDS}s] lints, newest dependencies and API documentation in the b
 lint_pid=$!
 trap 'kill "$matrix_pid" "$lint_pid" 2>/dev/null || true' EXIT
 
+# The wheel is built now: maturin needs cargo's build-directory lock, which `cargo test` holds
+# for its whole run.
+echo "== [${SECONDS}s] Python package: venv, wheel (maturin), mypy"
+scripts/python-test.sh --prepare
+
+# The suites that run real processes and need no cargo command run beside the main pass, one
+# after the other in a lane of their own (they mostly wait on processes and timers, like the
+# end-to-end tests): pytest and the mixed Rust/Python pods, the API fuzzing, the containers,
+# the benchmarks' quick pass. Each step's line in the log starts with the lane's seconds.
+extras_log="$target_dir/extras.log"
+echo "== [${SECONDS}s] Python tests, API fuzzing, containers, benchmarks' quick pass in the background (log: $extras_log)"
+(
+  set -e
+  start=$SECONDS
+  echo "== [+$((SECONDS - start))s] Python package: pytest against real processes, mixed pods"
+  scripts/python-test.sh --run
+  echo "== [+$((SECONDS - start))s] API fuzzing against the OpenAPI document (schemathesis)"
+  scripts/schemathesis.sh
+  # The same over HTTPS, with fewer examples per operation: this pass is about the transport
+  # (keep-alive, unread request bodies, PROTOCOL §20); the pass above covers the API. About
+  # 1,400 cases, 30–50 s.
+  echo "== [+$((SECONDS - start))s] API fuzzing over HTTPS (schemathesis, 10 examples per operation)"
+  RSC_SCHEMATHESIS_TLS=1 RSC_SCHEMATHESIS_EXAMPLES=10 scripts/schemathesis.sh
+  echo "== [+$((SECONDS - start))s] containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
+  RSC_SMOKE_NO_CARGO=1 docker/smoke.sh
+  echo "== [+$((SECONDS - start))s] benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
+  RSC_BENCH_NO_BUILD=1 scripts/bench.sh --quick
+  echo "== [+$((SECONDS - start))s] Python tests, API fuzzing, containers and benchmarks passed"
+) >"$extras_log" 2>&1 &
+extras_pid=$!
+trap 'kill "$matrix_pid" "$lint_pid" "$extras_pid" 2>/dev/null || true' EXIT
+
 echo "== [${SECONDS}s] test"
 cargo test --workspace --locked
+
+echo "== [${SECONDS}s] packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
+scripts/package.sh
 
 echo "== [${SECONDS}s] server matrix (waiting for it to end)"
 matrix_status=0
@@ -112,25 +147,11 @@ wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log"
 [ "$matrix_status" = 0 ] || { echo "server matrix failed" >&2; exit 1; }
 
-echo "== [${SECONDS}s] Python package: wheel (maturin), mypy, pytest against real processes"
-scripts/python-test.sh
-
-echo "== [${SECONDS}s] API fuzzing against the OpenAPI document (schemathesis)"
-scripts/schemathesis.sh
-# The same over HTTPS, with fewer examples per operation: this pass is about the transport
-# (keep-alive, unread request bodies, PROTOCOL §20); the pass above covers the API. About
-# 1,400 cases, 30–50 s.
-echo "== [${SECONDS}s] API fuzzing over HTTPS (schemathesis, 10 examples per operation)"
-RSC_SCHEMATHESIS_TLS=1 RSC_SCHEMATHESIS_EXAMPLES=10 scripts/schemathesis.sh
-
-echo "== [${SECONDS}s] containers: images, compose, sample-pod smoke test (skipped without a Docker engine)"
-docker/smoke.sh
-
-echo "== [${SECONDS}s] benchmark suite, quick pass (proves it runs; figures: scripts/bench.sh)"
-scripts/bench.sh --quick
-
-echo "== [${SECONDS}s] packaging: cargo publish --dry-run of every publishable crate (nothing is uploaded)"
-scripts/package.sh
+echo "== [${SECONDS}s] Python tests, API fuzzing, containers, benchmarks (waiting for them to end)"
+extras_status=0
+wait "$extras_pid" || extras_status=$?
+cat "$extras_log"
+[ "$extras_status" = 0 ] || { echo "Python tests, API fuzzing, containers or benchmarks failed" >&2; exit 1; }
 
 echo "== [${SECONDS}s] lints, newest dependencies, API documentation (waiting for them to end)"
 lint_status=0
