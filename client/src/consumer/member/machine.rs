@@ -149,7 +149,7 @@ pub(crate) struct Start {
 }
 
 /// What the member knows of one shard it has a worker for.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Slot {
     stopping: Option<StopReason>,
     /// Since when this member knows the shard is draining.
@@ -168,6 +168,8 @@ pub(crate) struct Member {
     out: Vec<Step>,
     phase: Phase,
     epoch: i64,
+    /// What the last answer assigns, less the shards Redis refused our token for since (not
+    /// restarted before the next answer).
     assignment: BTreeSet<u32>,
     slots: BTreeMap<u32, Slot>,
     lease: Lease,
@@ -183,8 +185,6 @@ pub(crate) struct Member {
     report_now: bool,
     /// Strict fencing: the owner token of each assigned shard (empty in lease mode).
     tokens: BTreeMap<u32, String>,
-    /// Shards Redis refused our token for: not restarted before the next answer.
-    refused: BTreeSet<u32>,
     failures: u32,
     recent_fences: VecDeque<Instant>,
     /// Static membership: joins are refused because another process holds this member id;
@@ -197,10 +197,10 @@ pub(crate) struct Member {
     /// When the workers stopped on giving the shards back are abandoned.
     abandon_at: Option<Instant>,
     in_flight: bool,
-    /// A [`Step::Leave`] is under way.
-    leaving_now: bool,
     data: DataRedis,
-    ended: bool,
+    /// Nothing is due until [`Event::Left`] (a [`Step::Leave`] is under way), or ever again
+    /// (the member ended).
+    waiting: bool,
 }
 
 impl Member {
@@ -223,16 +223,14 @@ impl Member {
             next_heartbeat: now,
             report_now: false,
             tokens: BTreeMap::new(),
-            refused: BTreeSet::new(),
             failures: 0,
             recent_fences: VecDeque::new(),
             in_use_until: None,
             revoking_since: None,
             abandon_at: None,
             in_flight: false,
-            leaving_now: false,
             data: DataRedis::Unknown,
-            ended: false,
+            waiting: false,
         }
     }
 
@@ -269,7 +267,7 @@ impl Member {
             Event::Shutdown | Event::Woken | Event::Tick => {}
             Event::DataRedis(data) => self.data = data,
             Event::Left => {
-                self.leaving_now = false;
+                self.waiting = false;
                 self.phase = Phase::Aside { left: true };
                 self.epoch = MemberEpoch::JOIN.get();
                 self.assignment.clear();
@@ -288,26 +286,24 @@ impl Member {
     /// shards must move now); once the data Redis answers again, it joins again owning
     /// nothing.
     fn poll(&mut self) {
-        if self.ended || self.leaving_now {
+        if self.waiting {
             return;
         }
         if self.slots.is_empty() && !self.in_flight {
-            match &mut self.phase {
-                Phase::Leaving { exit, .. } => {
-                    self.ended = true;
-                    let exit = std::mem::replace(exit, Exit::Leave);
-                    return self.out.push(Step::Exit(exit));
-                }
-                Phase::Aside { left: false } => {
-                    self.leaving_now = true;
-                    return self.out.push(Step::Leave);
-                }
+            let last = match &mut self.phase {
+                Phase::Leaving { exit, .. } => Some(Step::Exit(std::mem::take(exit))),
+                Phase::Aside { left: false } => Some(Step::Leave),
                 Phase::Aside { left: true } if self.data.is_up() => {
                     info!("the data Redis answers again: joining the group again");
                     self.phase = Phase::Joining;
                     self.next_heartbeat = self.now;
+                    None
                 }
-                _ => {}
+                _ => None,
+            };
+            if let Some(last) = last {
+                self.waiting = true;
+                return self.out.push(last);
             }
         }
         if self.due(self.fence_deadline()) {
@@ -332,20 +328,18 @@ impl Member {
 
     /// When the member must be woken (a [`Event::Tick`]) if nothing else happens first.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        if self.ended || self.leaving_now {
+        if self.waiting {
             return None;
         }
         let beat = self.may_send().then_some(self.next_heartbeat);
-        [
+        let timers = [
             beat,
             self.fence_deadline(),
             self.aside_deadline(),
             self.revocation_deadline(),
             self.abandon_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        ];
+        timers.into_iter().flatten().min()
     }
 
     /// Whether the member is in its group in good standing (readiness).
@@ -467,7 +461,6 @@ impl Member {
         let lease_only = self.tokens.is_empty();
         let shards = (self.slots.keys()).filter(|s| lease_only || self.tokens.contains_key(s));
         (self.out).extend(shards.map(|s| Step::Token(*s, self.tokens.get(s).cloned())));
-        self.refused.clear();
         self.reconcile(sent_at);
         // At once if a revocation finished while this heartbeat was in flight; else batched:
         // on the process-wide grid, with the other members.
@@ -533,10 +526,7 @@ impl Member {
     /// the join of a second live process run is refused). `true` at [`FENCE_LOOP_LIMIT`].
     fn fenced_too_often(&mut self) -> bool {
         self.recent_fences.push_back(self.now);
-        while (self.recent_fences.front()).is_some_and(|t| self.now - *t > Duration::from_secs(60))
-        {
-            self.recent_fences.pop_front();
-        }
+        (self.recent_fences).retain(|t| self.now - *t <= Duration::from_secs(60));
         if self.recent_fences.len() >= 3 {
             warn!(member = %self.cfg.member_id, fences = self.recent_fences.len(),
                 "fenced again within a minute: is another process using the same member id?");
@@ -620,7 +610,7 @@ impl Member {
         // An answer that comes back after its own lease ran out starts nothing.
         let leased = self.lease.deadline().is_some_and(|d| self.now < d);
         let new: Vec<u32> = (self.assignment.iter().copied())
-            .filter(|s| leased && !self.slots.contains_key(s) && !self.refused.contains(s))
+            .filter(|s| leased && !self.slots.contains_key(s))
             .collect();
         new.iter().for_each(|&shard| self.start_worker(shard));
         if !new.is_empty() {
@@ -666,17 +656,16 @@ impl Member {
 
     fn start_worker(&mut self, shard: u32) {
         let draining = shard >= self.shard_count;
-        let (token, start) = (self.tokens.get(&shard).cloned(), self.start);
         self.out.push(Step::Start(Start {
             shard,
-            token,
-            start,
+            token: self.tokens.get(&shard).cloned(),
+            start: self.start,
             draining,
         }));
+        let draining_since = draining.then_some(self.now);
         let slot = Slot {
-            stopping: None,
-            draining_since: draining.then_some(self.now),
-            cut_short: false,
+            draining_since,
+            ..Slot::default()
         };
         self.slots.insert(shard, slot);
     }
@@ -704,7 +693,7 @@ impl Member {
             // once; start it again only if the next answer still assigns it.
             warn!(shard, "shard dropped: fenced on the data path");
             self.count("rsc_client_fenced_shards_total");
-            self.refused.insert(shard);
+            self.assignment.remove(&shard);
             self.next_heartbeat = self.now;
             self.report_now = true;
             return;

@@ -51,9 +51,10 @@ pub(crate) enum Phase {
 }
 
 /// How a member ends.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) enum Exit {
     /// Leave the group (−1, or −2 for a static member), then end well.
+    #[default]
     Leave,
     /// A shard worker panicked (outside the handler): `run()` fails with it (the shard and
     /// the panic's message).
