@@ -74,9 +74,9 @@ impl MemberRuntime {
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
         };
         let mut m = Member::new(cfg, Instant::now());
+        let wake = self.wake.clone();
         // The heartbeat in flight: its answer, for the machine.
         let mut inflight: Option<BoxFuture<'static, Event>> = None;
-        let wake = self.wake.clone();
         let mut health = self.shared.data_health.clone();
         let mut health_watched = true;
         let first = Event::DataRedis(health.borrow().clone());
@@ -98,9 +98,7 @@ impl MemberRuntime {
             let deadline = m.deadline();
             let event = tokio::select! {
                 _ = shutdown.cancelled(), if !m.is_leaving() => Some(Event::Shutdown),
-                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
-                    self.worker_exited(joined)
-                }
+                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => self.worker_exited(joined),
                 answered = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                     inflight = None;
                     Some(answered)
@@ -129,11 +127,9 @@ impl MemberRuntime {
         let of = |shards: Vec<u32>| shards.into_iter().filter_map(move |s| map.get(&s));
         match step {
             Step::Start(start) => self.spawn_worker(start),
-            Step::Stop(shard) => of(vec![shard]).for_each(|f| f.stop.cancel()),
-            Step::Draining(shard, on) => {
-                of(vec![shard]).for_each(|f| f.draining.store(on, Relaxed))
-            }
-            Step::Token(shard, token) => of(vec![shard]).for_each(|f| f.set_token(token.clone())),
+            Step::Stop(s) => of(vec![s]).for_each(|f| f.stop.cancel()),
+            Step::Draining(s, on) => of(vec![s]).for_each(|f| f.draining.store(on, Relaxed)),
+            Step::Token(s, token) => of(vec![s]).for_each(|f| f.set_token(token.clone())),
             Step::CutShort(shards) => of(shards).for_each(|f| f.cut_short.cancel()),
             Step::Abandon(shards) => of(shards).for_each(|f| f.abandon.cancel()),
             Step::Assigned(shards) => self.callback(l.on_assigned.as_deref(), shards),
@@ -165,9 +161,8 @@ impl MemberRuntime {
     fn send_heartbeat(&self, beat: Beat) -> BoxFuture<'static, Event> {
         // Draining shards the worker found empty, drained for longer than the grace: checked
         // again in Redis right before the heartbeat goes out (see `drain`).
-        let candidates: Vec<u32> = (beat.drain_candidates.into_iter())
-            .filter(|s| (self.flags.get(s)).is_some_and(|f| f.drained.load(Relaxed)))
-            .collect();
+        let mut candidates = beat.drain_candidates;
+        candidates.retain(|s| (self.flags.get(s)).is_some_and(|f| f.drained.load(Relaxed)));
         let mut req = HeartbeatRequest {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: self.shared.member_id.clone(),
@@ -179,13 +174,12 @@ impl MemberRuntime {
             incarnation: (self.shared.incarnation.clone())
                 .filter(|_| MemberEpoch::new(beat.epoch).is_join()),
         };
-        let (heartbeats, shared, timeout) =
-            (self.heartbeats.clone(), self.shared.clone(), beat.timeout);
+        let (heartbeats, shared) = (self.heartbeats.clone(), self.shared.clone());
+        let (epoch, timeout) = (beat.epoch, beat.timeout);
         Box::pin(async move {
             if !candidates.is_empty() {
                 req.drained_shards = confirm_drained(&shared, &candidates, timeout).await;
             }
-            let epoch = req.member_epoch;
             // `sent_at`: when the request carrying it (alone or batched) was sent.
             let (sent_at, r) = heartbeats.heartbeat(&shared.group, req, timeout).await;
             // What every worker of the group needs from an answer before the machine starts
@@ -195,9 +189,7 @@ impl MemberRuntime {
                     let what = if resp.paused { "paused" } else { "resumed" };
                     info!(paused = resp.paused, "group {what} by an operator");
                 }
-                shared
-                    .ordered
-                    .store(resp.ordering == OrderingMode::Key, Relaxed);
+                (shared.ordered).store(resp.ordering == OrderingMode::Key, Relaxed);
             }
             Event::Answered(sent_at, epoch, r)
         })

@@ -249,19 +249,17 @@ impl Member {
                 .set(self.slots.len() as f64);
             }
             Event::WorkerExited(shard, panic, refused) => self.worker_exited(shard, panic, refused),
-            Event::Shutdown if !self.phase.is_leaving() => {
+            Event::Shutdown if !self.is_leaving() => {
                 info!(shards = ?self.slots.keys().collect::<Vec<_>>(),
                     "shutting down: finishing in-flight messages");
-                self.phase.shut_down();
-                self.stop_all(StopReason::Shutdown);
+                self.end(Exit::Leave);
             }
             Event::Woken if self.wakeable() => {
                 debug!("woken by the coordinator: heartbeat now");
-                if self.in_flight {
+                match self.in_flight {
                     // The answer in flight may predate the change: ask again after it.
-                    self.report_now = true;
-                } else {
-                    self.next_heartbeat = now;
+                    true => self.report_now = true,
+                    false => self.next_heartbeat = now,
                 }
             }
             Event::Shutdown | Event::Woken | Event::Tick => {}
@@ -315,11 +313,9 @@ impl Member {
         if self.due(self.revocation_deadline()) {
             self.cut_revocation_short();
         }
-        if self.due(self.abandon_at) {
-            self.abandon_at = None;
+        if self.abandon_at.take_if(|at| self.now >= *at).is_some() {
             let stopping = self.slots.iter().filter(|(_, s)| s.stopping.is_some());
-            let abandon = Step::Abandon(stopping.map(|(k, _)| *k).collect());
-            self.out.push(abandon);
+            (self.out).push(Step::Abandon(stopping.map(|(k, _)| *k).collect()));
         }
         if self.may_send() && self.now >= self.next_heartbeat {
             self.send_heartbeat();
@@ -349,12 +345,12 @@ impl Member {
 
     /// Whether the member is shutting down.
     pub(crate) fn is_leaving(&self) -> bool {
-        self.phase.is_leaving()
+        matches!(self.phase, Phase::Leaving { .. })
     }
 
     /// Whether a wake-up would make it heartbeat sooner.
     pub(crate) fn wakeable(&self) -> bool {
-        self.session.is_some() && !self.phase.is_leaving()
+        self.session.is_some() && !self.is_leaving()
     }
 
     /// The group's session timeout, once an answer told it.
@@ -410,11 +406,9 @@ impl Member {
     fn send_heartbeat(&mut self) {
         self.report_now = false;
         self.in_flight = true;
-        let (now, grace) = (self.now, self.cfg.drain_grace);
+        let drained = |t: Instant| self.now - t >= self.cfg.drain_grace;
         let drain_candidates = (self.slots.iter())
-            .filter(|(_, s)| {
-                s.stopping.is_none() && s.draining_since.is_some_and(|t| now - t >= grace)
-            })
+            .filter(|(_, s)| s.stopping.is_none() && s.draining_since.is_some_and(drained))
             .map(|(k, _)| *k)
             .collect();
         let timeout = (self.session).map_or(JOIN_TIMEOUT, |s| {
@@ -482,7 +476,7 @@ impl Member {
                          fence another process in a loop. Is another process using the same member id? \
                          (member ids are <instance>-<listener>-<index>; give each process its own \
                          POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
-                    return self.fail(Exit::Rejected(e));
+                    return self.end(Exit::Rejected(e));
                 }
                 self.start_rejoin();
                 self.next_heartbeat = self.now;
@@ -510,14 +504,14 @@ impl Member {
             }
             _ => {
                 error!(error = %e, "the coordinator refused this member; stopping it");
-                self.fail(Exit::Rejected(e));
+                self.end(Exit::Rejected(e));
             }
         }
     }
 
-    /// The member fails `run()` (see [`Phase::fail`]): every worker stops.
-    fn fail(&mut self, why: Exit) {
-        self.phase.fail(why);
+    /// The member ends as `how` says (see [`Phase::end`]): every worker stops.
+    fn end(&mut self, how: Exit) {
+        self.phase.end(how);
         self.stop_all(StopReason::Shutdown);
     }
 
@@ -546,13 +540,13 @@ impl Member {
                 "another live process uses this member id; stopping. Member ids are \
                  <instance>-<listener>-<index>: give each process its own instance id \
                  (POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
-            return self.fail(Exit::Rejected(e));
+            return self.end(Exit::Rejected(e));
         }
         warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
             "member id held by another process run: retrying when its session runs out");
-        self.next_heartbeat = self.now
-            + (wait + Duration::from_millis(20))
-                .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let retry = (wait + Duration::from_millis(20))
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        self.next_heartbeat = self.now + retry;
     }
 
     /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins
@@ -686,7 +680,7 @@ impl Member {
             // A bug outside the handler (whose panics are failed attempts): stop loudly
             // rather than run on with a worker that may do it again.
             error!(shard, panic = %message, "shard worker panicked; stopping the member");
-            return self.fail(Exit::Panicked(shard, message));
+            return self.end(Exit::Panicked(shard, message));
         }
         if refused {
             // Redis refused our owner token: the shard moved on. Report owning it no more, at

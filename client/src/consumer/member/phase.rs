@@ -64,10 +64,6 @@ pub(crate) enum Exit {
 }
 
 impl Phase {
-    pub(crate) fn is_leaving(&self) -> bool {
-        matches!(self, Phase::Leaving { .. })
-    }
-
     /// Whether a heartbeat may go out now (none in flight), given whether every worker has
     /// stopped and whether the data Redis answers. A rejoin waits until the workers have
     /// stopped, so that it reports owning nothing; a join (epoch 0) waits until the data
@@ -120,26 +116,24 @@ impl Phase {
         }
     }
 
-    /// The app shuts down.
-    pub(crate) fn shut_down(&mut self) {
-        if !self.is_leaving() {
+    /// The member ends, once every worker stopped, as `how` says: it leaves (the app shuts
+    /// down), or `run()` fails (the coordinator refused it for good, or a shard worker
+    /// panicked).
+    pub(crate) fn end(&mut self, how: Exit) {
+        if !matches!(self, Phase::Leaving { .. }) {
+            // Forgotten by the coordinator: no heartbeat for its old membership.
             let heartbeats = !matches!(self, Phase::Rejoining | Phase::Aside { left: true });
             *self = Phase::Leaving {
                 heartbeats,
                 exit: Exit::Leave,
             };
         }
-    }
-
-    /// The member fails `run()` with `why`: the coordinator refused it for good (no more
-    /// heartbeats), or a shard worker panicked. The first panic is the one reported.
-    pub(crate) fn fail(&mut self, why: Exit) {
-        self.shut_down();
         if let Phase::Leaving { heartbeats, exit } = self {
             // Refused for good: no more heartbeats.
-            *heartbeats &= !matches!(why, Exit::Rejected(_));
-            if !matches!(exit, Exit::Panicked(..)) {
-                *exit = why;
+            *heartbeats &= !matches!(how, Exit::Rejected(_));
+            // A failure outranks leaving, and the first panic every other end.
+            if !matches!(exit, Exit::Panicked(..)) && !matches!(how, Exit::Leave) {
+                *exit = how;
             }
         }
     }
@@ -176,11 +170,11 @@ mod tests {
         p.step_aside();
         p.membership_lost();
         assert!(matches!(p, Phase::Aside { left: true }));
-        p.shut_down();
+        p.end(Exit::Leave);
         assert!(matches!(leaving(&p), Some((false, Exit::Leave))));
         let mut p = Phase::Fenced;
         p.step_aside();
-        p.shut_down();
+        p.end(Exit::Leave);
         assert!(
             matches!(leaving(&p), Some((true, Exit::Leave))),
             "leaves as it would have"
@@ -243,38 +237,38 @@ mod tests {
     #[test]
     fn leaving_heartbeats_until_the_workers_stopped_and_nothing_brings_it_back() {
         let mut p = Phase::Fenced;
-        p.shut_down();
+        p.end(Exit::Leave);
         assert!(matches!(leaving(&p), Some((true, Exit::Leave))));
         assert!(!works(&p) && p.may_heartbeat(false, false));
         p.answered();
         p.lease_ran_out();
-        p.shut_down();
+        p.end(Exit::Leave);
         assert!(matches!(leaving(&p), Some((true, Exit::Leave))));
         // Forgotten while leaving: no join (it would report shards still stopping).
         p.membership_lost();
         assert!(matches!(leaving(&p), Some((false, Exit::Leave))));
         assert!(!p.may_heartbeat(false, true));
         p.answered();
-        assert!(p.is_leaving());
+        assert!(matches!(p, Phase::Leaving { .. }));
         let mut rejoining = Phase::Rejoining;
-        rejoining.shut_down();
+        rejoining.end(Exit::Leave);
         assert!(matches!(leaving(&rejoining), Some((false, Exit::Leave))));
     }
 
     #[test]
     fn a_rejected_member_stops_heartbeating_and_the_first_panic_is_reported() {
         let mut p = Phase::Stable;
-        p.fail(Exit::Rejected(rejection()));
+        p.end(Exit::Rejected(rejection()));
         assert!(matches!(leaving(&p), Some((false, Exit::Rejected(_)))));
         assert!(!p.may_heartbeat(true, true));
-        p.fail(Exit::Panicked(3, "first".into()));
-        p.fail(Exit::Panicked(4, "second".into()));
+        p.end(Exit::Panicked(3, "first".into()));
+        p.end(Exit::Panicked(4, "second".into()));
         assert!(
             matches!(leaving(&p), Some((false, Exit::Panicked(3, m))) if m == "first"),
             "{p:?}"
         );
         let mut p = Phase::Joining;
-        p.fail(Exit::Panicked(1, "boom".into()));
+        p.end(Exit::Panicked(1, "boom".into()));
         assert!(matches!(leaving(&p), Some((true, Exit::Panicked(1, _)))));
         assert!(p.may_heartbeat(false, false));
     }
