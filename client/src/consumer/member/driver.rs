@@ -8,13 +8,11 @@ use super::machine::{Beat, Config, Event, Member, Start, Step};
 use super::phase::Exit;
 use crate::consumer::MemberShared;
 use crate::consumer::backoff::Backoff;
-use crate::consumer::drain::drain_state;
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::worker::{ShardFlags, ShardWorker};
 use crate::error::ClientError;
-use crate::handler::panic_text;
 use crate::listener::Rebalance;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
 use rsc_api::CoordinatorClient;
 use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, MemberEpoch, OrderingMode};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -76,7 +74,7 @@ impl MemberRuntime {
         let mut m = Member::new(cfg, Instant::now());
         let wake = self.wake.clone();
         // The heartbeat in flight: its answer, for the machine.
-        let mut inflight: Option<BoxFuture<'static, Event>> = None;
+        let mut inflight: Fuse<BoxFuture<'static, Event>> = Fuse::terminated();
         let mut health = self.shared.data_health.clone();
         let mut health_watched = true;
         let first = Event::DataRedis(health.borrow().clone());
@@ -84,7 +82,7 @@ impl MemberRuntime {
         loop {
             while let Some(step) = steps.pop_front() {
                 match step {
-                    Step::Heartbeat(beat) => inflight = Some(self.send_heartbeat(beat)),
+                    Step::Heartbeat(beat) => inflight = self.send_heartbeat(beat).fuse(),
                     Step::Leave => {
                         self.leave(true, m.session()).await;
                         steps.extend(m.handle(Event::Left, Instant::now()));
@@ -99,10 +97,7 @@ impl MemberRuntime {
             let event = tokio::select! {
                 _ = shutdown.cancelled(), if !m.is_leaving() => Some(Event::Shutdown),
                 Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => self.worker_exited(joined),
-                answered = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
-                    inflight = None;
-                    Some(answered)
-                }
+                answered = &mut inflight, if !inflight.is_terminated() => Some(answered),
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Some(Event::Tick),
                 // The data Redis' health changed: the machine looks again (join, step aside, return).
                 changed = health.changed(), if health_watched => {
@@ -215,7 +210,7 @@ impl MemberRuntime {
         let panic = joined.err().and_then(|e| e.try_into_panic().ok());
         let shard = self.task_shard.remove(&id)?;
         let refused = self.flags.remove(&shard)?.refused.load(Relaxed);
-        let panic = panic.map(|p| panic_text(p.as_ref()));
+        let panic = panic.map(|p| crate::handler::panic_text(p.as_ref()));
         Some(Event::WorkerExited(shard, panic, refused))
     }
 
@@ -246,11 +241,10 @@ impl MemberRuntime {
                 _ => self.coord.leave(group, member, incarnation, timeout).await,
             };
             match left {
-                Ok(()) if step_away => {
-                    info!(
-                        "left the group for a restart (static member): the shards wait for this id"
-                    )
-                }
+                Ok(()) if step_away => info!(
+                    "left the group for a restart (static member): \
+                     the shards wait for this id"
+                ),
                 Ok(()) => info!("left the group"),
                 Err(e) if e.code() == Some(ErrorCode::UnknownMemberId) => {}
                 Err(e) if e.is_retriable() && attempt < 3 => {
@@ -275,7 +269,7 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
         let mut drained = Vec::new();
         for &shard in candidates {
             let key = rsc_protocol::routing::shard_key(&shared.stream, shard);
-            match drain_state(&mut conn, &key, &shared.group).await {
+            match crate::consumer::drain::drain_state(&mut conn, &key, &shared.group).await {
                 Ok(state) if state.is_drained() => drained.push(shard),
                 Ok(state) => debug!(
                     shard,

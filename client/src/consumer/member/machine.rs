@@ -21,7 +21,6 @@
 //!   heartbeating meanwhile, then leave with epoch −1 so the shards move on at once.
 
 use super::phase::{Exit, Phase, StopReason};
-use crate::consumer::backoff::Backoff;
 use crate::consumer::health::DataRedis;
 use crate::consumer::heartbeats::grid_point;
 use crate::consumer::lease::Lease;
@@ -70,7 +69,7 @@ pub(crate) struct Config {
     /// The process-wide grid of batched heartbeats (`None`: the single route).
     pub(crate) grid: Option<Instant>,
     /// The backoff of failed heartbeats.
-    pub(crate) backoff: Backoff,
+    pub(crate) backoff: crate::consumer::backoff::Backoff,
 }
 
 /// A heartbeat to send (its answer comes back as [`Event::Answered`]).

@@ -2,6 +2,7 @@
 //! clock is an instant the test moves).
 
 use super::*;
+use crate::consumer::backoff::Backoff;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
