@@ -138,7 +138,10 @@ impl MemberRuntime {
         (self.shared.joined).store(false, Relaxed);
         let (group, member) = (self.shared.group.clone(), self.shared.member_id.clone());
         Err(match exit {
-            Exit::Leave => return Ok(self.leave(false, session).await),
+            Exit::Leave => {
+                self.leave(false, session).await;
+                return Ok(());
+            }
             Exit::Panicked(shard, message) => ClientError::Panicked {
                 group,
                 member,

@@ -264,8 +264,7 @@ impl Member {
             Event::Shutdown | Event::Woken | Event::Tick => {}
             Event::DataRedis(data) => self.data = data,
             Event::Left => {
-                self.waiting = false;
-                self.phase = Phase::Aside { left: true };
+                (self.waiting, self.phase) = (false, Phase::Aside { left: true });
                 self.epoch = MemberEpoch::JOIN.get();
                 self.assignment.clear();
                 self.tokens.clear();
@@ -292,8 +291,7 @@ impl Member {
                 Phase::Aside { left: false } => Some(Step::Leave),
                 Phase::Aside { left: true } if self.data.is_up() => {
                     info!("the data Redis answers again: joining the group again");
-                    self.phase = Phase::Joining;
-                    self.next_heartbeat = self.now;
+                    (self.phase, self.next_heartbeat) = (Phase::Joining, self.now);
                     None
                 }
                 _ => None,
@@ -307,7 +305,18 @@ impl Member {
             self.self_fence();
         }
         if self.due(self.aside_deadline()) {
-            self.give_shards_back();
+            // The data Redis has not answered within the grace: stop every worker, then leave
+            // the group (above), so that members that can read take the shards.
+            warn!(grace_ms = self.cfg.data_redis_grace.as_millis() as u64,
+                shards = ?self.slots.keys().collect::<Vec<_>>(),
+                "the data Redis has not answered within the grace: giving the shards back \
+                 (leaving the group) until it answers again");
+            self.count("rsc_client_stepped_aside_total");
+            self.phase.step_aside();
+            self.stop_all(StopReason::Aside);
+            // The workers' Redis calls could only time out (each after seconds, with retries):
+            // past a short bound for the handlers in flight, the workers end where they are.
+            self.abandon_at = Some(self.now + ABANDON_AFTER);
         }
         if self.due(self.revocation_deadline()) {
             self.cut_revocation_short();
@@ -323,18 +332,15 @@ impl Member {
 
     /// When the member must be woken (a [`Event::Tick`]) if nothing else happens first.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        if self.waiting {
-            return None;
-        }
-        let beat = self.may_send().then_some(self.next_heartbeat);
         let timers = [
-            beat,
+            self.may_send().then_some(self.next_heartbeat),
             self.fence_deadline(),
             self.aside_deadline(),
             self.revocation_deadline(),
             self.abandon_at,
         ];
-        timers.into_iter().flatten().min()
+        // None while waiting.
+        timers.into_iter().flatten().min().filter(|_| !self.waiting)
     }
 
     /// Whether the member is in its group in good standing (readiness).
@@ -387,37 +393,19 @@ impl Member {
         metrics::counter!(name, "group" => self.cfg.group.clone()).increment(1);
     }
 
-    /// The data Redis has not answered within the grace: stop every worker, then leave the
-    /// group (see [`Self::poll`]), so that members that can read take the shards.
-    fn give_shards_back(&mut self) {
-        warn!(grace_ms = self.cfg.data_redis_grace.as_millis() as u64,
-            shards = ?self.slots.keys().collect::<Vec<_>>(),
-            "the data Redis has not answered within the grace: giving the shards back \
-             (leaving the group) until it answers again");
-        self.count("rsc_client_stepped_aside_total");
-        self.phase.step_aside();
-        self.stop_all(StopReason::Aside);
-        // The workers' Redis calls could only time out (each after seconds, with retries):
-        // past a short bound for the handlers in flight, the workers end where they are.
-        self.abandon_at = Some(self.now + ABANDON_AFTER);
-    }
-
     fn send_heartbeat(&mut self) {
-        self.report_now = false;
-        self.in_flight = true;
+        (self.report_now, self.in_flight) = (false, true);
         let drained = |t: Instant| self.now - t >= self.cfg.drain_grace;
-        let drain_candidates = (self.slots.iter())
-            .filter(|(_, s)| s.stopping.is_none() && s.draining_since.is_some_and(drained))
-            .map(|(k, _)| *k)
-            .collect();
-        let timeout = (self.session).map_or(JOIN_TIMEOUT, |s| {
-            (s / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
-        });
         self.out.push(Step::Heartbeat(Beat {
             epoch: self.epoch,
             owned: self.slots.keys().copied().collect(),
-            drain_candidates,
-            timeout,
+            drain_candidates: (self.slots.iter())
+                .filter(|(_, s)| s.stopping.is_none() && s.draining_since.is_some_and(drained))
+                .map(|(k, _)| *k)
+                .collect(),
+            timeout: (self.session).map_or(JOIN_TIMEOUT, |s| {
+                (s / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
+            }),
         }));
     }
 
@@ -429,16 +417,14 @@ impl Member {
         if self.failures > 0 {
             info!(failures = self.failures, "coordinator reachable again");
         }
-        self.failures = 0;
-        self.in_use_until = None;
+        (self.failures, self.in_use_until) = (0, None);
         self.cfg.backoff.reset();
         if MemberEpoch::new(sent_epoch).is_join() {
             info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
         }
         self.phase.answered();
         self.epoch = resp.member_epoch;
-        let session = Duration::from_millis(resp.session_timeout_ms);
-        self.session = Some(session);
+        let session = *(self.session).insert(Duration::from_millis(resp.session_timeout_ms));
         self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
         self.rebalance = Duration::from_millis(resp.rebalance_timeout_ms);
         self.start = resp.start;
@@ -469,7 +455,16 @@ impl Member {
             Some(ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch) => {
                 warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
                 self.count("rsc_client_rejoins_total");
-                if self.fenced_too_often() {
+                // Several forced rejoins within a minute hint at a member id shared by two
+                // processes (one that names no incarnation, e.g. an older client, since the
+                // join of a second live process run is refused).
+                self.recent_fences.push_back(self.now);
+                (self.recent_fences).retain(|t| self.now - *t <= Duration::from_secs(60));
+                if self.recent_fences.len() >= 3 {
+                    warn!(member = %self.cfg.member_id, fences = self.recent_fences.len(),
+                        "fenced again within a minute: is another process using the same member id?");
+                }
+                if self.recent_fences.len() >= FENCE_LOOP_LIMIT {
                     error!(error = %e, member = %self.cfg.member_id, fences = FENCE_LOOP_LIMIT,
                         "fenced {FENCE_LOOP_LIMIT} times within a minute: stopping rather than \
                          fence another process in a loop. Is another process using the same member id? \
@@ -514,19 +509,6 @@ impl Member {
         self.stop_all(StopReason::Shutdown);
     }
 
-    /// A rejoin forced by the coordinator: several within a minute hint at a member id
-    /// shared by two processes (one that names no incarnation, e.g. an older client, since
-    /// the join of a second live process run is refused). `true` at [`FENCE_LOOP_LIMIT`].
-    fn fenced_too_often(&mut self) -> bool {
-        self.recent_fences.push_back(self.now);
-        (self.recent_fences).retain(|t| self.now - *t <= Duration::from_secs(60));
-        if self.recent_fences.len() >= 3 {
-            warn!(member = %self.cfg.member_id, fences = self.recent_fences.len(),
-                "fenced again within a minute: is another process using the same member id?");
-        }
-        self.recent_fences.len() >= FENCE_LOOP_LIMIT
-    }
-
     /// `MEMBER_ID_IN_USE`: another process run holds this member id. Either this pod came
     /// back after a crash (the old run's session has to run out first: the coordinator says
     /// when) or two live processes share an id (the holder keeps heartbeating, so the
@@ -543,9 +525,8 @@ impl Member {
         }
         warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
             "member id held by another process run: retrying when its session runs out");
-        let retry = (wait + Duration::from_millis(20))
-            .clamp(Duration::from_millis(100), Duration::from_secs(5));
-        self.next_heartbeat = self.now + retry;
+        let ms = Duration::from_millis;
+        self.next_heartbeat = self.now + (wait + ms(20)).clamp(ms(100), Duration::from_secs(5));
     }
 
     /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins
@@ -569,11 +550,9 @@ impl Member {
     }
 
     fn stop_all(&mut self, why: StopReason) {
-        for (shard, slot) in &mut self.slots {
-            if slot.stopping.is_none() {
-                slot.stopping = Some(why);
-                self.out.push(Step::Stop(*shard));
-            }
+        for (shard, slot) in self.slots.iter_mut().filter(|(_, s)| s.stopping.is_none()) {
+            slot.stopping = Some(why);
+            self.out.push(Step::Stop(*shard));
         }
     }
 
@@ -611,18 +590,16 @@ impl Member {
             self.out.push(Step::Assigned(new));
             // Report the shards as owned at once (as KIP-848 members acknowledge a new
             // assignment), so the group is stable a heartbeat interval sooner.
-            self.next_heartbeat = self.now;
-            self.report_now = true;
+            (self.next_heartbeat, self.report_now) = (self.now, true);
         }
     }
 
     /// When this member stops waiting for the handler calls of the shards it revokes: the
     /// group's rebalance timeout, less a margin, after it was asked (PROTOCOL §5.3).
     fn revocation_deadline(&self) -> Option<Instant> {
-        let since = self.revoking_since?;
-        let waiting =
-            (self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked) && !s.cut_short);
-        waiting.then(|| since + revocation_budget(self.rebalance, self.interval))
+        let waiting = |s: &Slot| s.stopping == Some(StopReason::Revoked) && !s.cut_short;
+        let since = (self.revoking_since).filter(|_| self.slots.values().any(waiting))?;
+        Some(since + revocation_budget(self.rebalance, self.interval))
     }
 
     /// The revocation's deadline came: the workers of the revoked shards drop the handler
@@ -655,9 +632,8 @@ impl Member {
             start: self.start,
             draining,
         }));
-        let draining_since = draining.then_some(self.now);
         let slot = Slot {
-            draining_since,
+            draining_since: draining.then_some(self.now),
             ..Slot::default()
         };
         self.slots.insert(shard, slot);
@@ -687,19 +663,16 @@ impl Member {
             warn!(shard, "shard dropped: fenced on the data path");
             self.count("rsc_client_fenced_shards_total");
             self.assignment.remove(&shard);
-            self.next_heartbeat = self.now;
-            self.report_now = true;
+            (self.next_heartbeat, self.report_now) = (self.now, true);
             return;
         }
-        if !(self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked)) {
-            self.revoking_since = None;
-        }
+        let revoking = (self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked));
+        self.revoking_since = self.revoking_since.filter(|_| revoking);
         match slot.stopping {
             Some(StopReason::Revoked) => {
                 info!(shard, "shard released");
                 // Report the revocation at once rather than at the next interval.
-                self.next_heartbeat = self.now;
-                self.report_now = true;
+                (self.next_heartbeat, self.report_now) = (self.now, true);
             }
             Some(_) => {}
             None => warn!(shard, "shard worker exited on its own"),
