@@ -492,11 +492,11 @@ impl ConsumerApp {
                 }
                 // The coordinator refuses a longer field (PROTOCOL §4.3).
                 .within_limits();
-                let signal = wake_signals
+                let wake = wake_signals
                     .get(&(shared.group.clone(), member_id.clone()))
                     .cloned();
-                let member = MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info)
-                    .with_wake(signal);
+                let member =
+                    MemberRuntime::new(shared, coord.clone(), heartbeats.clone(), info, wake);
                 let task = members.tasks.spawn(member.run(shutdown.child_token()));
                 members
                     .names

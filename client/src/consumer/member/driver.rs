@@ -4,29 +4,25 @@
 //! shutdown signal, and carries out each [`Step`] (heartbeats on the coordinator, shard
 //! workers as tasks, the listener's callbacks, the leave). Handlers run in the workers' tasks.
 
-use super::machine::{Beat, Config, Event, Exit, Member, Step};
+use super::machine::{Beat, Config, Event, Member, Start, Step};
+use super::phase::Exit;
 use crate::consumer::MemberShared;
 use crate::consumer::backoff::Backoff;
-use crate::consumer::drain::drain_state;
 use crate::consumer::heartbeats::Heartbeats;
 use crate::consumer::worker::{ShardFlags, ShardWorker};
-use crate::error::{ClientError, CoordinatorError};
-use crate::handler::panic_text;
+use crate::error::ClientError;
 use crate::listener::Rebalance;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Fuse, FusedFuture, FutureExt};
 use rsc_api::CoordinatorClient;
-use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, HeartbeatResponse, MemberEpoch};
+use rsc_protocol::{ClientInfo, ErrorCode, HeartbeatRequest, MemberEpoch, OrderingMode};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
-use tokio::task::{Id, JoinSet};
+use tokio::task::{Id, JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
-
-type HeartbeatFuture =
-    BoxFuture<'static, (Instant, i64, Result<HeartbeatResponse, CoordinatorError>)>;
+use tracing::{debug, info, warn};
 
 /// One member of a group: `<instance>-<listener>-<index>`.
 pub(crate) struct MemberRuntime {
@@ -44,67 +40,49 @@ pub(crate) struct MemberRuntime {
 }
 
 impl MemberRuntime {
+    /// A member that heartbeats at once whenever `wake` is notified (the wake-up channel).
     pub(crate) fn new(
         shared: Arc<MemberShared>,
         coord: CoordinatorClient,
         heartbeats: Heartbeats,
         client_info: ClientInfo,
+        wake: Option<Arc<tokio::sync::Notify>>,
     ) -> Self {
         MemberRuntime {
             shared,
             coord,
             heartbeats,
             client_info,
-            wake: None,
+            wake,
             tasks: JoinSet::new(),
             task_shard: HashMap::new(),
             flags: BTreeMap::new(),
         }
     }
 
-    /// Heartbeats at once whenever `signal` is notified (the wake-up channel).
-    pub(crate) fn with_wake(mut self, signal: Option<Arc<tokio::sync::Notify>>) -> Self {
-        self.wake = signal;
-        self
-    }
-
     /// Runs until `shutdown` is cancelled (then leaves the group) or a fatal refusal.
-    pub(crate) async fn run(self, shutdown: CancellationToken) -> Result<(), ClientError> {
-        let span =
-            info_span!("member", group = %self.shared.group, member = %self.shared.member_id);
-        self.run_inner(shutdown).instrument(span).await
-    }
-
-    fn machine(&self) -> Member {
-        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    #[tracing::instrument(name = "member", skip_all, fields(group = %self.shared.group, member = %self.shared.member_id))]
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ClientError> {
         let cfg = Config {
             group: self.shared.group.clone(),
             member_id: self.shared.member_id.clone(),
             drain_grace: self.shared.listener.settings.drain_grace,
             data_redis_grace: self.shared.data_redis_grace,
             grid: self.heartbeats.grid(),
-            backoff,
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(2)),
         };
-        Member::new(cfg, Instant::now())
-    }
-
-    fn health(&self) -> Event {
-        let health = self.shared.data_health.borrow();
-        let (up, down_since) = (health.is_up(), health.down_since());
-        Event::DataRedis { up, down_since }
-    }
-
-    async fn run_inner(mut self, shutdown: CancellationToken) -> Result<(), ClientError> {
-        let mut m = self.machine();
-        let mut inflight: Option<HeartbeatFuture> = None;
+        let mut m = Member::new(cfg, Instant::now());
         let wake = self.wake.clone();
+        // The heartbeat in flight: its answer, for the machine.
+        let mut inflight: Fuse<BoxFuture<'static, Event>> = Fuse::terminated();
         let mut health = self.shared.data_health.clone();
         let mut health_watched = true;
-        let mut steps: VecDeque<Step> = m.handle(self.health(), Instant::now()).into();
+        let first = Event::DataRedis(health.borrow().clone());
+        let mut steps: VecDeque<Step> = m.handle(first, Instant::now()).into();
         loop {
             while let Some(step) = steps.pop_front() {
                 match step {
-                    Step::Heartbeat(beat) => inflight = Some(self.send_heartbeat(beat)),
+                    Step::Heartbeat(beat) => inflight = self.send_heartbeat(beat).fuse(),
                     Step::Leave => {
                         self.leave(true, m.session()).await;
                         steps.extend(m.handle(Event::Left, Instant::now()));
@@ -114,25 +92,17 @@ impl MemberRuntime {
                 }
             }
             // Readiness: a member in good standing (not joining, fenced, aside or leaving).
-            (self.shared.joined).store(m.is_member(), Ordering::Relaxed);
+            (self.shared.joined).store(m.is_member(), Relaxed);
             let deadline = m.deadline();
             let event = tokio::select! {
                 _ = shutdown.cancelled(), if !m.is_leaving() => Some(Event::Shutdown),
-                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
-                    self.worker_exited(joined)
-                }
-                (sent_at, epoch, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
-                    inflight = None;
-                    if let Ok(resp) = &result {
-                        self.take_group_terms(resp);
-                    }
-                    Some(Event::Answered { sent_at, epoch, result })
-                }
+                Some(joined) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => self.worker_exited(joined),
+                answered = &mut inflight, if !inflight.is_terminated() => Some(answered),
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Some(Event::Tick),
                 // The data Redis' health changed: the machine looks again (join, step aside, return).
                 changed = health.changed(), if health_watched => {
                     health_watched = changed.is_ok();
-                    Some(self.health())
+                    Some(Event::DataRedis(health.borrow().clone()))
                 }
                 _ = async { wake.as_ref().expect("guarded").notified().await }, if wake.is_some() && m.wakeable() => Some(Event::Woken),
             };
@@ -145,83 +115,52 @@ impl MemberRuntime {
         }
     }
 
-    /// What every worker of the group needs from an answer before the machine starts any:
-    /// the operator's pause and the group's ordering.
-    fn take_group_terms(&self, resp: &HeartbeatResponse) {
-        if self.shared.pause.set_by_group(resp.paused) {
-            info!(
-                paused = resp.paused,
-                "group {} by an operator",
-                if resp.paused { "paused" } else { "resumed" }
-            );
-        }
-        (self.shared.ordered).store(
-            resp.ordering == rsc_protocol::OrderingMode::Key,
-            Ordering::Relaxed,
-        );
-    }
-
     /// Does what a step asks of the workers and the listener.
     fn carry_out(&mut self, step: Step) {
-        let flags = |shard| self.flags.get(&shard);
+        let (l, map) = (&self.shared.listener, &self.flags);
+        // The flags of these shards' workers.
+        let of = |shards: Vec<u32>| shards.into_iter().filter_map(move |s| map.get(&s));
         match step {
-            Step::Start {
-                shard,
-                token,
-                start,
-                draining,
-            } => self.spawn_worker(shard, token, start, draining),
-            Step::Stop(shard) => flags(shard).into_iter().for_each(|f| f.stop.cancel()),
-            Step::Draining(shard, on) => {
-                (flags(shard).into_iter()).for_each(|f| f.draining.store(on, Ordering::Relaxed));
-            }
-            Step::Token(shard, token) => flags(shard).into_iter().for_each(|f| {
-                f.set_token(token.clone());
-            }),
-            Step::CutShort(shards) => {
-                (shards.into_iter().filter_map(flags)).for_each(|f| f.cut_short.cancel())
-            }
-            Step::Abandon(shards) => {
-                (shards.into_iter().filter_map(flags)).for_each(|f| f.abandon.cancel())
-            }
-            Step::Assigned(shards) => self.callback(true, shards),
-            Step::Released(shard) => self.callback(false, vec![shard]),
-            Step::Heartbeat(_) | Step::Leave | Step::Exit(_) => {
-                unreachable!("carried out by the loop")
-            }
+            Step::Start(start) => self.spawn_worker(start),
+            Step::Stop(s) => of(vec![s]).for_each(|f| f.stop.cancel()),
+            Step::Draining(s, on) => of(vec![s]).for_each(|f| f.draining.store(on, Relaxed)),
+            Step::Token(s, token) => of(vec![s]).for_each(|f| f.set_token(token.clone())),
+            Step::CutShort(shards) => of(shards).for_each(|f| f.cut_short.cancel()),
+            Step::Abandon(shards) => of(shards).for_each(|f| f.abandon.cancel()),
+            Step::Assigned(shards) => self.callback(l.on_assigned.as_deref(), shards),
+            Step::Released(shard) => self.callback(l.on_revoked.as_deref(), vec![shard]),
+            Step::Heartbeat(_) | Step::Leave | Step::Exit(_) => unreachable!("done by the loop"),
         }
     }
 
     /// Once every worker stopped while leaving: leaves the group, or reports why not.
     async fn finish(self, exit: Exit, session: Option<Duration>) -> Result<(), ClientError> {
-        (self.shared.joined).store(false, Ordering::Relaxed);
-        let group = self.shared.group.clone();
-        let member = self.shared.member_id.clone();
-        match exit {
-            Exit::Panicked { shard, message } => Err(ClientError::Panicked {
+        (self.shared.joined).store(false, Relaxed);
+        let (group, member) = (self.shared.group.clone(), self.shared.member_id.clone());
+        Err(match exit {
+            Exit::Leave => {
+                self.leave(false, session).await;
+                return Ok(());
+            }
+            Exit::Panicked(shard, message) => ClientError::Panicked {
                 group,
                 member,
                 shard: Some(shard),
                 message,
-            }),
-            Exit::Rejected(source) => Err(ClientError::MemberRejected {
+            },
+            Exit::Rejected(source) => ClientError::MemberRejected {
                 group,
                 member,
                 source,
-            }),
-            Exit::Leave => {
-                self.leave(false, session).await;
-                Ok(())
-            }
-        }
+            },
+        })
     }
 
-    fn send_heartbeat(&self, beat: Beat) -> HeartbeatFuture {
+    fn send_heartbeat(&self, beat: Beat) -> BoxFuture<'static, Event> {
         // Draining shards the worker found empty, drained for longer than the grace: checked
         // again in Redis right before the heartbeat goes out (see `drain`).
-        let candidates: Vec<u32> = (beat.drain_candidates.into_iter())
-            .filter(|s| (self.flags.get(s)).is_some_and(|f| f.drained.load(Ordering::Relaxed)))
-            .collect();
+        let mut candidates = beat.drain_candidates;
+        candidates.retain(|s| (self.flags.get(s)).is_some_and(|f| f.drained.load(Relaxed)));
         let mut req = HeartbeatRequest {
             protocol_version: rsc_protocol::PROTOCOL_VERSION,
             member_id: self.shared.member_id.clone(),
@@ -229,74 +168,57 @@ impl MemberRuntime {
             owned_shards: Some(beat.owned),
             drained_shards: Vec::new(),
             client: Some(self.client_info.clone()),
-            incarnation: if MemberEpoch::new(beat.epoch).is_join() {
-                self.shared.incarnation.clone()
-            } else {
-                None
-            },
+            // A join names the process run.
+            incarnation: (self.shared.incarnation.clone())
+                .filter(|_| MemberEpoch::new(beat.epoch).is_join()),
         };
-        let (heartbeats, shared, timeout) =
-            (self.heartbeats.clone(), self.shared.clone(), beat.timeout);
+        let (heartbeats, shared) = (self.heartbeats.clone(), self.shared.clone());
+        let (epoch, timeout) = (beat.epoch, beat.timeout);
         Box::pin(async move {
             if !candidates.is_empty() {
                 req.drained_shards = confirm_drained(&shared, &candidates, timeout).await;
             }
-            let epoch = req.member_epoch;
             // `sent_at`: when the request carrying it (alone or batched) was sent.
             let (sent_at, r) = heartbeats.heartbeat(&shared.group, req, timeout).await;
-            (sent_at, epoch, r)
+            // What every worker of the group needs from an answer before the machine starts
+            // any: the operator's pause and the group's ordering.
+            if let Ok(resp) = &r {
+                if shared.pause.set_by_group(resp.paused) {
+                    let what = if resp.paused { "paused" } else { "resumed" };
+                    info!(paused = resp.paused, "group {what} by an operator");
+                }
+                (shared.ordered).store(resp.ordering == OrderingMode::Key, Relaxed);
+            }
+            Event::Answered(sent_at, epoch, r)
         })
     }
 
-    fn spawn_worker(
-        &mut self,
-        shard: u32,
-        token: Option<String>,
-        start: rsc_protocol::StartPosition,
-        draining: bool,
-    ) {
+    fn spawn_worker(&mut self, s: Start) {
         let stop = CancellationToken::new();
         let flags = Arc::new(ShardFlags {
             stop: stop.clone(),
-            token: std::sync::Mutex::new(token),
-            draining: draining.into(),
+            token: std::sync::Mutex::new(s.token),
+            draining: s.draining.into(),
             ..ShardFlags::default()
         });
-        let worker = ShardWorker::new(self.shared.clone(), shard, start, stop, flags.clone());
+        let worker = ShardWorker::new(self.shared.clone(), s.shard, s.start, stop, flags.clone());
         let handle = self.tasks.spawn(worker.run());
-        self.task_shard.insert(handle.id(), shard);
-        self.flags.insert(shard, flags);
+        self.task_shard.insert(handle.id(), s.shard);
+        self.flags.insert(s.shard, flags);
     }
 
     /// A worker's task ended: what the machine is told (nothing for a task it never knew).
-    fn worker_exited(
-        &mut self,
-        joined: Result<(Id, u32), tokio::task::JoinError>,
-    ) -> Option<Event> {
-        let (id, panic) = match joined {
-            Ok((id, _)) => (id, None),
-            Err(e) => (
-                e.id(),
-                e.try_into_panic().ok().map(|p| panic_text(p.as_ref())),
-            ),
-        };
+    fn worker_exited(&mut self, joined: Result<(Id, u32), JoinError>) -> Option<Event> {
+        let id = joined.as_ref().map_or_else(JoinError::id, |(id, _)| *id);
+        let panic = joined.err().and_then(|e| e.try_into_panic().ok());
         let shard = self.task_shard.remove(&id)?;
-        let flags = self.flags.remove(&shard)?;
-        let refused = flags.refused.load(Ordering::Relaxed);
-        Some(Event::WorkerExited {
-            shard,
-            panic,
-            refused,
-        })
+        let refused = self.flags.remove(&shard)?.refused.load(Relaxed);
+        let panic = panic.map(|p| crate::handler::panic_text(p.as_ref()));
+        Some(Event::WorkerExited(shard, panic, refused))
     }
 
-    fn callback(&self, assigned: bool, shards: Vec<u32>) {
-        let l = &self.shared.listener;
-        let cb = if assigned {
-            &l.on_assigned
-        } else {
-            &l.on_revoked
-        };
+    /// Calls the listener's callback `cb`, if it has one, with `shards`.
+    fn callback<F: Fn(&Rebalance) + ?Sized>(&self, cb: Option<&F>, shards: Vec<u32>) {
         if let Some(cb) = cb {
             cb(&Rebalance {
                 group: self.shared.group.clone(),
@@ -310,9 +232,7 @@ impl MemberRuntime {
     /// Leaves with epoch −1, or −2 for a static member unless `for_good` (a few attempts, on
     /// each coordinator URL in turn). Nothing to leave before the first answer (`session`).
     async fn leave(&self, for_good: bool, session: Option<Duration>) {
-        let Some(session) = session else {
-            return;
-        };
+        let Some(session) = session else { return };
         let timeout = (session / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
         let (group, member) = (&self.shared.group, &self.shared.member_id);
         let incarnation = self.shared.incarnation.as_deref();
@@ -324,26 +244,22 @@ impl MemberRuntime {
                 _ => self.coord.leave(group, member, incarnation, timeout).await,
             };
             match left {
-                Ok(()) if step_away => {
-                    info!(
-                        "left the group for a restart (static member): the shards wait for this id"
-                    );
-                    return;
-                }
-                Ok(()) => {
-                    info!("left the group");
-                    return;
-                }
-                Err(e) if e.code() == Some(ErrorCode::UnknownMemberId) => return,
+                Ok(()) if step_away => info!(
+                    "left the group for a restart (static member): \
+                     the shards wait for this id"
+                ),
+                Ok(()) => info!("left the group"),
+                Err(e) if e.code() == Some(ErrorCode::UnknownMemberId) => {}
                 Err(e) if e.is_retriable() && attempt < 3 => {
                     warn!(error = %e, "leave failed; retrying");
                     tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
                 }
                 Err(e) => {
-                    warn!(error = %e, "could not leave the group: it will expire the member after the session timeout");
-                    return;
+                    warn!(error = %e, "could not leave the group: it will expire the member after the session timeout")
                 }
             }
+            return;
         }
     }
 }
@@ -356,15 +272,13 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
         let mut drained = Vec::new();
         for &shard in candidates {
             let key = rsc_protocol::routing::shard_key(&shared.stream, shard);
-            match drain_state(&mut conn, &key, &shared.group).await {
+            match crate::consumer::drain::drain_state(&mut conn, &key, &shared.group).await {
                 Ok(state) if state.is_drained() => drained.push(shard),
-                Ok(state) => {
-                    debug!(
-                        shard,
-                        ?state,
-                        "draining shard got new entries: keeps reading it"
-                    );
-                }
+                Ok(state) => debug!(
+                    shard,
+                    ?state,
+                    "draining shard got new entries: keeps reading it"
+                ),
                 Err(e) => {
                     warn!(shard, error = %e, "cannot check whether the draining shard is drained")
                 }
@@ -372,16 +286,12 @@ async fn confirm_drained(shared: &MemberShared, candidates: &[u32], timeout: Dur
         }
         drained
     };
-    match tokio::time::timeout(timeout, check).await {
-        Ok(drained) => {
-            if !drained.is_empty() {
-                info!(shards = ?drained, "reporting drained shards");
-            }
-            drained
-        }
-        Err(_) => {
-            warn!("drain check timed out: not reporting drained shards this time");
-            Vec::new()
-        }
+    let Ok(drained) = tokio::time::timeout(timeout, check).await else {
+        warn!("drain check timed out: not reporting drained shards this time");
+        return Vec::new();
+    };
+    if !drained.is_empty() {
+        info!(shards = ?drained, "reporting drained shards");
     }
+    drained
 }

@@ -20,8 +20,8 @@
 //! - **Shutdown**: stop every worker (in-flight handlers finish and are acknowledged), keep
 //!   heartbeating meanwhile, then leave with epoch −1 so the shards move on at once.
 
-use super::phase::{Phase, Standing, StopReason};
-use crate::consumer::backoff::Backoff;
+use super::phase::{Exit, Phase, StopReason};
+use crate::consumer::health::DataRedis;
 use crate::consumer::heartbeats::grid_point;
 use crate::consumer::lease::Lease;
 use crate::error::CoordinatorError;
@@ -69,7 +69,7 @@ pub(crate) struct Config {
     /// The process-wide grid of batched heartbeats (`None`: the single route).
     pub(crate) grid: Option<Instant>,
     /// The backoff of failed heartbeats.
-    pub(crate) backoff: Backoff,
+    pub(crate) backoff: crate::consumer::backoff::Backoff,
 }
 
 /// A heartbeat to send (its answer comes back as [`Event::Answered`]).
@@ -89,27 +89,17 @@ pub(crate) struct Beat {
 /// What happened, for the member.
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// The answer to the heartbeat sent at `sent_at` with `epoch`.
-    Answered {
-        sent_at: Instant,
-        epoch: i64,
-        result: Result<HeartbeatResponse, CoordinatorError>,
-    },
-    /// A shard's worker ended (`refused`: Redis refused its owner token).
-    WorkerExited {
-        shard: u32,
-        panic: Option<String>,
-        refused: bool,
-    },
+    /// The answer to the heartbeat sent at the instant with the member epoch.
+    Answered(Instant, i64, Result<HeartbeatResponse, CoordinatorError>),
+    /// A shard's worker ended: the shard, the worker's panic (outside the handler) if it
+    /// panicked, and whether Redis refused its owner token.
+    WorkerExited(u32, Option<String>, bool),
     /// The app shuts down.
     Shutdown,
     /// The coordinator changed what this member must do (the wake-up channel).
     Woken,
     /// The data Redis' health: whether it answers, and since when it has not.
-    DataRedis {
-        up: bool,
-        down_since: Option<Instant>,
-    },
+    DataRedis(DataRedis),
     /// A [`Step::Leave`] ended (left or not).
     Left,
     /// A [`Member::deadline`] came.
@@ -122,12 +112,7 @@ pub(crate) enum Step {
     /// Send this heartbeat.
     Heartbeat(Beat),
     /// Start a shard's worker.
-    Start {
-        shard: u32,
-        token: Option<String>,
-        start: StartPosition,
-        draining: bool,
-    },
+    Start(Start),
     /// Stop a shard's worker (it finishes the handler calls in flight and acknowledges).
     Stop(u32),
     /// Whether the shard is being drained (the worker checks a quiet one for emptiness).
@@ -149,19 +134,21 @@ pub(crate) enum Step {
     Exit(Exit),
 }
 
-/// How a member ends.
+/// A shard worker to start.
 #[derive(Debug)]
-pub(crate) enum Exit {
-    /// Leave the group (−1, or −2 for a static member), then end well.
-    Leave,
-    /// A shard worker panicked (outside the handler): fail with it.
-    Panicked { shard: u32, message: String },
-    /// The coordinator refused the member for good.
-    Rejected(CoordinatorError),
+pub(crate) struct Start {
+    /// Its shard.
+    pub(crate) shard: u32,
+    /// Strict fencing: the owner token it presents.
+    pub(crate) token: Option<String>,
+    /// Where the group starts reading a shard it has no position in.
+    pub(crate) start: StartPosition,
+    /// Whether the shard is being drained.
+    pub(crate) draining: bool,
 }
 
 /// What the member knows of one shard it has a worker for.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Slot {
     stopping: Option<StopReason>,
     /// Since when this member knows the shard is draining.
@@ -174,8 +161,14 @@ struct Slot {
 #[derive(Debug)]
 pub(crate) struct Member {
     cfg: Config,
+    /// The time of the event being taken.
+    now: Instant,
+    /// The steps answered to it so far.
+    out: Vec<Step>,
     phase: Phase,
     epoch: i64,
+    /// What the last answer assigns, less the shards Redis refused our token for since (not
+    /// restarted before the next answer).
     assignment: BTreeSet<u32>,
     slots: BTreeMap<u32, Slot>,
     lease: Lease,
@@ -191,8 +184,6 @@ pub(crate) struct Member {
     report_now: bool,
     /// Strict fencing: the owner token of each assigned shard (empty in lease mode).
     tokens: BTreeMap<u32, String>,
-    /// Shards Redis refused our token for: not restarted before the next answer.
-    refused: BTreeSet<u32>,
     failures: u32,
     recent_fences: VecDeque<Instant>,
     /// Static membership: joins are refused because another process holds this member id;
@@ -205,11 +196,10 @@ pub(crate) struct Member {
     /// When the workers stopped on giving the shards back are abandoned.
     abandon_at: Option<Instant>,
     in_flight: bool,
-    /// A [`Step::Leave`] is under way.
-    leaving_now: bool,
-    data_up: bool,
-    data_down_since: Option<Instant>,
-    ended: bool,
+    data: DataRedis,
+    /// Nothing is due until [`Event::Left`] (a [`Step::Leave`] is under way), or ever again
+    /// (the member ended).
+    waiting: bool,
 }
 
 impl Member {
@@ -217,6 +207,8 @@ impl Member {
     pub(crate) fn new(cfg: Config, now: Instant) -> Self {
         Member {
             cfg,
+            now,
+            out: Vec::new(),
             phase: Phase::Joining,
             epoch: MemberEpoch::JOIN.get(),
             assignment: BTreeSet::new(),
@@ -230,116 +222,125 @@ impl Member {
             next_heartbeat: now,
             report_now: false,
             tokens: BTreeMap::new(),
-            refused: BTreeSet::new(),
             failures: 0,
             recent_fences: VecDeque::new(),
             in_use_until: None,
             revoking_since: None,
             abandon_at: None,
             in_flight: false,
-            leaving_now: false,
-            data_up: false,
-            data_down_since: None,
-            ended: false,
+            data: DataRedis::Unknown,
+            waiting: false,
         }
     }
 
     /// Takes `event` at `now`; answers what to do, in order.
     pub(crate) fn handle(&mut self, event: Event, now: Instant) -> Vec<Step> {
-        let mut out = Vec::new();
+        self.now = now;
         match event {
-            Event::Answered {
-                sent_at,
-                epoch,
-                result,
-            } => self.answered(sent_at, epoch, result, now, &mut out),
-            Event::WorkerExited {
-                shard,
-                panic,
-                refused,
-            } => self.worker_exited(shard, panic, refused, now, &mut out),
-            Event::Shutdown if !self.phase.is_leaving() => {
+            Event::Answered(sent_at, epoch, result) => {
+                self.in_flight = false;
+                match result {
+                    Ok(resp) => self.accepted(sent_at, epoch, resp),
+                    Err(e) => self.failed(e),
+                }
+                metrics::gauge!("rsc_client_owned_shards", "group" => self.cfg.group.clone(),
+                    "member" => self.cfg.member_id.clone())
+                .set(self.slots.len() as f64);
+            }
+            Event::WorkerExited(shard, panic, refused) => self.worker_exited(shard, panic, refused),
+            Event::Shutdown if !self.is_leaving() => {
                 info!(shards = ?self.slots.keys().collect::<Vec<_>>(),
                     "shutting down: finishing in-flight messages");
-                self.phase.shut_down();
-                self.stop_all(StopReason::Shutdown, &mut out);
+                self.end(Exit::Leave);
             }
-            Event::Shutdown | Event::Tick => {}
             Event::Woken if self.wakeable() => {
                 debug!("woken by the coordinator: heartbeat now");
-                if self.in_flight {
+                match self.in_flight {
                     // The answer in flight may predate the change: ask again after it.
-                    self.report_now = true;
-                } else {
-                    self.next_heartbeat = now;
+                    true => self.report_now = true,
+                    false => self.next_heartbeat = now,
                 }
             }
-            Event::Woken => {}
-            Event::DataRedis { up, down_since } => {
-                (self.data_up, self.data_down_since) = (up, down_since);
-            }
+            Event::Shutdown | Event::Woken | Event::Tick => {}
+            Event::DataRedis(data) => self.data = data,
             Event::Left => {
-                self.leaving_now = false;
-                self.phase = Phase::Aside { left: true };
+                (self.waiting, self.phase) = (false, Phase::Aside { left: true });
                 self.epoch = MemberEpoch::JOIN.get();
                 self.assignment.clear();
                 self.tokens.clear();
             }
         }
-        self.poll(now, &mut out);
-        out
+        self.poll();
+        std::mem::take(&mut self.out)
     }
 
-    /// What is due at `now` once an event was taken: the end, the steps of a member out of
-    /// the group, the deadlines that passed, the next heartbeat.
-    fn poll(&mut self, now: Instant, out: &mut Vec<Step>) {
-        if self.ended || self.leaving_now {
+    /// What is due now once an event was taken: the end, the steps of a member out of the
+    /// group, the deadlines that passed, the next heartbeat.
+    ///
+    /// Out of the group while the data Redis does not answer, once every worker stopped and
+    /// no heartbeat is in flight, the member leaves the group (−1, static members too: the
+    /// shards must move now); once the data Redis answers again, it joins again owning
+    /// nothing.
+    fn poll(&mut self) {
+        if self.waiting {
             return;
         }
-        let idle = self.slots.is_empty() && !self.in_flight;
-        if idle && self.phase.is_leaving() {
-            self.ended = true;
-            out.push(Step::Exit(self.exit()));
-            return;
+        if self.slots.is_empty() && !self.in_flight {
+            let last = match &mut self.phase {
+                Phase::Leaving { exit, .. } => Some(Step::Exit(std::mem::take(exit))),
+                Phase::Aside { left: false } => Some(Step::Leave),
+                Phase::Aside { left: true } if self.data.is_up() => {
+                    info!("the data Redis answers again: joining the group again");
+                    (self.phase, self.next_heartbeat) = (Phase::Joining, self.now);
+                    None
+                }
+                _ => None,
+            };
+            if let Some(last) = last {
+                self.waiting = true;
+                return self.out.push(last);
+            }
         }
-        if idle && !self.aside_progress(now, out) {
-            return;
+        if self.due(self.fence_deadline()) {
+            self.self_fence();
         }
-        if self.fence_deadline().is_some_and(|d| now >= d) {
-            self.self_fence(out);
+        if self.due(self.aside_deadline()) {
+            // The data Redis has not answered within the grace: stop every worker, then leave
+            // the group (above), so that members that can read take the shards.
+            warn!(grace_ms = self.cfg.data_redis_grace.as_millis() as u64,
+                shards = ?self.slots.keys().collect::<Vec<_>>(),
+                "the data Redis has not answered within the grace: giving the shards back \
+                 (leaving the group) until it answers again");
+            self.count("rsc_client_stepped_aside_total");
+            self.phase.step_aside();
+            self.stop_all(StopReason::Aside);
+            // The workers' Redis calls could only time out (each after seconds, with retries):
+            // past a short bound for the handlers in flight, the workers end where they are.
+            self.abandon_at = Some(self.now + ABANDON_AFTER);
         }
-        if self.aside_deadline().is_some_and(|d| now >= d) {
-            self.give_shards_back(now, out);
+        if self.due(self.revocation_deadline()) {
+            self.cut_revocation_short();
         }
-        if self.revocation_deadline().is_some_and(|d| now >= d) {
-            self.cut_revocation_short(out);
-        }
-        if self.abandon_at.is_some_and(|d| now >= d) {
-            self.abandon_at = None;
+        if self.abandon_at.take_if(|at| self.now >= *at).is_some() {
             let stopping = self.slots.iter().filter(|(_, s)| s.stopping.is_some());
-            out.push(Step::Abandon(stopping.map(|(k, _)| *k).collect()));
+            (self.out).push(Step::Abandon(stopping.map(|(k, _)| *k).collect()));
         }
-        if self.may_send() && now >= self.next_heartbeat {
-            out.push(Step::Heartbeat(self.send_heartbeat(now)));
+        if self.may_send() && self.now >= self.next_heartbeat {
+            self.send_heartbeat();
         }
     }
 
     /// When the member must be woken (a [`Event::Tick`]) if nothing else happens first.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        if self.ended || self.leaving_now {
-            return None;
-        }
-        let beat = self.may_send().then_some(self.next_heartbeat);
-        [
-            beat,
+        let timers = [
+            self.may_send().then_some(self.next_heartbeat),
             self.fence_deadline(),
             self.aside_deadline(),
             self.revocation_deadline(),
             self.abandon_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        ];
+        // None while waiting.
+        timers.into_iter().flatten().min().filter(|_| !self.waiting)
     }
 
     /// Whether the member is in its group in good standing (readiness).
@@ -349,12 +350,12 @@ impl Member {
 
     /// Whether the member is shutting down.
     pub(crate) fn is_leaving(&self) -> bool {
-        self.phase.is_leaving()
+        matches!(self.phase, Phase::Leaving { .. })
     }
 
     /// Whether a wake-up would make it heartbeat sooner.
     pub(crate) fn wakeable(&self) -> bool {
-        self.session.is_some() && !self.phase.is_leaving()
+        self.session.is_some() && !self.is_leaving()
     }
 
     /// The group's session timeout, once an answer told it.
@@ -367,173 +368,63 @@ impl Member {
         self.lease.deadline()
     }
 
+    /// Whether `deadline` has come.
+    fn due(&self, deadline: Option<Instant>) -> bool {
+        deadline.is_some_and(|d| self.now >= d)
+    }
+
     fn may_send(&self) -> bool {
-        !self.in_flight && self.phase.may_heartbeat(self.slots.is_empty()) && self.may_join()
+        !self.in_flight && (self.phase).may_heartbeat(self.slots.is_empty(), self.data.is_up())
     }
 
     fn fence_deadline(&self) -> Option<Instant> {
-        (!self.slots.is_empty())
-            .then(|| self.lease.fence_deadline())
-            .flatten()
-    }
-
-    fn exit(&mut self) -> Exit {
-        let phase = std::mem::replace(&mut self.phase, Phase::leaving());
-        match phase {
-            Phase::Leaving {
-                panicked: Some((shard, message)),
-                ..
-            } => Exit::Panicked { shard, message },
-            Phase::Leaving {
-                standing: Standing::Rejected(e),
-                ..
-            } => Exit::Rejected(e),
-            _ => Exit::Leave,
-        }
-    }
-
-    /// Whether a join (epoch 0) may go out: only once the data Redis answers, so that a
-    /// member that cannot read never takes shards a healthy member could work.
-    fn may_join(&self) -> bool {
-        !matches!(self.phase, Phase::Joining | Phase::Rejoining) || self.data_up
+        (self.lease.fence_deadline()).filter(|_| !self.slots.is_empty())
     }
 
     /// When the member gives its shards back, if the data Redis keeps not answering: the
     /// grace after its first unanswered probe.
     fn aside_deadline(&self) -> Option<Instant> {
-        if !self.phase.may_step_aside() {
-            return None;
-        }
-        Some(self.data_down_since? + self.cfg.data_redis_grace)
+        let down_since = (self.data.down_since()).filter(|_| self.phase.may_step_aside());
+        down_since.map(|t| t + self.cfg.data_redis_grace)
     }
 
-    /// The data Redis has not answered within the grace: stop every worker, then leave the
-    /// group (see [`Self::aside_progress`]), so that members that can read take the shards.
-    fn give_shards_back(&mut self, now: Instant, out: &mut Vec<Step>) {
-        warn!(grace_ms = self.cfg.data_redis_grace.as_millis() as u64,
-            shards = ?self.slots.keys().collect::<Vec<_>>(),
-            "the data Redis has not answered within the grace: giving the shards back \
-             (leaving the group) until it answers again");
-        metrics::counter!("rsc_client_stepped_aside_total", "group" => self.cfg.group.clone())
-            .increment(1);
-        self.phase.step_aside();
-        self.stop_all(StopReason::Aside, out);
-        // The workers' Redis calls could only time out (each after seconds, with retries):
-        // past a short bound for the handlers in flight, the workers end where they are.
-        self.abandon_at = Some(now + ABANDON_AFTER);
+    /// Counts one event of the group in the counter `name`.
+    fn count(&self, name: &'static str) {
+        metrics::counter!(name, "group" => self.cfg.group.clone()).increment(1);
     }
 
-    /// Out of the group while the data Redis does not answer, once every worker stopped and
-    /// no heartbeat is in flight: leaves the group (−1, static members too: the shards must
-    /// move now); once the data Redis answers again, joins again owning nothing. `false`
-    /// while a leave is under way.
-    fn aside_progress(&mut self, now: Instant, out: &mut Vec<Step>) -> bool {
-        match self.phase {
-            Phase::Aside { left: false } => {
-                self.leaving_now = true;
-                out.push(Step::Leave);
-                return false;
-            }
-            Phase::Aside { left: true } if self.data_up => {
-                info!("the data Redis answers again: joining the group again");
-                self.phase = Phase::Joining;
-                self.next_heartbeat = now;
-            }
-            _ => {}
-        }
-        true
-    }
-
-    fn send_heartbeat(&mut self, now: Instant) -> Beat {
-        self.report_now = false;
-        self.in_flight = true;
-        let grace = self.cfg.drain_grace;
-        let drain_candidates = (self.slots.iter())
-            .filter(|(_, s)| {
-                s.stopping.is_none() && s.draining_since.is_some_and(|t| now - t >= grace)
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        let timeout = match self.session {
-            Some(session) => {
-                (session / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
-            }
-            None => JOIN_TIMEOUT,
-        };
-        Beat {
+    fn send_heartbeat(&mut self) {
+        (self.report_now, self.in_flight) = (false, true);
+        let drained = |t: Instant| self.now - t >= self.cfg.drain_grace;
+        self.out.push(Step::Heartbeat(Beat {
             epoch: self.epoch,
             owned: self.slots.keys().copied().collect(),
-            drain_candidates,
-            timeout,
-        }
+            drain_candidates: (self.slots.iter())
+                .filter(|(_, s)| s.stopping.is_none() && s.draining_since.is_some_and(drained))
+                .map(|(k, _)| *k)
+                .collect(),
+            timeout: (self.session).map_or(JOIN_TIMEOUT, |s| {
+                (s / 3).clamp(Duration::from_millis(500), Duration::from_secs(10))
+            }),
+        }));
     }
 
-    fn answered(
-        &mut self,
-        sent_at: Instant,
-        sent_epoch: i64,
-        result: Result<HeartbeatResponse, CoordinatorError>,
-        now: Instant,
-        out: &mut Vec<Step>,
-    ) {
-        self.in_flight = false;
-        match result {
-            Ok(resp) => self.accepted(sent_at, sent_epoch, resp, now, out),
-            Err(e) => self.failed(e, now, out),
-        }
-        metrics::gauge!("rsc_client_owned_shards", "group" => self.cfg.group.clone(),
-            "member" => self.cfg.member_id.clone())
-        .set(self.slots.len() as f64);
-    }
-
-    /// A successful heartbeat: the member's epoch, the group's terms and the lease, then the
-    /// assignment (revoke before assign) and the next heartbeat.
-    fn accepted(
-        &mut self,
-        sent_at: Instant,
-        sent_epoch: i64,
-        resp: HeartbeatResponse,
-        now: Instant,
-        out: &mut Vec<Step>,
-    ) {
+    /// A successful heartbeat: the member's epoch, the group's terms and the lease (renewed
+    /// from the sending of the heartbeat it answers), then the assignment (revoke before
+    /// assign) and the next heartbeat.
+    fn accepted(&mut self, sent_at: Instant, sent_epoch: i64, resp: HeartbeatResponse) {
         metrics::counter!("rsc_client_heartbeats_total", "group" => self.cfg.group.clone(), "result" => "ok").increment(1);
         if self.failures > 0 {
             info!(failures = self.failures, "coordinator reachable again");
         }
-        self.failures = 0;
-        self.in_use_until = None;
+        (self.failures, self.in_use_until) = (0, None);
         self.cfg.backoff.reset();
         if MemberEpoch::new(sent_epoch).is_join() {
             info!(epoch = resp.member_epoch, assignment = ?resp.assignment, "joined the group");
         }
         self.phase.answered();
-        self.renew(sent_at, &resp);
-        self.assignment = resp.assignment.into_iter().collect();
-        self.tokens = resp.owner_tokens;
-        self.hand_out_tokens(out);
-        self.refused.clear();
-        if self.reconcile(now, out) && self.revoking_since.is_none() {
-            self.revoking_since = Some(sent_at);
-        }
-        self.next_heartbeat = if self.report_now {
-            // A revocation finished while this heartbeat was in flight.
-            now
-        } else {
-            // Batched: on the process-wide grid, with the other members.
-            let periodic = match self.cfg.grid {
-                Some(base) => grid_point(base, self.interval, sent_at),
-                None => sent_at + self.interval,
-            };
-            periodic.max(now)
-        };
-    }
-
-    /// Takes the group's terms from an answer, and renews the lease from the sending of the
-    /// heartbeat it answers.
-    fn renew(&mut self, sent_at: Instant, resp: &HeartbeatResponse) {
         self.epoch = resp.member_epoch;
-        let session = Duration::from_millis(resp.session_timeout_ms);
-        self.session = Some(session);
+        let session = *(self.session).insert(Duration::from_millis(resp.session_timeout_ms));
         self.interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
         self.rebalance = Duration::from_millis(resp.rebalance_timeout_ms);
         self.start = resp.start;
@@ -541,49 +432,58 @@ impl Member {
         if self.lease.renewed(sent_at, session) {
             info!("heartbeat succeeded again: resuming");
         }
+        self.assignment = resp.assignment.into_iter().collect();
+        self.tokens = resp.owner_tokens;
+        // Strict fencing: each worker gets its shard's owner token from this answer. No tokens
+        // at all: lease fencing. A shard being revoked is not in the answer: it keeps its
+        // token (still its own) while it finishes.
+        let lease_only = self.tokens.is_empty();
+        let shards = (self.slots.keys()).filter(|s| lease_only || self.tokens.contains_key(s));
+        (self.out).extend(shards.map(|s| Step::Token(*s, self.tokens.get(s).cloned())));
+        self.reconcile(sent_at);
+        // At once if a revocation finished while this heartbeat was in flight; else batched:
+        // on the process-wide grid, with the other members.
+        let grid = (self.cfg.grid).map(|base| grid_point(base, self.interval, sent_at));
+        let periodic = grid.unwrap_or(sent_at + self.interval).max(self.now);
+        self.next_heartbeat = if self.report_now { self.now } else { periodic };
     }
 
-    /// Strict fencing: gives each worker its shard's owner token from the last answer.
-    fn hand_out_tokens(&self, out: &mut Vec<Step>) {
-        for shard in self.slots.keys() {
-            // No tokens at all: lease fencing. A shard being revoked is not in the answer:
-            // it keeps its token (still its own) while it finishes.
-            if self.tokens.is_empty() || self.tokens.contains_key(shard) {
-                out.push(Step::Token(*shard, self.tokens.get(shard).cloned()));
-            }
-        }
-    }
-
-    fn failed(&mut self, e: CoordinatorError, now: Instant, out: &mut Vec<Step>) {
+    fn failed(&mut self, e: CoordinatorError) {
         let result = e.code().map_or("transport", ErrorCode::as_str);
         metrics::counter!("rsc_client_heartbeats_total", "group" => self.cfg.group.clone(), "result" => result).increment(1);
         match e.code() {
             Some(ErrorCode::UnknownMemberId | ErrorCode::FencedMemberEpoch) => {
                 warn!(error = %e, "the coordinator no longer knows this member at this epoch: rejoining owning nothing");
-                metrics::counter!("rsc_client_rejoins_total", "group" => self.cfg.group.clone())
-                    .increment(1);
-                if self.fenced_too_often(now) {
+                self.count("rsc_client_rejoins_total");
+                // Several forced rejoins within a minute hint at a member id shared by two
+                // processes (one that names no incarnation, e.g. an older client, since the
+                // join of a second live process run is refused).
+                self.recent_fences.push_back(self.now);
+                (self.recent_fences).retain(|t| self.now - *t <= Duration::from_secs(60));
+                if self.recent_fences.len() >= 3 {
+                    warn!(member = %self.cfg.member_id, fences = self.recent_fences.len(),
+                        "fenced again within a minute: is another process using the same member id?");
+                }
+                if self.recent_fences.len() >= FENCE_LOOP_LIMIT {
                     error!(error = %e, member = %self.cfg.member_id, fences = FENCE_LOOP_LIMIT,
                         "fenced {FENCE_LOOP_LIMIT} times within a minute: stopping rather than \
                          fence another process in a loop. Is another process using the same member id? \
                          (member ids are <instance>-<listener>-<index>; give each process its own \
                          POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
-                    self.phase.rejected(e);
-                    self.stop_all(StopReason::Shutdown, out);
-                    return;
+                    return self.end(Exit::Rejected(e));
                 }
-                self.start_rejoin(out);
-                self.next_heartbeat = now;
+                self.start_rejoin();
+                self.next_heartbeat = self.now;
             }
             Some(ErrorCode::GroupNotFound) => {
                 error!(error = %e, "the group does not exist (create it with `rsc-coordinator group create`); retrying");
-                self.start_rejoin(out);
-                self.next_heartbeat = now + self.cfg.backoff.next_delay().max(self.interval);
+                self.start_rejoin();
+                self.next_heartbeat = self.now + self.cfg.backoff.next_delay().max(self.interval);
             }
-            Some(ErrorCode::MemberIdInUse) => self.id_in_use(e, now, out),
+            Some(ErrorCode::MemberIdInUse) => self.id_in_use(e),
             Some(ErrorCode::GroupMaxSizeReached) => {
                 warn!(error = %e, "the group is full; retrying");
-                self.next_heartbeat = now + self.cfg.backoff.next_delay().max(self.interval);
+                self.next_heartbeat = self.now + self.cfg.backoff.next_delay().max(self.interval);
             }
             _ if e.is_retriable() => {
                 self.failures += 1;
@@ -594,138 +494,118 @@ impl Member {
                 }
                 // Jittered backoff, but never less often than the heartbeat interval: the
                 // lease only lasts as long as a heartbeat gets through.
-                self.next_heartbeat = now + self.cfg.backoff.next_delay().min(self.interval);
+                self.next_heartbeat = self.now + self.cfg.backoff.next_delay().min(self.interval);
             }
             _ => {
                 error!(error = %e, "the coordinator refused this member; stopping it");
-                self.phase.rejected(e);
-                self.stop_all(StopReason::Shutdown, out);
+                self.end(Exit::Rejected(e));
             }
         }
     }
 
-    /// A rejoin forced by the coordinator: several within a minute hint at a member id
-    /// shared by two processes (one that names no incarnation, e.g. an older client, since
-    /// the join of a second live process run is refused). `true` at [`FENCE_LOOP_LIMIT`].
-    fn fenced_too_often(&mut self, now: Instant) -> bool {
-        self.recent_fences.push_back(now);
-        while (self.recent_fences.front()).is_some_and(|t| now - *t > Duration::from_secs(60)) {
-            self.recent_fences.pop_front();
-        }
-        if self.recent_fences.len() >= 3 {
-            warn!(member = %self.cfg.member_id, fences = self.recent_fences.len(),
-                "fenced again within a minute: is another process using the same member id?");
-        }
-        self.recent_fences.len() >= FENCE_LOOP_LIMIT
+    /// The member ends as `how` says (see [`Phase::end`]): every worker stops.
+    fn end(&mut self, how: Exit) {
+        self.phase.end(how);
+        self.stop_all(StopReason::Shutdown);
     }
 
     /// `MEMBER_ID_IN_USE`: another process run holds this member id. Either this pod came
     /// back after a crash (the old run's session has to run out first: the coordinator says
     /// when) or two live processes share an id (the holder keeps heartbeating, so the
     /// refusals outlast the first session end): then stop loudly, saying how to fix it.
-    fn id_in_use(&mut self, e: CoordinatorError, now: Instant, out: &mut Vec<Step>) {
+    fn id_in_use(&mut self, e: CoordinatorError) {
         let wait = e.retry_after().unwrap_or(self.interval);
-        let until = *self.in_use_until.get_or_insert(now + wait + IN_USE_MARGIN);
-        if now > until {
+        let until = *(self.in_use_until).get_or_insert(self.now + wait + IN_USE_MARGIN);
+        if self.now > until {
             error!(error = %e, member = %self.cfg.member_id,
                 "another live process uses this member id; stopping. Member ids are \
                  <instance>-<listener>-<index>: give each process its own instance id \
                  (POD_IP or POD_NAME, or ConsumerApp::builder().instance_id(..))");
-            self.phase.rejected(e);
-            self.stop_all(StopReason::Shutdown, out);
-            return;
+            return self.end(Exit::Rejected(e));
         }
         warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
             "member id held by another process run: retrying when its session runs out");
-        self.next_heartbeat = now
-            + (wait + Duration::from_millis(20))
-                .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let ms = Duration::from_millis;
+        self.next_heartbeat = self.now + (wait + ms(20)).clamp(ms(100), Duration::from_secs(5));
     }
 
     /// Forget the membership: stop every worker; the next heartbeat (once they stopped) joins
     /// with epoch 0 owning nothing.
-    fn start_rejoin(&mut self, out: &mut Vec<Step>) {
+    fn start_rejoin(&mut self) {
         self.phase.membership_lost();
         self.epoch = MemberEpoch::JOIN.get();
         self.assignment.clear();
-        self.stop_all(StopReason::Rejoin, out);
+        self.stop_all(StopReason::Rejoin);
     }
 
-    fn self_fence(&mut self, out: &mut Vec<Step>) {
+    fn self_fence(&mut self) {
         warn!(
             session_timeout_ms = self.session.unwrap_or_default().as_millis() as u64,
             "no successful heartbeat within the lease: stopping every shard (self-fence)"
         );
-        metrics::counter!("rsc_client_self_fenced_total", "group" => self.cfg.group.clone())
-            .increment(1);
+        self.count("rsc_client_self_fenced_total");
         self.lease.lapse();
         self.phase.lease_ran_out();
-        self.stop_all(StopReason::Fenced, out);
+        self.stop_all(StopReason::Fenced);
     }
 
-    fn stop_all(&mut self, why: StopReason, out: &mut Vec<Step>) {
-        for (shard, slot) in &mut self.slots {
-            if slot.stopping.is_none() {
-                slot.stopping = Some(why);
-                out.push(Step::Stop(*shard));
-            }
+    fn stop_all(&mut self, why: StopReason) {
+        for (shard, slot) in self.slots.iter_mut().filter(|(_, s)| s.stopping.is_none()) {
+            slot.stopping = Some(why);
+            self.out.push(Step::Stop(*shard));
         }
     }
 
-    /// Revoke what is no longer assigned, start what is newly assigned; `true` when it
-    /// started revoking shards.
-    fn reconcile(&mut self, now: Instant, out: &mut Vec<Step>) -> bool {
-        if !self.phase.can_work() {
-            return false;
+    /// Revoke what is no longer assigned (a revocation asked by the answer to the heartbeat
+    /// sent at `sent_at`), start what is newly assigned.
+    fn reconcile(&mut self, sent_at: Instant) {
+        if !self.is_member() {
+            return;
         }
         let mut revoked = Vec::new();
         for (shard, slot) in &mut self.slots {
             let draining = *shard >= self.shard_count;
             if draining != slot.draining_since.is_some() {
-                slot.draining_since = draining.then_some(now);
-                out.push(Step::Draining(*shard, draining));
+                slot.draining_since = draining.then_some(self.now);
+                self.out.push(Step::Draining(*shard, draining));
             }
             if slot.stopping.is_none() && !self.assignment.contains(shard) {
                 slot.stopping = Some(StopReason::Revoked);
-                out.push(Step::Stop(*shard));
+                self.out.push(Step::Stop(*shard));
                 revoked.push(*shard);
             }
         }
         if !revoked.is_empty() {
             info!(shards = ?revoked, "revoking shards: finishing in-flight messages");
+            self.revoking_since = self.revoking_since.or(Some(sent_at));
         }
         // An answer that comes back after its own lease ran out starts nothing.
-        let leased = self.lease.deadline().is_some_and(|d| now < d);
+        let leased = self.lease.deadline().is_some_and(|d| self.now < d);
         let new: Vec<u32> = (self.assignment.iter().copied())
-            .filter(|s| leased && !self.slots.contains_key(s) && !self.refused.contains(s))
+            .filter(|s| leased && !self.slots.contains_key(s))
             .collect();
-        for &shard in &new {
-            self.start_worker(shard, now, out);
-        }
+        new.iter().for_each(|&shard| self.start_worker(shard));
         if !new.is_empty() {
             info!(shards = ?new, "starting shards");
-            out.push(Step::Assigned(new));
+            self.out.push(Step::Assigned(new));
             // Report the shards as owned at once (as KIP-848 members acknowledge a new
             // assignment), so the group is stable a heartbeat interval sooner.
-            self.next_heartbeat = now;
-            self.report_now = true;
+            (self.next_heartbeat, self.report_now) = (self.now, true);
         }
-        !revoked.is_empty()
     }
 
     /// When this member stops waiting for the handler calls of the shards it revokes: the
     /// group's rebalance timeout, less a margin, after it was asked (PROTOCOL §5.3).
     fn revocation_deadline(&self) -> Option<Instant> {
-        let since = self.revoking_since?;
-        let waiting =
-            (self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked) && !s.cut_short);
-        waiting.then(|| since + revocation_budget(self.rebalance, self.interval))
+        let waiting = |s: &Slot| s.stopping == Some(StopReason::Revoked) && !s.cut_short;
+        let since = (self.revoking_since).filter(|_| self.slots.values().any(waiting))?;
+        Some(since + revocation_budget(self.rebalance, self.interval))
     }
 
     /// The revocation's deadline came: the workers of the revoked shards drop the handler
     /// calls still running (their entries stay pending for the next owner) and end, so that
     /// the member is not removed with every shard it owns.
-    fn cut_revocation_short(&mut self, out: &mut Vec<Step>) {
+    fn cut_revocation_short(&mut self) {
         self.revoking_since = None;
         let mut shards = Vec::new();
         for (shard, slot) in &mut self.slots {
@@ -740,84 +620,68 @@ impl Member {
             "revocation deadline: handlers still running on revoked shards are dropped \
              (their entries stay pending for the next owner) so that the member is not removed"
         );
-        metrics::counter!("rsc_client_revocations_cut_short_total",
-            "group" => self.cfg.group.clone())
-        .increment(1);
-        out.push(Step::CutShort(shards));
+        self.count("rsc_client_revocations_cut_short_total");
+        self.out.push(Step::CutShort(shards));
     }
 
-    fn start_worker(&mut self, shard: u32, now: Instant, out: &mut Vec<Step>) {
+    fn start_worker(&mut self, shard: u32) {
         let draining = shard >= self.shard_count;
-        out.push(Step::Start {
+        self.out.push(Step::Start(Start {
             shard,
             token: self.tokens.get(&shard).cloned(),
             start: self.start,
             draining,
-        });
+        }));
         let slot = Slot {
-            stopping: None,
-            draining_since: draining.then_some(now),
-            cut_short: false,
+            draining_since: draining.then_some(self.now),
+            ..Slot::default()
         };
         self.slots.insert(shard, slot);
     }
 
-    fn worker_exited(
-        &mut self,
-        shard: u32,
-        panic: Option<String>,
-        refused: bool,
-        now: Instant,
-        out: &mut Vec<Step>,
-    ) {
+    fn worker_exited(&mut self, shard: u32, panic: Option<String>, refused: bool) {
         let Some(mut slot) = self.slots.remove(&shard) else {
             return;
         };
-        if slot.stopping.is_none() && self.lease.fence_deadline().is_some_and(|d| now >= d) {
+        if slot.stopping.is_none() && self.due(self.lease.fence_deadline()) {
             // The worker saw the lease run out (PROTOCOL §5.3) before the member's timer
             // fired: the member fences now, as it would have a moment later. Otherwise, with
             // its last worker gone, it would own nothing to fence and never say it stopped.
-            self.self_fence(out);
+            self.self_fence();
             slot.stopping = Some(StopReason::Fenced);
         }
-        out.push(Step::Released(shard));
+        self.out.push(Step::Released(shard));
         if let Some(message) = panic {
             // A bug outside the handler (whose panics are failed attempts): stop loudly
             // rather than run on with a worker that may do it again.
             error!(shard, panic = %message, "shard worker panicked; stopping the member");
-            self.phase.panicked(shard, message);
-            self.stop_all(StopReason::Shutdown, out);
-            return;
+            return self.end(Exit::Panicked(shard, message));
         }
         if refused {
             // Redis refused our owner token: the shard moved on. Report owning it no more, at
             // once; start it again only if the next answer still assigns it.
             warn!(shard, "shard dropped: fenced on the data path");
-            metrics::counter!("rsc_client_fenced_shards_total", "group" => self.cfg.group.clone())
-                .increment(1);
-            self.refused.insert(shard);
-            self.next_heartbeat = now;
-            self.report_now = true;
+            self.count("rsc_client_fenced_shards_total");
+            self.assignment.remove(&shard);
+            (self.next_heartbeat, self.report_now) = (self.now, true);
             return;
         }
-        if !(self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked)) {
-            self.revoking_since = None;
-        }
+        let revoking = (self.slots.values()).any(|s| s.stopping == Some(StopReason::Revoked));
+        self.revoking_since = self.revoking_since.filter(|_| revoking);
         match slot.stopping {
             Some(StopReason::Revoked) => {
                 info!(shard, "shard released");
                 // Report the revocation at once rather than at the next interval.
-                self.next_heartbeat = now;
-                self.report_now = true;
+                (self.next_heartbeat, self.report_now) = (self.now, true);
             }
             Some(_) => {}
             None => warn!(shard, "shard worker exited on its own"),
         }
         // A shard given back while it was being revoked, or a worker that died: start again.
-        let lease_expired = self.lease.deadline().is_some_and(|d| now >= d);
-        if self.phase.can_work() && self.assignment.contains(&shard) && !lease_expired {
-            self.start_worker(shard, now, out);
-            out.push(Step::Assigned(vec![shard]));
+        let lease_expired = self.due(self.lease.deadline());
+        if self.is_member() && self.assignment.contains(&shard) && !lease_expired {
+            self.start_worker(shard);
+            self.out.push(Step::Assigned(vec![shard]));
         }
     }
 }

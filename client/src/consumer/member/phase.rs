@@ -39,65 +39,49 @@ pub(crate) enum Phase {
     /// `left`), then waits, out of the group, until the data Redis answers and joins again.
     Aside { left: bool },
     /// Shutting down (the app's signal, or a failure): every worker finishes, then the member
-    /// leaves the group.
+    /// ends as `exit` says.
     Leaving {
-        standing: Standing,
-        /// A shard worker panicked (outside the handler): `run()` fails with it.
-        panicked: Option<(u32, String)>,
+        /// Still a member: heartbeats go on while the workers finish (keeping the lease). Not
+        /// once the coordinator dropped the membership (a join would report shards that are
+        /// still stopping) or refused the member for good.
+        heartbeats: bool,
+        /// How the member ends once every worker finished.
+        exit: Exit,
     },
 }
 
-/// A leaving member's standing with the coordinator.
-#[derive(Debug)]
-pub(crate) enum Standing {
-    /// Still a member: heartbeats go on while the workers finish (keeping the lease), then
-    /// it leaves with epoch −1 (−2 for a static member).
-    Member,
-    /// The coordinator dropped the membership: no heartbeat (a join would report shards that
-    /// are still stopping).
-    Forgotten,
+/// How a member ends.
+#[derive(Debug, Default)]
+pub(crate) enum Exit {
+    /// Leave the group (−1, or −2 for a static member), then end well.
+    #[default]
+    Leave,
+    /// A shard worker panicked (outside the handler): `run()` fails with it (the shard and
+    /// the panic's message).
+    Panicked(u32, String),
     /// The coordinator refused the member for good: no heartbeat, no leave; `run()` fails.
     Rejected(CoordinatorError),
 }
 
 impl Phase {
-    pub(crate) fn leaving() -> Self {
-        Phase::Leaving {
-            standing: Standing::Member,
-            panicked: None,
-        }
-    }
-
-    pub(crate) fn is_leaving(&self) -> bool {
-        matches!(self, Phase::Leaving { .. })
-    }
-
-    /// Whether the member works its assignment (starts and restarts workers).
-    pub(crate) fn can_work(&self) -> bool {
-        matches!(self, Phase::Stable)
-    }
-
     /// Whether a heartbeat may go out now (none in flight), given whether every worker has
-    /// stopped: a rejoin waits until they have, so that it reports owning nothing.
-    pub(crate) fn may_heartbeat(&self, workers_stopped: bool) -> bool {
+    /// stopped and whether the data Redis answers. A rejoin waits until the workers have
+    /// stopped, so that it reports owning nothing; a join (epoch 0) waits until the data
+    /// Redis answers, so that a member that cannot read never takes shards a healthy member
+    /// could work.
+    pub(crate) fn may_heartbeat(&self, workers_stopped: bool, data_up: bool) -> bool {
         match self {
-            Phase::Joining | Phase::Stable | Phase::Fenced => true,
-            Phase::Rejoining => workers_stopped,
+            Phase::Stable | Phase::Fenced => true,
+            Phase::Joining => data_up,
+            Phase::Rejoining => workers_stopped && data_up,
             Phase::Aside { left } => !left,
-            Phase::Leaving { standing, .. } => match standing {
-                Standing::Member => true,
-                Standing::Forgotten => workers_stopped,
-                Standing::Rejected(_) => false,
-            },
+            Phase::Leaving { heartbeats, .. } => *heartbeats,
         }
     }
 
     /// A successful heartbeat answer: a member working its assignment (unless leaving).
     pub(crate) fn answered(&mut self) {
-        if matches!(
-            self,
-            Phase::Joining | Phase::Stable | Phase::Fenced | Phase::Rejoining
-        ) {
+        if !matches!(self, Phase::Aside { .. } | Phase::Leaving { .. }) {
             *self = Phase::Stable;
         }
     }
@@ -125,44 +109,32 @@ impl Phase {
     /// The coordinator no longer knows the member at its epoch, or its group.
     pub(crate) fn membership_lost(&mut self) {
         match self {
-            Phase::Leaving { standing, .. } => {
-                if let Standing::Member = standing {
-                    *standing = Standing::Forgotten;
-                }
-            }
+            Phase::Leaving { heartbeats, .. } => *heartbeats = false,
             // Out of the group already, as it was going to be.
             Phase::Aside { .. } => *self = Phase::Aside { left: true },
             _ => *self = Phase::Rejoining,
         }
     }
 
-    /// The app shuts down.
-    pub(crate) fn shut_down(&mut self) {
-        match self {
-            Phase::Leaving { .. } => {}
-            Phase::Rejoining | Phase::Aside { left: true } => {
-                *self = Phase::Leaving {
-                    standing: Standing::Forgotten,
-                    panicked: None,
-                }
+    /// The member ends, once every worker stopped, as `how` says: it leaves (the app shuts
+    /// down), or `run()` fails (the coordinator refused it for good, or a shard worker
+    /// panicked).
+    pub(crate) fn end(&mut self, how: Exit) {
+        if !matches!(self, Phase::Leaving { .. }) {
+            // Forgotten by the coordinator: no heartbeat for its old membership.
+            let heartbeats = !matches!(self, Phase::Rejoining | Phase::Aside { left: true });
+            *self = Phase::Leaving {
+                heartbeats,
+                exit: Exit::Leave,
+            };
+        }
+        if let Phase::Leaving { heartbeats, exit } = self {
+            // Refused for good: no more heartbeats.
+            *heartbeats &= !matches!(how, Exit::Rejected(_));
+            // A failure outranks leaving, and the first panic every other end.
+            if !matches!(exit, Exit::Panicked(..)) && !matches!(how, Exit::Leave) {
+                *exit = how;
             }
-            _ => *self = Phase::leaving(),
-        }
-    }
-
-    /// The coordinator refused the member for good.
-    pub(crate) fn rejected(&mut self, e: CoordinatorError) {
-        self.shut_down();
-        if let Phase::Leaving { standing, .. } = self {
-            *standing = Standing::Rejected(e);
-        }
-    }
-
-    /// A shard worker panicked (the first panic is the one reported).
-    pub(crate) fn panicked(&mut self, shard: u32, message: String) {
-        self.shut_down();
-        if let Phase::Leaving { panicked, .. } = self {
-            panicked.get_or_insert((shard, message));
         }
     }
 }
@@ -179,11 +151,17 @@ mod tests {
         }
     }
 
-    fn standing(phase: &Phase) -> Option<&Standing> {
+    /// A leaving phase: whether it heartbeats, and how it ends.
+    fn leaving(phase: &Phase) -> Option<(bool, &Exit)> {
         match phase {
-            Phase::Leaving { standing, .. } => Some(standing),
+            Phase::Leaving { heartbeats, exit } => Some((*heartbeats, exit)),
             _ => None,
         }
+    }
+
+    /// Whether the member works its assignment (starts and restarts workers).
+    fn works(phase: &Phase) -> bool {
+        matches!(phase, Phase::Stable)
     }
 
     #[test]
@@ -192,13 +170,13 @@ mod tests {
         p.step_aside();
         p.membership_lost();
         assert!(matches!(p, Phase::Aside { left: true }));
-        p.shut_down();
-        assert!(matches!(standing(&p), Some(Standing::Forgotten)));
+        p.end(Exit::Leave);
+        assert!(matches!(leaving(&p), Some((false, Exit::Leave))));
         let mut p = Phase::Fenced;
         p.step_aside();
-        p.shut_down();
+        p.end(Exit::Leave);
         assert!(
-            matches!(standing(&p), Some(Standing::Member)),
+            matches!(leaving(&p), Some((true, Exit::Leave))),
             "leaves as it would have"
         );
         let mut p = Phase::Joining;
@@ -212,11 +190,15 @@ mod tests {
     #[test]
     fn a_member_works_only_once_an_answer_made_it_stable() {
         let mut p = Phase::Joining;
-        assert!(!p.can_work() && p.may_heartbeat(true));
+        assert!(!works(&p) && p.may_heartbeat(true, true));
+        assert!(
+            !p.may_heartbeat(true, false),
+            "no join before the data Redis answers"
+        );
         p.lease_ran_out(); // nothing owned yet: nothing to fence
         assert!(matches!(p, Phase::Joining));
         p.answered();
-        assert!(matches!(p, Phase::Stable) && p.can_work() && p.may_heartbeat(false));
+        assert!(matches!(p, Phase::Stable) && works(&p) && p.may_heartbeat(false, false));
     }
 
     #[test]
@@ -225,7 +207,7 @@ mod tests {
         p.lease_ran_out();
         assert!(matches!(p, Phase::Fenced));
         // Fenced, it keeps heartbeating (with its workers stopping) to get the lease back.
-        assert!(!p.can_work() && p.may_heartbeat(false));
+        assert!(!works(&p) && p.may_heartbeat(false, false));
         p.answered();
         assert!(matches!(p, Phase::Stable));
     }
@@ -235,9 +217,16 @@ mod tests {
         for mut p in [Phase::Joining, Phase::Stable, Phase::Fenced] {
             p.membership_lost();
             assert!(matches!(p, Phase::Rejoining));
-            assert!(!p.can_work());
-            assert!(!p.may_heartbeat(false), "not while workers still stop");
-            assert!(p.may_heartbeat(true));
+            assert!(!works(&p));
+            assert!(
+                !p.may_heartbeat(false, true),
+                "not while workers still stop"
+            );
+            assert!(p.may_heartbeat(true, true));
+            assert!(
+                !p.may_heartbeat(true, false),
+                "no join before the data Redis answers"
+            );
             p.lease_ran_out();
             assert!(matches!(p, Phase::Rejoining));
             p.answered();
@@ -248,39 +237,39 @@ mod tests {
     #[test]
     fn leaving_heartbeats_until_the_workers_stopped_and_nothing_brings_it_back() {
         let mut p = Phase::Fenced;
-        p.shut_down();
-        assert!(matches!(standing(&p), Some(Standing::Member)));
-        assert!(!p.can_work() && p.may_heartbeat(false));
+        p.end(Exit::Leave);
+        assert!(matches!(leaving(&p), Some((true, Exit::Leave))));
+        assert!(!works(&p) && p.may_heartbeat(false, false));
         p.answered();
         p.lease_ran_out();
-        p.shut_down();
-        assert!(matches!(standing(&p), Some(Standing::Member)));
+        p.end(Exit::Leave);
+        assert!(matches!(leaving(&p), Some((true, Exit::Leave))));
         // Forgotten while leaving: no join (it would report shards still stopping).
         p.membership_lost();
-        assert!(matches!(standing(&p), Some(Standing::Forgotten)));
-        assert!(!p.may_heartbeat(false));
+        assert!(matches!(leaving(&p), Some((false, Exit::Leave))));
+        assert!(!p.may_heartbeat(false, true));
         p.answered();
-        assert!(p.is_leaving());
+        assert!(matches!(p, Phase::Leaving { .. }));
         let mut rejoining = Phase::Rejoining;
-        rejoining.shut_down();
-        assert!(matches!(standing(&rejoining), Some(Standing::Forgotten)));
+        rejoining.end(Exit::Leave);
+        assert!(matches!(leaving(&rejoining), Some((false, Exit::Leave))));
     }
 
     #[test]
     fn a_rejected_member_stops_heartbeating_and_the_first_panic_is_reported() {
         let mut p = Phase::Stable;
-        p.rejected(rejection());
-        assert!(matches!(standing(&p), Some(Standing::Rejected(_))));
-        assert!(!p.may_heartbeat(true));
-        p.panicked(3, "first".into());
-        p.panicked(4, "second".into());
-        assert!(matches!(standing(&p), Some(Standing::Rejected(_))));
-        let Phase::Leaving { panicked, .. } = &p else {
-            panic!("leaving")
-        };
-        assert_eq!(panicked.as_ref(), Some(&(3, "first".to_owned())));
+        p.end(Exit::Rejected(rejection()));
+        assert!(matches!(leaving(&p), Some((false, Exit::Rejected(_)))));
+        assert!(!p.may_heartbeat(true, true));
+        p.end(Exit::Panicked(3, "first".into()));
+        p.end(Exit::Panicked(4, "second".into()));
+        assert!(
+            matches!(leaving(&p), Some((false, Exit::Panicked(3, m))) if m == "first"),
+            "{p:?}"
+        );
         let mut p = Phase::Joining;
-        p.panicked(1, "boom".into());
-        assert!(matches!(standing(&p), Some(Standing::Member)) && p.may_heartbeat(false));
+        p.end(Exit::Panicked(1, "boom".into()));
+        assert!(matches!(leaving(&p), Some((true, Exit::Panicked(1, _)))));
+        assert!(p.may_heartbeat(false, false));
     }
 }

@@ -20,8 +20,10 @@
 //! of [`REGRESSIONS`] always run). Bugs planted on purpose ([`Plant`]) show that the checks
 //! catch a broken revoke-before-assign rule on either side.
 
-use super::machine::{Beat, Config, Event, Exit, Member, Step};
+use super::machine::{Beat, Config, Event, Member, Start, Step};
+use super::phase::Exit;
 use crate::consumer::backoff::Backoff;
+use crate::consumer::health::DataRedis;
 use crate::error::CoordinatorError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -333,14 +335,7 @@ impl Sim {
                 result,
             } if self.nodes[node].run == run => {
                 let sent_at = self.instant(sent);
-                self.feed(
-                    node,
-                    Event::Answered {
-                        sent_at,
-                        epoch,
-                        result,
-                    },
-                )?;
+                self.feed(node, Event::Answered(sent_at, epoch, result))?;
             }
             Ev::LeaveRequest(member) => {
                 if !self.coordinator_down {
@@ -364,11 +359,7 @@ impl Sim {
                     .is_some_and(|w| w.generation == generation)
                 {
                     n.workers.remove(&shard);
-                    let exited = Event::WorkerExited {
-                        shard,
-                        panic: None,
-                        refused: false,
-                    };
+                    let exited = Event::WorkerExited(shard, None, false);
                     self.feed(node, exited)?;
                 }
             }
@@ -393,24 +384,12 @@ impl Sim {
             }
             Ev::DataDown(node) => {
                 self.nodes[node].data_down = true;
-                let down_since = Some(self.instant(self.now));
-                self.feed(
-                    node,
-                    Event::DataRedis {
-                        up: false,
-                        down_since,
-                    },
-                )?;
+                let (since, error) = (self.instant(self.now), "unreachable".into());
+                self.feed(node, Event::DataRedis(DataRedis::Down { since, error }))?;
             }
             Ev::DataUp(node) => {
                 self.nodes[node].data_down = false;
-                self.feed(
-                    node,
-                    Event::DataRedis {
-                        up: true,
-                        down_since: None,
-                    },
-                )?;
+                self.feed(node, Event::DataRedis(DataRedis::Up))?;
             }
             // For an earlier run of the member process.
             Ev::Answer { .. } | Ev::Left(..) | Ev::WorkerEnd { .. } | Ev::Wake(..) => {}
@@ -441,9 +420,14 @@ impl Sim {
             cfg,
             self.base + Duration::from_millis(self.now),
         ));
-        let (up, since) = (!n.data_down, self.instant(self.now));
-        let down_since = (!up).then_some(since);
-        self.feed(node, Event::DataRedis { up, down_since })
+        let down = n.data_down;
+        let (since, error) = (self.instant(self.now), "unreachable".into());
+        let data = if down {
+            DataRedis::Down { since, error }
+        } else {
+            DataRedis::Up
+        };
+        self.feed(node, Event::DataRedis(data))
     }
 
     /// Gives a member an event, carries out its steps, and sets its next wake-up.
@@ -476,7 +460,7 @@ impl Sim {
         let run = self.nodes[node].run;
         match step {
             Step::Heartbeat(beat) => self.send(node, beat),
-            Step::Start { shard, .. } => {
+            Step::Start(Start { shard, .. }) => {
                 self.check_handover(node, shard)?;
                 self.generation += 1;
                 let slow = self.rng.random_bool(0.15);

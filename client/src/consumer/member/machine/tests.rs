@@ -2,6 +2,7 @@
 //! clock is an instant the test moves).
 
 use super::*;
+use crate::consumer::backoff::Backoff;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
@@ -55,10 +56,12 @@ fn unavailable() -> CoordinatorError {
 }
 
 fn up() -> Event {
-    Event::DataRedis {
-        up: true,
-        down_since: None,
-    }
+    Event::DataRedis(DataRedis::Up)
+}
+
+fn down(since: Instant) -> Event {
+    let error = "unreachable".into();
+    Event::DataRedis(DataRedis::Down { since, error })
 }
 
 fn beat(steps: &[Step]) -> Option<&Beat> {
@@ -71,7 +74,7 @@ fn beat(steps: &[Step]) -> Option<&Beat> {
 fn started(steps: &[Step]) -> Vec<u32> {
     (steps.iter())
         .filter_map(|s| match s {
-            Step::Start { shard, .. } => Some(*shard),
+            Step::Start(Start { shard, .. }) => Some(*shard),
             _ => None,
         })
         .collect()
@@ -92,14 +95,7 @@ fn joined(t0: Instant, assignment: &[u32]) -> Member {
     let steps = m.handle(up(), t0);
     assert_eq!(beat(&steps).map(|b| b.epoch), Some(0), "joins at once");
     let result = Ok(answer(1, assignment));
-    let steps = m.handle(
-        Event::Answered {
-            sent_at: t0,
-            epoch: 0,
-            result,
-        },
-        t0,
-    );
+    let steps = m.handle(Event::Answered(t0, 0, result), t0);
     assert_eq!(started(&steps), assignment);
     assert_eq!(
         beat(&steps).map(|b| b.owned.clone()),
@@ -110,22 +106,11 @@ fn joined(t0: Instant, assignment: &[u32]) -> Member {
 
 fn answered(m: &mut Member, at: Instant, epoch: i64, assignment: &[u32]) -> Vec<Step> {
     let result = Ok(answer(epoch, assignment));
-    m.handle(
-        Event::Answered {
-            sent_at: at,
-            epoch,
-            result,
-        },
-        at,
-    )
+    m.handle(Event::Answered(at, epoch, result), at)
 }
 
 fn exited(m: &mut Member, shard: u32, at: Instant) -> Vec<Step> {
-    let e = Event::WorkerExited {
-        shard,
-        panic: None,
-        refused: false,
-    };
+    let e = Event::WorkerExited(shard, None, false);
     m.handle(e, at)
 }
 
@@ -194,14 +179,7 @@ fn the_lease_running_out_without_an_answer_stops_every_worker() {
     assert!(!m.is_member());
     // A late success resumes with what it assigns, once the workers ended.
     let late = deadline + Duration::from_millis(50);
-    m.handle(
-        Event::Answered {
-            sent_at: late,
-            epoch: 1,
-            result: Err(unavailable()),
-        },
-        late,
-    );
+    m.handle(Event::Answered(late, 1, Err(unavailable())), late);
     exited(&mut m, 0, late);
     exited(&mut m, 3, late);
     let steps = answered(&mut m, late, 1, &[0]);
@@ -264,16 +242,12 @@ fn a_member_without_its_data_redis_stays_out_of_the_group_until_it_answers() {
     answered(&mut m, t0, 1, &[4]);
     m.cfg.data_redis_grace = Duration::from_millis(500);
     let grace = m.cfg.data_redis_grace;
-    let down = |since| Event::DataRedis {
-        up: false,
-        down_since: Some(since),
-    };
     m.handle(down(t0), t0);
     assert_eq!(m.aside_deadline(), Some(t0 + grace));
     let at = t0 + grace;
     let steps = m.handle(Event::Tick, at);
     assert_eq!(stopped(&steps), [4]);
-    assert!(!m.phase.can_work() && m.aside_deadline().is_none());
+    assert!(!m.is_member() && m.aside_deadline().is_none());
     // Keeps its lease while the worker stops.
     let sent = beat(&steps).expect("heartbeats meanwhile").epoch;
     let steps = answered(&mut m, at, sent, &[4]);
@@ -315,14 +289,7 @@ fn a_fenced_member_rejoins_owning_nothing_once_its_workers_ended() {
     let mut m = joined(t0, &[5]);
     m.handle(Event::Tick, t0 + Duration::from_millis(100));
     let result = Err(api_error(ErrorCode::FencedMemberEpoch));
-    let steps = m.handle(
-        Event::Answered {
-            sent_at: t0,
-            epoch: 1,
-            result,
-        },
-        t0,
-    );
+    let steps = m.handle(Event::Answered(t0, 1, result), t0);
     assert_eq!(stopped(&steps), [5]);
     assert!(beat(&steps).is_none(), "not while its worker runs");
     let steps = exited(&mut m, 5, t0);
@@ -375,7 +342,7 @@ impl World {
                     prop_assert_eq!(b.owned, running, "reports exactly what it works");
                     self.inflight = Some((now, b.epoch));
                 }
-                Step::Start { shard, .. } => {
+                Step::Start(Start { shard, .. }) => {
                     prop_assert!(self.assigned.contains(&shard), "{shard} not assigned");
                     prop_assert!(m.is_member(), "started while not a member");
                     let before = self.running.insert(shard, false);
@@ -415,11 +382,7 @@ impl World {
                 let (sent_at, epoch) = self.inflight.take()?;
                 self.assigned = shards.iter().copied().collect();
                 let result = Ok(answer(epoch.max(0) + 1, &shards));
-                Event::Answered {
-                    sent_at,
-                    epoch,
-                    result,
-                }
+                Event::Answered(sent_at, epoch, result)
             }
             Choice::Fail(kind) => {
                 let (sent_at, epoch) = self.inflight.take()?;
@@ -430,27 +393,17 @@ impl World {
                     _ => unavailable(),
                 };
                 let result = Err(e);
-                Event::Answered {
-                    sent_at,
-                    epoch,
-                    result,
-                }
+                Event::Answered(sent_at, epoch, result)
             }
             Choice::Exit(i, refused) => {
                 let shard = *self.running.keys().nth(i % self.running.len().max(1))?;
                 self.running.remove(&shard);
-                Event::WorkerExited {
-                    shard,
-                    panic: None,
-                    refused,
-                }
+                Event::WorkerExited(shard, None, refused)
             }
             Choice::Shutdown => Event::Shutdown,
             Choice::Woken => Event::Woken,
-            Choice::Health(up) => Event::DataRedis {
-                up,
-                down_since: (!up).then_some(*now),
-            },
+            Choice::Health(true) => up(),
+            Choice::Health(false) => down(*now),
         })
     }
 }
