@@ -22,6 +22,7 @@ pub(crate) mod plan;
 #[cfg(test)]
 mod tests;
 
+use futures::{StreamExt, TryStreamExt};
 use plan::{Count, Id, ShardRead, Target, Walked, fmt_id, id_ms};
 use rsc_protocol::routing::{parse_entry_id, ring_channel, ring_command};
 use rsc_protocol::{SeekShardPlan, StartPosition};
@@ -108,6 +109,12 @@ impl std::fmt::Debug for Replayer {
     }
 }
 
+/// How many shards a seek reads or moves at a time, on one multiplexed connection. Not all
+/// at once: thousands of calls queued together on a busy server would each wait behind the
+/// others longer than the connection's response timeout, and the seek would fail (`503`)
+/// where it only had to take its time.
+const SHARDS_AT_ONCE: usize = 64;
+
 /// Bounds one Redis call.
 async fn within<T>(
     timeout: Duration,
@@ -152,7 +159,8 @@ impl Replayer {
     }
 
     /// The plan of moving `group` to `target` on each `(shard, key)` (`start`: where the
-    /// group's consumer groups start). Nothing is written. All shards are read at once.
+    /// group's consumer groups start). Nothing is written. [`SHARDS_AT_ONCE`] shards are read
+    /// at a time.
     pub(crate) async fn plan(
         &self,
         group: &str,
@@ -161,14 +169,22 @@ impl Replayer {
         target: Target,
     ) -> Result<Vec<ShardMove>, ReplayError> {
         let conn = self.connection().await?;
-        let plans = shards.iter().map(|(shard, key)| {
-            let conn = conn.clone();
-            async move {
-                self.plan_shard(conn, group, start, *shard, key, target)
-                    .await
-            }
-        });
-        futures::future::try_join_all(plans).await
+        // (Collected first: a stream over the borrowing closure is not `Send` for every
+        // lifetime, which the route's future must be.)
+        let plans: Vec<_> = shards
+            .iter()
+            .map(|(shard, key)| {
+                let conn = conn.clone();
+                async move {
+                    self.plan_shard(conn, group, start, *shard, key, target)
+                        .await
+                }
+            })
+            .collect();
+        futures::stream::iter(plans)
+            .buffered(SHARDS_AT_ONCE)
+            .try_collect()
+            .await
     }
 
     async fn plan_shard(
@@ -319,27 +335,34 @@ impl Replayer {
     }
 
     /// Carries out `moves` for `group`: each shard's consumer group set (created where
-    /// missing) with its read counter, then its doorbell rung. All shards at once.
+    /// missing) with its read counter, then its doorbell rung; [`SHARDS_AT_ONCE`] shards at a
+    /// time.
     pub(crate) async fn apply(&self, group: &str, moves: &[ShardMove]) -> Result<(), ReplayError> {
         let conn = self.connection().await?;
         let cluster = conn.is_cluster();
-        let calls = moves.iter().map(|m| {
-            let mut conn = conn.clone();
-            async move {
-                self.set(&mut conn, group, m).await?;
-                let ring: redis::RedisResult<i64> = redis::cmd(ring_command(cluster))
-                    .arg(ring_channel(&m.key))
-                    .arg("")
-                    .query_async(&mut conn)
-                    .await;
-                if let Err(e) = ring {
-                    // The worker still reads when the group is resumed (PROTOCOL §18).
-                    tracing::warn!(key = %m.key, error = %e, "seek: the doorbell ring failed");
+        let calls: Vec<_> = moves
+            .iter()
+            .map(|m| {
+                let mut conn = conn.clone();
+                async move {
+                    self.set(&mut conn, group, m).await?;
+                    let ring: redis::RedisResult<i64> = redis::cmd(ring_command(cluster))
+                        .arg(ring_channel(&m.key))
+                        .arg("")
+                        .query_async(&mut conn)
+                        .await;
+                    if let Err(e) = ring {
+                        // The worker still reads when the group is resumed (PROTOCOL §18).
+                        tracing::warn!(key = %m.key, error = %e, "seek: the doorbell ring failed");
+                    }
+                    Ok::<(), ReplayError>(())
                 }
-                Ok::<(), ReplayError>(())
-            }
-        });
-        futures::future::try_join_all(calls).await.map(drop)
+            })
+            .collect();
+        futures::stream::iter(calls)
+            .buffer_unordered(SHARDS_AT_ONCE)
+            .try_collect()
+            .await
     }
 
     /// `XGROUP SETID … ENTRIESREAD n`, or `XGROUP CREATE … MKSTREAM ENTRIESREAD n` where the

@@ -255,10 +255,11 @@ impl Member {
             }
             Event::Woken if self.wakeable() => {
                 debug!("woken by the coordinator: heartbeat now");
-                match self.in_flight {
+                if self.in_flight {
                     // The answer in flight may predate the change: ask again after it.
-                    true => self.report_now = true,
-                    false => self.next_heartbeat = now,
+                    self.report_now = true;
+                } else {
+                    self.next_heartbeat = now;
                 }
             }
             Event::Shutdown | Event::Woken | Event::Tick => {}
