@@ -46,6 +46,45 @@ fn now_ms() -> u64 {
 /// Kills the child when dropped.
 struct Proc(Child);
 
+/// The lines a pod wrote to stderr (echoed too with `RSC_TEST_ECHO`), kept for the failure
+/// messages: a member expired after the failover is explained by its pod's heartbeats.
+type PodLog = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+fn capture(tag: String, child: &mut Child, echo: bool) -> PodLog {
+    let log = PodLog::default();
+    if let Some(err) = child.stderr.take() {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if echo {
+                    eprintln!("[{tag}] {line}");
+                }
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+    }
+    log
+}
+
+/// The lines of the pods' logs that say how their heartbeats went.
+fn heartbeat_lines(logs: &[(String, PodLog)]) -> String {
+    let mut out = Vec::new();
+    for (tag, log) in logs {
+        let log = log.lock().unwrap_or_else(|p| p.into_inner());
+        out.extend(
+            log.iter()
+                .filter(|l| {
+                    ["heartbeat", "WARN", "ERROR", "fenced", "rejoin"]
+                        .iter()
+                        .any(|n| l.contains(n))
+                })
+                .map(|l| format!("[{tag}] {l}")),
+        );
+    }
+    out.join("\n")
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -350,6 +389,7 @@ async fn scenario(
             Stdio::null()
         }
     };
+    let mut pod_logs: Vec<(String, PodLog)> = Vec::new();
     let metrics_port = free_port().expect("port");
     let pods: Vec<Proc> = (0..PODS)
         .map(|i| {
@@ -365,13 +405,16 @@ async fn scenario(
             if i == 0 {
                 cmd.args(["--health-listen", &format!("127.0.0.1:{metrics_port}")]);
             }
-            Proc(
-                cmd.stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(stderr())
-                    .spawn()
-                    .expect("sample-consumer starts"),
-            )
+            let mut child = cmd
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .env("RUST_LOG", "info")
+                .spawn()
+                .expect("sample-consumer starts");
+            let tag = format!("pod 10.0.0.{}", i + 1);
+            pod_logs.push((tag.clone(), capture(tag, &mut child, echo)));
+            Proc(child)
         })
         .collect();
     // Stable: every member owns its shards.
@@ -628,7 +671,9 @@ async fn scenario(
             .any(|n| l.contains(n))
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+        + "\n--- the pods' heartbeats ---\n"
+        + &heartbeat_lines(&pod_logs);
     drop(producer);
     drop(pods);
     Figures {
