@@ -32,23 +32,23 @@ esac
 venv=$target/python-venv
 
 if [ -n "$prepare" ]; then
-echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh, so nothing is built twice)"
-cargo build --locked --workspace --bins --tests
+  echo "== building the binaries the tests spawn (rsc-coordinator; the same build as scripts/test.sh, so nothing is built twice)"
+  cargo build --locked --workspace --bins --tests
 
-echo "== fresh venv in $venv"
-rm -rf "$venv"
-"$python" -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade pip
-"$venv/bin/pip" install -q "maturin>=1.5,<2" pytest redis mypy
+  echo "== fresh venv in $venv"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q "maturin>=1.5,<2" pytest redis mypy
 
-echo "== building the wheel (maturin)"
-wheels=$target/wheels
-rm -rf "$wheels"
-(cd python && "$venv/bin/maturin" build --locked -q -o "$wheels")
-"$venv/bin/pip" install -q "$wheels"/rsc_client-*.whl
+  echo "== building the wheel (maturin)"
+  wheels=$target/wheels
+  rm -rf "$wheels"
+  (cd python && "$venv/bin/maturin" build --locked -q -o "$wheels")
+  "$venv/bin/pip" install -q "$wheels"/rsc_client-*.whl
 
-echo "== mypy (strict)"
-(cd python && "$venv/bin/mypy")
+  echo "== mypy (strict)"
+  (cd python && "$venv/bin/mypy")
 fi
 [ -n "$run" ] || exit 0
 

@@ -424,22 +424,9 @@ async fn handler_slower_than_the_session_timeout_keeps_its_membership() {
     let stack = Stack::start();
     // Session 1 s, each handling 1.5 s.
     stack.create_group(GROUP, STREAM, 4, 1000, 100).await;
-    let mut pod = Consumer::start(
-        &stack,
-        "127.0.0.11",
-        &[
-            "--group",
-            GROUP,
-            "--stream",
-            STREAM,
-            "--concurrency",
-            "2",
-            "--record-stream",
-            RECORD,
-            "--handle-ms",
-            "1500",
-        ],
-    );
+    let mut args = pod_args();
+    args.extend(["--handle-ms", "1500"]);
+    let mut pod = Consumer::start(&stack, "127.0.0.11", &args);
     stack.wait_stable(GROUP, 2, 4).await;
     let ids = pod.member_ids(GROUP, 2);
     let count = 8;
